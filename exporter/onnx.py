@@ -1,0 +1,120 @@
+"""ONNX export through torch.onnx's dynamo exporter, with the contract's dynamic axes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import onnx
+import torch
+from torch.export import Dim
+
+from mhaexport import iospec
+from mhaexport.errors import ExportError
+from mhaexport.exporter.common import (EXAMPLE_PAST, EXAMPLE_SEQ, ExportRecord, captured_warnings, example_inputs,
+                                       finish, publish, staging)
+from mhaexport.models.loading import LoadedModel
+
+MIN_OPSET, MAX_OPSET = 18, 23
+ONNX_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+TWO_GB = 2 * 1024**3
+
+
+def dynamic_shapes(n_layers: int, seq_dynamic: bool) -> tuple:
+    """torch.export dynamic_shapes mirroring (input_ids, attention_mask, past_key_values): tuples, not lists.
+    total_sequence_length gets its own Dim (Dim sums are not allowed)."""
+    batch = Dim(iospec.BATCH)
+    if not seq_dynamic:
+        kv = {0: batch}
+        return {0: batch}, {0: batch}, tuple((kv, kv) for _ in range(n_layers))
+    seq, past, total = Dim(iospec.SEQ), Dim(iospec.PAST), Dim(iospec.TOTAL)
+    kv = {0: batch, 2: past}
+    return {0: batch, 1: seq}, {0: batch, 1: total}, tuple((kv, kv) for _ in range(n_layers))
+
+
+def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dynamic: bool) -> None:
+    """Give present.* outputs the contract's dim name (the exporter writes 'past_sequence_length + ...')."""
+    if not seq_dynamic:
+        return
+    for out in model.graph.output:
+        if out.name.startswith("present."):
+            dim = out.type.tensor_type.shape.dim[2]
+            dim.ClearField("dim_value")
+            dim.dim_param = iospec.TOTAL
+
+
+def check_onnx(path: Path) -> None:
+    """onnx.checker full check (with shape inference) and strict shape inference, path-based (works past 2 GB)."""
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+        onnx.shape_inference.infer_shapes_path(str(path), str(path) + ".inferred", strict_mode=True)
+    except Exception as e:
+        raise ExportError(f"the exported ONNX model fails onnx.checker/shape inference: {e}") from None
+    finally:
+        Path(str(path) + ".inferred").unlink(missing_ok=True)
+
+
+def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int = 18, seq_dynamic: bool = True,
+                seq_len: int | None = None, past_len: int = 0) -> ExportRecord:
+    """Export ``loaded`` to out_dir/model.onnx and record it in out_dir/manifest.json.
+
+    seq_dynamic: batch, sequence, past and total lengths are symbolic; the causal mask is computed in the graph.
+    Otherwise sequence_length = seq_len and past_sequence_length = past_len are fixed (batch stays dynamic).
+    """
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ExportError(f"--opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+    c = loaded.contract
+    if seq_dynamic:
+        seq, past = EXAMPLE_SEQ, EXAMPLE_PAST
+    else:
+        if seq_len is None or seq_len < 1:
+            raise ExportError("--seq-static needs --seq-len N (N >= 1)")
+        seq, past = seq_len, past_len
+    if seq + past > c.max_positions:
+        raise ExportError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
+    out_dir = Path(out_dir)
+    args = example_inputs(c, seq=seq, past=past)
+    names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
+    started = time.perf_counter()
+    with staging(out_dir, "onnx") as tmp, captured_warnings() as warns:
+        try:
+            with torch.no_grad():
+                program = torch.onnx.export(
+                    loaded.module, args, dynamo=True, opset_version=opset,
+                    dynamic_shapes=dynamic_shapes(c.n_layers, seq_dynamic),
+                    input_names=names_in, output_names=names_out, verbose=False)
+        except Exception as e:
+            raise ExportError(_explain_export_failure(e)) from None
+        if program is None:
+            raise ExportError("torch.onnx.export returned no program")
+        proto = program.model_proto
+        _name_io_dims(proto, c, seq_dynamic)
+        external = proto.ByteSize() > TWO_GB if hasattr(proto, "ByteSize") else False
+        files = [ONNX_FILE]
+        if external:
+            onnx.save_model(proto, tmp / ONNX_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=DATA_FILE, size_threshold=1024)
+            files.append(DATA_FILE)
+        else:
+            onnx.save_model(proto, tmp / ONNX_FILE)
+        check_onnx(tmp / ONNX_FILE)
+        publish(tmp, out_dir, files)
+    entry = {
+        "format": "onnx", "file": ONNX_FILE, "opset": opset, "attention": "decomposed", "dtype": "float32",
+        "seq_dynamic": seq_dynamic, "external_data": external,
+        "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],
+        "static_sizes": None if seq_dynamic else {iospec.SEQ: seq, iospec.PAST: past, iospec.TOTAL: seq + past},
+        "exporter": "torch.onnx.export(dynamo=True)",
+    }
+    return finish(loaded, out_dir, "onnx", files, entry, started, list(warns))
+
+
+def _explain_export_failure(e: Exception) -> str:
+    text = str(e)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    for axis in (iospec.SEQ, iospec.PAST, iospec.TOTAL, iospec.BATCH):
+        if axis in text and ("specializ" in text or "Constraints violated" in text or "constant" in text):
+            return (f"torch.onnx could not keep the dynamic axis {axis!r}: the model fixes it to a constant "
+                    f"(e.g. a mask of fixed size). {first}")
+    return f"torch.onnx.export failed: {type(e).__name__}: {first}"

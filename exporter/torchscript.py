@@ -1,0 +1,58 @@
+"""TorchScript export: torch.jit.trace (default) or torch.jit.script, saved as model.pt.
+
+torch.jit is deprecated in recent torch; it still works and many deploy stacks still load .pt files. The
+deprecation is reported once per export, not once per call.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from mhaexport.errors import ExportError
+from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, publish, staging
+from mhaexport.models.loading import LoadedModel
+
+TS_FILE = "model.pt"
+MODES = ("trace", "script")
+DEPRECATION_NOTE = "torch.jit is deprecated in recent PyTorch; the .pt file still loads with torch.jit.load"
+
+
+def _summarize(warns: list[str]) -> list[str]:
+    """Keep tracer warnings (they say where tracing may have baked in a value); fold jit deprecations into one."""
+    out, deprecated = [], False
+    for w in warns:
+        if "deprecat" in w.lower() and "jit" in w.lower():
+            deprecated = True
+            continue
+        out.append(w)
+    if deprecated:
+        out.append(DEPRECATION_NOTE)
+    return out
+
+
+def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = "trace") -> ExportRecord:
+    """Trace or script ``loaded`` to out_dir/model.pt, called as m(input_ids, attention_mask, past_key_values)."""
+    if mode not in MODES:
+        raise ExportError(f"--mode {mode!r}: expected one of {', '.join(MODES)}")
+    out_dir = Path(out_dir)
+    started = time.perf_counter()
+    args = example_inputs(loaded.contract)
+    with staging(out_dir, "torchscript") as tmp, captured_warnings() as warns:
+        try:
+            with torch.no_grad():
+                if mode == "trace":
+                    module = torch.jit.trace(loaded.module, args, check_trace=False)
+                else:
+                    module = torch.jit.script(loaded.module)
+        except Exception as e:
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            hint = "; --mode trace works for any model that follows the contract" if mode == "script" else ""
+            raise ExportError(f"torch.jit.{mode} failed: {type(e).__name__}: {first}{hint}") from None
+        module.save(str(tmp / TS_FILE))
+        publish(tmp, out_dir, [TS_FILE])
+    entry = {"format": "torchscript", "file": TS_FILE, "mode": mode, "dtype": "float32", "seq_dynamic": True,
+             "example_shapes": {"batch": args[0].shape[0], "seq": args[0].shape[1], "past": args[2][0][0].shape[2]}}
+    return finish(loaded, out_dir, "torchscript", [TS_FILE], entry, started, _summarize(list(warns)))

@@ -1,0 +1,3 @@
+from mhaexport.cli import main
+
+main()

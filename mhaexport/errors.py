@@ -1,0 +1,39 @@
+"""One root exception, one subclass per stage.
+
+The CLI turns any :class:`MhaExportError` into exit code 2 (bad usage or bad input) with one line and no
+traceback, except :class:`VerificationFailed`, which is exit code 1.
+"""
+
+from __future__ import annotations
+
+
+class MhaExportError(Exception):
+    """Root of every error the toolkit raises on purpose."""
+
+
+class ConfigError(MhaExportError):
+    """A config preset, JSON file or field is wrong."""
+
+
+class ModelLoadError(MhaExportError):
+    """A user model spec, factory or checkpoint could not be loaded or is off-contract."""
+
+
+class ExportError(MhaExportError):
+    """torch.onnx / torch.jit could not export the model, or the result failed its checks."""
+
+
+class ArtifactError(MhaExportError):
+    """An export folder is missing files, has an unreadable manifest, or a hash does not match."""
+
+
+class RuntimeInputError(MhaExportError):
+    """Inputs given to a runner or the deploy runtime do not fit the model (ids, shapes, lengths)."""
+
+
+class ProviderUnavailable(MhaExportError):
+    """An execution provider was requested but the created session does not use it."""
+
+
+class VerificationFailed(MhaExportError):
+    """Verification ran and at least one check failed (CLI exit code 1)."""

@@ -1,0 +1,76 @@
+"""The one source of truth for ONNX I/O names and dynamic axes.
+
+Used by the exporter, the verify runners and the torch-free deploy runtime (so: no torch here).
+Names follow the ONNX Runtime GenAI / Optimum convention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+BATCH = "batch_size"
+SEQ = "sequence_length"
+PAST = "past_sequence_length"
+TOTAL = "total_sequence_length"
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+LOGITS = "logits"
+
+
+def past_names(layer: int) -> tuple[str, str]:
+    return f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
+
+
+def present_names(layer: int) -> tuple[str, str]:
+    return f"present.{layer}.key", f"present.{layer}.value"
+
+
+def input_names(n_layers: int) -> list[str]:
+    names = [INPUT_IDS, ATTENTION_MASK]
+    for i in range(n_layers):
+        names.extend(past_names(i))
+    return names
+
+
+def output_names(n_layers: int) -> list[str]:
+    names = [LOGITS]
+    for i in range(n_layers):
+        names.extend(present_names(i))
+    return names
+
+
+def io_schema(n_layers: int, n_heads: int, head_dim: int, vocab_size: int, dtype: str = "float32") -> dict:
+    """Names, element types and symbolic shapes of every input and output (recorded in the manifest)."""
+    kv_past = [BATCH, n_heads, PAST, head_dim]
+    kv_present = [BATCH, n_heads, TOTAL, head_dim]
+    inputs = {INPUT_IDS: {"dtype": "int64", "shape": [BATCH, SEQ]},
+              ATTENTION_MASK: {"dtype": "int64", "shape": [BATCH, TOTAL]}}
+    outputs = {LOGITS: {"dtype": dtype, "shape": [BATCH, SEQ, vocab_size]}}
+    for i in range(n_layers):
+        for name in past_names(i):
+            inputs[name] = {"dtype": dtype, "shape": list(kv_past)}
+        for name in present_names(i):
+            outputs[name] = {"dtype": dtype, "shape": list(kv_present)}
+    return {"inputs": inputs, "outputs": outputs}
+
+
+@dataclass(frozen=True)
+class ModelContract:
+    """The ints every model under the decoder contract exposes on ``model.config``."""
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("n_layers", "n_heads", "head_dim", "vocab_size", "max_positions")
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelContract:
+        return cls(**{f: int(data[f]) for f in cls.FIELDS})

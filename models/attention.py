@@ -1,0 +1,81 @@
+"""Multi-head attention as the seed article writes it, and the causal mask it needs.
+
+The mask is built at run time from the query length, the past length and the padding mask, so an exported
+graph holds no sequence-length constant: it grows with the KV cache on every decode step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhaexport.errors import ConfigError
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def build_causal_mask(q_len: int | torch.SymInt, past_len: int | torch.SymInt,
+                      attention_mask: torch.Tensor | None = None,
+                      device: torch.device | None = None) -> torch.Tensor:
+    """Boolean mask of allowed (query, key) pairs, True where attention may look.
+
+    Query row t sits at absolute position ``past_len + t`` and sees keys ``0 .. past_len + t``.
+    ``attention_mask`` ([B, past_len + q_len], 1 = real token, 0 = padding) hides padded keys.
+    Returns [1, 1, T, S] without a padding mask, [B, 1, T, S] with one, where S = past_len + q_len.
+    """
+    q_pos = torch.arange(q_len, device=device) + past_len  # (T,)
+    k_pos = torch.arange(past_len + q_len, device=device)  # (S,)
+    allowed = k_pos[None, :] <= q_pos[:, None]  # (T, S)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, None, :].bool()  # (B, 1, T, S)
+    return allowed
+
+
+def masked_fill_value(dtype: torch.dtype) -> float:
+    """The fill for masked scores: the dtype's most negative finite value.
+
+    -inf would make a fully masked row (a left-padded query) NaN after softmax; the finite minimum gives a
+    uniform, finite row there and exactly 0 weight wherever any key is allowed (exp underflows). It is written
+    with masked_fill, never added to the scores, so ``min + negative score`` cannot overflow to -inf.
+    """
+    return torch.finfo(dtype).min
+
+
+class MultiHeadAttention(nn.Module):
+    """W_q, W_k, W_v, W_o (no bias); h heads of d_k = d_model / h; softmax(QK^T / sqrt(d_k) + mask) V."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.W_q = nn.Linear(d_model, d_model, bias=False)
+        self.W_k = nn.Linear(d_model, d_model, bias=False)
+        self.W_v = nn.Linear(d_model, d_model, bias=False)
+        self.W_o = nn.Linear(d_model, d_model, bias=False)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, D)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+        """x: (B, T, d_model); allowed: bool (B|1, 1, T, past + T); past: (B, H, past, D) pair."""
+        B, T, _ = x.shape
+        q = self.split_heads(self.W_q(x))  # (B, H, T, D)
+        k = self.split_heads(self.W_k(x))  # (B, H, T, D)
+        v = self.split_heads(self.W_v(x))  # (B, H, T, D)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # (B, H, S, D)
+            v = torch.cat([past[1], v], dim=2)  # (B, H, S, D)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, T, S)
+        scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))  # mask BEFORE softmax
+        weights = F.softmax(scores, dim=-1)  # (B, H, T, S)
+        out = weights @ v  # (B, H, T, D)
+        out = out.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model): heads concatenated
+        return self.W_o(out), (k, v)

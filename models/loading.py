@@ -1,0 +1,198 @@
+"""Load the model a command works on: a built-in preset or JSON config, or a user factory
+``package.module:factory`` (or ``path/to/file.py:factory``), optionally with a checkpoint.
+
+A user factory is imported and run: ``--model`` executes user code, exactly as ``python -c "import ..."`` would.
+Checkpoints are read with ``torch.load(weights_only=True)``: tensors only, never arbitrary pickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mhaexport.errors import ConfigError, MhaExportError, ModelLoadError
+from mhaexport.iospec import ModelContract
+from mhaexport.models.config import DecoderConfig, load_config
+from mhaexport.models.decoder import DecoderLM
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+@dataclass
+class LoadedModel:
+    """A model under the decoder contract, and where it came from (recorded in manifests and reports)."""
+
+    module: nn.Module
+    contract: ModelContract
+    spec: str  # "preset:small", "config:/path.json" or "factory:pkg.mod:fn"
+    config: DecoderConfig | None = None  # the built-in model's config; None for a user factory
+    checkpoint: str | None = None
+    checkpoint_sha256: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        return {
+            "spec": self.spec,
+            "contract": self.contract.to_dict(),
+            "config": self.config.to_dict() if self.config else None,
+            "checkpoint": self.checkpoint,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            **self.extra,
+        }
+
+
+def contract_of(module: nn.Module) -> ModelContract:
+    """Read the contract's ints from ``module.config``, or raise ModelLoadError naming what is missing."""
+    cfg = getattr(module, "config", None)
+    if cfg is None:
+        raise ModelLoadError(f"{type(module).__name__} has no .config: the contract needs model.config with "
+                             f"ints {', '.join(ModelContract.FIELDS)}")
+    values = {}
+    for f in ModelContract.FIELDS:
+        v = cfg.get(f) if isinstance(cfg, dict) else getattr(cfg, f, None)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ModelLoadError(f"model.config.{f} must be a positive int, found {v!r}")
+        values[f] = v
+    return ModelContract(**values)
+
+
+def _import_factory(spec: str):
+    if ":" not in spec:
+        raise ModelLoadError(f"--model {spec!r}: expected 'package.module:factory' or 'file.py:factory'")
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ModelLoadError(f"--model {spec!r}: expected 'package.module:factory' or 'file.py:factory'")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise ModelLoadError(f"--model {spec!r}: file {target} does not exist")
+            name = f"mhaexport_user_{path.stem}"
+            mod_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())  # like `python -m`: the current folder is importable
+            module = importlib.import_module(target)
+    except MhaExportError:
+        raise
+    except Exception as e:  # user code: any error while importing is a bad --model
+        raise ModelLoadError(f"--model {spec!r}: cannot import {target}: {type(e).__name__}: {e}") from None
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise ModelLoadError(f"--model {spec!r}: {target} has no callable {attr!r}")
+    return factory
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_checkpoint(module: nn.Module, path: str | Path) -> str:
+    """Load a state dict (tensors only) into module; returns its sha256. Mismatches raise ModelLoadError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"checkpoint {path} cannot be read as a tensors-only state dict "
+                             f"(torch.load weights_only=True): {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = [ln.strip() for ln in str(e).splitlines() if ln.strip()][:3]
+        raise ModelLoadError(f"checkpoint {path} does not fit the model: {' '.join(first)}") from None
+    return file_sha256(path)
+
+
+def smoke_check(module: nn.Module, contract: ModelContract) -> None:
+    """Call the model once at (batch, seq, past) = (1, 2, 0) and check the contract's output structure."""
+    from mhaexport.models.inputs import make_inputs
+
+    ids, mask, past = make_inputs(contract, batch=1, seq=2, past=0)
+    try:
+        with torch.no_grad():
+            out = module(ids, mask, past)
+    except Exception as e:
+        raise ModelLoadError(f"model({'input_ids, attention_mask, past_key_values'}) failed at batch=1 seq=2 "
+                             f"past=0: {type(e).__name__}: {e}") from None
+    ok = (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.Tensor)
+          and isinstance(out[1], (tuple, list)) and len(out[1]) == contract.n_layers)
+    if not ok:
+        raise ModelLoadError("model output must be (logits, present_key_values) with one (key, value) pair per "
+                             f"layer ({contract.n_layers}); got {type(out).__name__}")
+    logits, present = out
+    want = (1, 2, contract.vocab_size)
+    if tuple(logits.shape) != want:
+        raise ModelLoadError(f"logits shape {tuple(logits.shape)} != expected {want} [batch, seq, vocab_size]")
+    kv_want = (1, contract.n_heads, 2, contract.head_dim)
+    for i, kv in enumerate(present):
+        if not (isinstance(kv, (tuple, list)) and len(kv) == 2):
+            raise ModelLoadError(f"present[{i}] must be a (key, value) pair")
+        for t in kv:
+            if tuple(t.shape) != kv_want:
+                raise ModelLoadError(f"present[{i}] shape {tuple(t.shape)} != expected {kv_want} "
+                                     "[batch, n_heads, past + seq, head_dim]")
+
+
+def shipped_weights(config: DecoderConfig) -> Path | None:
+    """Trained weights shipped with the package for a preset, if any."""
+    path = WEIGHTS_DIR / f"{config.name}.pt"
+    return path if path.is_file() else None
+
+
+def load_model(config: str | None = None, model: str | None = None, checkpoint: str | Path | None = None,
+               *, random_weights: bool = False) -> LoadedModel:
+    """Build the model a command works on. ``config`` and ``model`` are exclusive; neither means the default preset.
+
+    The built-in presets load the package's shipped trained weights where they exist (unless ``random_weights``);
+    ``checkpoint`` overrides both.
+    """
+    if config is not None and model is not None:
+        raise ConfigError("give --config or --model, not both")
+    if model is not None:
+        factory = _import_factory(model)
+        try:
+            module = factory()
+        except MhaExportError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"--model {model!r}: the factory raised {type(e).__name__}: {e}") from None
+        if not isinstance(module, nn.Module):
+            raise ModelLoadError(f"--model {model!r}: the factory returned {type(module).__name__}, "
+                                 "expected a torch.nn.Module")
+        contract = contract_of(module)
+        loaded = LoadedModel(module, contract, spec=f"factory:{model}")
+    else:
+        cfg = load_config(config)
+        module = DecoderLM(cfg)
+        kind = "preset" if config is None or cfg.name == config else "config"
+        loaded = LoadedModel(module, contract_of(module), spec=f"{kind}:{config or cfg.name}", config=cfg)
+        if checkpoint is None and not random_weights and kind == "preset" and (w := shipped_weights(cfg)):
+            loaded.checkpoint_sha256 = load_checkpoint(module, w)
+            loaded.checkpoint = f"shipped:{w.name}"
+    if checkpoint is not None:
+        loaded.checkpoint_sha256 = load_checkpoint(loaded.module, checkpoint)
+        loaded.checkpoint = str(checkpoint)
+    loaded.module.eval()
+    smoke_check(loaded.module, loaded.contract)
+    return loaded
