@@ -1,0 +1,30 @@
+"""Shared fixtures: the tiny preset, loaded once, and one export folder (ONNX + TorchScript) per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The tiny preset with deterministic random weights (a LoadedModel)."""
+    from mhaexport.models.loading import load_model
+
+    return load_model("tiny", random_weights=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny, tmp_path_factory):
+    """One folder holding the tiny model's dynamic ONNX export and its TorchScript trace. Treat as read-only."""
+    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.exporter.torchscript import export_torchscript
+
+    out = tmp_path_factory.mktemp("tiny_export")
+    export_onnx(tiny, out)
+    export_torchscript(tiny, out)
+    return out
