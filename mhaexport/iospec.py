@@ -74,3 +74,18 @@ class ModelContract:
     @classmethod
     def from_dict(cls, data: dict) -> ModelContract:
         return cls(**{f: int(data[f]) for f in cls.FIELDS})
+
+
+def make_feed(input_ids, attention_mask, past_key_values) -> dict:
+    """Name the contract's inputs for an ONNX Runtime session: arrays in, {name: array} out (no conversion)."""
+    feed = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
+    for i, (k, v) in enumerate(past_key_values):
+        kn, vn = past_names(i)
+        feed[kn], feed[vn] = k, v
+    return feed
+
+
+def split_outputs(outputs: list) -> tuple:
+    """ONNX Runtime's outputs in output_names() order -> (logits, ((key, value), ...))."""
+    logits, rest = outputs[0], outputs[1:]
+    return logits, tuple((rest[2 * i], rest[2 * i + 1]) for i in range(len(rest) // 2))

@@ -102,6 +102,25 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _state_misfit(module: nn.Module, state: dict) -> str:
+    """One line naming how a state dict differs from the module's (first key of each kind), or '' if it fits."""
+    want = module.state_dict()
+    missing = [k for k in want if k not in state]
+    unexpected = [k for k in state if k not in want]
+    shapes = [k for k in want if k in state and isinstance(state[k], torch.Tensor)
+              and tuple(state[k].shape) != tuple(want[k].shape)]
+    parts = []
+    if shapes:
+        k = shapes[0]
+        parts.append(f"{len(shapes)} shape mismatch(es), first {k}: checkpoint {tuple(state[k].shape)} vs model "
+                     f"{tuple(want[k].shape)}")
+    if missing:
+        parts.append(f"{len(missing)} missing key(s), first {missing[0]}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s), first {unexpected[0]}")
+    return "; ".join(parts)
+
+
 def load_checkpoint(module: nn.Module, path: str | Path) -> str:
     """Load a state dict (tensors only) into module; returns its sha256. Mismatches raise ModelLoadError."""
     path = Path(path)
@@ -116,6 +135,8 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> str:
         state = state["state_dict"]
     if not isinstance(state, dict):
         raise ModelLoadError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
+    if misfit := _state_misfit(module, state):
+        raise ModelLoadError(f"checkpoint {path} does not fit the model: {misfit}")
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -133,8 +154,9 @@ def smoke_check(module: nn.Module, contract: ModelContract) -> None:
         with torch.no_grad():
             out = module(ids, mask, past)
     except Exception as e:
-        raise ModelLoadError(f"model({'input_ids, attention_mask, past_key_values'}) failed at batch=1 seq=2 "
-                             f"past=0: {type(e).__name__}: {e}") from None
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+        raise ModelLoadError(f"model(input_ids, attention_mask, past_key_values) failed at batch=1 seq=2 "
+                             f"past=0: {type(e).__name__}: {first}") from None
     ok = (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.Tensor)
           and isinstance(out[1], (tuple, list)) and len(out[1]) == contract.n_layers)
     if not ok:

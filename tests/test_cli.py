@@ -1,0 +1,81 @@
+"""The CLI through click's CliRunner, and once as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from mhaexport.cli import main
+
+
+@pytest.fixture()
+def runner():
+    return CliRunner()
+
+
+def test_help_lists_verbs(runner):
+    result = runner.invoke(main, ["--help"])
+    assert result.exit_code == 0
+    for verb in ("onnx", "torchscript"):
+        assert verb in result.output
+    for verb in ("onnx", "torchscript"):
+        sub = runner.invoke(main, [verb, "--help"])
+        assert sub.exit_code == 0 and "--config" in sub.output and "--model" in sub.output
+
+
+def test_onnx_and_torchscript_into_one_folder(runner, tmp_path):
+    out = tmp_path / "exp"
+    r1 = runner.invoke(main, ["onnx", "--config", "tiny", "--seq-dynamic", "-o", str(out)])
+    assert r1.exit_code == 0, r1.output
+    assert "model.onnx" in r1.output
+    r2 = runner.invoke(main, ["torchscript", "--config", "tiny", "-o", str(out)])
+    assert r2.exit_code == 0, r2.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["artifacts"]) == {"onnx", "torchscript"}
+    assert "torch.jit is deprecated" in r2.output  # said once
+    assert r2.output.count("deprecated") == 1
+    names = {p.name for p in out.iterdir()}
+    assert {"manifest.json", "model.onnx", "model.pt"} <= names
+    assert not [n for n in names if n.startswith(".") or n.endswith(".tmp")]  # no staging leftovers
+
+
+@pytest.mark.parametrize("args,message", [
+    (["onnx", "--config", "nope"], "unknown config 'nope'"),
+    (["onnx", "--model", "not_a_module_abc:make"], "cannot import not_a_module_abc"),
+    (["torchscript", "--checkpoint", "/no/such.pt", "--config", "tiny"], "checkpoint /no/such.pt does not exist"),
+    (["onnx", "--seq-static", "--config", "tiny"], "--seq-static needs --seq-len"),
+    (["onnx", "--opset", "12"], "12 is not in the range 18<=x<=23"),
+    (["onnx", "--config", "tiny", "--model", "x:y"], "give --config or --model, not both"),
+])
+def test_bad_input_exits_2_with_one_line(runner, args, message):
+    result = runner.invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_d_model_not_divisible(runner, tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"d_model": 100, "n_heads": 3}))
+    result = runner.invoke(main, ["onnx", "--config", str(cfg), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "d_model=100 is not divisible by n_heads=3" in result.output
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_real_subprocess_user_factory(tmp_path):
+    out = tmp_path / "user"
+    proc = subprocess.run([sys.executable, "-m", "mhaexport", "onnx", "--model", "examples/user_decoder.py:build",
+                           "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote" in proc.stdout
+    assert json.loads((out / "manifest.json").read_text())["model"]["contract"]["vocab_size"] == 300
+    bad = subprocess.run([sys.executable, "-m", "mhaexport", "onnx", "--config", "missing.json"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == "Error: config file missing.json does not exist"
+    assert "Traceback" not in bad.stderr
