@@ -7,7 +7,6 @@ Checkpoints are read with ``torch.load(weights_only=True)``: tensors only, never
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from mhaexport.errors import ConfigError, MhaExportError, ModelLoadError
+from mhaexport.exporter.manifest import sha256_file
 from mhaexport.iospec import ModelContract
 from mhaexport.models.config import DecoderConfig, load_config
 from mhaexport.models.decoder import DecoderLM
@@ -94,14 +94,6 @@ def _import_factory(spec: str):
     return factory
 
 
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _state_misfit(module: nn.Module, state: dict) -> str:
     """One line naming how a state dict differs from the module's (first key of each kind), or '' if it fits."""
     want = module.state_dict()
@@ -142,7 +134,7 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> str:
     except RuntimeError as e:
         first = [ln.strip() for ln in str(e).splitlines() if ln.strip()][:3]
         raise ModelLoadError(f"checkpoint {path} does not fit the model: {' '.join(first)}") from None
-    return file_sha256(path)
+    return sha256_file(path)
 
 
 def smoke_check(module: nn.Module, contract: ModelContract) -> None:
