@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
@@ -13,9 +14,12 @@ from mhaexport import iospec
 from mhaexport.errors import ExportError
 from mhaexport.exporter.common import (EXAMPLE_PAST, EXAMPLE_SEQ, ExportRecord, captured_warnings, example_inputs,
                                        finish, publish, staging)
+from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention
+from mhaexport.exporter.precision import DTYPES, TORCH_DTYPES, precision_report, self_check
 from mhaexport.models.loading import LoadedModel
 
 MIN_OPSET, MAX_OPSET = 18, 23
+DEFAULT_OPSET = 18
 ONNX_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 TWO_GB = 2 * 1024**3
@@ -55,15 +59,28 @@ def check_onnx(path: Path) -> None:
         Path(str(path) + ".inferred").unlink(missing_ok=True)
 
 
-def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int = 18, seq_dynamic: bool = True,
-                seq_len: int | None = None, past_len: int = 0) -> ExportRecord:
+def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
+                seq_len: int | None = None, past_len: int = 0, attention: str = "decomposed",
+                dtype: str = "float32") -> ExportRecord:
     """Export ``loaded`` to out_dir/model.onnx and record it in out_dir/manifest.json.
 
     seq_dynamic: batch, sequence, past and total lengths are symbolic; the causal mask is computed in the graph.
     Otherwise sequence_length = seq_len and past_sequence_length = past_len are fixed (batch stays dynamic).
+    attention: "decomposed" (MatMul/Softmax/Where as exported), "onnx" (the ONNX Attention op, opset 23) or
+    "ort" (com.microsoft MultiHeadAttention); see exporter/lowering.py.
+    dtype: "float32", "float16" or "bfloat16": weights, KV cache and logits in that dtype.
+    opset: default 18, or 23 for attention="onnx".
     """
+    if attention not in LOWERINGS:
+        raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if opset is None:
+        opset = ATTENTION_OPSET if attention == "onnx" else DEFAULT_OPSET
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ExportError(f"--opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+    if attention == "onnx" and opset < ATTENTION_OPSET:
+        raise ExportError(f"--attention onnx needs --opset {ATTENTION_OPSET} (the ONNX Attention op), got {opset}")
     c = loaded.contract
     if seq_dynamic:
         seq, past = EXAMPLE_SEQ, EXAMPLE_PAST
@@ -74,14 +91,16 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int = 18, se
     if seq + past > c.max_positions:
         raise ExportError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)
-    args = example_inputs(c, seq=seq, past=past)
+    torch_dtype = TORCH_DTYPES[dtype]
+    module = loaded.module if dtype == "float32" else copy.deepcopy(loaded.module).to(torch_dtype)
+    args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     started = time.perf_counter()
     with staging(out_dir, "onnx") as tmp, captured_warnings() as warns:
         try:
             with torch.no_grad():
                 program = torch.onnx.export(
-                    loaded.module, args, dynamo=True, opset_version=opset,
+                    module, args, dynamo=True, opset_version=opset,
                     dynamic_shapes=dynamic_shapes(c.n_layers, seq_dynamic),
                     input_names=names_in, output_names=names_out, verbose=False)
         except Exception as e:
@@ -90,6 +109,17 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int = 18, se
             raise ExportError("torch.onnx.export returned no program")
         proto = program.model_proto
         _name_io_dims(proto, c, seq_dynamic)
+        decomposed = proto.SerializeToString() if attention != "decomposed" and proto.ByteSize() < TWO_GB else None
+        lowering = lower_attention(proto, attention, n_heads=c.n_heads, head_dim=c.head_dim)
+        if attention == "decomposed" and (n_attn := lowering.op_counts.get("Attention", 0)):
+            warns.append(f"--attention decomposed: torch.onnx already wrote {n_attn} ONNX Attention node(s) (the "
+                         f"model calls scaled_dot_product_attention, opset {opset}); export at --opset 18 for a "
+                         "decomposed graph")
+        checked = self_check(decomposed, proto, c, dtype, attention, seq=seq, past=past) if decomposed else None
+        precision = precision_report(proto, dtype) if proto.ByteSize() < TWO_GB else None
+        if precision is not None and precision.session_error:
+            warns.append(f"ONNX Runtime CPU cannot run this {dtype} graph ({precision.session_error}); "
+                         f"it needs an execution provider with {dtype} kernels (CUDA)")
         external = proto.ByteSize() > TWO_GB if hasattr(proto, "ByteSize") else False
         files = [ONNX_FILE]
         if external:
@@ -99,15 +129,22 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int = 18, se
         else:
             onnx.save_model(proto, tmp / ONNX_FILE)
         check_onnx(tmp / ONNX_FILE)
+        if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
+            from mhaexport.exporter.genai import write_genai_config
+
+            files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
+                                            model_config=getattr(loaded.module, "config", None)))
         publish(tmp, out_dir, files)
     entry = {
-        "format": "onnx", "file": ONNX_FILE, "opset": opset, "attention": "decomposed", "dtype": "float32",
+        "format": "onnx", "file": ONNX_FILE, "opset": opset, "attention": attention, "dtype": dtype,
+        "lowering": {**lowering.to_dict(), "self_check_max_abs_diff": checked},
+        "precision": precision.to_dict() if precision else None,
         "seq_dynamic": seq_dynamic, "external_data": external,
         "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],
         "static_sizes": None if seq_dynamic else {iospec.SEQ: seq, iospec.PAST: past, iospec.TOTAL: seq + past},
         "exporter": "torch.onnx.export(dynamo=True)",
     }
-    return finish(loaded, out_dir, "onnx", files, entry, started, list(warns))
+    return finish(loaded, out_dir, "onnx", files, entry, started, list(warns), dtype=dtype)
 
 
 def _explain_export_failure(e: Exception) -> str:
