@@ -1,0 +1,140 @@
+"""The article's classic causal-attention bugs, each planted into a copy of the built-in decoder (tiny preset).
+
+Every factory follows the decoder contract and is deterministic (weights from the config's seed), so an export
+folder made from it can be verified later by re-running the factory. Each bug is the only difference from the
+built-in ``DecoderLM``; the docstring says which check is expected to catch it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhaexport.models.attention import MultiHeadAttention, build_causal_mask, masked_fill_value
+from mhaexport.models.config import PRESETS
+from mhaexport.models.decoder import DecoderLM, position_ids_from_mask
+
+CONFIG = dataclasses.replace(PRESETS["tiny"], name="planted")
+
+
+class _Attention(MultiHeadAttention):
+    """MultiHeadAttention with a hook for the masking step (the bug goes there)."""
+
+    def attend(self, scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))
+        return F.softmax(scores, dim=-1)
+
+    def forward(self, x, allowed, past=None):
+        B, T, _ = x.shape
+        q = self.split_heads(self.W_q(x))  # (B, H, T, D)
+        k = self.split_heads(self.W_k(x))  # (B, H, T, D)
+        v = self.split_heads(self.W_v(x))  # (B, H, T, D)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # (B, H, S, D)
+            v = torch.cat([past[1], v], dim=2)  # (B, H, S, D)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, T, S)
+        weights = self.attend(scores, allowed)  # (B, H, T, S)
+        out = (weights @ v).transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model)
+        return self.W_o(out), (k, v)
+
+
+def _with_attention(model: DecoderLM, cls: type[_Attention]) -> DecoderLM:
+    """Swap every block's attention for ``cls``, keeping the seeded weights."""
+    for block in model.blocks:
+        new = cls(model.config.d_model, model.config.n_heads)
+        new.load_state_dict(block.attn.state_dict())
+        block.attn = new
+    return model.eval()
+
+
+class _ZeroFill(_Attention):
+    def attend(self, scores, allowed):
+        return F.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)  # BUG: 0 is not -inf: future keys get weight
+
+
+class _AfterSoftmax(_Attention):
+    def attend(self, scores, allowed):
+        return F.softmax(scores, dim=-1).masked_fill(~allowed, 0.0)  # BUG: future keys still in the denominator
+
+
+class _NoMask(_Attention):
+    def attend(self, scores, allowed):
+        return F.softmax(scores, dim=-1)  # BUG: no mask at all
+
+
+class _NoPastOffset(DecoderLM):
+    def forward(self, input_ids, attention_mask, past_key_values=None):
+        B, T = input_ids.shape
+        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+        q_pos = torch.arange(T)  # BUG: should be arange(T) + past_len: row t sees keys 0..t, not 0..past+t
+        k_pos = torch.arange(past_len + T)
+        allowed = (k_pos[None, :] <= q_pos[:, None])[None, None] & attention_mask[:, None, None, :].bool()
+        return self._run(input_ids, attention_mask, past_key_values, allowed,
+                         position_ids_from_mask(attention_mask, T))
+
+    def _run(self, input_ids, attention_mask, past_key_values, allowed, pos):
+        x = self.tok_emb(input_ids) + self.pos_emb(pos)  # (B, T, d_model)
+        present = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block(x, allowed, past_key_values[i] if past_key_values else None)
+            present.append(kv)
+        return self.lm_head(self.ln_f(x)), tuple(present)
+
+
+class _PositionsNoPast(_NoPastOffset):
+    def forward(self, input_ids, attention_mask, past_key_values=None):
+        B, T = input_ids.shape
+        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+        allowed = build_causal_mask(T, past_len, attention_mask)
+        new = attention_mask[:, -T:]  # BUG: counts positions over the new tokens only, as if the cache were empty
+        pos = (torch.cumsum(new, dim=-1) - 1).clamp(min=0)  # (B, T)
+        return self._run(input_ids, attention_mask, past_key_values, allowed, pos)
+
+
+class _FixedSizeMask(_NoPastOffset):
+    def forward(self, input_ids, attention_mask, past_key_values=None):
+        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+        T, S = int(input_ids.shape[1]), int(past_len) + int(input_ids.shape[1])  # BUG: Python ints: the size is
+        causal = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)  # baked into a traced or exported graph
+        allowed = causal[None, None] & attention_mask[:, None, None, :].bool()
+        return self._run(input_ids, attention_mask, past_key_values, allowed,
+                         position_ids_from_mask(attention_mask, int(input_ids.shape[1])))
+
+
+def mask_zero() -> nn.Module:
+    """Mask filled with 0 instead of -inf / the dtype's minimum: caught by causality."""
+    return _with_attention(DecoderLM(CONFIG), _ZeroFill)
+
+
+def mask_after_softmax() -> nn.Module:
+    """Mask applied to the weights after softmax: caught by causality and kv-consistency."""
+    return _with_attention(DecoderLM(CONFIG), _AfterSoftmax)
+
+
+def no_mask() -> nn.Module:
+    """No mask at all: caught by causality, kv-consistency and padding."""
+    return _with_attention(DecoderLM(CONFIG), _NoMask)
+
+
+def no_past_offset() -> nn.Module:
+    """Causal mask without the past offset (query t sees keys 0..t): caught by kv-consistency."""
+    return _NoPastOffset(CONFIG).eval()
+
+
+def positions_no_past() -> nn.Module:
+    """Positions 0..T-1 even with a cache: caught by kv-consistency."""
+    return _PositionsNoPast(CONFIG).eval()
+
+
+def fixed_size_mask() -> nn.Module:
+    """Mask sized from Python ints: right in eager, baked to the export length by tracing (dynamic-shapes)
+    and refused by torch.onnx (naming the dynamic axis)."""
+    return _FixedSizeMask(CONFIG).eval()
+
+
+ALL = {f.__name__: f for f in (mask_zero, mask_after_softmax, fixed_size_mask, no_past_offset, no_mask,
+                               positions_no_past)}

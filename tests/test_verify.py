@@ -1,0 +1,268 @@
+"""verify: comparisons, sweep, runners, the report, and the CLI on the tiny preset's export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mhaexport.cli import main
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning threads cost 10x."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+from mhaexport.errors import RuntimeInputError
+from mhaexport.verify import CHECKS, build_sweep, load_report, loaded_from_manifest, merge_reports
+from mhaexport.verify.checks import CheckResult, Tolerance, compare
+from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.runners import EagerRunner, OrtRunner, Runner
+
+
+# --- pure pieces --------------------------------------------------------------------------------------------------
+
+def test_compare_figures_and_smallest_passing_atol():
+    e = np.array([1.0, 2.0, -3.0])
+    a = np.array([1.0, 2.01, -3.0])
+    d = compare(a, e, Tolerance(1e-4, 1e-3))
+    assert not d.ok and d.mismatched == 1 and d.total == 3
+    assert d.max_abs == pytest.approx(0.01)
+    assert d.min_atol == pytest.approx(0.01 - 2e-3)
+    assert compare(a, e, Tolerance(d.min_atol * 1.0001, 1e-3)).ok  # the reported atol does pass
+    assert not compare(a, e, Tolerance(d.min_atol * 0.99, 1e-3)).ok
+
+
+def test_compare_selects_real_positions_and_counts_nan():
+    e = np.zeros((2, 3))
+    a = e.copy()
+    a[1, 0] = 5.0  # a padded position
+    where = np.array([[True, True, True], [False, True, True]])
+    assert compare(a, e, Tolerance(1e-4, 0), where).ok
+    a[0, 0] = np.nan
+    assert compare(a, e, Tolerance(1e-4, 0), where).mismatched == 1
+
+
+def test_sweep_covers_the_brief(tiny):
+    c = tiny.contract
+    cases = build_sweep(c, "quick", seed=0)
+    assert cases == build_sweep(c, "quick", seed=0)  # reproducible
+    seqs, pasts = {x.seq for x in cases}, {x.past for x in cases}
+    assert {1, 2} <= seqs and 0 in pasts and 1 in pasts and max(pasts) > 5
+    assert any(x.batch == 1 for x in cases) and any(x.batch > 1 for x in cases)
+    assert any(any(x.pad) for x in cases)
+    assert any(x.seq + x.past == c.max_positions for x in cases)
+    assert all(x.seq + x.past <= c.max_positions for x in build_sweep(c, "full", seed=3))
+    assert len(build_sweep(c, "full")) > len(cases)
+    ids1, _, _ = cases[2].inputs(c)
+    ids2, _, _ = cases[2].inputs(c)
+    assert (ids1 == ids2).all()
+
+
+def test_runner_checks_inputs(tiny):
+    r = EagerRunner(name="eager", contract=tiny.contract, module=tiny.module)
+    ids, mask, past = build_sweep(tiny.contract)[3].inputs(tiny.contract)
+    logits, present = r.run(ids, mask, past)
+    assert logits.shape == (1, 1, tiny.contract.vocab_size) and present[0][0].shape[2] == 2
+    with pytest.raises(RuntimeInputError, match="attention_mask"):
+        r.run(ids, mask[:, 1:], past)
+    with pytest.raises(RuntimeInputError, match="int64"):
+        r.run(ids.astype(np.int32), mask, past)
+    with pytest.raises(RuntimeInputError, match="pairs"):
+        r.run(ids, mask, past[:1])
+
+
+def test_ort_cuda_is_skipped_with_the_real_reason_unless_the_session_uses_it(tiny, tiny_export):
+    r = OrtRunner(name="ort-cuda", contract=tiny.contract, path=tiny_export / "model.onnx",
+                  provider="CUDAExecutionProvider").load()
+    if "CUDAExecutionProvider" in r.providers:
+        assert r.available
+    else:
+        assert not r.available
+        assert "session runs on ['CPUExecutionProvider']" in r.skip_reason
+
+
+def test_loaded_from_manifest_rebuilds_the_same_model(tiny, tiny_export):
+    manifest = json.loads((tiny_export / "manifest.json").read_text())
+    loaded = loaded_from_manifest(manifest)
+    ids, mask, past = build_sweep(tiny.contract)[2].inputs(tiny.contract)
+    a = EagerRunner(name="a", contract=tiny.contract, module=loaded.module).run(ids, mask, past)[0]
+    b = EagerRunner(name="b", contract=tiny.contract, module=tiny.module).run(ids, mask, past)[0]
+    assert np.array_equal(a, b)
+
+
+def _report(status_by_rt: dict[str, bool | None], host: str) -> VerifyReport:
+    from mhaexport.verify.report import RuntimeInfo
+
+    infos = {rt: RuntimeInfo(rt, "ran" if s is not None else "skipped", "" if s is not None else "no GPU")
+             for rt, s in status_by_rt.items()}
+    results = {rt: {ch: CheckResult(ch, s, {"max_abs": 1e-6}, "") for ch in CHECKS} for rt, s in status_by_rt.items()}
+    return VerifyReport(model={"spec": "preset:tiny"}, folder="x", sweep={"kind": "quick", "cases": 9, "seed": 0},
+                        tolerance={"atol": 1e-4, "rtol": 1e-3}, runtimes=infos, results=results,
+                        environment={"host": host})
+
+
+def test_report_json_round_trip_and_skipped_is_not_passed(tmp_path):
+    rep = _report({"eager": True, "ort-cuda": None}, "cpu-box")
+    assert rep.passed and rep.counts["skipped"] == len(CHECKS)
+    only_skipped = _report({"ort-cuda": None}, "cpu-box")
+    assert not only_skipped.passed  # nothing passed: skipped never counts as passed
+    js, md = rep.write(tmp_path)
+    back = load_report(js)
+    assert back.to_dict()["results"] == rep.to_dict()["results"]
+    assert json.loads(js.read_text())["schema"].startswith("mhaexport.verify.report/")
+    assert "⏭" in md.read_text() and "✅" in md.read_text()
+
+
+def test_merge_keeps_runs_over_skips_and_labels_hosts():
+    cpu = _report({"eager": True, "ort-cpu": True, "ort-cuda": None}, "cpu")
+    gpu = _report({"eager": True, "ort-cpu": True, "ort-cuda": False}, "gpu")
+    merged = merge_reports([cpu, gpu])
+    assert set(merged.runtimes) == {"eager@cpu", "ort-cpu@cpu", "eager@gpu", "ort-cpu@gpu", "ort-cuda@gpu"}
+    assert not merged.passed and merged.counts["failed"] == len(CHECKS)
+    assert "ort-cuda@gpu" in merged.to_markdown()
+
+
+# --- the CLI on the tiny export -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def verified(tiny_export, tmp_path_factory):
+    """`mhaexport verify DIR` on a copy of the tiny export (report files land in the copy)."""
+    folder = tmp_path_factory.mktemp("verified") / "export"
+    shutil.copytree(tiny_export, folder)
+    result = CliRunner().invoke(main, ["verify", str(folder)])
+    return folder, result
+
+
+def test_verify_cli_passes_the_builtin_model_and_writes_the_report(verified):
+    folder, result = verified
+    assert result.exit_code == 0, result.output
+    data = json.loads((folder / "report.json").read_text())
+    assert data["passed"] is True
+    for rt in ("eager", "torchscript", "ort-cpu"):
+        assert data["runtimes"][rt]["status"] == "ran"
+        for ch in CHECKS:
+            want = None if (rt, ch) == ("eager", "parity") else True
+            assert data["results"][rt][ch]["status"] is want, (rt, ch, data["results"][rt][ch])
+    assert data["runtimes"]["ort-cpu"]["providers"] == ["CPUExecutionProvider"]
+    cuda = data["runtimes"]["ort-cuda"]
+    if "CUDAExecutionProvider" not in cuda["providers"]:
+        assert cuda["status"] == "skipped" and cuda["reason"]
+        assert all(r["status"] is None for r in data["results"]["ort-cuda"].values())
+    md = (folder / "report.md").read_text()
+    assert md.startswith("## mhaexport verify: ✅ PASSED")
+    assert "| ort-cpu | CPU |" in md
+
+
+def test_report_merge_cli(verified, tmp_path):
+    folder, _ = verified
+    result = CliRunner().invoke(main, ["report", "merge", str(folder), str(folder / "report.json"),
+                                       "--name", "cpu", "--name", "gpu", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    assert "| ort-cpu@cpu |" in md and "| ort-cpu@gpu |" in md
+
+
+def test_verify_refuses_a_tampered_export_with_exit_2(tiny_export, tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(tiny_export, folder)
+    with open(folder / "model.onnx", "ab") as f:
+        f.write(b"\0")
+    result = CliRunner().invoke(main, ["verify", str(folder)])
+    assert result.exit_code == 2
+    assert "model.onnx" in result.output and "Traceback" not in result.output
+
+
+def test_verify_bad_usage_exits_2(tmp_path):
+    assert CliRunner().invoke(main, ["verify", str(tmp_path)]).exit_code == 2  # no manifest
+    assert CliRunner().invoke(main, ["verify", str(tmp_path), "--config", "tiny"]).exit_code == 2
+    res = CliRunner().invoke(main, ["report", "merge", str(tmp_path / "nope.json"), "-o", str(tmp_path)])
+    assert res.exit_code == 2
+
+
+def test_tighter_tolerance_fails_and_reports_the_atol_that_would_pass(tiny, tiny_export, tmp_path):
+    from mhaexport.verify import verify_folder
+
+    rep = verify_folder(tiny_export, loaded=tiny, atol=0.0, rtol=0.0, runtimes=("ort-cpu",), checks=("parity",))
+    parity = rep.results["ort-cpu"]["parity"]
+    if parity.figures["max_abs"] == 0:
+        pytest.skip("ORT matched eager bit for bit on this machine: nothing to tighten")  # pragma: no cover
+    assert not rep.passed and parity.status is False
+    assert parity.figures["min_atol"] > 0 and "would pass" in parity.message
+    loose = verify_folder(tiny_export, loaded=tiny, atol=parity.figures["min_atol"] * 1.01, rtol=0.0,
+                          runtimes=("ort-cpu",), checks=("parity",))
+    assert loose.results["ort-cpu"]["parity"].status is True  # the reported atol really passes
+
+
+# --- generation: a divergence at a near-tie is a tie, a real one is a failure ---------------------------------------
+
+class _FixedLogits(Runner):
+    """A toy runtime: the same logits at every position, zeros for the cache (enough for greedy decoding)."""
+
+    def __init__(self, name, contract, logits):
+        super().__init__(name=name, contract=contract)
+        self.logits = np.asarray(logits, dtype=np.float32)
+
+    def _run(self, ids, mask, past):
+        B, T = ids.shape
+        S = mask.shape[1]
+        kv = np.zeros((B, self.contract.n_heads, S, self.contract.head_dim), np.float32)
+        return np.broadcast_to(self.logits, (B, T, self.logits.size)).copy(), tuple((kv, kv) for _ in past)
+
+
+@pytest.mark.parametrize("flip, want", [(2e-6, True), (0.5, False)])
+def test_generation_reports_a_near_tie_as_a_tie(flip, want):
+    from mhaexport.iospec import ModelContract
+    from mhaexport.verify.checks import Context, check_generation
+
+    c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
+    base = np.array([0.0, 1.0, 1.0 - 1e-6, -1.0])  # eager: token 1 by a 1e-6 margin
+    other = base.copy()
+    other[2] += flip  # the artifact prefers token 2
+    eager = _FixedLogits("eager", c, base)
+    ctx = Context(contract=c, cases=[], tol=Tolerance(1e-4, 1e-3), eager=eager, export_sizes=(3, 5), gen_tokens=4)
+    r = check_generation(_FixedLogits("ort-cpu", c, other), ctx)
+    assert r.figures["first_divergence"] == 0
+    assert r.status is want
+    assert ("tie" in r.message) is want
+
+
+def test_report_merge_as_a_real_subprocess(verified, tmp_path):
+    import subprocess
+    import sys
+
+    folder, _ = verified
+    proc = subprocess.run([sys.executable, "-m", "mhaexport", "report", "merge", str(folder), "-o", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "## mhaexport verify: ✅ PASSED" in proc.stdout
+    assert (tmp_path / "report.json").is_file()
+
+
+def test_a_static_export_is_reported_static_not_failed(tiny, tmp_path):
+    from mhaexport.exporter.onnx import export_onnx
+
+    export_onnx(tiny, tmp_path, seq_dynamic=False, seq_len=6, past_len=0)
+    res = CliRunner().invoke(main, ["verify", str(tmp_path), "--runtime", "ort-cpu"])
+    assert res.exit_code == 0, res.output
+    ort = json.loads((tmp_path / "report.json").read_text())["results"]["ort-cpu"]
+    assert ort["parity"]["status"] is True and ort["causality"]["status"] is True
+    for check in ("dynamic-shapes", "kv-consistency", "padding", "generation"):
+        assert ort[check]["status"] is None and ort[check]["figures"]["static"] is True, check
+    assert "⏭ static" in (tmp_path / "report.md").read_text()
+
+
+def test_report_write_keeps_sections_other_commands_own(tmp_path):
+    rep = _report({"eager": True}, "cpu")
+    (tmp_path / "report.md").write_text("old table\n<!-- bench -->\n## Bench\nrow\n<!-- /bench -->\n")
+    _, md = rep.write(tmp_path)
+    text = md.read_text()
+    assert "old table" not in text and "## Bench\nrow" in text and text.startswith("## mhaexport verify")

@@ -1,0 +1,468 @@
+"""The checks verify runs on every runtime, eager included: each returns a :class:`CheckResult` (data, not text).
+
+parity and dynamic-shapes compare a runtime with eager; causality, kv-consistency and padding compare a
+runtime with *itself* under attention's invariants, so a bug that is wrong in eager and ONNX alike (a mask
+filled with 0, a cache mask without the past offset) fails there too; generation compares greedy decoding
+with eager's (and eager's cached decode with a full recompute).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from mhaexport.iospec import ModelContract
+from mhaexport.verify.runners import EAGER, Outputs, Runner
+from mhaexport.verify.sweep import Case, unseen
+
+CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
+
+# Default tolerances per artifact dtype (atol, rtol): an element mismatches when |a - e| > atol + rtol * |e|.
+DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-3), "float16": (1e-2, 1e-2), "bfloat16": (5e-2, 2e-2)}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+    @classmethod
+    def for_dtype(cls, dtype: str, atol: float | None = None, rtol: float | None = None) -> Tolerance:
+        a, r = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"])
+        return cls(a if atol is None else atol, r if rtol is None else rtol)
+
+
+@dataclass
+class CheckResult:
+    """One check on one runtime. status: True passed, False failed, None not run (skipped, with the reason)."""
+
+    check: str
+    status: bool | None
+    figures: dict = field(default_factory=dict)
+    message: str = ""
+
+    def __bool__(self) -> bool:
+        return self.status is True
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "figures": self.figures, "message": self.message}
+
+
+@dataclass
+class Diff:
+    """Element-wise comparison figures over the selected (real, non-padded) positions."""
+
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    mismatched: int = 0
+    total: int = 0
+    min_atol: float = 0.0  # the smallest atol that would have passed at the given rtol
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatched == 0
+
+    @property
+    def mismatch_fraction(self) -> float:
+        return self.mismatched / self.total if self.total else 0.0
+
+    def merge(self, other: Diff) -> Diff:
+        return Diff(max(self.max_abs, other.max_abs), max(self.max_rel, other.max_rel),
+                    self.mismatched + other.mismatched, self.total + other.total, max(self.min_atol, other.min_atol))
+
+    def figures(self) -> dict:
+        return {"max_abs": _r(self.max_abs), "max_rel": _r(self.max_rel),
+                "mismatch_fraction": _r(self.mismatch_fraction), "min_atol": _r(self.min_atol), "compared": self.total}
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance, where: np.ndarray | None = None) -> Diff:
+    """Compare two arrays (float64 math); ``where`` selects elements (broadcast to the arrays' shape)."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        return Diff(float("inf"), float("inf"), max(a.size, e.size, 1), max(a.size, e.size, 1), float("inf"))
+    if where is not None:
+        sel = np.broadcast_to(where, a.shape)
+        a, e = a[sel], e[sel]
+    if a.size == 0:
+        return Diff()
+    err = np.abs(a - e)
+    err = np.where(np.isnan(err), np.inf, err)  # NaN on either side is a mismatch
+    bound = tol.atol + tol.rtol * np.abs(e)
+    rel = err / np.maximum(np.abs(e), 1e-12)
+    need = err - tol.rtol * np.abs(e)
+    return Diff(float(err.max()), float(rel.max()), int((err > bound).sum()), int(err.size),
+                float(max(need.max(), 0.0)))
+
+
+def compare_outputs(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np.ndarray | None,
+                    keys: np.ndarray | None) -> Diff:
+    """logits on real query rows (B, T) and present keys/values on real key positions (B, S)."""
+    la, pa = actual
+    le, pe = expected
+    d = compare(la, le, tol, None if rows is None else rows[:, :, None])  # (B, T, V)
+    if len(pa) != len(pe):
+        return d.merge(Diff(float("inf"), float("inf"), 1, 1, float("inf")))
+    kmask = None if keys is None else keys[:, None, :, None]  # (B, 1, S, 1)
+    for (ka, va), (ke, ve) in zip(pa, pe):
+        d = d.merge(compare(ka, ke, tol, kmask)).merge(compare(va, ve, tol, kmask))
+    return d
+
+
+def first_line(e: BaseException) -> str:
+    """``Type: first line`` of an exception; for TorchScript interpreter errors, the line that says what failed."""
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    if "TorchScript interpreter" in line and len(lines) > 1:
+        line = lines[-1]
+    if not line:
+        return type(e).__name__
+    return line[:300] if line.startswith(f"{type(e).__name__}:") else f"{type(e).__name__}: {line[:300]}"
+
+
+@dataclass
+class Context:
+    """What the checks share: the contract, the sweep, tolerances, and eager's memoized reference outputs."""
+
+    contract: ModelContract
+    cases: list[Case]
+    tol: Tolerance
+    eager: Runner
+    export_sizes: tuple[int, int]
+    gen_tokens: int = 8
+    seed: int = 0
+    _ref: dict = field(default_factory=dict)
+    _sweep_out: dict = field(default_factory=dict)
+
+    def inputs(self, case: Case):
+        return case.inputs(self.contract)
+
+    def reference(self, case: Case) -> Outputs:
+        if case not in self._ref:
+            self._ref[case] = self.eager.run(*self.inputs(case))
+        return self._ref[case]
+
+    def cases_for(self, runner: Runner) -> list[Case]:
+        """The sweep cases the runner accepts; a static export gets one case at its own sizes."""
+        if runner.fixed is None:
+            return list(self.cases)
+        seq, past = runner.fixed
+        return [Case(2, seq, past, (0, min(2, seq + past - 1)), seed=self.seed)]
+
+    def sweep(self, runner: Runner) -> dict[Case, Outputs | BaseException]:
+        """Run the runner over its cases once (parity, finite and dynamic-shapes share the outcomes)."""
+        if runner.name not in self._sweep_out:
+            out: dict[Case, Outputs | BaseException] = {}
+            for case in self.cases_for(runner):
+                try:
+                    out[case] = runner.run(*self.inputs(case))
+                except Exception as e:  # a runtime error at one shape is a result, not a crash
+                    out[case] = e
+            self._sweep_out[runner.name] = out
+        return self._sweep_out[runner.name]
+
+
+def _static_reason(runner: Runner) -> str:
+    return f"n/a: static export (runs only at seq={runner.fixed[0]} past={runner.fixed[1]})"
+
+
+def check_parity(runner: Runner, ctx: Context) -> CheckResult:
+    """Every sweep case against eager: logits on real rows, present on real keys."""
+    if runner.name == EAGER:
+        return CheckResult("parity", None, {"reference": True}, "reference: every runtime is compared with eager")
+    total, worst_case, errors = Diff(), None, []
+    for case, out in ctx.sweep(runner).items():
+        if isinstance(out, BaseException):
+            errors.append(f"{case.name}: {first_line(out)}")
+            continue
+        d = compare_outputs(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
+        if worst_case is None or d.max_abs > total.max_abs:
+            worst_case = case.name
+        total = total.merge(d)
+    fig = {**total.figures(), "cases": len(ctx.sweep(runner)), "worst_case": worst_case, "errors": len(errors)}
+    if errors:
+        return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}")
+    if not total.ok:
+        return CheckResult("parity", False, fig,
+                           f"{total.mismatched}/{total.total} values differ from eager beyond atol={ctx.tol.atol:g} "
+                           f"rtol={ctx.tol.rtol:g} (max abs {total.max_abs:.3g} at {worst_case}; "
+                           f"atol {total.min_atol:.3g} would pass)")
+    return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {fig['cases']} cases")
+
+
+def check_finite(runner: Runner, ctx: Context) -> CheckResult:
+    """No NaN or inf in any output, padded rows included."""
+    ran = [(c, o) for c, o in ctx.sweep(runner).items() if not isinstance(o, BaseException)]
+    if not ran:
+        return CheckResult("finite", None, {}, "no sweep case ran (see parity)")
+    bad = []
+    for case, (logits, present) in ran:
+        arrays = [("logits", logits)] + [(f"present[{i}]", t) for i, kv in enumerate(present) for t in kv]
+        for name, arr in arrays:
+            n = int((~np.isfinite(arr)).sum())
+            if n:
+                bad.append(f"{n} non-finite in {name} at {case.name}")
+    fig = {"cases": len(ran), "non_finite_outputs": len(bad)}
+    if bad:
+        return CheckResult("finite", False, fig, bad[0])
+    return CheckResult("finite", True, fig, f"all outputs finite over {len(ran)} cases")
+
+
+def _perturbed(ids: np.ndarray, start: int, vocab: int, seed: int) -> np.ndarray:
+    out = ids.copy()
+    rng = np.random.default_rng(seed + 7)
+    shift = rng.integers(1, vocab, size=out[:, start:].shape) if vocab > 1 else 0
+    out[:, start:] = (out[:, start:] + shift) % max(vocab, 1)  # every future token changes
+    return out
+
+
+def check_causality(runner: Runner, ctx: Context) -> CheckResult:
+    """Change the tokens after position k: logits before k, and the cache before k, must not change."""
+    c = ctx.contract
+    if runner.fixed is not None:
+        shapes = [runner.fixed] if runner.fixed[0] >= 2 else []
+        if not shapes:
+            return CheckResult("causality", None, {"static": True},
+                               _static_reason(runner) + " with seq=1: nothing to perturb")
+    else:
+        shapes = [(min(10, c.max_positions), 0), (min(6, c.max_positions - 4), 4)]
+    worst, sens, msgs = Diff(), 0.0, []
+    for seq, past in shapes:
+        if seq < 2:
+            continue
+        case = Case(2, seq, past, (), seed=ctx.seed + 11)
+        ids, mask, kv = ctx.inputs(case)
+        k = seq // 2
+        base = runner.run(ids, mask, kv)
+        pert = runner.run(_perturbed(ids, k, c.vocab_size, ctx.seed), mask, kv)
+        rows = np.zeros((2, seq), dtype=bool)
+        rows[:, :k] = True  # earlier query positions
+        keys = np.zeros((2, past + seq), dtype=bool)
+        keys[:, :past + k] = True  # earlier cache entries
+        d = compare_outputs(pert, base, ctx.tol, rows, keys)
+        sens = max(sens, float(np.abs(pert[0][:, k:] - base[0][:, k:]).max()))
+        if not d.ok:
+            msgs.append(f"changing tokens {k}..{seq - 1} changed earlier logits (seq={seq} past={past}, "
+                        f"max abs {d.max_abs:.3g})")
+        worst = worst.merge(d)
+    fig = {"max_abs_earlier": _r(worst.max_abs), "max_abs_later": _r(sens)}
+    if msgs:
+        return CheckResult("causality", False, fig, msgs[0])
+    return CheckResult("causality", True, fig, f"earlier outputs unchanged (max abs {worst.max_abs:.3g})")
+
+
+def _decode(runner: Runner, ids: np.ndarray, mask: np.ndarray, chunks: list[int], contract: ModelContract):
+    """Feed ids in chunks with the growing cache; returns logits for every position (B, N, V) and the cache."""
+    B = ids.shape[0]
+    shape = (B, contract.n_heads, 0, contract.head_dim)
+    past = tuple((np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(contract.n_layers))
+    outs, pos = [], 0
+    for n in chunks:
+        logits, past = runner.run(ids[:, pos:pos + n], mask[:, :pos + n], past)
+        outs.append(logits)
+        pos += n
+    return np.concatenate(outs, axis=1), past
+
+
+def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
+    """Token-by-token decode == one prefill; chunked prefill == one prefill; step t with the cache == a full
+    forward of tokens 0..t without a cache (from-scratch recompute)."""
+    if runner.fixed is not None:
+        return CheckResult("kv-consistency", None, {"static": True}, _static_reason(runner))
+    c = ctx.contract
+    N = min(12, c.max_positions)
+    case = Case(2, N, 0, (0, 3), seed=ctx.seed + 23)
+    ids, mask, _ = ctx.inputs(case)
+    rows, keys = case.real_rows(), case.real_keys()
+    full, full_kv = _decode(runner, ids, mask, [N], c)
+    parts: dict[str, Diff] = {}
+    step, step_kv = _decode(runner, ids, mask, [1] * N, c)
+    parts["token-by-token decode"] = compare_outputs((step, step_kv), (full, full_kv), ctx.tol, rows, keys)
+    chunks = [x for x in (N // 3, 1, N // 4) if x] + [N - N // 3 - 1 - N // 4]
+    chunks = [x for x in chunks if x > 0]
+    chunked, chunked_kv = _decode(runner, ids, mask, chunks, c)
+    parts["chunked prefill " + "+".join(map(str, chunks))] = compare_outputs(
+        (chunked, chunked_kv), (full, full_kv), ctx.tol, rows, keys)
+    rec = Diff()
+    for t in sorted({0, 1, N // 2, N - 1}):
+        scratch, _ = _decode(runner, ids[:, :t + 1], mask[:, :t + 1], [t + 1], c)
+        rec = rec.merge(compare(step[:, t], scratch[:, t], ctx.tol, rows[:, t, None]))
+    parts["cached decode vs from-scratch recompute"] = rec
+    fig = {"decode_max_abs": _r(parts["token-by-token decode"].max_abs),
+           "chunked_max_abs": _r(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
+           "recompute_max_abs": _r(rec.max_abs)}
+    bad = [f"{name} differs from one prefill (max abs {d.max_abs:.3g})" if "recompute" not in name
+           else f"{name} differ (max abs {d.max_abs:.3g})" for name, d in parts.items() if not d.ok]
+    if bad:
+        return CheckResult("kv-consistency", False, fig, "; ".join(bad))
+    worst = max(d.max_abs for d in parts.values())
+    return CheckResult("kv-consistency", True, fig,
+                       f"decode, chunked prefill and recompute agree (max abs {worst:.3g})")
+
+
+def check_padding(runner: Runner, ctx: Context) -> CheckResult:
+    """A left-padded row equals the same tokens unpadded, at prefill and over two decode steps after it."""
+    if runner.fixed is not None:
+        return CheckResult("padding", None, {"static": True}, _static_reason(runner))
+    c = ctx.contract
+    T, p, steps = min(10, c.max_positions - 2), 4, 2
+    p = min(p, T - 1)
+    case = Case(2, T, 0, (0, p), seed=ctx.seed + 31)
+    ids, mask, _ = ctx.inputs(case)
+    ids[1, :p] = 0  # pad token
+    rng = np.random.default_rng(ctx.seed + 37)
+    nxt = rng.integers(0, c.vocab_size, (2, steps), dtype=np.int64)
+    all_ids = np.concatenate([ids, nxt], axis=1)  # (2, T + steps)
+    all_mask = np.concatenate([mask, np.ones((2, steps), np.int64)], axis=1)
+    padded, _ = _decode(runner, all_ids, all_mask, [T] + [1] * steps, c)  # (2, T + steps, V)
+    solo_ids = all_ids[1:, p:]  # the padded row's real tokens, unpadded
+    solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps, c)
+    d_prefill = compare(padded[1:, p:T], solo[:, :T - p], ctx.tol)
+    d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.tol)
+    fig = {"prefill_max_abs": _r(d_prefill.max_abs), "decode_max_abs": _r(d_decode.max_abs), "pad": p}
+    if not d_prefill.ok:
+        return CheckResult("padding", False, fig, f"a row with {p} left pads differs from the same tokens unpadded "
+                                                  f"(max abs {d_prefill.max_abs:.3g})")
+    if not d_decode.ok:
+        return CheckResult("padding", False, fig, f"decode steps after a left-padded prefill differ from the "
+                                                  f"unpadded sequence (max abs {d_decode.max_abs:.3g})")
+    worst = max(d_prefill.max_abs, d_decode.max_abs)
+    return CheckResult("padding", True, fig, f"padded == unpadded (max abs {worst:.3g})")
+
+
+def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
+    """The artifact runs at lengths never used at export, with the contract's output shapes and eager's values."""
+    if runner.fixed is not None:
+        return CheckResult("dynamic-shapes", None, {"static": True}, _static_reason(runner))
+    c = ctx.contract
+    baked = runner.baked_axes()
+    if baked:
+        return CheckResult("dynamic-shapes", False, {"baked_axes": len(baked)},
+                           f"the graph fixes dynamic axes to the export's sizes: {'; '.join(baked[:3])}"
+                           + (f" (+{len(baked) - 3} more)" if len(baked) > 3 else ""))
+    cases = [cs for cs in ctx.sweep(runner) if unseen(cs, ctx.export_sizes)]
+    if not cases:
+        return CheckResult("dynamic-shapes", None, {}, "the sweep holds no unseen length")
+    worst, problems = Diff(), []
+    for case in cases:
+        out = ctx.sweep(runner)[case]
+        if isinstance(out, BaseException):
+            problems.append(f"does not run at {case.name}: {first_line(out)}")
+            continue
+        logits, present = out
+        want_l = (case.batch, case.seq, c.vocab_size)
+        want_kv = (case.batch, c.n_heads, case.past + case.seq, c.head_dim)
+        if tuple(logits.shape) != want_l or any(tuple(t.shape) != want_kv for kv in present for t in kv):
+            problems.append(f"wrong output shapes at {case.name}: logits {list(logits.shape)} (want {list(want_l)})")
+            continue
+        if runner.name != EAGER:
+            d = compare_outputs(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
+            if not d.ok:
+                problems.append(f"wrong values at {case.name} (max abs {d.max_abs:.3g} vs eager): a size baked in")
+            worst = worst.merge(d)
+    seqs = sorted({cs.seq for cs in cases})
+    pasts = sorted({cs.past for cs in cases})
+    fig = {"shapes": len(cases), "seq": f"{seqs[0]}..{seqs[-1]}", "past": f"{pasts[0]}..{pasts[-1]}",
+           "max_abs": _r(worst.max_abs), "failed_shapes": len(problems)}
+    if problems:
+        return CheckResult("dynamic-shapes", False, fig, f"{len(problems)}/{len(cases)} unseen shapes: {problems[0]}")
+    return CheckResult("dynamic-shapes", True, fig,
+                       f"{len(cases)} unseen shapes (seq {fig['seq']}, past {fig['past']})")
+
+
+@dataclass
+class Greedy:
+    tokens: list[int]
+    logits: list[np.ndarray]  # per step: (V,) for row 0
+
+
+def greedy(runner: Runner, prompt: np.ndarray, n: int, contract: ModelContract, cached: bool = True) -> Greedy:
+    """Greedy decode n tokens from a (1, P) prompt; cached=False recomputes the whole sequence every step."""
+    ids = prompt.copy()
+    shape = (1, contract.n_heads, 0, contract.head_dim)
+    empty = tuple((np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(contract.n_layers))
+    tokens, step_logits = [], []
+    past, feed = empty, ids
+    for _ in range(n):
+        if cached:
+            mask = np.ones((1, ids.shape[1]), np.int64)
+            logits, past = runner.run(feed, mask, past)
+        else:
+            logits, _ = runner.run(ids, np.ones((1, ids.shape[1]), np.int64), empty)
+        last = logits[0, -1].astype(np.float64)  # (V,)
+        tok = int(last.argmax())
+        tokens.append(tok)
+        step_logits.append(last)
+        feed = np.array([[tok]], dtype=np.int64)
+        ids = np.concatenate([ids, feed], axis=1)
+    return Greedy(tokens, step_logits)
+
+
+def check_generation(runner: Runner, ctx: Context) -> CheckResult:
+    """Greedy N tokens against eager's (eager: cached decode against a full recompute every step).
+
+    At the first divergent step the reference's logit margin (top-1 minus top-2) is reported; a divergence where
+    that margin is within tolerance is a near-tie, reported as such and not as a failure."""
+    if runner.fixed is not None:
+        return CheckResult("generation", None, {"static": True}, _static_reason(runner))
+    c = ctx.contract
+    P = min(6, c.max_positions - 1)
+    n = max(1, min(ctx.gen_tokens, c.max_positions - P))
+    prompt = np.random.default_rng(ctx.seed + 41).integers(0, c.vocab_size, (1, P), dtype=np.int64)
+    if runner.name == EAGER:
+        got, ref, against = greedy(runner, prompt, n, c), greedy(runner, prompt, n, c, cached=False), "recompute"
+    else:
+        key = ("greedy", n)
+        if key not in ctx._ref:
+            ctx._ref[key] = greedy(ctx.eager, prompt, n, c)
+        got, ref, against = greedy(runner, prompt, n, c), ctx._ref[key], "eager"
+    div = next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
+    upto = n if div is None else div + 1
+    logit_diff = Diff()
+    for i in range(upto):
+        logit_diff = logit_diff.merge(compare(got.logits[i], ref.logits[i], ctx.tol))
+    fig = {"tokens": n, "matched": n if div is None else div, "first_divergence": div,
+           "max_abs": _r(logit_diff.max_abs)}
+    if div is None:
+        if not logit_diff.ok:
+            return CheckResult("generation", False, fig, f"same {n} tokens but step logits differ from {against} "
+                                                         f"(max abs {logit_diff.max_abs:.3g})")
+        return CheckResult("generation", True, fig, f"{n}/{n} greedy tokens match {against}")
+    top2 = np.sort(ref.logits[div])[-2:]
+    margin = float(top2[1] - top2[0])
+    fig["margin"] = _r(margin)
+    tie = margin <= ctx.tol.atol + ctx.tol.rtol * abs(float(top2[1]))
+    if tie and compare(got.logits[div], ref.logits[div], ctx.tol).ok:
+        fig["tie"] = True
+        return CheckResult("generation", True, fig, f"tie: diverges from {against} at step {div} where the top-2 "
+                                                    f"margin {margin:.3g} is within tolerance")
+    return CheckResult("generation", False, fig, f"greedy tokens diverge from {against} at step {div} "
+                                                 f"(margin {margin:.3g}, logits max abs {logit_diff.max_abs:.3g})")
+
+
+CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
+    "parity": check_parity,
+    "finite": check_finite,
+    "causality": check_causality,
+    "kv-consistency": check_kv_consistency,
+    "padding": check_padding,
+    "dynamic-shapes": check_dynamic_shapes,
+    "generation": check_generation,
+}
+
+
+def run_check(name: str, runner: Runner, ctx: Context) -> CheckResult:
+    """Run one check; an exception inside it is that check's failure (with its first line), not a crash."""
+    try:
+        return CHECK_FUNCS[name](runner, ctx)
+    except Exception as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return CheckResult(name, False, {}, f"raised {first_line(e)} (at {where.name})")

@@ -1,0 +1,108 @@
+"""The seeded input sweep: which (batch, seq, past, left padding) shapes verify runs every artifact at.
+
+Covers batch 1 and > 1; seq 1, 2, lengths the exporter never used (it traced batch=2, seq=3, past=5) up to
+max_positions; past 0, 1 and many; left-padded rows. Same seed, same inputs, on every machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from mhaexport.iospec import ModelContract
+
+SWEEPS = ("quick", "full")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input shape: batch rows, new tokens, cached tokens, and left padding per row (over past + seq)."""
+
+    batch: int
+    seq: int
+    past: int
+    pad: tuple[int, ...] = field(default_factory=tuple)
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        p = f" pad={list(self.pad)}" if any(self.pad) else ""
+        return f"b={self.batch} seq={self.seq} past={self.past}{p}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "pad": list(self.pad), "name": self.name}
+
+    def inputs(self, contract: ModelContract, dtype=np.float32):
+        """(input_ids, attention_mask, past_key_values) as numpy, reproducible from ``seed``."""
+        rng = np.random.default_rng(self.seed)
+        ids = rng.integers(0, contract.vocab_size, (self.batch, self.seq), dtype=np.int64)  # (B, T)
+        mask = np.ones((self.batch, self.past + self.seq), dtype=np.int64)  # (B, past + T)
+        for b, p in enumerate(self.pad):
+            mask[b, :p] = 0
+        shape = (self.batch, contract.n_heads, self.past, contract.head_dim)  # (B, H, past, D)
+        past = tuple((rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype))
+                     for _ in range(contract.n_layers))
+        return ids, mask, past
+
+    def real_rows(self) -> np.ndarray:
+        """bool (B, seq): query positions holding real tokens (left padding excluded)."""
+        mask = np.ones((self.batch, self.past + self.seq), dtype=bool)
+        for b, p in enumerate(self.pad):
+            mask[b, :p] = False
+        return mask[:, self.past:]
+
+    def real_keys(self) -> np.ndarray:
+        """bool (B, past + seq): key positions holding real tokens."""
+        mask = np.ones((self.batch, self.past + self.seq), dtype=bool)
+        for b, p in enumerate(self.pad):
+            mask[b, :p] = False
+        return mask
+
+
+def build_sweep(contract: ModelContract, kind: str = "quick", seed: int = 0) -> list[Case]:
+    """The cases for ``kind`` ("quick" or "full"), clipped to max_positions, deduplicated, in a stable order.
+    None uses the exporter's (seq=3, past=5), so every case runs at lengths never seen at export."""
+    if kind not in SWEEPS:
+        raise ValueError(f"sweep {kind!r}: expected one of {', '.join(SWEEPS)}")
+    M = contract.max_positions
+    specs: list[tuple[int, int, int, tuple[int, ...]]] = [
+        (1, 1, 0, ()),          # one token, empty cache
+        (1, 2, 0, ()),          # seq=2 (torch.export specializes 0/1; 2 must be general)
+        (2, 7, 0, (0, 3)),      # unseen length, a left-padded row
+        (1, 1, 1, ()),          # decode step with past=1
+        (2, 1, 17, (0, 5)),     # decode with a longer, padded cache
+        (3, 11, 6, (0, 2, 9)),  # batch 3, padding reaching into the new tokens
+        (1, 4, 9, ()),          # chunked prefill after a cache
+        (1, M, 0, ()),          # the longest prompt
+        (1, 1, M - 1, ()),      # the last decode step max_positions allows
+    ]
+    if kind == "full":
+        rng = np.random.default_rng(seed)
+        for past in (0, 1, 2, 8, 33, M // 2):
+            for seq in (1, 2, 5, 16, 31, 64):
+                if seq + past <= M:
+                    specs.append((2, seq, past, ()))
+        specs += [(4, 13, 0, (0, 1, 6, 12)), (2, 9, 40, (0, 30)), (1, M - 7, 7, ()), (8, 1, 63, tuple(range(0, 64, 8)))]
+        for _ in range(8):  # random shapes: reproducible from the seed
+            total = int(rng.integers(2, M + 1))
+            seq = int(rng.integers(1, total + 1))
+            b = int(rng.integers(1, 5))
+            pad = tuple(int(rng.integers(0, total)) if i else 0 for i in range(b))
+            specs.append((b, seq, total - seq, pad))
+    cases, seen = [], set()
+    for i, (b, seq, past, pad) in enumerate(specs):
+        if seq < 1 or seq + past > M:
+            continue
+        pad = tuple(min(p, seq + past - 1) for p in pad)  # every row keeps at least one real token
+        key = (b, seq, past, pad)
+        if key in seen:
+            continue
+        seen.add(key)
+        cases.append(Case(b, seq, past, pad, seed=seed * 1000 + i))
+    return cases
+
+
+def unseen(case: Case, export_sizes: tuple[int, int]) -> bool:
+    """True when the case's seq or past length differs from the ones used at export."""
+    return (case.seq, case.past) != tuple(export_sizes)
