@@ -37,10 +37,23 @@ def dynamic_shapes(n_layers: int, seq_dynamic: bool) -> tuple:
     return {0: batch, 1: seq}, {0: batch, 1: total}, tuple((kv, kv) for _ in range(n_layers))
 
 
+DYNAMIC_INPUT_AXES = ((iospec.INPUT_IDS, 1, iospec.SEQ), (iospec.ATTENTION_MASK, 1, iospec.TOTAL),
+                      ("past_key_values.0.key", 2, iospec.PAST))
+
+
 def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dynamic: bool) -> None:
-    """Give present.* outputs the contract's dim name (the exporter writes 'past_sequence_length + ...')."""
+    """Refuse a graph whose sequence axes came out fixed, then give present.* outputs the contract's dim name
+    (the exporter writes 'past_sequence_length + sequence_length')."""
     if not seq_dynamic:
         return
+    inputs = {i.name: i for i in model.graph.input}
+    for name, axis, dim_name in DYNAMIC_INPUT_AXES:
+        dim = inputs[name].type.tensor_type.shape.dim[axis]
+        if not dim.dim_param:
+            raise ExportError(
+                f"the dynamic axis {dim_name!r} ({name} axis {axis}) came out fixed at {dim.dim_value}: the model "
+                "uses that length as a constant (e.g. a mask or buffer of fixed size), so the file would only run "
+                "at the export's example length; build the mask from the input shapes")
     for out in model.graph.output:
         if out.name.startswith("present."):
             dim = out.type.tensor_type.shape.dim[2]

@@ -65,17 +65,20 @@ def test_verify_catches_bug_wrong_in_eager(bug, tmp_path):
     assert f"**eager / {sorted(CAUGHT_IN_EAGER[bug])[0]}**" in (folder / "report.md").read_text()
 
 
-def test_fixed_size_mask_passes_eager_but_fails_every_export_on_dynamic_shapes():
-    res = CliRunner().invoke(main, ["verify", "--model", f"{BUGS}:fixed_size_mask", "--runtime", "torchscript",
-                                    "--runtime", "ort-cpu"])
-    if res.exit_code == 2:  # torch.onnx refused the export: it must say which dynamic axis
-        assert re.search(r"sequence_length|past_sequence_length|total_sequence_length", res.output), res.output
-        return
+def test_fixed_size_mask_is_refused_by_onnx_export_and_fails_torchscript_dynamic_shapes(tmp_path):
+    res = CliRunner().invoke(main, ["onnx", "--model", f"{BUGS}:fixed_size_mask", "-o", str(tmp_path / "onnx")])
+    assert res.exit_code == 2, res.output
+    assert re.search(r"dynamic axis '(sequence_length|total_sequence_length|past_sequence_length)'.*came out fixed",
+                     res.output), res.output
+    assert not (tmp_path / "onnx" / "model.onnx").exists()
+    folder = tmp_path / "ts"
+    res = CliRunner().invoke(main, ["torchscript", "--model", f"{BUGS}:fixed_size_mask", "-o", str(folder)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["verify", str(folder)])
     assert res.exit_code == 1, res.output
     failed = _failed_checks(res.output)
     assert not any(f.startswith("eager/") for f in failed)  # eager is right at every length
-    assert {"torchscript/dynamic-shapes", "ort-cpu/dynamic-shapes"} <= failed
-    assert re.search(r"ort-cpu / dynamic-shapes\*\*: the graph fixes dynamic axes.*sequence_length", res.output)
+    assert "torchscript/dynamic-shapes" in failed
 
 
 def test_all_passes_a_correct_model_written_differently(tmp_path):
