@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,16 +115,31 @@ def _state_misfit(module: nn.Module, state: dict) -> str:
     return "; ".join(parts)
 
 
+def _load_failure(e: Exception) -> str:
+    """The one informative line of a torch.load failure (weights_only names the refused global deep inside)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    if m := re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text):
+        return f"it holds a non-tensor object ({m.group(1)}), refused without unpickling it"
+    if "central directory" in text or "zip archive" in text:
+        return "not a complete torch.save file (truncated or corrupted)"
+    if "Weights only load failed" in text:
+        return "not a tensors-only torch.save file, refused without unpickling it"
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {first}"
+
+
 def load_checkpoint(module: nn.Module, path: str | Path) -> str:
     """Load a state dict (tensors only) into module; returns its sha256. Mismatches raise ModelLoadError."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says what matters
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ModelLoadError(f"checkpoint {path} cannot be read as a tensors-only state dict "
-                             f"(torch.load weights_only=True): {type(e).__name__}: {str(e).splitlines()[0]}") from None
+                             f"(torch.load weights_only=True): {_load_failure(e)}") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

@@ -1,0 +1,119 @@
+"""Integrity: a killed export leaves nothing a reader would trust; altered files are refused; checkpoints are
+never unpickled beyond tensors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mhaexport.errors import ArtifactError, ModelLoadError
+from mhaexport.exporter import manifest as mf
+
+EXPORT_SCRIPT = """
+import sys
+from mhaexport.models.loading import load_model
+from mhaexport.exporter.onnx import export_onnx
+loaded = load_model("tiny", random_weights=True)
+print("loaded", flush=True)
+export_onnx(loaded, sys.argv[1])
+print("done", flush=True)
+"""
+
+
+def _kill_export_when(folder: Path, ready, timeout: float = 120.0) -> bool:
+    """Start an ONNX export into ``folder`` in a subprocess and SIGKILL it once ``ready(folder)`` is true.
+    Returns False if the export finished before the moment came."""
+    proc = subprocess.Popen([sys.executable, "-c", EXPORT_SCRIPT, str(folder)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            if ready(folder):
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.005)
+        raise AssertionError("the export neither reached the moment nor finished")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _staging_dirs(folder: Path) -> list[Path]:
+    return list(folder.glob(".staging-onnx-*")) if folder.is_dir() else []
+
+
+def test_export_killed_while_staging_leaves_nothing_trusted(tiny, tiny_export, tmp_path):
+    """A complete ONNX + TorchScript folder is re-exported; the ONNX export is killed while it writes its staging
+    folder. The ONNX entry must be refused; the untouched TorchScript entry stays trusted."""
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export, folder)
+    mf.load_verified(folder)  # trusted before
+
+    killed = _kill_export_when(folder, lambda d: bool(_staging_dirs(d)))
+    assert killed, "the export finished before its staging folder was seen"
+    with pytest.raises(ArtifactError, match="holds no onnx export"):
+        mf.load_verified(folder, "onnx")
+    mf.load_verified(folder, "torchscript")
+
+    # the folder the killed export left behind takes a normal export, which is then trusted in full
+    from mhaexport.exporter.onnx import export_onnx
+
+    export_onnx(tiny, folder)
+    assert "model.onnx" in mf.load_verified(folder)["artifacts"]["onnx"]["files"]
+
+
+def test_export_killed_while_writing_model_file(tmp_path):
+    """Killed once model.onnx has bytes in the staging folder, into a fresh folder: no manifest, so no export."""
+    folder = tmp_path / "fresh"
+
+    def model_bytes_staged(d: Path) -> bool:
+        return any((s / "model.onnx").is_file() and (s / "model.onnx").stat().st_size > 0 for s in _staging_dirs(d))
+
+    killed = _kill_export_when(folder, model_bytes_staged)
+    if not killed:
+        pytest.fail("the export finished before model.onnx was staged")
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        mf.load_verified(folder, "onnx")
+    assert not (folder / "model.onnx").exists()  # nothing published next to a manifest that could vouch for it
+
+
+def test_manifest_hash_mismatch_is_refused(tiny_export, tmp_path):
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export, folder)
+    manifest = mf.read_manifest(folder)
+    manifest["artifacts"]["onnx"]["files"]["model.onnx"]["sha256"] = "0" * 64
+    mf.atomic_write_json(folder / "manifest.json", manifest)
+    with pytest.raises(ArtifactError, match="does not match the manifest's 000000000000…"):
+        mf.load_verified(folder, "onnx")
+
+
+def test_checkpoint_with_a_non_tensor_object_is_refused_without_running_it(tmp_path, tiny):
+    """A pickle whose object would run code on load (here: make a folder) is refused, and the code never runs."""
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    state = dict(tiny.module.state_dict())
+    state["extra"] = Payload()
+    torch.save(state, tmp_path / "evil.pt")
+    from mhaexport.models.loading import load_model
+
+    with pytest.raises(ModelLoadError, match=r"evil.pt cannot be read as a tensors-only state dict \(torch.load "
+                                             r"weights_only=True\): it holds a non-tensor object \(.*mkdir\), "
+                                             r"refused without unpickling it"):
+        load_model("tiny", checkpoint=tmp_path / "evil.pt")
+    assert not marker.exists()

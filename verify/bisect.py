@@ -1,0 +1,341 @@
+"""When parity fails, say where: compare the ONNX graph's intermediate values with eager PyTorch's, per module.
+
+Like Polygraphy's mark-all or torch.onnx's ``compare_intermediates``, but it reads like the model: every float
+value the graph computes is made a graph output, eager PyTorch runs with a forward hook on every submodule, and
+each module's output (and input) is matched to its ONNX value through the module scopes torch.onnx records on each
+node (``pkg.torch.onnx.name_scopes``). Rows are ordered as the graph runs; the report names
+
+- the **first divergent** tensor: the first module output whose relative error exceeds the tolerance, and
+- the **culprit**: the first module whose input still agrees but whose output does not — the module whose own
+  computation went wrong (a scale, a mask, a lowering), with the ONNX nodes that belong to it alone.
+
+Caveat: exposing every value keeps ONNX Runtime from fusing across them, so a bug that only a fusion causes can
+vanish under bisect; run it with ``opt_level="disable"`` and the default to tell the two apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mhaexport import iospec
+from mhaexport.errors import ArtifactError, MhaExportError
+
+SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+BLOCK_RE = re.compile(r"^(.*?\.\d+)(?:\.|$)")  # "blocks.1.attn.W_o" -> "blocks.1"
+TWO_GB = 2 * 1024**3
+
+
+@dataclass
+class TensorDiff:
+    """One module's output (or one graph output) compared: ONNX value vs eager tensor."""
+
+    module: str  # "blocks.1.attn", or "output present.1.key" for graph outputs
+    onnx_value: str  # the ONNX value name
+    op: str  # "OpType node_name" producing it
+    position: int  # index of the producing node in the graph (graph order = run order)
+    shape: tuple[int, ...]
+    max_abs: float
+    rel: float  # max|onnx - eager| / max|eager|; inf where ONNX is non-finite and eager is not
+    input_rel: float | None = None  # the same for the module's input, where it was found in the graph
+    depth: int = 0  # module nesting depth (children sort before parents at the same position)
+
+
+@dataclass
+class BisectReport:
+    """Where the ONNX graph first departs from eager PyTorch. ``ok`` is True when nothing diverged."""
+
+    model: str  # the ONNX file compared
+    shapes: dict[str, int]
+    tol: float
+    provider: str
+    rows: list[TensorDiff] = field(default_factory=list)
+    first_divergent: TensorDiff | None = None
+    culprit: TensorDiff | None = None
+    block: str | None = None  # the decoder block holding the culprit ("blocks.1"), None outside blocks
+    culprit_nodes: list[str] = field(default_factory=list)  # ONNX nodes in the culprit's own scope
+    unmatched: list[str] = field(default_factory=list)  # eager modules with no ONNX value of their output's shape
+
+    @property
+    def ok(self) -> bool:
+        return self.first_divergent is None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"ok": self.ok}
+
+    def summary(self, all_rows: bool = False) -> str:
+        """Text for the CLI: the table (divergent rows and their neighbours unless ``all_rows``), then the verdict."""
+        s = self.shapes
+        lines = [f"bisect {self.model} on {self.provider} at batch={s['batch']} seq={s['seq']} past={s['past']}: "
+                 f"relative error = max|onnx - eager| / max|eager|, tolerance {self.tol:.0e}",
+                 f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}"]
+        show = self.rows
+        if not all_rows and self.first_divergent is not None:
+            i = self.rows.index(self.first_divergent)
+            show = self.rows[max(0, i - 3): i + 6]
+        for r in show:
+            mark = "  <-- culprit" if r is self.culprit else ("  <-- first divergence" if r is self.first_divergent
+                                                               else "")
+            inp = f"{r.input_rel:9.1e}" if r.input_rel is not None else f"{'-':>9}"
+            lines.append(f"  {r.module:<28} {r.onnx_value:<18} {r.op[:26]:<26} {r.rel:9.1e} {inp}{mark}")
+        if self.ok:
+            lines.append(f"no divergence: all {len(self.rows)} compared tensors within {self.tol:.0e}")
+        else:
+            f = self.first_divergent
+            lines.append(f"first divergence: {f.module} ({f.onnx_value}, {f.op}): rel err {f.rel:.1e}")
+            if self.culprit is not None:
+                c = self.culprit
+                where = f" in block {self.block}" if self.block else ""
+                inp = f"input agrees ({c.input_rel:.1e}), " if c.input_rel is not None else ""
+                lines.append(f"culprit{where}: {c.module}: {inp}output differs ({c.rel:.1e})")
+                if self.culprit_nodes:
+                    lines.append(f"  ONNX nodes of {c.module} itself: {', '.join(self.culprit_nodes)}")
+        if self.unmatched:
+            lines.append(f"not compared (no ONNX value of that shape in its scope): {', '.join(self.unmatched)}")
+        return "\n".join(lines)
+
+
+def _scopes(node) -> list[str] | None:
+    for p in node.metadata_props:
+        if p.key == SCOPES_KEY:
+            try:
+                import ast
+
+                val = ast.literal_eval(p.value)
+            except (ValueError, SyntaxError):
+                return None
+            return [str(v) for v in val] if isinstance(val, (list, tuple)) else None
+    return None
+
+
+def _module_paths(scopes: list[str] | None) -> list[str]:
+    """Module paths a node sits in, outermost first: ['', 'blocks.1', 'blocks.1.attn', 'div_1'] -> [blocks.1, ...]."""
+    return [s for s in (scopes or [])[1:-1] if s]
+
+
+def _rel(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    if not np.isfinite(a).all() and np.isfinite(e).all():
+        return float("inf"), float("inf")
+    diff = np.abs(a - e)
+    diff = diff[np.isfinite(diff)]
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = float(np.abs(e[np.isfinite(e)]).max()) if np.isfinite(e).any() else 1.0
+    return max_abs, max_abs / max(scale, 1e-12)
+
+
+def _first_tensor(x: Any):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (tuple, list)):
+        for item in x:
+            t = _first_tensor(item)
+            if t is not None:
+                return t
+    return None
+
+
+def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray | None, np.ndarray]], Any]:
+    """Run eager with a hook on every submodule: {path: (first input, first output)} of each module's first call."""
+    import torch
+
+    seen: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
+    handles = []
+
+    def hook(path):
+        def fn(mod, args, out):
+            if path in seen:
+                return
+            o, i = _first_tensor(out), _first_tensor(args)
+            if o is not None and o.is_floating_point():
+                inp = i.detach().float().numpy().copy() if i is not None and i.is_floating_point() else None
+                seen[path] = (inp, o.detach().float().numpy().copy())
+        return fn
+
+    for path, sub in module.named_modules():
+        if path:
+            handles.append(sub.register_forward_hook(hook(path)))
+    try:
+        with torch.no_grad():
+            out = module(ids, mask, past)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen, out
+
+
+def _expose_all(proto) -> tuple[Any, list[str]]:
+    """A copy of the model whose every float node output is also a graph output; returns it and the added names."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in
+             list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)}
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    existing = {o.name for o in model.graph.output}
+    added = []
+    for node in model.graph.node:
+        for name in node.output:
+            if not name or name in existing:
+                continue
+            if name not in types or types[name] == 0:
+                # shape inference stops at ops it does not know (com.microsoft contrib ops): expose the value
+                # untyped, ONNX Runtime fills the type in; non-float values are dropped after the run
+                model.graph.output.append(onnx.ValueInfoProto(name=name))
+            elif types[name] in FLOAT_TYPES:
+                model.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+            else:
+                continue
+            existing.add(name)
+            added.append(name)
+    return model, added
+
+
+def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: int = 4, past: int = 3,
+                pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
+                provider: str = "CPUExecutionProvider", opt_level: str = "default") -> BisectReport:
+    """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
+
+    Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``. ``tol`` is the relative
+    error above which a tensor counts as divergent (1e-3 suits float32; use 1e-2 for float16 exports).
+    """
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    from mhaexport.models.inputs import make_inputs
+
+    if isinstance(onnx_model, (str, Path)):
+        label = str(onnx_model)
+        try:
+            proto = onnx.load(str(onnx_model))
+        except Exception as e:
+            raise ArtifactError(f"cannot read ONNX model {onnx_model}: {type(e).__name__}: {e}") from None
+    else:
+        label, proto = "<in-memory ONNX model>", onnx_model
+    nodes = list(proto.graph.node)
+    scopes = [_scopes(n) for n in nodes]
+    if not any(scopes):
+        raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
+                             "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
+    c = loaded.contract
+    if seq < 1 or batch < 1 or past < 0 or past + seq > c.max_positions:
+        raise MhaExportError(f"bisect shapes batch={batch} seq={seq} past={past}: need batch, seq >= 1, past >= 0 "
+                             f"and past + seq <= max_positions={c.max_positions}")
+    ids, mask, cache = make_inputs(c, batch=batch, seq=seq, past=past, seed=seed, pad=pad)
+
+    # eager: every submodule's first input and output
+    eager, (logits, present) = _eager_values(loaded.module, ids, mask, cache)
+    expected_out = {iospec.LOGITS: logits.float().numpy()}
+    for i, (k, v) in enumerate(present):
+        kn, vn = iospec.present_names(i)
+        expected_out[kn], expected_out[vn] = k.float().numpy(), v.float().numpy()
+
+    # ONNX: every float value
+    exposed, _ = _expose_all(proto)
+    if exposed.ByteSize() > TWO_GB:
+        raise MhaExportError(f"{label} is over 2 GB: bisect serializes it in memory; bisect a smaller config")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "default": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    if opt_level not in levels:
+        raise MhaExportError(f"opt_level {opt_level!r}: expected one of {', '.join(levels)}")
+    so.graph_optimization_level = levels[opt_level]
+    sess = ort.InferenceSession(exposed.SerializeToString(), so, providers=[provider])
+    kv_type = {i.name: i.type for i in sess.get_inputs()}.get(iospec.past_names(0)[0], "tensor(float)")
+    kv_dtype = np.float16 if kv_type == "tensor(float16)" else np.float32  # the graph's cache dtype (fp16 exports)
+    feed = iospec.make_feed(ids.numpy(), mask.numpy(),
+                            [(k.numpy().astype(kv_dtype), v.numpy().astype(kv_dtype)) for k, v in cache])
+    names = [o.name for o in sess.get_outputs()]
+    values = {n: v for n, v in zip(names, sess.run(names, feed))
+              if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
+    producer = {out: idx for idx, n in enumerate(nodes) for out in n.output if out}
+
+    def op_of(idx: int) -> str:
+        return f"{nodes[idx].op_type} {nodes[idx].name}"
+
+    rows: list[TensorDiff] = []
+    unmatched: list[str] = []
+    for path, (inp, out) in eager.items():
+        in_scope = [i for i, s in enumerate(scopes) if path in _module_paths(s)]
+        cand = [(i, o) for i in in_scope for o in nodes[i].output
+                if o in values and values[o].shape == out.shape]
+        if not cand:
+            unmatched.append(path)
+            continue
+        idx, name = cand[-1]  # the last value of the output's shape computed inside the module
+        max_abs, rel = _rel(values[name], out)
+        input_rel = None
+        if inp is not None:
+            scope_set = set(in_scope)
+            for i in in_scope:
+                src = [x for x in nodes[i].input if x in values and producer.get(x) not in scope_set
+                       and values[x].shape == inp.shape]
+                if src:
+                    input_rel = _rel(values[src[0]], inp)[1]
+                    break
+        rows.append(TensorDiff(path, name, op_of(idx), idx, tuple(out.shape), max_abs, rel, input_rel,
+                               depth=path.count(".") + 1))
+    for name, exp in expected_out.items():
+        if name in values and name in producer:
+            max_abs, rel = _rel(values[name], exp)
+            rows.append(TensorDiff(f"output {name}", name, op_of(producer[name]), producer[name],
+                                   tuple(exp.shape), max_abs, rel, depth=0))
+    rows.sort(key=lambda r: (r.position, -r.depth))
+
+    report = BisectReport(model=label, shapes={"batch": batch, "seq": seq, "past": past}, tol=tol,
+                          provider=sess.get_providers()[0], rows=rows, unmatched=sorted(unmatched))
+    bad = [r for r in rows if not r.rel <= tol]  # NaN counts as bad
+    if bad:
+        report.first_divergent = bad[0]
+        report.culprit = next((r for r in bad if not r.module.startswith("output ")
+                               and r.input_rel is not None and r.input_rel <= tol), bad[0])
+        m = BLOCK_RE.match(report.culprit.module)
+        report.block = m.group(1) if m else None
+        own = report.culprit.module
+        inside = [i for i, s in enumerate(scopes) if own in _module_paths(s)]
+        lo, hi = (min(inside), max(inside)) if inside else (0, -1)
+        # the module's own nodes, and nodes without scopes amid them (graph rewrites, e.g. fused attention)
+        report.culprit_nodes = [op_of(i) + ("" if s else " (no scope)") for i, s in enumerate(scopes)
+                                if (s and _module_paths(s) and _module_paths(s)[-1] == own)
+                                or (not s and lo < i < hi)]
+    return report
+
+
+def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
+    """Bisect an export folder's ONNX model (hashes checked first) against eager PyTorch.
+
+    ``loaded``: the eager model; by default it is rebuilt from the manifest's model spec (as ``verify`` does).
+    Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level).
+    """
+    from mhaexport.exporter.manifest import contract_from_manifest, load_verified
+
+    folder = Path(folder)
+    manifest = load_verified(folder, "onnx")
+    entry = manifest["artifacts"]["onnx"]
+    if loaded is None:
+        from mhaexport.verify.verify import loaded_from_manifest
+
+        loaded = loaded_from_manifest(manifest)
+    elif loaded.contract != contract_from_manifest(manifest):
+        raise ArtifactError(f"the given model's contract {loaded.contract.to_dict()} is not the exported one "
+                            f"{manifest['model']['contract']}")
+    if not entry.get("seq_dynamic", True):
+        sizes = entry.get("static_sizes") or {}
+        kwargs.setdefault("seq", int(sizes.get(iospec.SEQ, kwargs.get("seq", 4))))
+        kwargs.setdefault("past", int(sizes.get(iospec.PAST, kwargs.get("past", 3))))
+    if entry.get("dtype", "float32") != "float32":
+        kwargs.setdefault("tol", 1e-2)
+    return bisect_onnx(folder / entry["file"], loaded, **kwargs)
