@@ -106,6 +106,8 @@ def staging(out_dir: Path, artifact: str) -> Iterator[Path]:
     leaves no entry whose files a reader would trust."""
     mf.ensure_writable_dir(out_dir)
     mf.forget_artifact(out_dir, artifact)
+    for stale in out_dir.glob(f".staging-{artifact}-*"):  # left by an export that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".staging-{artifact}-"))
     try:
         yield tmp

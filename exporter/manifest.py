@@ -36,6 +36,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; an export is read by other users and services
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

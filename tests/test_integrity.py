@@ -70,8 +70,11 @@ def test_export_killed_while_staging_leaves_nothing_trusted(tiny, tiny_export, t
     # the folder the killed export left behind takes a normal export, which is then trusted in full
     from mhaexport.exporter.onnx import export_onnx
 
+    assert _staging_dirs(folder)  # the killed export left its scratch folder
     export_onnx(tiny, folder)
     assert "model.onnx" in mf.load_verified(folder)["artifacts"]["onnx"]["files"]
+    assert not _staging_dirs(folder)  # ... which the next export of that artifact removes
+    assert (folder / "manifest.json").stat().st_mode & 0o777 == 0o644  # readable by other users and services
 
 
 def test_export_killed_while_writing_model_file(tmp_path):
