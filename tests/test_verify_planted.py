@@ -81,6 +81,20 @@ def test_fixed_size_mask_is_refused_by_onnx_export_and_fails_torchscript_dynamic
     assert "torchscript/dynamic-shapes" in failed
 
 
+def test_padding_check_covers_right_padding(tmp_path):
+    """A model whose positions assume left padding passes the left-padded half and fails the right-padded one
+    (the layout onnxruntime-genai uses for a batch of prompts)."""
+    folder = tmp_path / "leftonly"
+    res = CliRunner().invoke(main, ["torchscript", "--model", f"{BUGS}:left_padding_only", "-o", str(folder)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["verify", str(folder)])
+    assert res.exit_code == 1, res.output
+    assert {"eager/padding", "torchscript/padding"} <= _failed_checks(res.output)
+    padding = json.loads((folder / "report.json").read_text())["results"]["eager"]["padding"]
+    assert padding["figures"]["left_prefill_max_abs"] < 1e-4
+    assert "right pads" in padding["message"]
+
+
 def test_all_passes_a_correct_model_written_differently(tmp_path):
     """SDPA with an explicit boolean mask and fused QKV: no false alarm anywhere, via the one-shot verb."""
     res = CliRunner().invoke(main, ["all", "--model", f"{GOOD}:sdpa_decoder", "-o", str(tmp_path)])

@@ -309,33 +309,44 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
 
 
 def check_padding(runner: Runner, ctx: Context) -> CheckResult:
-    """A left-padded row equals the same tokens unpadded, at prefill and over two decode steps after it."""
+    """A padded row equals the same tokens unpadded, at prefill and over two decode steps after it.
+
+    Both layouts: left padding (the contract's, what mhaexport.runtime uses) and right padding with the holes kept
+    in the mask on every decode step (what onnxruntime-genai does with a batch of prompts).
+    """
     if runner.fixed is not None:
         return CheckResult("padding", None, {"static": True}, _static_reason(runner))
     c = ctx.contract
     T, p, steps = min(10, c.max_positions - 2), 4, 2
     p = min(p, T - 1)
-    case = Case(2, T, 0, (0, p), seed=ctx.seed + 31)
+    case = Case(2, T, 0, seed=ctx.seed + 31)
     ids, mask, _ = ctx.inputs(case)
-    ids[1, :p] = 0  # pad token
     rng = np.random.default_rng(ctx.seed + 37)
     nxt = rng.integers(0, c.vocab_size, (2, steps), dtype=np.int64)
-    all_ids = np.concatenate([ids, nxt], axis=1)  # (2, T + steps)
-    all_mask = np.concatenate([mask, np.ones((2, steps), np.int64)], axis=1)
-    padded, _ = _decode(runner, all_ids, all_mask, [T] + [1] * steps, c)  # (2, T + steps, V)
-    solo_ids = all_ids[1:, p:]  # the padded row's real tokens, unpadded
-    solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps, c)
-    d_prefill = compare(padded[1:, p:T], solo[:, :T - p], ctx.tol)
-    d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.tol)
-    fig = {"prefill_max_abs": _r(d_prefill.max_abs), "decode_max_abs": _r(d_decode.max_abs), "pad": p}
-    if not d_prefill.ok:
-        return CheckResult("padding", False, fig, f"a row with {p} left pads differs from the same tokens unpadded "
-                                                  f"(max abs {d_prefill.max_abs:.3g})")
-    if not d_decode.ok:
-        return CheckResult("padding", False, fig, f"decode steps after a left-padded prefill differ from the "
-                                                  f"unpadded sequence (max abs {d_decode.max_abs:.3g})")
-    worst = max(d_prefill.max_abs, d_decode.max_abs)
-    return CheckResult("padding", True, fig, f"padded == unpadded (max abs {worst:.3g})")
+    fig: dict = {"pad": p}
+    worst = 0.0
+    for side in ("left", "right"):
+        real = slice(p, T) if side == "left" else slice(0, T - p)  # the padded row's real tokens
+        side_ids, side_mask = ids.copy(), mask.copy()
+        pads = slice(0, p) if side == "left" else slice(T - p, T)
+        side_ids[1, pads], side_mask[1, pads] = 0, 0  # pad token 0, masked out
+        all_ids = np.concatenate([side_ids, nxt], axis=1)  # (2, T + steps)
+        all_mask = np.concatenate([side_mask, np.ones((2, steps), np.int64)], axis=1)
+        padded, _ = _decode(runner, all_ids, all_mask, [T] + [1] * steps, c)  # (2, T + steps, V)
+        solo_ids = np.concatenate([side_ids[1:, real], nxt[1:]], axis=1)  # unpadded: real tokens, then the steps
+        solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps, c)
+        d_prefill = compare(padded[1:, real], solo[:, :T - p], ctx.tol)
+        d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.tol)
+        fig[f"{side}_prefill_max_abs"] = _r(d_prefill.max_abs)
+        fig[f"{side}_decode_max_abs"] = _r(d_decode.max_abs)
+        if not d_prefill.ok:
+            return CheckResult("padding", False, fig, f"a row with {p} {side} pads differs from the same tokens "
+                                                      f"unpadded (max abs {d_prefill.max_abs:.3g})")
+        if not d_decode.ok:
+            return CheckResult("padding", False, fig, f"decode steps after a {side}-padded prefill differ from the "
+                                                      f"unpadded sequence (max abs {d_decode.max_abs:.3g})")
+        worst = max(worst, d_prefill.max_abs, d_decode.max_abs)
+    return CheckResult("padding", True, fig, f"left- and right-padded == unpadded (max abs {worst:.3g})")
 
 
 def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:

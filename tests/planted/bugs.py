@@ -105,6 +105,23 @@ class _FixedSizeMask(_NoPastOffset):
                          position_ids_from_mask(attention_mask, int(input_ids.shape[1])))
 
 
+class _LeftPaddingOnly(_NoPastOffset):
+    def forward(self, input_ids, attention_mask, past_key_values=None):
+        B, T = input_ids.shape
+        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+        allowed = build_causal_mask(T, past_len, attention_mask)
+        n_pads = (attention_mask == 0).sum(dim=-1, keepdim=True)  # (B, 1)
+        # BUG: assumes every pad sits before the tokens (left padding); wrong for right-padded batches
+        pos = (torch.arange(T)[None, :] + past_len - n_pads).clamp(min=0)  # (B, T)
+        return self._run(input_ids, attention_mask, past_key_values, allowed, pos)
+
+
+def left_padding_only() -> nn.Module:
+    """Positions that assume left padding: right for the contract's layout, wrong for onnxruntime-genai's
+    right-padded batches: caught by padding (its right-padded half)."""
+    return _LeftPaddingOnly(CONFIG).eval()
+
+
 def mask_zero() -> nn.Module:
     """Mask filled with 0 instead of -inf / the dtype's minimum: caught by causality."""
     return _with_attention(DecoderLM(CONFIG), _ZeroFill)
