@@ -122,6 +122,9 @@ class VerifyReport:
         arts = []
         for name, a in self.artifacts.items():
             how = [f"opset {a['opset']}"] if a.get("opset") else ([a["mode"]] if a.get("mode") else [])
+            if a.get("attention"):
+                how.append(f"attention {a['attention']}")
+            how.append(a.get("dtype", "float32"))
             sizes = a.get("static_sizes") or {}
             static = "static " + " ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items() if "total" not in k)
             how.append("dynamic axes" if a.get("seq_dynamic", True) else static)

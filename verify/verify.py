@@ -169,7 +169,8 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                    "overridden": atol is not None or rtol is not None},
         runtimes=infos, results=results, versions=_versions(),
         artifacts={k: {kk: v.get(kk) for kk in ("format", "file", "opset", "mode", "seq_dynamic", "static_sizes",
-                                                 "dtype") if kk in v} for k, v in manifest["artifacts"].items()},
+                                                 "attention", "dtype") if kk in v}
+                   for k, v in manifest["artifacts"].items()},
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
