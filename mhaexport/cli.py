@@ -81,20 +81,41 @@ def main() -> None:
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="With --seq-static: the fixed sequence length.")
 @click.option("--past-len", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --seq-static: the fixed past (KV cache) length.")
-@click.option("--opset", type=click.IntRange(18, 23), default=18, show_default=True, help="ONNX opset (18..23).")
+@click.option("--opset", type=click.IntRange(18, 23), default=None,
+              help="ONNX opset (18..23). Default: 18, or 23 with --attention onnx.")
+@click.option("--attention", type=click.Choice(["decomposed", "onnx", "ort"]), default="decomposed",
+              show_default=True,
+              help="How attention reaches the graph: MatMul/Softmax/Where as exported, the ONNX Attention op "
+                   "(opset 23), or ONNX Runtime's com.microsoft MultiHeadAttention.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+              show_default=True, help="Weights, KV cache and logits in this dtype.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
-def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, output) -> None:
+def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, attention, dtype, output) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter."""
     if not seq_dynamic and seq_len is None:
         raise click.BadParameter("--seq-static needs --seq-len N", param_hint="--seq-len")
+    if attention == "onnx" and opset is not None and opset < 23:
+        raise click.BadParameter(f"--attention onnx needs opset 23 (the ONNX Attention op), got {opset}",
+                                 param_hint="--opset")
     from mhaexport.exporter.onnx import export_onnx
 
     loaded = _load(config, model, checkpoint)
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
-    click.echo(f"Exporting {loaded.spec} to ONNX (opset {opset}, {axes}) ...", err=True)
-    _show_record(export_onnx(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
-                             past_len=past_len))
+    shown = opset or (23 if attention == "onnx" else 18)
+    click.echo(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}) ...",
+               err=True)
+    rec = export_onnx(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
+                      attention=attention, dtype=dtype)
+    _show_record(rec)
+    entry = rec.manifest.get("artifacts", {}).get("onnx", {})
+    low, prec = entry.get("lowering") or {}, entry.get("precision") or {}
+    if attention != "decomposed":
+        click.echo(f"attention {attention}: {low.get('fused_nodes')} fused node(s), KV cache through the op: "
+                   f"{low.get('kv_cache_in_op')}, Softmax left: {low.get('softmax_left')}")
+    if prec.get("cast_by_ort_cpu"):
+        ops = ", ".join(f"{k} x{v}" for k, v in prec["cast_by_ort_cpu"].items())
+        click.echo(f"{dtype}: ONNX Runtime CPU computes these in float32 (it casts them): {ops}")
 
 
 @main.command("torchscript")
@@ -110,6 +131,282 @@ def torchscript_cmd(config, model, checkpoint, mode, output) -> None:
     loaded = _load(config, model, checkpoint)
     click.echo(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...", err=True)
     _show_record(export_torchscript(loaded, output, mode=mode))
+
+
+def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
+    rows = []
+    for v in values:
+        try:
+            rows.append([int(t) for t in v.replace(" ", "").split(",") if t != ""])
+        except ValueError:
+            raise click.BadParameter(f"{v!r}: expected comma-separated integers like 5,17,42") from None
+    return rows
+
+
+@main.command("generate")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
+              help="Prompt text, encoded as UTF-8 bytes (byte-level models, vocab >= 256). Repeat for a batch.")
+@click.option("--prompt-ids", "prompt_ids", multiple=True, metavar="5,17,42", callback=_parse_ids,
+              help="Prompt token ids. Repeat for a batch (left-padded).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="0 = greedy; otherwise sample from softmax(logits / T).")
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+              help="Sample among the smallest set of tokens whose probability reaches p.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler.")
+@click.option("--eos-id", type=click.IntRange(min=0), default=None, help="Stop a row when it produces this id.")
+@click.option("--provider", "providers", multiple=True, default=("cpu",), show_default=True,
+              metavar="cpu|cuda|NAME", help="ONNX Runtime execution provider(s), in order of preference.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, stop reason, providers.")
+def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id, providers,
+                 threads, as_json) -> None:
+    """Generate from an ONNX export with ONNX Runtime (no torch): prefill, then KV-cache decode.
+
+    With --json, "tokens" is the list of new ids for one prompt, or a list of such lists for several.
+    """
+    import json
+
+    from mhaexport.exporter.manifest import contract_from_manifest, read_manifest
+    from mhaexport.runtime import GenerationConfig, Generator, SamplingConfig
+
+    if not prompts and not prompt_ids:
+        raise click.UsageError("give --prompt TEXT or --prompt-ids 5,17,42")
+    vocab = contract_from_manifest(read_manifest(folder)).vocab_size
+    if prompts and vocab < 256:
+        raise BadInput(f"--prompt encodes text as bytes (ids 0..255) but this model's vocab_size is {vocab}; "
+                       "use --prompt-ids")
+    rows = [list(p.encode("utf-8")) for p in prompts] + list(prompt_ids)
+    gen = Generator(folder, providers=providers, threads=threads)
+    for w in gen.warnings:
+        click.secho(f"warning: {w}", fg="yellow", err=True)
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
+                           sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+    result = gen.generate(rows, cfg)
+    texts = ([bytes(t for t in toks if t < 256).decode("utf-8", errors="replace") for toks in result.tokens]
+             if vocab >= 256 else None)
+    if as_json:
+        one = len(rows) == 1
+        out = {"tokens": result.tokens[0] if one else result.tokens,
+               "text": (texts[0] if one else texts) if texts is not None else None,
+               "stop_reason": result.stop_reason, "message": result.message,
+               "prompt_lengths": result.prompt_lengths, "providers": result.providers}
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"providers: {', '.join(result.providers)}", err=True)
+    for i, toks in enumerate(result.tokens):
+        if i < len(prompts):
+            click.echo(prompts[i] + texts[i])
+        else:
+            click.echo(",".join(map(str, toks)))
+    click.echo(result.message, err=True)
+
+
+@main.command("bench")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--prompt-len", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Threads for torch and ONNX Runtime alike.")
+@click.option("--runtimes", default=None, metavar="A,B,..",
+              help="Comma-separated subset of: eager, eager-nocache, torchscript, ort-cpu, ort-cuda. Default: all.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed generations per runtime (after one untimed warm-up).")
+@click.option("--long", "long_to", type=click.IntRange(min=0), default=None, metavar="POSITION",
+              help="Also time one ORT CPU generation from the prompt up to this position (per-token latency "
+                   "against position; default: max_positions for models of up to 1024 positions, 0 = off).")
+@click.option("--opt-levels", default="", metavar="basic,extended,all",
+              help="Also time ORT CPU at these graph optimization levels (rows 'ort-cpu@LEVEL').")
+@click.option("--profile", is_flag=True, help="Also write ONNX Runtime's profile of the ORT CPU decode (JSON).")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
+def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, opt_levels, profile,
+              output) -> None:
+    """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
+    from mhaexport.verify.bench import BenchConfig, run_bench, write_bench
+
+    names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
+    cfg = BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
+                      runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
+                      opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()))
+    result = run_bench(folder, cfg, progress=lambda m: click.echo(m, err=True))
+    written = write_bench(result, output or folder)
+    click.echo(result.summary())
+    click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
+
+
+# --- verify, all, report merge (issue 3) -------------------------------------------------------------------------
+
+def verify_options(f):
+    """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
+
+    @click.option("--sweep", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
+                  help="Input shapes: quick (9 shapes, seconds) or full (~50 shapes incl. random ones).")
+    @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input sweep.")
+    @click.option("--atol", type=click.FloatRange(min=0.0), default=None,
+                  help="Absolute tolerance (default by dtype: float32 1e-4, float16 1e-2).")
+    @click.option("--rtol", type=click.FloatRange(min=0.0), default=None,
+                  help="Relative tolerance (default by dtype: float32 1e-3, float16 1e-2).")
+    @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
+                  help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, onnx-reference. "
+                       "Default: all but onnx-reference.")
+    @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
+                  help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"  {msg}", err=True)
+
+
+def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False):
+    """Verify, print the table, write report.json + report.md; raise VerificationFailed when a check failed."""
+    from mhaexport.verify import DEFAULT_RUNTIMES, verify_folder
+
+    report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                           runtimes=tuple(runtimes) or DEFAULT_RUNTIMES, gen_tokens=gen_tokens,
+                           progress=None if quiet else _progress)
+    click.echo(report.to_markdown())
+    if out is not None:
+        js, md = report.write(out)
+        click.echo(f"wrote {js} and {md}", err=True)
+    c = report.counts
+    if not report.passed:
+        failed = ", ".join(f"{rt}/{r.check}" for rt, r in report.failures()) or "nothing passed"
+        raise VerificationFailed(f"{c['failed']} check(s) failed: {failed}")
+    click.echo(f"verify passed in {report.seconds:.1f} s: {c['passed']} passed, {c['skipped']} skipped "
+               "(skipped is not passed)", err=True)
+    return report
+
+
+def _export_both(loaded, folder, opset=18, step=None) -> None:
+    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.exporter.torchscript import export_torchscript
+
+    say = step or (lambda m: click.echo(m, err=True))
+    say(f"export ONNX (opset {opset}, dynamic axes) -> {folder}")
+    rec = export_onnx(loaded, folder, opset=opset)
+    for w in rec.warnings:
+        click.secho(f"warning: {w}", fg="yellow", err=True)
+    say(f"export TorchScript (trace) -> {folder}")
+    rec = export_torchscript(loaded, folder)
+    for w in rec.warnings:
+        click.secho(f"warning: {w}", fg="yellow", err=True)
+
+
+def _run_bisect(folder, config, model, checkpoint, seed) -> None:
+    """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does."""
+    import tempfile
+
+    from mhaexport.verify.bisect import bisect
+
+    with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
+        loaded = None
+        if folder is None:
+            from mhaexport.exporter.onnx import export_onnx
+
+            loaded = _load(config, model, checkpoint)
+            click.echo(f"Exporting {loaded.spec} to ONNX in a temporary folder ...", err=True)
+            export_onnx(loaded, tmp)
+        click.echo(f"Bisecting {folder or loaded.spec} against eager PyTorch ...", err=True)
+        report = bisect(folder or tmp, loaded, seed=seed)
+    click.echo(report.summary())
+    if not report.ok:
+        where = report.culprit or report.first_divergent
+        raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module} "
+                                 f"({where.onnx_value}, rel err {where.rel:.1e})")
+
+
+@main.command("verify")
+@click.argument("folder", required=False, type=click.Path(file_okay=False))
+@model_options
+@verify_options
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Where report.json and report.md go (default: FOLDER; with model options: not written).")
+@click.option("--bisect", "bisect_", is_flag=True, default=False,
+              help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
+                   "by module, and name the first block and tensor that diverge (exit 1 when one does).")
+def verify_cmd(folder, config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_tokens, output,
+               bisect_=False) -> None:
+    """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
+    --config/--model, export both formats to a temporary folder first and verify that.
+
+    Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation.
+    Exit 0 all passed, 1 a check failed, 2 bad input."""
+    import tempfile
+
+    if folder is not None and (config or model or checkpoint):
+        raise click.UsageError("give an export FOLDER or model options (--config/--model/--checkpoint), not both")
+    if bisect_:
+        _run_bisect(folder, config, model, checkpoint, seed)
+        return
+    if folder is not None:
+        click.echo(f"Verifying {folder} ...", err=True)
+        _run_verify(folder, None, output or folder, sweep, seed, atol, rtol, runtimes, gen_tokens)
+        return
+    loaded = _load(config, model, checkpoint)
+    with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
+        click.echo(f"Exporting {loaded.spec} to a temporary folder ...", err=True)
+        _export_both(loaded, tmp)
+        click.echo(f"Verifying {loaded.spec} ...", err=True)
+        _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens)
+
+
+@main.command("all")
+@model_options
+@verify_options
+@click.option("--opset", type=click.IntRange(18, 23), default=18, show_default=True, help="ONNX opset.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
+              help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
+def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_tokens, opset, output) -> None:
+    """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
+    steps = ["load", "export ONNX", "export TorchScript", "verify"]  # bench: add a step here (issue: bench helper)
+    n = len(steps)
+    state = {"i": 0}
+
+    def step(msg: str) -> None:
+        state["i"] += 1
+        click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
+
+    step(f"load {model or config or 'the default model'}")
+    loaded = _load(config, model, checkpoint)
+    _export_both(loaded, output, opset=opset, step=step)
+    step(f"verify {output} ({sweep} sweep)")
+    _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens)
+    # Bench hook: the bench helper may time the decode loop here and add it to the report folder.
+
+
+@main.group("report")
+def report_group() -> None:
+    """Work with verify reports (report.json)."""
+
+
+@report_group.command("merge")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--name", "names", multiple=True, metavar="LABEL",
+              help="A label per report (repeat, in order), e.g. cpu, gpu. Default: each report's host.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
+              help="Folder for the merged report.json and report.md.")
+def report_merge_cmd(reports, names, output) -> None:
+    """Merge report.json files (or folders holding one) from different machines into one table.
+    Exit 1 when any merged check failed."""
+    from mhaexport.verify.report import load_report, merge_reports
+
+    if names and len(names) != len(reports):
+        raise click.UsageError(f"--name given {len(names)} times for {len(reports)} reports")
+    merged = merge_reports([load_report(p) for p in reports], list(names) or None)
+    js, md = merged.write(output)
+    click.echo(merged.to_markdown())
+    click.echo(f"wrote {js} and {md}", err=True)
+    if merged.counts["failed"]:
+        raise VerificationFailed(f"{merged.counts['failed']} check(s) failed in the merged reports")
 
 
 if __name__ == "__main__":  # pragma: no cover
