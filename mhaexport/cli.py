@@ -74,6 +74,24 @@ def main() -> None:
     and prove the export against eager PyTorch."""
 
 
+def lowering_options(f):
+    """--opset / --attention / --dtype: how the ONNX graph is written (onnx, all, verify with model options)."""
+
+    @click.option("--opset", type=click.IntRange(18, 23), default=None,
+                  help="ONNX opset (18..23). Default: 18, or 23 with --attention onnx.")
+    @click.option("--attention", type=click.Choice(["decomposed", "onnx", "ort"]), default="decomposed",
+                  show_default=True,
+                  help="How attention reaches the graph: MatMul/Softmax/Where as exported, the ONNX Attention op "
+                       "(opset 23), or ONNX Runtime's com.microsoft MultiHeadAttention.")
+    @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+                  show_default=True, help="Weights, KV cache and logits in this dtype.")
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
 @main.command("onnx")
 @model_options
 @click.option("--seq-dynamic/--seq-static", default=True, show_default=True,
@@ -81,14 +99,7 @@ def main() -> None:
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="With --seq-static: the fixed sequence length.")
 @click.option("--past-len", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --seq-static: the fixed past (KV cache) length.")
-@click.option("--opset", type=click.IntRange(18, 23), default=None,
-              help="ONNX opset (18..23). Default: 18, or 23 with --attention onnx.")
-@click.option("--attention", type=click.Choice(["decomposed", "onnx", "ort"]), default="decomposed",
-              show_default=True,
-              help="How attention reaches the graph: MatMul/Softmax/Where as exported, the ONNX Attention op "
-                   "(opset 23), or ONNX Runtime's com.microsoft MultiHeadAttention.")
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
-              show_default=True, help="Weights, KV cache and logits in this dtype.")
+@lowering_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
 def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, attention, dtype, output) -> None:
@@ -221,18 +232,30 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--opt-levels", default="", metavar="basic,extended,all",
               help="Also time ORT CPU at these graph optimization levels (rows 'ort-cpu@LEVEL').")
 @click.option("--profile", is_flag=True, help="Also write ONNX Runtime's profile of the ORT CPU decode (JSON).")
+@click.option("--compare", "compare", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Another ONNX export of the same model (another --attention or --dtype; repeat): adds ORT rows "
+                   "labelled by lowering, timed round-robin with the rest, and a table of the lowerings.")
+@click.option("--lowerings", default=None, metavar="ATTENTION[:DTYPE],..",
+              help="Compare these lowerings, e.g. 'decomposed,onnx,ort,ort:float16': those that neither FOLDER "
+                   "nor a --compare folder holds are exported (once) to OUTPUT/lowerings/ATTENTION-DTYPE.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, opt_levels, profile,
-              output) -> None:
+              compare, lowerings, output) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
-    from mhaexport.verify.bench import BenchConfig, run_bench, write_bench
+    from mhaexport.verify.bench import BenchConfig, export_lowerings, parse_lowerings, run_bench, write_bench
 
+    say = lambda m: click.echo(m, err=True)  # noqa: E731
+    compare = tuple(compare)
+    if lowerings:
+        wanted = parse_lowerings(lowerings)
+        found = export_lowerings(folder, wanted, output or folder, have=compare, progress=say)
+        compare += tuple(str(f) for f in found)  # run_bench drops FOLDER itself and repeats
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
     cfg = BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
                       runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
-                      opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()))
-    result = run_bench(folder, cfg, progress=lambda m: click.echo(m, err=True))
+                      opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), compare=compare)
+    result = run_bench(folder, cfg, progress=say)
     written = write_bench(result, output or folder)
     click.echo(result.summary())
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
@@ -286,13 +309,13 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     return report
 
 
-def _export_both(loaded, folder, opset=18, step=None) -> None:
+def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32") -> None:
     from mhaexport.exporter.onnx import export_onnx
     from mhaexport.exporter.torchscript import export_torchscript
 
     say = step or (lambda m: click.echo(m, err=True))
-    say(f"export ONNX (opset {opset}, dynamic axes) -> {folder}")
-    rec = export_onnx(loaded, folder, opset=opset)
+    say(f"export ONNX (opset {opset or 'default'}, dynamic axes, attention {attention}, {dtype}) -> {folder}")
+    rec = export_onnx(loaded, folder, opset=opset, attention=attention, dtype=dtype)
     for w in rec.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     say(f"export TorchScript (trace) -> {folder}")
@@ -362,12 +385,13 @@ def verify_cmd(folder, config, model, checkpoint, sweep, seed, atol, rtol, runti
 @main.command("all")
 @model_options
 @verify_options
-@click.option("--opset", type=click.IntRange(18, 23), default=18, show_default=True, help="ONNX opset.")
+@lowering_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
-def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_tokens, opset, output) -> None:
+def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_tokens, opset, attention, dtype,
+            output) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
-    steps = ["load", "export ONNX", "export TorchScript", "verify"]  # bench: add a step here (issue: bench helper)
+    steps = ["load", "export ONNX", "export TorchScript", "verify"]
     n = len(steps)
     state = {"i": 0}
 
@@ -377,10 +401,9 @@ def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_to
 
     step(f"load {model or config or 'the default model'}")
     loaded = _load(config, model, checkpoint)
-    _export_both(loaded, output, opset=opset, step=step)
+    _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens)
-    # Bench hook: the bench helper may time the decode loop here and add it to the report folder.
 
 
 @main.group("report")

@@ -172,8 +172,8 @@ class Generator:
             return [np.zeros(want, dtype=self.kv_dtype)] * len(self.past_names)
         flat = [t for pair in past for t in pair] if past and isinstance(past[0], (tuple, list)) else list(past)
         if len(flat) != len(self.past_names):
-            raise RuntimeInputError(f"past_key_values must hold {c.n_layers} (key, value) pairs, got "
-                                    f"{len(flat)} arrays")
+            raise RuntimeInputError(f"past_key_values must hold {c.n_layers} (key, value) pairs "
+                                    f"({len(self.past_names)} arrays), got {len(flat)} arrays")
         out = []
         for name, t in zip(self.past_names, flat):
             t = np.asarray(t)

@@ -110,6 +110,19 @@ def _load_failure(lines: list[str]) -> str:
     return "no device or its libraries did not load"
 
 
+def start_session(model: str | Path, requested: list[str],
+                  options: ort.SessionOptions | None = None) -> tuple[ort.InferenceSession, str | None]:
+    """Create an InferenceSession on ``requested`` providers. Returns it and, when a requested provider is not
+    among ``session.get_providers()`` (onnxruntime-gpu silently falls back to CPU), one line saying so and why."""
+    capture = _stderr_lines() if requested != [CPU] else contextlib.nullcontext([])
+    with capture as log:
+        session = ort.InferenceSession(str(model), sess_options=options or ort.SessionOptions(), providers=requested)
+    used = list(session.get_providers())
+    missing = [p for p in requested if p not in used]
+    reason = f"{', '.join(missing)} requested; session runs on {used}: {_load_failure(log)}" if missing else None
+    return session, reason
+
+
 def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     so = ort.SessionOptions()
     if cfg.opt_level not in OPT_LEVELS:
@@ -154,10 +167,8 @@ def create_session(folder: str | Path, cfg: SessionConfig = SessionConfig()) -> 
         else:
             cache.parent.mkdir(exist_ok=True)
             so.optimized_model_filepath = str(cache)
-    capture = _stderr_lines() if requested != [CPU] else contextlib.nullcontext([])
     try:
-        with capture as log:
-            session = ort.InferenceSession(str(source), sess_options=so, providers=requested)
+        session, missing = start_session(source, requested, so)
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ArtifactError(f"ONNX Runtime cannot load {source}: {first}") from None
@@ -165,11 +176,9 @@ def create_session(folder: str | Path, cfg: SessionConfig = SessionConfig()) -> 
         cache = Path(so.optimized_model_filepath)
         cache.with_suffix(".sha256").write_text(f"{want} {sha256_file(cache)}\n")
     used = list(session.get_providers())
-    missing = [p for p in requested if p not in used]
     if missing:
-        msg = f"{', '.join(missing)} requested; session runs on {used}: {_load_failure(log)}"
         if cfg.strict_providers:
-            raise ProviderUnavailable(msg)
-        warnings.append(msg)
+            raise ProviderUnavailable(missing)
+        warnings.append(missing)
     device = "cuda" if used and used[0] == CUDA else "cpu"
     return LoadedSession(session, manifest, model_path, requested, used, device, warnings, from_cache)

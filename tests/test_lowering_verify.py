@@ -27,3 +27,18 @@ def test_lowering_passes_verify(tiny, tmp_path, attention, dtype):
     for check in ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation"):
         assert ort[check].status is True, (check, ort[check].message)
     assert f"attention {attention}" in report.to_markdown() and dtype in report.to_markdown()
+
+
+def test_all_verb_takes_the_lowering_options(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from mhaexport.cli import main
+
+    res = CliRunner().invoke(main, ["all", "--config", "tiny", "--attention", "ort", "--runtime", "eager",
+                                    "--runtime", "ort-cpu", "-o", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["artifacts"]["onnx"]["attention"] == "ort"
+    assert "attention ort" in (tmp_path / "report.md").read_text()

@@ -212,7 +212,6 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     """
     import onnx
     import onnxruntime as ort
-    import torch
 
     from mhaexport.models.inputs import make_inputs
 

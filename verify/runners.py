@@ -8,9 +8,6 @@ from Python), ONNX Runtime on the CPU and CUDA execution providers, and the ONNX
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,13 +128,18 @@ class EagerRunner(Runner):
     module: Any = None
 
     def _run(self, ids, mask, past):
-        import torch
+        return _call_torch(self.module, ids, mask, past)
 
-        t_past = tuple((torch.from_numpy(np.ascontiguousarray(k)), torch.from_numpy(np.ascontiguousarray(v)))
-                       for k, v in past)
-        with torch.no_grad():
-            logits, present = self.module(torch.from_numpy(ids), torch.from_numpy(mask), t_past)
-        return to_numpy(logits), tuple((to_numpy(k), to_numpy(v)) for k, v in present)
+
+def _call_torch(module, ids, mask, past):
+    """Call a torch module (eager or TorchScript) on numpy inputs; numpy outputs."""
+    import torch
+
+    t_past = tuple((torch.from_numpy(np.ascontiguousarray(k)), torch.from_numpy(np.ascontiguousarray(v)))
+                   for k, v in past)
+    with torch.no_grad():
+        logits, present = module(torch.from_numpy(ids), torch.from_numpy(mask), t_past)
+    return to_numpy(logits), tuple((to_numpy(k), to_numpy(v)) for k, v in present)
 
 
 @dataclass
@@ -155,47 +157,7 @@ class TorchScriptRunner(Runner):
         self.providers = ["torch.jit (cpu)"]
 
     def _run(self, ids, mask, past):
-        import torch
-
-        t_past = tuple((torch.from_numpy(np.ascontiguousarray(k)), torch.from_numpy(np.ascontiguousarray(v)))
-                       for k, v in past)
-        with torch.no_grad():
-            logits, present = self.module(torch.from_numpy(ids), torch.from_numpy(mask), t_past)
-        return to_numpy(logits), tuple((to_numpy(k), to_numpy(v)) for k, v in present)
-
-
-@contextlib.contextmanager
-def _captured_stderr_fd():
-    """Capture what native code writes to file descriptor 2 (ONNX Runtime's logger) into a list of lines."""
-    lines: list[str] = []
-    try:
-        saved = os.dup(2)
-    except OSError:  # no real fd 2 (some embedded environments): capture nothing
-        yield lines
-        return
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read().decode(errors="replace").splitlines())
-
-
-def _ort_reason(log: list[str]) -> str:
-    """The most telling line of ONNX Runtime's log about why a provider did not load."""
-    import re
-
-    clean = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in log]
-    for key in ("cannot open shared object", "Failed to load library", "Failed to create CUDAExecutionProvider",
-                "error", "Error"):
-        for ln in clean:
-            if key in ln:
-                m = re.search(r"(lib[\w.+-]+\.so[\w.]*: cannot open shared object file[^\n]*)", ln)
-                return m.group(1) if m else ln[-240:]
-    return ""
+        return _call_torch(self.module, ids, mask, past)
 
 
 @dataclass
@@ -207,17 +169,12 @@ class OrtRunner(Runner):
     session: Any = None
 
     def _load(self) -> None:
-        import onnxruntime as ort
+        from mhaexport.runtime.session import resolve_providers, start_session
 
-        wanted = [self.provider] if self.provider == "CPUExecutionProvider" else [self.provider, "CPUExecutionProvider"]
-        opts = ort.SessionOptions()
-        with _captured_stderr_fd() as log:
-            self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=wanted)
+        self.session, missing = start_session(self.path, resolve_providers([self.provider]))
         self.providers = list(self.session.get_providers())
-        if self.provider not in self.providers:
-            reason = _ort_reason(log)
-            raise ProviderUnavailable(f"{self.provider} requested; session runs on {self.providers}"
-                                      + (f": {reason}" if reason else ""))
+        if missing:
+            raise ProviderUnavailable(missing)
         self._out_names = [o.name for o in self.session.get_outputs()]
         self._in_shapes = {i.name: list(i.shape) for i in self.session.get_inputs()}
 
@@ -235,15 +192,9 @@ class OrtRunner(Runner):
         return baked
 
     def _run(self, ids, mask, past):
-        feeds = {iospec.INPUT_IDS: ids, iospec.ATTENTION_MASK: mask}
         dt = _np_dtype(self.dtype)
-        for i, (k, v) in enumerate(past):
-            kn, vn = iospec.past_names(i)
-            feeds[kn], feeds[vn] = k.astype(dt, copy=False), v.astype(dt, copy=False)
-        outs = dict(zip(self._out_names, self.session.run(None, feeds)))
-        present = tuple((outs[iospec.present_names(i)[0]], outs[iospec.present_names(i)[1]])
-                        for i in range(self.contract.n_layers))
-        return outs[iospec.LOGITS], present
+        feeds = iospec.make_feed(ids, mask, [(k.astype(dt, copy=False), v.astype(dt, copy=False)) for k, v in past])
+        return iospec.split_outputs(self.session.run(iospec.output_names(self.contract.n_layers), feeds))
 
 
 @dataclass
@@ -260,15 +211,8 @@ class OnnxReferenceRunner(Runner):
         self.providers = ["onnx.reference"]
 
     def _run(self, ids, mask, past):
-        feeds = {iospec.INPUT_IDS: ids, iospec.ATTENTION_MASK: mask}
-        for i, (k, v) in enumerate(past):
-            kn, vn = iospec.past_names(i)
-            feeds[kn], feeds[vn] = k, v
         names = iospec.output_names(self.contract.n_layers)
-        outs = dict(zip(names, self.evaluator.run(names, feeds)))
-        present = tuple((outs[iospec.present_names(i)[0]], outs[iospec.present_names(i)[1]])
-                        for i in range(self.contract.n_layers))
-        return outs[iospec.LOGITS], present
+        return iospec.split_outputs(self.evaluator.run(names, iospec.make_feed(ids, mask, past)))
 
 
 def skipped(name: str, contract: ModelContract, reason: str) -> Runner:
