@@ -227,8 +227,10 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime (after one untimed warm-up).")
 @click.option("--long", "long_to", type=click.IntRange(min=0), default=None, metavar="POSITION",
-              help="Also time one ORT CPU generation from the prompt up to this position (per-token latency "
-                   "against position; default: max_positions for models of up to 1024 positions, 0 = off).")
+              help="Also time one ORT CPU generation per lowering from the prompt up to this position (per-token "
+                   "latency against position; default: max_positions for models of up to 1024 positions, 0 = off).")
+@click.option("--long-repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Long runs per lowering, round-robin; per position, the median.")
 @click.option("--opt-levels", default="", metavar="basic,extended,all",
               help="Also time ORT CPU at these graph optimization levels (rows 'ort-cpu@LEVEL').")
 @click.option("--profile", is_flag=True, help="Also write ONNX Runtime's profile of the ORT CPU decode (JSON).")
@@ -240,23 +242,26 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
                    "nor a --compare folder holds are exported (once) to OUTPUT/lowerings/ATTENTION-DTYPE.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
-def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, opt_levels, profile,
-              compare, lowerings, output) -> None:
+def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
+              profile, compare, lowerings, output) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
-    from mhaexport.verify.bench import BenchConfig, export_lowerings, parse_lowerings, run_bench, write_bench
+    from mhaexport.verify import bench as vb
 
-    say = lambda m: click.echo(m, err=True)  # noqa: E731
+    def say(msg: str) -> None:
+        click.echo(msg, err=True)
+
     compare = tuple(compare)
     if lowerings:
-        wanted = parse_lowerings(lowerings)
-        found = export_lowerings(folder, wanted, output or folder, have=compare, progress=say)
+        wanted = vb.parse_lowerings(lowerings)
+        found = vb.export_lowerings(folder, wanted, output or folder, have=compare, progress=say)
         compare += tuple(str(f) for f in found)  # run_bench drops FOLDER itself and repeats
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
-    cfg = BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
-                      runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
-                      opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), compare=compare)
-    result = run_bench(folder, cfg, progress=say)
-    written = write_bench(result, output or folder)
+    cfg = vb.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
+                         runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
+                         opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), compare=compare,
+                         long_repeats=long_repeats)
+    result = vb.run_bench(folder, cfg, progress=say)
+    written = vb.write_bench(result, output or folder)
     click.echo(result.summary())
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
 

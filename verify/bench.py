@@ -6,6 +6,11 @@ ONNX Runtime is timed through the deploy runtime's own decode loop (``mhaexport.
 figures are what a deployment sees. The memory bandwidth and the weight-bandwidth floor are measured in the same
 run, and ``--long`` times one ORT CPU generation out to a far position to show how cost grows with the cache.
 
+``--compare`` adds the ONNX exports of other folders holding the same model (another attention lowering or dtype):
+each gets ORT rows labelled by its lowering, and a table compares the lowerings. Every runtime is loaded and warmed
+up first, then the timed repeats run round-robin (one generation of each row per round), so drift and noise on a
+shared machine fall on every row alike; the long runs (``long_repeats`` each) are interleaved the same way.
+
 Writes bench.json, bench.md and bench.png (matplotlib optional) and refreshes a delimited table in report.md.
 """
 
@@ -17,14 +22,14 @@ import platform
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-
-from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.exporter.manifest import contract_from_manifest, load_verified
+
+from mhaexport.errors import ArtifactError, MhaExportError, RuntimeInputError
 
 EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA = (
     "eager", "eager-nocache", "eager-cuda", "torchscript", "ort-cpu", "ort-cuda")
@@ -43,20 +48,25 @@ class BenchConfig:
     runtimes: tuple[str, ...] | None = None  # None: all of ALL_RUNTIMES (absent ones are reported skipped)
     repeats: int = 3
     nocache_repeats: int = 1  # recompute is slow (O(n^2)); it is timed this many times
-    long_to: int | None = None  # one ORT CPU run out to this position; None: max_positions when <= 1024; 0: off
+    long_to: int | None = None  # ORT CPU runs (each lowering) out to this position; None: max_positions if <= 1024; 0: off
     opt_levels: tuple[str, ...] = ()  # extra ORT CPU runs at these graph optimization levels ("ort-cpu@basic")
     profile: bool = False  # write ONNX Runtime's profile of one ORT CPU generation and summarize it
     profile_dir: str | None = None  # where the profile goes (default: the export folder)
     seed: int = 0
+    compare: tuple[str, ...] = ()  # more export folders of the same model: ORT rows labelled by their lowering
+    long_repeats: int = 1  # long runs per ORT CPU row, round-robin over the rows; per position, the median
 
 
 @dataclass
 class RuntimeBench:
     """One runtime's figures (milliseconds); ``ran`` is None when skipped (``reason`` says why)."""
 
-    name: str
+    name: str  # unique row id: "ort-cpu" for the folder's own export, "ort-cpu [attention=ort float16]" for --compare
     ran: bool | None = None
     reason: str | None = None
+    label: str = ""  # the row in tables: the name and, for ONNX Runtime rows, the lowering
+    lowering: str | None = None  # "attention=ort float32": ONNX Runtime rows only
+    folder: str | None = None  # the export folder an ONNX Runtime row ran
     providers: list[str] = field(default_factory=list)
     load_ms: float | None = None  # creating the session / loading the module
     repeats: int = 0
@@ -70,6 +80,10 @@ class RuntimeBench:
     positions: list[int] = field(default_factory=list)  # position of the token fed at each decode step
     per_position_ms: list[float] = field(default_factory=list)  # median over repeats, per decode step
 
+    def __post_init__(self) -> None:
+        if not self.label:
+            self.label = self.name if self.lowering is None else f"{self.name} [{self.lowering}]"
+
 
 @dataclass
 class BenchResult:
@@ -82,13 +96,19 @@ class BenchResult:
     weight_bytes_per_token: int
     floor_ms: float  # weight bytes per token / bandwidth
     runtimes: list[RuntimeBench]
-    long_run: dict | None = None  # {"positions": [...], "ms": [...], "at": {pos: ms}}
+    # one per ORT CPU lowering: {"name", "label", "lowering", "positions", "ms", "at": {pos: ms}, "near", "far"}
+    long_runs: list[dict] = field(default_factory=list)
+    lowerings: list[dict] = field(default_factory=list)  # ORT rows side by side (see compare_lowerings)
     targets: list[dict] = field(default_factory=list)
     profile: dict | None = None
     notes: list[str] = field(default_factory=list)
 
     def get(self, name: str) -> RuntimeBench | None:
         return next((r for r in self.runtimes if r.name == name), None)
+
+    def long_run(self, name: str = "ort-cpu") -> dict | None:
+        """The long run of row ``name`` (default: the folder's own ORT CPU export), or None."""
+        return next((lr for lr in self.long_runs if lr["name"] == name), None)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -170,6 +190,49 @@ def _fill(rb: RuntimeBench, runs: list, batch: int, new_tokens: int) -> RuntimeB
     return rb
 
 
+# ---- timed runners: set up (load, warm-up) first, then the timed repeats round-robin ----------------------------
+
+@dataclass
+class _Runner:
+    """One row being timed: ``generate(new_tokens)`` -> (prefill_s, first_token_s, step_s list, positions list)."""
+
+    rb: RuntimeBench
+    generate: Callable[[int], tuple]
+    repeats: int
+    gen: object = None  # the ONNX Runtime Generator, for the long run
+    runs: list = field(default_factory=list)
+
+
+def _round_robin(runners: list[_Runner], new_tokens: int, say: Progress) -> None:
+    """Round i runs one generation of every runner that wants more than i repeats, in row order; a runner that
+    fails is marked skipped with the reason and leaves the rounds."""
+    rounds = max((r.repeats for r in runners), default=0)
+    for i in range(rounds):
+        say(f"timed round {i + 1}/{rounds}: {', '.join(r.rb.label for r in runners if i < r.repeats)} ...")
+        for r in runners:
+            if i < r.repeats and r.rb.reason is None:
+                try:
+                    r.runs.append(r.generate(new_tokens))
+                except _runtime_errors() as e:
+                    _skip(r.rb, e)
+
+
+def _runtime_errors() -> tuple[type[Exception], ...]:
+    """What a runtime that cannot run raises: our errors and ONNX Runtime's (a lowering or dtype without a kernel,
+    a provider that does not load). Anything else is a bug and propagates."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as st
+
+    names = ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "EngineError", "RuntimeException", "InvalidProtobuf",
+             "ModelLoaded", "NotImplemented", "InvalidGraph", "EPFail")
+    return (MhaExportError, *(getattr(st, n) for n in names if hasattr(st, n)))
+
+
+def _skip(rb: RuntimeBench, e: Exception) -> None:
+    """Mark a row skipped with the first line of why."""
+    text = str(e).strip()
+    rb.ran, rb.reason = None, text.splitlines()[0] if text else type(e).__name__
+
+
 # ---- the torch runtimes: eager with and without the cache, TorchScript ------------------------------------------
 
 def _torch_generate(module, contract, ids_np: np.ndarray, new_tokens: int, *, cache: bool,
@@ -210,12 +273,13 @@ def _torch_generate(module, contract, ids_np: np.ndarray, new_tokens: int, *, ca
     return prefill, ttft, steps, positions
 
 
-def _bench_torch(name: str, module, contract, ids: np.ndarray, cfg: BenchConfig, *, cache: bool, device: str,
-                 repeats: int, load_s: float, providers: list[str]) -> RuntimeBench:
-    rb = RuntimeBench(name, providers=providers, load_ms=_ms(load_s))
-    _torch_generate(module, contract, ids, WARMUP_TOKENS, cache=cache, device=device)  # untimed warm-up
-    runs = [_torch_generate(module, contract, ids, cfg.new_tokens, cache=cache, device=device) for _ in range(repeats)]
-    return _fill(rb, runs, cfg.batch, cfg.new_tokens)
+def _torch_runner(name: str, module, contract, ids: np.ndarray, *, cache: bool, device: str, repeats: int,
+                  load_s: float, providers: list[str]) -> _Runner:
+    def generate(n: int) -> tuple:
+        return _torch_generate(module, contract, ids, n, cache=cache, device=device)
+
+    generate(WARMUP_TOKENS)  # untimed warm-up
+    return _Runner(RuntimeBench(name, providers=providers, load_ms=_ms(load_s)), generate, repeats)
 
 
 # ---- ONNX Runtime, through the deploy runtime's decode loop ------------------------------------------------------
@@ -240,13 +304,103 @@ def _make_generator(folder: Path, provider: str, cfg: BenchConfig, opt_level: st
     return gen, time.perf_counter() - t0
 
 
-def _bench_ort(name: str, folder: Path, provider: str, ids: np.ndarray, cfg: BenchConfig,
-               opt_level: str | None = None) -> tuple[RuntimeBench, object]:
-    gen, load_s = _make_generator(folder, provider, cfg, opt_level)
-    rb = RuntimeBench(name, providers=list(gen.providers), load_ms=_ms(load_s))
-    _ort_run(gen, ids, WARMUP_TOKENS)
-    runs = [_ort_run(gen, ids, cfg.new_tokens) for _ in range(cfg.repeats)]
-    return _fill(rb, runs, cfg.batch, cfg.new_tokens), gen
+def _ort_runner(rb: RuntimeBench, folder: Path, provider: str, ids: np.ndarray, cfg: BenchConfig,
+                opt_level: str | None = None) -> _Runner:
+    """Create the session, warm up; a runtime that cannot run leaves ``rb`` skipped (runner with 0 repeats)."""
+    try:
+        gen, load_s = _make_generator(folder, provider, cfg, opt_level)
+        rb.providers, rb.load_ms = list(gen.providers), _ms(load_s)
+        _ort_run(gen, ids, WARMUP_TOKENS)
+    except _runtime_errors() as e:
+        _skip(rb, e)
+        return _Runner(rb, lambda n: (), 0)
+    return _Runner(rb, lambda n: _ort_run(gen, ids, n), cfg.repeats, gen=gen)
+
+
+def lowering_of(manifest: dict) -> str | None:
+    """How an export folder's ONNX graph holds attention, as a row label: "attention=ort float16"."""
+    onnx_art = manifest.get("artifacts", {}).get("onnx")
+    if onnx_art is None:
+        return None
+    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.get('dtype', 'float32')}"
+
+
+def compare_exports(folder: Path, manifest: dict, others: tuple[str, ...] | list[str]) -> list[tuple[Path, dict]]:
+    """Read and hash-check each --compare folder's ONNX export; each must hold the same model as ``folder``
+    (ArtifactError otherwise). ``folder`` itself and repeats are dropped."""
+    out = []
+    want = manifest.get("model_fingerprint")
+    seen = {folder.resolve()}
+    for other in others:
+        other = Path(other)
+        if other.resolve() in seen:  # the folder itself, or named twice: one row is enough
+            continue
+        seen.add(other.resolve())
+        m = load_verified(other, "onnx")
+        if m.get("model_fingerprint") != want:
+            raise ArtifactError(
+                f"--compare {other} holds {m['model']['spec']} (model fingerprint {m.get('model_fingerprint')}), "
+                f"not the model of {folder} ({manifest['model']['spec']}, fingerprint {want}): compare exports "
+                "of one model only")
+        out.append((other, m))
+    return out
+
+
+def parse_lowerings(text: str) -> list[tuple[str, str]]:
+    """"decomposed,onnx,ort:float16" -> [("decomposed", "float32"), ("onnx", "float32"), ("ort", "float16")]."""
+    from mhaexport.exporter.lowering import LOWERINGS
+    from mhaexport.exporter.precision import DTYPES
+
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        attention, _, dtype = item.partition(":")
+        dtype = dtype or "float32"
+        if attention not in LOWERINGS or dtype not in DTYPES:
+            raise RuntimeInputError(f"--lowerings {item!r}: expected ATTENTION[:DTYPE] with ATTENTION one of "
+                                    f"{', '.join(LOWERINGS)} and DTYPE one of {', '.join(DTYPES)}")
+        if (attention, dtype) not in out:
+            out.append((attention, dtype))
+    return out
+
+
+def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir: str | Path,
+                     have: tuple[str, ...] | list[str] = (), progress: Progress | None = None) -> list[Path]:
+    """The export folders holding each (attention, dtype) of ``wanted`` for ``folder``'s model: ``folder`` or one of
+    ``have`` when it already holds that lowering, else out_dir/lowerings/ATTENTION-DTYPE, exported there unless
+    a hash-checked export of the same model and lowering is already there. Returns them in ``wanted``'s order."""
+    say = progress or (lambda m: None)
+    folder = Path(folder)
+    manifest = load_verified(folder)
+    known = {lowering_of(manifest): folder}
+    for other, m in compare_exports(folder, manifest, have):
+        known.setdefault(lowering_of(m), other)
+    loaded, out = None, []
+    for attention, dtype in wanted:
+        lowering = f"attention={attention} {dtype}"
+        if lowering in known:
+            out.append(known[lowering])
+            continue
+        sub = Path(out_dir) / "lowerings" / f"{attention}-{dtype}"
+        try:
+            m = load_verified(sub, "onnx")
+            if m.get("model_fingerprint") == manifest.get("model_fingerprint") and lowering_of(m) == lowering:
+                say(f"reusing {sub} ({lowering})")
+                out.append(sub)
+                continue
+        except ArtifactError:
+            pass
+        if loaded is None:
+            from mhaexport.verify.verify import loaded_from_manifest
+
+            loaded = loaded_from_manifest(manifest)
+        from mhaexport.exporter.onnx import export_onnx
+
+        say(f"exporting {lowering} -> {sub} ...")
+        export_onnx(loaded, sub, attention=attention, dtype=dtype)
+        out.append(sub)
+    return out
 
 
 def summarize_profile(path: str | Path, top: int = 12) -> dict:
@@ -273,6 +427,58 @@ def _window_ms(positions: list[int], ms: list[float], at: int, half: int = 8) ->
     return round(statistics.median(vals), 4) if vals else None
 
 
+def _long_entry(rb: RuntimeBench, pos: list[int], steps: list[float], prompt_len: int) -> dict:
+    """One long run: the marks 32/128/256/512/1000 it covers, ``near`` (the prompt end) and ``far`` (1000, or the
+    last full +-8 window when the run stops earlier)."""
+    ms = [_ms(s) for s in steps]
+    last = pos[-1]
+    far = 1000 if last >= 1000 else max(last - 8, prompt_len)
+    marks = sorted(({prompt_len, 128, 256, 512, 1000} & set(range(pos[0], last + 1))) | {far})
+    return {"name": rb.name, "label": rb.label, "lowering": rb.lowering, "positions": pos, "ms": ms,
+            "at": {str(p): _window_ms(pos, ms, p) for p in marks}, "near": prompt_len, "far": far}
+
+
+def _long_runs(runners: list[_Runner], ids: np.ndarray, long_to: int, prompt_len: int, repeats: int,
+               say: Progress) -> list[dict]:
+    """Generations from the prompt to ``long_to`` for each ORT CPU row (warm already), round-robin over the rows
+    ``repeats`` times; per position, the median over the repeats."""
+    runs: dict[int, list] = {i: [] for i in range(len(runners))}
+    for k in range(repeats):
+        for i, r in enumerate(runners):
+            if r.rb.reason is not None:
+                continue
+            say(f"long run {k + 1}/{repeats}: {r.rb.label} from position {prompt_len} to {long_to} ...")
+            try:
+                runs[i].append(_ort_run(r.gen, ids, long_to - prompt_len + 1))  # feeds positions up to long_to - 1
+            except _runtime_errors() as e:
+                _skip(r.rb, e)
+    out = []
+    for i, r in enumerate(runners):
+        if r.rb.reason is None and runs[i]:
+            pos = runs[i][0][3]
+            steps = [statistics.median(run[2][j] for run in runs[i]) for j in range(len(pos))]
+            out.append(_long_entry(r.rb, pos, steps, prompt_len))
+    return out
+
+
+def compare_lowerings(res: BenchResult) -> list[dict]:
+    """The ORT rows side by side, per provider: per-token p50 and its ratio to the fastest row of that provider
+    (same run, interleaved), and per-token latency near the prompt and far out (the long runs)."""
+    rows = [r for r in res.runtimes if r.ran and r.lowering is not None]
+    out = []
+    for r in rows:
+        peers = [x.token_p50_ms for x in rows if x.providers[:1] == r.providers[:1] and x.token_p50_ms]
+        lr = res.long_run(r.name)
+        near = lr["at"].get(str(lr["near"])) if lr else None
+        far = lr["at"].get(str(lr["far"])) if lr else None
+        out.append({"name": r.name, "label": r.label, "lowering": r.lowering, "folder": r.folder,
+                    "provider": r.providers[0] if r.providers else None, "token_p50_ms": r.token_p50_ms,
+                    "vs_fastest": round(r.token_p50_ms / min(peers), 3) if r.token_p50_ms and peers else None,
+                    "near": lr["near"] if lr else None, "near_ms": near, "far": lr["far"] if lr else None,
+                    "far_ms": far, "far_over_near": round(far / near, 3) if near and far else None})
+    return out
+
+
 def _targets(res: BenchResult, cfg: BenchConfig) -> list[dict]:
     out = []
     eager, nocache, ort_cpu = res.get(EAGER), res.get(EAGER_NOCACHE), res.get(ORT_CPU)
@@ -290,7 +496,7 @@ def _targets(res: BenchResult, cfg: BenchConfig) -> list[dict]:
     if ort_cpu and ort_cpu.ran:
         add("ORT CPU per-token p50 / weight-bandwidth floor", ort_cpu.token_p50_ms / res.floor_ms, 1.25,
             detail=f"{ort_cpu.token_p50_ms:.2f} ms vs floor {res.floor_ms:.2f} ms")
-    lr = res.long_run
+    lr = res.long_run(ORT_CPU)
     if lr and lr["at"].get("1000") is not None and lr["at"].get(str(cfg.prompt_len)) is not None:
         a, b = lr["at"]["1000"], lr["at"][str(cfg.prompt_len)]
         add(f"ORT CPU per-token latency at position 1000 / at {cfg.prompt_len}", a / b, 1.5,
@@ -318,7 +524,7 @@ def _environment(threads: int) -> dict:
 
         env["torch"] = torch.__version__
         env["cuda_device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:  # torch is only needed for the eager runtimes
+    except (ImportError, RuntimeError):  # torch is only needed for the eager runtimes
         env["torch"] = None
     cpu = Path("/proc/cpuinfo")
     if cpu.is_file():
@@ -328,7 +534,8 @@ def _environment(threads: int) -> dict:
 
 
 def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Progress | None = None) -> BenchResult:
-    """Benchmark every requested runtime on ``folder``'s exports; runtimes that cannot run are skipped with why."""
+    """Benchmark every requested runtime on ``folder``'s exports, and the ONNX exports of ``cfg.compare`` (same
+    model, other lowerings) on ONNX Runtime; runtimes that cannot run are skipped with why."""
     say = progress or (lambda m: None)
     folder = Path(folder)
     manifest = load_verified(folder)
@@ -340,6 +547,10 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
                                 f"max_positions={c.max_positions}")
+    others = compare_exports(folder, manifest, cfg.compare)
+    if others and not {ORT_CPU, ORT_CUDA} & set(names):
+        raise RuntimeInputError("--compare times ONNX exports on ONNX Runtime, but --runtimes has neither ort-cpu "
+                                "nor ort-cuda")
     long_to = cfg.long_to if cfg.long_to is not None else (c.max_positions if c.max_positions <= 1024 else 0)
     long_to = min(long_to, c.max_positions)
     arts = manifest.get("artifacts", {})
@@ -348,11 +559,11 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
     say("measuring memory bandwidth ...")
     bandwidth = memory_bandwidth_gbps()
     bw = bandwidth["read"]
-    runtimes: list[RuntimeBench] = []
     notes: list[str] = []
 
     torch_wanted = [n for n in names if n in (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)]
     module, wbytes, torch_reason = None, None, None
+    # the eager model also gives the weight bytes per token for the floor
     try:
         import torch
 
@@ -373,78 +584,98 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
         notes.append("weight bytes per token counted from the ONNX file size (no eager model)")
     floor_s = wbytes / (bw * 1e9)
 
+    # Set up every row (load, warm-up) in row order; the timed repeats come after, round-robin.
+    rows: list[RuntimeBench] = []
+    runners: list[_Runner] = []
+    own_lowering = lowering_of(manifest)
+    taken: set[str] = set()
+
+    def add(runner: _Runner) -> None:
+        rows.append(runner.rb)
+        taken.add(runner.rb.name)
+        if runner.rb.reason is None:
+            runners.append(runner)
+
+    def ort_row(name: str, row_folder: Path, lowering: str | None) -> RuntimeBench:
+        label = name if lowering is None else f"{name} [{lowering}]"
+        row_name = name if row_folder == folder else label
+        if row_name in taken:  # two folders with one lowering: tell them apart by folder
+            row_name = label = f"{name} [{lowering}, {row_folder}]"
+        return RuntimeBench(row_name, label=label, lowering=lowering, folder=str(row_folder))
+
     for name in names:
         if name in torch_wanted and module is None:
-            runtimes.append(RuntimeBench(name, reason=torch_reason))
+            rows.append(RuntimeBench(name, reason=torch_reason))
             continue
-        say(f"timing {name} ...")
+        say(f"loading and warming up {name} ...")
         try:
             if name == EAGER:
-                runtimes.append(_bench_torch(name, module, c, ids, cfg, cache=True, device="cpu", repeats=cfg.repeats,
-                                             load_s=load_s, providers=["torch (cpu)"]))
+                add(_torch_runner(name, module, c, ids, cache=True, device="cpu", repeats=cfg.repeats,
+                                  load_s=load_s, providers=["torch (cpu)"]))
             elif name == EAGER_NOCACHE:
-                runtimes.append(_bench_torch(name, module, c, ids, cfg, cache=False, device="cpu",
-                                             repeats=min(cfg.repeats, cfg.nocache_repeats), load_s=load_s,
-                                             providers=["torch (cpu), no KV cache: whole sequence each step"]))
+                add(_torch_runner(name, module, c, ids, cache=False, device="cpu",
+                                  repeats=min(cfg.repeats, cfg.nocache_repeats), load_s=load_s,
+                                  providers=["torch (cpu), no KV cache: whole sequence each step"]))
             elif name == EAGER_CUDA:
                 import torch
 
                 if not torch.cuda.is_available():
-                    runtimes.append(RuntimeBench(name, reason="torch.cuda.is_available() is False"))
+                    rows.append(RuntimeBench(name, reason="torch.cuda.is_available() is False"))
                     continue
                 import copy
 
                 t0 = time.perf_counter()
                 cuda_module = copy.deepcopy(module).to("cuda")
-                rb = _bench_torch(name, cuda_module, c, ids, cfg, cache=True, device="cuda", repeats=cfg.repeats,
+                add(_torch_runner(name, cuda_module, c, ids, cache=True, device="cuda", repeats=cfg.repeats,
                                   load_s=time.perf_counter() - t0,
-                                  providers=[f"torch (cuda: {torch.cuda.get_device_name(0)})"])
-                runtimes.append(rb)
-                del cuda_module
+                                  providers=[f"torch (cuda: {torch.cuda.get_device_name(0)})"]))
             elif name == TORCHSCRIPT:
                 if "torchscript" not in arts:
-                    runtimes.append(RuntimeBench(name, reason=f"no TorchScript export in {folder}"))
+                    rows.append(RuntimeBench(name, reason=f"no TorchScript export in {folder}"))
                     continue
                 import torch
 
                 t0 = time.perf_counter()
                 ts = torch.jit.load(str(folder / arts["torchscript"]["file"]), map_location="cpu").eval()
-                runtimes.append(_bench_torch(name, ts, c, ids, cfg, cache=True, device="cpu", repeats=cfg.repeats,
-                                             load_s=time.perf_counter() - t0, providers=["torch.jit (cpu)"]))
+                add(_torch_runner(name, ts, c, ids, cache=True, device="cpu", repeats=cfg.repeats,
+                                  load_s=time.perf_counter() - t0, providers=["torch.jit (cpu)"]))
             elif name in (ORT_CPU, ORT_CUDA):
-                if "onnx" not in arts:
-                    runtimes.append(RuntimeBench(name, reason=f"no ONNX export in {folder}"))
-                    continue
                 provider = "cpu" if name == ORT_CPU else "cuda"
-                rb, _ = _bench_ort(name, folder, provider, ids, cfg)
-                runtimes.append(rb)
-        except MhaExportError as e:  # ProviderUnavailable, a static export, ...
-            runtimes.append(RuntimeBench(name, reason=str(e)))
+                if "onnx" not in arts:
+                    rows.append(RuntimeBench(name, reason=f"no ONNX export in {folder}"))
+                    own_ok = False
+                else:
+                    add(_ort_runner(ort_row(name, folder, own_lowering), folder, provider, ids, cfg))
+                    own_ok = rows[-1].reason is None
+                for other, m in others:
+                    if name == ORT_CUDA and not own_ok:
+                        continue  # CUDA is not really present (the folder's own row says why)
+                    say(f"loading and warming up {name} on {other} ...")
+                    add(_ort_runner(ort_row(name, other, lowering_of(m)), other, provider, ids, cfg))
+        except MhaExportError as e:  # a static export, ...
+            rows.append(RuntimeBench(name, reason=str(e)))
 
     if ORT_CPU in names and "onnx" in arts:
         for level in cfg.opt_levels:
-            say(f"timing {ORT_CPU}@{level} ...")
-            try:
-                rb, _ = _bench_ort(f"{ORT_CPU}@{level}", folder, "cpu", ids, cfg, opt_level=level)
-            except MhaExportError as e:
-                rb = RuntimeBench(f"{ORT_CPU}@{level}", reason=str(e))
-            runtimes.append(rb)
+            say(f"loading and warming up {ORT_CPU}@{level} ...")
+            rb = RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, folder=str(folder))
+            add(_ort_runner(rb, folder, "cpu", ids, cfg, opt_level=level))
 
-    res = BenchResult(str(folder), asdict(cfg), {"spec": manifest["model"]["spec"], "contract": c.to_dict()},
+    _round_robin(runners, cfg.new_tokens, say)
+    for r in runners:
+        if r.rb.reason is None:
+            _fill(r.rb, r.runs, cfg.batch, cfg.new_tokens)
+
+    res = BenchResult(str(folder), asdict(cfg), {"spec": manifest["model"]["spec"], "contract": c.to_dict(),
+                                                 "fingerprint": manifest.get("model_fingerprint")},
                       _environment(cfg.threads), round(bw, 3), bandwidth, int(wbytes), round(floor_s * 1000, 4),
-                      runtimes,
-                      notes=notes)
+                      rows, notes=notes)
 
-    ort_ok = (r := res.get(ORT_CPU)) is not None and r.ran
-    if ort_ok and long_to > cfg.prompt_len + 1:
-        say(f"timing {ORT_CPU} from position {cfg.prompt_len} to {long_to} ...")
-        gen, _ = _make_generator(folder, "cpu", cfg)
-        _ort_run(gen, ids, WARMUP_TOKENS)
-        _, _, steps, pos = _ort_run(gen, ids, long_to - cfg.prompt_len + 1)  # feeds positions up to long_to - 1
-        ms = [_ms(s) for s in steps]
-        marks = sorted({cfg.prompt_len, 128, 256, 512, 1000} & set(range(pos[0], pos[-1] + 1)))
-        res.long_run = {"positions": pos, "ms": ms, "at": {str(p): _window_ms(pos, ms, p) for p in marks}}
-    if ort_ok and cfg.profile:
+    # The long runs: every ORT CPU lowering (not the opt-level variants), from the prompt out to long_to.
+    long_runners = [r for r in runners if r.rb.ran and r.gen is not None and r.rb.name.split(" [")[0] == ORT_CPU]
+    if long_runners and long_to > cfg.prompt_len + 1:
+        res.long_runs = _long_runs(long_runners, ids, long_to, cfg.prompt_len, cfg.long_repeats, say)
+    if res.get(ORT_CPU) is not None and res.get(ORT_CPU).ran and cfg.profile:
         say(f"profiling {ORT_CPU} ...")
         out = Path(cfg.profile_dir or folder)
         out.mkdir(parents=True, exist_ok=True)
@@ -453,10 +684,14 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
         _ort_run(gen, ids, cfg.new_tokens)
         path = gen.session.end_profiling()
         res.profile = summarize_profile(path)
-    if module is None:
+    if module is None and torch_wanted:
         notes.append(f"eager runtimes skipped: {torch_reason}")
     if EAGER_NOCACHE in names and cfg.nocache_repeats < cfg.repeats:
         notes.append(f"eager-nocache is timed {min(cfg.repeats, cfg.nocache_repeats)} time(s): recompute is O(n^2)")
+    if len(runners) > 1:
+        notes.append(f"timed round-robin: {cfg.repeats} round(s), one generation of every row per round, after "
+                     "every row was loaded and warmed up")
+    res.lowerings = compare_lowerings(res)
     res.targets = _targets(res, cfg)
     return res
 
@@ -469,31 +704,50 @@ def _f(x, nd=2) -> str:
 
 def _table(res: BenchResult) -> str:
     cfg = res.config
-    rows = [f"batch {cfg['batch']}, prompt {cfg['prompt_len']}, {cfg['new_tokens']} new tokens, "
-            f"{cfg['threads']} threads, greedy; times in ms (medians; token latency over all decode steps)", "",
+    rows = [(f"batch {cfg['batch']}, prompt {cfg['prompt_len']}, {cfg['new_tokens']} new tokens, "
+             f"{cfg['threads']} threads, greedy; times in ms (medians; token latency over all decode steps)"), "",
             "| runtime | providers | load | prefill | TTFT | token p50 | token p90 | token min | tokens/s |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in res.runtimes:
         if not r.ran:
-            rows.append(f"| {r.name} | skipped: {r.reason} | | | | | | | |")
+            rows.append(f"| {r.label} | skipped: {r.reason} | | | | | | | |")
             continue
-        rows.append(f"| {r.name} | {', '.join(r.providers)} | {_f(r.load_ms, 0)} | {_f(r.prefill_ms)} | "
+        rows.append(f"| {r.label} | {', '.join(r.providers)} | {_f(r.load_ms, 0)} | {_f(r.prefill_ms)} | "
                     f"{_f(r.ttft_ms)} | {_f(r.token_p50_ms)} | {_f(r.token_p90_ms)} | {_f(r.token_min_ms)} | "
                     f"{_f(r.tokens_per_s, 1)} |")
     return "\n".join(rows)
 
 
+def _lowering_table(res: BenchResult) -> str:
+    """The lowerings side by side: which is fastest per provider and by how much, and how cost grows with position."""
+    far = {lw["far"] for lw in res.lowerings if lw["far"] is not None}
+    near = {lw["near"] for lw in res.lowerings if lw["near"] is not None}
+    at_near = f"at {near.pop()}" if len(near) == 1 else "near"
+    at_far = f"at {far.pop()}" if len(far) == 1 else "far"
+    rows = [("Lowerings (ONNX Runtime rows of this run; token p50 over the interleaved repeats, x fastest = p50 / "
+             "the fastest p50 on the same provider; position latencies from the long runs, median of positions +-8):"),
+            "",
+            f"| lowering | provider | token p50 | x fastest | {at_near} | {at_far} | {at_far} / {at_near} |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for lw in res.lowerings:
+        rows.append(f"| {lw['label']} | {lw['provider']} | {_f(lw['token_p50_ms'])} | {_f(lw['vs_fastest'])} | "
+                    f"{_f(lw['near_ms'])} | {_f(lw['far_ms'])} | {_f(lw['far_over_near'])} |")
+    return "\n".join(rows)
+
+
 def _markdown_body(res: BenchResult, plot_line: bool = True) -> str:
     parts = [_table(res), "",
-             f"Memory read bandwidth: **{res.bandwidth_gbps:.2f} GB/s** (the fastest of: numpy copy "
-             f"{res.bandwidth['copy']:.2f} GB/s counting read + write, numpy sum {res.bandwidth['sum']:.2f} GB/s, "
-             f"float32 gemv {res.bandwidth['gemv']:.2f} GB/s; 256 MiB, medians). Weights read per token: "
-             f"{res.weight_bytes_per_token / 1e6:.1f} MB. Weight-bandwidth floor: "
-             f"**{res.floor_ms:.2f} ms/token**."]
-    if res.long_run:
-        at = ", ".join(f"{p}: {_f(v)} ms" for p, v in res.long_run["at"].items())
-        parts.append(f"ORT CPU per-token latency against position (median of positions +-8), one run to position "
-                     f"{res.long_run['positions'][-1] + 1}: {at}.")
+             (f"Memory read bandwidth: **{res.bandwidth_gbps:.2f} GB/s** (the fastest of: numpy copy "
+              f"{res.bandwidth['copy']:.2f} GB/s counting read + write, numpy sum {res.bandwidth['sum']:.2f} GB/s, "
+              f"float32 gemv {res.bandwidth['gemv']:.2f} GB/s; 256 MiB, medians). Weights read per token: "
+              f"{res.weight_bytes_per_token / 1e6:.1f} MB. Weight-bandwidth floor: "
+              f"**{res.floor_ms:.2f} ms/token**.")]
+    for lr in res.long_runs:
+        at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr["at"].items())
+        parts.append(f"\n{lr['label']}: per-token latency against position (median of positions +-8), one run to "
+                     f"position {lr['positions'][-1] + 1}: {at}.")
+    if len(res.lowerings) > 1:
+        parts += ["", _lowering_table(res)]
     parts += ["", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
     for t in res.targets:
         met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
@@ -509,7 +763,7 @@ def _markdown_body(res: BenchResult, plot_line: bool = True) -> str:
 
 
 def plot(res: BenchResult, path: Path) -> str | None:
-    """bench.png: per-token latency against position per runtime (and the long ORT CPU run). None if no matplotlib."""
+    """bench.png: per-token latency against position per runtime (and the long ORT CPU runs). None if no matplotlib."""
     try:
         import matplotlib
 
@@ -520,9 +774,9 @@ def plot(res: BenchResult, path: Path) -> str | None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in res.runtimes:
         if r.ran and r.per_position_ms:
-            ax.plot(r.positions, r.per_position_ms, label=r.name, linewidth=1)
-    if res.long_run:
-        ax.plot(res.long_run["positions"], res.long_run["ms"], label="ort-cpu (long run)", linewidth=0.8, alpha=0.7)
+            ax.plot(r.positions, r.per_position_ms, label=r.label, linewidth=1)
+    for lr in res.long_runs:
+        ax.plot(lr["positions"], lr["ms"], label=f"{lr['label']} (long run)", linewidth=0.8, alpha=0.7)
     ax.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.8, label="weight-bandwidth floor")
     ax.set_xlabel("position of the token fed")
     ax.set_ylabel("ms per token")
@@ -562,7 +816,7 @@ def update_report(report: Path, res: BenchResult) -> None:
     """Replace (or append) the bench section between the markers; running it again changes only that section."""
     section = f"{REPORT_BEGIN}\n## Bench\n\n{_markdown_body(res)}\n{REPORT_END}"
     text = report.read_text()
-    pattern = re.compile(re.escape(REPORT_BEGIN) + r".*?" + re.escape(REPORT_END), re.S)
+    pattern = re.compile(re.escape(REPORT_BEGIN) + r".*?" + re.escape(REPORT_END), re.DOTALL)
     if pattern.search(text):
         text = pattern.sub(lambda _: section, text)
     else:
