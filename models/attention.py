@@ -64,6 +64,11 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, D)
 
+    def attend(self, scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Attention weights: masked scores, the mask applied BEFORE softmax (the step the classic bugs get wrong)."""
+        scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))  # (B, H, T, S)
+        return F.softmax(scores, dim=-1)
+
     def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None = None) -> tuple[torch.Tensor, KV]:
         """x: (B, T, d_model); allowed: bool (B|1, 1, T, past + T); past: (B, H, past, D) pair."""
         B, T, _ = x.shape
@@ -74,8 +79,7 @@ class MultiHeadAttention(nn.Module):
             k = torch.cat([past[0], k], dim=2)  # (B, H, S, D)
             v = torch.cat([past[1], v], dim=2)  # (B, H, S, D)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, T, S)
-        scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))  # mask BEFORE softmax
-        weights = F.softmax(scores, dim=-1)  # (B, H, T, S)
+        weights = self.attend(scores, allowed)  # (B, H, T, S)
         out = weights @ v  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model): heads concatenated
         return self.W_o(out), (k, v)

@@ -28,3 +28,12 @@ def tiny_export(tiny, tmp_path_factory):
     export_onnx(tiny, out)
     export_torchscript(tiny, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning threads cost 10x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

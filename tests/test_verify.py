@@ -10,22 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning threads cost 10x."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 from mhaexport.errors import RuntimeInputError
 from mhaexport.verify import CHECKS, build_sweep, load_report, loaded_from_manifest, merge_reports
 from mhaexport.verify.checks import CheckResult, Tolerance, compare
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.runners import EagerRunner, OrtRunner, Runner
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- pure pieces --------------------------------------------------------------------------------------------------

@@ -18,16 +18,7 @@ from click.testing import CliRunner
 
 from mhaexport.cli import main
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning threads cost 10x."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PLANTED = Path(__file__).parent / "planted"
 BUGS = str(PLANTED / "bugs.py")

@@ -8,13 +8,12 @@ built-in ``DecoderLM``; the docstring says which check is expected to catch it.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mhaexport.models.attention import MultiHeadAttention, build_causal_mask, masked_fill_value
+from mhaexport.models.attention import MultiHeadAttention, build_causal_mask
 from mhaexport.models.config import PRESETS
 from mhaexport.models.decoder import DecoderLM, position_ids_from_mask
 
@@ -22,24 +21,7 @@ CONFIG = dataclasses.replace(PRESETS["tiny"], name="planted")
 
 
 class _Attention(MultiHeadAttention):
-    """MultiHeadAttention with a hook for the masking step (the bug goes there)."""
-
-    def attend(self, scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))
-        return F.softmax(scores, dim=-1)
-
-    def forward(self, x, allowed, past=None):
-        B, T, _ = x.shape
-        q = self.split_heads(self.W_q(x))  # (B, H, T, D)
-        k = self.split_heads(self.W_k(x))  # (B, H, T, D)
-        v = self.split_heads(self.W_v(x))  # (B, H, T, D)
-        if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, H, S, D)
-            v = torch.cat([past[1], v], dim=2)  # (B, H, S, D)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, T, S)
-        weights = self.attend(scores, allowed)  # (B, H, T, S)
-        out = (weights @ v).transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model)
-        return self.W_o(out), (k, v)
+    """MultiHeadAttention; each bug overrides ``attend``, the masking step."""
 
 
 def _with_attention(model: DecoderLM, cls: type[_Attention]) -> DecoderLM:
