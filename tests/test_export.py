@@ -142,3 +142,50 @@ def test_bad_export_arguments(tiny, tmp_path):
     blocker.write_text("x")
     with pytest.raises(ArtifactError, match="not writable"):
         export_torchscript(tiny, blocker / "sub")
+
+
+@pytest.fixture(scope="module")
+def default_exports(tmp_path_factory):
+    """The issue's commands on the default model: `mhaexport onnx --seq-dynamic -o out/onnx` and
+    `mhaexport torchscript -o out/ts`, through the CLI."""
+    from click.testing import CliRunner
+
+    from mhaexport.cli import main
+
+    out = tmp_path_factory.mktemp("out")
+    for args in (["onnx", "--seq-dynamic", "-o", str(out / "onnx")], ["torchscript", "-o", str(out / "ts")]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, res.output
+    return out
+
+
+def test_default_model_exports_match_eager_causal_and_cached(default_exports):
+    from mhaexport.models.loading import load_model
+
+    ref_model = load_model()  # the default: preset small with its shipped trained weights
+    assert ref_model.spec == "preset:small" and ref_model.checkpoint == "shipped:small.pt"
+    sess = _ort(default_exports / "onnx")
+    ts = torch.jit.load(str(default_exports / "ts" / "model.pt"))
+    c = ref_model.contract
+    for b, t, p in SHAPES:
+        ids, am, past = make_inputs(c, b, t, p, seed=21)
+        with torch.no_grad():
+            ref = ref_model.module(ids, am, past)[0].numpy()
+            np.testing.assert_allclose(ts(ids, am, past)[0].numpy(), ref, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(_run_ort(sess, ids, am, past)[0], ref, atol=1e-4, rtol=0)
+    ids, am, empty = make_inputs(c, 1, 12, 0, seed=22)
+    full, _ = _run_ort(sess, ids, am, empty)
+    changed = ids.clone()
+    changed[:, 8:] = (changed[:, 8:] + 3) % c.vocab_size
+    np.testing.assert_array_equal(_run_ort(sess, changed, am, empty)[0][:, :8], full[:, :8])  # causal
+    with torch.no_grad():
+        ts_full = ts(ids, am, empty)[0]
+        ts_changed = ts(changed, am, empty)[0]
+    torch.testing.assert_close(ts_changed[:, :8], ts_full[:, :8], atol=0, rtol=0)
+    _, cache = _run_ort(sess, ids[:, :1], am[:, :1], empty)
+    steps = []
+    for i in range(1, 12):  # token by token with the cache == one prefill
+        logit, cache = _run_ort(sess, ids[:, i:i + 1], am[:, :i + 1],
+                                [(torch.from_numpy(k), torch.from_numpy(v)) for k, v in cache])
+        steps.append(logit)
+    np.testing.assert_allclose(np.concatenate(steps, 1), full[:, 1:], atol=1e-4)
