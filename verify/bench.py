@@ -748,7 +748,12 @@ def _markdown_body(res: BenchResult, plot_line: bool = True) -> str:
                      f"position {lr['positions'][-1] + 1}: {at}.")
     if len(res.lowerings) > 1:
         parts += ["", _lowering_table(res)]
-    parts += ["", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
+    cfg = res.config
+    standard = (res.model.get("spec") == "preset:bench" and cfg.get("batch") == 1 and cfg.get("prompt_len") == 32
+                and cfg.get("new_tokens") == 128 and cfg.get("threads") == 2)
+    parts += ["", "Speed targets (set for the `bench` preset at batch 1, prompt 32, 128 new tokens, 2 threads"
+              + ("" if standard else "; this run differs, so read them as figures, not as a verdict") + "):",
+              "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
     for t in res.targets:
         met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
         parts.append(f"| {t['target']} ({t['detail']}) | {_f(t['measured'])} | {t['limit']} | {met} |")
