@@ -180,17 +180,16 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
     """
     import json
 
-    from mhaexport.exporter.manifest import contract_from_manifest, read_manifest
     from mhaexport.runtime import GenerationConfig, Generator, SamplingConfig
 
     if not prompts and not prompt_ids:
         raise click.UsageError("give --prompt TEXT or --prompt-ids 5,17,42")
-    vocab = contract_from_manifest(read_manifest(folder)).vocab_size
+    gen = Generator(folder, providers=providers, threads=threads)  # reads and hash-checks the manifest once
+    vocab = gen.contract.vocab_size
     if prompts and vocab < 256:
         raise BadInput(f"--prompt encodes text as bytes (ids 0..255) but this model's vocab_size is {vocab}; "
                        "use --prompt-ids")
     rows = [list(p.encode("utf-8")) for p in prompts] + list(prompt_ids)
-    gen = Generator(folder, providers=providers, threads=threads)
     for w in gen.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
@@ -199,12 +198,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
     texts = ([bytes(t for t in toks if t < 256).decode("utf-8", errors="replace") for toks in result.tokens]
              if vocab >= 256 else None)
     if as_json:
-        one = len(rows) == 1
-        out = {"tokens": result.tokens[0] if one else result.tokens,
-               "text": (texts[0] if one else texts) if texts is not None else None,
-               "stop_reason": result.stop_reason, "message": result.message,
-               "prompt_lengths": result.prompt_lengths, "providers": result.providers}
-        click.echo(json.dumps(out))
+        click.echo(json.dumps(result.to_dict(texts)))
         return
     click.echo(f"providers: {', '.join(result.providers)}", err=True)
     for i, toks in enumerate(result.tokens):
@@ -223,7 +217,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="Threads for torch and ONNX Runtime alike.")
 @click.option("--runtimes", default=None, metavar="A,B,..",
-              help="Comma-separated subset of: eager, eager-nocache, torchscript, ort-cpu, ort-cuda. Default: all.")
+              help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-cuda. "
+                   "Default: all.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime (after one untimed warm-up).")
 @click.option("--long", "long_to", type=click.IntRange(min=0), default=None, metavar="POSITION",
@@ -232,7 +227,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--long-repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Long runs per lowering, round-robin; per position, the median.")
 @click.option("--opt-levels", default="", metavar="basic,extended,all",
-              help="Also time ORT CPU at these graph optimization levels (rows 'ort-cpu@LEVEL').")
+              help="Also time ORT CPU at these graph optimization levels (disable, basic, extended, all; rows "
+                   "'ort-cpu@LEVEL').")
 @click.option("--profile", is_flag=True, help="Also write ONNX Runtime's profile of the ORT CPU decode (JSON).")
 @click.option("--compare", "compare", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Another ONNX export of the same model (another --attention or --dtype; repeat): adds ORT rows "
@@ -433,8 +429,9 @@ def report_merge_cmd(reports, names, output) -> None:
     js, md = merged.write(output)
     click.echo(merged.to_markdown())
     click.echo(f"wrote {js} and {md}", err=True)
-    if merged.counts["failed"]:
-        raise VerificationFailed(f"{merged.counts['failed']} check(s) failed in the merged reports")
+    if not merged.passed:  # the same rule as verify: nothing failed and something passed
+        c = merged.counts
+        raise VerificationFailed(f"merged reports: {c['failed']} check(s) failed, {c['passed']} passed")
 
 
 if __name__ == "__main__":  # pragma: no cover

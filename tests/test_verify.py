@@ -226,6 +226,52 @@ def test_generation_reports_a_near_tie_as_a_tie(flip, want):
     assert ("tie" in r.message) is want
 
 
+class _StepLogits(_FixedLogits):
+    """Logits that depend on the step (the mask's width): ``first`` at the prefill, ``later`` after it."""
+
+    def __init__(self, name, contract, first, later, prompt_len):
+        super().__init__(name, contract, first)
+        self.first, self.later, self.prompt_len = (np.asarray(first, np.float32), np.asarray(later, np.float32),
+                                                   prompt_len)
+
+    def _run(self, ids, mask, past):
+        self.logits = self.first if mask.shape[1] == self.prompt_len else self.later
+        return super()._run(ids, mask, past)
+
+
+def test_a_tie_after_earlier_logit_mismatches_is_a_failure():
+    from mhaexport.iospec import ModelContract
+    from mhaexport.verify.checks import Context, check_generation
+
+    c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
+    base = np.array([0.0, 1.0, 1.0 - 1e-6, -1.0])
+    wrong_first = base + np.array([0, 0, 0, 0.5])  # step 0: same greedy token, a logit off by 0.5
+    tie_later = base + np.array([0, 0, 2e-6, 0])  # step 1: flips at a near-tie
+    ctx = Context(contract=c, cases=[], tol=Tolerance(1e-4, 1e-3), eager=_FixedLogits("eager", c, base),
+                  export_sizes=(3, 5), gen_tokens=4)
+    r = check_generation(_StepLogits("ort-cpu", c, wrong_first, tie_later, prompt_len=6), ctx)
+    assert r.figures["first_divergence"] == 1
+    assert r.status is False and "tie" not in r.message
+
+
+def test_report_padding_cell_shows_the_worst_figure_and_merge_keeps_same_host_reports_apart():
+    failing = _report({"eager": True}, "box")
+    failing.results["eager"]["padding"] = CheckResult("padding", False, {"left_prefill_max_abs": 0.0,
+                                                                         "right_decode_max_abs": 0.25}, "right pads")
+    assert "❌ 2.5e-01" in failing.to_markdown()
+    passing = _report({"eager": True}, "box")
+    merged = merge_reports([failing, passing])
+    assert set(merged.runtimes) == {"eager@box", "eager@box#2"}
+    assert not merged.passed and merged.counts["failed"] == 1
+
+
+def test_report_merge_of_only_skipped_runs_exits_1(tmp_path):
+    a = _report({"ort-cuda": None}, "a")
+    a.write(tmp_path / "a")
+    res = CliRunner().invoke(main, ["report", "merge", str(tmp_path / "a"), "-o", str(tmp_path / "m")])
+    assert res.exit_code == 1, res.output
+
+
 def test_report_merge_as_a_real_subprocess(verified, tmp_path):
     import subprocess
     import sys

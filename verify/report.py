@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mhaexport.errors import ArtifactError
+from mhaexport.exporter.manifest import model_fingerprint
 from mhaexport.verify.checks import CHECKS, CheckResult
 
 REPORT_SCHEMA = "mhaexport.verify.report/1"
@@ -194,7 +195,7 @@ class VerifyReport:
             worst = max(f.get("decode_max_abs", 0), f.get("chunked_max_abs", 0), f.get("recompute_max_abs", 0))
             figure = f"{worst:.1e}"
         elif r.check == "padding":
-            figure = f"{max(f.get('prefill_max_abs', 0), f.get('decode_max_abs', 0)):.1e}"
+            figure = f"{max((v for k, v in f.items() if k.endswith('_max_abs')), default=0):.1e}"
         elif r.check == "dynamic-shapes" and "baked_axes" in f:
             figure = "baked"
         elif r.check == "dynamic-shapes":
@@ -226,12 +227,14 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
     """
     if not reports:
         raise ArtifactError("report merge needs at least one report")
-    fps = {json.dumps({k: r.model.get(k) for k in ("spec", "contract", "config", "checkpoint_sha256")},
-                      sort_keys=True) for r in reports}
+    fps = {model_fingerprint(r.model) for r in reports}
     if len(fps) > 1:
         specs = ", ".join(sorted({str(r.model.get("spec")) for r in reports}))
         raise ArtifactError(f"report merge: the reports verify different models ({specs})")
-    names = names or [r.environment.get("host", f"report{i}") for i, r in enumerate(reports)]
+    names = list(names or [r.environment.get("host", f"report{i}") for i, r in enumerate(reports)])
+    for i, name in enumerate(names):  # two reports from one host must not overwrite each other's rows
+        if names[:i].count(name):
+            names[i] = f"{name}#{names[:i].count(name) + 1}"
     runtimes: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     ran_somewhere = {rt for r in reports for rt, info in r.runtimes.items() if info.status != "skipped"}

@@ -6,6 +6,8 @@ model spec (or takes the one given), builds the runners, runs the checks and ret
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import time
 from collections.abc import Iterator
@@ -154,7 +156,8 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(folder, manifest, loaded, tuple(runtimes))
     eager = runners[0]
-    ctx = Context(contract=c, cases=cases, tol=tol, eager=eager, export_sizes=_export_sizes(manifest),
+    ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=eager,
+                  export_sizes=_export_sizes(manifest),
                   gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed)
     if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
         threads = 1
@@ -166,7 +169,9 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                "export_sizes": {"seq": ctx.export_sizes[0], "past": ctx.export_sizes[1]},
                "generation_tokens": ctx.gen_tokens},
         tolerance={"atol": tol.atol, "rtol": tol.rtol, "dtype": dtype,
-                   "overridden": atol is not None or rtol is not None},
+                   "overridden": atol is not None or rtol is not None,
+                   "per_runtime": {r.name: {"dtype": r.dtype, **vars(Tolerance.for_dtype(r.dtype, atol, rtol))}
+                                   for r in runners}},
         runtimes=infos, results=results, versions=_versions(),
         artifacts={k: {kk: v.get(kk) for kk in ("format", "file", "opset", "mode", "seq_dynamic", "static_sizes",
                                                  "attention", "dtype") if kk in v}
@@ -197,8 +202,12 @@ def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: 
             continue
         results[runner.name] = {}
         t0 = time.perf_counter()
+        # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
+        # must not loosen TorchScript's tolerance; the memoized eager references stay shared (shallow copy)
+        runner_ctx = dataclasses.replace(ctx, tol=Tolerance.for_dtype(runner.dtype, ctx.tol_override[0],
+                                                                      ctx.tol_override[1]))
         for ch in checks:
-            results[runner.name][ch] = run_check(ch, runner, ctx)
+            results[runner.name][ch] = run_check(ch, runner, runner_ctx)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values()]
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]
