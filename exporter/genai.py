@@ -150,7 +150,8 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
     """Greedy generation through onnxruntime-genai: each prompt plus new tokens, up to ``max_length`` tokens in all
     (or eos). Prompts of different lengths are batched right-padded; pad tokens are removed from the result."""
     folder = Path(folder)
-    if not (folder / GENAI_CONFIG).is_file():
+    entry = mf.load_verified(folder, "onnx")["artifacts"]["onnx"]  # hashes of model.onnx and genai_config.json
+    if GENAI_CONFIG not in entry["files"]:
         raise ArtifactError(f"{folder} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o {folder}`")
     cfg = json.loads((folder / GENAI_CONFIG).read_text())["model"]
     ids, mask = right_pad(prompts, cfg["pad_token_id"])

@@ -11,7 +11,8 @@ import torch
 from torch.export import Dim
 
 from mhaexport import iospec
-from mhaexport.errors import ExportError
+from mhaexport.errors import ExportError, first_line
+from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.common import (EXAMPLE_PAST, EXAMPLE_SEQ, ExportRecord, captured_warnings, example_inputs,
                                        finish, publish, staging)
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention
@@ -143,11 +144,12 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             onnx.save_model(proto, tmp / ONNX_FILE)
         check_onnx(tmp / ONNX_FILE)
         if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
-            from mhaexport.exporter.genai import write_genai_config
-
             files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
                                             model_config=getattr(loaded.module, "config", None)))
         publish(tmp, out_dir, files)
+        for stale in (GENAI_CONFIG, DATA_FILE):  # left by an earlier export of another kind into this folder
+            if stale not in files:
+                (out_dir / stale).unlink(missing_ok=True)
     entry = {
         "format": "onnx", "file": ONNX_FILE, "opset": opset, "attention": attention, "dtype": dtype,
         "lowering": {**lowering.to_dict(), "self_check_max_abs_diff": checked},
@@ -162,9 +164,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
 
 def _explain_export_failure(e: Exception) -> str:
     text = str(e)
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
     for axis in (iospec.SEQ, iospec.PAST, iospec.TOTAL, iospec.BATCH):
         if axis in text and ("specializ" in text or "Constraints violated" in text or "constant" in text):
             return (f"torch.onnx could not keep the dynamic axis {axis!r}: the model fixes it to a constant "
-                    f"(e.g. a mask of fixed size). {first}")
-    return f"torch.onnx.export failed: {type(e).__name__}: {first}"
+                    f"(e.g. a mask of fixed size). {first_line(e)}")
+    return f"torch.onnx.export failed: {first_line(e)}"

@@ -19,7 +19,7 @@ import onnx
 import torch
 
 from mhaexport import iospec
-from mhaexport.errors import ExportError
+from mhaexport.errors import ExportError, first_line
 
 DTYPES = ("float32", "float16", "bfloat16")
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -69,7 +69,7 @@ def precision_report(model: onnx.ModelProto, dtype: str) -> PrecisionReport:
         try:
             _session(model.SerializeToString(), optimized=out, level=0)
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-            report.session_error = _first_line(e)
+            report.session_error = first_line(e)
             return report
         seen = onnx.load(out, load_external_data=False)
     report.cast_by_ort = _float32_nodes(seen)
@@ -99,11 +99,6 @@ def _float32_nodes(graph_model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
-
-
 def _np_inputs(contract: iospec.ModelContract, dtype: str, batch: int, seq: int, past: int,
                pad: list[int]) -> dict:
     from mhaexport.models.inputs import make_inputs
@@ -126,12 +121,12 @@ def self_check(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.Mod
     try:
         ref = _session(decomposed).run(None, feed)
     except Exception as e:  # noqa: BLE001
-        raise ExportError(f"ONNX Runtime CPU cannot run the decomposed {dtype} graph: {_first_line(e)}") from None
+        raise ExportError(f"ONNX Runtime CPU cannot run the decomposed {dtype} graph: {first_line(e)}") from None
     try:
         got = _session(lowered.SerializeToString()).run(None, feed)
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"--attention {attention}: ONNX Runtime CPU cannot run the lowered {dtype} graph: "
-                          f"{_first_line(e)}") from None
+                          f"{first_line(e)}") from None
     # padded query rows and padded key slots are not compared (their values are never read; a fused kernel may
     # fill a fully masked row differently), only checked finite
     keys = np.ones((2, past + seq), dtype=bool)  # (B, past + T)
@@ -139,11 +134,11 @@ def self_check(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.Mod
     worst = 0.0
     for name, r, g in zip(iospec.output_names(contract.n_layers), ref, got):
         sel = keys[:, past:, None] if name == iospec.LOGITS else keys[:, None, :, None]
-        sel = np.broadcast_to(sel, r.shape)
-        r32, g32 = r.astype(np.float32)[sel], g.astype(np.float32)[sel]
         if r.shape != g.shape:
             raise ExportError(f"--attention {attention}: output {name} has shape {g.shape} after the rewrite, "
                               f"{r.shape} before")
+        sel = np.broadcast_to(sel, r.shape)
+        r32, g32 = r.astype(np.float32)[sel], g.astype(np.float32)[sel]
         if not np.isfinite(g.astype(np.float32)).all():
             raise ExportError(f"--attention {attention}: output {name} of the lowered graph holds NaN/inf")
         diff = float(np.abs(r32 - g32).max()) if r32.size else 0.0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mhaexport.errors import ExportError
+from mhaexport.errors import ExportError, first_line
 from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, publish, staging
 from mhaexport.models.loading import LoadedModel
 
@@ -48,9 +48,8 @@ def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = 
                 else:
                     module = torch.jit.script(loaded.module)
         except Exception as e:
-            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
             hint = "; --mode trace works for any model that follows the contract" if mode == "script" else ""
-            raise ExportError(f"torch.jit.{mode} failed: {type(e).__name__}: {first}{hint}") from None
+            raise ExportError(f"torch.jit.{mode} failed: {first_line(e)}{hint}") from None
         module.save(str(tmp / TS_FILE))
         publish(tmp, out_dir, [TS_FILE])
     entry = {"format": "torchscript", "file": TS_FILE, "mode": mode, "dtype": "float32", "seq_dynamic": True,

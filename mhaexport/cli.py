@@ -17,8 +17,12 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
+INTERNAL_ERROR = 3  # neither a verdict (0/1) nor bad input (2): a bug, reported with its traceback
+
+
 class Group(click.Group):
-    """Turns the library's errors into the CLI's exit codes."""
+    """Turns the library's errors into the CLI's exit codes: VerificationFailed 1, MhaExportError 2, and any other
+    exception 3 with its traceback (CI must not mistake a crash for a failed check)."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -28,6 +32,15 @@ class Group(click.Group):
             ctx.exit(1)
         except MhaExportError as e:
             raise BadInput(str(e)) from None
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception:
+            import traceback
+
+            traceback.print_exc()
+            click.echo("internal error: this is a bug in mhaexport (exit code 3); please report it with the "
+                       "traceback above", err=True)
+            ctx.exit(INTERNAL_ERROR)
 
 
 def model_options(f):
@@ -246,16 +259,19 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
     def say(msg: str) -> None:
         click.echo(msg, err=True)
 
-    compare = tuple(compare)
-    if lowerings:
-        wanted = vb.parse_lowerings(lowerings)
-        found = vb.export_lowerings(folder, wanted, output or folder, have=compare, progress=say)
-        compare += tuple(str(f) for f in found)  # run_bench drops FOLDER itself and repeats
+    import dataclasses
+
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
     cfg = vb.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
                          runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
-                         opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), compare=compare,
-                         long_repeats=long_repeats)
+                         opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
+                         compare=tuple(compare), long_repeats=long_repeats)
+    vb.check_config(cfg)  # a typo in --runtimes / --opt-levels fails before any export or timing
+    if lowerings:
+        wanted = vb.parse_lowerings(lowerings)
+        found = vb.export_lowerings(folder, wanted, output or folder, have=cfg.compare, progress=say)
+        # run_bench drops FOLDER itself and repeats
+        cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     result = vb.run_bench(folder, cfg, progress=say)
     written = vb.write_bench(result, output or folder)
     click.echo(result.summary())

@@ -37,3 +37,15 @@ class ProviderUnavailable(MhaExportError):
 
 class VerificationFailed(MhaExportError):
     """Verification ran and at least one check failed (CLI exit code 1)."""
+
+
+def first_line(e: BaseException) -> str:
+    """``Type: first line`` of an exception, for one-line messages; for TorchScript interpreter errors, the line
+    that says what failed."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    if "TorchScript interpreter" in line and len(lines) > 1:
+        line = lines[-1]
+    if not line:
+        return type(e).__name__
+    return line[:300] if line.startswith(f"{type(e).__name__}:") else f"{type(e).__name__}: {line[:300]}"

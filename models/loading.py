@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mhaexport.errors import ConfigError, MhaExportError, ModelLoadError
+from mhaexport.errors import ConfigError, MhaExportError, ModelLoadError, first_line
 from mhaexport.exporter.manifest import sha256_file
 from mhaexport.iospec import ModelContract
 from mhaexport.models.config import DecoderConfig, load_config
@@ -124,8 +124,7 @@ def _load_failure(e: Exception) -> str:
         return "not a complete torch.save file (truncated or corrupted)"
     if "Weights only load failed" in text:
         return "not a tensors-only torch.save file, refused without unpickling it"
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return f"{type(e).__name__}: {first}"
+    return first_line(e)
 
 
 def load_checkpoint(module: nn.Module, path: str | Path) -> str:
@@ -163,9 +162,8 @@ def smoke_check(module: nn.Module, contract: ModelContract) -> None:
         with torch.no_grad():
             out = module(ids, mask, past)
     except Exception as e:
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
         raise ModelLoadError(f"model(input_ids, attention_mask, past_key_values) failed at batch=1 seq=2 "
-                             f"past=0: {type(e).__name__}: {first}") from None
+                             f"past=0: {first_line(e)}") from None
     ok = (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.Tensor)
           and isinstance(out[1], (tuple, list)) and len(out[1]) == contract.n_layers)
     if not ok:

@@ -14,7 +14,7 @@ class SamplingConfig:
     """temperature 0 is greedy (argmax); top_k / top_p only apply when sampling."""
 
     temperature: float = 0.0
-    top_k: int | None = None  # keep the k most likely tokens
+    top_k: int | None = None  # keep the k most likely tokens (exactly k, ties broken arbitrarily)
     top_p: float | None = None  # keep the smallest set whose probability reaches p (nucleus)
     seed: int | None = 0  # seeds numpy's Generator; None draws fresh entropy
 
@@ -36,8 +36,12 @@ def filtered_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     x = logits.astype(np.float64) / cfg.temperature  # (B, V)
     V = x.shape[-1]
     if cfg.top_k is not None and cfg.top_k < V:
-        kth = np.partition(x, V - cfg.top_k, axis=-1)[:, V - cfg.top_k: V - cfg.top_k + 1]  # (B, 1)
-        x = np.where(x < kth, -np.inf, x)
+        # exactly k survive, also when several tokens tie with the k-th value (which of the tied ones is
+        # argpartition's choice)
+        top = np.argpartition(x, V - cfg.top_k, axis=-1)[:, V - cfg.top_k:]  # (B, k) indices of the k largest
+        kept = np.full_like(x, -np.inf)
+        np.put_along_axis(kept, top, np.take_along_axis(x, top, axis=-1), axis=-1)
+        x = kept  # (B, V): -inf outside the top k
     x = x - x.max(axis=-1, keepdims=True)
     p = np.exp(x)
     p /= p.sum(axis=-1, keepdims=True)  # (B, V)

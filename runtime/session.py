@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from mhaexport.errors import ArtifactError, ProviderUnavailable
+from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable
 from mhaexport.exporter.manifest import load_verified, sha256_file
 
 CPU = "CPUExecutionProvider"
@@ -126,7 +126,7 @@ def start_session(model: str | Path, requested: list[str],
 def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     so = ort.SessionOptions()
     if cfg.opt_level not in OPT_LEVELS:
-        raise ArtifactError(f"graph optimization level {cfg.opt_level!r} unknown; use one of {', '.join(OPT_LEVELS)}")
+        raise ConfigError(f"graph optimization level {cfg.opt_level!r} unknown; use one of {', '.join(OPT_LEVELS)}")
     so.graph_optimization_level = OPT_LEVELS[cfg.opt_level]
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = cfg.log_severity

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, RuntimeInputError
+from mhaexport.errors import ArtifactError, ConfigError, RuntimeInputError
 from mhaexport.verify.bench import (REPORT_BEGIN, REPORT_END, BenchConfig, RuntimeBench, _round_robin, _Runner,
                                     export_lowerings, parse_lowerings, run_bench, weight_bytes_per_token,
                                     write_bench)
@@ -71,6 +71,8 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     assert {p.name for p in written} >= {"bench.json", "bench.md", "report.md"}
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["runtimes"][0]["name"] == "eager" and "floor_ms" in data
+    assert "plot" not in data["environment"]  # the markdown's plot line stays in the markdown
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary files behind
     md = (tmp_path / "bench.md").read_text()
     assert "| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in md and "Weight-bandwidth floor" in md
     assert "this run differs, so read them as figures, not as a verdict" in md  # the targets are for `bench`
@@ -87,6 +89,8 @@ def test_without_matplotlib_says_so_and_skips_only_the_plot(result, tmp_path, mo
     assert not (tmp_path / "bench.png").exists() and (tmp_path / "bench.json").exists()
     assert "No plot: matplotlib is not installed" in (tmp_path / "bench.md").read_text()
     assert len(written) == 2
+    assert "plot" not in json.loads((tmp_path / "bench.json").read_text())["environment"]
+    assert "No plot" not in result.summary()  # the terminal summary has no plot line
 
 
 def test_plot_written_when_matplotlib_present(result, tmp_path):
@@ -100,6 +104,22 @@ def test_bad_bench_requests(tiny_export):
         run_bench(tiny_export, BenchConfig(prompt_len=100, new_tokens=64))
     with pytest.raises(RuntimeInputError, match="unknown runtime"):
         run_bench(tiny_export, BenchConfig(runtimes=("ort-tpu",)))
+    with pytest.raises(ConfigError, match="unknown graph optimization level"):
+        run_bench(tiny_export, BenchConfig(opt_levels=("basic", "basik")))
+
+
+def test_bench_restores_torch_threads(tiny_export):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        res = run_bench(tiny_export, BenchConfig(prompt_len=4, new_tokens=3, repeats=1, threads=1, long_to=0,
+                                                 runtimes=("eager",)))
+        assert res.get("eager").ran is True
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cli_bench(tiny_export, tmp_path):
@@ -109,10 +129,26 @@ def test_cli_bench(tiny_export, tmp_path):
                                   "--opt-levels", "basic", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "| ort-cpu@basic [attention=decomposed float32] | CPUExecutionProvider |" in r.output
-    names = [x["name"] for x in json.loads((out / "bench.json").read_text())["runtimes"]]
+    data = json.loads((out / "bench.json").read_text())
+    names = [x["name"] for x in data["runtimes"]]
     assert names == ["eager", "ort-cpu", "ort-cpu@basic"]
+    assert [x["opt_level"] for x in data["runtimes"]] == [None, None, "basic"]
+    assert [lw["name"] for lw in data["lowerings"]] == ["ort-cpu"]  # an opt level is not another lowering
     bad = CliRunner().invoke(main, ["bench", str(tiny_export), "--runtimes", "nope"])
     assert bad.exit_code == 2 and "unknown runtime(s) nope" in bad.output
+
+
+def test_cli_bench_unknown_opt_level_exits_2(tiny_export, tmp_path):
+    r = CliRunner().invoke(main, ["bench", str(tiny_export), "--opt-levels", "basic,extnded", "-o", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.startswith("Error:")]
+    assert len(lines) == 1 and "unknown graph optimization level(s) extnded" in lines[0]
+    assert "valid: disable, basic, extended, all" in lines[0] and "Traceback" not in r.output
+    assert not (tmp_path / "bench.json").exists() and "measuring" not in r.output  # refused before anything ran
+    r = CliRunner().invoke(main, ["bench", str(tiny_export), "--lowerings", "onnx", "--opt-levels", "fast", "-o",
+                                  str(tmp_path)])
+    assert r.exit_code == 2 and "unknown graph optimization level(s) fast" in r.output
+    assert not (tmp_path / "lowerings").exists()  # nor exported anything first
 
 
 # ---- comparing lowerings: --compare / --lowerings ---------------------------------------------------------------

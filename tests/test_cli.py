@@ -79,3 +79,16 @@ def test_real_subprocess_user_factory(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1] == "Error: config file missing.json does not exist"
     assert "Traceback" not in bad.stderr
+
+
+def test_an_unexpected_exception_exits_3_not_1(runner, monkeypatch):
+    """A crash must not read as 'verification failed' (1) or 'bad input' (2) in CI."""
+    import mhaexport.models.loading as loading
+
+    def boom(**_kwargs):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(loading, "load_model", boom)
+    result = runner.invoke(main, ["onnx", "--config", "tiny"])
+    assert result.exit_code == 3
+    assert "internal error: this is a bug in mhaexport" in result.output

@@ -29,6 +29,34 @@ def test_json_tokens_match_the_runtime(tiny_export):
     want = Generator(tiny_export).generate([[5, 17, 42]], GenerationConfig(max_new_tokens=8)).tokens[0]
     assert out["tokens"] == want and len(want) == 8
     assert out["stop_reason"] == "max_new_tokens" and out["providers"] == ["CPUExecutionProvider"]
+    assert set(out) >= {"tokens", "text", "stop_reason", "message", "prompt_lengths", "providers"}
+    assert out["prompt_lengths"] == [3] and out["message"] == "generated max_new_tokens=8"
+    assert out["text"] == bytes(t for t in want if t < 256).decode("utf-8", errors="replace")
+
+
+def test_json_is_the_results_to_dict(tiny_export):
+    r = gen_cli(tiny_export, "--prompt-ids", "5,17,42", "--prompt-ids", "1,2", "--max-new-tokens", "3", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    res = Generator(tiny_export).generate([[5, 17, 42], [1, 2]], GenerationConfig(max_new_tokens=3))
+    texts = [bytes(t for t in toks if t < 256).decode("utf-8", errors="replace") for toks in res.tokens]
+    want = res.to_dict(texts)
+    timings = {"prefill_s", "first_token_s"}
+    assert set(out) == set(want) and timings <= set(out)
+    assert {k: v for k, v in out.items() if k not in timings} == {k: v for k, v in want.items() if k not in timings}
+    assert out["tokens"] == res.tokens and out["text"] == texts  # several prompts: lists per prompt
+
+
+def test_altered_export_exits_2(tiny_export, tmp_path):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_export, folder)
+    data = bytearray((folder / "model.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (folder / "model.onnx").write_bytes(bytes(data))
+    r = gen_cli(folder, "--prompt", "Hi", "--max-new-tokens", "2")
+    assert r.exit_code == 2 and "does not match" in r.output and "Traceback" not in r.output
 
 
 def test_batch_and_sampling_options(tiny_export):

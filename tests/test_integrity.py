@@ -120,3 +120,15 @@ def test_checkpoint_with_a_non_tensor_object_is_refused_without_running_it(tmp_p
                                              r"refused without unpickling it"):
         load_model("tiny", checkpoint=tmp_path / "evil.pt")
     assert not marker.exists()
+
+
+def test_static_reexport_removes_the_dynamic_exports_genai_config(tiny, tiny_export, tmp_path):
+    """A genai_config.json that no manifest vouches for must not survive next to a static model.onnx."""
+    from mhaexport.exporter.onnx import export_onnx
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export, folder)
+    assert (folder / "genai_config.json").is_file()
+    export_onnx(tiny, folder, seq_dynamic=False, seq_len=4)
+    assert not (folder / "genai_config.json").exists()
+    assert "genai_config.json" not in mf.load_verified(folder, "onnx")["artifacts"]["onnx"]["files"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhaexport.errors import ArtifactError, ProviderUnavailable, RuntimeInputError
+from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, Generator, SamplingConfig,
                                filtered_probs, next_tokens)
 
@@ -116,6 +116,43 @@ def test_filtered_probs_top_k_and_top_p():
     draws = [int(next_tokens(logits, SamplingConfig(temperature=1.0, top_k=2, seed=0), rng)[0])
              for rng in [np.random.default_rng(0)] for _ in range(200)]
     assert set(draws) == {0, 1}
+
+
+def test_top_k_keeps_exactly_k_when_tied():
+    logits = np.array([[2.0, 1.0, 1.0, 1.0, 0.0], [0.0, 3.0, 3.0, 3.0, 3.0]])  # ties at the k-th value
+    p = filtered_probs(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert ((p > 0).sum(axis=-1) == [2, 2]).all()
+    assert p[0, 0] > 0 and p[0, 4] == 0  # the largest is always kept, the smallest never
+    np.testing.assert_allclose(p.sum(axis=-1), 1.0)
+    np.testing.assert_allclose(p[1][p[1] > 0], [0.5, 0.5])  # two of the four tied tokens, equally likely
+    assert ((filtered_probs(logits, SamplingConfig(temperature=1.0, top_k=1)) > 0).sum(axis=-1) == 1).all()
+
+
+def test_kv_dtype_mapping_and_bfloat16_refused(tiny_export, monkeypatch):
+    from mhaexport.runtime import generator as g
+
+    assert g.kv_dtype("float32") == np.float32 and g.kv_dtype("float16") == np.float16
+    with pytest.raises(ArtifactError, match="bfloat16 KV cache is not supported by the numpy runtime"):
+        g.kv_dtype("bfloat16")
+    with pytest.raises(ArtifactError, match="KV cache dtype 'int8'"):
+        g.kv_dtype("int8")
+    real = g.create_session
+
+    def bf16_session(folder, cfg):  # the tiny export, its manifest claiming a bfloat16 cache
+        loaded = real(folder, cfg)
+        for spec in loaded.manifest["io"]["inputs"].values():
+            if spec["dtype"] == "float32":
+                spec["dtype"] = "bfloat16"
+        return loaded
+
+    monkeypatch.setattr(g, "create_session", bf16_session)
+    with pytest.raises(ArtifactError, match="bfloat16 KV cache is not supported by the numpy runtime"):
+        Generator(tiny_export, threads=1)
+
+
+def test_unknown_opt_level_is_a_config_error(tiny_export):
+    with pytest.raises(ConfigError, match="graph optimization level 'fast' unknown; use one of disable, basic"):
+        Generator(tiny_export, opt_level="fast")
 
 
 def test_eos_stops_a_row(gen):

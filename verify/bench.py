@@ -16,6 +16,7 @@ Writes bench.json, bench.md and bench.png (matplotlib optional) and refreshes a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -27,12 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from mhaexport.exporter.manifest import contract_from_manifest, load_verified
 
-from mhaexport.errors import ArtifactError, MhaExportError, RuntimeInputError
+from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, RuntimeInputError
+from mhaexport.exporter.manifest import (atomic_write_bytes, atomic_write_json, contract_from_manifest,
+                                         load_verified)
+from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, TORCHSCRIPT
 
-EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA = (
-    "eager", "eager-nocache", "eager-cuda", "torchscript", "ort-cpu", "ort-cuda")
+# bench's own rows besides verify's runtimes: eager without the KV cache, and eager on CUDA
+EAGER_NOCACHE, EAGER_CUDA = "eager-nocache", "eager-cuda"
 ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 WARMUP_TOKENS = 8
 REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
@@ -66,6 +69,7 @@ class RuntimeBench:
     reason: str | None = None
     label: str = ""  # the row in tables: the name and, for ONNX Runtime rows, the lowering
     lowering: str | None = None  # "attention=ort float32": ONNX Runtime rows only
+    opt_level: str | None = None  # "basic": the --opt-levels variants of ORT CPU ("ort-cpu@basic") only
     folder: str | None = None  # the export folder an ONNX Runtime row ran
     providers: list[str] = field(default_factory=list)
     load_ms: float | None = None  # creating the session / loading the module
@@ -115,7 +119,7 @@ class BenchResult:
 
     def summary(self) -> str:
         """The table, the bandwidth floor and the targets, as plain text for the terminal."""
-        return _markdown_body(self, plot_line=False)
+        return _markdown_body(self)
 
 
 # ---- measurements shared by every runtime ----------------------------------------------------------------------
@@ -463,8 +467,9 @@ def _long_runs(runners: list[_Runner], ids: np.ndarray, long_to: int, prompt_len
 
 def compare_lowerings(res: BenchResult) -> list[dict]:
     """The ORT rows side by side, per provider: per-token p50 and its ratio to the fastest row of that provider
-    (same run, interleaved), and per-token latency near the prompt and far out (the long runs)."""
-    rows = [r for r in res.runtimes if r.ran and r.lowering is not None]
+    (same run, interleaved), and per-token latency near the prompt and far out (the long runs). The --opt-levels
+    variants are left out: they are one lowering at another graph optimization level, not another lowering."""
+    rows = [r for r in res.runtimes if r.ran and r.lowering is not None and r.opt_level is None]
     out = []
     for r in rows:
         peers = [x.token_p50_ms for x in rows if x.providers[:1] == r.providers[:1] and x.token_p50_ms]
@@ -533,17 +538,47 @@ def _environment(threads: int) -> dict:
     return env
 
 
+def _torch_threads(n: int):
+    """verify's torch_threads (torch's intra-op threads set to n, restored afterwards); a no-op without torch."""
+    try:
+        import torch  # noqa: F401
+
+        from mhaexport.verify.verify import torch_threads
+    except ImportError:
+        return contextlib.nullcontext()
+    return torch_threads(n)
+
+
 def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Progress | None = None) -> BenchResult:
     """Benchmark every requested runtime on ``folder``'s exports, and the ONNX exports of ``cfg.compare`` (same
-    model, other lowerings) on ONNX Runtime; runtimes that cannot run are skipped with why."""
-    say = progress or (lambda m: None)
-    folder = Path(folder)
-    manifest = load_verified(folder)
-    c = contract_from_manifest(manifest)
+    model, other lowerings) on ONNX Runtime; runtimes that cannot run are skipped with why.
+
+    Raises RuntimeInputError for an unknown runtime and ConfigError for an unknown --opt-levels level, before
+    anything runs. torch's thread count is ``cfg.threads`` during the run and restored afterwards."""
+    names = check_config(cfg)
+    with _torch_threads(cfg.threads):
+        return _run_bench(Path(folder), cfg, names, progress or (lambda m: None))
+
+
+def check_config(cfg: BenchConfig) -> tuple[str, ...]:
+    """The runtimes ``cfg`` asks for; RuntimeInputError for an unknown runtime, ConfigError for an unknown
+    --opt-levels level (one line naming the valid ones). Cheap: the CLI calls it before exporting anything."""
+    from mhaexport.runtime.session import OPT_LEVELS
+
     names = cfg.runtimes or ALL_RUNTIMES
     unknown = [n for n in names if n not in ALL_RUNTIMES]
     if unknown:
         raise RuntimeInputError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
+    bad_levels = [x for x in cfg.opt_levels if x not in OPT_LEVELS]
+    if bad_levels:
+        raise ConfigError(f"--opt-levels: unknown graph optimization level(s) {', '.join(bad_levels)}; "
+                          f"valid: {', '.join(OPT_LEVELS)}")
+    return tuple(names)
+
+
+def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Progress) -> BenchResult:
+    manifest = load_verified(folder)
+    c = contract_from_manifest(manifest)
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
                                 f"max_positions={c.max_positions}")
@@ -565,9 +600,8 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
     module, wbytes, torch_reason = None, None, None
     # the eager model also gives the weight bytes per token for the floor
     try:
-        import torch
+        import torch  # its thread count is set by run_bench
 
-        torch.set_num_threads(cfg.threads)
         from mhaexport.verify.verify import loaded_from_manifest
 
         t0 = time.perf_counter()
@@ -658,7 +692,7 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
     if ORT_CPU in names and "onnx" in arts:
         for level in cfg.opt_levels:
             say(f"loading and warming up {ORT_CPU}@{level} ...")
-            rb = RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, folder=str(folder))
+            rb = RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level, folder=str(folder))
             add(_ort_runner(rb, folder, "cpu", ids, cfg, opt_level=level))
 
     _round_robin(runners, cfg.new_tokens, say)
@@ -735,7 +769,8 @@ def _lowering_table(res: BenchResult) -> str:
     return "\n".join(rows)
 
 
-def _markdown_body(res: BenchResult, plot_line: bool = True) -> str:
+def _markdown_body(res: BenchResult, plot_note: str | None = None) -> str:
+    """The bench section in markdown; ``plot_note`` (the bench.png link, or why there is none) ends it."""
     parts = [_table(res), "",
              (f"Memory read bandwidth: **{res.bandwidth_gbps:.2f} GB/s** (the fastest of: numpy copy "
               f"{res.bandwidth['copy']:.2f} GB/s counting read + write, numpy sum {res.bandwidth['sum']:.2f} GB/s, "
@@ -762,8 +797,8 @@ def _markdown_body(res: BenchResult, plot_line: bool = True) -> str:
         parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({res.profile['file']}): {ops}.")
     for n in res.notes:
         parts.append(f"\nNote: {n}.")
-    if plot_line:
-        parts.append(f"\n{res.environment.get('plot', '')}")
+    if plot_note:
+        parts.append(f"\n{plot_note}")
     return "\n".join(parts)
 
 
@@ -800,30 +835,31 @@ def write_bench(res: BenchResult, out_dir: str | Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     png = plot(res, out_dir / "bench.png")
-    res.environment["plot"] = ("![per-token latency against position](bench.png)" if png else
-                               "No plot: matplotlib is not installed (`pip install 'mhaexport[plot]'`).")
-    (out_dir / "bench.json").write_text(json.dumps(res.to_dict(), indent=1) + "\n")
+    note = ("![per-token latency against position](bench.png)" if png else
+            "No plot: matplotlib is not installed (`pip install 'mhaexport[plot]'`).")
+    atomic_write_json(out_dir / "bench.json", res.to_dict())
     written.append(out_dir / "bench.json")
     md = f"# Bench: {res.model['spec']}\n\n{res.environment['date']}, {res.environment.get('cpu')}\n\n" \
-         f"{_markdown_body(res)}\n"
-    (out_dir / "bench.md").write_text(md)
+         f"{_markdown_body(res, note)}\n"
+    atomic_write_bytes(out_dir / "bench.md", md.encode())
     written.append(out_dir / "bench.md")
     if png:
         written.append(Path(png))
     report = out_dir / "report.md"
     if report.is_file():
-        update_report(report, res)
+        update_report(report, res, note)
         written.append(report)
     return written
 
 
-def update_report(report: Path, res: BenchResult) -> None:
-    """Replace (or append) the bench section between the markers; running it again changes only that section."""
-    section = f"{REPORT_BEGIN}\n## Bench\n\n{_markdown_body(res)}\n{REPORT_END}"
+def update_report(report: Path, res: BenchResult, plot_note: str | None = None) -> None:
+    """Replace (or append) the bench section between the markers; running it again changes only that section.
+    ``plot_note``: the bench.png link (bench.png sits next to report.md), or why there is none."""
+    section = f"{REPORT_BEGIN}\n## Bench\n\n{_markdown_body(res, plot_note)}\n{REPORT_END}"
     text = report.read_text()
     pattern = re.compile(re.escape(REPORT_BEGIN) + r".*?" + re.escape(REPORT_END), re.DOTALL)
     if pattern.search(text):
         text = pattern.sub(lambda _: section, text)
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
-    report.write_text(text)
+    atomic_write_bytes(report, text.encode())

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from mhaexport.errors import first_line
 from mhaexport.iospec import ModelContract
 from mhaexport.verify.runners import EAGER, Outputs, Runner
 from mhaexport.verify.sweep import Case, unseen
@@ -114,18 +115,6 @@ def compare_outputs(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np
     for (ka, va), (ke, ve) in zip(pa, pe):
         d = d.merge(compare(ka, ke, tol, kmask)).merge(compare(va, ve, tol, kmask))
     return d
-
-
-def first_line(e: BaseException) -> str:
-    """``Type: first line`` of an exception; for TorchScript interpreter errors, the line that says what failed."""
-    text = str(e).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    line = lines[0] if lines else ""
-    if "TorchScript interpreter" in line and len(lines) > 1:
-        line = lines[-1]
-    if not line:
-        return type(e).__name__
-    return line[:300] if line.startswith(f"{type(e).__name__}:") else f"{type(e).__name__}: {line[:300]}"
 
 
 @dataclass

@@ -17,7 +17,8 @@ from typing import Callable
 from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError
 from mhaexport.exporter.manifest import contract_from_manifest, load_verified, model_fingerprint
-from mhaexport.verify.checks import CHECKS, CheckResult, Context, Tolerance, first_line, run_check
+from mhaexport.errors import first_line
+from mhaexport.verify.checks import CHECKS, CheckResult, Context, Tolerance, run_check
 from mhaexport.verify.report import RuntimeInfo, VerifyReport, environment
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, ONNX_REFERENCE, ORT_CPU, ORT_CUDA,
                                       TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, OrtRunner, Runner,
