@@ -7,6 +7,7 @@ Checkpoints are read with ``torch.load(weights_only=True)``: tensors only, never
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -38,7 +39,7 @@ class LoadedModel:
     config: DecoderConfig | None = None  # the built-in model's config; None for a user factory
     checkpoint: str | None = None
     checkpoint_sha256: str | None = None
-    extra: dict = field(default_factory=dict)
+    rebuild: dict = field(default_factory=dict)  # how to load it again from any folder (absolute paths, cwd)
 
     def describe(self) -> dict:
         return {
@@ -47,7 +48,7 @@ class LoadedModel:
             "config": self.config.to_dict() if self.config else None,
             "checkpoint": self.checkpoint,
             "checkpoint_sha256": self.checkpoint_sha256,
-            **self.extra,
+            "rebuild": self.rebuild,
         }
 
 
@@ -77,7 +78,9 @@ def _import_factory(spec: str):
             path = Path(target)
             if not path.is_file():
                 raise ModelLoadError(f"--model {spec!r}: file {target} does not exist")
-            name = f"mhaexport_user_{path.stem}"
+            path = path.resolve()
+            # one module per file: two factories in files with the same name must not share a module
+            name = f"mhaexport_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
             mod_spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(mod_spec)
             sys.modules[name] = module
@@ -189,6 +192,21 @@ def shipped_weights(config: DecoderConfig) -> Path | None:
     return path if path.is_file() else None
 
 
+def _rebuild_args(config: str | None, model: str | None, checkpoint: str | Path | None) -> dict:
+    """load_model's arguments with file paths made absolute, plus the working directory (for module factories),
+    so `verify DIR` and `bench DIR` rebuild the eager model from wherever they run."""
+    def absolute(p: str | Path | None) -> str | None:
+        return None if p is None or not Path(p).exists() else str(Path(p).resolve())
+
+    args: dict = {"cwd": os.getcwd(), "checkpoint": absolute(checkpoint)}
+    if model is not None:
+        target, _, attr = model.rpartition(":")
+        args["model"] = f"{absolute(target)}:{attr}" if target.endswith(".py") and absolute(target) else model
+    elif config is not None:
+        args["config"] = absolute(config) if config.endswith(".json") else config
+    return args
+
+
 def load_model(config: str | None = None, model: str | None = None, checkpoint: str | Path | None = None,
                *, random_weights: bool = False) -> LoadedModel:
     """Build the model a command works on. ``config`` and ``model`` are exclusive; neither means the default preset.
@@ -222,6 +240,7 @@ def load_model(config: str | None = None, model: str | None = None, checkpoint: 
     if checkpoint is not None:
         loaded.checkpoint_sha256 = load_checkpoint(loaded.module, checkpoint)
         loaded.checkpoint = str(checkpoint)
+    loaded.rebuild = _rebuild_args(config, model, checkpoint)
     loaded.module.eval()
     smoke_check(loaded.module, loaded.contract)
     return loaded

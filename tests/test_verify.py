@@ -303,3 +303,24 @@ def test_report_write_keeps_sections_other_commands_own(tmp_path):
     _, md = rep.write(tmp_path)
     text = md.read_text()
     assert "old table" not in text and "## Bench\nrow" in text and text.startswith("## mhaexport verify")
+
+
+def test_verify_dir_rebuilds_a_file_factory_and_checkpoint_from_another_folder(tiny, tmp_path, monkeypatch):
+    """Relative --model/--checkpoint paths recorded at export still resolve when verify runs elsewhere."""
+    import torch
+
+    src = tmp_path / "proj"
+    (src / "sub").mkdir(parents=True)
+    shutil.copy("examples/user_decoder.py", src / "sub" / "user_decoder.py")
+    monkeypatch.chdir(src)
+    from mhaexport.models.loading import load_model
+
+    user = load_model(model="sub/user_decoder.py:build")
+    torch.save(user.module.state_dict(), src / "w.pt")
+    res = CliRunner().invoke(main, ["torchscript", "--model", "sub/user_decoder.py:build", "--checkpoint", "w.pt",
+                                    "-o", "out"])
+    assert res.exit_code == 0, res.output
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["verify", "proj/out"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((src / "out" / "report.json").read_text())["model"]["spec"] == "factory:sub/user_decoder.py:build"

@@ -6,9 +6,9 @@ model spec (or takes the one given), builds the runners, runs the checks and ret
 
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
+import dataclasses
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,14 +57,19 @@ def loaded_from_manifest(manifest: dict):
     model = manifest["model"]
     spec, ckpt = model["spec"], model.get("checkpoint")
     kind, _, name = spec.partition(":")
+    rebuild = model.get("rebuild") or {}  # absolute paths and the export's working directory
     shipped = isinstance(ckpt, str) and ckpt.startswith("shipped:")
-    checkpoint = None if ckpt is None or shipped else ckpt
+    checkpoint = None if ckpt is None or shipped else (rebuild.get("checkpoint") or ckpt)
     if kind in ("preset", "config"):
-        loaded = load_model(config=name, checkpoint=checkpoint, random_weights=ckpt is None)
+        loaded = load_model(config=rebuild.get("config", name), checkpoint=checkpoint, random_weights=ckpt is None)
     elif kind == "factory":
-        loaded = load_model(model=name, checkpoint=checkpoint)
+        cwd = rebuild.get("cwd")
+        if cwd and cwd not in sys.path:
+            sys.path.insert(0, cwd)  # a module factory resolves as it did where it was exported
+        loaded = load_model(model=rebuild.get("model", name), checkpoint=checkpoint)
     else:
         raise ArtifactError(f"manifest model spec {spec!r}: expected preset:, config: or factory:")
+    loaded.spec, loaded.checkpoint = spec, ckpt  # as recorded: the same model, whatever folder we run from
     if model_fingerprint(loaded.describe()) != manifest.get("model_fingerprint"):
         raise ArtifactError(f"the eager model rebuilt from {spec!r} (checkpoint {ckpt}) is not the exported one "
                             "(config or weights changed since export): re-export, or verify with the model options")
