@@ -28,18 +28,15 @@ TWO_GB = 2 * 1024**3
 
 def dynamic_shapes(n_layers: int, seq_dynamic: bool) -> tuple:
     """torch.export dynamic_shapes mirroring (input_ids, attention_mask, past_key_values): tuples, not lists.
-    total_sequence_length gets its own Dim (Dim sums are not allowed)."""
-    batch = Dim(iospec.BATCH)
-    if not seq_dynamic:
-        kv = {0: batch}
-        return {0: batch}, {0: batch}, tuple((kv, kv) for _ in range(n_layers))
-    seq, past, total = Dim(iospec.SEQ), Dim(iospec.PAST), Dim(iospec.TOTAL)
-    kv = {0: batch, 2: past}
-    return {0: batch, 1: seq}, {0: batch, 1: total}, tuple((kv, kv) for _ in range(n_layers))
+    total_sequence_length gets its own Dim (Dim sums are not allowed). Static: batch only."""
+    dims = {name: Dim(name) for name in (iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL)}
+    axes = iospec.dynamic_input_axes(n_layers)
 
+    def spec(name: str) -> dict:
+        return {ax: dims[d] for ax, d in axes[name].items() if seq_dynamic or d == iospec.BATCH}
 
-DYNAMIC_INPUT_AXES = ((iospec.INPUT_IDS, 1, iospec.SEQ), (iospec.ATTENTION_MASK, 1, iospec.TOTAL),
-                      ("past_key_values.0.key", 2, iospec.PAST))
+    past = tuple(tuple(spec(n) for n in iospec.past_names(i)) for i in range(n_layers))
+    return spec(iospec.INPUT_IDS), spec(iospec.ATTENTION_MASK), past
 
 
 def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dynamic: bool) -> None:
@@ -48,13 +45,14 @@ def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dy
     if not seq_dynamic:
         return
     inputs = {i.name: i for i in model.graph.input}
-    for name, axis, dim_name in DYNAMIC_INPUT_AXES:
-        dim = inputs[name].type.tensor_type.shape.dim[axis]
-        if not dim.dim_param:
-            raise ExportError(
-                f"the dynamic axis {dim_name!r} ({name} axis {axis}) came out fixed at {dim.dim_value}: the model "
-                "uses that length as a constant (e.g. a mask or buffer of fixed size), so the file would only run "
-                "at the export's example length; build the mask from the input shapes")
+    for name, axes in iospec.dynamic_input_axes(contract.n_layers).items():
+        for axis, dim_name in axes.items():
+            dim = inputs[name].type.tensor_type.shape.dim[axis]
+            if not dim.dim_param:
+                raise ExportError(
+                    f"the dynamic axis {dim_name!r} ({name} axis {axis}) came out fixed at {dim.dim_value}: the "
+                    "model uses that length as a constant (e.g. a mask or buffer of fixed size), so the file would "
+                    "only run at the export's example length; build the mask from the input shapes")
     for out in model.graph.output:
         if out.name.startswith("present."):
             dim = out.type.tensor_type.shape.dim[2]

@@ -41,6 +41,15 @@ def output_names(n_layers: int) -> list[str]:
     return names
 
 
+def dynamic_input_axes(n_layers: int) -> dict[str, dict[int, str]]:
+    """Every input's dynamic axes: {input name: {axis: dim name}} (exporter, verify and runtime read this)."""
+    axes = {INPUT_IDS: {0: BATCH, 1: SEQ}, ATTENTION_MASK: {0: BATCH, 1: TOTAL}}
+    for i in range(n_layers):
+        for name in past_names(i):
+            axes[name] = {0: BATCH, 2: PAST}
+    return axes
+
+
 def io_schema(n_layers: int, n_heads: int, head_dim: int, vocab_size: int, dtype: str = "float32") -> dict:
     """Names, element types and symbolic shapes of every input and output (recorded in the manifest)."""
     kv_past = [BATCH, n_heads, PAST, head_dim]

@@ -179,12 +179,8 @@ class OrtRunner(Runner):
         self._in_shapes = {i.name: list(i.shape) for i in self.session.get_inputs()}
 
     def baked_axes(self) -> list[str]:
-        want = {iospec.INPUT_IDS: {1: iospec.SEQ}, iospec.ATTENTION_MASK: {1: iospec.TOTAL}}
-        for i in range(self.contract.n_layers):
-            for name in iospec.past_names(i):
-                want[name] = {2: iospec.PAST}
         baked = []
-        for name, axes in want.items():
+        for name, axes in iospec.dynamic_input_axes(self.contract.n_layers).items():
             shape = self._in_shapes.get(name, [])
             for ax, dim in axes.items():
                 if ax < len(shape) and isinstance(shape[ax], int):
