@@ -55,7 +55,9 @@ def _session(model: bytes | str, optimized: str | None = None, level: int | None
         so.graph_optimization_level = ort.GraphOptimizationLevel(level)
     if optimized:
         so.optimized_model_filepath = optimized
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    from mhaexport.runtime.session import CPU, start_session
+
+    return start_session(model, [CPU], so)[0]
 
 
 def precision_report(model: onnx.ModelProto, dtype: str) -> PrecisionReport:

@@ -110,13 +110,14 @@ def _load_failure(lines: list[str]) -> str:
     return "no device or its libraries did not load"
 
 
-def start_session(model: str | Path, requested: list[str],
+def start_session(model: str | Path | bytes, requested: list[str],
                   options: ort.SessionOptions | None = None) -> tuple[ort.InferenceSession, str | None]:
     """Create an InferenceSession on ``requested`` providers. Returns it and, when a requested provider is not
     among ``session.get_providers()`` (onnxruntime-gpu silently falls back to CPU), one line saying so and why."""
     capture = _stderr_lines() if requested != [CPU] else contextlib.nullcontext([])
     with capture as log:
-        session = ort.InferenceSession(str(model), sess_options=options or ort.SessionOptions(), providers=requested)
+        source = model if isinstance(model, bytes) else str(model)  # a file, or a serialized ModelProto
+        session = ort.InferenceSession(source, sess_options=options or ort.SessionOptions(), providers=requested)
     used = list(session.get_providers())
     missing = [p for p in requested if p not in used]
     reason = f"{', '.join(missing)} requested; session runs on {used}: {_load_failure(log)}" if missing else None

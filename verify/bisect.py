@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from mhaexport import iospec
-from mhaexport.errors import ArtifactError, MhaExportError
+from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.exporter.onnx import TWO_GB
+from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 BLOCK_RE = re.compile(r"^(.*?\.\d+)(?:\.|$)")  # "blocks.1.attn.W_o" -> "blocks.1"
-TWO_GB = 2 * 1024**3
 
 
 @dataclass
@@ -204,7 +205,7 @@ def _expose_all(proto) -> tuple[Any, list[str]]:
 
 def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: int = 4, past: int = 3,
                 pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
-                provider: str = "CPUExecutionProvider", opt_level: str = "default") -> BisectReport:
+                provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL) -> BisectReport:
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
 
     Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``. ``tol`` is the relative
@@ -243,16 +244,16 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
 
     # ONNX: every float value
     exposed, _ = _expose_all(proto)
-    if exposed.ByteSize() > TWO_GB:
+    if exposed.ByteSize() > TWO_GB:  # protobuf's limit for one serialized message
         raise MhaExportError(f"{label} is over 2 GB: bisect serializes it in memory; bisect a smaller config")
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "default": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-    if opt_level not in levels:
-        raise MhaExportError(f"opt_level {opt_level!r}: expected one of {', '.join(levels)}")
-    so.graph_optimization_level = levels[opt_level]
-    sess = ort.InferenceSession(exposed.SerializeToString(), so, providers=[provider])
+    if opt_level not in OPT_LEVELS:
+        raise ConfigError(f"opt_level {opt_level!r}: expected one of {', '.join(OPT_LEVELS)}")
+    so.graph_optimization_level = OPT_LEVELS[opt_level]
+    sess, missing = start_session(exposed.SerializeToString(), resolve_providers([provider]), so)
+    if missing:
+        raise ProviderUnavailable(missing)
     kv_type = {i.name: i.type for i in sess.get_inputs()}.get(iospec.past_names(0)[0], "tensor(float)")
     kv_dtype = np.float16 if kv_type == "tensor(float16)" else np.float32  # the graph's cache dtype (fp16 exports)
     feed = iospec.make_feed(ids.numpy(), mask.numpy(),
