@@ -284,7 +284,7 @@ def verify_options(f):
     """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
 
     @click.option("--sweep", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
-                  help="Input shapes: quick (9 shapes, seconds) or full (~50 shapes incl. random ones).")
+                  help="Input shapes: quick (9 shapes, seconds) or full (57 shapes incl. random ones).")
     @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input sweep.")
     @click.option("--atol", type=click.FloatRange(min=0.0), default=None,
                   help="Absolute tolerance (default by dtype: float32 1e-4, float16 1e-2).")
