@@ -41,10 +41,6 @@ class ExportRecord:
     warnings: list[str] = field(default_factory=list)
     manifest: dict = field(default_factory=dict)
 
-    @property
-    def main_file(self) -> Path:
-        return self.folder / self.files[0]
-
 
 def example_inputs(contract: ModelContract, seq: int = EXAMPLE_SEQ, past: int = EXAMPLE_PAST,
                    batch: int = EXAMPLE_BATCH, dtype: torch.dtype = torch.float32):

@@ -73,9 +73,13 @@ def _size(path: Path) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def _show_record(rec) -> None:
+def _warn(rec) -> None:
     for w in rec.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
+
+
+def _show_record(rec) -> None:
+    _warn(rec)
     files = ", ".join(f"{rec.folder / f} ({_size(rec.folder / f)})" for f in rec.files)
     click.echo(f"wrote {files} and {rec.folder / 'manifest.json'} in {rec.seconds:.1f} s")
 
@@ -332,13 +336,9 @@ def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", 
 
     say = step or (lambda m: click.echo(m, err=True))
     say(f"export ONNX (opset {opset or 'default'}, dynamic axes, attention {attention}, {dtype}) -> {folder}")
-    rec = export_onnx(loaded, folder, opset=opset, attention=attention, dtype=dtype)
-    for w in rec.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+    _warn(export_onnx(loaded, folder, opset=opset, attention=attention, dtype=dtype))
     say(f"export TorchScript (trace) -> {folder}")
-    rec = export_torchscript(loaded, folder)
-    for w in rec.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+    _warn(export_torchscript(loaded, folder))
 
 
 def _run_bisect(folder, config, model, checkpoint, seed) -> None:

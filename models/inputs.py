@@ -18,15 +18,15 @@ def left_pad_mask(batch: int, total: int, pad: list[int] | None) -> torch.Tensor
 
 
 def make_inputs(contract: ModelContract, batch: int, seq: int, past: int, *, seed: int = 0,
-                pad: list[int] | None = None, dtype: torch.dtype = torch.float32,
-                kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
+                pad: list[int] | None = None,
+                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
     """(input_ids, attention_mask, past_key_values) with random ids and a random past cache of length ``past``."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, contract.vocab_size, (batch, seq), generator=gen, dtype=torch.int64)  # (B, T)
     mask = left_pad_mask(batch, past + seq, pad)  # (B, past + T)
     shape = (batch, contract.n_heads, past, contract.head_dim)  # (B, H, past, D)
     cache = tuple(
-        (torch.randn(shape, generator=gen).to(dtype) * kv_scale, torch.randn(shape, generator=gen).to(dtype) * kv_scale)
+        (torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
         for _ in range(contract.n_layers)
     )
     return ids, mask, cache
