@@ -37,3 +37,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def altered_export(tiny_export, tmp_path):
+    """A copy of tiny_export whose model.onnx has one byte flipped after export (its hash no longer matches)."""
+    import shutil
+
+    folder = tmp_path / "altered"
+    shutil.copytree(tiny_export, folder)
+    data = bytearray((folder / "model.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (folder / "model.onnx").write_bytes(bytes(data))
+    return folder
