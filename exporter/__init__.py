@@ -1,5 +1,4 @@
-"""Exporters (ONNX, TorchScript) and the export folder's manifest.
-
-This package's __init__ imports nothing heavy: ``mhaexport.exporter.manifest`` is torch-free and is read by the
-deploy runtime. Import ``mhaexport.exporter.onnx`` / ``.torchscript`` for the exporters (they import torch).
+"""Exporters: ONNX (``mhaexport.exporter.onnx``, with attention lowerings and precision), TorchScript
+(``.torchscript``) and onnxruntime-genai's config (``.genai``). They write export folders through
+:mod:`mhaexport.artifact`. This __init__ imports nothing heavy; the exporters import torch.
 """

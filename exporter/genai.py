@@ -1,4 +1,5 @@
-"""onnxruntime-genai support: the export folder's ``genai_config.json``, and small torch-free helpers to run it.
+"""onnxruntime-genai support at export time: the export folder's ``genai_config.json``.
+(Running a folder through onnxruntime-genai is deploy-side: :mod:`mhaexport.runtime.genai`.)
 
 ``onnxruntime_genai.Model(DIR)`` reads ``DIR/genai_config.json`` to learn the model type, file name, I/O name
 templates and sizes; with it an ONNX export runs in onnxruntime-genai's generator loop unchanged:
@@ -22,30 +23,22 @@ Facts this module relies on (onnxruntime-genai 0.18, checked by tests/test_genai
   equal to ``pad_token_id`` is treated as padding. Our decoder takes positions from ``cumsum(mask) - 1``, so right
   padding gives the same logits at real tokens as left padding does (see :func:`right_pad`).
 
-Torch-free: the deploy path may use it.
+Torch-free.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mhaexport import iospec
-from mhaexport.errors import ArtifactError, MhaExportError, RuntimeInputError
-from mhaexport.exporter import manifest as mf
+from mhaexport.artifact import atomic_write_json
+from mhaexport.errors import RuntimeInputError
+from mhaexport.runtime.genai import GENAI_CONFIG
 
-GENAI_CONFIG = "genai_config.json"
 # The byte-level built-in models have no special tokens; NUL (0) never occurs in text, so it serves as bos, eos
 # and pad unless the model's config names its own ids (``eos_token_id``, ``pad_token_id``, ``bos_token_id``).
 DEFAULT_SPECIAL_ID = 0
-
-
-class GenAIUnavailable(MhaExportError):
-    """onnxruntime_genai cannot be imported."""
 
 
 def special_ids(model_config: Any) -> dict[str, int]:
@@ -117,60 +110,5 @@ def write_genai_config(folder: str | Path, contract: iospec.ModelContract, *, fi
                        model_config: Any = None) -> str:
     """Write ``folder/genai_config.json`` atomically; returns its file name (for the manifest's file list)."""
     data = genai_config(contract, filename=filename, ids=special_ids(model_config))
-    mf.atomic_write_json(Path(folder) / GENAI_CONFIG, data)
+    atomic_write_json(Path(folder) / GENAI_CONFIG, data)
     return GENAI_CONFIG
-
-
-def right_pad(prompts: Sequence[Sequence[int]], pad_id: int = DEFAULT_SPECIAL_ID) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad prompts the way onnxruntime-genai does: int64 ids (B, T) and attention mask (B, T), 1 = real."""
-    if len(prompts) == 0:
-        raise RuntimeInputError("a batch of zero prompts: give at least one prompt")
-    if any(len(p) == 0 for p in prompts):
-        raise RuntimeInputError("an empty prompt: every prompt needs at least one token")
-    T = max(len(p) for p in prompts)
-    ids = np.full((len(prompts), T), pad_id, dtype=np.int64)  # (B, T)
-    mask = np.zeros((len(prompts), T), dtype=np.int64)  # (B, T)
-    for b, p in enumerate(prompts):
-        ids[b, :len(p)] = p
-        mask[b, :len(p)] = 1
-    return ids, mask
-
-
-def _import_og():
-    try:
-        import onnxruntime_genai as og
-    except Exception as e:  # ImportError, or its native library failing to load
-        raise GenAIUnavailable(
-            f"onnxruntime_genai cannot be imported ({type(e).__name__}: {e}); install it next to onnxruntime-gpu "
-            "with `pip install --no-deps onnxruntime-genai`") from None
-    return og
-
-
-def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_length: int) -> list[list[int]]:
-    """Greedy generation through onnxruntime-genai: each prompt plus new tokens, up to ``max_length`` tokens in all
-    (or eos). Prompts of different lengths are batched right-padded; pad tokens are removed from the result."""
-    folder = Path(folder)
-    entry = mf.load_verified(folder, "onnx")["artifacts"]["onnx"]  # hashes of model.onnx and genai_config.json
-    if GENAI_CONFIG not in entry["files"]:
-        raise ArtifactError(f"{folder} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o {folder}`")
-    cfg = json.loads((folder / GENAI_CONFIG).read_text())["model"]
-    ids, mask = right_pad(prompts, cfg["pad_token_id"])
-    if ids.max() >= cfg["vocab_size"] or ids.min() < 0:
-        raise RuntimeInputError(f"prompt ids must lie in [0, {cfg['vocab_size']})")
-    if max_length > cfg["context_length"]:
-        raise RuntimeInputError(f"max_length={max_length} exceeds the model's context_length={cfg['context_length']}")
-    og = _import_og()
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=max_length, do_sample=False, batch_size=len(prompts))
-    gen = og.Generator(model, params)
-    gen.append_tokens(ids.astype(np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    out = []
-    for b, p in enumerate(prompts):
-        new = [int(t) for t in gen.get_sequence(b)][ids.shape[1]:]
-        if cfg["eos_token_id"] in new:  # a finished row is filled up with pad tokens after its eos
-            new = new[:new.index(cfg["eos_token_id"]) + 1]
-        out.append(list(p) + new)
-    return out

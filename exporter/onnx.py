@@ -10,20 +10,20 @@ import onnx
 import torch
 from torch.export import Dim
 
-from mhaexport import iospec
+from mhaexport import dtypes, iospec
+from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.errors import ExportError, first_line
+from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
-from mhaexport.exporter.common import (EXAMPLE_PAST, EXAMPLE_SEQ, ExportRecord, captured_warnings, example_inputs,
-                                       finish, publish, staging)
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention
-from mhaexport.exporter.precision import DTYPES, TORCH_DTYPES, precision_report, self_check
+from mhaexport.exporter.precision import precision_report, self_check
+from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.loading import LoadedModel
 
 MIN_OPSET, MAX_OPSET = 18, 23
 DEFAULT_OPSET = 18
 ONNX_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-TWO_GB = 2 * 1024**3
 
 
 def dynamic_shapes(n_layers: int, seq_dynamic: bool) -> tuple:
@@ -85,8 +85,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     """
     if attention not in LOWERINGS:
         raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
-    if dtype not in DTYPES:
-        raise ExportError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if dtype not in dtypes.NAMES:
+        raise ExportError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
     if opset is None:
         opset = ATTENTION_OPSET if attention == "onnx" else DEFAULT_OPSET
     if not MIN_OPSET <= opset <= MAX_OPSET:
@@ -103,12 +103,13 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     if seq + past > c.max_positions:
         raise ExportError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)
-    torch_dtype = TORCH_DTYPES[dtype]
+    torch_dtype = dtypes.torch_dtype(dtype)
     module = loaded.module if dtype == "float32" else copy.deepcopy(loaded.module).to(torch_dtype)
     args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     started = time.perf_counter()
-    with staging(out_dir, "onnx") as tmp, captured_warnings() as warns:
+    with stage_artifact(out_dir, "onnx") as staged, captured_warnings() as warns:
+        tmp = staged.dir
         try:
             with torch.no_grad():
                 program = torch.onnx.export(
@@ -144,20 +145,18 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
             files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
                                             model_config=getattr(loaded.module, "config", None)))
-        publish(tmp, out_dir, files)
-        for stale in (GENAI_CONFIG, DATA_FILE):  # left by an earlier export of another kind into this folder
-            if stale not in files:
-                (out_dir / stale).unlink(missing_ok=True)
-    entry = {
-        "format": "onnx", "file": ONNX_FILE, "opset": opset, "attention": attention, "dtype": dtype,
-        "lowering": {**lowering.to_dict(), "self_check_max_abs_diff": checked},
-        "precision": precision.to_dict() if precision else None,
-        "seq_dynamic": seq_dynamic, "external_data": external,
-        "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],
-        "static_sizes": None if seq_dynamic else {iospec.SEQ: seq, iospec.PAST: past, iospec.TOTAL: seq + past},
-        "exporter": "torch.onnx.export(dynamo=True)",
-    }
-    return finish(loaded, out_dir, "onnx", files, entry, started, list(warns), dtype=dtype)
+        details = {
+            "opset": opset, "attention": attention, "kv_cache": "concat",
+            "lowering": {**lowering.to_dict(), "self_check_max_abs_diff": checked},
+            "precision": precision.to_dict() if precision else None, "external_data": external,
+            "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],
+            "example_sizes": {"batch": EXAMPLE_BATCH, "seq": seq, "past": past},
+            "exporter": "torch.onnx.export(dynamo=True)",
+        }
+        # files an earlier export of another kind (dynamic, external data) left, which this one does not write
+        return finish(loaded, staged, fmt="onnx", main_file=ONNX_FILE, files=files, dtype=dtype, details=details,
+                      started=started, warns=list(warns), seq_dynamic=seq_dynamic,
+                      static_sizes=None if seq_dynamic else (seq, past), owned=(GENAI_CONFIG, DATA_FILE))
 
 
 def _explain_export_failure(e: Exception) -> str:

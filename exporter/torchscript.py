@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
+from mhaexport.artifact import stage_artifact
 from mhaexport.errors import ExportError, first_line
-from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, publish, staging
+from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish
 from mhaexport.models.loading import LoadedModel
 
 TS_FILE = "model.pt"
@@ -40,7 +41,7 @@ def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = 
     out_dir = Path(out_dir)
     started = time.perf_counter()
     args = example_inputs(loaded.contract)
-    with staging(out_dir, "torchscript") as tmp, captured_warnings() as warns:
+    with stage_artifact(out_dir, "torchscript") as staged, captured_warnings() as warns:
         try:
             with torch.no_grad():
                 if mode == "trace":
@@ -50,8 +51,8 @@ def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = 
         except Exception as e:
             hint = "; --mode trace works for any model that follows the contract" if mode == "script" else ""
             raise ExportError(f"torch.jit.{mode} failed: {first_line(e)}{hint}") from None
-        module.save(str(tmp / TS_FILE))
-        publish(tmp, out_dir, [TS_FILE])
-    entry = {"format": "torchscript", "file": TS_FILE, "mode": mode, "dtype": "float32", "seq_dynamic": True,
-             "example_shapes": {"batch": args[0].shape[0], "seq": args[0].shape[1], "past": args[2][0][0].shape[2]}}
-    return finish(loaded, out_dir, "torchscript", [TS_FILE], entry, started, _summarize(list(warns)))
+        module.save(str(staged.dir / TS_FILE))
+        details = {"mode": mode, "example_sizes": {"batch": args[0].shape[0], "seq": args[0].shape[1],
+                                                   "past": args[2][0][0].shape[2]}}
+        return finish(loaded, staged, fmt="torchscript", main_file=TS_FILE, files=[TS_FILE], dtype="float32",
+                      details=details, started=started, warns=_summarize(list(warns)))

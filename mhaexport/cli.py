@@ -1,5 +1,8 @@
-"""The `mhaexport` command line: parse, call the library, print. Exit codes: 0 pass, 1 verification failed,
-2 bad usage or bad input (one line, no traceback)."""
+"""The `mhaexport` command line: parse, call the library, print.
+
+Exit codes: 0 passed, 1 verification failed, 2 bad usage or bad input (one line, no traceback), 3 a bug in
+mhaexport (traceback printed), 4 not verified (a runtime asked for by name could not run here), 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +13,34 @@ from pathlib import Path
 import click
 
 from mhaexport import __version__
-from mhaexport.errors import MhaExportError, VerificationFailed
+from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed
 
 
 class BadInput(click.ClickException):
     exit_code = 2
 
 
-INTERNAL_ERROR = 3  # neither a verdict (0/1) nor bad input (2): a bug, reported with its traceback
+INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, reported with its traceback
+INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (click's "Aborted!" would exit 1: "a check failed")
 
 
 class Group(click.Group):
-    """Turns the library's errors into the CLI's exit codes: VerificationFailed 1, MhaExportError 2, and any other
-    exception 3 with its traceback (CI must not mistake a crash for a failed check)."""
+    """Turns the library's errors into the CLI's exit codes: VerificationFailed 1 (NotVerified 4), MhaExportError 2,
+    Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check)."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except VerificationFailed as e:
-            click.echo(f"FAILED: {e}", err=True)
-            ctx.exit(1)
+            label = "NOT VERIFIED" if isinstance(e, NotVerified) else "FAILED"
+            click.echo(f"{label}: {e}", err=True)
+            ctx.exit(e.exit_code)
         except MhaExportError as e:
             raise BadInput(str(e)) from None
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (KeyboardInterrupt, click.exceptions.Abort):
+            click.echo("interrupted", err=True)
+            ctx.exit(INTERRUPTED)
+        except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
         except Exception:
             import traceback
@@ -66,6 +74,23 @@ def _load(config: str | None, model: str | None, checkpoint: str | None):
 
     loaded = load_model(config=config, model=model, checkpoint=checkpoint)
     return loaded
+
+
+def _writable(folder: str | Path, hint: str = "") -> Path:
+    """Check an output folder is writable before any work (exit 2 with one line otherwise)."""
+    from mhaexport.artifact.files import probe_writable
+    from mhaexport.errors import ArtifactError
+
+    try:
+        return probe_writable(folder)
+    except ArtifactError as e:
+        raise ArtifactError(f"{e}{hint}") from None
+
+
+def _default_opset(attention: str, opset: int | None) -> int:
+    from mhaexport.exporter.lowering import ATTENTION_OPSET
+
+    return opset or (ATTENTION_OPSET if attention == "onnx" else 18)
 
 
 def _size(path: Path) -> str:
@@ -128,15 +153,16 @@ def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, a
                                  param_hint="--opset")
     from mhaexport.exporter.onnx import export_onnx
 
+    _writable(output)
     loaded = _load(config, model, checkpoint)
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
-    shown = opset or (23 if attention == "onnx" else 18)
+    shown = _default_opset(attention, opset)
     click.echo(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}) ...",
                err=True)
     rec = export_onnx(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                       attention=attention, dtype=dtype)
     _show_record(rec)
-    entry = rec.manifest.get("artifacts", {}).get("onnx", {})
+    entry = rec.manifest.artifacts["onnx"]
     low, prec = entry.get("lowering") or {}, entry.get("precision") or {}
     if attention != "decomposed":
         click.echo(f"attention {attention}: {low.get('fused_nodes')} fused node(s), KV cache through the op: "
@@ -156,6 +182,7 @@ def torchscript_cmd(config, model, checkpoint, mode, output) -> None:
     """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values)."""
     from mhaexport.exporter.torchscript import export_torchscript
 
+    _writable(output)
     loaded = _load(config, model, checkpoint)
     click.echo(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...", err=True)
     _show_record(export_torchscript(loaded, output, mode=mode))
@@ -271,6 +298,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
                          opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                          compare=tuple(compare), long_repeats=long_repeats)
     vb.check_config(cfg)  # a typo in --runtimes / --opt-levels fails before any export or timing
+    _writable(output or folder, "" if output else " (give -o DIR to write the bench results elsewhere)")
     if lowerings:
         wanted = vb.parse_lowerings(lowerings)
         found = vb.export_lowerings(folder, wanted, output or folder, have=cfg.compare, progress=say)
@@ -310,23 +338,24 @@ def _progress(msg: str) -> None:
     click.echo(f"  {msg}", err=True)
 
 
-def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False):
-    """Verify, print the table, write report.json + report.md; raise VerificationFailed when a check failed."""
-    from mhaexport.verify import DEFAULT_RUNTIMES, verify_folder
+def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None):
+    """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
+    subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
+    from mhaexport.verify import verify_folder
 
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                           runtimes=tuple(runtimes) or DEFAULT_RUNTIMES, gen_tokens=gen_tokens,
+                           runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens,
                            progress=None if quiet else _progress)
     click.echo(report.to_markdown())
     if out is not None:
-        js, md = report.write(out)
+        js, md = report.write(out, name)
         click.echo(f"wrote {js} and {md}", err=True)
-    c = report.counts
-    if not report.passed:
-        failed = ", ".join(f"{rt}/{r.check}" for rt, r in report.failures()) or "nothing passed"
-        raise VerificationFailed(f"{c['failed']} check(s) failed: {failed}")
-    click.echo(f"verify passed in {report.seconds:.1f} s: {c['passed']} passed, {c['skipped']} skipped "
-               "(skipped is not passed)", err=True)
+    v = report.verdict
+    if v.code == 1:
+        raise VerificationFailed(v.message)
+    if v.code == 4:
+        raise NotVerified(v.message)
+    click.echo(f"verify passed in {report.seconds:.1f} s: {v.message}", err=True)
     return report
 
 
@@ -335,7 +364,8 @@ def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", 
     from mhaexport.exporter.torchscript import export_torchscript
 
     say = step or (lambda m: click.echo(m, err=True))
-    say(f"export ONNX (opset {opset or 'default'}, dynamic axes, attention {attention}, {dtype}) -> {folder}")
+    say(f"export ONNX (opset {_default_opset(attention, opset)}, dynamic axes, attention {attention}, {dtype}) -> "
+        f"{folder}")
     _warn(export_onnx(loaded, folder, opset=opset, attention=attention, dtype=dtype))
     say(f"export TorchScript (trace) -> {folder}")
     _warn(export_torchscript(loaded, folder))
@@ -369,34 +399,42 @@ def _run_bisect(folder, config, model, checkpoint, seed) -> None:
 @model_options
 @verify_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Where report.json and report.md go (default: FOLDER; with model options: not written).")
+              help="Where report.json and report.md go (default: FOLDER, where a run of named --runtime's writes "
+                   "report-RUNTIMES.json/.md instead, never replacing the full report; with model options only: "
+                   "not written).")
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does).")
 def verify_cmd(folder, config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_tokens, output,
                bisect_=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
-    --config/--model, export both formats to a temporary folder first and verify that.
+    --config/--model only, export both formats to a temporary folder first and verify that. FOLDER with
+    --model/--config/--checkpoint re-points the folder at its model (accepted when it is the same model: the
+    fingerprints of contract and weights match).
 
     Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation.
-    Exit 0 all passed, 1 a check failed, 2 bad input."""
+    Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     import tempfile
 
-    if folder is not None and (config or model or checkpoint):
-        raise click.UsageError("give an export FOLDER or model options (--config/--model/--checkpoint), not both")
     if bisect_:
         _run_bisect(folder, config, model, checkpoint, seed)
         return
     if folder is not None:
+        out = output or folder
+        _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
+        loaded = _load(config, model, checkpoint) if (config or model or checkpoint) else None
         click.echo(f"Verifying {folder} ...", err=True)
-        _run_verify(folder, None, output or folder, sweep, seed, atol, rtol, runtimes, gen_tokens)
+        _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
+                    name="report" if output else None)
         return
+    if output:
+        _writable(output)
     loaded = _load(config, model, checkpoint)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
         click.echo(f"Exporting {loaded.spec} to a temporary folder ...", err=True)
         _export_both(loaded, tmp)
         click.echo(f"Verifying {loaded.spec} ...", err=True)
-        _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens)
+        _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
 @main.command("all")
@@ -416,11 +454,12 @@ def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_to
         state["i"] += 1
         click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
 
+    _writable(output)
     step(f"load {model or config or 'the default model'}")
     loaded = _load(config, model, checkpoint)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
     step(f"verify {output} ({sweep} sweep)")
-    _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens)
+    _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
 @main.group("report")
@@ -441,13 +480,16 @@ def report_merge_cmd(reports, names, output) -> None:
 
     if names and len(names) != len(reports):
         raise click.UsageError(f"--name given {len(names)} times for {len(reports)} reports")
+    _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
-    js, md = merged.write(output)
+    js, md = merged.write(output, "report")
     click.echo(merged.to_markdown())
     click.echo(f"wrote {js} and {md}", err=True)
-    if not merged.passed:  # the same rule as verify: nothing failed and something passed
-        c = merged.counts
-        raise VerificationFailed(f"merged reports: {c['failed']} check(s) failed, {c['passed']} passed")
+    v = merged.verdict  # the same rules as verify
+    if v.code == 1:
+        raise VerificationFailed(f"merged reports: {v.message}")
+    if v.code == 4:
+        raise NotVerified(f"merged reports: {v.message}")
 
 
 if __name__ == "__main__":  # pragma: no cover

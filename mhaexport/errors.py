@@ -1,7 +1,7 @@
 """One root exception, one subclass per stage.
 
 The CLI turns any :class:`MhaExportError` into exit code 2 (bad usage or bad input) with one line and no
-traceback, except :class:`VerificationFailed`, which is exit code 1.
+traceback, except :class:`VerificationFailed` (exit code 1) and :class:`NotVerified` (exit code 4).
 """
 
 from __future__ import annotations
@@ -35,8 +35,24 @@ class ProviderUnavailable(MhaExportError):
     """An execution provider was requested but the created session does not use it."""
 
 
+class RuntimeFailure(MhaExportError):
+    """A runtime (ONNX Runtime, TorchScript, the eager model itself) raised while loading or running an artifact.
+
+    Runners wrap what the runtime raises in this, so verify can tell a runtime that fails (a finding: a failed
+    check) from a bug in mhaexport's own code (exit 3 with the traceback)."""
+
+
 class VerificationFailed(MhaExportError):
     """Verification ran and at least one check failed (CLI exit code 1)."""
+
+    exit_code = 1
+
+
+class NotVerified(VerificationFailed):
+    """Nothing failed, but what was asked for was not verified: a runtime requested by name was skipped entirely
+    (no CUDA, no artifact), or no runtime besides eager ran (CLI exit code 4)."""
+
+    exit_code = 4
 
 
 def first_line(e: BaseException) -> str:

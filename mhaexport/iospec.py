@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
 BATCH = "batch_size"
 SEQ = "sequence_length"
 PAST = "past_sequence_length"
@@ -17,6 +19,10 @@ TOTAL = "total_sequence_length"
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
+
+# Example sizes every exporter traces with: all >= 2 and pairwise distinct, so torch.export neither specializes a
+# dynamic dim to 0/1 nor mistakes one axis for another. Verify's dynamic-shapes check runs at other sizes.
+EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
 
 
 def past_names(layer: int) -> tuple[str, str]:
@@ -50,13 +56,19 @@ def dynamic_input_axes(n_layers: int) -> dict[str, dict[int, str]]:
     return axes
 
 
-def io_schema(n_layers: int, n_heads: int, head_dim: int, vocab_size: int, dtype: str = "float32") -> dict:
-    """Names, element types and symbolic shapes of every input and output (recorded in the manifest)."""
-    kv_past = [BATCH, n_heads, PAST, head_dim]
-    kv_present = [BATCH, n_heads, TOTAL, head_dim]
-    inputs = {INPUT_IDS: {"dtype": "int64", "shape": [BATCH, SEQ]},
-              ATTENTION_MASK: {"dtype": "int64", "shape": [BATCH, TOTAL]}}
-    outputs = {LOGITS: {"dtype": dtype, "shape": [BATCH, SEQ, vocab_size]}}
+def io_schema(contract: ModelContract, dtype: str = "float32", *, seq_dynamic: bool = True,
+              sizes: tuple[int, int] | None = None) -> dict:
+    """Names, element types and symbolic shapes of every input and output (recorded per artifact in the manifest).
+    A static export (``seq_dynamic=False``) has its (sequence, past) ``sizes`` in place of the names."""
+    seq, past, total = SEQ, PAST, TOTAL
+    if not seq_dynamic and sizes is not None:
+        seq, past, total = sizes[0], sizes[1], sizes[0] + sizes[1]
+    n_layers, vocab_size = contract.n_layers, contract.vocab_size
+    kv_past = [BATCH, contract.n_heads, past, contract.head_dim]
+    kv_present = [BATCH, contract.n_heads, total, contract.head_dim]
+    inputs = {INPUT_IDS: {"dtype": "int64", "shape": [BATCH, seq]},
+              ATTENTION_MASK: {"dtype": "int64", "shape": [BATCH, total]}}
+    outputs = {LOGITS: {"dtype": dtype, "shape": [BATCH, seq, vocab_size]}}
     for i in range(n_layers):
         for name in past_names(i):
             inputs[name] = {"dtype": dtype, "shape": list(kv_past)}
@@ -83,6 +95,26 @@ class ModelContract:
     @classmethod
     def from_dict(cls, data: dict) -> ModelContract:
         return cls(**{f: int(data[f]) for f in cls.FIELDS})
+
+
+KVPairs = tuple  # n_layers (key, value) pairs of arrays, each (B, H, past, D)
+
+
+def dummy_inputs(contract: ModelContract, batch: int, seq: int, past: int, *, seed: int = 0,
+                 pad: list[int] | tuple[int, ...] | None = None,
+                 dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray, KVPairs]:
+    """The one builder of seeded inputs in the contract's layout, as numpy: (input_ids (B, T) int64,
+    attention_mask (B, past + T) int64 with ``pad[b]`` leading zeros in row b, past_key_values: n_layers pairs of
+    (B, H, past, D)). The exporter's example inputs, verify's sweep, bisect and the self-check all use it."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, contract.vocab_size, (batch, seq), dtype=np.int64)  # (B, T)
+    mask = np.ones((batch, past + seq), dtype=np.int64)  # (B, past + T)
+    for b, p in enumerate(pad or ()):
+        mask[b, :p] = 0
+    shape = (batch, contract.n_heads, past, contract.head_dim)  # (B, H, past, D)
+    cache = tuple((rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype))
+                  for _ in range(contract.n_layers))
+    return ids, mask, cache
 
 
 def make_feed(input_ids, attention_mask, past_key_values) -> dict:

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mhaexport.errors import ConfigError, MhaExportError, ModelLoadError, first_line
-from mhaexport.exporter.manifest import sha256_file
+from mhaexport.artifact import ExportFolder, ModelRecord, fingerprint_of, legacy_fingerprint, sha256_file
+from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ModelLoadError, first_line
 from mhaexport.iospec import ModelContract
-from mhaexport.models.config import DecoderConfig, load_config
+from mhaexport.models.config import PRESETS, DecoderConfig, load_config
 from mhaexport.models.decoder import DecoderLM
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -35,21 +35,59 @@ class LoadedModel:
 
     module: nn.Module
     contract: ModelContract
-    spec: str  # "preset:small", "config:/path.json" or "factory:pkg.mod:fn"
+    spec: str  # shown to people: "preset:small", "config:big.json", "factory:pkg.mod:fn"
     config: DecoderConfig | None = None  # the built-in model's config; None for a user factory
-    checkpoint: str | None = None
+    checkpoint: str | None = None  # "shipped:small.pt", the checkpoint path as given, or None
     checkpoint_sha256: str | None = None
-    rebuild: dict = field(default_factory=dict)  # how to load it again from any folder (absolute paths, cwd)
+    # how to load it again: {"kind": "preset", "name"} | {"kind": "config"} | {"kind": "factory", "module" or
+    # "file" (absolute here, made relative to the export folder in the manifest), "callable"}; "checkpoint": path
+    origin: dict = field(default_factory=dict)
+    _weights_sha256: str | None = field(default=None, repr=False)
 
-    def describe(self) -> dict:
-        return {
-            "spec": self.spec,
-            "contract": self.contract.to_dict(),
-            "config": self.config.to_dict() if self.config else None,
-            "checkpoint": self.checkpoint,
-            "checkpoint_sha256": self.checkpoint_sha256,
-            "rebuild": self.rebuild,
-        }
+    @property
+    def weights_sha256(self) -> str:
+        """sha256 of the module's state dict (names, dtypes, shapes and bytes), computed once."""
+        if self._weights_sha256 is None:
+            self._weights_sha256 = weights_sha256(self.module)
+        return self._weights_sha256
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.contract, self.weights_sha256)
+
+    def record(self, folder: str | Path) -> ModelRecord:
+        """The manifest's model record for an export into ``folder``: file paths relative to that folder."""
+        folder = Path(folder).resolve()
+
+        def rel(p: str | None) -> str | None:
+            return None if p is None else os.path.relpath(Path(p).resolve(), folder)
+
+        source = {k: v for k, v in self.origin.items() if k not in ("file", "checkpoint")}
+        if self.origin.get("file"):
+            source["file"] = rel(self.origin["file"])
+        if self.origin.get("checkpoint"):
+            source["checkpoint"] = rel(self.origin["checkpoint"])
+        return ModelRecord(spec=self.spec, contract=self.contract, fingerprint=self.fingerprint, source=source,
+                           config=self.config.to_dict() if self.config else None, checkpoint=self.checkpoint_label,
+                           checkpoint_sha256=self.checkpoint_sha256, weights_sha256=self.weights_sha256)
+
+    @property
+    def checkpoint_label(self) -> str | None:
+        """The checkpoint as reports show it: "shipped:small.pt" or the file's name (never a full path)."""
+        if self.checkpoint is None or self.checkpoint.startswith("shipped:"):
+            return self.checkpoint
+        return Path(self.checkpoint).name
+
+
+def weights_sha256(module: nn.Module) -> str:
+    """sha256 over the state dict in key order: each key, dtype, shape and the tensor's bytes."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
 
 
 def contract_of(module: nn.Module) -> ModelContract:
@@ -192,27 +230,23 @@ def shipped_weights(config: DecoderConfig) -> Path | None:
     return path if path.is_file() else None
 
 
-def _rebuild_args(config: str | None, model: str | None, checkpoint: str | Path | None) -> dict:
-    """load_model's arguments with file paths made absolute, plus the working directory (for module factories),
-    so `verify DIR` and `bench DIR` rebuild the eager model from wherever they run."""
-    def absolute(p: str | Path | None) -> str | None:
-        return None if p is None or not Path(p).exists() else str(Path(p).resolve())
-
-    args: dict = {"cwd": os.getcwd(), "checkpoint": absolute(checkpoint)}
-    if model is not None:
-        target, _, attr = model.rpartition(":")
-        args["model"] = f"{absolute(target)}:{attr}" if target.endswith(".py") and absolute(target) else model
-    elif config is not None:
-        args["config"] = absolute(config) if config.endswith(".json") else config
-    return args
+def _factory_origin(model: str) -> tuple[str, dict]:
+    """The spec to show and the origin to record for ``--model``: a file factory by absolute path (made relative to
+    the export folder in the manifest), a module factory by module name."""
+    target, _, attr = model.rpartition(":")
+    if target.endswith(".py"):
+        path = Path(target)
+        shown = target if not path.is_absolute() else path.name
+        return f"factory:{shown}:{attr}", {"kind": "factory", "file": str(path.resolve()), "callable": attr}
+    return f"factory:{model}", {"kind": "factory", "module": target, "callable": attr}
 
 
-def load_model(config: str | None = None, model: str | None = None, checkpoint: str | Path | None = None,
-               *, random_weights: bool = False) -> LoadedModel:
+def load_model(config: str | DecoderConfig | None = None, model: str | None = None,
+               checkpoint: str | Path | None = None, *, random_weights: bool = False) -> LoadedModel:
     """Build the model a command works on. ``config`` and ``model`` are exclusive; neither means the default preset.
 
-    The built-in presets load the package's shipped trained weights where they exist (unless ``random_weights``);
-    ``checkpoint`` overrides both.
+    ``config``: a preset name, a JSON file or a DecoderConfig. The built-in presets load the package's shipped
+    trained weights where they exist (unless ``random_weights``); ``checkpoint`` overrides both.
     """
     if config is not None and model is not None:
         raise ConfigError("give --config or --model, not both")
@@ -228,19 +262,101 @@ def load_model(config: str | None = None, model: str | None = None, checkpoint: 
             raise ModelLoadError(f"--model {model!r}: the factory returned {type(module).__name__}, "
                                  "expected a torch.nn.Module")
         contract = contract_of(module)
-        loaded = LoadedModel(module, contract, spec=f"factory:{model}")
+        spec, origin = _factory_origin(model)
+        loaded = LoadedModel(module, contract, spec=spec, origin=origin)
     else:
-        cfg = load_config(config)
+        cfg = config if isinstance(config, DecoderConfig) else load_config(config)
         module = DecoderLM(cfg)
-        kind = "preset" if config is None or cfg.name == config else "config"
-        loaded = LoadedModel(module, contract_of(module), spec=f"{kind}:{config or cfg.name}", config=cfg)
-        if checkpoint is None and not random_weights and kind == "preset" and (w := shipped_weights(cfg)):
+        is_preset = isinstance(config, str) and config in PRESETS or config is None
+        if is_preset:
+            spec, origin = f"preset:{cfg.name}", {"kind": "preset", "name": cfg.name}
+        else:
+            shown = Path(config).name if isinstance(config, str) else cfg.name
+            spec, origin = f"config:{shown}", {"kind": "config"}
+        loaded = LoadedModel(module, contract_of(module), spec=spec, config=cfg, origin=origin)
+        if checkpoint is None and not random_weights and is_preset and (w := shipped_weights(cfg)):
             loaded.checkpoint_sha256 = load_checkpoint(module, w)
             loaded.checkpoint = f"shipped:{w.name}"
     if checkpoint is not None:
         loaded.checkpoint_sha256 = load_checkpoint(loaded.module, checkpoint)
         loaded.checkpoint = str(checkpoint)
-    loaded.rebuild = _rebuild_args(config, model, checkpoint)
+        loaded.origin["checkpoint"] = str(Path(checkpoint).resolve())
     loaded.module.eval()
     smoke_check(loaded.module, loaded.contract)
+    return loaded
+
+
+def load_recorded(folder: ExportFolder) -> LoadedModel:
+    """Rebuild the eager model an export folder was made from (its recorded source and checkpoint, paths relative
+    to the folder) and check that it is the same model (fingerprint). ArtifactError says how to re-point it
+    (``--model`` / ``--config`` / ``--checkpoint``) when the source cannot be found or no longer matches."""
+    record = folder.model
+    if record.legacy:
+        return _load_legacy(record)
+    src = record.source
+    kind = src.get("kind")
+    checkpoint = None
+    if src.get("checkpoint"):
+        checkpoint = (folder.path / src["checkpoint"]).resolve()
+        if not checkpoint.is_file():
+            raise ArtifactError(f"the checkpoint this folder was exported with ({record.checkpoint}) is not at "
+                                f"{checkpoint} any more: give it with --checkpoint (and the model options)")
+    try:
+        if kind == "preset":
+            loaded = load_model(config=src["name"], checkpoint=checkpoint, random_weights=record.checkpoint is None)
+        elif kind == "config":
+            loaded = load_model(config=DecoderConfig.from_dict(record.config or {}), checkpoint=checkpoint)
+            loaded.spec = record.spec
+        elif kind == "factory" and src.get("file"):
+            path = (folder.path / src["file"]).resolve()
+            if not path.is_file():
+                raise ArtifactError(f"the factory file of {record.spec} is not at {path} any more: re-point the "
+                                    "folder with --model FILE.py:FACTORY (accepted when the model is the same)")
+            loaded = load_model(model=f"{path}:{src['callable']}", checkpoint=checkpoint)
+            loaded.spec = record.spec
+        elif kind == "factory":
+            loaded = load_model(model=f"{src['module']}:{src['callable']}", checkpoint=checkpoint)
+        else:
+            raise ArtifactError(f"the manifest's model source {src!r} names no way to rebuild the model")
+    except ModelLoadError as e:
+        raise ArtifactError(f"cannot rebuild the eager model of {folder.path} ({record.spec}): {e}; re-point it "
+                            "with --model/--config/--checkpoint") from None
+    check_same_model(loaded, record)
+    return loaded
+
+
+def check_same_model(loaded: LoadedModel, record: ModelRecord) -> None:
+    """ArtifactError naming both fingerprints unless ``loaded`` is the model ``record`` describes."""
+    if record.legacy:
+        got = legacy_fingerprint(record.spec, loaded.contract.to_dict(),
+                                 loaded.config.to_dict() if loaded.config else None, loaded.checkpoint_sha256)
+    else:
+        got = loaded.fingerprint
+    if got != record.fingerprint:
+        raise ArtifactError(f"{loaded.spec} (fingerprint {got}) is not the model this folder was exported from "
+                            f"({record.spec}, fingerprint {record.fingerprint}): its config or weights differ; "
+                            "re-export, or name the exported model")
+
+
+def _load_legacy(record: ModelRecord) -> LoadedModel:
+    """A schema-1 folder: its rebuild arguments held absolute paths and the exporting working directory."""
+    rebuild = record.source.get("v1_rebuild") or {}
+    kind, _, name = record.spec.partition(":")
+    ckpt = record.checkpoint
+    shipped = isinstance(ckpt, str) and ckpt.startswith("shipped:")
+    checkpoint = None if ckpt is None or shipped else (rebuild.get("checkpoint") or ckpt)
+    try:
+        if kind in ("preset", "config"):
+            loaded = load_model(config=rebuild.get("config", name), checkpoint=checkpoint,
+                                random_weights=ckpt is None)
+        else:
+            cwd = rebuild.get("cwd")
+            if cwd and cwd not in sys.path:
+                sys.path.insert(0, cwd)
+            loaded = load_model(model=rebuild.get("model", name), checkpoint=checkpoint)
+    except ModelLoadError as e:
+        raise ArtifactError(f"cannot rebuild the eager model of this schema-1 folder ({record.spec}): {e}; "
+                            "re-point it with --model/--config/--checkpoint or re-export") from None
+    loaded.spec, loaded.checkpoint = record.spec, ckpt
+    check_same_model(loaded, record)
     return loaded

@@ -1,6 +1,5 @@
-"""The deploy path: an ONNX Runtime session over an export folder and its KV-cache decode loop.
-
-Imports numpy and onnxruntime only, never torch (tests/test_runtime.py proves it in a subprocess)::
+"""The deploy path: an ONNX Runtime session over an export folder, the one runner protocol and the one KV-cache
+decode loop. Imports numpy and onnxruntime only, never torch (tests/test_runtime.py proves it in a subprocess)::
 
     from mhaexport.runtime import Generator, GenerationConfig, SamplingConfig
     gen = Generator("artifacts/onnx", providers=["cpu"])
@@ -8,11 +7,14 @@ Imports numpy and onnxruntime only, never torch (tests/test_runtime.py proves it
     result.tokens, result.stop_reason
 """
 
-from mhaexport.runtime.generator import (DecodeState, GenerationConfig, GenerationResult, Generator, STOP_EOS,
-                                         STOP_MAX_NEW, STOP_MAX_POS)
+from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,
+                                      GenerationConfig, GenerationResult, left_pad)
+from mhaexport.runtime.generator import Generator
+from mhaexport.runtime.ort import OrtRunner
+from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.sampling import SamplingConfig, filtered_probs, next_tokens
-from mhaexport.runtime.session import SessionConfig, create_session, resolve_providers
+from mhaexport.runtime.session import SessionConfig, create_session, provider_unavailable, resolve_providers
 
-__all__ = ["DecodeState", "GenerationConfig", "GenerationResult", "Generator", "SamplingConfig", "SessionConfig",
-           "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "create_session", "filtered_probs", "next_tokens",
-           "resolve_providers"]
+__all__ = ["DecodeLoop", "DecodeState", "GenerationConfig", "GenerationResult", "Generator", "OrtRunner", "Runner",
+           "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig", "SessionConfig", "create_session",
+           "filtered_probs", "left_pad", "next_tokens", "provider_unavailable", "resolve_providers", "skipped"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from mhaexport.artifact import ArtifactEntry, ExportFolder, sha256_file
 from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable
-from mhaexport.exporter.manifest import load_verified, sha256_file
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -48,7 +48,8 @@ class LoadedSession:
     """A created session and what it really runs on."""
 
     session: ort.InferenceSession
-    manifest: dict
+    folder: ExportFolder
+    entry: ArtifactEntry
     model_path: Path
     requested: list[str]
     providers: list[str]  # session.get_providers(): what the session really uses
@@ -110,6 +111,37 @@ def _load_failure(lines: list[str]) -> str:
     return "no device or its libraries did not load"
 
 
+# A one-node float Identity model (80 bytes, made with onnx.helper; kept as bytes so the deploy path needs no onnx
+# package): creating a session of it on a provider says whether that provider really runs here, whatever the state
+# of the artifact that is to run on it.
+_PROBE_MODEL = bytes.fromhex(
+    "080812096d68616578706f72743a3b0a100a017812017922084964656e74697479120570726f62655a0f0a0178120a0a080801120"
+    "40a020801620f0a0179120a0a08080112040a02080142040a00100d")
+_probed: dict[str, str | None] = {}
+
+
+def provider_unavailable(provider: str) -> str | None:
+    """None when ``provider`` (an alias or full name) really runs in this process, else one line saying why not
+    (e.g. "CUDAExecutionProvider requested; session runs on ['CPUExecutionProvider']: libcublasLt.so.13: cannot
+    open shared object file"). Probed once per process on a tiny built-in model."""
+    full = resolve_providers([provider])[0]
+    if full == CPU:
+        return None
+    if full not in _probed:
+        if full not in ort.get_available_providers():
+            _probed[full] = (f"{full} requested; this onnxruntime build ({ort.__version__}) does not have it "
+                             f"(available: {', '.join(ort.get_available_providers())})")
+        else:
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            try:
+                _, missing = start_session(_PROBE_MODEL, resolve_providers([full]), so)
+            except Exception as e:  # noqa: BLE001 - ORT's own exception types
+                missing = f"{full} requested; a session could not be created: {str(e).splitlines()[0]}"
+            _probed[full] = missing
+    return _probed[full]
+
+
 def start_session(model: str | Path | bytes, requested: list[str],
                   options: ort.SessionOptions | None = None) -> tuple[ort.InferenceSession, str | None]:
     """Create an InferenceSession on ``requested`` providers. Returns it and, when a requested provider is not
@@ -140,28 +172,27 @@ def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     return so
 
 
-def create_session(folder: str | Path, cfg: SessionConfig = SessionConfig()) -> LoadedSession:
-    """Read and hash-check the manifest's ONNX export in ``folder`` and create its session.
+def open_session(model_path: str | Path, cfg: SessionConfig = SessionConfig(), *,
+                 optimized_cache: tuple[Path, str] | None = None) -> tuple[ort.InferenceSession, list[str], bool]:
+    """Create a session for the ONNX file ``model_path`` on ``cfg.providers``: returns it, the warnings (a requested
+    provider not in use when ``cfg.strict_providers`` is off) and whether the optimized-graph cache was used.
 
-    Raises ArtifactError for a missing/altered export or one with fixed sequence axes (no decode loop can run on
-    it), and ProviderUnavailable when ``cfg.strict_providers`` and a requested provider is not in use.
-    """
-    folder = Path(folder)
-    manifest = load_verified(folder, "onnx")
-    entry = manifest["artifacts"]["onnx"]
-    if not entry.get("seq_dynamic", True):
-        raise ArtifactError(f"{folder} holds a static-shape ONNX export (sequence and past lengths fixed); "
-                            "a KV-cache decode loop needs `mhaexport onnx --seq-dynamic`")
-    model_path = folder / entry["file"]
+    A requested provider that does not run here raises ProviderUnavailable *before* the file is read (probed on a
+    tiny model), so "no CUDA" is told apart from "this file is broken"; ONNX Runtime failing to load the file
+    raises ArtifactError. ``optimized_cache``: (cache path, the source file's sha256) to read or write the
+    optimized graph."""
     requested = resolve_providers(cfg.providers)
-    so = _session_options(cfg)
     warnings: list[str] = []
-    source = model_path
-    from_cache = False
-    if cfg.cache_optimized:
-        cache = optimized_path(folder, entry["file"], cfg.opt_level, requested[0])
+    for p in requested:
+        if (why := provider_unavailable(p)) is not None:
+            if cfg.strict_providers:
+                raise ProviderUnavailable(why)
+            warnings.append(why)
+    so = _session_options(cfg)
+    source, from_cache = Path(model_path), False
+    if optimized_cache is not None:
+        cache, want = optimized_cache
         stamp = cache.with_suffix(".sha256")
-        want = manifest["artifacts"]["onnx"]["files"][entry["file"]]["sha256"]
         if cache.is_file() and stamp.is_file() and stamp.read_text().strip() == f"{want} {sha256_file(cache)}":
             source, from_cache = cache, True
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
@@ -173,13 +204,34 @@ def create_session(folder: str | Path, cfg: SessionConfig = SessionConfig()) -> 
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ArtifactError(f"ONNX Runtime cannot load {source}: {first}") from None
-    if cfg.cache_optimized and not from_cache and os.path.isfile(so.optimized_model_filepath):
+    if optimized_cache is not None and not from_cache and os.path.isfile(so.optimized_model_filepath):
         cache = Path(so.optimized_model_filepath)
-        cache.with_suffix(".sha256").write_text(f"{want} {sha256_file(cache)}\n")
-    used = list(session.get_providers())
+        cache.with_suffix(".sha256").write_text(f"{optimized_cache[1]} {sha256_file(cache)}\n")
     if missing:
         if cfg.strict_providers:
             raise ProviderUnavailable(missing)
-        warnings.append(missing)
+        if missing not in warnings:
+            warnings.append(missing)
+    return session, warnings, from_cache
+
+
+def create_session(folder: str | Path | ExportFolder, cfg: SessionConfig = SessionConfig()) -> LoadedSession:
+    """Read and hash-check the manifest's ONNX export in ``folder`` and create its session.
+
+    Raises ArtifactError for a missing/altered export or one with fixed sequence axes (no decode loop can run on
+    it), and ProviderUnavailable when ``cfg.strict_providers`` and a requested provider is not in use.
+    """
+    ef = folder if isinstance(folder, ExportFolder) else ExportFolder.open(folder, "onnx")
+    entry = ef.entry("onnx")
+    if not entry.seq_dynamic:
+        raise ArtifactError(f"{ef.path} holds a static-shape ONNX export (sequence and past lengths fixed); "
+                            "a KV-cache decode loop needs `mhaexport onnx --seq-dynamic`")
+    model_path = ef.path / entry.file
+    requested = resolve_providers(cfg.providers)
+    cache = None
+    if cfg.cache_optimized:
+        cache = (optimized_path(ef.path, entry.file, cfg.opt_level, requested[0]), entry.files[entry.file]["sha256"])
+    session, warnings, from_cache = open_session(model_path, cfg, optimized_cache=cache)
+    used = list(session.get_providers())
     device = "cuda" if used and used[0] == CUDA else "cpu"
-    return LoadedSession(session, manifest, model_path, requested, used, device, warnings, from_cache)
+    return LoadedSession(session, ef, entry, model_path, requested, used, device, warnings, from_cache)

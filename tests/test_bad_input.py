@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from mhaexport.cli import main
 from mhaexport.errors import ArtifactError, ConfigError, ModelLoadError
-from mhaexport.exporter import manifest as mf
+from mhaexport.artifact import ExportFolder
 
 
 def cli_error(args: list[str]) -> str:
@@ -133,10 +133,10 @@ def export_copy(tiny_export, tmp_path) -> Path:
 def test_export_folder_with_missing_files(export_copy):
     (export_copy / "model.onnx").unlink()
     with pytest.raises(ArtifactError, match=r"model.onnx is missing: the manifest lists it for the onnx export"):
-        mf.load_verified(export_copy, "onnx")
+        ExportFolder.open(export_copy, "onnx")
     (export_copy / "manifest.json").unlink()
     with pytest.raises(ArtifactError, match=r"has no manifest.json: not an export folder"):
-        mf.load_verified(export_copy)
+        ExportFolder.open(export_copy)
 
 
 def test_model_file_truncated(export_copy):
@@ -145,7 +145,7 @@ def test_model_file_truncated(export_copy):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ArtifactError, match=r"model.onnx has \d+ bytes, the manifest recorded \d+: truncated or "
                                             r"altered, re-export it"):
-        mf.load_verified(export_copy, "onnx")
+        ExportFolder.open(export_copy, "onnx")
 
 
 def test_model_file_altered_same_size(export_copy):
@@ -155,8 +155,8 @@ def test_model_file_altered_same_size(export_copy):
     path.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match=r"model.pt sha256 \w+… does not match the manifest's \w+…: altered "
                                             r"after export, re-export it"):
-        mf.load_verified(export_copy, "torchscript")
-    mf.load_verified(export_copy, "onnx")  # the untouched artifact is still trusted
+        ExportFolder.open(export_copy, "torchscript")
+    ExportFolder.open(export_copy, "onnx")  # the untouched artifact is still trusted
 
 
 def test_checkpoint_truncated(cwd, tiny):
@@ -174,7 +174,7 @@ def test_checkpoint_truncated(cwd, tiny):
 
 def test_zero_prompts_for_right_padding():
     from mhaexport.errors import RuntimeInputError
-    from mhaexport.exporter.genai import right_pad
+    from mhaexport.runtime.genai import right_pad
 
     with pytest.raises(RuntimeInputError, match="a batch of zero prompts: give at least one prompt"):
         right_pad([])

@@ -187,7 +187,7 @@ def test_compare_adds_one_row_per_lowering(compared, tiny_export, ort_export):
     assert other.label == ORT_LABEL and other.lowering == "attention=ort float32" and other.folder == str(ort_export)
     for r in res.runtimes:
         assert r.ran is True and r.repeats == 2 and r.positions == list(range(8, 13)), (r.name, r.reason)
-    assert res.model["fingerprint"] == json.loads((ort_export / "manifest.json").read_text())["model_fingerprint"]
+    assert res.model["fingerprint"] == json.loads((ort_export / "manifest.json").read_text())["model"]["fingerprint"]
 
 
 def test_setup_first_then_timed_rounds_round_robin(compared):

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 from mhaexport.cli import main
-from mhaexport.exporter import manifest as mf
+from mhaexport.artifact import atomic_write_json, read_json
+from mhaexport.artifact.files import file_entries
 from mhaexport.verify.bisect import _module_paths, _scopes, bisect, bisect_onnx
 
 
@@ -85,9 +86,9 @@ def _rehashed_copy(src, dst, plant) -> None:
     proto = onnx.load(str(dst / "model.onnx"))
     plant(proto)
     onnx.save_model(proto, dst / "model.onnx")
-    manifest = mf.read_manifest(dst)
-    manifest["artifacts"]["onnx"]["files"].update(mf.file_entries(dst, ["model.onnx"]))
-    mf.atomic_write_json(dst / "manifest.json", manifest)
+    manifest = read_json(dst / "manifest.json", "manifest")
+    manifest["artifacts"]["onnx"]["files"].update(file_entries(dst, ["model.onnx"]))
+    atomic_write_json(dst / "manifest.json", manifest)
 
 
 def test_cli_verify_bisect(tiny_export, tmp_path):

@@ -54,7 +54,7 @@ def test_float16_graph_io_and_manifest(fp16, tiny, attention):
     manifest = json.loads((fp16[attention] / "manifest.json").read_text())
     entry = manifest["artifacts"]["onnx"]
     assert entry["dtype"] == "float16" and entry["attention"] == attention
-    assert manifest["io"]["inputs"]["past_key_values.0.key"]["dtype"] == "float16"
+    assert entry["io"]["inputs"]["past_key_values.0.key"]["dtype"] == "float16"
     # ORT CPU has few float16 kernels: the report names the ops it computes in float32, MatMul among them
     cast = entry["precision"]["cast_by_ort_cpu"]
     assert cast is not None and cast.get("MatMul", 0) > 0
@@ -120,7 +120,7 @@ def test_bfloat16_export_records_what_ort_cpu_can_run(tiny, tmp_path):
     model = onnx.load(str(tmp_path / "model.onnx"))
     types = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.input) + list(model.graph.output)}
     assert types["past_key_values.0.key"] == types["logits"] == onnx.TensorProto.BFLOAT16
-    prec = rec.manifest["artifacts"]["onnx"]["precision"]
+    prec = rec.manifest.artifacts["onnx"].get("precision")
     assert prec["dtype"] == "bfloat16"
     try:
         ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])

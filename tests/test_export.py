@@ -12,7 +12,7 @@ import torch
 
 from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ExportError
-from mhaexport.exporter import manifest as mf
+from mhaexport.artifact import ExportFolder, sha256_file
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.exporter.torchscript import export_torchscript
 from mhaexport.models.inputs import make_inputs
@@ -79,14 +79,15 @@ def test_onnx_export_is_causal_and_cache_consistent(tiny, tiny_export):
 
 
 def test_manifest_records_both_artifacts_with_hashes(tiny_export):
-    m = mf.load_verified(tiny_export)
-    assert set(m["artifacts"]) == {"onnx", "torchscript"}
-    onnx_entry = m["artifacts"]["onnx"]
-    assert onnx_entry["seq_dynamic"] is True and onnx_entry["opset"] == 18
-    assert onnx_entry["files"]["model.onnx"]["sha256"] == mf.sha256_file(tiny_export / "model.onnx")
-    assert m["model"]["spec"] == "preset:tiny" and m["versions"]["torch"] == torch.__version__
-    assert m["io"]["inputs"]["attention_mask"]["shape"] == ["batch_size", "total_sequence_length"]
-    assert m["artifacts"]["torchscript"]["mode"] == "trace"
+    ef = ExportFolder.open(tiny_export)
+    assert set(ef.artifacts) == {"onnx", "torchscript"}
+    onnx_entry = ef.entry("onnx")
+    assert onnx_entry.seq_dynamic is True and onnx_entry.get("opset") == 18
+    assert onnx_entry.files["model.onnx"]["sha256"] == sha256_file(tiny_export / "model.onnx")
+    assert ef.model.spec == "preset:tiny" and onnx_entry.versions["torch"] == torch.__version__
+    for entry in ef.artifacts.values():  # each artifact carries its own I/O schema
+        assert entry.io["inputs"]["attention_mask"]["shape"] == ["batch_size", "total_sequence_length"]
+    assert ef.entry("torchscript").get("mode") == "trace"
 
 
 def test_altered_file_is_refused(tiny, tmp_path):
@@ -94,10 +95,10 @@ def test_altered_file_is_refused(tiny, tmp_path):
     data = (tmp_path / "model.pt").read_bytes()
     (tmp_path / "model.pt").write_bytes(data[:-10] + bytes(10))
     with pytest.raises(ArtifactError, match="sha256 .* does not match"):
-        mf.load_verified(tmp_path)
+        ExportFolder.open(tmp_path)
     (tmp_path / "model.pt").write_bytes(data[:100])
     with pytest.raises(ArtifactError, match="truncated or altered"):
-        mf.load_verified(tmp_path)
+        ExportFolder.open(tmp_path)
 
 
 def test_static_export_fixes_sequence_axes(tiny, tmp_path):

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from mhaexport import iospec
-from mhaexport.exporter import manifest as mf
-from mhaexport.exporter.genai import GENAI_CONFIG, genai_config, genai_greedy, right_pad
+from mhaexport.artifact import ExportFolder
+from mhaexport.exporter.genai import genai_config
+from mhaexport.runtime.genai import GENAI_CONFIG, genai_greedy, right_pad
 from mhaexport.models.config import PRESETS
 from mhaexport.models.decoder import DecoderLM
 from mhaexport.models.loading import LoadedModel, contract_of
@@ -65,8 +66,7 @@ def test_genai_config_matches_contract_and_iospec(tiny_export, tiny):
         assert (d["outputs"]["present_key_names"] % i,
                 d["outputs"]["present_value_names"] % i) == iospec.present_names(i)
     # recorded and hashed in the manifest with the ONNX artifact
-    manifest = mf.load_verified(tiny_export, "onnx")
-    assert GENAI_CONFIG in manifest["artifacts"]["onnx"]["files"]
+    assert GENAI_CONFIG in ExportFolder.open(tiny_export, "onnx").entry("onnx").files
 
 
 def test_genai_config_rejects_special_id_outside_vocab(tiny):

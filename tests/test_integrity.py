@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mhaexport.errors import ArtifactError, ModelLoadError
-from mhaexport.exporter import manifest as mf
+from mhaexport.artifact import ExportFolder, atomic_write_json, read_json
 
 EXPORT_SCRIPT = """
 import sys
@@ -59,20 +59,20 @@ def test_export_killed_while_staging_leaves_nothing_trusted(tiny, tiny_export, t
     folder. The ONNX entry must be refused; the untouched TorchScript entry stays trusted."""
     folder = tmp_path / "export"
     shutil.copytree(tiny_export, folder)
-    mf.load_verified(folder)  # trusted before
+    ExportFolder.open(folder)  # trusted before
 
     killed = _kill_export_when(folder, lambda d: bool(_staging_dirs(d)))
     assert killed, "the export finished before its staging folder was seen"
     with pytest.raises(ArtifactError, match="holds no onnx export"):
-        mf.load_verified(folder, "onnx")
-    mf.load_verified(folder, "torchscript")
+        ExportFolder.open(folder, "onnx")
+    ExportFolder.open(folder, "torchscript")
 
     # the folder the killed export left behind takes a normal export, which is then trusted in full
     from mhaexport.exporter.onnx import export_onnx
 
     assert _staging_dirs(folder)  # the killed export left its scratch folder
     export_onnx(tiny, folder)
-    assert "model.onnx" in mf.load_verified(folder)["artifacts"]["onnx"]["files"]
+    assert "model.onnx" in ExportFolder.open(folder).entry("onnx").files
     assert not _staging_dirs(folder)  # ... which the next export of that artifact removes
     assert (folder / "manifest.json").stat().st_mode & 0o777 == 0o644  # readable by other users and services
 
@@ -88,18 +88,18 @@ def test_export_killed_while_writing_model_file(tmp_path):
     if not killed:
         pytest.fail("the export finished before model.onnx was staged")
     with pytest.raises(ArtifactError, match="no manifest.json"):
-        mf.load_verified(folder, "onnx")
+        ExportFolder.open(folder, "onnx")
     assert not (folder / "model.onnx").exists()  # nothing published next to a manifest that could vouch for it
 
 
 def test_manifest_hash_mismatch_is_refused(tiny_export, tmp_path):
     folder = tmp_path / "export"
     shutil.copytree(tiny_export, folder)
-    manifest = mf.read_manifest(folder)
+    manifest = read_json(folder / "manifest.json", "manifest")
     manifest["artifacts"]["onnx"]["files"]["model.onnx"]["sha256"] = "0" * 64
-    mf.atomic_write_json(folder / "manifest.json", manifest)
+    atomic_write_json(folder / "manifest.json", manifest)
     with pytest.raises(ArtifactError, match="does not match the manifest's 000000000000…"):
-        mf.load_verified(folder, "onnx")
+        ExportFolder.open(folder, "onnx")
 
 
 def test_checkpoint_with_a_non_tensor_object_is_refused_without_running_it(tmp_path, tiny):
@@ -131,4 +131,4 @@ def test_static_reexport_removes_the_dynamic_exports_genai_config(tiny, tiny_exp
     assert (folder / "genai_config.json").is_file()
     export_onnx(tiny, folder, seq_dynamic=False, seq_len=4)
     assert not (folder / "genai_config.json").exists()
-    assert "genai_config.json" not in mf.load_verified(folder, "onnx")["artifacts"]["onnx"]["files"]
+    assert "genai_config.json" not in ExportFolder.open(folder, "onnx").entry("onnx").files

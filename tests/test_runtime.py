@@ -129,24 +129,25 @@ def test_top_k_keeps_exactly_k_when_tied():
 
 
 def test_kv_dtype_mapping_and_bfloat16_refused(tiny_export, monkeypatch):
+    from mhaexport import dtypes
     from mhaexport.runtime import generator as g
 
-    assert g.kv_dtype("float32") == np.float32 and g.kv_dtype("float16") == np.float16
-    with pytest.raises(ArtifactError, match="bfloat16 KV cache is not supported by the numpy runtime"):
-        g.kv_dtype("bfloat16")
-    with pytest.raises(ArtifactError, match="KV cache dtype 'int8'"):
-        g.kv_dtype("int8")
+    assert dtypes.numpy_dtype("float32") == np.float32 and dtypes.numpy_dtype("float16") == np.float16
+    with pytest.raises(ArtifactError, match="a bfloat16 KV cache cannot be held in numpy"):
+        dtypes.numpy_dtype("bfloat16")
+    with pytest.raises(ArtifactError, match="dtype 'int8' is not one of float32, float16, bfloat16"):
+        dtypes.numpy_dtype("int8")
     real = g.create_session
 
     def bf16_session(folder, cfg):  # the tiny export, its manifest claiming a bfloat16 cache
         loaded = real(folder, cfg)
-        for spec in loaded.manifest["io"]["inputs"].values():
+        for spec in loaded.entry.io["inputs"].values():
             if spec["dtype"] == "float32":
                 spec["dtype"] = "bfloat16"
         return loaded
 
     monkeypatch.setattr(g, "create_session", bf16_session)
-    with pytest.raises(ArtifactError, match="bfloat16 KV cache is not supported by the numpy runtime"):
+    with pytest.raises(ArtifactError, match="a bfloat16 KV cache cannot be held in numpy"):
         Generator(tiny_export, threads=1)
 
 

@@ -11,10 +11,12 @@ from click.testing import CliRunner
 
 from mhaexport.cli import main
 from mhaexport.errors import RuntimeInputError
-from mhaexport.verify import CHECKS, build_sweep, load_report, loaded_from_manifest, merge_reports
+from mhaexport.artifact import ExportFolder
+from mhaexport.models.loading import load_recorded
+from mhaexport.verify import CHECKS, build_sweep, load_report, merge_reports
 from mhaexport.verify.checks import CheckResult, Tolerance, compare
 from mhaexport.verify.report import VerifyReport
-from mhaexport.verify.runners import EagerRunner, OrtRunner, Runner
+from mhaexport.verify.runners import EagerRunner, Runner, ort_runner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -65,15 +67,14 @@ def test_runner_checks_inputs(tiny):
     assert logits.shape == (1, 1, tiny.contract.vocab_size) and present[0][0].shape[2] == 2
     with pytest.raises(RuntimeInputError, match="attention_mask"):
         r.run(ids, mask[:, 1:], past)
-    with pytest.raises(RuntimeInputError, match="int64"):
-        r.run(ids.astype(np.int32), mask, past)
+    with pytest.raises(RuntimeInputError, match="input_ids must hold integers"):
+        r.run(ids.astype(np.float32), mask, past)
     with pytest.raises(RuntimeInputError, match="pairs"):
         r.run(ids, mask, past[:1])
 
 
 def test_ort_cuda_is_skipped_with_the_real_reason_unless_the_session_uses_it(tiny, tiny_export):
-    r = OrtRunner(name="ort-cuda", contract=tiny.contract, path=tiny_export / "model.onnx",
-                  provider="CUDAExecutionProvider").load()
+    r = ort_runner("ort-cuda", tiny.contract, tiny_export / "model.onnx").activate()
     if "CUDAExecutionProvider" in r.providers:
         assert r.available
     else:
@@ -81,16 +82,16 @@ def test_ort_cuda_is_skipped_with_the_real_reason_unless_the_session_uses_it(tin
         assert "session runs on ['CPUExecutionProvider']" in r.skip_reason
 
 
-def test_loaded_from_manifest_rebuilds_the_same_model(tiny, tiny_export):
-    manifest = json.loads((tiny_export / "manifest.json").read_text())
-    loaded = loaded_from_manifest(manifest)
+def test_the_recorded_model_is_rebuilt_the_same(tiny, tiny_export):
+    loaded = load_recorded(ExportFolder.open(tiny_export))
+    assert loaded.fingerprint == tiny.fingerprint
     ids, mask, past = build_sweep(tiny.contract)[2].inputs(tiny.contract)
     a = EagerRunner(name="a", contract=tiny.contract, module=loaded.module).run(ids, mask, past)[0]
     b = EagerRunner(name="b", contract=tiny.contract, module=tiny.module).run(ids, mask, past)[0]
     assert np.array_equal(a, b)
 
 
-def _report(status_by_rt: dict[str, bool | None], host: str) -> VerifyReport:
+def _report(status_by_rt: dict[str, bool | None], host: str, requested: list[str] | None = None) -> VerifyReport:
     from mhaexport.verify.report import RuntimeInfo
 
     infos = {rt: RuntimeInfo(rt, "ran" if s is not None else "skipped", "" if s is not None else "no GPU")
@@ -98,12 +99,15 @@ def _report(status_by_rt: dict[str, bool | None], host: str) -> VerifyReport:
     results = {rt: {ch: CheckResult(ch, s, {"max_abs": 1e-6}, "") for ch in CHECKS} for rt, s in status_by_rt.items()}
     return VerifyReport(model={"spec": "preset:tiny"}, folder="x", sweep={"kind": "quick", "cases": 9, "seed": 0},
                         tolerance={"atol": 1e-4, "rtol": 1e-3}, runtimes=infos, results=results,
-                        environment={"host": host})
+                        environment={"host": host}, requested=requested)
 
 
 def test_report_json_round_trip_and_skipped_is_not_passed(tmp_path):
-    rep = _report({"eager": True, "ort-cuda": None}, "cpu-box")
-    assert rep.passed and rep.counts["skipped"] == len(CHECKS)
+    rep = _report({"eager": True, "ort-cpu": True, "ort-cuda": None}, "cpu-box")
+    assert rep.passed and rep.verdict.code == 0 and rep.counts["skipped"] == len(CHECKS)
+    only_eager = _report({"eager": True, "ort-cuda": None}, "cpu-box")
+    assert not only_eager.passed and only_eager.verdict.code == 4  # eager checking itself verifies no artifact
+    assert "nothing was verified" in only_eager.verdict.message
     only_skipped = _report({"ort-cuda": None}, "cpu-box")
     assert not only_skipped.passed  # nothing passed: skipped never counts as passed
     js, md = rep.write(tmp_path)
@@ -111,6 +115,19 @@ def test_report_json_round_trip_and_skipped_is_not_passed(tmp_path):
     assert back.to_dict()["results"] == rep.to_dict()["results"]
     assert json.loads(js.read_text())["schema"].startswith("mhaexport.verify.report/")
     assert "⏭" in md.read_text() and "✅" in md.read_text()
+
+
+def test_a_runtime_requested_by_name_and_skipped_is_not_verified():
+    """`verify --runtime ort-cuda` where CUDA does not load: not "passed" (exit 4), with the reason."""
+    rep = _report({"eager": True, "ort-cuda": None}, "cpu-box", requested=["ort-cuda"])
+    v = rep.verdict
+    assert (v.status, v.code) == ("not verified", 4) and not rep.passed
+    assert v.message == "nothing requested was verified: ort-cuda skipped (no GPU)"
+    some = _report({"eager": True, "ort-cpu": True, "ort-cuda": None}, "cpu-box", requested=["ort-cpu", "ort-cuda"])
+    assert some.verdict.code == 4 and some.verdict.message.startswith("not verified as requested: ort-cuda skipped")
+    failed = _report({"eager": True, "ort-cpu": False, "ort-cuda": None}, "cpu-box", requested=["ort-cpu", "ort-cuda"])
+    assert failed.verdict.code == 1  # a failure outranks a skip
+    assert "NOT VERIFIED" in rep.to_markdown() and rep.default_name() == "report-ort-cuda"
 
 
 def test_merge_keeps_runs_over_skips_and_labels_hosts():
@@ -202,7 +219,7 @@ class _FixedLogits(Runner):
         super().__init__(name=name, contract=contract)
         self.logits = np.asarray(logits, dtype=np.float32)
 
-    def _run(self, ids, mask, past):
+    def run_impl(self, ids, mask, past):
         B, T = ids.shape
         S = mask.shape[1]
         kv = np.zeros((B, self.contract.n_heads, S, self.contract.head_dim), np.float32)
@@ -234,9 +251,9 @@ class _StepLogits(_FixedLogits):
         self.first, self.later, self.prompt_len = (np.asarray(first, np.float32), np.asarray(later, np.float32),
                                                    prompt_len)
 
-    def _run(self, ids, mask, past):
+    def run_impl(self, ids, mask, past):
         self.logits = self.first if mask.shape[1] == self.prompt_len else self.later
-        return super()._run(ids, mask, past)
+        return super().run_impl(ids, mask, past)
 
 
 def test_a_tie_after_earlier_logit_mismatches_is_a_failure():
@@ -265,11 +282,12 @@ def test_report_padding_cell_shows_the_worst_figure_and_merge_keeps_same_host_re
     assert not merged.passed and merged.counts["failed"] == 1
 
 
-def test_report_merge_of_only_skipped_runs_exits_1(tmp_path):
+def test_report_merge_of_only_skipped_runs_is_not_verified(tmp_path):
     a = _report({"ort-cuda": None}, "a")
     a.write(tmp_path / "a")
     res = CliRunner().invoke(main, ["report", "merge", str(tmp_path / "a"), "-o", str(tmp_path / "m")])
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 4, res.output
+    assert "nothing was verified" in res.output
 
 
 def test_report_merge_as_a_real_subprocess(verified, tmp_path):
@@ -290,11 +308,13 @@ def test_a_static_export_is_reported_static_not_failed(tiny, tmp_path):
     export_onnx(tiny, tmp_path, seq_dynamic=False, seq_len=6, past_len=0)
     res = CliRunner().invoke(main, ["verify", str(tmp_path), "--runtime", "ort-cpu"])
     assert res.exit_code == 0, res.output
-    ort = json.loads((tmp_path / "report.json").read_text())["results"]["ort-cpu"]
+    # a run of named runtimes writes its own report (it would not replace a full report.json)
+    assert not (tmp_path / "report.json").exists()
+    ort = json.loads((tmp_path / "report-ort-cpu.json").read_text())["results"]["ort-cpu"]
     assert ort["parity"]["status"] is True and ort["causality"]["status"] is True
     for check in ("dynamic-shapes", "kv-consistency", "padding", "generation"):
         assert ort[check]["status"] is None and ort[check]["figures"]["static"] is True, check
-    assert "⏭ static" in (tmp_path / "report.md").read_text()
+    assert "⏭ static" in (tmp_path / "report-ort-cpu.md").read_text()
 
 
 def test_report_write_keeps_sections_other_commands_own(tmp_path):

@@ -1,15 +1,16 @@
 """Prove an export: runners per runtime, a seeded input sweep, attention-aware checks and the report.
 
-``verify_folder(DIR)`` returns a :class:`VerifyReport`; the CLI prints it and writes report.json / report.md.
+``verify_folder(DIR)`` returns a :class:`VerifyReport`; its ``verdict`` is the exit code; the CLI prints it and
+writes report.json / report.md.
 """
 
 from __future__ import annotations
 
 from mhaexport.verify.checks import CHECKS, CheckResult, Tolerance
-from mhaexport.verify.report import VerifyReport, load_report, merge_reports
+from mhaexport.verify.report import Verdict, VerifyReport, load_report, merge_reports
 from mhaexport.verify.runners import ALL_RUNTIMES, DEFAULT_RUNTIMES, Runner
 from mhaexport.verify.sweep import Case, build_sweep
-from mhaexport.verify.verify import loaded_from_manifest, verify_folder
+from mhaexport.verify.verify import verify_folder
 
-__all__ = ["ALL_RUNTIMES", "CHECKS", "Case", "CheckResult", "DEFAULT_RUNTIMES", "Runner", "Tolerance",
-           "VerifyReport", "build_sweep", "load_report", "loaded_from_manifest", "merge_reports", "verify_folder"]
+__all__ = ["ALL_RUNTIMES", "CHECKS", "Case", "CheckResult", "DEFAULT_RUNTIMES", "Runner", "Tolerance", "Verdict",
+           "VerifyReport", "build_sweep", "load_report", "merge_reports", "verify_folder"]

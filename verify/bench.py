@@ -30,12 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, RuntimeInputError
-from mhaexport.exporter.manifest import (atomic_write_bytes, atomic_write_json, contract_from_manifest,
-                                         load_verified)
-from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, TORCHSCRIPT
+from mhaexport.artifact import ExportFolder, atomic_write_bytes, atomic_write_json
+from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
 
-# bench's own rows besides verify's runtimes: eager without the KV cache, and eager on CUDA
-EAGER_NOCACHE, EAGER_CUDA = "eager-nocache", "eager-cuda"
+# bench's own row besides verify's runtimes: eager without the KV cache
+EAGER_NOCACHE = "eager-nocache"
 ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 WARMUP_TOKENS = 8
 REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
@@ -321,30 +320,31 @@ def _ort_runner(rb: RuntimeBench, folder: Path, provider: str, ids: np.ndarray, 
     return _Runner(rb, lambda n: _ort_run(gen, ids, n), cfg.repeats, gen=gen)
 
 
-def lowering_of(manifest: dict) -> str | None:
+def lowering_of(ef: ExportFolder) -> str | None:
     """How an export folder's ONNX graph holds attention, as a row label: "attention=ort float16"."""
-    onnx_art = manifest.get("artifacts", {}).get("onnx")
+    onnx_art = ef.artifacts.get("onnx")
     if onnx_art is None:
         return None
-    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.get('dtype', 'float32')}"
+    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}"
 
 
-def compare_exports(folder: Path, manifest: dict, others: tuple[str, ...] | list[str]) -> list[tuple[Path, dict]]:
+def compare_exports(folder: Path, manifest: ExportFolder,
+                    others: tuple[str, ...] | list[str]) -> list[tuple[Path, ExportFolder]]:
     """Read and hash-check each --compare folder's ONNX export; each must hold the same model as ``folder``
     (ArtifactError otherwise). ``folder`` itself and repeats are dropped."""
     out = []
-    want = manifest.get("model_fingerprint")
+    want = manifest.model.fingerprint
     seen = {folder.resolve()}
     for other in others:
         other = Path(other)
         if other.resolve() in seen:  # the folder itself, or named twice: one row is enough
             continue
         seen.add(other.resolve())
-        m = load_verified(other, "onnx")
-        if m.get("model_fingerprint") != want:
+        m = ExportFolder.open(other, "onnx")
+        if m.model.fingerprint != want:
             raise ArtifactError(
-                f"--compare {other} holds {m['model']['spec']} (model fingerprint {m.get('model_fingerprint')}), "
-                f"not the model of {folder} ({manifest['model']['spec']}, fingerprint {want}): compare exports "
+                f"--compare {other} holds {m.model.spec} (model fingerprint {m.model.fingerprint}), "
+                f"not the model of {folder} ({manifest.model.spec}, fingerprint {want}): compare exports "
                 "of one model only")
         out.append((other, m))
     return out
@@ -376,7 +376,7 @@ def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir:
     a hash-checked export of the same model and lowering is already there. Returns them in ``wanted``'s order."""
     say = progress or (lambda m: None)
     folder = Path(folder)
-    manifest = load_verified(folder)
+    manifest = ExportFolder.open(folder)
     known = {lowering_of(manifest): folder}
     for other, m in compare_exports(folder, manifest, have):
         known.setdefault(lowering_of(m), other)
@@ -388,17 +388,17 @@ def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir:
             continue
         sub = Path(out_dir) / "lowerings" / f"{attention}-{dtype}"
         try:
-            m = load_verified(sub, "onnx")
-            if m.get("model_fingerprint") == manifest.get("model_fingerprint") and lowering_of(m) == lowering:
+            m = ExportFolder.open(sub, "onnx")
+            if m.model.fingerprint == manifest.model.fingerprint and lowering_of(m) == lowering:
                 say(f"reusing {sub} ({lowering})")
                 out.append(sub)
                 continue
         except ArtifactError:
             pass
         if loaded is None:
-            from mhaexport.verify.verify import loaded_from_manifest
+            from mhaexport.models.loading import load_recorded
 
-            loaded = loaded_from_manifest(manifest)
+            loaded = load_recorded(manifest)
         from mhaexport.exporter.onnx import export_onnx
 
         say(f"exporting {lowering} -> {sub} ...")
@@ -520,21 +520,18 @@ def _targets(res: BenchResult, cfg: BenchConfig) -> list[dict]:
 
 
 def _environment(threads: int) -> dict:
-    import onnxruntime as ort
+    from mhaexport.env import environment, tool_versions
 
-    env = {"python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-           "threads": threads, "onnxruntime": ort.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    env = {**environment(), "threads": threads, "cpu_count": environment()["cpus"]}
+    versions = tool_versions()
+    env["onnxruntime"] = versions.get("onnxruntime")
+    env["torch"] = versions.get("torch")
     try:
         import torch
 
-        env["torch"] = torch.__version__
         env["cuda_device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except (ImportError, RuntimeError):  # torch is only needed for the eager runtimes
-        env["torch"] = None
-    cpu = Path("/proc/cpuinfo")
-    if cpu.is_file():
-        m = re.search(r"model name\s*:\s*(.+)", cpu.read_text())
-        env["cpu"] = m.group(1).strip() if m else None
+        env["cuda_device"] = None
     return env
 
 
@@ -577,8 +574,8 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
 
 
 def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Progress) -> BenchResult:
-    manifest = load_verified(folder)
-    c = contract_from_manifest(manifest)
+    manifest = ExportFolder.open(folder)
+    c = manifest.contract
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
                                 f"max_positions={c.max_positions}")
@@ -588,7 +585,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
                                 "nor ort-cuda")
     long_to = cfg.long_to if cfg.long_to is not None else (c.max_positions if c.max_positions <= 1024 else 0)
     long_to = min(long_to, c.max_positions)
-    arts = manifest.get("artifacts", {})
+    arts = manifest.artifacts
     ids = np.random.default_rng(cfg.seed).integers(0, c.vocab_size, (cfg.batch, cfg.prompt_len), dtype=np.int64)
 
     say("measuring memory bandwidth ...")
@@ -602,10 +599,10 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     try:
         import torch  # its thread count is set by run_bench
 
-        from mhaexport.verify.verify import loaded_from_manifest
+        from mhaexport.models.loading import load_recorded
 
         t0 = time.perf_counter()
-        loaded = loaded_from_manifest(manifest)
+        loaded = load_recorded(manifest)
         load_s = time.perf_counter() - t0
         module = loaded.module.eval()
         wbytes = weight_bytes_per_token(module, cfg.batch)
@@ -614,7 +611,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     except MhaExportError as e:
         torch_reason = f"cannot rebuild the eager model from the manifest: {e}"
     if wbytes is None:  # no eager model: count the ONNX file's bytes (an upper bound: embeddings counted whole)
-        wbytes = sum(m["bytes"] for m in arts.get("onnx", {}).get("files", {}).values())
+        wbytes = sum(m["bytes"] for m in arts["onnx"].files.values()) if "onnx" in arts else 0
         notes.append("weight bytes per token counted from the ONNX file size (no eager model)")
     floor_s = wbytes / (bw * 1e9)
 
@@ -670,7 +667,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
                 import torch
 
                 t0 = time.perf_counter()
-                ts = torch.jit.load(str(folder / arts["torchscript"]["file"]), map_location="cpu").eval()
+                ts = torch.jit.load(str(folder / arts["torchscript"].file), map_location="cpu").eval()
                 add(_torch_runner(name, ts, c, ids, cache=True, device="cpu", repeats=cfg.repeats,
                                   load_s=time.perf_counter() - t0, providers=["torch.jit (cpu)"]))
             elif name in (ORT_CPU, ORT_CUDA):
@@ -700,8 +697,8 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
         if r.rb.reason is None:
             _fill(r.rb, r.runs, cfg.batch, cfg.new_tokens)
 
-    res = BenchResult(str(folder), asdict(cfg), {"spec": manifest["model"]["spec"], "contract": c.to_dict(),
-                                                 "fingerprint": manifest.get("model_fingerprint")},
+    res = BenchResult(str(folder), asdict(cfg), {"spec": manifest.model.spec, "contract": c.to_dict(),
+                                                 "fingerprint": manifest.model.fingerprint},
                       _environment(cfg.threads), round(bw, 3), bandwidth, int(wbytes), round(floor_s * 1000, 4),
                       rows, notes=notes)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
-from mhaexport.exporter.onnx import TWO_GB
+from mhaexport.artifact import TWO_GB
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
@@ -320,22 +320,18 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
     ``loaded``: the eager model; by default it is rebuilt from the manifest's model spec (as ``verify`` does).
     Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level).
     """
-    from mhaexport.exporter.manifest import contract_from_manifest, load_verified
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.models.loading import check_same_model, load_recorded
 
-    folder = Path(folder)
-    manifest = load_verified(folder, "onnx")
-    entry = manifest["artifacts"]["onnx"]
+    ef = ExportFolder.open(folder, "onnx")
+    entry = ef.entry("onnx")
     if loaded is None:
-        from mhaexport.verify.verify import loaded_from_manifest
-
-        loaded = loaded_from_manifest(manifest)
-    elif loaded.contract != contract_from_manifest(manifest):
-        raise ArtifactError(f"the given model's contract {loaded.contract.to_dict()} is not the exported one "
-                            f"{manifest['model']['contract']}")
-    if not entry.get("seq_dynamic", True):
-        sizes = entry.get("static_sizes") or {}
-        kwargs.setdefault("seq", int(sizes.get(iospec.SEQ, kwargs.get("seq", 4))))
-        kwargs.setdefault("past", int(sizes.get(iospec.PAST, kwargs.get("past", 3))))
-    if entry.get("dtype", "float32") != "float32":
+        loaded = load_recorded(ef)
+    else:
+        check_same_model(loaded, ef.model)
+    if entry.fixed_sizes is not None:
+        kwargs.setdefault("seq", entry.fixed_sizes[0])
+        kwargs.setdefault("past", entry.fixed_sizes[1])
+    if entry.dtype != "float32":
         kwargs.setdefault("tol", 1e-2)
-    return bisect_onnx(folder / entry["file"], loaded, **kwargs)
+    return bisect_onnx(ef.file("onnx"), loaded, **kwargs)

@@ -8,32 +8,32 @@ with eager's (and eager's cached decode with a full recompute).
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from mhaexport.errors import first_line
+from mhaexport import dtypes
+from mhaexport.errors import MhaExportError, first_line
 from mhaexport.iospec import ModelContract
-from mhaexport.verify.runners import EAGER, Outputs, Runner
+from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
+from mhaexport.verify.runners import EAGER, Outputs, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
 
-# Default tolerances per artifact dtype (atol, rtol): an element mismatches when |a - e| > atol + rtol * |e|.
-DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-3), "float16": (1e-2, 1e-2), "bfloat16": (5e-2, 2e-2)}
-
 
 @dataclass(frozen=True)
 class Tolerance:
+    """An element mismatches when |a - e| > atol + rtol * |e|. Defaults per artifact dtype (mhaexport.dtypes)."""
+
     atol: float
     rtol: float
 
     @classmethod
     def for_dtype(cls, dtype: str, atol: float | None = None, rtol: float | None = None) -> Tolerance:
-        a, r = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"])
-        return cls(a if atol is None else atol, r if rtol is None else rtol)
+        d = dtypes.DTYPES.get(dtype, dtypes.DTYPES["float32"])
+        return cls(d.atol if atol is None else atol, d.rtol if rtol is None else rtol)
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Context:
             for case in self.cases_for(runner):
                 try:
                     out[case] = runner.run(*self.inputs(case))
-                except Exception as e:  # a runtime error at one shape is a result, not a crash
+                except MhaExportError as e:  # the runtime failing at one shape is a result, not a crash
                     out[case] = e
             self._sweep_out[runner.name] = out
         return self._sweep_out[runner.name]
@@ -250,17 +250,17 @@ def check_causality(runner: Runner, ctx: Context) -> CheckResult:
     return CheckResult("causality", True, fig, f"earlier outputs unchanged (max abs {worst.max_abs:.3g})")
 
 
-def _decode(runner: Runner, ids: np.ndarray, mask: np.ndarray, chunks: list[int], contract: ModelContract):
-    """Feed ids in chunks with the growing cache; returns logits for every position (B, N, V) and the cache."""
-    B = ids.shape[0]
-    shape = (B, contract.n_heads, 0, contract.head_dim)
-    past = tuple((np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(contract.n_layers))
+def _decode(runner: Runner, ids: np.ndarray, mask: np.ndarray, chunks: list[int]):
+    """Feed ids in chunks through the decode loop (the cache growing in the runner's own form), each chunk with its
+    mask columns; returns logits for every position (B, N, V) and the final cache as numpy pairs."""
+    loop = DecodeLoop(runner)
+    state = loop.empty(ids.shape[0])
     outs, pos = [], 0
     for n in chunks:
-        logits, past = runner.run(ids[:, pos:pos + n], mask[:, :pos + n], past)
+        logits, state = loop.feed(ids[:, pos:pos + n], state, mask[:, pos:pos + n])
         outs.append(logits)
         pos += n
-    return np.concatenate(outs, axis=1), past
+    return np.concatenate(outs, axis=1), runner.cache_numpy(state.cache)
 
 
 def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
@@ -273,18 +273,18 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     case = Case(2, N, 0, (0, 3), seed=ctx.seed + 23)
     ids, mask, _ = ctx.inputs(case)
     rows, keys = case.real_rows(), case.real_keys()
-    full, full_kv = _decode(runner, ids, mask, [N], c)
+    full, full_kv = _decode(runner, ids, mask, [N])
     parts: dict[str, Diff] = {}
-    step, step_kv = _decode(runner, ids, mask, [1] * N, c)
+    step, step_kv = _decode(runner, ids, mask, [1] * N)
     parts["token-by-token decode"] = compare_outputs((step, step_kv), (full, full_kv), ctx.tol, rows, keys)
     chunks = [x for x in (N // 3, 1, N // 4) if x] + [N - N // 3 - 1 - N // 4]
     chunks = [x for x in chunks if x > 0]
-    chunked, chunked_kv = _decode(runner, ids, mask, chunks, c)
+    chunked, chunked_kv = _decode(runner, ids, mask, chunks)
     parts["chunked prefill " + "+".join(map(str, chunks))] = compare_outputs(
         (chunked, chunked_kv), (full, full_kv), ctx.tol, rows, keys)
     rec = Diff()
     for t in sorted({0, 1, N // 2, N - 1}):
-        scratch, _ = _decode(runner, ids[:, :t + 1], mask[:, :t + 1], [t + 1], c)
+        scratch, _ = _decode(runner, ids[:, :t + 1], mask[:, :t + 1], [t + 1])
         rec = rec.merge(compare(step[:, t], scratch[:, t], ctx.tol, rows[:, t, None]))
     parts["cached decode vs from-scratch recompute"] = rec
     fig = {"decode_max_abs": _r(parts["token-by-token decode"].max_abs),
@@ -325,9 +325,9 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
         side_ids[1, pads], side_mask[1, pads] = 0, 0  # pad token 0, masked out
         all_ids = np.concatenate([side_ids, nxt], axis=1)  # (2, T + steps)
         all_mask = np.concatenate([side_mask, np.ones((2, steps), np.int64)], axis=1)
-        padded, _ = _decode(runner, all_ids, all_mask, [T] + [1] * steps, c)  # (2, T + steps, V)
+        padded, _ = _decode(runner, all_ids, all_mask, [T] + [1] * steps)  # (2, T + steps, V)
         solo_ids = np.concatenate([side_ids[1:, real], nxt[1:]], axis=1)  # unpadded: real tokens, then the steps
-        solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps, c)
+        solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps)
         d_prefill = compare(padded[1:, real], solo[:, :T - p], ctx.tol)
         d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.tol)
         fig[f"{side}_prefill_max_abs"] = _r(d_prefill.max_abs)
@@ -388,26 +388,11 @@ class Greedy:
     logits: list[np.ndarray]  # per step: (V,) for row 0
 
 
-def greedy(runner: Runner, prompt: np.ndarray, n: int, contract: ModelContract, cached: bool = True) -> Greedy:
-    """Greedy decode n tokens from a (1, P) prompt; cached=False recomputes the whole sequence every step."""
-    ids = prompt.copy()
-    shape = (1, contract.n_heads, 0, contract.head_dim)
-    empty = tuple((np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(contract.n_layers))
-    tokens, step_logits = [], []
-    past, feed = empty, ids
-    for _ in range(n):
-        if cached:
-            mask = np.ones((1, ids.shape[1]), np.int64)
-            logits, past = runner.run(feed, mask, past)
-        else:
-            logits, _ = runner.run(ids, np.ones((1, ids.shape[1]), np.int64), empty)
-        last = logits[0, -1].astype(np.float64)  # (V,)
-        tok = int(last.argmax())
-        tokens.append(tok)
-        step_logits.append(last)
-        feed = np.array([[tok]], dtype=np.int64)
-        ids = np.concatenate([ids, feed], axis=1)
-    return Greedy(tokens, step_logits)
+def greedy(runner: Runner, prompt: np.ndarray, n: int) -> Greedy:
+    """Greedy decode n tokens from a (1, P) prompt through the decode loop (the runner's own cache; a
+    RecomputeRunner recomputes the whole sequence every step)."""
+    r = DecodeLoop(runner).generate(prompt, GenerationConfig(max_new_tokens=n), keep_logits=True)
+    return Greedy(r.tokens[0], [lg[0] for lg in r.step_logits])
 
 
 def check_generation(runner: Runner, ctx: Context) -> CheckResult:
@@ -422,12 +407,12 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
     n = max(1, min(ctx.gen_tokens, c.max_positions - P))
     prompt = np.random.default_rng(ctx.seed + 41).integers(0, c.vocab_size, (1, P), dtype=np.int64)
     if runner.name == EAGER:
-        got, ref, against = greedy(runner, prompt, n, c), greedy(runner, prompt, n, c, cached=False), "recompute"
+        got, ref, against = greedy(runner, prompt, n), greedy(RecomputeRunner(runner), prompt, n), "recompute"
     else:
         key = ("greedy", n)
         if key not in ctx._ref:
-            ctx._ref[key] = greedy(ctx.eager, prompt, n, c)
-        got, ref, against = greedy(runner, prompt, n, c), ctx._ref[key], "eager"
+            ctx._ref[key] = greedy(ctx.eager, prompt, n)
+        got, ref, against = greedy(runner, prompt, n), ctx._ref[key], "eager"
     div = next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
     upto = n if div is None else div + 1
     logit_diff = Diff()
@@ -464,9 +449,10 @@ CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
 
 
 def run_check(name: str, runner: Runner, ctx: Context) -> CheckResult:
-    """Run one check; an exception inside it is that check's failure (with its first line), not a crash."""
+    """Run one check. The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the model's own
+    code raised; or inputs it refused) is that check's failure, with its first line. Any other exception is a bug
+    in mhaexport and propagates (the CLI exits 3 with the traceback)."""
     try:
         return CHECK_FUNCS[name](runner, ctx)
-    except Exception as e:
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        return CheckResult(name, False, {}, f"raised {first_line(e)} (at {where.name})")
+    except MhaExportError as e:
+        return CheckResult(name, False, {}, first_line(e))

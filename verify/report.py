@@ -3,28 +3,35 @@
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import re
-import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
+from mhaexport.env import environment
 from mhaexport.errors import ArtifactError
-from mhaexport.exporter.manifest import model_fingerprint
 from mhaexport.verify.checks import CHECKS, CheckResult
 
-REPORT_SCHEMA = "mhaexport.verify.report/1"
+KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
+REPORT_SCHEMA = schema.tag(KIND, VERSION)
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 
+# Exit codes of verify (and of every verb that verifies): docs/DESIGN.md "Verdicts"
+EXIT_PASSED, EXIT_FAILED, EXIT_NOT_VERIFIED = 0, 1, 4
 
-def environment() -> dict:
-    """Where the report was made: host label, OS, CPU count, Python."""
-    return {"host": os.environ.get("MHAEXPORT_HOST_LABEL") or socket.gethostname(),
-            "platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "ci": bool(os.environ.get("CI"))}
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a report amounts to: ``code`` is the exit code (0 passed, 1 failed, 4 not verified), ``message`` one
+    line saying why."""
+
+    status: str  # "passed" | "failed" | "not verified"
+    code: int
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.code == EXIT_PASSED
 
 
 @dataclass
@@ -60,25 +67,73 @@ class VerifyReport:
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     seconds: float = 0.0
     sources: list[str] = field(default_factory=list)  # merged reports: where each came from
+    requested: list[str] | None = None  # the runtimes asked for by name; None: the defaults
+    checks: list[str] = field(default_factory=lambda: list(CHECKS))
 
     @property
     def counts(self) -> dict[str, int]:
+        """Checks passed / failed / skipped; a runtime that could not load its artifact counts as one failure."""
         flat = [r.status for checks in self.results.values() for r in checks.values()]
-        return {"passed": flat.count(True), "failed": flat.count(False), "skipped": flat.count(None)}
+        errors = sum(1 for info in self.runtimes.values() if info.status == "error")
+        return {"passed": flat.count(True), "failed": flat.count(False) + errors, "skipped": flat.count(None)}
+
+    def failures(self) -> list[tuple[str, CheckResult]]:
+        """(runtime, failed check) pairs; a runtime that could not load its artifact is one ("load", reason)."""
+        out = [(rt, CheckResult("load", False, {}, info.reason)) for rt, info in self.runtimes.items()
+               if info.status == "error"]
+        return out + [(rt, r) for rt, checks in self.results.items() for r in checks.values() if r.status is False]
+
+    @property
+    def verdict(self) -> Verdict:
+        """docs/DESIGN.md's rules: failed (1) when a check failed or a runtime could not load its artifact; not
+        verified (4) when a runtime asked for by name was skipped entirely, or no runtime besides eager ran; else
+        passed (0). Skipped is never passed."""
+        fails = self.failures()
+        if fails:
+            which = ", ".join(f"{rt}/{r.check}" for rt, r in fails)
+            return Verdict("failed", EXIT_FAILED, f"{len(fails)} check(s) failed: {which}")
+        ran = [rt for rt, info in self.runtimes.items() if info.status == "ran" and rt.split("@")[0] != "eager"]
+        asked = [rt for rt in (self.requested or []) if rt != "eager"]
+        missing = [rt for rt in asked if rt in self.runtimes and self.runtimes[rt].status == "skipped"]
+        if missing:
+            why = "; ".join(f"{rt} skipped ({self.runtimes[rt].reason})" for rt in missing)
+            lead = "nothing requested was verified" if not any(rt in ran for rt in asked) else \
+                "not verified as requested"
+            return Verdict("not verified", EXIT_NOT_VERIFIED, f"{lead}: {why}")
+        if not ran:
+            skipped = "; ".join(f"{rt} skipped ({info.reason})" for rt, info in self.runtimes.items()
+                                if info.status == "skipped")
+            return Verdict("not verified", EXIT_NOT_VERIFIED,
+                           f"nothing was verified: no runtime besides eager ran ({skipped or 'none requested'})")
+        c = self.counts
+        return Verdict("passed", EXIT_PASSED, f"{c['passed']} passed, {c['skipped']} skipped (skipped is not passed)")
 
     @property
     def passed(self) -> bool:
-        """True when nothing failed and at least one check passed (skipped is never passed)."""
-        c = self.counts
-        return c["failed"] == 0 and c["passed"] > 0
+        return bool(self.verdict)
 
-    def failures(self) -> list[tuple[str, CheckResult]]:
-        return [(rt, r) for rt, checks in self.results.items() for r in checks.values() if r.status is False]
+    @property
+    def subset(self) -> bool:
+        """True when runtimes were named or checks left out: such a report does not replace the full report."""
+        from mhaexport.verify.runners import DEFAULT_RUNTIMES
+
+        named = self.requested is not None and set(self.requested) != set(DEFAULT_RUNTIMES)
+        return named or set(self.checks) != set(CHECKS)
+
+    def default_name(self) -> str:
+        """"report" for a full run; "report-ort-cuda+torchscript" (the runtimes asked for) for a subset run."""
+        if not self.subset:
+            return "report"
+        part = "+".join(self.requested) if self.requested else "checks-" + "+".join(self.checks)
+        return f"report-{part}"
 
     # --- JSON ----------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        v = self.verdict
         return {
-            "schema": REPORT_SCHEMA, "created": self.created, "passed": self.passed, "counts": self.counts,
+            "schema": REPORT_SCHEMA, "created": self.created, "passed": self.passed,
+            "verdict": {"status": v.status, "exit_code": v.code, "message": v.message}, "counts": self.counts,
+            "requested": self.requested, "checks": self.checks,
             "environment": self.environment, "versions": self.versions, "model": self.model,
             "folder": self.folder, "artifacts": self.artifacts, "sweep": self.sweep, "tolerance": self.tolerance,
             "seconds": round(self.seconds, 2), "sources": self.sources,
@@ -87,10 +142,8 @@ class VerifyReport:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> VerifyReport:
-        if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA:
-            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise ArtifactError(f"not a verify report: schema {found!r}, expected {REPORT_SCHEMA!r}")
+    def from_dict(cls, data: dict, what: str = "verify report") -> VerifyReport:
+        schema.version_of(data, KIND, READABLE, what)
         return cls(
             model=data["model"], folder=data["folder"], sweep=data["sweep"], tolerance=data["tolerance"],
             runtimes={k: RuntimeInfo(**v) for k, v in data["runtimes"].items()},
@@ -98,26 +151,28 @@ class VerifyReport:
                           for c, r in checks.items()} for rt, checks in data["results"].items()},
             environment=data.get("environment", {}), versions=data.get("versions", {}),
             artifacts=data.get("artifacts", {}), created=data.get("created", ""),
-            seconds=data.get("seconds", 0.0), sources=data.get("sources", []))
+            seconds=data.get("seconds", 0.0), sources=data.get("sources", []), requested=data.get("requested"),
+            checks=data.get("checks") or list(CHECKS))
 
-    def write(self, folder: str | Path) -> tuple[Path, Path]:
-        """Write report.json and report.md into folder (atomically); returns both paths."""
-        from mhaexport.exporter.manifest import atomic_write_bytes, atomic_write_json, ensure_writable_dir
-
+    def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
+        """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
+        subset run never overwrites the full report. Returns both paths."""
         folder = ensure_writable_dir(folder)
-        atomic_write_json(folder / "report.json", self.to_dict())
+        name = name or self.default_name()
+        atomic_write_json(folder / f"{name}.json", self.to_dict())
         text = self.to_markdown()
-        old = folder / "report.md"
+        old = folder / f"{name}.md"
         if old.is_file():  # keep sections other commands own, delimited <!-- name --> ... <!-- /name --> (bench)
             blocks = re.finditer(r"<!-- ([\w-]+) -->.*?<!-- /\1 -->", old.read_text(errors="replace"), re.S)
             text += "".join(f"\n{m.group(0)}\n" for m in blocks)
-        atomic_write_bytes(folder / "report.md", text.encode())
-        return folder / "report.json", folder / "report.md"
+        atomic_write_bytes(folder / f"{name}.md", text.encode())
+        return folder / f"{name}.json", folder / f"{name}.md"
 
     # --- Markdown ------------------------------------------------------------------------------------------
     def to_markdown(self) -> str:
         c = self.counts
-        verdict = "✅ PASSED" if self.passed else ("❌ FAILED" if c["failed"] else "⏭ NOTHING PASSED")
+        v = self.verdict
+        verdict = {"passed": "✅ PASSED", "failed": "❌ FAILED"}.get(v.status, "⏭ NOT VERIFIED")
         spec = self.model.get("spec", "?")
         ckpt = f"weights {self.model['checkpoint']}" if self.model.get("checkpoint") else "seeded random weights"
         arts = []
@@ -141,7 +196,10 @@ class VerifyReport:
         lines.append("| runtime | providers | " + " | ".join(CHECKS) + " |")
         lines.append("|---|---|" + "---|" * len(CHECKS))
         for rt, info in self.runtimes.items():
-            cells = [self._cell(self.results.get(rt, {}).get(ch)) for ch in CHECKS]
+            if info.status == "ran":
+                cells = [self._cell(self.results.get(rt, {}).get(ch)) for ch in CHECKS]
+            else:  # one cell says why; the checks did not run
+                cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(CHECKS) - 1)
             prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
             if info.status == "skipped" and info.providers:
                 prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
@@ -150,9 +208,11 @@ class VerifyReport:
                       "worst max abs difference (parity: vs eager; causality: earlier outputs after changing later "
                       "tokens; kv-consistency: decode/chunked/recompute vs prefill; padding: padded vs unpadded); "
                       "generation: matched greedy tokens.", ""]
-        notes = []
+        notes = [f"- **verdict**: {v.message}"] if v.status != "passed" else []
         for rt, info in self.runtimes.items():
-            if info.status != "ran":
+            if info.status == "error":
+                notes.append(f"- ❌ **{rt}** cannot load its artifact: {info.reason}")
+            elif info.status != "ran":
                 notes.append(f"- **{rt}** {info.status}: {info.reason}")
         for rt, checks in self.results.items():
             for ch in CHECKS:
@@ -211,13 +271,7 @@ def load_report(path: str | Path) -> VerifyReport:
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ArtifactError(f"report {path} does not exist") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"report {path} is not readable JSON: {e}") from None
-    return VerifyReport.from_dict(data)
+    return VerifyReport.from_dict(read_json(path, "report"), what=f"report {path}")
 
 
 def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -> VerifyReport:
@@ -227,7 +281,7 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
     """
     if not reports:
         raise ArtifactError("report merge needs at least one report")
-    fps = {model_fingerprint(r.model) for r in reports}
+    fps = {r.model.get("fingerprint") or r.model.get("spec") for r in reports}
     if len(fps) > 1:
         specs = ", ".join(sorted({str(r.model.get("spec")) for r in reports}))
         raise ArtifactError(f"report merge: the reports verify different models ({specs})")

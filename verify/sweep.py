@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from mhaexport.iospec import ModelContract
+from mhaexport.iospec import ModelContract, dummy_inputs
 
 SWEEPS = ("quick", "full")
 
@@ -35,15 +35,7 @@ class Case:
 
     def inputs(self, contract: ModelContract, dtype=np.float32):
         """(input_ids, attention_mask, past_key_values) as numpy, reproducible from ``seed``."""
-        rng = np.random.default_rng(self.seed)
-        ids = rng.integers(0, contract.vocab_size, (self.batch, self.seq), dtype=np.int64)  # (B, T)
-        mask = np.ones((self.batch, self.past + self.seq), dtype=np.int64)  # (B, past + T)
-        for b, p in enumerate(self.pad):
-            mask[b, :p] = 0
-        shape = (self.batch, contract.n_heads, self.past, contract.head_dim)  # (B, H, past, D)
-        past = tuple((rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype))
-                     for _ in range(contract.n_layers))
-        return ids, mask, past
+        return dummy_inputs(contract, self.batch, self.seq, self.past, seed=self.seed, pad=self.pad, dtype=dtype)
 
     def real_rows(self) -> np.ndarray:
         """bool (B, seq): query positions holding real tokens (left padding excluded)."""

@@ -1,28 +1,28 @@
 """Verify an export folder: every artifact in it against eager PyTorch, every check on every runtime.
 
-``verify_folder`` reads the folder's manifest (hashes checked), rebuilds the eager reference from the manifest's
-model spec (or takes the one given), builds the runners, runs the checks and returns a :class:`VerifyReport`.
+``verify_folder`` reads the folder (hashes checked), rebuilds the eager reference from the manifest's model
+record (or takes the one given, which must be the same model), builds the runners, runs the checks and returns
+a :class:`VerifyReport` whose :attr:`~VerifyReport.verdict` follows docs/DESIGN.md's verdict rules.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
 from mhaexport import iospec
-from mhaexport.errors import ArtifactError, ConfigError
-from mhaexport.exporter.manifest import contract_from_manifest, load_verified, model_fingerprint
-from mhaexport.errors import first_line
+from mhaexport.artifact import ExportFolder
+from mhaexport.env import environment, tool_versions
+from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.verify.checks import CHECKS, CheckResult, Context, Tolerance, run_check
-from mhaexport.verify.report import RuntimeInfo, VerifyReport, environment
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, ONNX_REFERENCE, ORT_CPU, ORT_CUDA,
-                                      TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, OrtRunner, Runner,
-                                      TorchScriptRunner, skipped)
+from mhaexport.verify.report import RuntimeInfo, VerifyReport
+from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, ONNX_REFERENCE, ORT_CPU,
+                                      ORT_CUDA, TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, Runner,
+                                      TorchScriptRunner, ort_runner, skipped)
 from mhaexport.verify.sweep import build_sweep
 
 Progress = Callable[[str], None]
@@ -49,128 +49,93 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def loaded_from_manifest(manifest: dict):
-    """Rebuild the eager model an export folder was made from (its spec and checkpoint), and check that it is
-    the same model (fingerprint: spec, contract, config and checkpoint hash)."""
-    from mhaexport.models.loading import load_model
-
-    model = manifest["model"]
-    spec, ckpt = model["spec"], model.get("checkpoint")
-    kind, _, name = spec.partition(":")
-    rebuild = model.get("rebuild") or {}  # absolute paths and the export's working directory
-    shipped = isinstance(ckpt, str) and ckpt.startswith("shipped:")
-    checkpoint = None if ckpt is None or shipped else (rebuild.get("checkpoint") or ckpt)
-    if kind in ("preset", "config"):
-        loaded = load_model(config=rebuild.get("config", name), checkpoint=checkpoint, random_weights=ckpt is None)
-    elif kind == "factory":
-        cwd = rebuild.get("cwd")
-        if cwd and cwd not in sys.path:
-            sys.path.insert(0, cwd)  # a module factory resolves as it did where it was exported
-        loaded = load_model(model=rebuild.get("model", name), checkpoint=checkpoint)
-    else:
-        raise ArtifactError(f"manifest model spec {spec!r}: expected preset:, config: or factory:")
-    loaded.spec, loaded.checkpoint = spec, ckpt  # as recorded: the same model, whatever folder we run from
-    if model_fingerprint(loaded.describe()) != manifest.get("model_fingerprint"):
-        raise ArtifactError(f"the eager model rebuilt from {spec!r} (checkpoint {ckpt}) is not the exported one "
-                            "(config or weights changed since export): re-export, or verify with the model options")
-    return loaded
-
-
-def _export_sizes(manifest: dict) -> tuple[int, int]:
-    ts = manifest.get("artifacts", {}).get(TORCHSCRIPT, {}).get("example_shapes")
-    if ts:
-        return int(ts["seq"]), int(ts["past"])
-    from mhaexport.exporter.common import EXAMPLE_PAST, EXAMPLE_SEQ
-
-    return EXAMPLE_SEQ, EXAMPLE_PAST
+def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
+    """The (seq, past) the artifacts were traced at (dynamic-shapes runs at others)."""
+    for entry in ef.artifacts.values():
+        sizes = entry.get("example_sizes") or entry.get("example_shapes")
+        if sizes:
+            return int(sizes["seq"]), int(sizes["past"])
+    return iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST
 
 
 def _n_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def build_runners(folder: Path, manifest: dict, loaded, runtimes: tuple[str, ...]) -> list[Runner]:
-    """One runner per requested runtime; one whose artifact is absent is a skipped runner with the reason."""
+def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[Runner]:
+    """Eager first, then one runner per requested runtime; a runtime whose artifact is absent is skipped with why."""
     c = loaded.contract
-    arts = manifest.get("artifacts", {})
-    runners: list[Runner] = [EagerRunner(name=EAGER, contract=c, module=loaded.module, providers=["torch (cpu)"])]
-    onnx = arts.get("onnx")
-    fixed = None
-    if onnx and not onnx.get("seq_dynamic", True):
-        sizes = onnx.get("static_sizes") or {}
-        fixed = (int(sizes[iospec.SEQ]), int(sizes[iospec.PAST]))
+    runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
+    onnx = ef.artifacts.get("onnx")
     for rt in runtimes:
         if rt == EAGER:
             continue
-        if rt == TORCHSCRIPT:
-            if TORCHSCRIPT not in arts:
-                runners.append(skipped(rt, c, f"no TorchScript export in {folder}"))
+        if rt == EAGER_CUDA:
+            runners.append(EagerRunner(EAGER_CUDA, c, loaded.module, device="cuda"))
+        elif rt == TORCHSCRIPT:
+            if not ef.has(TORCHSCRIPT):
+                runners.append(skipped(rt, c, f"no TorchScript export in {ef.path}"))
             else:
-                runners.append(TorchScriptRunner(name=rt, contract=c, path=folder / arts[TORCHSCRIPT]["file"],
-                                                 dtype=arts[TORCHSCRIPT].get("dtype", "float32")))
-            continue
-        if not onnx:
-            runners.append(skipped(rt, c, f"no ONNX export in {folder}"))
-            continue
-        path, dtype = folder / onnx["file"], onnx.get("dtype", "float32")
-        if rt == ORT_CPU:
-            runners.append(OrtRunner(name=rt, contract=c, path=path, dtype=dtype, fixed=fixed))
-        elif rt == ORT_CUDA:
-            runners.append(OrtRunner(name=rt, contract=c, path=path, dtype=dtype, fixed=fixed,
-                                     provider="CUDAExecutionProvider"))
+                runners.append(TorchScriptRunner(rt, c, ef.file(TORCHSCRIPT)))
+        elif onnx is None:
+            runners.append(skipped(rt, c, f"no ONNX export in {ef.path}"))
+        elif rt in (ORT_CPU, ORT_CUDA):
+            runners.append(ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes))
         elif rt == ONNX_REFERENCE:
             n = _n_params(loaded.module)
             if n > REFERENCE_MAX_PARAMS:
                 runners.append(skipped(rt, c, f"model has {n:,} parameters; the pure-Python reference evaluator "
                                               f"runs models up to {REFERENCE_MAX_PARAMS:,}"))
             else:
-                runners.append(OnnxReferenceRunner(name=rt, contract=c, path=path, dtype=dtype, fixed=fixed))
+                runners.append(OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes))
     return runners
 
 
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
                   atol: float | None = None, rtol: float | None = None,
-                  runtimes: tuple[str, ...] = DEFAULT_RUNTIMES, checks: tuple[str, ...] = CHECKS,
+                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] = CHECKS,
                   gen_tokens: int | None = None, threads: int | None = None,
                   progress: Progress | None = None) -> VerifyReport:
-    """Verify every artifact in ``folder`` against eager. ``loaded``: the eager model (rebuilt from the manifest
-    when None). ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up to
-    ONE_THREAD_MAX_PARAMS, else torch's own). Raises ArtifactError for a bad folder; check failures are in the
-    report, not exceptions."""
+    """Verify every artifact in ``folder`` against eager.
+
+    ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
+    which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
+    that cannot run here is skipped without failing the verdict); given = requested, and one skipped entirely makes
+    the verdict "not verified". ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up
+    to ONE_THREAD_MAX_PARAMS). Raises ArtifactError for a bad folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
-    folder = Path(folder)
-    unknown = [r for r in runtimes if r not in ALL_RUNTIMES]
+    wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
+    unknown = [r for r in wanted if r not in ALL_RUNTIMES]
     if unknown:
         raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
-    manifest = load_verified(folder)
-    if not manifest.get("artifacts"):
-        raise ArtifactError(f"{folder} holds no export (its manifest lists no artifact)")
+    ef = ExportFolder.open(folder)
+    if not ef.artifacts:
+        raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
+    from mhaexport.models.loading import check_same_model, load_recorded
+
     if loaded is None:
-        say(f"rebuilding the eager reference from {manifest['model']['spec']}")
-        loaded = loaded_from_manifest(manifest)
-    elif loaded.contract != contract_from_manifest(manifest):
-        raise ArtifactError(f"the eager model's contract {loaded.contract.to_dict()} differs from the export's "
-                            f"{manifest['model']['contract']}")
+        say(f"rebuilding the eager reference from {ef.model.spec}")
+        loaded = load_recorded(ef)
+    else:
+        check_same_model(loaded, ef.model)
     c = loaded.contract
-    dtypes = {a.get("dtype", "float32") for a in manifest["artifacts"].values()}
-    dtype = "float16" if "float16" in dtypes else ("bfloat16" if "bfloat16" in dtypes else "float32")
+    arts = ef.artifacts
+    dtype = next((d for d in ("float16", "bfloat16") if any(a.dtype == d for a in arts.values())), "float32")
     tol = Tolerance.for_dtype(dtype, atol, rtol)
     cases = build_sweep(c, sweep, seed)
-    runners = build_runners(folder, manifest, loaded, tuple(runtimes))
-    eager = runners[0]
-    ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=eager,
-                  export_sizes=_export_sizes(manifest),
-                  gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed)
+    runners = build_runners(ef, loaded, wanted)
+    ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
+                  export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed)
     if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
         threads = 1
     with torch_threads(threads):
         infos, results = _run_all(runners, ctx, checks, say)
     return VerifyReport(
-        model=manifest["model"], folder=str(folder),
+        model=ef.model.to_dict(), folder=str(ef.path),
         sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
                "export_sizes": {"seq": ctx.export_sizes[0], "past": ctx.export_sizes[1]},
                "generation_tokens": ctx.gen_tokens},
@@ -178,35 +143,43 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                    "overridden": atol is not None or rtol is not None,
                    "per_runtime": {r.name: {"dtype": r.dtype, **vars(Tolerance.for_dtype(r.dtype, atol, rtol))}
                                    for r in runners}},
-        runtimes=infos, results=results, versions=_versions(),
-        artifacts={k: {kk: v.get(kk) for kk in ("format", "file", "opset", "mode", "seq_dynamic", "static_sizes",
-                                                 "attention", "dtype") if kk in v}
-                   for k, v in manifest["artifacts"].items()},
+        runtimes=infos, results=results, versions=tool_versions(),
+        artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
+                       "static_sizes": v.static_sizes,
+                       **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache") if v.get(kk)}}
+                   for k, v in arts.items()},
+        requested=list(runtimes) if runtimes else None, checks=list(checks),
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
+def _artifact_of(runner: Runner) -> str | None:
+    if runner.name in (EAGER, EAGER_CUDA):
+        return None
+    return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
+
+
 def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress):
-    """Load each runner and run every check on it; a runner that cannot load fails (or skips) every check."""
+    """Activate each runner and run every check on it. A runtime that cannot run here is skipped (its checks not
+    run); one that cannot load its artifact is one failure with one message (its checks not run)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners:
-        artifact = None if runner.name == EAGER else (TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx")
-        info = RuntimeInfo(name=runner.name, status="ran", artifact=artifact)
+        info = RuntimeInfo(name=runner.name, status="ran", artifact=_artifact_of(runner))
+        infos[runner.name] = info
+        results[runner.name] = {}
         if runner.available:
             try:
-                runner.load()
-            except Exception as e:  # the artifact is there but this runtime cannot load it: a failure
-                info.status, info.reason = "error", f"cannot load {artifact}: {first_line(e)}"
+                runner.activate()
+            except ProviderUnavailable as e:
+                runner.skip_reason = str(e)
+            except MhaExportError as e:  # the artifact is there but this runtime cannot load it: one failure
+                info.status, info.reason = "error", (str(e).strip().splitlines() or [type(e).__name__])[0]
         info.providers = list(runner.providers)
         if not runner.available:
             info.status, info.reason = "skipped", runner.skip_reason or ""
-        infos[runner.name] = info
         if info.status != "ran":
-            status = None if info.status == "skipped" else False
-            results[runner.name] = {ch: CheckResult(ch, status, {}, info.reason) for ch in checks}
             say(f"{runner.name}: {info.status} ({info.reason})")
             continue
-        results[runner.name] = {}
         t0 = time.perf_counter()
         # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
         # must not loosen TorchScript's tolerance; the memoized eager references stay shared (shallow copy)
@@ -220,10 +193,6 @@ def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: 
         which = f" ({', '.join(failed)})" if failed else ""
         say(f"{runner.name}: {st.count(True)} passed, {len(failed)} failed{which}, {st.count(None)} skipped "
             f"in {time.perf_counter() - t0:.1f} s ({info.calls} runs)")
+    for runner in runners[1:]:  # eager stays: the checks' memoized references came from it
+        runner.deactivate()
     return infos, results
-
-
-def _versions() -> dict:
-    from mhaexport.exporter.common import tool_versions
-
-    return tool_versions()

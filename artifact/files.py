@@ -1,0 +1,112 @@
+"""Files in an export folder: hashing, atomic writes, writability. Torch-free."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from mhaexport.errors import ArtifactError
+
+# protobuf cannot serialize one message past 2 GiB: larger ONNX models keep their weights in external data
+TWO_GB = 2 * 1024**3
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path`` (mode 0644)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; an export is read by other users and services
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | Path, data: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def read_json(path: str | Path, what: str) -> dict:
+    """A JSON object from ``path``, or ArtifactError naming ``what`` it was supposed to be."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{what} {path} does not exist") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{what} {path} is not readable JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{what} {path} holds a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def ensure_writable_dir(path: str | Path) -> Path:
+    """Create the output folder if needed and prove it is writable (a real file is created and removed), or raise
+    ArtifactError. Every verb that writes calls this before any work."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise ArtifactError(f"output folder {path} is not writable: {e.strerror or e}") from None
+    return path
+
+
+def probe_writable(path: str | Path) -> Path:
+    """Prove that ``path`` can be created and written, leaving nothing behind: folders created for the probe are
+    removed again. Verbs call this before any work (and create the folder when they write)."""
+    path = Path(path)
+    top = None  # the highest folder of ``path`` that does not exist yet
+    p = path.absolute()
+    while not p.exists():
+        top = p
+        if p.parent == p:
+            break
+        p = p.parent
+    try:
+        ensure_writable_dir(path)
+    finally:
+        if top is not None and top.is_dir():
+            shutil.rmtree(top, ignore_errors=True)
+    return path
+
+
+def file_entries(folder: Path, names: list[str]) -> dict[str, dict]:
+    """{name: {"sha256", "bytes"}} for files in ``folder``."""
+    return {n: {"sha256": sha256_file(folder / n), "bytes": (folder / n).stat().st_size} for n in names}
+
+
+def check_files(folder: Path, files: dict[str, dict], artifact: str) -> None:
+    """Every file exists with its recorded size and sha256, or ArtifactError saying which and how."""
+    for fname, meta in files.items():
+        path = folder / fname
+        if not path.is_file():
+            raise ArtifactError(f"{path} is missing: the manifest lists it for the {artifact} export")
+        size = path.stat().st_size
+        if size != meta["bytes"]:
+            raise ArtifactError(f"{path} has {size} bytes, the manifest recorded {meta['bytes']}: "
+                                "truncated or altered, re-export it")
+        digest = sha256_file(path)
+        if digest != meta["sha256"]:
+            raise ArtifactError(f"{path} sha256 {digest[:12]}… does not match the manifest's "
+                                f"{meta['sha256'][:12]}…: altered after export, re-export it")

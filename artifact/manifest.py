@@ -1,0 +1,198 @@
+"""manifest.json as typed objects: what was exported (the model and how to rebuild it) and, per artifact, its files
+with their hashes, its I/O schema and dtype, and how it was made. Torch-free.
+
+Schema ``mhaexport.manifest/2``::
+
+    {"schema": "mhaexport.manifest/2",
+     "model": {"spec", "contract", "config", "source", "checkpoint", "checkpoint_sha256", "weights_sha256",
+               "fingerprint"},
+     "artifacts": {"onnx": {"format", "file", "files": {name: {"sha256", "bytes"}}, "dtype", "io",
+                            "seq_dynamic", "static_sizes", "versions", "export_seconds", "warnings", ...details},
+                   "torchscript": {...}}}
+
+``source`` says how to rebuild the eager model, with file paths relative to the export folder (never an absolute
+path of the exporting machine). Version 1 (mhaexport 0.1: one top-level ``io`` for every artifact) is read and
+upgraded in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from mhaexport.artifact import schema
+from mhaexport.errors import ArtifactError
+from mhaexport.iospec import ModelContract
+
+KIND = "manifest"
+VERSION = 2
+READABLE = (1, 2)
+FILENAME = "manifest.json"
+
+
+def fingerprint_of(contract: ModelContract, weights_sha256: str | None, config: dict | None = None) -> str:
+    """The model's identity: its contract and the sha256 of its weights (and, without weights, its config)."""
+    key = {"contract": contract.to_dict(), "weights_sha256": weights_sha256,
+           "config": None if weights_sha256 else config}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def legacy_fingerprint(spec: str, contract: dict, config: dict | None, checkpoint_sha256: str | None) -> str:
+    """Schema 1's fingerprint (spec, contract, config, checkpoint hash), to recognize a version-1 folder's model."""
+    key = {"spec": spec, "contract": contract, "config": config, "checkpoint_sha256": checkpoint_sha256}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class ModelRecord:
+    """The model an export folder was made from."""
+
+    spec: str  # shown to people: "preset:small", "config:big", "factory:user_decoder.py:build"
+    contract: ModelContract
+    fingerprint: str
+    source: dict = field(default_factory=dict)  # how to rebuild it; paths relative to the export folder
+    config: dict | None = None  # the built-in decoder's DecoderConfig fields
+    checkpoint: str | None = None  # "shipped:small.pt", a file name, or None (the model's own weights)
+    checkpoint_sha256: str | None = None
+    weights_sha256: str | None = None
+    legacy: bool = False  # read from a version-1 manifest (fingerprint in schema 1's formula)
+    extra: dict = field(default_factory=dict)
+
+    _KNOWN = ("spec", "contract", "fingerprint", "source", "config", "checkpoint", "checkpoint_sha256",
+              "weights_sha256")
+
+    def to_dict(self) -> dict:
+        out = {"spec": self.spec, "contract": self.contract.to_dict(), "config": self.config, "source": self.source,
+               "checkpoint": self.checkpoint, "checkpoint_sha256": self.checkpoint_sha256,
+               "weights_sha256": self.weights_sha256, "fingerprint": self.fingerprint}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelRecord:
+        try:
+            contract = ModelContract.from_dict(data["contract"])
+            return cls(spec=str(data["spec"]), contract=contract, fingerprint=str(data["fingerprint"]),
+                       source=dict(data.get("source") or {}), config=data.get("config"),
+                       checkpoint=data.get("checkpoint"), checkpoint_sha256=data.get("checkpoint_sha256"),
+                       weights_sha256=data.get("weights_sha256"),
+                       extra={k: v for k, v in data.items() if k not in cls._KNOWN})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactError(f"the manifest's model record is incomplete: {type(e).__name__}: {e}") from None
+
+
+@dataclass
+class ArtifactEntry:
+    """One artifact (``onnx`` or ``torchscript``) in an export folder: its files, I/O schema and dtype, and how it
+    was made. Format-specific details (opset, attention lowering, precision, trace mode, ...) are in ``details``."""
+
+    format: str  # "onnx" | "torchscript"
+    file: str  # the main file, e.g. "model.onnx"
+    dtype: str  # dtype of the float inputs and outputs (KV cache, logits)
+    io: dict  # {"inputs": {name: {"dtype", "shape"}}, "outputs": {...}}
+    files: dict[str, dict] = field(default_factory=dict)  # every file: {name: {"sha256", "bytes"}}
+    seq_dynamic: bool = True
+    static_sizes: dict | None = None  # {sequence_length, past_sequence_length, total_sequence_length} if static
+    versions: dict = field(default_factory=dict)  # tool versions that wrote it
+    export_seconds: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+    _KNOWN = ("format", "file", "dtype", "io", "files", "seq_dynamic", "static_sizes", "versions", "export_seconds",
+              "warnings")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A format-specific detail (``opset``, ``attention``, ``lowering``, ``mode``, ``kv_cache``, ...)."""
+        return self.details.get(key, default)
+
+    @property
+    def fixed_sizes(self) -> tuple[int, int] | None:
+        """(sequence_length, past_sequence_length) of a static export, None for a dynamic one."""
+        if self.seq_dynamic or not self.static_sizes:
+            return None
+        from mhaexport import iospec
+
+        return int(self.static_sizes[iospec.SEQ]), int(self.static_sizes[iospec.PAST])
+
+    def input_dtype(self, name: str) -> str:
+        """The recorded dtype of input ``name`` (ArtifactError when the schema does not list it)."""
+        try:
+            return str(self.io["inputs"][name]["dtype"])
+        except KeyError:
+            raise ArtifactError(f"the {self.format} artifact's I/O schema has no input {name!r}") from None
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self._KNOWN}
+        return {**out, **self.details}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ArtifactEntry:
+        try:
+            return cls(format=str(data["format"]), file=str(data["file"]), dtype=str(data.get("dtype", "float32")),
+                       io=dict(data.get("io") or {}), files=dict(data["files"]),
+                       seq_dynamic=bool(data.get("seq_dynamic", True)), static_sizes=data.get("static_sizes"),
+                       versions=dict(data.get("versions") or {}), export_seconds=data.get("export_seconds"),
+                       warnings=list(data.get("warnings") or []),
+                       details={k: v for k, v in data.items() if k not in cls._KNOWN})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactError(f"an artifact entry of the manifest is incomplete: {type(e).__name__}: {e}") from None
+
+
+@dataclass
+class Manifest:
+    """The whole manifest.json: one model, its artifacts."""
+
+    model: ModelRecord
+    artifacts: dict[str, ArtifactEntry] = field(default_factory=dict)
+    version: int = VERSION  # the schema version it was read from (written: always VERSION)
+
+    def to_dict(self) -> dict:
+        return {"schema": schema.tag(KIND, VERSION), "model": self.model.to_dict(),
+                "artifacts": {k: v.to_dict() for k, v in self.artifacts.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict, what: str = FILENAME) -> Manifest:
+        version = schema.version_of(data, KIND, READABLE, what)
+        if version == 1:
+            data = _upgrade_v1(data)
+        arts = data.get("artifacts")
+        if not isinstance(arts, dict) or not isinstance(data.get("model"), dict):
+            raise ArtifactError(f"{what} has no model record or artifacts map")
+        model = ModelRecord.from_dict(data["model"])
+        model.legacy = version == 1
+        return cls(model=model, artifacts={k: ArtifactEntry.from_dict(v) for k, v in arts.items()}, version=version)
+
+    def with_artifact(self, name: str, entry: ArtifactEntry | None) -> Manifest:
+        """A copy with ``name``'s entry replaced (or removed when ``entry`` is None)."""
+        arts = {k: v for k, v in self.artifacts.items() if k != name}
+        if entry is not None:
+            arts[name] = entry
+        return dataclasses.replace(self, artifacts=arts)
+
+
+def _upgrade_v1(data: dict) -> dict:
+    """Schema 1 -> 2 in memory: the top-level ``io`` goes to each artifact (TorchScript was always float32), the
+    top-level versions too; the model keeps schema 1's fingerprint (``legacy``) and its rebuild arguments."""
+    model = dict(data.get("model") or {})
+    io = data.get("io") or {}
+    arts = {}
+    for name, entry in (data.get("artifacts") or {}).items():
+        entry = dict(entry)
+        dtype = entry.get("dtype", "float32")
+        art_io = json.loads(json.dumps(io))  # a deep copy per artifact
+        for part in art_io.values():
+            for spec in part.values():
+                if spec.get("dtype") not in ("int64", "int32"):
+                    spec["dtype"] = dtype
+        entry.setdefault("io", art_io)
+        entry.setdefault("versions", data.get("versions") or {})
+        arts[name] = entry
+    rebuild = model.get("rebuild") or {}
+    source: dict = {"kind": (model.get("spec") or "").partition(":")[0], "v1_rebuild": rebuild}
+    upgraded = {"spec": model.get("spec", "?"), "contract": model.get("contract", {}), "config": model.get("config"),
+                "source": source, "checkpoint": model.get("checkpoint"),
+                "checkpoint_sha256": model.get("checkpoint_sha256"), "weights_sha256": None,
+                "fingerprint": data.get("model_fingerprint", "")}
+    return {"model": upgraded, "artifacts": arts}

@@ -1,0 +1,51 @@
+"""Where something was measured or exported: the machine and the tool versions (one place for reports, bench and
+manifests). Torch-free: versions of torch and the ONNX packages are read only where they are already importable."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import time
+from pathlib import Path
+
+from mhaexport import __version__
+
+_PACKAGES = ("torch", "onnx", "onnxruntime", "onnxscript", "onnxruntime-genai", "transformers", "numpy")
+
+
+def tool_versions() -> dict[str, str]:
+    """mhaexport, Python and the installed versions of the packages it works with (absent ones left out).
+    ``onnxruntime`` reports whichever wheel provides it (onnxruntime or onnxruntime-gpu)."""
+    out = {"mhaexport": __version__, "python": platform.python_version()}
+    for name in _PACKAGES:
+        dist = name
+        if name == "onnxruntime":
+            for cand in ("onnxruntime-gpu", "onnxruntime"):
+                with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                    out["onnxruntime"] = importlib.metadata.version(cand)
+                    out["onnxruntime_wheel"] = cand
+                    break
+            continue
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[name.replace("-", "_")] = importlib.metadata.version(dist)
+    return out
+
+
+def cpu_name() -> str | None:
+    cpu = Path("/proc/cpuinfo")
+    if cpu.is_file():
+        m = re.search(r"model name\s*:\s*(.+)", cpu.read_text(errors="replace"))
+        return m.group(1).strip() if m else None
+    return platform.processor() or None
+
+
+def environment() -> dict:
+    """Host label (MHAEXPORT_HOST_LABEL or the host name), OS, CPU, core count, Python, CI flag and the date."""
+    return {"host": os.environ.get("MHAEXPORT_HOST_LABEL") or socket.gethostname(),
+            "platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_name(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "ci": bool(os.environ.get("CI")),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
