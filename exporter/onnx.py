@@ -18,6 +18,7 @@ from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention
 from mhaexport.exporter.precision import precision_report, self_check
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
+from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
 
 MIN_OPSET, MAX_OPSET = 18, 23
@@ -103,7 +104,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     if seq + past > c.max_positions:
         raise ExportError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)
-    torch_dtype = dtypes.torch_dtype(dtype)
+    torch_dtype = models_torch_dtype(dtype)
     module = loaded.module if dtype == "float32" else copy.deepcopy(loaded.module).to(torch_dtype)
     args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)

@@ -1,5 +1,5 @@
 """The one table of float dtypes an export may use: names, numpy, ONNX and ONNX Runtime spellings, default
-tolerances. Torch-free (``torch_dtype`` imports torch lazily).
+tolerances. Torch-free: torch's dtype of the same name is ``getattr(torch, name)`` (see ``models.inputs.torch_dtype``).
 """
 
 from __future__ import annotations
@@ -57,9 +57,3 @@ def from_ort_type(ort_type: str) -> str | None:
 def from_onnx_elem(elem: int) -> str | None:
     d = _BY_ELEM.get(elem)
     return d.name if d else None
-
-
-def torch_dtype(name: str):
-    import torch
-
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[get(name).name]

@@ -19,7 +19,7 @@ _PACKAGES = ("torch", "onnx", "onnxruntime", "onnxscript", "onnxruntime-genai", 
 
 def tool_versions() -> dict[str, str]:
     """mhaexport, Python and the installed versions of the packages it works with (absent ones left out).
-    ``onnxruntime`` reports whichever wheel provides it (onnxruntime or onnxruntime-gpu)."""
+    ``onnxruntime`` is the version of whichever wheel provides the module (onnxruntime-gpu or onnxruntime)."""
     out = {"mhaexport": __version__, "python": platform.python_version()}
     for name in _PACKAGES:
         dist = name
@@ -27,7 +27,6 @@ def tool_versions() -> dict[str, str]:
             for cand in ("onnxruntime-gpu", "onnxruntime"):
                 with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                     out["onnxruntime"] = importlib.metadata.version(cand)
-                    out["onnxruntime_wheel"] = cand
                     break
             continue
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from mhaexport import dtypes
 from mhaexport.iospec import ModelContract, dummy_inputs
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """torch's dtype for one of :data:`mhaexport.dtypes.NAMES` (torch spells them the same)."""
+    return getattr(torch, dtypes.get(name).name)
 
 
 def make_inputs(contract: ModelContract, batch: int, seq: int, past: int, *, seed: int = 0,

@@ -105,17 +105,6 @@ def test_cli_verify_bisect(tiny_export, tmp_path):
     assert "FAILED: the ONNX graph diverges from eager PyTorch at blocks.1.attn" in res.stderr
 
 
-def test_cli_verify_bisect_refuses_an_altered_file(tiny_export, tmp_path):
-    folder = tmp_path / "altered"
-    shutil.copytree(tiny_export, folder)
-    proto = onnx.load(str(folder / "model.onnx"))
-    plant_attention_scale_bug(proto, block=1)
-    onnx.save_model(proto, folder / "model.onnx")  # manifest not updated: the hash no longer matches
-    res = CliRunner().invoke(main, ["verify", str(folder), "--bisect"])
-    assert res.exit_code == 2 and "Traceback" not in res.output
-    assert "does not match the manifest" in res.stderr or "the manifest recorded" in res.stderr
-
-
 def test_model_without_scopes_is_refused(tiny_export, tiny):
     from mhaexport.errors import MhaExportError
 

@@ -90,17 +90,6 @@ def test_manifest_records_both_artifacts_with_hashes(tiny_export):
     assert ef.entry("torchscript").get("mode") == "trace"
 
 
-def test_altered_file_is_refused(tiny, tmp_path):
-    export_torchscript(tiny, tmp_path)
-    data = (tmp_path / "model.pt").read_bytes()
-    (tmp_path / "model.pt").write_bytes(data[:-10] + bytes(10))
-    with pytest.raises(ArtifactError, match="sha256 .* does not match"):
-        ExportFolder.open(tmp_path)
-    (tmp_path / "model.pt").write_bytes(data[:100])
-    with pytest.raises(ArtifactError, match="truncated or altered"):
-        ExportFolder.open(tmp_path)
-
-
 def test_static_export_fixes_sequence_axes(tiny, tmp_path):
     export_onnx(tiny, tmp_path, seq_dynamic=False, seq_len=4)
     entry = json.loads((tmp_path / "manifest.json").read_text())["artifacts"]["onnx"]

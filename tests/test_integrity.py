@@ -132,3 +132,46 @@ def test_static_reexport_removes_the_dynamic_exports_genai_config(tiny, tiny_exp
     export_onnx(tiny, folder, seq_dynamic=False, seq_len=4)
     assert not (folder / "genai_config.json").exists()
     assert "genai_config.json" not in ExportFolder.open(folder, "onnx").entry("onnx").files
+
+
+# One refusal, every verb: a model file altered after export (same size, one byte flipped) is refused before any
+# work by each command and API that reads an export folder: exit 2, one line, no traceback, nothing written.
+VERBS = {
+    "verify": ["verify", "{dir}"],
+    "verify --bisect": ["verify", "{dir}", "--bisect"],
+    "generate": ["generate", "{dir}", "--prompt-ids", "5,6", "--max-new-tokens", "2"],
+    "bench": ["bench", "{dir}", "--runtimes", "ort-cpu", "--new-tokens", "2", "--repeats", "1", "--long", "0"],
+    "bench --compare": ["bench", "{good}", "--compare", "{dir}", "--runtimes", "ort-cpu", "--new-tokens", "2",
+                        "--repeats", "1", "--long", "0", "-o", "{out}"],
+}
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_every_verb_refuses_an_altered_model_file(verb, altered_export, tiny_export, tmp_path):
+    from click.testing import CliRunner
+
+    from mhaexport.cli import main
+
+    before = sorted(p.name for p in altered_export.iterdir())
+    args = [a.format(dir=altered_export, good=tiny_export, out=tmp_path / "out") for a in VERBS[verb]]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: {altered_export / 'model.onnx'} sha256 ") and "Traceback" not in res.output
+    assert last.endswith("does not match the manifest's " + last.split("manifest's ")[1])
+    assert "altered after export, re-export it" in last
+    assert sorted(p.name for p in altered_export.iterdir()) == before  # nothing written into it
+    assert not (tmp_path / "out" / "bench.json").exists()
+
+
+@pytest.mark.parametrize("api", ["Generator", "genai_greedy", "bisect", "verify_folder"])
+def test_every_api_refuses_an_altered_model_file(api, altered_export):
+    from mhaexport.runtime import Generator
+    from mhaexport.runtime.genai import genai_greedy
+    from mhaexport.verify import verify_folder
+    from mhaexport.verify.bisect import bisect
+
+    call = {"Generator": lambda: Generator(altered_export), "genai_greedy": lambda: genai_greedy(altered_export, [[1]], 4),
+            "bisect": lambda: bisect(altered_export), "verify_folder": lambda: verify_folder(altered_export)}[api]
+    with pytest.raises(ArtifactError, match=r"model.onnx sha256 \w+… does not match the manifest's \w+…: altered"):
+        call()

@@ -43,12 +43,13 @@ def test_import_and_generate_without_torch(tiny_export):
         from mhaexport.runtime import Generator, GenerationConfig
         r = Generator({str(tiny_export)!r}, threads=1).generate([[5, 17, 42]], GenerationConfig(max_new_tokens=4))
         assert len(r.tokens[0]) == 4, r
-        loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
-        print("TORCH:" + ",".join(loaded))
+        heavy = ("torch", "onnx", "mhaexport.exporter", "mhaexport.models", "mhaexport.verify")
+        loaded = sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in heavy))
+        print("LOADED:" + ",".join(loaded))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "TORCH:\n" in proc.stdout, proc.stdout
+    assert "LOADED:\n" in proc.stdout, proc.stdout  # no torch, no onnx package, no exporter: the deploy path
 
 
 def test_forward_matches_eager(gen, tiny):
@@ -200,11 +201,6 @@ def test_bad_forward_inputs(gen):
         gen.generate([[1]], GenerationConfig(max_new_tokens=0))
     with pytest.raises(RuntimeInputError, match=r"top_p must be in"):
         SamplingConfig(temperature=1.0, top_p=0.0)
-
-
-def test_altered_export_is_refused(altered_export):
-    with pytest.raises(ArtifactError, match=r"sha256 .* does not match"):
-        Generator(altered_export)
 
 
 def test_cuda_request_reports_the_providers_really_used(tiny_export):

@@ -108,3 +108,32 @@ def test_verify_model_catches_bug_in_every_runtime(bug):
     for rt in ("eager", "torchscript", "ort-cpu"):
         for check in CAUGHT_IN_EAGER[bug]:
             assert f"{rt}/{check}" in failed, (bug, rt, failed)
+
+
+def test_a_bug_only_in_the_onnx_file_fails_parity(tiny_export, tmp_path):
+    """One weight matrix of a block scaled by 1.001 in model.onnx, the manifest re-hashed (as if exported so):
+    eager and TorchScript are right, so only the comparison with eager can see it."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from mhaexport.artifact import atomic_write_json, read_json
+    from mhaexport.artifact.files import file_entries
+
+    folder = tmp_path / "altered"
+    shutil.copytree(tiny_export, folder)
+    proto = onnx.load(str(folder / "model.onnx"))
+    tables = {"lm_head.weight", "tok_emb.weight", "pos_emb.weight"}
+    weight = max((t for t in proto.graph.initializer if len(t.dims) == 2 and t.name not in tables),
+                 key=lambda t: int(np.prod(t.dims)))
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(1.001), weight.name))
+    onnx.save_model(proto, folder / "model.onnx")
+    manifest = read_json(folder / "manifest.json", "manifest")
+    manifest["artifacts"]["onnx"]["files"].update(file_entries(folder, ["model.onnx"]))
+    atomic_write_json(folder / "manifest.json", manifest)
+    res = CliRunner().invoke(main, ["verify", str(folder)])
+    assert res.exit_code == 1, res.output
+    failed = _failed_checks(res.output)
+    assert "ort-cpu/parity" in failed and not any(f.startswith(("eager/", "torchscript/")) for f in failed)

@@ -106,7 +106,10 @@ class VerifyReport:
             return Verdict("not verified", EXIT_NOT_VERIFIED,
                            f"nothing was verified: no runtime besides eager ran ({skipped or 'none requested'})")
         c = self.counts
-        return Verdict("passed", EXIT_PASSED, f"{c['passed']} passed, {c['skipped']} skipped (skipped is not passed)")
+        off = [rt for rt, info in self.runtimes.items() if info.status == "skipped"]
+        also = f"; runtime(s) skipped: {', '.join(off)}" if off else ""
+        return Verdict("passed", EXIT_PASSED,
+                       f"{c['passed']} passed, {c['skipped']} skipped{also} (skipped is not passed)")
 
     @property
     def passed(self) -> bool:
