@@ -70,7 +70,7 @@ def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx"
                 "head_size": contract.head_dim,
                 "hidden_size": contract.head_dim * contract.n_heads,
                 "num_attention_heads": contract.n_heads,
-                "num_key_value_heads": contract.n_heads,
+                "num_key_value_heads": contract.n_kv_heads,
                 "num_hidden_layers": contract.n_layers,
                 "session_options": {"log_id": "mhaexport", "provider_options": []},
                 "inputs": {

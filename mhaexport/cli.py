@@ -55,7 +55,7 @@ def model_options(f):
     """--config / --model / --checkpoint: which model a command works on."""
 
     @click.option("--config", "config", metavar="NAME|FILE.json", default=None,
-                  help="Built-in model: a preset (tiny, small, bench) or a JSON file of DecoderConfig fields. "
+                  help="Built-in model: a preset (tiny, small, bench, llama, tiny-llama) or a JSON file of DecoderConfig fields. "
                        "Default: small.")
     @click.option("--model", "model", metavar="MODULE:FACTORY", default=None,
                   help="User model: 'package.module:factory' or 'file.py:factory', a zero-argument callable "

@@ -64,8 +64,8 @@ def io_schema(contract: ModelContract, dtype: str = "float32", *, seq_dynamic: b
     if not seq_dynamic and sizes is not None:
         seq, past, total = sizes[0], sizes[1], sizes[0] + sizes[1]
     n_layers, vocab_size = contract.n_layers, contract.vocab_size
-    kv_past = [BATCH, contract.n_heads, past, contract.head_dim]
-    kv_present = [BATCH, contract.n_heads, total, contract.head_dim]
+    kv_past = [BATCH, contract.n_kv_heads, past, contract.head_dim]
+    kv_present = [BATCH, contract.n_kv_heads, total, contract.head_dim]
     inputs = {INPUT_IDS: {"dtype": "int64", "shape": [BATCH, seq]},
               ATTENTION_MASK: {"dtype": "int64", "shape": [BATCH, total]}}
     outputs = {LOGITS: {"dtype": dtype, "shape": [BATCH, seq, vocab_size]}}
@@ -79,25 +79,50 @@ def io_schema(contract: ModelContract, dtype: str = "float32", *, seq_dynamic: b
 
 @dataclass(frozen=True)
 class ModelContract:
-    """The ints every model under the decoder contract exposes on ``model.config``."""
+    """The ints every model under the decoder contract exposes on ``model.config``.
+
+    ``n_kv_heads`` (optional, default ``n_heads``): grouped-query attention, fewer key/value heads than query heads;
+    ``n_heads`` must be a multiple of it. The KV cache (past and present) is [batch, n_kv_heads, length, head_dim].
+    """
 
     n_layers: int
     n_heads: int
     head_dim: int
     vocab_size: int
     max_positions: int
+    n_kv_heads: int | None = None  # None: n_heads (multi-head attention)
 
     FIELDS: ClassVar[tuple[str, ...]] = ("n_layers", "n_heads", "head_dim", "vocab_size", "max_positions")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("n_kv_heads",)
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            from mhaexport.errors import ConfigError
+
+            raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}: grouped-"
+                              "query attention shares each key/value head among n_heads / n_kv_heads query heads")
+
+    @property
+    def grouped(self) -> bool:
+        """True for grouped-query attention (fewer key/value heads than query heads)."""
+        return self.n_kv_heads != self.n_heads
 
     def to_dict(self) -> dict:
-        return {f: getattr(self, f) for f in self.FIELDS}
+        """The fields; ``n_kv_heads`` only when it differs from ``n_heads`` (so an MHA model's record is unchanged)."""
+        out = {f: getattr(self, f) for f in self.FIELDS}
+        if self.grouped:
+            out["n_kv_heads"] = self.n_kv_heads
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelContract:
-        return cls(**{f: int(data[f]) for f in cls.FIELDS})
+        kv = data.get("n_kv_heads")
+        return cls(**{f: int(data[f]) for f in cls.FIELDS}, n_kv_heads=None if kv is None else int(kv))
 
 
-KVPairs = tuple  # n_layers (key, value) pairs of arrays, each (B, H, past, D)
+KVPairs = tuple  # n_layers (key, value) pairs of arrays, each (B, H_kv, past, D)
 
 
 def dummy_inputs(contract: ModelContract, batch: int, seq: int, past: int, *, seed: int = 0,
@@ -105,13 +130,13 @@ def dummy_inputs(contract: ModelContract, batch: int, seq: int, past: int, *, se
                  dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray, KVPairs]:
     """The one builder of seeded inputs in the contract's layout, as numpy: (input_ids (B, T) int64,
     attention_mask (B, past + T) int64 with ``pad[b]`` leading zeros in row b, past_key_values: n_layers pairs of
-    (B, H, past, D)). The exporter's example inputs, verify's sweep, bisect and the self-check all use it."""
+    (B, H_kv, past, D)). The exporter's example inputs, verify's sweep, bisect and the self-check all use it."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, contract.vocab_size, (batch, seq), dtype=np.int64)  # (B, T)
     mask = np.ones((batch, past + seq), dtype=np.int64)  # (B, past + T)
     for b, p in enumerate(pad or ()):
         mask[b, :p] = 0
-    shape = (batch, contract.n_heads, past, contract.head_dim)  # (B, H, past, D)
+    shape = (batch, contract.n_kv_heads, past, contract.head_dim)  # (B, H_kv, past, D)
     cache = tuple((rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype))
                   for _ in range(contract.n_layers))
     return ids, mask, cache

@@ -45,41 +45,77 @@ def masked_fill_value(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min
 
 
-class MultiHeadAttention(nn.Module):
-    """W_q, W_k, W_v, W_o (no bias); h heads of d_k = d_model / h; softmax(QK^T / sqrt(d_k) + mask) V."""
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the last dim's two halves (RoPE's rotation by 90 degrees)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
 
-    def __init__(self, d_model: int, n_heads: int) -> None:
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor,
+                                                                                                 torch.Tensor]:
+    """cos and sin of rotary position embeddings at ``positions`` (B, T): each (B, 1, T, D)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                                / head_dim))  # (D/2,)
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, D)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class MultiHeadAttention(nn.Module):
+    """W_q, W_k, W_v, W_o (no bias); h heads of d_k = d_model / h; softmax(QK^T / sqrt(d_k) + mask) V.
+
+    ``n_kv_heads`` < h is grouped-query attention: W_k and W_v project to n_kv_heads heads, each shared by
+    h / n_kv_heads query heads; the KV cache holds the n_kv_heads heads. ``rope`` (cos, sin) rotates Q and K by their
+    positions before K is cached (rotary embeddings).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        n_kv_heads = n_kv_heads or n_heads
+        if n_heads % n_kv_heads != 0:
+            raise ConfigError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
         self.d_model = d_model
         self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
         self.d_k = d_model // n_heads
         self.W_q = nn.Linear(d_model, d_model, bias=False)
-        self.W_k = nn.Linear(d_model, d_model, bias=False)
-        self.W_v = nn.Linear(d_model, d_model, bias=False)
+        self.W_k = nn.Linear(d_model, n_kv_heads * self.d_k, bias=False)
+        self.W_v = nn.Linear(d_model, n_kv_heads * self.d_k, bias=False)
         self.W_o = nn.Linear(d_model, d_model, bias=False)
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, D)
+        return x.view(B, T, heads or self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, D)
+
+    def repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H_kv, S, D) -> (B, H, S, D): each key/value head repeated for the query heads it serves."""
+        rep = self.n_heads // self.n_kv_heads
+        return x if rep == 1 else x.repeat_interleave(rep, dim=1)
 
     def attend(self, scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """Attention weights: masked scores, the mask applied BEFORE softmax (the step the classic bugs get wrong)."""
         scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))  # (B, H, T, S)
         return F.softmax(scores, dim=-1)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None = None) -> tuple[torch.Tensor, KV]:
-        """x: (B, T, d_model); allowed: bool (B|1, 1, T, past + T); past: (B, H, past, D) pair."""
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, KV]:
+        """x: (B, T, d_model); allowed: bool (B|1, 1, T, past + T); past: (B, H_kv, past, D) pair;
+        rope: (cos, sin), each (B, 1, T, D), or None."""
         B, T, _ = x.shape
         q = self.split_heads(self.W_q(x))  # (B, H, T, D)
-        k = self.split_heads(self.W_k(x))  # (B, H, T, D)
-        v = self.split_heads(self.W_v(x))  # (B, H, T, D)
+        k = self.split_heads(self.W_k(x), self.n_kv_heads)  # (B, H_kv, T, D)
+        v = self.split_heads(self.W_v(x), self.n_kv_heads)  # (B, H_kv, T, D)
+        if rope is not None:
+            cos, sin = rope
+            q = q * cos + rotate_half(q) * sin  # (B, H, T, D)
+            k = k * cos + rotate_half(k) * sin  # (B, H_kv, T, D): cached already rotated
         if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, H, S, D)
-            v = torch.cat([past[1], v], dim=2)  # (B, H, S, D)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, T, S)
+            k = torch.cat([past[0], k], dim=2)  # (B, H_kv, S, D)
+            v = torch.cat([past[1], v], dim=2)  # (B, H_kv, S, D)
+        scores = (q @ self.repeat_kv(k).transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, T, S)
         weights = self.attend(scores, allowed)  # (B, H, T, S)
-        out = weights @ v  # (B, H, T, D)
+        out = weights @ self.repeat_kv(v)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model): heads concatenated
         return self.W_o(out), (k, v)

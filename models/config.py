@@ -10,6 +10,11 @@ from pathlib import Path
 from mhaexport.errors import ConfigError
 
 
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope")
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     vocab_size: int = 256  # byte-level by default: any text encodes without a tokenizer
@@ -17,11 +22,16 @@ class DecoderConfig:
     n_heads: int = 4  # h: each head gets d_k = d_model / h
     n_layers: int = 4  # number of Pre-LN decoder blocks
     d_ff: int = 512  # hidden width of each block's feed-forward network
-    max_positions: int = 256  # learned position embeddings: the longest past + seq the model accepts
+    max_positions: int = 256  # the longest past + seq the model accepts (learned positions: the table's size)
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
     layer_norm_eps: float = 1e-5
     seed: int = 0  # seeds the deterministic default weights
     name: str = "custom"  # preset name, or "custom" for a JSON file
+    n_kv_heads: int | None = None  # grouped-query attention: key/value heads (None: n_heads, the article's MHA)
+    norm: str = "layernorm"  # "layernorm" (the article's) or "rmsnorm" (Llama's)
+    mlp: str = "gelu"  # "gelu": Linear-GELU-Linear (the article's) or "swiglu": W2(silu(W1 x) * W3 x) (Llama's)
+    positions: str = "learned"  # "learned" position embeddings (the article's) or "rope" (rotary, Llama's)
+    rope_theta: float = 10000.0  # RoPE's base
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
@@ -33,6 +43,15 @@ class DecoderConfig:
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
                 f"each head needs d_model / n_heads dimensions"
             )
+        kv = self.n_kv_heads
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_heads % kv):
+            raise ConfigError(f"n_kv_heads={kv!r} must be a positive divisor of n_heads={self.n_heads}: each "
+                              "key/value head serves n_heads / n_kv_heads query heads")
+        for f, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS)):
+            if getattr(self, f) not in allowed:
+                raise ConfigError(f"config field {f!r} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ConfigError(f"positions='rope' needs an even head_dim, got {self.head_dim}")
 
     @property
     def head_dim(self) -> int:
@@ -64,6 +83,15 @@ PRESETS: dict[str, DecoderConfig] = {
     # GPT-2-small-like dims, used for timing everywhere
     "bench": DecoderConfig(vocab_size=32000, d_model=512, n_heads=8, n_layers=8, d_ff=2048, max_positions=1024,
                            name="bench"),
+    # shaped like a small Llama: grouped-query attention (4 query heads share 2 key/value heads), RoPE, RMSNorm,
+    # SwiGLU, untied LM head; seeded random weights
+    "llama": DecoderConfig(vocab_size=256, d_model=128, n_heads=4, n_kv_heads=2, n_layers=4, d_ff=352,
+                           max_positions=256, tie_embeddings=False, layer_norm_eps=1e-6, norm="rmsnorm",
+                           mlp="swiglu", positions="rope", name="llama"),
+    # tests: the Llama shape at the tiny preset's size
+    "tiny-llama": DecoderConfig(vocab_size=256, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=176,
+                                max_positions=128, tie_embeddings=False, layer_norm_eps=1e-6, norm="rmsnorm",
+                                mlp="swiglu", positions="rope", name="tiny-llama"),
 }
 DEFAULT_PRESET = "small"
 

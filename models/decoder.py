@@ -3,28 +3,53 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from mhaexport.models.attention import KV, MultiHeadAttention, build_causal_mask
+from mhaexport.models.attention import KV, MultiHeadAttention, build_causal_mask, rope_tables
 from mhaexport.models.config import DecoderConfig
 
 
+def make_norm(config: DecoderConfig) -> nn.Module:
+    """LayerNorm (the article's) or RMSNorm (Llama's) over d_model."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.d_model, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+
+class SwiGLU(nn.Module):
+    """Llama's feed-forward: W2(silu(W1 x) * W3 x), no biases."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, d_model)
+
+
 class DecoderBlock(nn.Module):
-    """x + attn(LN(x)), then x + FFN(LN(x))."""
+    """x + attn(norm(x)), then x + FFN(norm(x))."""
 
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.attn = MultiHeadAttention(config.d_model, config.n_heads)
-        self.ln_2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.ffn = nn.Sequential(
-            nn.Linear(config.d_model, config.d_ff),
-            nn.GELU(),
-            nn.Linear(config.d_ff, config.d_model),
-        )
+        self.ln_1 = make_norm(config)
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads)
+        self.ln_2 = make_norm(config)
+        if config.mlp == "swiglu":
+            self.ffn = SwiGLU(config.d_model, config.d_ff)
+        else:
+            self.ffn = nn.Sequential(
+                nn.Linear(config.d_model, config.d_ff),
+                nn.GELU(),
+                nn.Linear(config.d_ff, config.d_model),
+            )
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None) -> tuple[torch.Tensor, KV]:
-        a, present = self.attn(self.ln_1(x), allowed, past)
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, KV]:
+        a, present = self.attn(self.ln_1(x), allowed, past, rope)
         x = x + a
         x = x + self.ffn(self.ln_2(x))
         return x, present
@@ -41,7 +66,8 @@ def position_ids_from_mask(attention_mask: torch.Tensor, q_len: int | torch.SymI
 
 
 class DecoderLM(nn.Module):
-    """Token + learned position embeddings, N Pre-LN blocks, final LayerNorm, LM head (tied by default).
+    """Token embeddings (+ learned position embeddings, or RoPE inside attention), N Pre-LN blocks, a final norm,
+    the LM head (tied by default).
 
     forward(input_ids, attention_mask, past_key_values) -> (logits, present_key_values), as in docs/DESIGN.md.
     """
@@ -50,9 +76,10 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.max_positions, config.d_model)
+        if config.positions == "learned":
+            self.pos_emb = nn.Embedding(config.max_positions, config.d_model)
         self.blocks = nn.ModuleList(DecoderBlock(config) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.reset_parameters()
 
@@ -74,10 +101,15 @@ class DecoderLM(nn.Module):
         past_len = past_key_values[0][0].shape[2] if past_key_values else 0
         allowed = build_causal_mask(T, past_len, attention_mask, device=input_ids.device)  # (B, 1, T, S)
         pos = position_ids_from_mask(attention_mask, T)  # (B, T)
-        x = self.tok_emb(input_ids) + self.pos_emb(pos)  # (B, T, d_model)
+        x = self.tok_emb(input_ids)  # (B, T, d_model)
+        rope = None
+        if self.config.positions == "rope":
+            rope = rope_tables(pos, self.config.head_dim, self.config.rope_theta, x.dtype)  # (B, 1, T, D) each
+        else:
+            x = x + self.pos_emb(pos)
         present = []
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, allowed, past_key_values[i] if past_key_values else None)
+            x, kv = block(x, allowed, past_key_values[i] if past_key_values else None, rope)
             present.append(kv)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
         return logits, tuple(present)

@@ -97,12 +97,17 @@ def contract_of(module: nn.Module) -> ModelContract:
         raise ModelLoadError(f"{type(module).__name__} has no .config: the contract needs model.config with "
                              f"ints {', '.join(ModelContract.FIELDS)}")
     values = {}
-    for f in ModelContract.FIELDS:
+    for f in ModelContract.FIELDS + ModelContract.OPTIONAL:
         v = cfg.get(f) if isinstance(cfg, dict) else getattr(cfg, f, None)
+        if v is None and f in ModelContract.OPTIONAL:
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelLoadError(f"model.config.{f} must be a positive int, found {v!r}")
         values[f] = v
-    return ModelContract(**values)
+    try:
+        return ModelContract(**values)
+    except ConfigError as e:
+        raise ModelLoadError(f"model.config: {e}") from None
 
 
 def _import_factory(spec: str):
@@ -214,14 +219,14 @@ def smoke_check(module: nn.Module, contract: ModelContract) -> None:
     want = (1, 2, contract.vocab_size)
     if tuple(logits.shape) != want:
         raise ModelLoadError(f"logits shape {tuple(logits.shape)} != expected {want} [batch, seq, vocab_size]")
-    kv_want = (1, contract.n_heads, 2, contract.head_dim)
+    kv_want = (1, contract.n_kv_heads, 2, contract.head_dim)
     for i, kv in enumerate(present):
         if not (isinstance(kv, (tuple, list)) and len(kv) == 2):
             raise ModelLoadError(f"present[{i}] must be a (key, value) pair")
         for t in kv:
             if tuple(t.shape) != kv_want:
                 raise ModelLoadError(f"present[{i}] shape {tuple(t.shape)} != expected {kv_want} "
-                                     "[batch, n_heads, past + seq, head_dim]")
+                                     "[batch, n_kv_heads, past + seq, head_dim]")
 
 
 def shipped_weights(config: DecoderConfig) -> Path | None:

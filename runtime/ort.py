@@ -79,7 +79,7 @@ class OrtRunner(Runner):
     # ---- the decode loop: the cache stays OrtValues on the session's device ----------------------------------
     def empty_cache(self, batch: int) -> Cache:
         c = self.contract
-        empty = np.zeros((batch, c.n_heads, 0, c.head_dim), dtype=dtypes.numpy_dtype(self.dtype))  # (B, H, 0, D)
+        empty = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), dtype=dtypes.numpy_dtype(self.dtype))  # (B, Hkv, 0, D)
         if not self.io_binding:
             return [empty] * len(self.past_names)
         return [ort.OrtValue.ortvalue_from_numpy(empty, self.device, 0) for _ in self.past_names]

@@ -122,7 +122,7 @@ class Runner:
     def check_past(self, past: Any, batch: int, past_len: int) -> KVPairs:
         """n_layers (key, value) pairs (or 2 * n_layers arrays) of (B, H, past, D) in the artifact's dtype."""
         c = self.contract
-        want = (batch, c.n_heads, past_len, c.head_dim)
+        want = (batch, c.n_kv_heads, past_len, c.head_dim)
         np_dtype = dtypes.numpy_dtype(self.dtype)
         if past is None or (len(past) == 0 and c.n_layers > 0):
             if past_len != 0:
@@ -141,7 +141,7 @@ class Runner:
             if tuple(t.shape) != want:
                 kind = "key" if i % 2 == 0 else "value"
                 raise RuntimeInputError(f"past_key_values.{i // 2}.{kind} has shape {tuple(t.shape)}, expected "
-                                        f"{want} [batch, n_heads, past, head_dim] with past = attention_mask width "
+                                        f"{want} [batch, n_kv_heads, past, head_dim] with past = attention_mask width "
                                         "- seq")
             out.append(np.ascontiguousarray(t, dtype=np_dtype))
         return tuple((out[2 * i], out[2 * i + 1]) for i in range(c.n_layers))

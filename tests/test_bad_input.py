@@ -40,7 +40,7 @@ def cwd(tmp_path, monkeypatch):
 
 def test_unknown_preset(cwd):
     msg = cli_error(["onnx", "--config", "nope", "-o", "out"])
-    assert msg == "Error: unknown config 'nope': use a preset (tiny, small, bench) or a .json file"
+    assert msg == "Error: unknown config 'nope': use a preset (tiny, small, bench, llama, tiny-llama) or a .json file"
     assert not (cwd / "out").exists()
 
 
@@ -220,7 +220,7 @@ def test_mismatched_past_shapes_through_the_runtime_api(tiny_export):
     ids, mask = np.array([[1, 2]]), np.ones((1, 5), np.int64)  # past = 5 - 2 = 3
     short = [(np.zeros((1, 4, 2, 16), np.float32),) * 2] * 2
     with pytest.raises(RuntimeInputError, match=r"past_key_values.0.key has shape \(1, 4, 2, 16\), expected "
-                                                r"\(1, 4, 3, 16\) \[batch, n_heads, past, head_dim\]"):
+                                                r"\(1, 4, 3, 16\) \[batch, n_kv_heads, past, head_dim\]"):
         gen.forward(ids, mask, short)
     wrong_heads = [(np.zeros((1, 4, 3, 8), np.float32),) * 2] * 2
     with pytest.raises(RuntimeInputError, match=r"has shape \(1, 4, 3, 8\), expected \(1, 4, 3, 16\)"):

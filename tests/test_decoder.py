@@ -130,3 +130,65 @@ def test_user_factory_loads(tmp_path):
 def test_bad_factories(spec, match):
     with pytest.raises(ModelLoadError, match=match):
         load_model(model=spec)
+
+
+# --- the Llama-shaped preset: grouped-query attention, RoPE, RMSNorm, SwiGLU -----------------------------------------
+
+def test_llama_preset_has_a_grouped_cache_and_decodes_like_prefill():
+    m = load_model("tiny-llama")
+    c = m.contract
+    assert (c.n_heads, c.n_kv_heads, c.grouped) == (4, 2, True) and c.to_dict()["n_kv_heads"] == 2
+    assert load_model("tiny").contract.to_dict().keys() == {"n_layers", "n_heads", "head_dim", "vocab_size",
+                                                            "max_positions"}  # MHA records stay as they were
+    ids, am, empty = make_inputs(c, batch=2, seq=10, past=0, seed=3, pad=[0, 3])
+    with torch.no_grad():
+        full, present = m.module(ids, am, empty)
+        assert present[0][0].shape == (2, 2, 10, 16)  # (B, H_kv, S, D): the cache holds the shared heads only
+        _, cache = m.module(ids[:, :4], am[:, :4], empty)
+        steps = []
+        for t in range(4, 10):
+            logit, cache = m.module(ids[:, t:t + 1], am[:, :t + 1], cache)
+            steps.append(logit)
+    torch.testing.assert_close(torch.cat(steps, 1)[0], full[0, 4:], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(steps, 1)[1], full[1, 4:], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad,match", [({"n_kv_heads": 3}, "n_kv_heads=3 must be a positive divisor of n_heads=4"),
+                                       ({"norm": "batchnorm"}, "'norm' must be one of layernorm, rmsnorm")])
+def test_bad_llama_fields(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        DecoderConfig(**{**PRESETS["tiny-llama"].to_dict(), **bad})
+
+
+def test_llama_preset_matches_hugging_face_llama_with_the_same_weights():
+    """Cross-check against transformers' LlamaForCausalLM (the reference implementation of the shape): same
+    weights, same positions, same logits — RoPE's convention, RMSNorm, SwiGLU and the grouped heads included."""
+    transformers = pytest.importorskip("transformers")
+    m = load_model("tiny-llama")
+    cfg = m.config
+    hf_cfg = transformers.LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
+                                      intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+                                      num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                                      max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.layer_norm_eps,
+                                      rope_theta=cfg.rope_theta, tie_word_embeddings=False,
+                                      attention_bias=False, mlp_bias=False)
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    names = {"tok_emb": "model.embed_tokens", "ln_f": "model.norm", "lm_head": "lm_head"}
+    per_block = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.W_q": "self_attn.q_proj",
+                 "attn.W_k": "self_attn.k_proj", "attn.W_v": "self_attn.v_proj", "attn.W_o": "self_attn.o_proj",
+                 "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj"}
+    state = {}
+    for k, v in m.module.state_dict().items():
+        if k.startswith("blocks."):
+            _, i, rest = k.split(".", 2)
+            mod, param = rest.rsplit(".", 1)
+            state[f"model.layers.{i}.{per_block[mod]}.{param}"] = v
+        else:
+            mod, param = k.rsplit(".", 1)
+            state[f"{names[mod]}.{param}"] = v
+    hf.load_state_dict(state, strict=True)
+    ids, am, empty = make_inputs(m.contract, batch=1, seq=12, past=0, seed=7)
+    with torch.no_grad():
+        ours, _ = m.module(ids, am, empty)
+        theirs = hf(input_ids=ids, attention_mask=am).logits
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)

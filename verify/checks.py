@@ -363,7 +363,7 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
             continue
         logits, present = out
         want_l = (case.batch, case.seq, c.vocab_size)
-        want_kv = (case.batch, c.n_heads, case.past + case.seq, c.head_dim)
+        want_kv = (case.batch, c.n_kv_heads, case.past + case.seq, c.head_dim)
         if tuple(logits.shape) != want_l or any(tuple(t.shape) != want_kv for kv in present for t in kv):
             problems.append(f"wrong output shapes at {case.name}: logits {list(logits.shape)} (want {list(want_l)})")
             continue
