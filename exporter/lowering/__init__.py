@@ -16,6 +16,8 @@ the exact lowest value, which ONNX Runtime's ``Attention`` kernel reads as "full
 it, a fully masked (left-padded) query row gets the same uniform average of V that eager's ``masked_fill`` gives.
 ``is_causal`` is never used: ONNX Runtime has had alignment bugs with it when the query is shorter than the keys.
 
+``self_check.py`` runs a lowered graph against the decomposed one before it is written.
+
 Works on ``onnx.ModelProto`` (no torch): the rewrite is a graph pass that any model exporting the usual
 attention pattern gets, built-in or user factory. A model whose attention does not match raises ExportError.
 """
@@ -30,6 +32,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mhaexport.errors import ExportError
+from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check  # noqa: F401 - re-exported
 
 LOWERINGS = ("decomposed", "onnx", "ort")
 ATTENTION_OPSET = 23  # the ONNX Attention op appears in opset 23
