@@ -27,17 +27,6 @@ PADDED = [(3, 5, 4, [0, 3, 6]), (2, 1, 6, [0, 4])]
 FUSED = {"onnx": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
 
 
-@pytest.fixture(scope="module")
-def lowered(tiny, tiny_export, tmp_path_factory):
-    """{lowering: export folder} for the tiny model; decomposed is the shared session export."""
-    out = {"decomposed": tiny_export}
-    for attention in ("onnx", "ort"):
-        folder = tmp_path_factory.mktemp(f"lowered_{attention}")
-        export_onnx(tiny, folder, attention=attention)
-        out[attention] = folder
-    return out
-
-
 def _session(folder):
     sess = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
     assert sess.get_providers() == ["CPUExecutionProvider"]
@@ -50,8 +39,8 @@ def _run(sess, ids, mask, past):
 
 
 @pytest.mark.parametrize("attention", ["onnx", "ort"])
-def test_graph_holds_the_fused_op_and_no_decomposed_attention(lowered, tiny, attention):
-    model = onnx.load(str(lowered[attention] / "model.onnx"))
+def test_graph_holds_the_fused_op_and_no_decomposed_attention(tiny_lowered, tiny, attention):
+    model = onnx.load(str(tiny_lowered[attention] / "model.onnx"))
     counts = op_counts(model)
     assert counts.get(FUSED[attention]) == tiny.contract.n_layers
     assert "Softmax" not in counts
@@ -64,24 +53,24 @@ def test_graph_holds_the_fused_op_and_no_decomposed_attention(lowered, tiny, att
             assert producers[name].op_type == FUSED[attention].rsplit(".", 1)[-1]
     if attention == "onnx":
         assert next(o.version for o in model.opset_import if o.domain == "") == 23
-    entry = json.loads((lowered[attention] / "manifest.json").read_text())["artifacts"]["onnx"]
+    entry = json.loads((tiny_lowered[attention] / "manifest.json").read_text())["artifacts"]["onnx"]
     assert entry["attention"] == attention and entry["dtype"] == "float32"
     assert entry["lowering"]["fused_nodes"] == tiny.contract.n_layers and entry["lowering"]["kv_cache_in_op"]
     assert entry["lowering"]["softmax_left"] == 0
     assert entry["lowering"]["self_check_max_abs_diff"] < 1e-4
 
 
-def test_decomposed_graph_keeps_softmax(lowered, tiny):
-    counts = op_counts(onnx.load(str(lowered["decomposed"] / "model.onnx")))
+def test_decomposed_graph_keeps_softmax(tiny_lowered, tiny):
+    counts = op_counts(onnx.load(str(tiny_lowered["decomposed"] / "model.onnx")))
     assert counts["Softmax"] == tiny.contract.n_layers
     assert "Attention" not in counts and "com.microsoft.MultiHeadAttention" not in counts
-    entry = json.loads((lowered["decomposed"] / "manifest.json").read_text())["artifacts"]["onnx"]
+    entry = json.loads((tiny_lowered["decomposed"] / "manifest.json").read_text())["artifacts"]["onnx"]
     assert entry["attention"] == "decomposed"
 
 
 @pytest.mark.parametrize("attention", ["decomposed", "onnx", "ort"])
-def test_lowering_matches_eager_on_the_sweep(lowered, tiny, attention):
-    sess = _session(lowered[attention])
+def test_lowering_matches_eager_on_the_sweep(tiny_lowered, tiny, attention):
+    sess = _session(tiny_lowered[attention])
     cases = [(b, t, p, None) for b, t, p in SHAPES] + PADDED
     for b, t, p, pad in cases:
         ids, mask, past = make_inputs(tiny.contract, b, t, p, seed=3, pad=pad)
