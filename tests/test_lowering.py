@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,7 +15,9 @@ from torch import nn
 
 from mhaexport import iospec
 from mhaexport.errors import ExportError
-from mhaexport.exporter.lowering import lower_attention, op_counts
+from mhaexport.exporter.common import EXAMPLE_PAST, EXAMPLE_SEQ
+from mhaexport.exporter.lowering import lower_attention, op_counts, self_check
+from mhaexport.exporter.lowering import rules as lowering_rules
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.models.inputs import make_inputs
 from mhaexport.models.loading import LoadedModel, contract_of
@@ -122,6 +125,34 @@ def test_unrecognized_attention_is_a_clear_export_error(tmp_path):
         export_onnx(loaded, tmp_path / "odd", attention="ort")
     # the decomposed export of the same model works
     export_onnx(loaded, tmp_path / "odd", attention="decomposed")
+
+
+def _wrong_ort_writer(monkeypatch, **change) -> None:
+    """Plant a wrong rewrite: the `ort` lowering writes its fused node from a changed match (a scale, a mask)."""
+    write = lowering_rules.FUSE["ort"]
+    monkeypatch.setitem(lowering_rules.FUSE, "ort", lambda rule, op, a: write(rule, op, dataclasses.replace(a, **change)))
+
+
+def test_a_wrong_scale_is_refused_by_the_self_check(tiny, tmp_path, monkeypatch):
+    """The planted rewrite still gives a valid graph with one fused node per layer: only the self-check (lowered vs
+    decomposed on ORT CPU) can tell, and the export must fail before any file is written."""
+    _wrong_ort_writer(monkeypatch, scale=0.5)  # the tiny preset's is 1/sqrt(16) = 0.25
+    with pytest.raises(ExportError, match=r"^--attention ort: the lowered graph differs from the decomposed one on "
+                                          r"logits by \S+ \(tolerance \S+\): the rewrite is wrong for this model$"):
+        export_onnx(tiny, tmp_path, attention="ort")
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_a_dropped_mask_is_refused_by_the_self_check(tiny, tiny_export, monkeypatch):
+    """The same on the shared decomposed export, without a new torch export: lower it with the mask dropped."""
+    _wrong_ort_writer(monkeypatch, masked=None, allowed=None, bias=None)
+    decomposed = (tiny_export / "model.onnx").read_bytes()
+    model = onnx.load_from_string(decomposed)
+    lower_attention(model, "ort", n_heads=tiny.contract.n_heads, head_dim=tiny.contract.head_dim)
+    assert op_counts(model)["com.microsoft.MultiHeadAttention"] == tiny.contract.n_layers
+    with pytest.raises(ExportError, match=r"--attention ort: the lowered graph differs from the decomposed one on "
+                                          r"logits by .*the rewrite is wrong for this model"):
+        self_check(decomposed, model, tiny.contract, "float32", "ort", seq=EXAMPLE_SEQ, past=EXAMPLE_PAST)
 
 
 def test_lower_attention_rejects_a_graph_without_attention():
