@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
-import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 from mhaexport.errors import ExportError
-from mhaexport.exporter.lowering.rules import FUSED_OP, MS_DOMAIN, attention_rules, why_unmatched
 from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 LOWERINGS = ("decomposed", "onnx", "ort")
 ATTENTION_OPSET = 23  # the ONNX Attention op appears in opset 23
+MS_DOMAIN = "com.microsoft"
+FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention")}
 
 __all__ = ["ATTENTION_OPSET", "FUSED_OP", "LOWERINGS", "MS_DOMAIN", "SELF_CHECK_TOL", "LoweringReport",
            "lower_attention", "op_counts", "self_check"]
@@ -98,6 +101,11 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
         raise ExportError(f"--attention {attention}: the exported graph has no Softmax, so no decomposed attention "
                           "to lower (does the model compute attention?)")
 
+    import onnx_ir as ir  # onnxscript's rewriter and onnx_ir load only when a graph is lowered
+    from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
+
+    from mhaexport.exporter.lowering.rules import attention_rules, why_unmatched
+
     graph = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
     fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim).apply_to_model(graph)
     left = [n for n in graph.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
@@ -122,6 +130,8 @@ def _write_back(graph: ir.Model, model: onnx.ModelProto) -> None:
     """Make ``model`` the rewritten ``graph`` without copying the weights it already holds: nodes, outputs and
     opsets come from the serialized rewrite; initializers the rewrite dropped are deleted, the ones it added
     appended. value_info is dropped: the rewrite changed node outputs' shapes where it wrote them."""
+    import onnx_ir as ir
+
     inits = dict(graph.graph.initializers)
     graph.graph.initializers.clear()  # serialize the graph without tensor data
     rewritten = ir.serde.serialize_model(graph)

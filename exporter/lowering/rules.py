@@ -30,8 +30,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-MS_DOMAIN = "com.microsoft"
-FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention")}
+from mhaexport.exporter.lowering import MS_DOMAIN
+
 KEY_AXES = (-1, 3)  # Softmax over the key axis of (B, H, T, S)
 SEQ_AXES = (2, -2)  # the KV cache grows along axis 2 of (B, H, S, D)
 TRANSPOSE_LAST = [0, 1, 3, 2]  # (B, H, S, D) <-> (B, H, D, S)
