@@ -106,19 +106,19 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
 
     from mhaexport.exporter.lowering.rules import attention_rules, why_unmatched
 
-    graph = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
-    fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim).apply_to_model(graph)
-    left = [n for n in graph.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
+    ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
+    fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim).apply_to_model(ir_model)
+    left = [n for n in ir_model.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
     if left:
-        why = why_unmatched(graph, left[0], attention, n_heads=n_heads, head_dim=head_dim)
+        why = why_unmatched(ir_model, left[0], attention, n_heads=n_heads, head_dim=head_dim)
         raise ExportError(f"--attention {attention}: {len(left)} of {n_softmax} Softmax node(s) are not a "
                           f"recognized attention pattern ({why}); export with --attention decomposed")
     try:
-        ir.passes.PassManager([RemoveUnusedNodesPass(), TopologicalSortPass()])(graph)
+        ir.passes.PassManager([RemoveUnusedNodesPass(), TopologicalSortPass()])(ir_model)
     except ValueError as e:  # Graph.sort: a cycle
         raise ExportError(f"--attention {attention}: the attention rewrite left the graph unsortable ({e})") from None
-    ops = [n for n in graph.graph if (n.domain, n.op_type) == (domain, op_type)]
-    _write_back(graph, model)
+    ops = [n for n in ir_model.graph if (n.domain, n.op_type) == (domain, op_type)]
+    _write_back(ir_model, model)
     report.fused_nodes = fused
     report.kv_cache_in_op = all(len(n.outputs) == 3 for n in ops)  # Y, present_key, present_value
     report.op_counts = op_counts(model)
@@ -126,15 +126,15 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
     return report
 
 
-def _write_back(graph: ir.Model, model: onnx.ModelProto) -> None:
-    """Make ``model`` the rewritten ``graph`` without copying the weights it already holds: nodes, outputs and
+def _write_back(ir_model: ir.Model, model: onnx.ModelProto) -> None:
+    """Make ``model`` the rewritten ``ir_model`` without copying the weights it already holds: nodes, outputs and
     opsets come from the serialized rewrite; initializers the rewrite dropped are deleted, the ones it added
     appended. value_info is dropped: the rewrite changed node outputs' shapes where it wrote them."""
     import onnx_ir as ir
 
-    inits = dict(graph.graph.initializers)
-    graph.graph.initializers.clear()  # serialize the graph without tensor data
-    rewritten = ir.serde.serialize_model(graph)
+    inits = dict(ir_model.graph.initializers)
+    ir_model.graph.initializers.clear()  # serialize the graph without tensor data
+    rewritten = ir.serde.serialize_model(ir_model)
     g = model.graph
     for i in reversed([i for i, t in enumerate(g.initializer) if t.name not in inits]):
         del g.initializer[i]

@@ -6,7 +6,7 @@ One pattern covers the attention torch.onnx writes for eager code and for ``scal
     MatMul(Q [* a], Kᵀ [* b])                    Kᵀ = Transpose(K, perm=[0, 1, 3, 2]) | any (B, H, D, S) value
       [-> Div(c) | Mul(c)]                       the scale
       [-> Where(masked, fill, ·) | Where(allowed, ·, fill) | Add(·, bias) | Add(bias, ·)]
-      -> Softmax(axis=-1)
+      -> Softmax(axis=-1 | 3)
       [-> Where(IsNaN(w), 0, w)]                 SDPA's NaN guard
       -> MatMul(·, V)
 
@@ -96,7 +96,7 @@ class Shared:
 
     names: itertools.count = field(default_factory=lambda: itertools.count(1))
     consts: dict[Any, ir.Value] = field(default_factory=dict)
-    biases: dict[tuple[int, str], ir.Value] = field(default_factory=dict)  # (id of the bool mask, kind) -> bias
+    biases: dict[tuple[ir.Value, str], ir.Value] = field(default_factory=dict)  # (bool mask, kind) -> bias
 
     def fresh(self, base: str) -> str:
         return f"_lower_{base}_{next(self.names)}"
@@ -221,7 +221,7 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         if a.bias is not None or (a.masked is None and a.allowed is None):
             return a.bias
         cond = a.masked if a.masked is not None else a.allowed
-        key = (id(cond), "masked" if a.masked is not None else "allowed")
+        key = (cond, "masked" if a.masked is not None else "allowed")
         if key not in self.shared.biases:
             dt = a.fill_dtype
             zero = self.const(op, ("zero", dt), "zero", np.array(0.0, dtype=dt.numpy()))
