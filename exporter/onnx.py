@@ -15,8 +15,8 @@ from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.errors import ExportError, first_line
 from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
-from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention
-from mhaexport.exporter.precision import precision_report, self_check
+from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention, self_check
+from mhaexport.exporter.precision import precision_report
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
@@ -80,7 +80,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     seq_dynamic: batch, sequence, past and total lengths are symbolic; the causal mask is computed in the graph.
     Otherwise sequence_length = seq_len and past_sequence_length = past_len are fixed (batch stays dynamic).
     attention: "decomposed" (MatMul/Softmax/Where as exported), "onnx" (the ONNX Attention op, opset 23) or
-    "ort" (com.microsoft MultiHeadAttention); see exporter/lowering.py.
+    "ort" (com.microsoft MultiHeadAttention); see exporter/lowering/.
     dtype: "float32", "float16" or "bfloat16": weights, KV cache and logits in that dtype.
     opset: default 18, or 23 for attention="onnx".
     """

@@ -156,6 +156,21 @@ def start_session(model: str | Path | bytes, requested: list[str],
     return session, reason
 
 
+def cpu_session(model: str | Path | bytes, *, threads: int = 1, level: int | None = None,
+                optimized: str | None = None) -> ort.InferenceSession:
+    """A quiet ONNX Runtime CPU session on ``threads`` threads (the exporter's checks run tiny batches).
+    ``level``: graph optimization level as ORT's enum value; ``optimized``: where ORT saves the graph it ran."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if level is not None:
+        so.graph_optimization_level = ort.GraphOptimizationLevel(level)
+    if optimized:
+        so.optimized_model_filepath = optimized
+    return start_session(model, [CPU], so)[0]
+
+
 def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     so = ort.SessionOptions()
     if cfg.opt_level not in OPT_LEVELS:

@@ -30,6 +30,20 @@ def tiny_export(tiny, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_lowered(tiny, tiny_export, tmp_path_factory):
+    """{lowering: ONNX export folder} of the tiny model: tiny_export for decomposed, one export per fused lowering.
+    Treat as read-only."""
+    from mhaexport.exporter.onnx import export_onnx
+
+    out = {"decomposed": tiny_export}
+    for attention in ("onnx", "ort"):
+        folder = tmp_path_factory.mktemp(f"tiny_lowered_{attention}")
+        export_onnx(tiny, folder, attention=attention)
+        out[attention] = folder
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning threads cost 10x."""

@@ -136,19 +136,27 @@ def test_values_exposed_are_what_ort_computes(tiny_export, tiny):
     assert row.max_abs == pytest.approx(float(np.abs(logits.astype(np.float64) - want).max()), rel=1e-9, abs=0)
 
 
-def test_fused_attention_lowering_is_bisected_and_a_planted_scale_found(tiny, tmp_path):
-    """The `ort` lowering's com.microsoft MultiHeadAttention defeats onnx shape inference and carries no module
-    scope: its outputs are still exposed and compared, and a wrong `scale` attribute in block 1 is traced there."""
-    from mhaexport.exporter.onnx import export_onnx
-
-    export_onnx(tiny, tmp_path, attention="ort")
-    clean = bisect(tmp_path, tiny)
+@pytest.mark.parametrize("attention", ["onnx", "ort"])
+def test_fused_attention_keeps_its_scope_and_a_planted_scale_is_traced_to_it(tiny_lowered, tiny, tmp_path, attention):
+    """Each lowering's fused node carries the module scope of the attention it replaced. A wrong `scale` attribute
+    in block 1's fused node, planted in the ONNX file only (the manifest re-hashed, as if the exporter wrote it),
+    is traced to blocks.1.attn, with the fused node among that module's own nodes. (com.microsoft
+    MultiHeadAttention defeats onnx shape inference: its outputs are exposed untyped and still compared.)"""
+    clean = bisect(tiny_lowered[attention], tiny)
     assert clean.ok and not clean.unmatched
-    proto = onnx.load(str(tmp_path / "model.onnx"))
-    fused = [n for n in proto.graph.node if n.op_type == "MultiHeadAttention"]
-    assert len(fused) == tiny.contract.n_layers
-    scale = next(a for a in fused[1].attribute if a.name == "scale")
-    scale.f *= 0.5
-    report = bisect_onnx(proto, tiny)
+    op_type = {"onnx": "Attention", "ort": "MultiHeadAttention"}[attention]
+    planted = {}
+
+    def halve_block_1_scale(proto: onnx.ModelProto) -> None:
+        fused = [n for n in proto.graph.node if n.op_type == op_type]
+        assert len(fused) == tiny.contract.n_layers
+        assert _module_paths(_scopes(fused[1]))[-1] == "blocks.1.attn"
+        next(a for a in fused[1].attribute if a.name == "scale").f *= 0.5
+        planted["node"] = f"{op_type} {fused[1].name}"
+
+    _rehashed_copy(tiny_lowered[attention], tmp_path / "bad", halve_block_1_scale)
+    report = bisect(tmp_path / "bad", tiny)
     assert report.culprit.module == "blocks.1.attn" and report.block == "blocks.1"
-    assert f"MultiHeadAttention {fused[1].name} (no scope)" in report.culprit_nodes
+    assert report.culprit.input_rel < 1e-5 and report.culprit.rel > 1e-2
+    assert planted["node"] in report.culprit_nodes  # listed by its scope, not as a scope-less node in the span
+    assert not any(n.endswith("(no scope)") for n in report.culprit_nodes)

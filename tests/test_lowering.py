@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,7 +15,9 @@ from torch import nn
 
 from mhaexport import iospec
 from mhaexport.errors import ExportError
-from mhaexport.exporter.lowering import lower_attention, op_counts
+from mhaexport.exporter.common import EXAMPLE_PAST, EXAMPLE_SEQ
+from mhaexport.exporter.lowering import lower_attention, op_counts, self_check
+from mhaexport.exporter.lowering import rules as lowering_rules
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.models.inputs import make_inputs
 from mhaexport.models.loading import LoadedModel, contract_of
@@ -25,17 +28,6 @@ SHAPES = [(1, 1, 0), (2, 7, 0), (1, 1, 13), (3, 5, 4), (2, 33, 0), (1, 2, 31)]
 # of its query rows see no key at all
 PADDED = [(3, 5, 4, [0, 3, 6]), (2, 1, 6, [0, 4])]
 FUSED = {"onnx": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
-
-
-@pytest.fixture(scope="module")
-def lowered(tiny, tiny_export, tmp_path_factory):
-    """{lowering: export folder} for the tiny model; decomposed is the shared session export."""
-    out = {"decomposed": tiny_export}
-    for attention in ("onnx", "ort"):
-        folder = tmp_path_factory.mktemp(f"lowered_{attention}")
-        export_onnx(tiny, folder, attention=attention)
-        out[attention] = folder
-    return out
 
 
 def _session(folder):
@@ -50,8 +42,8 @@ def _run(sess, ids, mask, past):
 
 
 @pytest.mark.parametrize("attention", ["onnx", "ort"])
-def test_graph_holds_the_fused_op_and_no_decomposed_attention(lowered, tiny, attention):
-    model = onnx.load(str(lowered[attention] / "model.onnx"))
+def test_graph_holds_the_fused_op_and_no_decomposed_attention(tiny_lowered, tiny, attention):
+    model = onnx.load(str(tiny_lowered[attention] / "model.onnx"))
     counts = op_counts(model)
     assert counts.get(FUSED[attention]) == tiny.contract.n_layers
     assert "Softmax" not in counts
@@ -64,24 +56,24 @@ def test_graph_holds_the_fused_op_and_no_decomposed_attention(lowered, tiny, att
             assert producers[name].op_type == FUSED[attention].rsplit(".", 1)[-1]
     if attention == "onnx":
         assert next(o.version for o in model.opset_import if o.domain == "") == 23
-    entry = json.loads((lowered[attention] / "manifest.json").read_text())["artifacts"]["onnx"]
+    entry = json.loads((tiny_lowered[attention] / "manifest.json").read_text())["artifacts"]["onnx"]
     assert entry["attention"] == attention and entry["dtype"] == "float32"
     assert entry["lowering"]["fused_nodes"] == tiny.contract.n_layers and entry["lowering"]["kv_cache_in_op"]
     assert entry["lowering"]["softmax_left"] == 0
     assert entry["lowering"]["self_check_max_abs_diff"] < 1e-4
 
 
-def test_decomposed_graph_keeps_softmax(lowered, tiny):
-    counts = op_counts(onnx.load(str(lowered["decomposed"] / "model.onnx")))
+def test_decomposed_graph_keeps_softmax(tiny_lowered, tiny):
+    counts = op_counts(onnx.load(str(tiny_lowered["decomposed"] / "model.onnx")))
     assert counts["Softmax"] == tiny.contract.n_layers
     assert "Attention" not in counts and "com.microsoft.MultiHeadAttention" not in counts
-    entry = json.loads((lowered["decomposed"] / "manifest.json").read_text())["artifacts"]["onnx"]
+    entry = json.loads((tiny_lowered["decomposed"] / "manifest.json").read_text())["artifacts"]["onnx"]
     assert entry["attention"] == "decomposed"
 
 
 @pytest.mark.parametrize("attention", ["decomposed", "onnx", "ort"])
-def test_lowering_matches_eager_on_the_sweep(lowered, tiny, attention):
-    sess = _session(lowered[attention])
+def test_lowering_matches_eager_on_the_sweep(tiny_lowered, tiny, attention):
+    sess = _session(tiny_lowered[attention])
     cases = [(b, t, p, None) for b, t, p in SHAPES] + PADDED
     for b, t, p, pad in cases:
         ids, mask, past = make_inputs(tiny.contract, b, t, p, seed=3, pad=pad)
@@ -133,6 +125,34 @@ def test_unrecognized_attention_is_a_clear_export_error(tmp_path):
         export_onnx(loaded, tmp_path / "odd", attention="ort")
     # the decomposed export of the same model works
     export_onnx(loaded, tmp_path / "odd", attention="decomposed")
+
+
+def _wrong_ort_writer(monkeypatch, **change) -> None:
+    """Plant a wrong rewrite: the `ort` lowering writes its fused node from a changed match (a scale, a mask)."""
+    write = lowering_rules.FUSE["ort"]
+    monkeypatch.setitem(lowering_rules.FUSE, "ort", lambda rule, op, a: write(rule, op, dataclasses.replace(a, **change)))
+
+
+def test_a_wrong_scale_is_refused_by_the_self_check(tiny, tmp_path, monkeypatch):
+    """The planted rewrite still gives a valid graph with one fused node per layer: only the self-check (lowered vs
+    decomposed on ORT CPU) can tell, and the export must fail before any file is written."""
+    _wrong_ort_writer(monkeypatch, scale=0.5)  # the tiny preset's is 1/sqrt(16) = 0.25
+    with pytest.raises(ExportError, match=r"^--attention ort: the lowered graph differs from the decomposed one on "
+                                          r"logits by \S+ \(tolerance \S+\): the rewrite is wrong for this model$"):
+        export_onnx(tiny, tmp_path, attention="ort")
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_a_dropped_mask_is_refused_by_the_self_check(tiny, tiny_export, monkeypatch):
+    """The same on the shared decomposed export, without a new torch export: lower it with the mask dropped."""
+    _wrong_ort_writer(monkeypatch, masked=None, allowed=None, bias=None)
+    decomposed = (tiny_export / "model.onnx").read_bytes()
+    model = onnx.load_from_string(decomposed)
+    lower_attention(model, "ort", n_heads=tiny.contract.n_heads, head_dim=tiny.contract.head_dim)
+    assert op_counts(model)["com.microsoft.MultiHeadAttention"] == tiny.contract.n_layers
+    with pytest.raises(ExportError, match=r"--attention ort: the lowered graph differs from the decomposed one on "
+                                          r"logits by .*the rewrite is wrong for this model"):
+        self_check(decomposed, model, tiny.contract, "float32", "ort", seq=EXAMPLE_SEQ, past=EXAMPLE_PAST)
 
 
 def test_lower_attention_rejects_a_graph_without_attention():

@@ -353,7 +353,7 @@ def compare_exports(folder: Path, manifest: ExportFolder,
 def parse_lowerings(text: str) -> list[tuple[str, str]]:
     """"decomposed,onnx,ort:float16" -> [("decomposed", "float32"), ("onnx", "float32"), ("ort", "float16")]."""
     from mhaexport.exporter.lowering import LOWERINGS
-    from mhaexport.exporter.precision import DTYPES
+    from mhaexport.dtypes import NAMES as DTYPES
 
     out = []
     for item in (x.strip() for x in text.split(",")):

@@ -1,0 +1,152 @@
+"""Attention lowerings: rewrite the exported decomposed attention into one fused node per layer.
+
+torch.onnx exports eager attention as ``MatMul(Q, Kᵀ) -> Div|Mul(scale) -> Where(masked, fill) | Add(bias) ->
+Softmax -> MatMul(·, V)``. onnxscript rewrite rules (``rules.py``) find that subgraph (one match per Softmax) and
+replace it with
+
+- ``onnx``: the standard ONNX ``Attention`` op (opset 23), Q/K/V in (B, H, T|S, D);
+- ``ort``:  ONNX Runtime's ``com.microsoft`` ``MultiHeadAttention``, query/key/value in (B, T, H*D).
+
+When K and V are ``Concat(past_key_values.i.*, new, axis=2)`` of a graph input (the KV cache), the op takes the
+new keys/values plus ``past_key``/``past_value`` and produces ``present.i.*`` itself: the cache goes through the op.
+
+The mask the model built (causal + past offset + left padding, see ``models/attention.build_causal_mask``) is
+passed as an additive float ``attention_bias``: 0 where attention may look, ``dtype.min / 2`` where not. Half the
+minimum stays finite after adding any score (``min + negative score`` would be -inf in float16), and it is not
+the exact lowest value, which ONNX Runtime's ``Attention`` kernel reads as "fully masked row -> output 0": with
+it, a fully masked (left-padded) query row gets the same uniform average of V that eager's ``masked_fill`` gives.
+``is_causal`` is never used: ONNX Runtime has had alignment bugs with it when the query is shorter than the keys.
+
+The fused nodes keep the module scope of the attention they replace (``pkg.torch.onnx.name_scopes``), so bisect
+names them by module. ``self_check.py`` runs a lowered graph against the decomposed one before it is written.
+
+Works on ``onnx.ModelProto`` (no torch): the rewrite is a graph pass that any model exporting the usual
+attention pattern gets, built-in or user factory. A model whose attention does not match raises ExportError.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import onnx
+
+from mhaexport.errors import ExportError
+from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+LOWERINGS = ("decomposed", "onnx", "ort")
+ATTENTION_OPSET = 23  # the ONNX Attention op appears in opset 23
+MS_DOMAIN = "com.microsoft"
+FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention")}
+
+__all__ = ["ATTENTION_OPSET", "FUSED_OP", "LOWERINGS", "MS_DOMAIN", "SELF_CHECK_TOL", "LoweringReport",
+           "lower_attention", "op_counts", "self_check"]
+
+
+@dataclass
+class LoweringReport:
+    """What a lowering did to the graph (recorded in the manifest)."""
+
+    attention: str
+    fused_nodes: int = 0  # fused attention nodes written
+    kv_cache_in_op: bool | None = None  # past/present go through the op (None: decomposed, nothing fused)
+    softmax_left: int = 0  # Softmax nodes still in the graph after the rewrite
+    op_counts: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"attention": self.attention, "fused_nodes": self.fused_nodes, "kv_cache_in_op": self.kv_cache_in_op,
+                "softmax_left": self.softmax_left, "op_counts": self.op_counts}
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Node count per op type (domain-qualified for non-default domains), sorted by name."""
+    c = collections.Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                            for n in model.graph.node)
+    return dict(sorted(c.items()))
+
+
+def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, head_dim: int) -> LoweringReport:
+    """Rewrite ``model`` in place so each attention is one fused node of the ``attention`` lowering.
+
+    n_heads / head_dim come from the model's contract. Raises ExportError when the graph holds no attention
+    this pass recognizes, or when some Softmax is left unmatched (``model`` is then unchanged).
+    """
+    if attention not in LOWERINGS:
+        raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
+    report = LoweringReport(attention)
+    if attention == "decomposed":
+        report.op_counts = op_counts(model)
+        report.softmax_left = report.op_counts.get("Softmax", 0)
+        return report
+    domain, op_type = FUSED_OP[attention]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if attention == "onnx" and opset < ATTENTION_OPSET:
+        raise ExportError(f"--attention onnx needs opset >= {ATTENTION_OPSET} (the ONNX Attention op); the model "
+                          f"was exported at opset {opset}: use --opset {ATTENTION_OPSET}")
+    counts = op_counts(model)
+    n_softmax = counts.get("Softmax", 0)
+    if not n_softmax:
+        already = counts.get(f"{domain}.{op_type}" if domain else op_type, 0)
+        if already:
+            report.fused_nodes, report.op_counts = already, counts
+            return report
+        if n_attn := counts.get("Attention", 0):
+            raise ExportError(f"--attention {attention}: the graph already holds {n_attn} ONNX Attention node(s) "
+                              "(torch.onnx exports scaled_dot_product_attention so at opset 23): export at "
+                              "--opset 18 to lower it")
+        raise ExportError(f"--attention {attention}: the exported graph has no Softmax, so no decomposed attention "
+                          "to lower (does the model compute attention?)")
+
+    import onnx_ir as ir  # onnxscript's rewriter and onnx_ir load only when a graph is lowered
+    from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
+
+    from mhaexport.exporter.lowering.rules import attention_rules, why_unmatched
+
+    ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
+    fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim).apply_to_model(ir_model)
+    left = [n for n in ir_model.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
+    if left:
+        why = why_unmatched(ir_model, left[0], attention, n_heads=n_heads, head_dim=head_dim)
+        raise ExportError(f"--attention {attention}: {len(left)} of {n_softmax} Softmax node(s) are not a "
+                          f"recognized attention pattern ({why}); export with --attention decomposed")
+    try:
+        ir.passes.PassManager([RemoveUnusedNodesPass(), TopologicalSortPass()])(ir_model)
+    except ValueError as e:  # Graph.sort: a cycle
+        raise ExportError(f"--attention {attention}: the attention rewrite left the graph unsortable ({e})") from None
+    ops = [n for n in ir_model.graph if (n.domain, n.op_type) == (domain, op_type)]
+    _write_back(ir_model, model)
+    report.fused_nodes = fused
+    report.kv_cache_in_op = all(len(n.outputs) == 3 for n in ops)  # Y, present_key, present_value
+    report.op_counts = op_counts(model)
+    report.softmax_left = report.op_counts.get("Softmax", 0)
+    return report
+
+
+def _write_back(ir_model: ir.Model, model: onnx.ModelProto) -> None:
+    """Make ``model`` the rewritten ``ir_model`` without copying the weights it already holds: nodes, outputs and
+    opsets come from the serialized rewrite; initializers the rewrite dropped are deleted, the ones it added
+    appended. value_info is dropped: the rewrite changed node outputs' shapes where it wrote them."""
+    import onnx_ir as ir
+
+    inits = dict(ir_model.graph.initializers)
+    ir_model.graph.initializers.clear()  # serialize the graph without tensor data
+    rewritten = ir.serde.serialize_model(ir_model)
+    g = model.graph
+    for i in reversed([i for i, t in enumerate(g.initializer) if t.name not in inits]):
+        del g.initializer[i]
+    present = {t.name for t in g.initializer}
+    for name, value in inits.items():
+        if name not in present:
+            tensor = g.initializer.add()
+            tensor.CopyFrom(ir.serde.serialize_tensor(value.const_value))
+            tensor.name = name
+    for name in ("node", "output", "value_info"):
+        g.ClearField(name)
+    g.node.extend(rewritten.graph.node)
+    g.output.extend(rewritten.graph.output)
+    model.ClearField("opset_import")
+    model.opset_import.extend(rewritten.opset_import)
