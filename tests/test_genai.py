@@ -143,3 +143,26 @@ def test_genai_greedy_equals_eager_right_padded_batch(peaked):
     T = max(len(p) for p in PROMPTS)  # og's max_length counts the padded prompt length
     for p, g in zip(PROMPTS, got):
         assert g == eager_greedy(loaded.module, p, max_length - T + len(p), eos=0)
+
+
+@pytest.mark.slow
+def test_genai_greedy_equals_eager_on_a_grouped_query_model(tmp_path):
+    """num_key_value_heads in genai_config.json: onnxruntime-genai runs the Llama-shaped preset's (B, 2, S, D) cache
+    and gives eager's greedy tokens."""
+    _og_or_skip()
+    import json
+
+    from mhaexport.exporter.onnx import export_onnx
+
+    module = DecoderLM(dataclasses.replace(PRESETS["tiny-llama"], seed=7)).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.mul_(10)
+    loaded = LoadedModel(module, contract_of(module), spec="test:peaked-llama")
+    export_onnx(loaded, tmp_path, attention="onnx")
+    cfg = json.loads((tmp_path / GENAI_CONFIG).read_text())["model"]["decoder"]
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (4, 2)
+    got = genai_greedy(tmp_path, [PROMPTS[0]], max_length=32)
+    want = eager_greedy(module, PROMPTS[0], 32, eos=0)
+    assert got[0] == want and len(set(want[len(PROMPTS[0]):])) > 3

@@ -42,3 +42,44 @@ def test_all_verb_takes_the_lowering_options(tmp_path):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["artifacts"]["onnx"]["attention"] == "ort"
     assert "attention ort" in (tmp_path / "report.md").read_text()
+
+
+# --- grouped-query attention (the Llama-shaped preset: 4 query heads share 2 key/value heads) -----------------------
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    from mhaexport.models.loading import load_model
+
+    return load_model("tiny-llama")
+
+
+def test_gqa_onnx_attention_groups_the_heads_itself_and_takes_the_cache(tiny_llama, tmp_path):
+    """--attention onnx on a GQA model: the ONNX Attention op gets the un-repeated (B, H_kv, S, D) cache and
+    writes present.* itself; no repeat_interleave (Expand) is left; every check passes on ONNX Runtime CPU."""
+    import onnx
+
+    from mhaexport.exporter.lowering import op_counts
+
+    rec = export_onnx(tiny_llama, tmp_path, attention="onnx")
+    low = rec.manifest.artifacts["onnx"].get("lowering")
+    assert low["fused_nodes"] == 2 and low["kv_cache_in_op"] is True
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    counts = op_counts(model)
+    assert counts.get("Attention") == 2 and "Expand" not in counts and "Softmax" not in counts
+    kv = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
+    assert kv["present.0.key"] == ["batch_size", 2, "total_sequence_length", 16]
+    report = verify_folder(tmp_path, loaded=tiny_llama, runtimes=("ort-cpu",))
+    assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention,dtype", [("ort", "float32"), ("decomposed", "float16"), ("onnx", "float16"),
+                                             ("ort", "float16")])
+def test_gqa_lowerings_and_float16_pass_verify(tiny_llama, tmp_path, attention, dtype):
+    """ort: MultiHeadAttention takes as many key/value heads as query heads, so it gets the repeated K/V and the
+    (grouped) cache stays outside the op — correct, as verify proves; float16 on every lowering."""
+    rec = export_onnx(tiny_llama, tmp_path, attention=attention, dtype=dtype)
+    if attention == "ort":
+        assert rec.manifest.artifacts["onnx"].get("lowering")["kv_cache_in_op"] is False
+    report = verify_folder(tmp_path, loaded=tiny_llama, runtimes=("ort-cpu",))
+    assert report.passed, report.to_markdown()

@@ -12,7 +12,10 @@ One pattern covers the attention torch.onnx writes for eager code and for ``scal
 
 Two rules share it: ``kv-cache``, where K and V are ``Concat(past_key_values.i.*, new, axis=2)`` of graph inputs
 and the fused op takes the cache and writes ``present.i.*`` itself, and ``plain``, tried when the first does not
-apply. Each rule's ``check`` turns a match into a :class:`MatchedAttention` record (or says why it is none) and
+apply. With grouped-query attention K and V reach the scores through ``repeat_interleave`` over the head axis
+(``Reshape(Expand(Unsqueeze(·, 2)))``: query head h reads key/value head h // (H / H_kv)); the kv-cache rule takes
+the un-repeated cache, which the ONNX ``Attention`` op groups itself. ``MultiHeadAttention`` needs as many key/value
+heads as query heads, so for ``ort`` the plain rule takes the repeated K and V and the cache stays outside the op. Each rule's ``check`` turns a match into a :class:`MatchedAttention` record (or says why it is none) and
 ``rewrite`` hands the record to the lowering's writer in :data:`FUSE`.
 
 Every node a rewrite writes carries the metadata of the attention's final MatMul, ``pkg.torch.onnx.name_scopes``
@@ -55,6 +58,7 @@ class MatchedAttention:
     bias: ir.Value | None = None  # the model's own additive float mask
     fill_dtype: ir.DataType = ir.DataType.FLOAT  # dtype of the Where fill: the attention math's dtype
     past: tuple[ir.Value, ir.Value, ir.Value, ir.Value] | None = None  # past_key, past_value, new_key, new_value
+    grouped: bool = False  # the cache holds fewer (key, value) heads than Q has: repeat_interleave'd for the scores
     metadata: dict[str, str] = field(default_factory=dict)  # the final MatMul's metadata_props
 
 
@@ -113,10 +117,15 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         self._match: MatchedAttention | None = None  # set by check, read by rewrite (called right after it)
 
     def pattern(self, op, q, q_scale, k, kt, k_scale, v, past_key, past_value, new_key, new_value, qk_scale, cond,
-                fill, bias, nan_zero):
+                fill, bias, nan_zero, k_axes, k_expand, k_shape, v_axes, v_expand, v_shape):
         if self.kv_cache:
-            k = op.Concat(past_key, new_key, axis=pattern.AttrVar("k_axis"))  # (B, H, S, D)
-            v = op.Concat(past_value, new_value, axis=pattern.AttrVar("v_axis"))  # (B, H, S, D)
+            kc = op.Concat(past_key, new_key, axis=pattern.AttrVar("k_axis"))  # (B, H_kv, S, D): present.i.key
+            vc = op.Concat(past_value, new_value, axis=pattern.AttrVar("v_axis"))  # (B, H_kv, S, D)
+            # grouped-query attention: repeat_interleave over the head axis, (B, H_kv, S, D) -> (B, H, S, D)
+            k = pattern.OrValue([op.Reshape(op.Expand(op.Unsqueeze(kc, k_axes), k_expand), k_shape), kc],
+                                tag_var="k_repeated", tag_values=[True, False])
+            v = pattern.OrValue([op.Reshape(op.Expand(op.Unsqueeze(vc, v_axes), v_expand), v_shape), vc],
+                                tag_var="v_repeated", tag_values=[True, False])
             key_t = op.Transpose(k, perm=TRANSPOSE_LAST)  # (B, H, D, S)
         else:
             key_t = pattern.OrValue([op.Transpose(k, perm=TRANSPOSE_LAST), kt], tag_var="k_transposed",
@@ -133,7 +142,7 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         weights = pattern.OrValue([op.Where(op.IsNaN(weights), nan_zero, weights), weights],
                                   tag_var="nan_guard", tag_values=[True, False])
         out = op.MatMul(weights, v)  # (B, H, T, D)
-        return (out, k, v) if self.kv_cache else out
+        return (out, kc, vc) if self.kv_cache else out
 
     def check(self, context, **b: Any) -> pattern.MatchResult:
         """Turn the bindings into a :class:`MatchedAttention` (kept for ``rewrite``) or fail saying why."""
@@ -184,6 +193,19 @@ class AttentionRule(pattern.RewriteRuleClassBase):
             if not (b["past_key"].is_graph_input() and b["past_value"].is_graph_input()):
                 return result.fail(f"Concat {_label(concat)} of K or V does not start from a graph input "
                                    "(past_key_values.*)", concat)
+            if b.get("k_repeated") or b.get("v_repeated"):
+                if not (b.get("k_repeated") and b.get("v_repeated")):
+                    return result.fail("only one of K and V is repeated over the heads", concat)
+                for side in ("k", "v"):
+                    axes = ir.convenience.get_const_tensor(b[f"{side}_axes"])
+                    if axes is None or axes.numpy().reshape(-1).tolist() not in ([2], [-3]):
+                        return result.fail(f"{side.upper()} is repeated over the heads by an Unsqueeze that is not "
+                                           "repeat_interleave's (axis 2)", concat)
+                if self.attention == "ort":
+                    return result.fail("MultiHeadAttention takes as many key/value heads as query heads: with "
+                                       "grouped-query attention the cache stays outside the fused op", concat)
+                a.grouped = True
+            a.k, a.v = None, None  # the op takes the new K/V and the past, not the concatenated cache
             a.past = (b["past_key"], b["past_value"], b["new_key"], b["new_value"])
         self._match = a
         return result
