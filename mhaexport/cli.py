@@ -462,6 +462,26 @@ def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_to
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
+@main.command("lint")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
+def lint_cmd(path, as_json) -> None:
+    """Static findings on a decoder's ONNX graph (a FILE.onnx, ours or another tool's, or an export DIR), each with
+    its severity, node and a one-line fix. Exit 1 when a finding is an error, 0 otherwise."""
+    import json
+
+    from mhaexport.verify.lint import lint_path
+
+    report = lint_path(path)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(report.to_markdown("##"))
+    if report.errors:
+        raise VerificationFailed(f"lint found {len(report.errors)} error(s): "
+                                 + "; ".join(f"{f.rule} at {f.node}" for f in report.errors[:3]))
+
+
 @main.group("report")
 def report_group() -> None:
     """Work with verify reports (report.json)."""

@@ -137,3 +137,44 @@ def test_a_bug_only_in_the_onnx_file_fails_parity(tiny_export, tmp_path):
     assert res.exit_code == 1, res.output
     failed = _failed_checks(res.output)
     assert "ort-cpu/parity" in failed and not any(f.startswith(("eager/", "torchscript/")) for f in failed)
+
+
+def test_verify_lints_first_and_a_lint_error_fails_the_verdict(tiny_export, tmp_path):
+    """The mask fill changed to 0 in the ONNX file only (re-hashed): lint names it (mask-order) before anything
+    runs, the report has the lint section, and the verdict fails on it as well as on the runtime checks."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from mhaexport.artifact import atomic_write_json, read_json
+    from mhaexport.artifact.files import file_entries
+
+    folder = tmp_path / "zero-fill"
+    shutil.copytree(tiny_export, folder)
+    proto = onnx.load(str(folder / "model.onnx"))
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    changed = 0
+    for sm in (n for n in proto.graph.node if n.op_type == "Softmax"):
+        where = producer[sm.input[0]]
+        assert where.op_type == "Where"
+        fill = producer.get(where.input[1])
+        if fill is not None and fill.op_type == "Constant":
+            fill.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32)))
+            changed += 1
+        else:
+            init = next(t for t in proto.graph.initializer if t.name == where.input[1])
+            init.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), init.name))
+            changed += 1
+    assert changed
+    onnx.save_model(proto, folder / "model.onnx")
+    manifest = read_json(folder / "manifest.json", "manifest")
+    manifest["artifacts"]["onnx"]["files"].update(file_entries(folder, ["model.onnx"]))
+    atomic_write_json(folder / "manifest.json", manifest)
+    res = CliRunner().invoke(main, ["verify", str(folder)])
+    assert res.exit_code == 1, res.output
+    failed = _failed_checks(res.output)
+    assert "lint/mask-order" in failed and "ort-cpu/causality" in failed
+    assert "### Lint: " in (folder / "report.md").read_text()
+    assert json.loads((folder / "report.json").read_text())["lint"]["counts"]["error"] == changed

@@ -69,6 +69,7 @@ class VerifyReport:
     sources: list[str] = field(default_factory=list)  # merged reports: where each came from
     requested: list[str] | None = None  # the runtimes asked for by name; None: the defaults
     checks: list[str] = field(default_factory=lambda: list(CHECKS))
+    lint: dict | None = None  # LintReport.to_dict() of the ONNX artifact (verify lints it first); None: no ONNX
 
     @property
     def counts(self) -> dict[str, int]:
@@ -81,7 +82,10 @@ class VerifyReport:
         """(runtime, failed check) pairs; a runtime that could not load its artifact is one ("load", reason)."""
         out = [(rt, CheckResult("load", False, {}, info.reason)) for rt, info in self.runtimes.items()
                if info.status == "error"]
-        return out + [(rt, r) for rt, checks in self.results.items() for r in checks.values() if r.status is False]
+        lint = [("lint", CheckResult(f["rule"], False, {}, f"{f['node']}: {f['message']}"))
+                for f in (self.lint or {}).get("findings", []) if f["severity"] == "error"]
+        return lint + out + [(rt, r) for rt, checks in self.results.items() for r in checks.values()
+                             if r.status is False]
 
     @property
     def verdict(self) -> Verdict:
@@ -136,7 +140,7 @@ class VerifyReport:
         return {
             "schema": REPORT_SCHEMA, "created": self.created, "passed": self.passed,
             "verdict": {"status": v.status, "exit_code": v.code, "message": v.message}, "counts": self.counts,
-            "requested": self.requested, "checks": self.checks,
+            "requested": self.requested, "checks": self.checks, "lint": self.lint,
             "environment": self.environment, "versions": self.versions, "model": self.model,
             "folder": self.folder, "artifacts": self.artifacts, "sweep": self.sweep, "tolerance": self.tolerance,
             "seconds": round(self.seconds, 2), "sources": self.sources,
@@ -155,7 +159,7 @@ class VerifyReport:
             environment=data.get("environment", {}), versions=data.get("versions", {}),
             artifacts=data.get("artifacts", {}), created=data.get("created", ""),
             seconds=data.get("seconds", 0.0), sources=data.get("sources", []), requested=data.get("requested"),
-            checks=data.get("checks") or list(CHECKS))
+            checks=data.get("checks") or list(CHECKS), lint=data.get("lint"))
 
     def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
         """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
@@ -231,6 +235,10 @@ class VerifyReport:
                     notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
         if notes:
             lines += ["### Details", ""] + notes + [""]
+        if self.lint is not None:
+            from mhaexport.verify.lint import LintReport
+
+            lines += [LintReport.from_dict(self.lint).to_markdown("###")]
         env = self.environment
         vers = ", ".join(f"{k} {v}" for k, v in self.versions.items())
         lines.append(f"<sub>{env.get('host', '?')} · {env.get('platform', '?')} · {env.get('cpus', '?')} CPUs · "

@@ -130,6 +130,12 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     runners = build_runners(ef, loaded, wanted)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed)
+    lint = None
+    if ef.has("onnx"):  # static findings first: they often say why a check below fails
+        from mhaexport.verify.lint import lint_path
+
+        lint = lint_path(ef.path)
+        say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
     if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
         threads = 1
     with torch_threads(threads):
@@ -149,6 +155,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                        **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache") if v.get(kk)}}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
+        lint=lint.to_dict() if lint is not None else None,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
