@@ -312,19 +312,40 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
 # --- verify, all, report merge (issue 3) -------------------------------------------------------------------------
 
+def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
+    """("1e-4", "logits=1e-3") -> {None: 1e-4, "logits": 1e-3}; None when not given."""
+    from mhaexport.verify.checks import OUTPUT_KINDS
+
+    out: dict = {}
+    for v in values:
+        key, _, num = v.rpartition("=")
+        key = key.strip() or None
+        if key is not None and key not in OUTPUT_KINDS:
+            raise click.BadParameter(f"{v!r}: OUTPUT must be one of {', '.join(OUTPUT_KINDS)}")
+        try:
+            x = float(num)
+        except ValueError:
+            raise click.BadParameter(f"{v!r}: expected a number or OUTPUT=number, e.g. logits=1e-3") from None
+        if not x >= 0:
+            raise click.BadParameter(f"{v!r}: a tolerance must be >= 0")
+        out[key] = x
+    return out or None
+
+
 def verify_options(f):
     """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
 
     @click.option("--sweep", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
                   help="Input shapes: quick (9 shapes, seconds) or full (57 shapes incl. random ones).")
     @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input sweep.")
-    @click.option("--atol", type=click.FloatRange(min=0.0), default=None,
-                  help="Absolute tolerance (default by dtype: float32 1e-4, float16 1e-2).")
-    @click.option("--rtol", type=click.FloatRange(min=0.0), default=None,
-                  help="Relative tolerance (default by dtype: float32 1e-3, float16 1e-2).")
+    @click.option("--atol", multiple=True, metavar="[OUTPUT=]X", callback=_parse_tolerance,
+                  help="Absolute tolerance, for every output or per output: --atol 1e-4 --atol logits=1e-3 "
+                       "(OUTPUT: logits or present; default by dtype: float32 1e-4, float16 1e-2).")
+    @click.option("--rtol", multiple=True, metavar="[OUTPUT=]X", callback=_parse_tolerance,
+                  help="Relative tolerance, likewise (default by dtype: float32 1e-3, float16 1e-2).")
     @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
-                  help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, onnx-reference. "
-                       "Default: all but onnx-reference.")
+                  help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, and on request "
+                       "eager-cuda, onnx-reference. Default: eager, torchscript, ort-cpu, ort-cuda.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
     @functools.wraps(f)

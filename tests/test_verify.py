@@ -344,3 +344,31 @@ def test_verify_dir_rebuilds_a_file_factory_and_checkpoint_from_another_folder(t
     res = CliRunner().invoke(main, ["verify", "proj/out"])
     assert res.exit_code == 0, res.output
     assert json.loads((src / "out" / "report.json").read_text())["model"]["spec"] == "factory:sub/user_decoder.py:build"
+
+
+def test_per_output_tolerances_from_the_cli(tiny_export, tmp_path):
+    """--atol logits=X --atol present=Y: each output is held to its own tolerance; the report says which."""
+    res = CliRunner().invoke(main, ["verify", str(tiny_export), "--runtime", "ort-cpu", "--atol", "logits=1e-3",
+                                    "--atol", "present=0", "--rtol", "present=0", "-o", str(tmp_path)])
+    data = json.loads((tmp_path / "report.json").read_text())
+    per = data["results"]["ort-cpu"]["parity"]["figures"]["per_output"]
+    assert per["logits"]["atol"] == 1e-3 and per["present"]["atol"] == 0 and per["present"]["rtol"] == 0
+    assert data["tolerance"]["per_output"]["present"] == {"atol": 0.0, "rtol": 0.0}
+    if per["present"]["max"] > 0:  # exact zero tolerance on present: any rounding difference fails it alone
+        assert res.exit_code == 1 and "present" in data["results"]["ort-cpu"]["parity"]["message"]
+    bad = CliRunner().invoke(main, ["verify", str(tiny_export), "--atol", "weights=1"])
+    assert bad.exit_code == 2 and "OUTPUT must be one of logits, present" in bad.output
+
+
+def test_error_statistics_are_exact_where_they_can_be():
+    from mhaexport.verify.checks import Diff
+
+    e = np.zeros(1000)
+    a = np.concatenate([np.full(990, 1e-6), np.full(10, 1e-2)])
+    d = compare(a, e, Tolerance(1e-4, 0))
+    st = d.stats()
+    assert st["max"] == pytest.approx(1e-2) and st["mean"] == pytest.approx((990e-6 + 0.1) / 1000, rel=1e-3)
+    assert 1e-6 <= st["median"] <= 1.13e-6 and 1e-6 <= st["p99"] <= 1.13e-6  # bin upper edges: within 12 %
+    assert st["mismatch_fraction"] == pytest.approx(0.01)
+    merged = d.merge(Diff())
+    assert merged.stats() == st

@@ -23,17 +23,42 @@ from mhaexport.verify.sweep import Case, unseen
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
 
 
+OUTPUT_KINDS = ("logits", "present")  # what per-output tolerances and statistics are keyed by
+
+
 @dataclass(frozen=True)
 class Tolerance:
-    """An element mismatches when |a - e| > atol + rtol * |e|. Defaults per artifact dtype (mhaexport.dtypes)."""
+    """An element mismatches when |a - e| > atol + rtol * |e|. Defaults per artifact dtype (mhaexport.dtypes);
+    ``per_output``: overrides for ``logits`` or ``present`` (every present.* output), as (kind, atol, rtol)."""
 
     atol: float
     rtol: float
+    per_output: tuple[tuple[str, float, float], ...] = ()
 
     @classmethod
-    def for_dtype(cls, dtype: str, atol: float | None = None, rtol: float | None = None) -> Tolerance:
+    def for_dtype(cls, dtype: str, atol: float | None | dict = None, rtol: float | None | dict = None) -> Tolerance:
+        """The dtype's defaults, overridden by ``atol``/``rtol``: a number (every output) or a dict
+        {None | "logits" | "present": number} (``--atol 1e-4 --atol logits=1e-3``)."""
         d = dtypes.DTYPES.get(dtype, dtypes.DTYPES["float32"])
-        return cls(d.atol if atol is None else atol, d.rtol if rtol is None else rtol)
+        a_map = atol if isinstance(atol, dict) else {None: atol}
+        r_map = rtol if isinstance(rtol, dict) else {None: rtol}
+        base_a = d.atol if a_map.get(None) is None else a_map[None]
+        base_r = d.rtol if r_map.get(None) is None else r_map[None]
+        per = tuple((k, a_map.get(k, base_a) if a_map.get(k) is not None else base_a,
+                     r_map.get(k, base_r) if r_map.get(k) is not None else base_r)
+                    for k in OUTPUT_KINDS if k in a_map or k in r_map)
+        return cls(base_a, base_r, per)
+
+    def for_output(self, kind: str) -> Tolerance:
+        """The tolerance for ``logits`` or ``present`` outputs."""
+        for k, a, r in self.per_output:
+            if k == kind:
+                return Tolerance(a, r)
+        return Tolerance(self.atol, self.rtol)
+
+    def describe(self) -> str:
+        base = f"atol={self.atol:g} rtol={self.rtol:g}"
+        return base + "".join(f", {k}: atol={a:g} rtol={r:g}" for k, a, r in self.per_output)
 
 
 @dataclass
@@ -52,15 +77,23 @@ class CheckResult:
         return {"status": self.status, "figures": self.figures, "message": self.message}
 
 
+# |error| histogram: 20 bins per decade from 1e-12 to 1e3, errors below in the first, inf/NaN in the last; the
+# median and p99 are read off it (the bin's upper edge: within 12 % above the true quantile), the mean and max exact
+HIST_EDGES = 10.0 ** np.arange(-12.0, 3.0001, 0.05)
+
+
 @dataclass
 class Diff:
-    """Element-wise comparison figures over the selected (real, non-padded) positions."""
+    """Element-wise comparison figures over the selected (real, non-padded) positions: max, mean and
+    (histogram) quantiles of |error|, mismatches against the tolerance, and the smallest atol that would pass."""
 
     max_abs: float = 0.0
     max_rel: float = 0.0
     mismatched: int = 0
     total: int = 0
     min_atol: float = 0.0  # the smallest atol that would have passed at the given rtol
+    sum_abs: float = 0.0  # finite |errors| summed (for the mean)
+    hist: np.ndarray | None = None  # counts over HIST_EDGES (+ one bin for inf/NaN)
 
     @property
     def ok(self) -> bool:
@@ -71,8 +104,26 @@ class Diff:
         return self.mismatched / self.total if self.total else 0.0
 
     def merge(self, other: Diff) -> Diff:
+        hist = self.hist if other.hist is None else (other.hist if self.hist is None else self.hist + other.hist)
         return Diff(max(self.max_abs, other.max_abs), max(self.max_rel, other.max_rel),
-                    self.mismatched + other.mismatched, self.total + other.total, max(self.min_atol, other.min_atol))
+                    self.mismatched + other.mismatched, self.total + other.total, max(self.min_atol, other.min_atol),
+                    self.sum_abs + other.sum_abs, hist)
+
+    def quantile(self, q: float) -> float:
+        """|error| at quantile q from the histogram (the bin's upper edge; inf when it falls among inf/NaN)."""
+        if self.hist is None or not self.hist.sum():
+            return 0.0
+        cum = np.cumsum(self.hist)
+        i = int(np.searchsorted(cum, q * cum[-1]))
+        if i == 0:  # below 1e-12: reads 0
+            return 0.0
+        return float("inf") if i >= len(HIST_EDGES) else float(min(HIST_EDGES[i], self.max_abs))
+
+    def stats(self) -> dict:
+        """mean, median, p99 and max of |error|, and the mismatch fraction (per output in the report)."""
+        mean = self.sum_abs / self.total if self.total else 0.0
+        return {"mean": _r(mean), "median": _r(self.quantile(0.5)), "p99": _r(self.quantile(0.99)),
+                "max": _r(self.max_abs), "mismatch_fraction": _r(self.mismatch_fraction), "compared": self.total}
 
     def figures(self) -> dict:
         return {"max_abs": _r(self.max_abs), "max_rel": _r(self.max_rel),
@@ -99,22 +150,36 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance, where: np.
     bound = tol.atol + tol.rtol * np.abs(e)
     rel = err / np.maximum(np.abs(e), 1e-12)
     need = err - tol.rtol * np.abs(e)
+    finite = np.isfinite(err)
+    hist = np.bincount(np.searchsorted(HIST_EDGES, err[finite]), minlength=len(HIST_EDGES) + 1)
+    hist[-1] += int((~finite).sum())
     return Diff(float(err.max()), float(rel.max()), int((err > bound).sum()), int(err.size),
-                float(max(need.max(), 0.0)))
+                float(max(need.max(), 0.0)), float(err[finite].sum()), hist)
+
+
+def compare_by_output(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np.ndarray | None,
+                      keys: np.ndarray | None) -> dict[str, Diff]:
+    """{"logits": Diff on real query rows (B, T), "present": Diff over every present.* on real key positions
+    (B, S)}, each against its own tolerance (``tol.for_output``)."""
+    la, pa = actual
+    le, pe = expected
+    out = {"logits": compare(la, le, tol.for_output("logits"), None if rows is None else rows[:, :, None])}
+    if len(pa) != len(pe):
+        out["present"] = Diff(float("inf"), float("inf"), 1, 1, float("inf"))
+        return out
+    kmask = None if keys is None else keys[:, None, :, None]  # (B, 1, S, 1)
+    tp, d = tol.for_output("present"), Diff()
+    for (ka, va), (ke, ve) in zip(pa, pe):
+        d = d.merge(compare(ka, ke, tp, kmask)).merge(compare(va, ve, tp, kmask))
+    out["present"] = d
+    return out
 
 
 def compare_outputs(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np.ndarray | None,
                     keys: np.ndarray | None) -> Diff:
-    """logits on real query rows (B, T) and present keys/values on real key positions (B, S)."""
-    la, pa = actual
-    le, pe = expected
-    d = compare(la, le, tol, None if rows is None else rows[:, :, None])  # (B, T, V)
-    if len(pa) != len(pe):
-        return d.merge(Diff(float("inf"), float("inf"), 1, 1, float("inf")))
-    kmask = None if keys is None else keys[:, None, :, None]  # (B, 1, S, 1)
-    for (ka, va), (ke, ve) in zip(pa, pe):
-        d = d.merge(compare(ka, ke, tol, kmask)).merge(compare(va, ve, tol, kmask))
-    return d
+    """logits on real query rows (B, T) and present keys/values on real key positions (B, S), merged."""
+    by = compare_by_output(actual, expected, tol, rows, keys)
+    return by["logits"].merge(by["present"])
 
 
 @dataclass
@@ -128,12 +193,18 @@ class Context:
     export_sizes: tuple[int, int]
     gen_tokens: int = 8
     seed: int = 0
-    tol_override: tuple[float | None, float | None] = (None, None)  # --atol/--rtol as given (None: dtype default)
+    long_full: bool = True  # long-context kv-consistency token by token to max_positions (small models), else spread
+    tol_override: tuple = (None, None)  # --atol/--rtol as given: numbers or {None|"logits"|"present": number}
     _ref: dict = field(default_factory=dict)
     _sweep_out: dict = field(default_factory=dict)
 
     def inputs(self, case: Case):
         return case.inputs(self.contract)
+
+    @property
+    def ltol(self) -> Tolerance:
+        """The tolerance for logits (checks that compare logits only)."""
+        return self.tol.for_output("logits")
 
     def reference(self, case: Case) -> Outputs:
         if case not in self._ref:
@@ -169,22 +240,28 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     if runner.name == EAGER:
         return CheckResult("parity", None, {"reference": True}, "reference: every runtime is compared with eager")
     total, worst_case, errors = Diff(), None, []
+    by_kind = {k: Diff() for k in OUTPUT_KINDS}
     for case, out in ctx.sweep(runner).items():
         if isinstance(out, BaseException):
             errors.append(f"{case.name}: {first_line(out)}")
             continue
-        d = compare_outputs(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
+        by = compare_by_output(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
+        d = by["logits"].merge(by["present"])
         if worst_case is None or d.max_abs > total.max_abs:
             worst_case = case.name
         total = total.merge(d)
-    fig = {**total.figures(), "cases": len(ctx.sweep(runner)), "worst_case": worst_case, "errors": len(errors)}
+        by_kind = {k: by_kind[k].merge(by[k]) for k in OUTPUT_KINDS}
+    fig = {**total.figures(), "cases": len(ctx.sweep(runner)), "worst_case": worst_case, "errors": len(errors),
+           "per_output": {k: {**v.stats(), "atol": ctx.tol.for_output(k).atol, "rtol": ctx.tol.for_output(k).rtol}
+                          for k, v in by_kind.items()}}
     if errors:
         return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}")
     if not total.ok:
+        bad = ", ".join(f"{k} {v.mismatched}/{v.total} (max abs {v.max_abs:.3g})" for k, v in by_kind.items()
+                        if not v.ok)
         return CheckResult("parity", False, fig,
-                           f"{total.mismatched}/{total.total} values differ from eager beyond atol={ctx.tol.atol:g} "
-                           f"rtol={ctx.tol.rtol:g} (max abs {total.max_abs:.3g} at {worst_case}; "
-                           f"atol {total.min_atol:.3g} would pass)")
+                           f"{total.mismatched}/{total.total} values differ from eager beyond {ctx.tol.describe()}: "
+                           f"{bad}; worst at {worst_case}; atol {total.min_atol:.3g} would pass")
     return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {fig['cases']} cases")
 
 
@@ -285,18 +362,63 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     rec = Diff()
     for t in sorted({0, 1, N // 2, N - 1}):
         scratch, _ = _decode(runner, ids[:, :t + 1], mask[:, :t + 1], [t + 1])
-        rec = rec.merge(compare(step[:, t], scratch[:, t], ctx.tol, rows[:, t, None]))
+        rec = rec.merge(compare(step[:, t], scratch[:, t], ctx.ltol, rows[:, t, None]))
     parts["cached decode vs from-scratch recompute"] = rec
+    long_label, long_diff, first_bad, long_fig = _long_context(runner, ctx)
+    parts[long_label] = long_diff
     fig = {"decode_max_abs": _r(parts["token-by-token decode"].max_abs),
            "chunked_max_abs": _r(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
-           "recompute_max_abs": _r(rec.max_abs)}
+           "recompute_max_abs": _r(rec.max_abs), **long_fig}
     bad = [f"{name} differs from one prefill (max abs {d.max_abs:.3g})" if "recompute" not in name
-           else f"{name} differ (max abs {d.max_abs:.3g})" for name, d in parts.items() if not d.ok]
+           else f"{name} differ (max abs {d.max_abs:.3g})" for name, d in parts.items()
+           if not d.ok and name != long_label]
+    if not long_diff.ok:
+        bad.append(f"{long_label} differs from one prefill of the whole sequence from position {first_bad} on "
+                   f"(max abs {long_diff.max_abs:.3g}): the decode path goes wrong past some length")
     if bad:
         return CheckResult("kv-consistency", False, fig, "; ".join(bad))
     worst = max(d.max_abs for d in parts.values())
     return CheckResult("kv-consistency", True, fig,
-                       f"decode, chunked prefill and recompute agree (max abs {worst:.3g})")
+                       f"decode, chunked prefill and recompute agree, out to position {long_fig['long_to']} "
+                       f"(max abs {worst:.3g})")
+
+
+def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, dict]:
+    """Cached decode at the far end of the model: one prefill of a max_positions-long sequence is the reference;
+    small models decode the whole of it token by token (``ctx.long_full``), larger ones prefill to positions spread
+    up to max_positions - 2 and decode two tokens after each. Returns a label, the Diff on logits, the first
+    position that differs (None) and the figures."""
+    c = ctx.contract
+    L = c.max_positions
+    ids = np.random.default_rng(ctx.seed + 29).integers(0, c.vocab_size, (1, L), dtype=np.int64)  # (1, L)
+    mask = np.ones((1, L), dtype=np.int64)
+    full, _ = _decode(runner, ids, mask, [L])  # (1, L, V)
+    tol = ctx.ltol
+    loop = DecodeLoop(runner)
+    if ctx.long_full or L <= 3:
+        step, _ = _decode(runner, ids, mask, [1] * L)  # (1, L, V)
+        positions, got, want = list(range(L)), step[0], full[0]
+        label = f"token-by-token decode to position {L - 1}"
+    else:
+        starts = sorted({p for p in (L // 4, L // 2, 3 * L // 4, L - 2) if 1 <= p <= L - 2})
+        positions, got_rows = [], []
+        for P in starts:
+            state = loop.empty(1)
+            _, state = loop.feed(ids[:, :P], state)
+            for j in range(2):
+                logits, state = loop.feed(ids[:, P + j:P + j + 1], state)
+                positions.append(P + j)
+                got_rows.append(logits[0, -1])
+        got, want = np.stack(got_rows), full[0, positions]
+        label = f"decode after a prefill to positions {', '.join(map(str, starts))}"
+    d = compare(got, want, tol)
+    first = None
+    if not d.ok:
+        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        bad = (err > tol.atol + tol.rtol * np.abs(want)).any(axis=-1)
+        first = positions[int(np.argmax(bad))]
+    return label, d, first, {"long_to": positions[-1], "long_positions": len(positions),
+                             "long_max_abs": _r(d.max_abs), "long_first_bad": first}
 
 
 def check_padding(runner: Runner, ctx: Context) -> CheckResult:
@@ -328,8 +450,8 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
         padded, _ = _decode(runner, all_ids, all_mask, [T] + [1] * steps)  # (2, T + steps, V)
         solo_ids = np.concatenate([side_ids[1:, real], nxt[1:]], axis=1)  # unpadded: real tokens, then the steps
         solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps)
-        d_prefill = compare(padded[1:, real], solo[:, :T - p], ctx.tol)
-        d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.tol)
+        d_prefill = compare(padded[1:, real], solo[:, :T - p], ctx.ltol)
+        d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.ltol)
         fig[f"{side}_prefill_max_abs"] = _r(d_prefill.max_abs)
         fig[f"{side}_decode_max_abs"] = _r(d_decode.max_abs)
         if not d_prefill.ok:
@@ -370,16 +492,36 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
         if runner.name != EAGER:
             d = compare_outputs(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
             if not d.ok:
-                problems.append(f"wrong values at {case.name} (max abs {d.max_abs:.3g} vs eager): a size baked in")
+                problems.append(f"wrong values at {case.name} (max abs {d.max_abs:.3g} vs eager)")
             worst = worst.merge(d)
     seqs = sorted({cs.seq for cs in cases})
     pasts = sorted({cs.past for cs in cases})
     fig = {"shapes": len(cases), "seq": f"{seqs[0]}..{seqs[-1]}", "past": f"{pasts[0]}..{pasts[-1]}",
            "max_abs": _r(worst.max_abs), "failed_shapes": len(problems)}
     if problems:
-        return CheckResult("dynamic-shapes", False, fig, f"{len(problems)}/{len(cases)} unseen shapes: {problems[0]}")
+        return CheckResult("dynamic-shapes", False, fig,
+                           f"{len(problems)}/{len(cases)} unseen shapes: {problems[0]}{_diagnose_sizes(runner, ctx)}")
     return CheckResult("dynamic-shapes", True, fig,
                        f"{len(cases)} unseen shapes (seq {fig['seq']}, past {fig['past']})")
+
+
+def _diagnose_sizes(runner: Runner, ctx: Context) -> str:
+    """Whether wrong values at unseen shapes point at a size baked in: only if the artifact is right at the
+    export's own sizes. Wrong there too means the values are wrong everywhere (a weight, an op), not the shapes."""
+    seq, past = ctx.export_sizes
+    if seq + past > ctx.contract.max_positions:
+        return ""
+    case = Case(2, seq, past, (0, 0), seed=ctx.seed + 47)
+    try:
+        d = compare_outputs(runner.run(*ctx.inputs(case)), ctx.reference(case), ctx.tol, case.real_rows(),
+                            case.real_keys())
+    except MhaExportError:
+        return ""
+    if d.ok:
+        return (f"; right at the export's own sizes (seq={seq} past={past}, max abs {d.max_abs:.3g}): a size baked "
+                "in at export")
+    return (f"; wrong at the export's own sizes too (seq={seq} past={past}, max abs {d.max_abs:.3g}): the values "
+            "are wrong at every size, not a size baked in (see parity)")
 
 
 @dataclass
@@ -396,7 +538,8 @@ def greedy(runner: Runner, prompt: np.ndarray, n: int) -> Greedy:
 
 
 def check_generation(runner: Runner, ctx: Context) -> CheckResult:
-    """Greedy N tokens against eager's (eager: cached decode against a full recompute every step).
+    """Greedy N tokens against eager's (eager: cached decode against a full recompute every step), from a short
+    prompt and from a long one that ends N + 1 positions before max_positions (the far end of the cache).
 
     At the first divergent step the reference's logit margin (top-1 minus top-2) is reported; a divergence where
     that margin is within tolerance is a near-tie, reported as such and not as a failure."""
@@ -405,19 +548,37 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
     c = ctx.contract
     P = min(6, c.max_positions - 1)
     n = max(1, min(ctx.gen_tokens, c.max_positions - P))
-    prompt = np.random.default_rng(ctx.seed + 41).integers(0, c.vocab_size, (1, P), dtype=np.int64)
+    rng = np.random.default_rng(ctx.seed + 41)
+    short = _generation_from(runner, ctx, rng.integers(0, c.vocab_size, (1, P), dtype=np.int64), n, "short")
+    P_long = c.max_positions - n - 1
+    if P_long <= P:
+        return short
+    long = _generation_from(runner, ctx, rng.integers(0, c.vocab_size, (1, P_long), dtype=np.int64), n, "long")
+    fig = {**short.figures, **{f"long_{k}": v for k, v in long.figures.items()}, "long_prompt": P_long}
+    if long.status is False:
+        return CheckResult("generation", False, fig, f"from a {P_long}-token prompt: {long.message}")
+    if short.status is False:
+        return CheckResult("generation", False, fig, short.message)
+    tie = " (a near-tie)" if fig.get("tie") or fig.get("long_tie") else ""
+    return CheckResult("generation", True, fig, f"{short.message}; from a {P_long}-token prompt: "
+                                                f"{long.message}{tie}")
+
+
+def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, key: str) -> CheckResult:
+    """Greedy decoding of n tokens after ``prompt`` judged against the reference (see check_generation)."""
     if runner.name == EAGER:
         got, ref, against = greedy(runner, prompt, n), greedy(RecomputeRunner(runner), prompt, n), "recompute"
     else:
-        key = ("greedy", n)
-        if key not in ctx._ref:
-            ctx._ref[key] = greedy(ctx.eager, prompt, n)
-        got, ref, against = greedy(runner, prompt, n), ctx._ref[key], "eager"
+        memo = ("greedy", key, n)
+        if memo not in ctx._ref:
+            ctx._ref[memo] = greedy(ctx.eager, prompt, n)
+        got, ref, against = greedy(runner, prompt, n), ctx._ref[memo], "eager"
+    tol = ctx.ltol
     div = next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
     upto = n if div is None else div + 1
     logit_diff = Diff()
     for i in range(upto):
-        logit_diff = logit_diff.merge(compare(got.logits[i], ref.logits[i], ctx.tol))
+        logit_diff = logit_diff.merge(compare(got.logits[i], ref.logits[i], tol))
     fig = {"tokens": n, "matched": n if div is None else div, "first_divergence": div,
            "max_abs": _r(logit_diff.max_abs)}
     if div is None:
@@ -428,7 +589,7 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
     top2 = np.sort(ref.logits[div])[-2:]
     margin = float(top2[1] - top2[0])
     fig["margin"] = _r(margin)
-    tie = margin <= ctx.tol.atol + ctx.tol.rtol * abs(float(top2[1]))
+    tie = margin <= tol.atol + tol.rtol * abs(float(top2[1]))
     if tie and logit_diff.ok:  # every step up to and including the divergence agrees within tolerance
         fig["tie"] = True
         return CheckResult("generation", True, fig, f"tie: diverges from {against} at step {div} where the top-2 "

@@ -242,7 +242,7 @@ def rule_baked_length(g: _Graph, ctx: dict) -> list[Finding]:
                 t, s = shape[-2], shape[-1]
                 if t > 1 and s > 1 and (max_pos is None or max(t, s) < max_pos):
                     seen.add(i)
-                    out.append(Finding("error", "baked-length", _label(n), f"the attention mask is built from a "
+                    out.append(Finding("info" if ctx.get("static") else "error", "baked-length", _label(n), f"the attention mask is built from a "
                                        f"constant {i} of shape {list(shape)}: a mask of the example's length, so "
                                        "other lengths get a wrong mask or fail", "build the mask from the input "
                                        "shapes (e.g. arange(q_len) + past_len against arange(past_len + q_len))"))
@@ -251,7 +251,7 @@ def rule_baked_length(g: _Graph, ctx: dict) -> list[Finding]:
             start, limit, delta = (float(g.const(i).reshape(())) for i in n.input)
             length = int(max(0, np.ceil((limit - start) / delta))) if delta else 0
             if length > 1 and (max_pos is None or length < max_pos):
-                out.append(Finding("warning", "baked-length", _label(n), f"Range({start:g}, {limit:g}, {delta:g}) "
+                out.append(Finding("info" if ctx.get("static") else "warning", "baked-length", _label(n), f"Range({start:g}, {limit:g}, {delta:g}) "
                                    f"over constants: {length} positions whatever the input's length", "compute the "
                                    "range from the input's shape (torch.arange(seq_len) traces to a dynamic Range)"))
     return out
@@ -362,11 +362,14 @@ def rule_versions(g: _Graph, ctx: dict) -> list[Finding]:
 
 
 def _is_mask_where(g: _Graph, n: onnx.NodeProto) -> tuple[str, float] | None:
-    """A Where that fills one branch with a scalar constant: (which branch, the fill value)."""
+    """A Where that fills masked elements of a tensor with a scalar constant: (which branch, the fill value). A
+    Where of two constants (building an additive bias, e.g. SDPA's Where(mask, 0, -inf)) is not one."""
     if n.op_type != "Where":
         return None
-    for branch, i in (("then", n.input[1]), ("else", n.input[2])):
-        c = g.const(i)
+    consts = {b: g.const(i) for b, i in (("then", n.input[1]), ("else", n.input[2]))}
+    if all(c is not None for c in consts.values()):
+        return None
+    for branch, c in consts.items():
         if c is not None and c.size == 1 and np.issubdtype(c.dtype, np.floating):
             return branch, float(c.reshape(()))
     return None

@@ -196,7 +196,9 @@ class VerifyReport:
                  f"**Model** `{spec}` ({ckpt}) · **artifacts** {', '.join(arts) or 'none'} · "
                  f"**sweep** {self.sweep.get('kind')} "
                  f"({self.sweep.get('cases')} shapes, seed {self.sweep.get('seed')}) · **tolerance** "
-                 f"atol={self.tolerance.get('atol'):g} rtol={self.tolerance.get('rtol'):g} · "
+                 f"atol={self.tolerance.get('atol'):g} rtol={self.tolerance.get('rtol'):g}"
+                 + "".join(f" ({k}: atol={v['atol']:g} rtol={v['rtol']:g})"
+                           for k, v in (self.tolerance.get("per_output") or {}).items()) + " · "
                  f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
         if self.sources:
             lines += ["Merged from: " + "; ".join(self.sources) + " (sweep and tolerance above: the first report's)", ""]
@@ -211,10 +213,21 @@ class VerifyReport:
             if info.status == "skipped" and info.providers:
                 prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
             lines.append(f"| {rt} | {prov} | " + " | ".join(cells) + " |")
+        stats = [(rt, kind, v) for rt, checks in self.results.items()
+                 for kind, v in ((checks.get("parity").figures.get("per_output") or {}).items()
+                                 if checks.get("parity") else [])]
+        if stats:
+            lines += ["", "Parity by output (|artifact − eager| over the sweep's real positions; median and p99 read "
+                          "off a 20-bins-per-decade histogram):", "",
+                      "| runtime | output | mean | median | p99 | max | mismatched | atol | rtol |",
+                      "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {rt} | {kind} | {v['mean']:.1e} | {v['median']:.1e} | {v['p99']:.1e} | {v['max']:.1e} | "
+                      f"{v['mismatch_fraction']:.1%} | {v['atol']:g} | {v['rtol']:g} |" for rt, kind, v in stats]
         lines += ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
                       "worst max abs difference (parity: vs eager; causality: earlier outputs after changing later "
-                      "tokens; kv-consistency: decode/chunked/recompute vs prefill; padding: padded vs unpadded); "
-                      "generation: matched greedy tokens.", ""]
+                      "tokens; kv-consistency: decode/chunked/recompute vs prefill, and cached decode out to the "
+                      "position shown; padding: padded vs unpadded); generation: matched greedy tokens after a short "
+                      "prompt and after a long one (its length shown).", ""]
         notes = [f"- **verdict**: {v.message}"] if v.status != "passed" else []
         for rt, info in self.runtimes.items():
             if info.status == "error":
@@ -263,8 +276,9 @@ class VerifyReport:
         elif r.check == "causality":
             figure = f"{f.get('max_abs_earlier', 0):.1e}"
         elif r.check == "kv-consistency":
-            worst = max(f.get("decode_max_abs", 0), f.get("chunked_max_abs", 0), f.get("recompute_max_abs", 0))
-            figure = f"{worst:.1e}"
+            worst = max(f.get("decode_max_abs", 0), f.get("chunked_max_abs", 0), f.get("recompute_max_abs", 0),
+                        f.get("long_max_abs", 0) or 0)
+            figure = f"{worst:.1e}" + (f" to {f['long_to']}" if f.get("long_to") is not None else "")
         elif r.check == "padding":
             figure = f"{max((v for k, v in f.items() if k.endswith('_max_abs')), default=0):.1e}"
         elif r.check == "dynamic-shapes" and "baked_axes" in f:
@@ -273,6 +287,8 @@ class VerifyReport:
             figure = f"{f.get('shapes', 0) - f.get('failed_shapes', 0)}/{f.get('shapes', 0)} shapes"
         elif r.check == "generation":
             figure = f"{f.get('matched', 0)}/{f.get('tokens', 0)} tokens" + (" (tie)" if f.get("tie") else "")
+            if "long_prompt" in f:
+                figure += f", {f.get('long_matched', 0)}/{f.get('long_tokens', 0)} after {f['long_prompt']}"
         if not f and r.message:
             figure = "error"
         return f"{icon} {figure}".strip()

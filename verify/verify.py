@@ -31,6 +31,9 @@ REFERENCE_MAX_PARAMS = 2_000_000
 # Up to this many parameters torch runs verify's small batches on one intra-op thread: more threads gain nothing at
 # these sizes and, on a busy machine, spinning threads made each call 10-50x slower (measured on 2 shared cores).
 ONE_THREAD_MAX_PARAMS = 20_000_000
+# Models up to this max_positions (and ONE_THREAD_MAX_PARAMS) decode their whole context token by token in the
+# long-context kv-consistency check; larger ones decode after prefills spread out to max_positions - 2.
+LONG_FULL_MAX_POSITIONS = 512
 
 
 @contextlib.contextmanager
@@ -92,7 +95,7 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
 
 
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
-                  atol: float | None = None, rtol: float | None = None,
+                  atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] = CHECKS,
                   gen_tokens: int | None = None, threads: int | None = None,
                   progress: Progress | None = None) -> VerifyReport:
@@ -129,7 +132,9 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
-                  export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed)
+                  export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
+                  long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS
+                  and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS)
     lint = None
     if ef.has("onnx"):  # static findings first: they often say why a check below fails
         from mhaexport.verify.lint import lint_path
@@ -146,8 +151,10 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                "export_sizes": {"seq": ctx.export_sizes[0], "past": ctx.export_sizes[1]},
                "generation_tokens": ctx.gen_tokens},
         tolerance={"atol": tol.atol, "rtol": tol.rtol, "dtype": dtype,
+                   "per_output": {k: {"atol": a, "rtol": r} for k, a, r in tol.per_output},
                    "overridden": atol is not None or rtol is not None,
-                   "per_runtime": {r.name: {"dtype": r.dtype, **vars(Tolerance.for_dtype(r.dtype, atol, rtol))}
+                   "per_runtime": {r.name: {"dtype": r.dtype, "describe": Tolerance.for_dtype(r.dtype, atol,
+                                                                                         rtol).describe()}
                                    for r in runners}},
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,

@@ -98,6 +98,40 @@ class _LeftPaddingOnly(_NoPastOffset):
         return self._run(input_ids, attention_mask, past_key_values, allowed, pos)
 
 
+class _WindowInDecode(_Attention):
+    WINDOW = 48  # < the tiny preset's max_positions (128): a few dozen positions in, decoding goes wrong
+
+    def attend(self, scores, allowed):
+        T, S = scores.shape[-2], scores.shape[-1]
+        if T == 1 and S > self.WINDOW:  # BUG: one-token steps see only the last WINDOW keys; prefill sees them all
+            allowed = allowed & (torch.arange(S) >= S - self.WINDOW)
+        return super().attend(scores, allowed)
+
+
+class _PositionsRunOut(_NoPastOffset):
+    LIMIT = 63  # half the tiny preset's max_positions
+
+    def forward(self, input_ids, attention_mask, past_key_values=None):
+        B, T = input_ids.shape
+        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+        allowed = build_causal_mask(T, past_len, attention_mask)
+        pos = position_ids_from_mask(attention_mask, T)
+        if past_len > 0:  # BUG: the decode path's positions stop at LIMIT (a position table that runs out early)
+            pos = pos.clamp(max=self.LIMIT)
+        return self._run(input_ids, attention_mask, past_key_values, allowed, pos)
+
+
+def window_in_decode() -> nn.Module:
+    """Cached decode steps attend to the last 48 keys only, the prefill to all: right at short lengths, wrong past
+    48 positions — caught by the long-context part of kv-consistency and by generation from a long prompt."""
+    return _with_attention(DecoderLM(CONFIG), _WindowInDecode)
+
+
+def positions_run_out() -> nn.Module:
+    """Decode-path positions clamped at 63 (half of max_positions): caught only by the long-context checks."""
+    return _PositionsRunOut(CONFIG).eval()
+
+
 def left_padding_only() -> nn.Module:
     """Positions that assume left padding: right for the contract's layout, wrong for onnxruntime-genai's
     right-padded batches: caught by padding (its right-padded half)."""
@@ -136,4 +170,4 @@ def fixed_size_mask() -> nn.Module:
 
 
 ALL = {f.__name__: f for f in (mask_zero, mask_after_softmax, fixed_size_mask, no_past_offset, no_mask,
-                               positions_no_past)}
+                               positions_no_past, window_in_decode, positions_run_out)}
