@@ -64,7 +64,7 @@ def lowerings_table(res: BenchResult) -> str:
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
-    probes = ", ".join(f"{k} {bw[k]:.2f} GB/s" + (" (read + write bytes)" if k == "copy" else "")
+    probes = ", ".join(f"{k} {bw[k]:.2f} GB/s" + (" counting read + write" if k == "copy" else "")
                        for k in ("copy", "sum", "gemv") if k in bw)
     threads = f"{bw['threads']} thread{'s' if bw['threads'] != 1 else ''}"
     return (f"Memory read bandwidth: **{res.bandwidth_gbps:.2f} GB/s**, the fastest of the probes ({probes}; "

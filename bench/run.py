@@ -90,7 +90,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     long_to = min(long_to, c.max_positions)
     ids = np.random.default_rng(cfg.seed).integers(0, c.vocab_size, (cfg.batch, cfg.prompt_len), dtype=np.int64)
 
-    say(f"measuring memory bandwidth ({cfg.threads} threads) ...")
+    say(f"measuring memory bandwidth ({cfg.threads} thread{'s' if cfg.threads != 1 else ''}) ...")
     bandwidth = probe(cfg.threads)
     notes: list[str] = []
     eager, no_eager = _load_eager(ef)
