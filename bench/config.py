@@ -38,8 +38,8 @@ class BenchConfig:
     # steady_within (0.10 = 10 %), at most max_warmups; a row that never agrees is timed anyway, with a note.
     steady_within: float = 0.10
     max_warmups: int = 5
-    # Verdicts: a target says yes/no only when every row it reads has a spread (p90 / p50 of per-token latency,
-    # the steady growth with position taken out) of at most max_spread; otherwise "no verdict".
+    # Verdicts: a target says yes/no only when every row it reads has a spread (max(p90 / p50, p50 / p10) of
+    # per-token latency, the steady growth with position taken out) of at most max_spread; else "no verdict".
     max_spread: float = 1.5
 
 
@@ -62,7 +62,7 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
     if not 0 < cfg.steady_within < 1:
         raise ConfigError(f"steady_within={cfg.steady_within}: a fraction in (0, 1), e.g. 0.10 for 10 %")
     if cfg.max_spread < 1:
-        raise ConfigError(f"max_spread={cfg.max_spread}: p90 / p50 is never below 1")
+        raise ConfigError(f"max_spread={cfg.max_spread}: a spread is never below 1")
     if cfg.new_tokens < 2:
         raise RuntimeInputError(f"new_tokens={cfg.new_tokens}: at least 2 (one prefill token and one decode step)")
     return tuple(names)

@@ -27,9 +27,9 @@ def runtimes_table(res: BenchResult) -> str:
     rows = [(f"batch {cfg['batch']}, prompt {cfg['prompt_len']}, {cfg['new_tokens']} new tokens, "
              f"{cfg['threads']} threads, greedy; times in ms (medians over {cfg['repeats']} timed repeats, "
              "round-robin; token latency over all decode steps). warm-ups: untimed generations until two in a row "
-             f"agreed within {cfg['steady_within'] * 100:.0f} % (at most {cfg['max_warmups']}). spread: p90 / p50 "
-             "of per-token latency with its growth with position taken out; repeats apart: (slowest - fastest) / "
-             "median of the repeats' medians."), "",
+             f"agreed within {cfg['steady_within'] * 100:.0f} % (at most {cfg['max_warmups']}). spread: the "
+             "larger of p90 / p50 and p50 / p10 of per-token latency with its growth with position taken out; "
+             "repeats apart: (slowest - fastest) / median of the repeats' medians."), "",
             "| runtime | providers | load | warm-ups | prefill | TTFT | token p50 | token p90 | token min | spread | "
             "repeats apart | tokens/s |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

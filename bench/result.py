@@ -32,7 +32,7 @@ class RuntimeBench:
     token_p50_ms: float | None = None  # over every decode step of every repeat
     token_p90_ms: float | None = None
     token_min_ms: float | None = None
-    token_spread: float | None = None  # p90 / p50 with the growth with position taken out (bench.stats)
+    token_spread: float | None = None  # max(p90 / p50, p50 / p10), growth with position taken out (bench.stats)
     repeat_spread: float | None = None  # (max - min) / median of the repeats' median step latency
     decode_total_ms: float | None = None  # median over repeats of the summed decode steps
     tokens_per_s: float | None = None  # batch * new_tokens / (prefill + decode), median over repeats

@@ -1,11 +1,12 @@
 """The speed targets, as data: each :class:`Target` is a ratio of two figures of a run, a limit, a direction and
 the run conditions its limit was set for; :func:`evaluate` judges them against a :class:`BenchResult`.
 
-A target says yes or no only when it was measured *and* every timed figure it reads has a spread (p90 / p50 of
-per-token latency with the growth with position taken out, :func:`mhaexport.bench.stats.token_spread`) of at most
-``max_spread`` (1.5 by default: a p90 half again over the p50 means the p50 moves with the noise by more than most
-targets' margin); otherwise it says "not measured" or "spread too wide (x.x on ROW): no verdict", and ``met`` is
-None — never "yes".
+A target says yes or no only when it was measured *and* every timed figure it reads has a spread (the larger of
+p90 / p50 and p50 / p10 of per-token latency with the growth with position taken out,
+:func:`mhaexport.bench.stats.token_spread`) of at most ``max_spread`` (1.5 by default: a tenth of the steps half
+again slower than the median, or the median half again slower than the fastest tenth, means the machine was busy
+and the p50 moves with it); otherwise it says "not measured" or "spread too wide (x.x on ROW): no verdict", and
+``met`` is None — never "yes".
 """
 
 from __future__ import annotations

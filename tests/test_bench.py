@@ -343,6 +343,8 @@ def test_spread_ignores_growth_with_position_but_not_noise():
     assert token_spread(positions, [steady, steady]) == pytest.approx(1.0, abs=0.01)
     spiky = [s * (20 if i % 5 == 0 else 1) for i, s in enumerate(steady)]  # every fifth step 20x slower
     assert token_spread(positions, [spiky]) > 10
+    mostly_slow = [s * (1 if i % 7 == 0 else 100) for i, s in enumerate(steady)]  # slow but for its fast moments
+    assert token_spread(positions, [mostly_slow]) > 50  # p50 / p10: the fast seventh is what the model can do
     slow_repeat = [s * 2 for s in steady]  # one repeat of three twice as slow
     assert token_spread(positions, [steady, steady, slow_repeat]) == pytest.approx(2.0, abs=0.05)
     assert repeat_spread([steady, steady, slow_repeat]) == pytest.approx(1.0, abs=0.01)
