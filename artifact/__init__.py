@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from mhaexport.artifact.files import (TWO_GB, atomic_write_bytes, atomic_write_json, ensure_writable_dir,
                                       read_json, sha256_file)
-from mhaexport.artifact.folder import ExportFolder, Staging, read_manifest, stage_artifact
+from mhaexport.artifact.folder import (ExportFolder, Staging, lowering_of, read_manifest, same_model_folders,
+                                       stage_artifact)
 from mhaexport.artifact.lock import FolderLock
 from mhaexport.artifact.manifest import (ArtifactEntry, Manifest, ModelRecord, fingerprint_of,
                                          legacy_fingerprint)
 
 __all__ = ["TWO_GB", "ArtifactEntry", "ExportFolder", "FolderLock", "Manifest", "ModelRecord", "Staging",
            "atomic_write_bytes", "atomic_write_json", "ensure_writable_dir", "fingerprint_of", "legacy_fingerprint",
-           "read_json", "read_manifest", "sha256_file", "stage_artifact"]
+           "lowering_of", "read_json", "read_manifest", "same_model_folders", "sha256_file", "stage_artifact"]

@@ -90,6 +90,36 @@ class ExportFolder:
         return self.path / (name or self.entry(artifact).file)
 
 
+def lowering_of(ef: ExportFolder) -> str | None:
+    """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16" (None: no ONNX)."""
+    onnx_art = ef.artifacts.get("onnx")
+    if onnx_art is None:
+        return None
+    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}"
+
+
+def same_model_folders(folder: str | Path, ef: ExportFolder,
+                       others: tuple[str, ...] | list[str]) -> list[tuple[Path, ExportFolder]]:
+    """Read and hash-check each of ``others``' ONNX exports; each must hold the model of ``folder`` (``ef``): same
+    fingerprint, else ArtifactError naming both. ``folder`` itself and repeats are dropped."""
+    out = []
+    want = ef.model.fingerprint
+    seen = {Path(folder).resolve()}
+    for other in others:
+        other = Path(other)
+        if other.resolve() in seen:  # the folder itself, or named twice: once is enough
+            continue
+        seen.add(other.resolve())
+        m = ExportFolder.open(other, "onnx")
+        if m.model.fingerprint != want:
+            raise ArtifactError(
+                f"--compare {other} holds {m.model.spec} (model fingerprint {m.model.fingerprint}), "
+                f"not the model of {folder} ({ef.model.spec}, fingerprint {want}): compare exports "
+                "of one model only")
+        out.append((other, m))
+    return out
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -264,7 +264,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-cuda. "
                    "Default: all.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Timed generations per runtime (after one untimed warm-up).")
+              help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
+                   "within 10 %, at most 5).")
 @click.option("--long", "long_to", type=click.IntRange(min=0), default=None, metavar="POSITION",
               help="Also time one ORT CPU generation per lowering from the prompt up to this position (per-token "
                    "latency against position; default: max_positions for models of up to 1024 positions, 0 = off).")
@@ -285,27 +286,29 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
               profile, compare, lowerings, output) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
-    from mhaexport.verify import bench as vb
+    import dataclasses
+
+    from mhaexport import bench
 
     def say(msg: str) -> None:
         click.echo(msg, err=True)
 
-    import dataclasses
-
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
-    cfg = vb.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
-                         runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
-                         opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
-                         compare=tuple(compare), long_repeats=long_repeats)
-    vb.check_config(cfg)  # a typo in --runtimes / --opt-levels fails before any export or timing
+    cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
+                            runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
+                            opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
+                            compare=tuple(compare), long_repeats=long_repeats)
+    bench.check_config(cfg)  # a typo in --runtimes / --opt-levels fails before any export or timing
     _writable(output or folder, "" if output else " (give -o DIR to write the bench results elsewhere)")
     if lowerings:
-        wanted = vb.parse_lowerings(lowerings)
-        found = vb.export_lowerings(folder, wanted, output or folder, have=cfg.compare, progress=say)
+        from mhaexport.exporter.variants import export_lowerings, parse_lowerings
+
+        found = export_lowerings(folder, parse_lowerings(lowerings), output or folder, have=cfg.compare,
+                                 progress=say)
         # run_bench drops FOLDER itself and repeats
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
-    result = vb.run_bench(folder, cfg, progress=say)
-    written = vb.write_bench(result, output or folder)
+    result = bench.run_bench(folder, cfg, progress=say)
+    written = bench.write_bench(result, output or folder)
     click.echo(result.summary())
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
 

@@ -1,27 +1,55 @@
-"""`mhaexport bench` on the tiny export: what it measures, what it writes, how report.md gains its table, and how
---compare / --lowerings put several lowerings of one model side by side."""
+"""`mhaexport bench` (mhaexport.bench): what it measures on the tiny export, what it writes, how report.md gains its
+table, how --compare / --lowerings put several lowerings of one model side by side, and the rules — warm-up until
+steady, spread per row, verdicts only where the spread allows, a floor that names its probe — on fabricated timings.
+
+Every run here gets a fake bandwidth probe (fixed figures), so no test reads 256 MiB; one test runs the real probes
+on 8 MiB."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from mhaexport import bench
+from mhaexport.bench import (REPORT_BEGIN, REPORT_END, Bandwidth, BenchConfig, BenchResult, RuntimeBench, run_bench,
+                             weight_bytes_per_token, write_bench)
+from mhaexport.bench import probes
+from mhaexport.bench.render import floor_text, targets_table
+from mhaexport.bench.rows import Row
+from mhaexport.bench.run import run_rounds
+from mhaexport.bench.stats import repeat_spread, token_spread
+from mhaexport.bench.targets import evaluate
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ConfigError, RuntimeInputError
-from mhaexport.verify.bench import (REPORT_BEGIN, REPORT_END, BenchConfig, RuntimeBench, _round_robin, _Runner,
-                                    export_lowerings, parse_lowerings, run_bench, weight_bytes_per_token,
-                                    write_bench)
+from mhaexport.errors import ArtifactError, ConfigError, RuntimeFailure, RuntimeInputError
+from mhaexport.exporter.variants import export_lowerings, parse_lowerings
+from mhaexport.iospec import ModelContract
+from mhaexport.runtime.runner import Runner
 
 SMALL = dict(prompt_len=8, new_tokens=6, repeats=2, threads=1, long_to=40)
 
 
+def fake_probe(threads: int) -> Bandwidth:
+    """Fixed bandwidths: gemv is the fastest read."""
+    return Bandwidth({"copy": 10.0, "sum": 8.0, "gemv": 12.5}, threads, 256, "fake")
+
+
+@pytest.fixture(autouse=True)
+def no_real_probe(monkeypatch):
+    """CLI runs use the fake probe too (run_bench looks the default up when it runs)."""
+    monkeypatch.setattr(probes, "default_probe", fake_probe)
+
+
 @pytest.fixture(scope="module")
 def result(tiny_export):
-    return run_bench(tiny_export, BenchConfig(**SMALL))
+    return run_bench(tiny_export, BenchConfig(**SMALL), probe=fake_probe)
 
 
 def test_every_runtime_ran_or_says_why(result):
@@ -34,27 +62,33 @@ def test_every_runtime_ran_or_says_why(result):
         assert r.token_min_ms <= r.token_p50_ms <= r.token_p90_ms
         assert r.ttft_ms >= r.prefill_ms > 0 and r.tokens_per_s > 0
         assert r.positions == list(range(8, 13)) and len(r.per_position_ms) == 5  # new_tokens - 1 decode steps
+        assert 2 <= r.warmups <= 5 and len(r.warmup_token_ms) == r.warmups and r.steady in (True, False)
+        assert r.token_spread >= 1.0
+        assert (r.repeat_spread is None) == (r.repeats == 1)
     assert by["ort-cpu"].providers == ["CPUExecutionProvider"]
     for name in ("eager-cuda", "ort-cuda"):
         r = by[name]
         assert r.ran is True or (r.ran is None and r.reason), (name, r.reason)  # skipped only with a reason
 
 
-def test_long_run_bandwidth_floor_and_targets(result, tiny):
+def test_long_run_bandwidth_floor_and_targets(result):
     lr = result.long_run()
     assert lr["positions"][0] == 8 and lr["positions"][-1] == 39 and len(lr["ms"]) == len(lr["positions"])
     assert (lr["near"], lr["far"]) == (8, 31)  # tiny stops at 40: far is the last full +-8 window, not 1000
-    assert set(lr["at"]) == {"8", "31"} and all(v > 0 for v in lr["at"].values())
-    assert result.bandwidth_gbps == max(result.bandwidth[k] for k in ("copy", "sum", "gemv")) > 0
+    assert set(lr["at"]) == {"8", "31"} and all(v > 0 for v in lr["at"].values()) and lr["spread"] >= 1.0
+    assert result.bandwidth_gbps == 12.5 and result.bandwidth["read"] == 12.5  # the fake probe's fastest
+    assert (result.floor_probe, result.floor_threads) == ("gemv", 1)  # the probe that set it, at BenchConfig.threads
     assert result.floor_ms == pytest.approx(result.weight_bytes_per_token / (result.bandwidth_gbps * 1e9) * 1e3,
                                             rel=1e-3, abs=1e-4)  # floor_ms is rounded to 4 decimals
-    targets = {t["target"].split(" (")[0]: t for t in result.targets}
-    assert len(targets) == 4
+    assert len(result.targets) == 4
     at1000 = next(t for t in result.targets if "position 1000" in t["target"])
     assert at1000["met"] is None and at1000["measured"] is None  # tiny stops at 128: not measured, never "met"
+    assert at1000["verdict"] == "not measured"
     ratio = next(t for t in result.targets if t["target"].startswith("ORT CPU per-token p50 / eager"))
     by = {r.name: r for r in result.runtimes}
     assert ratio["measured"] == pytest.approx(by["ort-cpu"].token_p50_ms / by["eager"].token_p50_ms, abs=1e-3)
+    assert ratio["spread"] == max(by["ort-cpu"].token_spread, by["eager"].token_spread)
+    assert ratio["applies"] is False  # the limits are set for the bench preset, this is tiny
 
 
 def test_weight_bytes_count_tied_head_once_and_one_position_row(tiny):
@@ -70,12 +104,17 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     written = write_bench(result, tmp_path)
     assert {p.name for p in written} >= {"bench.json", "bench.md", "report.md"}
     data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["schema"] == "mhaexport.bench/1" and list(data)[0] == "schema"
     assert data["runtimes"][0]["name"] == "eager" and "floor_ms" in data
+    assert data["bandwidth"]["probe"] == "gemv" and data["bandwidth"]["threads"] == 1
+    assert data["versions"]["mhaexport"] and data["environment"]["threads"] == 1  # mhaexport.env's records
     assert "plot" not in data["environment"]  # the markdown's plot line stays in the markdown
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary files behind
     md = (tmp_path / "bench.md").read_text()
     assert "| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in md and "Weight-bandwidth floor" in md
+    assert "(set by the gemv probe on 1 thread)" in md
     assert "this run differs, so read them as figures, not as a verdict" in md  # the targets are for `bench`
+    assert "| spread | repeats apart |" in md
     once = report.read_text()
     write_bench(result, tmp_path)
     twice = report.read_text()
@@ -101,25 +140,32 @@ def test_plot_written_when_matplotlib_present(result, tmp_path):
 
 def test_bad_bench_requests(tiny_export):
     with pytest.raises(RuntimeInputError, match="exceeds the model's max_positions=128"):
-        run_bench(tiny_export, BenchConfig(prompt_len=100, new_tokens=64))
+        run_bench(tiny_export, BenchConfig(prompt_len=100, new_tokens=64), probe=fake_probe)
     with pytest.raises(RuntimeInputError, match="unknown runtime"):
-        run_bench(tiny_export, BenchConfig(runtimes=("ort-tpu",)))
+        run_bench(tiny_export, BenchConfig(runtimes=("ort-tpu",)), probe=fake_probe)
     with pytest.raises(ConfigError, match="unknown graph optimization level"):
-        run_bench(tiny_export, BenchConfig(opt_levels=("basic", "basik")))
+        run_bench(tiny_export, BenchConfig(opt_levels=("basic", "basik")), probe=fake_probe)
+    with pytest.raises(ConfigError, match="steadiness compares two warm-ups"):
+        run_bench(tiny_export, BenchConfig(max_warmups=1), probe=fake_probe)
 
 
-def test_bench_restores_torch_threads(tiny_export):
+def test_bench_restores_torch_threads_and_notes_a_row_that_never_steadies(tiny_export):
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
+        # two warm-ups that must agree within 1e-9: they never do, so the row is timed anyway, with a note
         res = run_bench(tiny_export, BenchConfig(prompt_len=4, new_tokens=3, repeats=1, threads=1, long_to=0,
-                                                 runtimes=("eager",)))
-        assert res.get("eager").ran is True
+                                                 runtimes=("eager",), max_warmups=2, steady_within=1e-9),
+                        probe=fake_probe)
+        eager = res.get("eager")
+        assert eager.ran is True and eager.warmups == 2 and eager.steady is False
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+    assert any(n.startswith("eager did not settle in 2 warm-ups") for n in res.notes)
+    assert "| eager | torch (cpu) |" in res.summary() and "| 2, not steady |" in res.summary()
 
 
 def test_cli_bench(tiny_export, tmp_path):
@@ -134,6 +180,7 @@ def test_cli_bench(tiny_export, tmp_path):
     assert names == ["eager", "ort-cpu", "ort-cpu@basic"]
     assert [x["opt_level"] for x in data["runtimes"]] == [None, None, "basic"]
     assert [lw["name"] for lw in data["lowerings"]] == ["ort-cpu"]  # an opt level is not another lowering
+    assert data["bandwidth"]["method"] == "fake"  # the CLI ran with the injected probe
     bad = CliRunner().invoke(main, ["bench", str(tiny_export), "--runtimes", "nope"])
     assert bad.exit_code == 2 and "unknown runtime(s) nope" in bad.output
 
@@ -149,6 +196,213 @@ def test_cli_bench_unknown_opt_level_exits_2(tiny_export, tmp_path):
                                   str(tmp_path)])
     assert r.exit_code == 2 and "unknown graph optimization level(s) fast" in r.output
     assert not (tmp_path / "lowerings").exists()  # nor exported anything first
+
+
+# ---- an output folder that cannot be written: exit 2, one line, nothing timed -------------------------------------
+
+@pytest.fixture()
+def nothing_timed(monkeypatch):
+    """Fail the test if bench starts timing anything."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("bench ran although its output folder cannot be written")
+
+    monkeypatch.setattr(bench, "run_bench", refuse)
+    monkeypatch.setattr(probes, "default_probe", refuse)
+
+
+def _unwritable_outputs(tmp_path: Path) -> list[str]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    outs = ["/proc/x", str(a_file / "sub")]
+    if os.geteuid() != 0:  # root writes into read-only folders
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        outs.append(str(ro))
+    return outs
+
+
+def test_cli_bench_unwritable_output_exits_2_before_timing(tiny_export, tmp_path, nothing_timed):
+    for out in _unwritable_outputs(tmp_path):
+        r = CliRunner().invoke(main, ["bench", str(tiny_export), "-o", out])
+        assert r.exit_code == 2, (out, r.output)
+        assert len(r.output.strip().splitlines()) == 1 and r.output.startswith("Error: "), r.output
+        assert "Traceback" not in r.output and "measuring" not in r.output and "warming" not in r.output
+    assert not (tiny_export / "bench.json").exists()
+
+
+def test_cli_bench_unwritable_output_real_subprocess(tiny_export):
+    proc = subprocess.run([sys.executable, "-m", "mhaexport", "bench", str(tiny_export), "-o", "/proc/x"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("Error: "), proc.stderr
+    assert "/proc/x" in proc.stderr and proc.stdout == ""
+
+
+def test_bench_imports_neither_the_exporter_nor_the_cli():
+    code = ("import sys, mhaexport.bench, mhaexport.bench.run, mhaexport.bench.render\n"
+            "bad = [m for m in sys.modules if m.startswith('mhaexport.exporter') or m == 'mhaexport.cli']\n"
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---- the rules, on fake runners and fabricated results -------------------------------------------------------------
+
+CONTRACT = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=5, max_positions=64)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeRunner(Runner):
+    """Each call takes the next of ``generations``' step times (seconds) on ``clock``: generation g's prefill takes
+    1 ms and its decode steps ``generations[g]`` each. ``fail_at``: the generation (1-based) whose prefill raises."""
+
+    def __init__(self, name: str, clock: FakeClock, generations: list[float], fail_at: int | None = None) -> None:
+        super().__init__(name, CONTRACT)
+        self.clock, self.generations, self.fail_at = clock, list(generations), fail_at
+        self.calls: list[str] = []
+        self.generation = 0
+
+    def empty_cache(self, batch: int) -> int:
+        return 0
+
+    def step_impl(self, ids: np.ndarray, mask: np.ndarray, cache: int) -> tuple[np.ndarray, int]:
+        if ids.shape[1] > 1:  # a prefill starts a generation
+            self.generation += 1
+            self.calls.append(self.name)
+            if self.generation == self.fail_at:
+                raise RuntimeFailure(f"{self.name} broke\nsecond line")
+            self.clock.t += 0.001
+        else:
+            self.clock.t += self.generations[min(self.generation, len(self.generations)) - 1]
+        return np.zeros((ids.shape[0], ids.shape[1], CONTRACT.vocab_size), dtype=np.float32), cache + ids.shape[1]
+
+
+PROMPT = np.array([[1, 2, 3]], dtype=np.int64)
+
+
+def fake_row(name: str, generations: list[float], repeats: int = 3, fail_at: int | None = None) -> Row:
+    clock = FakeClock()
+    runner = FakeRunner(name, clock, generations, fail_at)
+    row = Row(RuntimeBench(name), lambda: runner, repeats, clock=clock)
+    row.activate()
+    return row
+
+
+def test_warm_up_runs_until_two_in_a_row_agree_within_10_percent():
+    row = fake_row("slow-start", [0.050, 0.020, 0.0105, 0.0100, 0.0100])  # 50 ms, 20 ms, 10.5 ms, 10 ms: steady
+    assert row.warm_up(PROMPT, 6, within=0.10, most=5) is True
+    assert row.record.warmups == 4 and row.record.steady is True
+    assert row.record.warmup_token_ms == [50.0, 20.0, 10.5, 10.0]
+    quick = fake_row("quick", [0.010, 0.0109])  # 9 % apart: agreed after the minimum of two
+    assert quick.warm_up(PROMPT, 6, within=0.10, most=5) is True and quick.record.warmups == 2
+    apart = fake_row("apart", [0.010, 0.0111])  # 11 % apart, then steady at 11.1 ms
+    assert apart.warm_up(PROMPT, 6, within=0.10, most=5) is True and apart.record.warmups == 3
+
+
+def test_warm_up_gives_up_after_the_cap_and_says_so():
+    row = fake_row("jumpy", [0.010, 0.020, 0.010, 0.020, 0.010, 0.020])
+    assert row.warm_up(PROMPT, 6, within=0.10, most=5) is False
+    assert row.record.warmups == 5 and row.record.steady is False
+    assert row.record.warmup_token_ms == [10.0, 20.0, 10.0, 20.0, 10.0]
+
+
+def test_timings_come_from_the_decode_loop():
+    row = fake_row("timed", [0.002, 0.002, 0.004, 0.004])
+    row.warm_up(PROMPT, 5, within=0.10, most=5)  # 2 ms, 2 ms: steady after two
+    run_rounds([row], PROMPT, 5, lambda m: None)
+    row.finish(batch=1, new_tokens=5)
+    rb = row.record
+    assert rb.ran is True and rb.repeats == 3 and rb.positions == [3, 4, 5, 6]  # the cache length fed at each step
+    assert rb.prefill_ms == 1.0 and rb.token_p50_ms == 4.0 and rb.per_position_ms == [4.0] * 4
+    assert rb.decode_total_ms == 16.0 and rb.token_spread == 1.0 and rb.repeat_spread == 0.0
+    assert rb.tokens_per_s == pytest.approx(5 / 0.017, abs=0.01)
+
+
+def test_round_robin_order_short_row_and_failing_row():
+    rows = [fake_row("a", [0.001]), fake_row("nocache", [0.001], repeats=1),
+            fake_row("bad", [0.001], fail_at=2), fake_row("c", [0.001])]
+    run_rounds(rows, PROMPT, 4, lambda m: None)
+    calls = [rows[i].runner.calls for i in range(4)]
+    assert [len(c) for c in calls] == [3, 1, 2, 3]
+    assert [len(r.runs) for r in rows] == [3, 1, 1, 3]
+    assert rows[2].record.ran is None and rows[2].record.reason == "bad broke"  # skipped with the first line of why
+
+
+def test_spread_ignores_growth_with_position_but_not_noise():
+    positions = list(range(32, 160))
+    steady = [0.01 + 0.0002 * (p - 32) for p in positions]  # recompute-like: 10 ms -> 35 ms across the run
+    assert token_spread(positions, [steady, steady]) == pytest.approx(1.0, abs=0.01)
+    spiky = [s * (20 if i % 5 == 0 else 1) for i, s in enumerate(steady)]  # every fifth step 20x slower
+    assert token_spread(positions, [spiky]) > 10
+    mostly_slow = [s * (1 if i % 7 == 0 else 100) for i, s in enumerate(steady)]  # slow but for its fast moments
+    assert token_spread(positions, [mostly_slow]) > 50  # p50 / p10: the fast seventh is what the model can do
+    slow_repeat = [s * 2 for s in steady]  # one repeat of three twice as slow
+    assert token_spread(positions, [steady, steady, slow_repeat]) == pytest.approx(2.0, abs=0.05)
+    assert repeat_spread([steady, steady, slow_repeat]) == pytest.approx(1.0, abs=0.01)
+    assert token_spread(positions, []) is None and repeat_spread([steady]) is None
+
+
+def fabricated(eager_spread: float, ort_spread: float, nocache_spread: float = 1.1) -> BenchResult:
+    def row(name: str, p50: float, total: float, spread: float) -> RuntimeBench:
+        return RuntimeBench(name, ran=True, repeats=3, providers=["x"], token_p50_ms=p50, token_p90_ms=p50 * spread,
+                            decode_total_ms=total, token_spread=spread, warmups=2, steady=True)
+
+    cfg = BenchConfig(prompt_len=32, new_tokens=128, threads=2)
+    return BenchResult("f", {**cfg.__dict__}, {"spec": "preset:bench"}, {"date": "d"}, 10.0,
+                       fake_probe(2).to_dict(), 50_000_000, 5.0,
+                       [row("eager", 10.0, 1270.0, eager_spread), row("eager-nocache", 80.0, 10160.0, nocache_spread),
+                        row("ort-cpu", 5.0, 635.0, ort_spread)])
+
+
+def test_verdict_only_where_the_spread_allows():
+    quiet = {t["target"].split(" (")[0]: t for t in evaluate(fabricated(1.2, 1.1), max_spread=1.5)}
+    ratio = quiet["ORT CPU per-token p50 / eager-with-cache p50"]
+    assert ratio["met"] is True and ratio["verdict"] == "yes" and ratio["measured"] == 0.5 and ratio["applies"]
+    assert (ratio["spread"], ratio["spread_of"]) == (1.2, "eager")
+    floor = quiet["ORT CPU per-token p50 / weight-bandwidth floor"]
+    assert floor["met"] is True and floor["spread"] == 1.1  # the floor is not a timed row: ort-cpu's spread counts
+    assert quiet["recompute / cached decode time at 128 new tokens"]["met"] is True
+
+    noisy = {t["target"].split(" (")[0]: t for t in evaluate(fabricated(3.04, 1.1), max_spread=1.5)}
+    ratio = noisy["ORT CPU per-token p50 / eager-with-cache p50"]
+    assert ratio["met"] is None and ratio["measured"] == 0.5  # still measured, but no verdict
+    assert ratio["verdict"] == "spread too wide (3.0 on eager): no verdict"
+    assert noisy["ORT CPU per-token p50 / weight-bandwidth floor"]["met"] is True  # reads ort-cpu only
+    assert noisy["recompute / cached decode time at 128 new tokens"]["met"] is None
+
+    res = fabricated(3.04, 1.1)
+    res.targets = evaluate(res, max_spread=1.5)
+    table = targets_table(res)
+    assert "| spread too wide (3.0 on eager): no verdict |" in table and "| yes |" in table
+    assert "this run differs" not in table  # the bench preset's conditions: a verdict proper
+    assert "a verdict only where every timed row a target reads has spread <= 1.5" in table
+
+
+def test_floor_names_the_probe_that_set_it_and_its_threads():
+    res = fabricated(1.1, 1.1)
+    res.bandwidth = Bandwidth({"copy": 9.0, "sum": 11.0}, 2, 256, "fake").to_dict()
+    res.bandwidth_gbps = res.bandwidth["read"]
+    assert (res.floor_probe, res.floor_threads) == ("sum", 2)
+    text = floor_text(res)
+    assert "(set by the sum probe on 2 threads)" in text and "**11.00 GB/s**" in text and "gemv" not in text
+
+
+def test_real_probes_read_with_the_threads_they_say():
+    bw = probes.measure_bandwidth(threads=1, mbytes=8, repeats=2)
+    assert set(bw.gbps) == {"copy", "sum", "gemv"} and all(v > 0 for v in bw.gbps.values())
+    assert bw.threads == 1 and bw.method == "torch" and bw.probe in bw.gbps
+    assert bw.to_dict()["read"] == max(bw.gbps.values())
+    npb = probes.numpy_bandwidth(mbytes=8, repeats=2)
+    assert set(npb.gbps) == {"copy", "sum"} and npb.threads == 1 and npb.method == "numpy"
 
 
 # ---- comparing lowerings: --compare / --lowerings ---------------------------------------------------------------
@@ -175,7 +429,7 @@ def ort_export(tiny_export, lowering_dir):
 def compared(tiny_export, ort_export):
     messages: list[str] = []
     res = run_bench(tiny_export, BenchConfig(**COMPARE, compare=(str(ort_export), str(tiny_export))),
-                    progress=messages.append)
+                    progress=messages.append, probe=fake_probe)
     return res, messages
 
 
@@ -197,24 +451,6 @@ def test_setup_first_then_timed_rounds_round_robin(compared):
     rounds = [m for m in messages if m.startswith("timed round")]
     assert rounds == [f"timed round {k}/2: eager, ort-cpu [attention=decomposed float32], {ORT_LABEL} ..."
                       for k in (1, 2)]
-
-
-def test_round_robin_order_short_runner_and_failing_runner():
-    calls: list[str] = []
-
-    def runner(name: str, repeats: int, fail_at: int | None = None) -> _Runner:
-        def generate(n: int) -> tuple:
-            calls.append(name)
-            if fail_at is not None and calls.count(name) == fail_at:
-                raise RuntimeInputError(f"{name} broke\nsecond line")
-            return 0.0, 0.0, [0.001] * (n - 1), list(range(n - 1))
-        return _Runner(RuntimeBench(name), generate, repeats)
-
-    rs = [runner("a", 3), runner("nocache", 1), runner("bad", 3, fail_at=2), runner("c", 3)]
-    _round_robin(rs, 4, lambda m: None)
-    assert calls == ["a", "nocache", "bad", "c", "a", "bad", "c", "a", "c"]
-    assert [len(r.runs) for r in rs] == [3, 1, 1, 3]
-    assert rs[2].rb.ran is None and rs[2].rb.reason == "bad broke"  # skipped with the first line of why
 
 
 def test_long_runs_and_lowering_table_per_lowering(compared, tmp_path):
@@ -243,7 +479,8 @@ def test_two_folders_with_one_lowering_get_distinct_rows(tiny_export, ort_export
     twin = tmp_path / "twin"
     shutil.copytree(ort_export, twin)
     res = run_bench(tiny_export, BenchConfig(prompt_len=4, new_tokens=3, repeats=1, threads=1, long_to=0,
-                                             runtimes=("ort-cpu",), compare=(str(ort_export), str(twin))))
+                                             runtimes=("ort-cpu",), compare=(str(ort_export), str(twin))),
+                    probe=fake_probe)
     assert [r.name for r in res.runtimes] == ["ort-cpu", ORT_LABEL, f"ort-cpu [attention=ort float32, {twin}]"]
     assert all(r.ran for r in res.runtimes) and res.long_runs == []
 
@@ -254,7 +491,7 @@ def test_compare_refuses_another_model(tiny_export, tmp_path):
     other = tmp_path / "other"
     assert CliRunner().invoke(main, ["onnx", "--config", str(tmp_path / "other.json"), "-o", str(other)]).exit_code == 0
     r = CliRunner().invoke(main, ["bench", str(tiny_export), "--compare", str(other), "--runtimes", "ort-cpu",
-                                  "--prompt-len", "4", "--new-tokens", "3"])
+                                  "--prompt-len", "4", "--new-tokens", "3", "-o", str(tmp_path / "out")])
     assert r.exit_code == 2
     lines = [x for x in r.output.splitlines() if x.startswith("Error:")]
     assert len(lines) == 1 and f"--compare {other} holds config:" in lines[0]
@@ -264,10 +501,10 @@ def test_compare_refuses_another_model(tiny_export, tmp_path):
 def test_compare_needs_an_ort_runtime_and_an_onnx_export(tiny_export, ort_export, tmp_path):
     with pytest.raises(RuntimeInputError, match="neither ort-cpu nor ort-cuda"):
         run_bench(tiny_export, BenchConfig(prompt_len=4, new_tokens=3, runtimes=("eager",),
-                                           compare=(str(ort_export),)))
+                                           compare=(str(ort_export),)), probe=fake_probe)
     with pytest.raises(ArtifactError, match="has no manifest.json"):
         run_bench(tiny_export, BenchConfig(prompt_len=4, new_tokens=3, runtimes=("ort-cpu",),
-                                           compare=(str(tmp_path),)))
+                                           compare=(str(tmp_path),)), probe=fake_probe)
 
 
 def test_cli_lowerings_reuses_exports_and_rejects_unknown(tiny_export, ort_export, lowering_dir):

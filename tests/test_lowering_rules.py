@@ -61,7 +61,6 @@ def _graph(attention: str, *, scale: str = "div", mask: str = "masked", nan_guar
         nodes.append(helper.make_node(scale.capitalize(), ["qk", const("c", [c] * S if non_scalar_scale else c)],
                                       ["scaled"]))
         scores = "scaled"
-    allowed = np.arange(S)[None, :] <= np.arange(T)[:, None] + P  # (T, S): causal with the past offset
     if mask in ("masked", "allowed"):
         inputs.append(helper.make_tensor_value_info("cond", TensorProto.BOOL, [B, 1, T, S]))
         fill_c = const("fill", np.finfo(np.float32).min if fill is None else fill)

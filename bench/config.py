@@ -1,0 +1,68 @@
+"""What `mhaexport bench` is asked to do: :class:`BenchConfig`, the runtimes it knows, and the checks a request must
+pass before anything is exported or timed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mhaexport.errors import ConfigError, RuntimeInputError
+from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
+
+# bench's own row besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner)
+EAGER_NOCACHE = "eager-nocache"
+ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
+TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)
+ORT_RUNTIMES = (ORT_CPU, ORT_CUDA)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One bench run. Recorded whole in bench.json (``config``)."""
+
+    prompt_len: int = 32
+    new_tokens: int = 128
+    batch: int = 1
+    threads: int = 2  # torch's intra-op threads, ONNX Runtime's intra-op threads and the bandwidth probes'
+    runtimes: tuple[str, ...] | None = None  # None: all of ALL_RUNTIMES (absent ones are reported skipped)
+    repeats: int = 3  # timed generations per row, round-robin over the rows
+    nocache_repeats: int = 1  # recompute is slow (O(n^2)); it is timed this many times
+    # ORT CPU runs (each lowering) out to this position; None: max_positions if <= 1024; 0: off
+    long_to: int | None = None
+    opt_levels: tuple[str, ...] = ()  # extra ORT CPU runs at these graph optimization levels ("ort-cpu@basic")
+    profile: bool = False  # write ONNX Runtime's profile of one ORT CPU generation and summarize it
+    profile_dir: str | None = None  # where the profile goes (default: the export folder)
+    seed: int = 0  # the prompt's token ids
+    compare: tuple[str, ...] = ()  # more export folders of the same model: ORT rows labelled by their lowering
+    long_repeats: int = 1  # long runs per ORT CPU row, round-robin over the rows; per position, the median
+    # Warm-up: untimed generations of new_tokens tokens until two in a row agree on the per-token median within
+    # steady_within (0.10 = 10 %), at most max_warmups; a row that never agrees is timed anyway, with a note.
+    steady_within: float = 0.10
+    max_warmups: int = 5
+    # Verdicts: a target says yes/no only when every row it reads has a spread (max(p90 / p50, p50 / p10) of
+    # per-token latency, the steady growth with position taken out) of at most max_spread; else "no verdict".
+    max_spread: float = 1.5
+
+
+def check_config(cfg: BenchConfig) -> tuple[str, ...]:
+    """The runtimes ``cfg`` asks for; RuntimeInputError for an unknown runtime, ConfigError for an unknown
+    --opt-levels level or a warm-up / spread setting out of range (one line naming what is valid). Cheap: the CLI
+    calls it before exporting or timing anything."""
+    from mhaexport.runtime.session import OPT_LEVELS
+
+    names = cfg.runtimes or ALL_RUNTIMES
+    unknown = [n for n in names if n not in ALL_RUNTIMES]
+    if unknown:
+        raise RuntimeInputError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
+    bad_levels = [x for x in cfg.opt_levels if x not in OPT_LEVELS]
+    if bad_levels:
+        raise ConfigError(f"--opt-levels: unknown graph optimization level(s) {', '.join(bad_levels)}; "
+                          f"valid: {', '.join(OPT_LEVELS)}")
+    if cfg.max_warmups < 2:
+        raise ConfigError(f"max_warmups={cfg.max_warmups}: steadiness compares two warm-ups, so at least 2")
+    if not 0 < cfg.steady_within < 1:
+        raise ConfigError(f"steady_within={cfg.steady_within}: a fraction in (0, 1), e.g. 0.10 for 10 %")
+    if cfg.max_spread < 1:
+        raise ConfigError(f"max_spread={cfg.max_spread}: a spread is never below 1")
+    if cfg.new_tokens < 2:
+        raise RuntimeInputError(f"new_tokens={cfg.new_tokens}: at least 2 (one prefill token and one decode step)")
+    return tuple(names)

@@ -1,0 +1,38 @@
+"""Several exports of one model side by side: the ``--compare`` folders (checked to hold the same model, by
+:func:`mhaexport.artifact.same_model_folders`), their row labels (:func:`mhaexport.artifact.lowering_of`) and the
+lowerings table. Torch-free."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mhaexport.artifact import ExportFolder, same_model_folders
+
+if TYPE_CHECKING:
+    from mhaexport.bench.result import BenchResult
+
+
+def compare_exports(folder: Path, manifest: ExportFolder,
+                    others: tuple[str, ...] | list[str]) -> list[tuple[Path, ExportFolder]]:
+    """The ``--compare`` folders, hash-checked, each holding the model of ``folder`` (ArtifactError otherwise)."""
+    return same_model_folders(folder, manifest, others)
+
+
+def compare_lowerings(res: BenchResult) -> list[dict]:
+    """The ORT rows side by side, per provider: per-token p50 and its ratio to the fastest row of that provider
+    (same run, interleaved), and per-token latency near the prompt and far out (the long runs). The --opt-levels
+    variants are left out: they are one lowering at another graph optimization level, not another lowering."""
+    rows = [r for r in res.runtimes if r.ran and r.lowering is not None and r.opt_level is None]
+    out = []
+    for r in rows:
+        peers = [x.token_p50_ms for x in rows if x.providers[:1] == r.providers[:1] and x.token_p50_ms]
+        lr = res.long_run(r.name)
+        near = lr["at"].get(str(lr["near"])) if lr else None
+        far = lr["at"].get(str(lr["far"])) if lr else None
+        out.append({"name": r.name, "label": r.label, "lowering": r.lowering, "folder": r.folder,
+                    "provider": r.providers[0] if r.providers else None, "token_p50_ms": r.token_p50_ms,
+                    "vs_fastest": round(r.token_p50_ms / min(peers), 3) if r.token_p50_ms and peers else None,
+                    "near": lr["near"] if lr else None, "near_ms": near, "far": lr["far"] if lr else None,
+                    "far_ms": far, "far_over_near": round(far / near, 3) if near and far else None})
+    return out

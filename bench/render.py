@@ -1,0 +1,174 @@
+"""A bench result on paper: bench.json, bench.md, bench.png (matplotlib optional), the delimited section of the
+export folder's report.md, and the terminal summary. Nothing here measures or prints."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mhaexport.artifact import atomic_write_bytes, atomic_write_json
+from mhaexport.bench.result import BenchResult
+from mhaexport.bench.targets import TARGETS, describe_conditions
+
+REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
+
+
+def _f(x: float | None, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.0f} %"
+
+
+def runtimes_table(res: BenchResult) -> str:
+    """One line per row: load, warm-ups, prefill, TTFT, per-token p50 / p90 / min, spread, tokens/s."""
+    cfg = res.config
+    rows = [(f"batch {cfg['batch']}, prompt {cfg['prompt_len']}, {cfg['new_tokens']} new tokens, "
+             f"{cfg['threads']} threads, greedy; times in ms (medians over {cfg['repeats']} timed repeats, "
+             "round-robin; token latency over all decode steps). warm-ups: untimed generations until two in a row "
+             f"agreed within {cfg['steady_within'] * 100:.0f} % (at most {cfg['max_warmups']}). spread: the "
+             "larger of p90 / p50 and p50 / p10 of per-token latency with its growth with position taken out; "
+             "repeats apart: (slowest - fastest) / median of the repeats' medians."), "",
+            "| runtime | providers | load | warm-ups | prefill | TTFT | token p50 | token p90 | token min | spread | "
+            "repeats apart | tokens/s |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in res.runtimes:
+        if not r.ran:
+            rows.append(f"| {r.label} | skipped: {r.reason} | | | | | | | | | | |")
+            continue
+        warm = f"{r.warmups}" if r.steady else f"{r.warmups}, not steady"
+        rows.append(f"| {r.label} | {', '.join(r.providers)} | {_f(r.load_ms, 0)} | {warm} | {_f(r.prefill_ms)} | "
+                    f"{_f(r.ttft_ms)} | {_f(r.token_p50_ms)} | {_f(r.token_p90_ms)} | {_f(r.token_min_ms)} | "
+                    f"{_f(r.token_spread)} | {_pct(r.repeat_spread)} | {_f(r.tokens_per_s, 1)} |")
+    return "\n".join(rows)
+
+
+def lowerings_table(res: BenchResult) -> str:
+    """The lowerings side by side: which is fastest per provider and by how much, and how cost grows with position."""
+    far = {lw["far"] for lw in res.lowerings if lw["far"] is not None}
+    near = {lw["near"] for lw in res.lowerings if lw["near"] is not None}
+    at_near = f"at {near.pop()}" if len(near) == 1 else "near"
+    at_far = f"at {far.pop()}" if len(far) == 1 else "far"
+    rows = [("Lowerings (ONNX Runtime rows of this run; token p50 over the interleaved repeats, x fastest = p50 / "
+             "the fastest p50 on the same provider; position latencies from the long runs, median of positions +-8):"),
+            "",
+            f"| lowering | provider | token p50 | x fastest | {at_near} | {at_far} | {at_far} / {at_near} |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for lw in res.lowerings:
+        rows.append(f"| {lw['label']} | {lw['provider']} | {_f(lw['token_p50_ms'])} | {_f(lw['vs_fastest'])} | "
+                    f"{_f(lw['near_ms'])} | {_f(lw['far_ms'])} | {_f(lw['far_over_near'])} |")
+    return "\n".join(rows)
+
+
+def floor_text(res: BenchResult) -> str:
+    """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
+    bw = res.bandwidth
+    probes = ", ".join(f"{k} {bw[k]:.2f} GB/s" + (" counting read + write" if k == "copy" else "")
+                       for k in ("copy", "sum", "gemv") if k in bw)
+    threads = f"{bw['threads']} thread{'s' if bw['threads'] != 1 else ''}"
+    return (f"Memory read bandwidth: **{res.bandwidth_gbps:.2f} GB/s**, the fastest of the probes ({probes}; "
+            f"{bw['method']}, {threads}, {bw['mbytes']} MiB, medians). Weights read per token: "
+            f"{res.weight_bytes_per_token / 1e6:.1f} MB. Weight-bandwidth floor: **{res.floor_ms:.2f} ms/token** "
+            f"(set by the {bw['probe']} probe on {threads}).")
+
+
+def targets_table(res: BenchResult) -> str:
+    """The speed targets with their verdicts (yes / no / not measured / spread too wide: no verdict)."""
+    conditions = "; ".join(dict.fromkeys(describe_conditions(t.conditions) for t in TARGETS))
+    differs = any(not t.get("applies", True) for t in res.targets)
+    max_spread = res.config.get("max_spread", 1.5)
+    rows = [f"Speed targets (set for {conditions}; a verdict only where every timed row a target reads has spread "
+            f"<= {max_spread:g}" + ("; this run differs, so read them as figures, not as a verdict" if differs else "")
+            + "):", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
+    for t in res.targets:
+        verdict = "**no**" if t["verdict"] == "no" else t["verdict"]
+        limit = f"{'<=' if t.get('direction', 'at most') == 'at most' else '>='} {t['limit']:g}"
+        rows.append(f"| {t['target']} ({t['detail']}) | {_f(t['measured'])} | {limit} | {verdict} |")
+    return "\n".join(rows)
+
+
+def markdown_body(res: BenchResult, plot_note: str | None = None) -> str:
+    """The bench section in markdown; ``plot_note`` (the bench.png link, or why there is none) ends it."""
+    parts = [runtimes_table(res), "", floor_text(res)]
+    for lr in res.long_runs:
+        at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr["at"].items())
+        parts.append(f"\n{lr['label']}: per-token latency against position (median of positions +-8), "
+                     f"{lr.get('repeats', 1)} run(s) to position {lr['positions'][-1] + 1}: {at}; spread "
+                     f"{_f(lr.get('spread'))}.")
+    if len(res.lowerings) > 1:
+        parts += ["", lowerings_table(res)]
+    parts += ["", targets_table(res)]
+    if res.profile:
+        ops = ", ".join(f"{o['op']} {o['share'] * 100:.0f}%" for o in res.profile["ops"][:8])
+        parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({res.profile['file']}): {ops}.")
+    for n in res.notes:
+        parts.append(f"\nNote: {n}.")
+    if plot_note:
+        parts.append(f"\n{plot_note}")
+    return "\n".join(parts)
+
+
+def plot(res: BenchResult, path: Path) -> str | None:
+    """bench.png: per-token latency against position per row (and the long ORT CPU runs). None if no matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in res.runtimes:
+        if r.ran and r.per_position_ms:
+            ax.plot(r.positions, r.per_position_ms, label=r.label, linewidth=1)
+    for lr in res.long_runs:
+        ax.plot(lr["positions"], lr["ms"], label=f"{lr['label']} (long run)", linewidth=0.8, alpha=0.7)
+    ax.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.8,
+               label=f"weight-bandwidth floor ({res.floor_probe}, {res.floor_threads} threads)")
+    ax.set_xlabel("position of the token fed")
+    ax.set_ylabel("ms per token")
+    ax.set_yscale("log")
+    ax.set_title(f"decode latency per position: {res.model['spec']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def write_bench(res: BenchResult, out_dir: str | Path) -> list[Path]:
+    """bench.json, bench.md, bench.png (when matplotlib is installed); refresh the bench section of report.md
+    when the folder has one. Returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    png = plot(res, out_dir / "bench.png")
+    note = ("![per-token latency against position](bench.png)" if png else
+            "No plot: matplotlib is not installed (`pip install 'mhaexport[plot]'`).")
+    atomic_write_json(out_dir / "bench.json", res.to_dict())
+    written.append(out_dir / "bench.json")
+    md = f"# Bench: {res.model['spec']}\n\n{res.environment['date']}, {res.environment.get('cpu')}\n\n" \
+         f"{markdown_body(res, note)}\n"
+    atomic_write_bytes(out_dir / "bench.md", md.encode())
+    written.append(out_dir / "bench.md")
+    if png:
+        written.append(Path(png))
+    report = out_dir / "report.md"
+    if report.is_file():
+        update_report(report, res, note)
+        written.append(report)
+    return written
+
+
+def update_report(report: Path, res: BenchResult, plot_note: str | None = None) -> None:
+    """Replace (or append) the bench section between the markers; running it again changes only that section.
+    ``plot_note``: the bench.png link (bench.png sits next to report.md), or why there is none."""
+    section = f"{REPORT_BEGIN}\n## Bench\n\n{markdown_body(res, plot_note)}\n{REPORT_END}"
+    text = report.read_text()
+    pattern = re.compile(re.escape(REPORT_BEGIN) + r".*?" + re.escape(REPORT_END), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    atomic_write_bytes(report, text.encode())

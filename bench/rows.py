@@ -1,0 +1,227 @@
+"""Bench's rows: one timed row per runtime, each a :class:`~mhaexport.runtime.runner.Runner` driven by the one
+decode loop, :class:`~mhaexport.runtime.decode.DecodeLoop` — the loop verify's generation and kv-consistency checks
+drive, so what bench times is what verify proved. Every figure comes from :class:`GenerationResult`'s timings.
+
+The rows: ``eager`` (verify's EagerRunner, the KV cache kept as torch tensors), ``eager-nocache`` (RecomputeRunner
+around it: the whole sequence every step), ``eager-cuda``, ``torchscript``, ``ort-cpu`` / ``ort-cuda`` (the deploy
+runtime's :class:`~mhaexport.runtime.Generator`: hash-checked session, IO binding), the ORT rows of each
+``--compare`` folder labelled by lowering, and the ``--opt-levels`` variants of ORT CPU.
+
+A row is planned (:func:`plan_rows`), then loaded (:meth:`Row.activate`), warmed up until steady
+(:meth:`Row.warm_up`), timed (:meth:`Row.generate`, called round-robin by :mod:`mhaexport.bench.run`) and summed
+up (:meth:`Row.finish`). A runtime that cannot run is skipped with the first line of why; only our own errors
+(:class:`~mhaexport.errors.MhaExportError`: the runner protocol turns a runtime's exceptions into RuntimeFailure)
+are caught — anything else is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mhaexport.artifact import ExportFolder
+from mhaexport.bench.config import EAGER_NOCACHE, ORT_RUNTIMES, BenchConfig
+from mhaexport.artifact import lowering_of
+from mhaexport.bench.result import RuntimeBench
+from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
+from mhaexport.errors import MhaExportError, RuntimeInputError
+from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
+from mhaexport.runtime.runner import Runner
+from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, EagerRunner,
+                                      RecomputeRunner, TorchScriptRunner)
+
+
+def _ms(x: float) -> float:
+    return round(x * 1000.0, 4)
+
+
+def step_median_s(r: GenerationResult) -> float:
+    """A generation's per-token figure: the median decode step (the first token's time when there is none)."""
+    return statistics.median(r.step_s) if r.step_s else r.first_token_s
+
+
+@dataclass
+class Row:
+    """One row: its record (what bench.json shows), how to load its runner, and the timed generations so far.
+
+    ``load`` returns the active runner (or one whose ``skip_reason`` says why it cannot run here), e.g. a runner's
+    own ``activate``; None when the row was skipped at planning. ``shared_load_s``: time spent loading what the
+    runner shares with other rows (the eager module), added to its load time. ``clock``: the decode loop's timer
+    (tests pass a fake one).
+    """
+
+    record: RuntimeBench
+    load: Callable[[], Runner] | None
+    repeats: int
+    shared_load_s: float = 0.0
+    clock: Callable[[], float] = time.perf_counter
+    runner: Runner | None = None
+    runs: list[GenerationResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Not skipped (so far)."""
+        return self.record.reason is None
+
+    def skip(self, e: BaseException | str) -> None:
+        """Mark the row skipped with the first line of why; it leaves the timed rounds."""
+        text = e if isinstance(e, str) else str(e).strip()
+        self.record.ran = None
+        self.record.reason = text.splitlines()[0] if text else type(e).__name__
+
+    def activate(self) -> None:
+        """Load the runner (timed: ``load_ms``); a runtime that cannot run or load leaves the row skipped."""
+        if not self.ok or self.load is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            runner = self.load()
+        except MhaExportError as e:
+            self.skip(e)
+            return
+        if runner.skip_reason is not None:
+            self.skip(runner.skip_reason)
+            return
+        self.runner = runner
+        self.record.load_ms = _ms(time.perf_counter() - t0 + self.shared_load_s)
+        self.record.providers = list(runner.providers)
+
+    def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
+        """One greedy generation of ``n`` tokens after ``prompt`` (B, T) through the decode loop, timed by it."""
+        r = DecodeLoop(self.runner, clock=self.clock).generate(prompt, GenerationConfig(max_new_tokens=n))
+        if len(r.tokens[0]) != n:
+            raise RuntimeInputError(f"{self.record.label}: generation stopped after {len(r.tokens[0])} of {n} "
+                                    f"tokens: {r.message}")
+        return r
+
+    def warm_up(self, prompt: np.ndarray, n: int, within: float, most: int) -> bool:
+        """Untimed generations of ``n`` tokens until two in a row agree on the median step latency within
+        ``within`` (0.10 = 10 % of the smaller), at most ``most``; records how many ran, each one's median and
+        whether they agreed. Returns whether the row became steady."""
+        medians: list[float] = []
+        steady = False
+        while len(medians) < most and not steady:
+            medians.append(step_median_s(self.generate(prompt, n)))
+            steady = len(medians) >= 2 and agree(medians[-2], medians[-1], within)
+        self.record.warmups, self.record.steady = len(medians), steady
+        self.record.warmup_token_ms = [_ms(m) for m in medians]
+        return steady
+
+    def finish(self, batch: int, new_tokens: int) -> None:
+        """Sum up the timed generations into the record (medians over repeats; token percentiles over every
+        decode step of every repeat; the spreads of bench.stats)."""
+        rb, runs = self.record, self.runs
+        if not self.ok or not runs:
+            return
+        rb.ran, rb.repeats = True, len(runs)
+        rb.prefill_ms = _ms(statistics.median(r.prefill_s for r in runs))
+        rb.ttft_ms = _ms(statistics.median(r.first_token_s for r in runs))
+        steps = [s for r in runs for s in r.step_s]
+        n = min(len(r.step_s) for r in runs)
+        rb.positions = list(runs[0].step_positions[:n])
+        if steps:
+            rb.token_p50_ms = _ms(percentile(steps, 50))
+            rb.token_p90_ms = _ms(percentile(steps, 90))
+            rb.token_min_ms = _ms(min(steps))
+            rb.token_spread = token_spread(rb.positions, [r.step_s[:n] for r in runs])
+            rb.repeat_spread = repeat_spread([r.step_s for r in runs])
+        rb.decode_total_ms = _ms(statistics.median(sum(r.step_s) for r in runs))
+        rb.tokens_per_s = round(statistics.median(batch * new_tokens / (r.first_token_s + sum(r.step_s))
+                                                  for r in runs), 2)
+        rb.per_position_ms = [_ms(statistics.median(r.step_s[i] for r in runs)) for i in range(n)]
+
+
+# ---- planning the rows -----------------------------------------------------------------------------------------
+
+def skipped_row(name: str, reason: str, **kw: Any) -> Row:
+    """A row that cannot run here, listed with why."""
+    return Row(RuntimeBench(name, reason=reason, **kw), None, 0)
+
+
+def _ort_loader(folder: Path, provider: str, cfg: BenchConfig, opt_level: str | None = None
+                ) -> Callable[[], Runner]:
+    def load() -> Runner:
+        from mhaexport.runtime import Generator
+        from mhaexport.runtime.session import DEFAULT_OPT_LEVEL
+
+        gen = Generator(folder, providers=(provider,), threads=cfg.threads, opt_level=opt_level or DEFAULT_OPT_LEVEL)
+        return gen.runner
+
+    return load
+
+
+@dataclass
+class EagerModel:
+    """The eager module rebuilt from the manifest, and how long that took (eager rows count it as load time)."""
+
+    module: Any
+    load_s: float
+
+
+def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...],
+              others: list[tuple[Path, ExportFolder]], eager: EagerModel | None, no_eager_reason: str | None
+              ) -> list[Row]:
+    """The rows of a run, in table order, not loaded yet: each runtime of ``names``; after each ORT runtime the
+    same runtime on every ``--compare`` folder (``others``); then ORT CPU at each ``cfg.opt_levels`` level.
+    Runtimes that cannot run are rows skipped with why: no eager model (``no_eager_reason``), no artifact,
+    CUDA not running here (ort-cuda's compare rows are then left out)."""
+    from mhaexport.runtime.session import provider_unavailable
+
+    c = ef.contract
+    arts = ef.artifacts
+    own_lowering = lowering_of(ef)
+    rows: list[Row] = []
+    taken: set[str] = set()
+
+    def add(row: Row) -> None:
+        rows.append(row)
+        taken.add(row.record.name)
+
+    def ort_record(name: str, row_folder: Path, lowering: str | None) -> RuntimeBench:
+        label = name if lowering is None else f"{name} [{lowering}]"
+        row_name = name if row_folder == folder else label
+        if row_name in taken:  # two folders with one lowering: tell them apart by folder
+            row_name = label = f"{name} [{lowering}, {row_folder}]"
+        return RuntimeBench(row_name, label=label, lowering=lowering, folder=str(row_folder))
+
+    for name in names:
+        if name in (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT) and eager is None:
+            add(skipped_row(name, no_eager_reason or "no eager model"))
+        elif name == EAGER:
+            add(Row(RuntimeBench(name), EagerRunner(EAGER, c, eager.module).activate, cfg.repeats, eager.load_s))
+        elif name == EAGER_NOCACHE:
+            add(Row(RuntimeBench(name), RecomputeRunner(EagerRunner(EAGER, c, eager.module), EAGER_NOCACHE).activate,
+                    min(cfg.repeats, cfg.nocache_repeats), eager.load_s))
+        elif name == EAGER_CUDA:
+            add(Row(RuntimeBench(name), EagerRunner(EAGER_CUDA, c, eager.module, device="cuda").activate, cfg.repeats))
+        elif name == TORCHSCRIPT:
+            if not ef.has("torchscript"):
+                add(skipped_row(name, f"no TorchScript export in {folder}"))
+            else:
+                add(Row(RuntimeBench(name), TorchScriptRunner(TORCHSCRIPT, c, ef.file("torchscript")).activate,
+                        cfg.repeats))
+        elif name in ORT_RUNTIMES:
+            provider = "cpu" if name == ORT_CPU else "cuda"
+            why = provider_unavailable(provider) if name == ORT_CUDA else None
+            if "onnx" not in arts:
+                add(skipped_row(name, f"no ONNX export in {folder}"))
+            elif why is not None:
+                add(Row(ort_record(name, folder, own_lowering), None, 0))
+                rows[-1].skip(why)
+            else:
+                add(Row(ort_record(name, folder, own_lowering), _ort_loader(folder, provider, cfg), cfg.repeats))
+            if name == ORT_CUDA and ("onnx" not in arts or why is not None):
+                continue  # CUDA is not really present (or nothing to compare with): the folder's own row says why
+            for other, m in others:
+                add(Row(ort_record(name, other, lowering_of(m)), _ort_loader(other, provider, cfg), cfg.repeats))
+    if ORT_CPU in names and "onnx" in arts:
+        for level in cfg.opt_levels:
+            rb = RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level, folder=str(folder))
+            add(Row(rb, _ort_loader(folder, "cpu", cfg, level), cfg.repeats))
+    return rows

@@ -1,0 +1,244 @@
+"""A whole bench run: read the folder, probe the memory bandwidth, plan the rows, load and warm up every row until
+it is steady, then the timed repeats round-robin (one generation of each row per round, so the drift and noise of
+a shared machine fall on every row alike), the long runs (interleaved the same way), the profile, and the
+targets. Returns a :class:`~mhaexport.bench.result.BenchResult`; writing it out is :mod:`mhaexport.bench.render`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from mhaexport.artifact import ExportFolder
+from mhaexport.bench import probes
+from mhaexport.bench.config import EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig, check_config
+from mhaexport.bench.lowerings import compare_exports, compare_lowerings
+from mhaexport.bench.result import BenchResult
+from mhaexport.bench.rows import EagerModel, Row, plan_rows
+from mhaexport.bench.stats import token_spread, window_median
+from mhaexport.bench.targets import evaluate
+from mhaexport.env import environment, tool_versions
+from mhaexport.errors import MhaExportError, RuntimeInputError
+from mhaexport.verify.runners import ORT_CPU
+
+Progress = Callable[[str], None]
+
+
+def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Progress | None = None, *,
+              probe: probes.Probe | None = None) -> BenchResult:
+    """Benchmark every requested runtime on ``folder``'s exports, and the ONNX exports of ``cfg.compare`` (same
+    model, other lowerings) on ONNX Runtime; runtimes that cannot run are skipped with why.
+
+    ``probe(threads) -> Bandwidth`` measures the memory bandwidth for the floor (default:
+    :func:`mhaexport.bench.probes.default_probe`, 256 MiB read three ways). Raises RuntimeInputError for an unknown
+    runtime and ConfigError for an unknown --opt-levels level, before anything runs. torch's thread count is
+    ``cfg.threads`` during the run and restored afterwards."""
+    names = check_config(cfg)
+    with _torch_threads(cfg.threads):
+        return _run_bench(Path(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """verify's torch_threads (torch's intra-op threads set to n, restored afterwards); a no-op without torch."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        yield
+        return
+    from mhaexport.verify.verify import torch_threads
+
+    with torch_threads(n):
+        yield
+
+
+def _load_eager(ef: ExportFolder) -> tuple[EagerModel | None, str | None]:
+    """The eager model rebuilt from the manifest (eager rows, weight bytes), or None and why not."""
+    try:
+        import torch  # noqa: F401  # its thread count is set by run_bench
+
+        from mhaexport.models.loading import load_recorded
+    except ImportError as e:
+        return None, f"torch is not importable: {e}"
+    t0 = time.perf_counter()
+    try:
+        loaded = load_recorded(ef)
+    except MhaExportError as e:
+        return None, f"cannot rebuild the eager model from the manifest: {e}"
+    return EagerModel(loaded.module.eval(), time.perf_counter() - t0), None
+
+
+def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Progress,
+               probe: probes.Probe) -> BenchResult:
+    ef = ExportFolder.open(folder)
+    c = ef.contract
+    if cfg.prompt_len + cfg.new_tokens > c.max_positions:
+        raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
+                                f"max_positions={c.max_positions}")
+    others = compare_exports(folder, ef, cfg.compare)
+    if others and not set(ORT_RUNTIMES) & set(names):
+        raise RuntimeInputError("--compare times ONNX exports on ONNX Runtime, but --runtimes has neither ort-cpu "
+                                "nor ort-cuda")
+    long_to = cfg.long_to if cfg.long_to is not None else (c.max_positions if c.max_positions <= 1024 else 0)
+    long_to = min(long_to, c.max_positions)
+    ids = np.random.default_rng(cfg.seed).integers(0, c.vocab_size, (cfg.batch, cfg.prompt_len), dtype=np.int64)
+
+    say(f"measuring memory bandwidth ({cfg.threads} thread{'s' if cfg.threads != 1 else ''}) ...")
+    bandwidth = probe(cfg.threads)
+    notes: list[str] = []
+    eager, no_eager = _load_eager(ef)
+    if eager is not None:
+        wbytes = probes.weight_bytes_per_token(eager.module, cfg.batch)
+    else:  # no eager model: count the ONNX file's bytes (an upper bound: embeddings counted whole)
+        wbytes = sum(m["bytes"] for m in ef.artifacts["onnx"].files.values()) if ef.has("onnx") else 0
+        notes.append("weight bytes per token counted from the ONNX file size (no eager model)")
+    floor_s = wbytes / (bandwidth.read_gbps * 1e9)
+
+    # Load and warm up every row in table order; the timed repeats come after, round-robin.
+    rows = plan_rows(folder, ef, cfg, names, others, eager, no_eager)
+    for row in rows:
+        if not row.ok:
+            continue
+        say(f"loading and warming up {row.record.label} ...")
+        setup(row, ids, cfg)
+        if row.ok and not row.record.steady:
+            notes.append(f"{row.record.label} did not settle in {row.record.warmups} warm-ups (median step "
+                         f"{', '.join(f'{m:.2f}' for m in row.record.warmup_token_ms)} ms): its timings may still "
+                         "include warm-up effects")
+    timed = [r for r in rows if r.ok]
+    run_rounds(timed, ids, cfg.new_tokens, say)
+    for row in timed:
+        row.finish(cfg.batch, cfg.new_tokens)
+
+    res = BenchResult(str(folder), asdict(cfg), {"spec": ef.model.spec, "contract": c.to_dict(),
+                                                 "fingerprint": ef.model.fingerprint},
+                      {**environment(), "threads": cfg.threads, "cuda_device": _cuda_device()},
+                      round(bandwidth.read_gbps, 3), bandwidth.to_dict(), int(wbytes), round(floor_s * 1000, 4),
+                      [r.record for r in rows], notes=notes, versions=tool_versions())
+
+    # The long runs: every ORT CPU lowering (not the opt-level variants), from the prompt out to long_to.
+    long_rows = [r for r in timed if r.ok and r.record.ran and r.record.name.split(" [")[0] == ORT_CPU]
+    if long_rows and long_to > cfg.prompt_len + 1:
+        res.long_runs = long_runs(long_rows, ids, long_to, cfg.prompt_len, cfg.long_repeats, say)
+    own = res.get(ORT_CPU)
+    if own is not None and own.ran and cfg.profile:
+        say(f"profiling {ORT_CPU} ...")
+        res.profile = profile_ort_cpu(folder, cfg, ids)
+    if eager is None and set(TORCH_RUNTIMES) & set(names):
+        notes.append(f"eager runtimes skipped: {no_eager}")
+    if EAGER_NOCACHE in names and cfg.nocache_repeats < cfg.repeats:
+        notes.append(f"eager-nocache is timed {min(cfg.repeats, cfg.nocache_repeats)} time(s): recompute is O(n^2)")
+    if len(timed) > 1:
+        notes.append(f"timed round-robin: {cfg.repeats} round(s), one generation of every row per round, after "
+                     "every row was loaded and warmed up")
+    res.lowerings = compare_lowerings(res)
+    res.targets = evaluate(res, cfg.max_spread)
+    return res
+
+
+def setup(row: Row, prompt: np.ndarray, cfg: BenchConfig) -> None:
+    """Load a row and warm it up until steady (see :meth:`Row.warm_up`); a runtime that cannot run leaves it
+    skipped with why."""
+    row.activate()
+    if not row.ok:
+        return
+    try:
+        row.warm_up(prompt, cfg.new_tokens, cfg.steady_within, cfg.max_warmups)
+    except MhaExportError as e:
+        row.skip(e)
+
+
+def run_rounds(rows: list[Row], prompt: np.ndarray, new_tokens: int, say: Progress) -> None:
+    """Round i runs one generation of every row that wants more than i repeats, in row order; a row that fails is
+    marked skipped with the first line of why and leaves the rounds."""
+    rounds = max((r.repeats for r in rows), default=0)
+    for i in range(rounds):
+        say(f"timed round {i + 1}/{rounds}: {', '.join(r.record.label for r in rows if i < r.repeats)} ...")
+        for r in rows:
+            if i < r.repeats and r.ok:
+                try:
+                    r.runs.append(r.generate(prompt, new_tokens))
+                except MhaExportError as e:
+                    r.skip(e)
+
+
+def _long_entry(row: Row, pos: list[int], steps: list[float], prompt_len: int, repeats: int) -> dict:
+    """One long run: the marks 32/128/256/512/1000 it covers, ``near`` (the prompt end) and ``far`` (1000, or the
+    last full +-8 window when the run stops earlier), and the run's spread."""
+    ms = [round(s * 1000.0, 4) for s in steps]
+    last = pos[-1]
+    far = 1000 if last >= 1000 else max(last - 8, prompt_len)
+    marks = sorted(({prompt_len, 128, 256, 512, 1000} & set(range(pos[0], last + 1))) | {far})
+    rb = row.record
+    return {"name": rb.name, "label": rb.label, "lowering": rb.lowering, "positions": pos, "ms": ms,
+            "at": {str(p): window_median(pos, ms, p) for p in marks}, "near": prompt_len, "far": far,
+            "repeats": repeats, "spread": token_spread(pos, [steps])}
+
+
+def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int, repeats: int,
+              say: Progress) -> list[dict]:
+    """Generations from the prompt to ``long_to`` for each ORT CPU row (warm already), round-robin over the rows
+    ``repeats`` times; per position, the median over the repeats."""
+    runs: dict[int, list] = {i: [] for i in range(len(rows))}
+    for k in range(repeats):
+        for i, r in enumerate(rows):
+            if not r.ok:
+                continue
+            say(f"long run {k + 1}/{repeats}: {r.record.label} from position {prompt_len} to {long_to} ...")
+            try:
+                runs[i].append(r.generate(prompt, long_to - prompt_len + 1))  # feeds positions up to long_to - 1
+            except MhaExportError as e:
+                r.skip(e)
+    out = []
+    for i, r in enumerate(rows):
+        if r.ok and runs[i]:
+            pos = runs[i][0].step_positions
+            steps = [statistics.median(run.step_s[j] for run in runs[i]) for j in range(len(pos))]
+            out.append(_long_entry(r, pos, steps, prompt_len, len(runs[i])))
+    return out
+
+
+def profile_ort_cpu(folder: Path, cfg: BenchConfig, prompt: np.ndarray) -> dict:
+    """ONNX Runtime's profile of one ORT CPU generation (written to ``cfg.profile_dir`` or the folder), summed up
+    per op type."""
+    from mhaexport.runtime import GenerationConfig, Generator
+
+    out = Path(cfg.profile_dir or folder)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = Generator(folder, providers=("cpu",), threads=cfg.threads, profile_prefix=str(out / "ort-profile"))
+    gen.generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))
+    return summarize_profile(gen.session.end_profiling())
+
+
+def summarize_profile(path: str | Path, top: int = 12) -> dict:
+    """ONNX Runtime's profile (chrome trace JSON) -> total ms per op type, largest first, and the run count."""
+    events = json.loads(Path(path).read_text())
+    per_op: dict[str, float] = {}
+    runs = 0
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            op = e.get("args", {}).get("op_name", "?")
+            per_op[op] = per_op.get(op, 0.0) + e.get("dur", 0) / 1000.0
+        elif e.get("cat") == "Session" and e.get("name") == "model_run":
+            runs += 1
+    total = sum(per_op.values()) or 1.0
+    ranked = sorted(per_op.items(), key=lambda kv: -kv[1])[:top]
+    return {"file": str(path), "model_runs": runs,
+            "ops": [{"op": k, "ms": round(v, 3), "share": round(v / total, 4)} for k, v in ranked]}
+
+
+def _cuda_device() -> str | None:
+    """The CUDA device torch sees (for the eager-cuda row), or None."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except (ImportError, RuntimeError):  # torch is only needed for the eager runtimes
+        return None

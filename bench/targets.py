@@ -1,0 +1,150 @@
+"""The speed targets, as data: each :class:`Target` is a ratio of two figures of a run, a limit, a direction and
+the run conditions its limit was set for; :func:`evaluate` judges them against a :class:`BenchResult`.
+
+A target says yes or no only when it was measured *and* every timed figure it reads has a spread (the larger of
+p90 / p50 and p50 / p10 of per-token latency with the growth with position taken out,
+:func:`mhaexport.bench.stats.token_spread`) of at most ``max_spread`` (1.5 by default: a tenth of the steps half
+again slower than the median, or the median half again slower than the fastest tenth, means the machine was busy
+and the p50 moves with it); otherwise it says "not measured" or "spread too wide (x.x on ROW): no verdict", and
+``met`` is None — never "yes".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+from mhaexport.bench.config import EAGER_NOCACHE
+from mhaexport.bench.result import BenchResult
+from mhaexport.verify.runners import EAGER, ORT_CPU
+
+AT_MOST, AT_LEAST = "at most", "at least"
+# Where the limits were set: the `bench` preset, batch 1, prompt 32, 128 new tokens, 2 threads. Keys: "spec" is the
+# model's spec, the others are BenchConfig fields.
+BENCH_PRESET: Mapping[str, object] = MappingProxyType(
+    {"spec": "preset:bench", "batch": 1, "prompt_len": 32, "new_tokens": 128, "threads": 2})
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A figure read from a result: its value (ms), what it is, and the spread of the timings it came from (None
+    for figures that are not timed rows, like the floor)."""
+
+    value: float
+    label: str
+    spread: float | None = None
+
+
+class Figure(Protocol):
+    def read(self, res: BenchResult) -> Reading | None:
+        """The figure in ``res``, or None when the run did not measure it."""
+
+
+@dataclass(frozen=True)
+class RowFigure:
+    """A field of a row that ran: ``RowFigure("ort-cpu", "token_p50_ms")``."""
+
+    row: str
+    field: str
+
+    def read(self, res: BenchResult) -> Reading | None:
+        r = res.get(self.row)
+        value = getattr(r, self.field) if r is not None and r.ran else None
+        return None if value is None else Reading(value, self.row, r.token_spread)
+
+
+@dataclass(frozen=True)
+class FloorFigure:
+    """The weight-bandwidth floor (ms per token)."""
+
+    def read(self, res: BenchResult) -> Reading | None:
+        return Reading(res.floor_ms, "floor") if res.floor_ms else None
+
+
+@dataclass(frozen=True)
+class LongRunFigure:
+    """A long run's per-token latency at ``position`` (median of positions +-8); None: at the prompt's end."""
+
+    row: str
+    position: int | None = None
+
+    def read(self, res: BenchResult) -> Reading | None:
+        lr = res.long_run(self.row)
+        pos = self.position if self.position is not None else res.config.get("prompt_len")
+        value = lr["at"].get(str(pos)) if lr else None
+        return None if value is None else Reading(value, f"{self.row} at {pos}", lr.get("spread"))
+
+
+@dataclass(frozen=True)
+class Target:
+    """``numerator / denominator`` must be ``direction`` (at most / at least) ``limit``. ``name`` may hold
+    ``{prompt_len}`` / ``{new_tokens}`` (filled from the run's config); ``needs`` says what a run must have to
+    measure it; ``conditions`` are the run settings the limit was set for."""
+
+    name: str
+    numerator: RowFigure | FloorFigure | LongRunFigure
+    denominator: RowFigure | FloorFigure | LongRunFigure
+    limit: float
+    direction: str = AT_MOST
+    needs: str = ""
+    conditions: Mapping[str, object] = field(default_factory=lambda: BENCH_PRESET)
+
+    def title(self, res: BenchResult) -> str:
+        return self.name.format(**res.config)
+
+    def applies(self, res: BenchResult) -> bool:
+        """Whether ``res`` ran under the conditions the limit was set for."""
+        have = {**res.config, "spec": res.model.get("spec")}
+        return all(have.get(k) == v for k, v in self.conditions.items())
+
+    def evaluate(self, res: BenchResult, max_spread: float) -> dict:
+        """This target on ``res``: measured ratio, ``met`` (True / False / None = no verdict), the verdict text, the
+        widest spread among the figures read and which one, and whether the run conditions match."""
+        out = {"target": self.title(res), "measured": None, "limit": self.limit, "direction": self.direction,
+               "met": None, "verdict": "not measured", "detail": self.needs, "spread": None, "spread_of": None,
+               "applies": self.applies(res)}
+        a, b = self.numerator.read(res), self.denominator.read(res)
+        if a is None or b is None or not b.value:
+            return out
+        measured = a.value / b.value
+        out.update(measured=round(measured, 3), detail=f"{a.label} {a.value:.2f} ms vs {b.label} {b.value:.2f} ms")
+        spreads = [(r.spread, r.label) for r in (a, b) if r.spread is not None]
+        if spreads:
+            out["spread"], out["spread_of"] = max(spreads)
+        if out["spread"] is not None and out["spread"] > max_spread:
+            out["verdict"] = f"spread too wide ({out['spread']:.1f} on {out['spread_of']}): no verdict"
+            return out
+        out["met"] = measured <= self.limit if self.direction == AT_MOST else measured >= self.limit
+        out["verdict"] = "yes" if out["met"] else "no"
+        return out
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("ORT CPU per-token p50 / eager-with-cache p50", RowFigure(ORT_CPU, "token_p50_ms"),
+           RowFigure(EAGER, "token_p50_ms"), 0.55, needs="needs eager and ort-cpu"),
+    Target("ORT CPU per-token p50 / weight-bandwidth floor", RowFigure(ORT_CPU, "token_p50_ms"), FloorFigure(),
+           1.25, needs="needs ort-cpu"),
+    Target("ORT CPU per-token latency at position 1000 / at {prompt_len}", LongRunFigure(ORT_CPU, 1000),
+           LongRunFigure(ORT_CPU), 1.5, needs="needs --long >= 1008 on a model with max_positions >= 1008"),
+    Target("recompute / cached decode time at {new_tokens} new tokens (eager)",
+           RowFigure(EAGER_NOCACHE, "decode_total_ms"), RowFigure(EAGER, "decode_total_ms"), 5.0,
+           direction=AT_LEAST, needs="needs eager and eager-nocache"),
+)
+
+
+def evaluate(res: BenchResult, max_spread: float = 1.5, targets: tuple[Target, ...] = TARGETS) -> list[dict]:
+    """Every target on ``res`` (bench.json's ``targets``)."""
+    return [t.evaluate(res, max_spread) for t in targets]
+
+
+def describe_conditions(conditions: Mapping[str, object]) -> str:
+    """``BENCH_PRESET`` -> "the `bench` preset at batch 1, prompt 32, 128 new tokens, 2 threads"."""
+    spec = str(conditions.get("spec", ""))
+    model = f"the `{spec.removeprefix('preset:')}` preset" if spec.startswith("preset:") else f"`{spec}`"
+    parts = [f"batch {conditions['batch']}" if "batch" in conditions else "",
+             f"prompt {conditions['prompt_len']}" if "prompt_len" in conditions else "",
+             f"{conditions['new_tokens']} new tokens" if "new_tokens" in conditions else "",
+             f"{conditions['threads']} threads" if "threads" in conditions else ""]
+    return f"{model} at {', '.join(p for p in parts if p)}"

@@ -1,0 +1,70 @@
+"""Variants of one export: the same model with other attention lowerings or dtypes, for `mhaexport bench
+--lowerings`. Finds the folders that already hold each variant and exports the missing ones; bench only times
+folders (it never exports), so the CLI calls this first and hands bench the folders as ``--compare``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from mhaexport.artifact import ExportFolder, lowering_of, same_model_folders
+from mhaexport.dtypes import NAMES as DTYPES
+from mhaexport.errors import ArtifactError, RuntimeInputError
+
+
+def parse_lowerings(text: str) -> list[tuple[str, str]]:
+    """"decomposed,onnx,ort:float16" -> [("decomposed", "float32"), ("onnx", "float32"), ("ort", "float16")];
+    RuntimeInputError naming the valid attentions and dtypes for anything else."""
+    from mhaexport.exporter.lowering import LOWERINGS
+
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        attention, _, dtype = item.partition(":")
+        dtype = dtype or "float32"
+        if attention not in LOWERINGS or dtype not in DTYPES:
+            raise RuntimeInputError(f"--lowerings {item!r}: expected ATTENTION[:DTYPE] with ATTENTION one of "
+                                    f"{', '.join(LOWERINGS)} and DTYPE one of {', '.join(DTYPES)}")
+        if (attention, dtype) not in out:
+            out.append((attention, dtype))
+    return out
+
+
+def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir: str | Path,
+                     have: tuple[str, ...] | list[str] = (),
+                     progress: Callable[[str], None] | None = None) -> list[Path]:
+    """The export folders holding each (attention, dtype) of ``wanted`` for ``folder``'s model: ``folder`` or one of
+    ``have`` when it already holds that lowering, else out_dir/lowerings/ATTENTION-DTYPE, exported there unless
+    a hash-checked export of the same model and lowering is already there. Returns them in ``wanted``'s order."""
+    say = progress or (lambda m: None)
+    folder = Path(folder)
+    manifest = ExportFolder.open(folder)
+    known = {lowering_of(manifest): folder}
+    for other, m in same_model_folders(folder, manifest, have):
+        known.setdefault(lowering_of(m), other)
+    loaded, out = None, []
+    for attention, dtype in wanted:
+        lowering = f"attention={attention} {dtype}"
+        if lowering in known:
+            out.append(known[lowering])
+            continue
+        sub = Path(out_dir) / "lowerings" / f"{attention}-{dtype}"
+        try:
+            m = ExportFolder.open(sub, "onnx")
+            if m.model.fingerprint == manifest.model.fingerprint and lowering_of(m) == lowering:
+                say(f"reusing {sub} ({lowering})")
+                out.append(sub)
+                continue
+        except ArtifactError:
+            pass
+        if loaded is None:
+            from mhaexport.models.loading import load_recorded
+
+            loaded = load_recorded(manifest)
+        from mhaexport.exporter.onnx import export_onnx
+
+        say(f"exporting {lowering} -> {sub} ...")
+        export_onnx(loaded, sub, attention=attention, dtype=dtype)
+        out.append(sub)
+    return out
