@@ -139,8 +139,11 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     if ef.has("onnx"):  # static findings first: they often say why a check below fails
         from mhaexport.verify.lint import lint_path
 
-        lint = lint_path(ef.path)
-        say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
+        try:
+            lint = lint_path(ef.path)
+            say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
+        except ArtifactError as e:  # an unreadable file: the ONNX runtimes report it, once, as a load failure
+            say(f"lint: not run ({e})")
     if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
         threads = 1
     with torch_threads(threads):
