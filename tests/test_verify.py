@@ -372,3 +372,38 @@ def test_error_statistics_are_exact_where_they_can_be():
     assert st["mismatch_fraction"] == pytest.approx(0.01)
     merged = d.merge(Diff())
     assert merged.stats() == st
+
+
+class _Offset(Runner):
+    """A toy runtime: zero logits and cache plus a constant offset (a provider's systematic error)."""
+
+    def __init__(self, name, contract, offset):
+        super().__init__(name, contract)
+        self.offset = offset
+
+    def run_impl(self, ids, mask, past):
+        B, T = ids.shape
+        kv = np.zeros((B, self.contract.n_kv_heads, mask.shape[1], self.contract.head_dim), np.float32)
+        logits = np.full((B, T, self.contract.vocab_size), self.offset, np.float32)
+        return logits, tuple((kv, kv) for _ in past)
+
+
+@pytest.mark.parametrize("offset,agree", [(4e-5, True), (8e-5, False)])
+def test_ort_cuda_and_ort_cpu_are_compared_with_each_other(offset, agree):
+    """Each provider within tolerance of eager (|±offset| < 1e-4) can still disagree with the other by 2 x offset."""
+    from mhaexport.iospec import ModelContract
+    from mhaexport.verify.checks import Context, check_parity
+    from mhaexport.verify.report import RuntimeInfo
+    from mhaexport.verify.verify import cross_provider
+
+    c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
+    runners = [_Offset("eager", c, 0.0), _Offset("ort-cpu", c, offset), _Offset("ort-cuda", c, -offset)]
+    ctx = Context(contract=c, cases=build_sweep(c), tol=Tolerance(1e-4, 1e-3), eager=runners[0], export_sizes=(3, 5))
+    for r in runners[1:]:
+        assert check_parity(r, ctx).status is True  # each alone is "close to eager"
+    infos = {r.name: RuntimeInfo(r.name, "ran") for r in runners}
+    (cross,) = cross_provider(runners, infos, ctx)
+    assert (cross["a"], cross["b"], cross["status"]) == ("ort-cuda", "ort-cpu", agree)
+    assert cross["figures"]["max_abs"] == pytest.approx(2 * offset, rel=1e-3)
+    infos["ort-cuda"] = RuntimeInfo("ort-cuda", "skipped", "no CUDA")
+    assert cross_provider(runners, infos, ctx) == []  # only when both ran

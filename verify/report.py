@@ -70,6 +70,7 @@ class VerifyReport:
     requested: list[str] | None = None  # the runtimes asked for by name; None: the defaults
     checks: list[str] = field(default_factory=lambda: list(CHECKS))
     lint: dict | None = None  # LintReport.to_dict() of the ONNX artifact (verify lints it first); None: no ONNX
+    cross: list[dict] = field(default_factory=list)  # provider vs provider (ort-cuda vs ort-cpu), when both ran
 
     @property
     def counts(self) -> dict[str, int]:
@@ -84,8 +85,10 @@ class VerifyReport:
                if info.status == "error"]
         lint = [("lint", CheckResult(f["rule"], False, {}, f"{f['node']}: {f['message']}"))
                 for f in (self.lint or {}).get("findings", []) if f["severity"] == "error"]
+        cross = [(f"{c['a']}~{c['b']}", CheckResult("cross-provider", False, c["figures"], c["message"]))
+                 for c in self.cross if c["status"] is False]
         return lint + out + [(rt, r) for rt, checks in self.results.items() for r in checks.values()
-                             if r.status is False]
+                             if r.status is False] + cross
 
     @property
     def verdict(self) -> Verdict:
@@ -140,7 +143,7 @@ class VerifyReport:
         return {
             "schema": REPORT_SCHEMA, "created": self.created, "passed": self.passed,
             "verdict": {"status": v.status, "exit_code": v.code, "message": v.message}, "counts": self.counts,
-            "requested": self.requested, "checks": self.checks, "lint": self.lint,
+            "requested": self.requested, "checks": self.checks, "lint": self.lint, "cross": self.cross,
             "environment": self.environment, "versions": self.versions, "model": self.model,
             "folder": self.folder, "artifacts": self.artifacts, "sweep": self.sweep, "tolerance": self.tolerance,
             "seconds": round(self.seconds, 2), "sources": self.sources,
@@ -159,7 +162,7 @@ class VerifyReport:
             environment=data.get("environment", {}), versions=data.get("versions", {}),
             artifacts=data.get("artifacts", {}), created=data.get("created", ""),
             seconds=data.get("seconds", 0.0), sources=data.get("sources", []), requested=data.get("requested"),
-            checks=data.get("checks") or list(CHECKS), lint=data.get("lint"))
+            checks=data.get("checks") or list(CHECKS), lint=data.get("lint"), cross=data.get("cross") or [])
 
     def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
         """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
@@ -248,6 +251,10 @@ class VerifyReport:
                     notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
         if notes:
             lines += ["### Details", ""] + notes + [""]
+        if self.cross:
+            lines += ["### Provider against provider", ""]
+            lines += [f"- {ICONS[c['status']]} **{c['a']} vs {c['b']}**: {c['message']}" for c in self.cross]
+            lines.append("")
         if self.lint is not None:
             from mhaexport.verify.lint import LintReport
 

@@ -148,6 +148,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         threads = 1
     with torch_threads(threads):
         infos, results = _run_all(runners, ctx, checks, say)
+    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
     return VerifyReport(
         model=ef.model.to_dict(), folder=str(ef.path),
         sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
@@ -165,8 +166,42 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                        **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache") if v.get(kk)}}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
-        lint=lint.to_dict() if lint is not None else None,
+        lint=lint.to_dict() if lint is not None else None, cross=cross,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
+
+
+# runtimes of one artifact on different providers: when both ran, they are compared with each other too
+CROSS_PAIRS = ((ORT_CUDA, ORT_CPU), (EAGER_CUDA, EAGER))
+
+
+def cross_provider(runners: list[Runner], infos: dict, ctx: Context) -> list[dict]:
+    """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
+    tolerance: providers can disagree with each other while each is "close to eager". eager-cuda vs eager is its
+    parity already; ort-cuda vs ort-cpu is compared here."""
+    from mhaexport.verify.checks import Diff, compare_by_output
+
+    by_name = {r.name: r for r in runners}
+    out = []
+    for a, b in CROSS_PAIRS:
+        if b == EAGER or a not in by_name or b not in by_name:
+            continue
+        if infos.get(a) is None or infos[a].status != "ran" or infos[b].status != "ran":
+            continue
+        tol = Tolerance.for_dtype(by_name[a].dtype, *ctx.tol_override)
+        runs_a, runs_b = ctx.sweep(by_name[a]), ctx.sweep(by_name[b])
+        total = Diff()
+        for case, out_a in runs_a.items():
+            out_b = runs_b.get(case)
+            if isinstance(out_a, BaseException) or out_b is None or isinstance(out_b, BaseException):
+                continue
+            by = compare_by_output(out_a, out_b, tol, case.real_rows(), case.real_keys())
+            total = total.merge(by["logits"]).merge(by["present"])
+        status = total.ok
+        msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
+               f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
+               f"{total.max_abs:.3g}): the providers disagree with each other")
+        out.append({"a": a, "b": b, "status": status, "figures": total.figures(), "message": msg})
+    return out
 
 
 def _artifact_of(runner: Runner) -> str | None:
