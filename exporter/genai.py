@@ -17,8 +17,9 @@ Facts this module relies on (onnxruntime-genai 0.18, checked by tests/test_genai
 
 - model type ``decoder`` feeds ``input_ids``, ``attention_mask`` and the ``past_key_values.%d.key|value``
   inputs it finds in the graph; our graph has no ``position_ids`` (positions come from the mask), so none is fed.
-- our cache is concat-style (present = concat(past, new)), so ``search.past_present_share_buffer`` is false;
-  true would need a graph that writes into a fixed-size shared buffer.
+- ``search.past_present_share_buffer`` says which cache the graph has: false for the concat-style cache (present =
+  concat(past, new)), true for ``--kv-cache shared`` (one buffer per layer that GroupQueryAttention writes in place;
+  onnxruntime-genai then binds the same buffer as past and present and sizes it by ``max_length``).
 - batches are **right-padded** with ``pad_token_id`` and the attention mask is derived from it: a prompt token
   equal to ``pad_token_id`` is treated as padding. Our decoder takes positions from ``cumsum(mask) - 1``, so right
   padding gives the same logits at real tokens as left padding does (see :func:`right_pad`).
@@ -51,7 +52,7 @@ def special_ids(model_config: Any) -> dict[str, int]:
 
 
 def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx",
-                 ids: dict[str, int] | None = None) -> dict:
+                 ids: dict[str, int] | None = None, kv_cache: str = "concat") -> dict:
     """The ``genai_config.json`` dict for an export of ``contract`` (I/O names from :mod:`mhaexport.iospec`)."""
     ids = ids or special_ids(None)
     key0, value0 = iospec.past_names(0)
@@ -100,15 +101,15 @@ def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx"
             "no_repeat_ngram_size": 0,
             "diversity_penalty": 0.0,
             "early_stopping": True,
-            # concat-style cache: present = concat(past, new), a new buffer each step
-            "past_present_share_buffer": False,
+            # concat-style cache: present = concat(past, new), a new buffer each step; shared: one buffer
+            "past_present_share_buffer": kv_cache == "shared",
         },
     }
 
 
 def write_genai_config(folder: str | Path, contract: iospec.ModelContract, *, filename: str = "model.onnx",
-                       model_config: Any = None) -> str:
+                       model_config: Any = None, kv_cache: str = "concat") -> str:
     """Write ``folder/genai_config.json`` atomically; returns its file name (for the manifest's file list)."""
-    data = genai_config(contract, filename=filename, ids=special_ids(model_config))
+    data = genai_config(contract, filename=filename, ids=special_ids(model_config), kv_cache=kv_cache)
     atomic_write_json(Path(folder) / GENAI_CONFIG, data)
     return GENAI_CONFIG

@@ -15,7 +15,7 @@ from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.errors import ExportError, first_line
 from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
-from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention, self_check
+from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention, self_check, self_check_shared
 from mhaexport.exporter.precision import precision_report
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
@@ -61,6 +61,15 @@ def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dy
             dim.dim_param = iospec.TOTAL
 
 
+def _name_cache_dims(model: onnx.ModelProto) -> None:
+    """A shared cache's past inputs and present outputs are one buffer: name their length axis max_cache_length."""
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name.startswith(("past_key_values.", "present.")):
+            dim = vi.type.tensor_type.shape.dim[2]
+            dim.ClearField("dim_value")
+            dim.dim_param = iospec.MAX_CACHE
+
+
 def check_onnx(path: Path) -> None:
     """onnx.checker full check (with shape inference) and strict shape inference, path-based (works past 2 GB)."""
     try:
@@ -74,7 +83,7 @@ def check_onnx(path: Path) -> None:
 
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, attention: str = "decomposed",
-                dtype: str = "float32") -> ExportRecord:
+                dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None) -> ExportRecord:
     """Export ``loaded`` to out_dir/model.onnx and record it in out_dir/manifest.json.
 
     seq_dynamic: batch, sequence, past and total lengths are symbolic; the causal mask is computed in the graph.
@@ -83,9 +92,26 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     "ort" (com.microsoft MultiHeadAttention); see exporter/lowering/.
     dtype: "float32", "float16" or "bfloat16": weights, KV cache and logits in that dtype.
     opset: default 18, or 23 for attention="onnx".
+    kv_cache: "concat" (present = concat(past, new)) or "shared" (past and present one buffer of ``max_cache``
+    slots, default max_positions, written in place by com.microsoft GroupQueryAttention; rows packed from slot 0).
     """
     if attention not in LOWERINGS:
         raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
+    if kv_cache not in iospec.KV_CACHES:
+        raise ExportError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
+    lowering_name = attention
+    if kv_cache == "shared":
+        if not seq_dynamic:
+            raise ExportError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): drop --seq-static")
+        if attention == "onnx":
+            raise ExportError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared buffer is "
+                              "written by com.microsoft GroupQueryAttention (--attention ort or the default)")
+        lowering_name = "gqa"
+        max_cache = loaded.contract.max_positions if max_cache is None else max_cache
+        if not 1 <= max_cache <= loaded.contract.max_positions:
+            raise ExportError(f"--max-cache {max_cache}: expected 1..max_positions={loaded.contract.max_positions}")
+    elif max_cache is not None:
+        raise ExportError("--max-cache sizes a shared cache: give it with --kv-cache shared")
     if dtype not in dtypes.NAMES:
         raise ExportError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
     if opset is None:
@@ -123,13 +149,22 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             raise ExportError("torch.onnx.export returned no program")
         proto = program.model_proto
         _name_io_dims(proto, c, seq_dynamic)
-        decomposed = proto.SerializeToString() if attention != "decomposed" and proto.ByteSize() < TWO_GB else None
-        lowering = lower_attention(proto, attention, n_heads=c.n_heads, head_dim=c.head_dim)
+        decomposed = (proto.SerializeToString() if lowering_name != "decomposed" and proto.ByteSize() < TWO_GB
+                      else None)
+        lowering = lower_attention(proto, lowering_name, n_heads=c.n_heads, head_dim=c.head_dim,
+                                   n_kv_heads=c.n_kv_heads)
+        if kv_cache == "shared":
+            _name_cache_dims(proto)
         if attention == "decomposed" and (n_attn := lowering.op_counts.get("Attention", 0)):
             warns.append(f"--attention decomposed: torch.onnx already wrote {n_attn} ONNX Attention node(s) (the "
                          f"model calls scaled_dot_product_attention, opset {opset}); export at --opset 18 for a "
                          "decomposed graph")
-        checked = self_check(decomposed, proto, c, dtype, attention, seq=seq, past=past) if decomposed else None
+        if decomposed is None:
+            checked = None
+        elif kv_cache == "shared":
+            checked = self_check_shared(decomposed, proto, c, dtype, seq=seq, past=past, max_cache=max_cache)
+        else:
+            checked = self_check(decomposed, proto, c, dtype, attention, seq=seq, past=past)
         precision = precision_report(proto, dtype) if proto.ByteSize() < TWO_GB else None
         if precision is not None and precision.session_error:
             warns.append(f"ONNX Runtime CPU cannot run this {dtype} graph ({precision.session_error}); "
@@ -145,9 +180,10 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         check_onnx(tmp / ONNX_FILE)
         if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
             files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
-                                            model_config=getattr(loaded.module, "config", None)))
+                                            model_config=getattr(loaded.module, "config", None), kv_cache=kv_cache))
         details = {
-            "opset": opset, "attention": attention, "kv_cache": "concat",
+            "opset": opset, "attention": lowering_name, "kv_cache": kv_cache,
+            **({"max_cache": max_cache, "padding": "right"} if kv_cache == "shared" else {}),
             "lowering": {**lowering.to_dict(), "self_check_max_abs_diff": checked},
             "precision": precision.to_dict() if precision else None, "external_data": external,
             "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],

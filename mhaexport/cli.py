@@ -142,9 +142,16 @@ def lowering_options(f):
 @click.option("--past-len", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --seq-static: the fixed past (KV cache) length.")
 @lowering_options
+@click.option("--kv-cache", "kv_cache", type=click.Choice(["concat", "shared"]), default="concat", show_default=True,
+              help="concat: present = concat(past, new), a new tensor each step; shared: past and present are one "
+                   "preallocated buffer per layer, written in place by com.microsoft GroupQueryAttention "
+                   "(onnxruntime-genai's past_present_share_buffer; prompts right-padded).")
+@click.option("--max-cache", "max_cache", type=click.IntRange(min=1), default=None,
+              help="With --kv-cache shared: the buffer's length (default: max_positions).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
-def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, attention, dtype, output) -> None:
+def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, attention, dtype, kv_cache, max_cache,
+             output) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter."""
     if not seq_dynamic and seq_len is None:
         raise click.BadParameter("--seq-static needs --seq-len N", param_hint="--seq-len")
@@ -157,15 +164,16 @@ def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, a
     loaded = _load(config, model, checkpoint)
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
     shown = _default_opset(attention, opset)
-    click.echo(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}) ...",
+    cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
+    click.echo(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...",
                err=True)
     rec = export_onnx(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
-                      attention=attention, dtype=dtype)
+                      attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     _show_record(rec)
     entry = rec.manifest.artifacts["onnx"]
     low, prec = entry.get("lowering") or {}, entry.get("precision") or {}
-    if attention != "decomposed":
-        click.echo(f"attention {attention}: {low.get('fused_nodes')} fused node(s), KV cache through the op: "
+    if entry.get("attention") != "decomposed":
+        click.echo(f"attention {entry.get('attention')}: {low.get('fused_nodes')} fused node(s), KV cache through the op: "
                    f"{low.get('kv_cache_in_op')}, Softmax left: {low.get('softmax_left')}")
     if prec.get("cast_by_ort_cpu"):
         ops = ", ".join(f"{k} x{v}" for k, v in prec["cast_by_ort_cpu"].items())

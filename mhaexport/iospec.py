@@ -15,6 +15,8 @@ BATCH = "batch_size"
 SEQ = "sequence_length"
 PAST = "past_sequence_length"
 TOTAL = "total_sequence_length"
+MAX_CACHE = "max_cache_length"  # a shared KV cache's buffer length (past and present are one buffer)
+KV_CACHES = ("concat", "shared")  # present = concat(past, new) | one preallocated buffer written in place
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -57,15 +59,16 @@ def dynamic_input_axes(n_layers: int) -> dict[str, dict[int, str]]:
 
 
 def io_schema(contract: ModelContract, dtype: str = "float32", *, seq_dynamic: bool = True,
-              sizes: tuple[int, int] | None = None) -> dict:
+              sizes: tuple[int, int] | None = None, kv_cache: str = "concat") -> dict:
     """Names, element types and symbolic shapes of every input and output (recorded per artifact in the manifest).
-    A static export (``seq_dynamic=False``) has its (sequence, past) ``sizes`` in place of the names."""
+    A static export (``seq_dynamic=False``) has its (sequence, past) ``sizes`` in place of the names; a shared
+    cache (``kv_cache="shared"``) has past and present of the buffer's length, ``max_cache_length``."""
     seq, past, total = SEQ, PAST, TOTAL
     if not seq_dynamic and sizes is not None:
         seq, past, total = sizes[0], sizes[1], sizes[0] + sizes[1]
     n_layers, vocab_size = contract.n_layers, contract.vocab_size
-    kv_past = [BATCH, contract.n_kv_heads, past, contract.head_dim]
-    kv_present = [BATCH, contract.n_kv_heads, total, contract.head_dim]
+    kv_past = [BATCH, contract.n_kv_heads, MAX_CACHE if kv_cache == "shared" else past, contract.head_dim]
+    kv_present = [BATCH, contract.n_kv_heads, MAX_CACHE if kv_cache == "shared" else total, contract.head_dim]
     inputs = {INPUT_IDS: {"dtype": "int64", "shape": [BATCH, seq]},
               ATTENTION_MASK: {"dtype": "int64", "shape": [BATCH, total]}}
     outputs = {LOGITS: {"dtype": dtype, "shape": [BATCH, seq, vocab_size]}}

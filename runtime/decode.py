@@ -81,8 +81,9 @@ class GenerationResult:
 
 
 def left_pad(prompts: Sequence[Sequence[int]] | np.ndarray, vocab_size: int, max_positions: int,
-             pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Left-pad a batch of prompts: (B, L) ids, (B, L) mask (0 on padding), and each prompt's length."""
+             pad_token_id: int = 0, side: str = "left") -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Pad a batch of prompts on the left (the contract's layout) or, ``side="right"``, on the right (a shared
+    cache's and onnxruntime-genai's): (B, L) ids, (B, L) mask (0 on padding), and each prompt's length."""
     rows = [list(map(int, np.asarray(p).reshape(-1))) for p in prompts]
     if not rows:
         raise RuntimeInputError("empty batch: give at least one prompt")
@@ -99,8 +100,9 @@ def left_pad(prompts: Sequence[Sequence[int]] | np.ndarray, vocab_size: int, max
     ids = np.full((len(rows), L), pad_token_id, dtype=np.int64)  # (B, L)
     mask = np.zeros((len(rows), L), dtype=np.int64)  # (B, L)
     for b, r in enumerate(rows):
-        ids[b, L - len(r):] = r
-        mask[b, L - len(r):] = 1
+        at = slice(L - len(r), L) if side == "left" else slice(0, len(r))
+        ids[b, at] = r
+        mask[b, at] = 1
     return ids, mask, lengths
 
 
@@ -123,17 +125,22 @@ class DecodeLoop:
         B, T = input_ids.shape
         new = np.ones((B, T), dtype=np.int64) if mask is None else np.asarray(mask, dtype=np.int64)
         full = np.concatenate([state.attention_mask, new], axis=1) if state.length else new  # (B, S + T)
-        if full.shape[1] > self.contract.max_positions:
-            raise RuntimeInputError(f"cannot feed past max_positions={self.contract.max_positions}: the cache holds "
-                                    f"{state.length} positions and {T} more were given")
+        limit = self.runner.max_length
+        if full.shape[1] > limit:
+            what = (f"max_positions={limit}" if limit == self.contract.max_positions
+                    else f"the shared cache's {limit} slots")
+            raise RuntimeInputError(f"cannot feed past {what}: the cache holds {state.length} positions and {T} more "
+                                    "were given")
         logits, cache = self.runner.step(np.ascontiguousarray(input_ids, dtype=np.int64), full, state.cache)
         return logits, DecodeState(cache, full)
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, DecodeState]:
-        """Run the whole prompt once: the last position's (B, V) logits and the cache it leaves."""
+        """Run the whole prompt once: each row's (B, V) logits at its last real token (the last position, or with
+        right padding the last one the mask marks) and the cache it leaves."""
         ids, mask = self.runner.check_ids_mask(input_ids, attention_mask, 0)
         logits, state = self.feed(ids, self.empty(ids.shape[0]), mask)
-        return logits[:, -1, :], state
+        last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1] > 0, axis=1)  # (B,)
+        return logits[np.arange(len(last)), last, :], state
 
     def decode_one_token(self, token: np.ndarray, state: DecodeState) -> tuple[np.ndarray, DecodeState]:
         """Feed (B,) tokens at the next position: (B, V) logits and the cache grown by one."""
@@ -153,11 +160,13 @@ class DecodeLoop:
             if done.all():
                 result.stop_reason, result.message = STOP_EOS, f"every row produced eos id {eos}"
                 return state
-            if state.length + 1 > self.contract.max_positions:
+            limit = self.runner.max_length
+            if state.length + 1 > limit:
+                what = (f"max_positions={limit}" if limit == self.contract.max_positions
+                        else f"the shared cache's {limit} slots (--max-cache)")
                 result.stop_reason = STOP_MAX_POS
-                result.message = (f"stopped at max_positions={self.contract.max_positions}: the cache holds "
-                                  f"{state.length} positions, the most this model accepts, after "
-                                  f"{max(map(len, result.tokens))} new tokens")
+                result.message = (f"stopped at {what}: the cache holds {state.length} positions, the most this "
+                                  f"export accepts, after {max(map(len, result.tokens))} new tokens")
                 return state
             t0 = self.clock()
             logits, state = self.decode_one_token(token, state)
@@ -176,7 +185,8 @@ class DecodeLoop:
         if config.max_new_tokens < 1:
             raise RuntimeInputError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
         c = self.contract
-        ids, mask, lengths = left_pad(prompts, c.vocab_size, c.max_positions, config.pad_token_id)
+        ids, mask, lengths = left_pad(prompts, c.vocab_size, c.max_positions, config.pad_token_id,
+                                      side=getattr(self.runner, "padding", "left"))
         rng = np.random.default_rng(config.sampling.seed)
         result = GenerationResult([[] for _ in lengths], STOP_MAX_NEW, "", lengths,
                                   providers=list(self.runner.providers))

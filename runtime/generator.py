@@ -16,7 +16,7 @@ from mhaexport import dtypes, iospec
 from mhaexport.errors import RuntimeInputError
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
                                       GenerationConfig, GenerationResult, left_pad)
-from mhaexport.runtime.ort import OrtRunner
+from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig, create_session
 
 
@@ -42,8 +42,12 @@ class Generator:
         self.contract = self.export.contract
         kv = self.entry.input_dtype(iospec.past_names(0)[0]) if self.contract.n_layers else self.entry.dtype
         self.kv_dtype = dtypes.numpy_dtype(kv)  # bfloat16 is refused here: numpy cannot hold it
-        self.runner = OrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
-                                             io_binding=io_binding)
+        if self.entry.get("kv_cache", "concat") == "shared":  # one buffer per layer, bound as past and present
+            self.runner = SharedCacheOrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
+                                                            max_cache=int(self.entry.get("max_cache")))
+        else:
+            self.runner = OrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
+                                                 io_binding=io_binding)
         self.loop = DecodeLoop(self.runner)
         self.session = loaded.session
         self.providers = loaded.providers
@@ -66,8 +70,10 @@ class Generator:
 
     def pad_prompts(self, prompts: Sequence[Sequence[int]] | np.ndarray,
                     pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """Left-pad a batch of prompts: (B, L) ids, (B, L) mask (0 on padding), and each prompt's length."""
-        return left_pad(prompts, self.contract.vocab_size, self.contract.max_positions, pad_token_id)
+        """Pad a batch of prompts as this export takes them (left; right for a shared cache): (B, L) ids, (B, L)
+        mask (0 on padding), and each prompt's length."""
+        return left_pad(prompts, self.contract.vocab_size, self.contract.max_positions, pad_token_id,
+                        side=self.runner.padding)
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, DecodeState]:
         """Run the whole prompt once: the last position's (B, V) logits and the cache it leaves."""
@@ -75,8 +81,8 @@ class Generator:
 
     def decode_one_token(self, token: np.ndarray, state: DecodeState) -> tuple[np.ndarray, DecodeState]:
         """Feed (B,) tokens at the next position: (B, V) logits and the cache grown by one."""
-        if state.length + 1 > self.contract.max_positions:
-            raise RuntimeInputError(f"cannot decode past max_positions={self.contract.max_positions}")
+        if state.length + 1 > self.runner.max_length:
+            raise RuntimeInputError(f"cannot decode past max_positions={self.runner.max_length}")
         return self.loop.decode_one_token(token, state)
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray,

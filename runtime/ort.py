@@ -23,11 +23,13 @@ class OrtRunner(Runner):
     """An InferenceSession over ``path``. ``config.providers`` says where; a provider that does not really run here
     (``get_providers()``) makes the runner skipped with ONNX Runtime's reason, never silently CPU."""
 
-    def __init__(self, name: str, contract: ModelContract, path: str | Path, *, config: SessionConfig = SessionConfig(),
-                 dtype: str = "float32", fixed: tuple[int, int] | None = None, io_binding: bool = True,
-                 optimized_cache: tuple[Path, str] | None = None) -> None:
+    padding = "left"  # how the decode loop pads a batch of prompts for this runner (the contract's layout)
+
+    def __init__(self, name: str, contract: ModelContract, path: str | Path | bytes, *,
+                 config: SessionConfig = SessionConfig(), dtype: str = "float32", fixed: tuple[int, int] | None = None,
+                 io_binding: bool = True, optimized_cache: tuple[Path, str] | None = None) -> None:
         super().__init__(name, contract, dtype=dtype, fixed=fixed)
-        self.path = Path(path)
+        self.path = path if isinstance(path, bytes) else Path(path)
         self.config = config
         self.io_binding = io_binding
         self.optimized_cache = optimized_cache
@@ -40,10 +42,10 @@ class OrtRunner(Runner):
         self.output_names = iospec.output_names(contract.n_layers)
 
     @classmethod
-    def from_session(cls, name: str, contract: ModelContract, loaded, *, dtype: str, io_binding: bool = True
-                     ) -> OrtRunner:
+    def from_session(cls, name: str, contract: ModelContract, loaded, *, dtype: str, io_binding: bool = True,
+                     **kwargs) -> OrtRunner:
         """A runner around a session :func:`~mhaexport.runtime.session.create_session` made (the deploy path)."""
-        r = cls(name, contract, loaded.model_path, dtype=dtype, io_binding=io_binding)
+        r = cls(name, contract, loaded.model_path, dtype=dtype, io_binding=io_binding, **kwargs)
         r._adopt(loaded.session, loaded.warnings, loaded.optimized_from_cache)
         r.is_active = True
         return r
@@ -114,3 +116,127 @@ class OrtRunner(Runner):
     def cache_numpy(self, cache: Cache) -> KVPairs:
         flat = [t.numpy() if isinstance(t, ort.OrtValue) else t for t in cache]
         return tuple((flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2))
+
+
+class SharedCacheOrtRunner(OrtRunner):
+    """An export whose past and present are one preallocated buffer per layer (``--kv-cache shared``;
+    onnxruntime-genai's ``past_present_share_buffer``): past_key_values.i.* and present.i.* are (B, H_kv, max_cache, D)
+    and GroupQueryAttention writes each row's new keys/values into the buffer in place. Its protocol: every row's
+    tokens packed from slot 0 (prompts right-padded), ``attention_mask`` telling each row's real length.
+
+    - ``step`` (the decode loop, the deploy path): the buffers are carried between steps and bound as both past and
+      present — the same OrtValue, never copied; the decode loop right-pads prompts (``padding = "right"``).
+    - ``run`` (verify's contract calls, any padding, any past): translated into the protocol — rows packed, a past
+      cache copied into fresh buffers, calls with a past split into one call per row (GroupQueryAttention takes more
+      than one new token with a past only at batch 1) — and the outputs scattered back to the contract's positions
+      (padded positions left 0: nothing compares them). With ``contract_steps`` the decode loop uses ``run`` too, so
+      verify's decoding checks see the contract's semantics.
+    """
+
+    padding = "right"
+
+    def __init__(self, *args, max_cache: int, contract_steps: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_cache = max_cache
+        self.contract_steps = contract_steps
+        if contract_steps:
+            self.padding = "left"
+
+    @property
+    def max_length(self) -> int:
+        """The most positions a decode loop can feed: the buffer's slots (and the model's max_positions); verify's
+        contract steps size their buffers per call, so there only max_positions."""
+        if self.contract_steps:
+            return self.contract.max_positions
+        return min(self.contract.max_positions, self.max_cache)
+
+    def buffers(self, batch: int) -> list:
+        """Zeroed (B, H_kv, max_cache, D) buffers, one per past/present name, on the session's device."""
+        c = self.contract
+        shape = (batch, c.n_kv_heads, self.max_cache, c.head_dim)  # (B, H_kv, max_cache, D)
+        zeros = np.zeros(shape, dtype=dtypes.numpy_dtype(self.dtype))
+        return [ort.OrtValue.ortvalue_from_numpy(zeros.copy(), self.device, 0) for _ in self.past_names]
+
+    def _run_shared(self, ids: np.ndarray, mask: np.ndarray, bufs: list) -> np.ndarray:
+        """One call in the file's protocol: each buffer bound as its layer's past and present; returns the logits."""
+        io = self.session.io_binding()
+        io.bind_cpu_input(iospec.INPUT_IDS, np.ascontiguousarray(ids, dtype=np.int64))
+        io.bind_cpu_input(iospec.ATTENTION_MASK, np.ascontiguousarray(mask, dtype=np.int64))
+        io.bind_output(iospec.LOGITS, "cpu")  # bound first: get_outputs() follows the binding order
+        for past, present, buf in zip(self.past_names, self.present_names, bufs):
+            io.bind_ortvalue_input(past, buf)
+            io.bind_ortvalue_output(present, buf)  # the same OrtValue: written in place
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()[0].numpy()
+
+    # ---- the decode loop -------------------------------------------------------------------------------------
+    def empty_cache(self, batch: int):
+        return super().empty_cache(batch) if self.contract_steps else self.buffers(batch)
+
+    def cache_from_numpy(self, past: KVPairs):
+        if self.contract_steps:
+            return past
+        raise NotImplementedError("a shared-buffer cache is built by the decode loop, not from contract arrays")
+
+    def step_impl(self, ids: np.ndarray, mask: np.ndarray, cache):
+        if self.contract_steps:
+            logits, present = self.run_impl(ids, mask, self.cache_numpy(cache))
+            return logits, present
+        return self._run_shared(ids, mask, cache), cache
+
+    def cache_numpy(self, cache) -> KVPairs:
+        if not cache or isinstance(cache[0], tuple):
+            return cache
+        flat = [t.numpy() for t in cache]  # the buffers, (B, H_kv, max_cache, D): packed rows, not the contract
+        return tuple((flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2))
+
+    # ---- the contract, translated ------------------------------------------------------------------------------
+    def run_impl(self, ids: np.ndarray, mask: np.ndarray, past: KVPairs) -> Outputs:
+        B, T = ids.shape
+        P = mask.shape[1] - T
+        c = self.contract
+        slots = max(self.max_cache, P + T)  # the buffer's length is the graph's to take: a call may need more
+        np_dtype = dtypes.numpy_dtype(self.dtype)
+        logits = None
+        present = [np.zeros((B, c.n_kv_heads, P + T, c.head_dim), np_dtype) for _ in self.past_names]
+        rows = [np.flatnonzero(mask[b]) for b in range(B)]  # each row's real positions, in order
+        # rows with no real token in this call (all padding so far) are not run: nothing reads their outputs
+        live = [b for b in range(B) if mask[b, P:].any()]
+        for b in range(B):
+            if b not in live:  # its real past, if any, is its present
+                real = np.flatnonzero(mask[b, :P])
+                for li in range(len(present)):
+                    present[li][b][:, real] = past[li // 2][li % 2][b][:, real]
+        groups = ([live] if live else []) if P == 0 else [[b] for b in live]  # with a past: one call per row
+        for group in groups:
+            host = [np.zeros((len(group), c.n_kv_heads, slots, c.head_dim), np_dtype)
+                    for _ in self.past_names]  # (G, H_kv, slots, D)
+            if P == 0:  # a prompt: each row's real tokens packed to the left (right padding)
+                width = max(len(rows[b]) for b in group)
+                g_ids = np.zeros((len(group), width), np.int64)
+                g_mask = np.zeros((len(group), width), np.int64)
+                for j, b in enumerate(group):
+                    g_ids[j, :len(rows[b])] = ids[b, rows[b]]
+                    g_mask[j, :len(rows[b])] = 1
+                new_at = [rows[b] for b in group]  # contract positions of the packed new tokens
+            else:  # one row and its past: the real past copied into the buffer's first slots
+                (b,) = group
+                real_past, real_new = np.flatnonzero(mask[b, :P]), P + np.flatnonzero(mask[b, P:])
+                for li, arr in enumerate(host):
+                    arr[0, :, :len(real_past)] = past[li // 2][li % 2][b][:, real_past]
+                g_ids = ids[b, real_new - P][None]  # (1, t)
+                g_mask = np.ones((1, len(real_past) + len(real_new)), np.int64)
+                new_at = [real_new]
+            bufs = [ort.OrtValue.ortvalue_from_numpy(arr, self.device, 0) for arr in host]
+            out = self._run_shared(g_ids, g_mask, bufs)  # (G, t, V)
+            if logits is None:
+                logits = np.zeros((B, T, out.shape[-1]), out.dtype)
+            written = [buf.numpy() for buf in bufs]  # (G, H_kv, max_cache, D): each row's positions packed
+            for j, b in enumerate(group):
+                logits[b, new_at[j] - P] = out[j, :len(new_at[j])]
+                for li in range(len(present)):
+                    present[li][b][:, rows[b]] = written[li][j][:, :len(rows[b])]
+        if logits is None:  # no row had a real token: nothing ran
+            logits = np.zeros((B, T, c.vocab_size), np.float32)
+        return logits, tuple((present[2 * i], present[2 * i + 1]) for i in range(c.n_layers))
+

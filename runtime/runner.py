@@ -48,6 +48,12 @@ class Runner:
         self.times: list[float] = []  # seconds per run/step call
         self.is_active = False
 
+    @property
+    def max_length(self) -> int:
+        """The most positions (past + seq) a decode loop can feed this runner: the model's max_positions here; a
+        shared cache's buffer may hold fewer."""
+        return self.contract.max_positions
+
     # ---- lifecycle ------------------------------------------------------------------------------------------
     @property
     def available(self) -> bool:

@@ -187,7 +187,7 @@ def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     return so
 
 
-def open_session(model_path: str | Path, cfg: SessionConfig = SessionConfig(), *,
+def open_session(model_path: str | Path | bytes, cfg: SessionConfig = SessionConfig(), *,
                  optimized_cache: tuple[Path, str] | None = None) -> tuple[ort.InferenceSession, list[str], bool]:
     """Create a session for the ONNX file ``model_path`` on ``cfg.providers``: returns it, the warnings (a requested
     provider not in use when ``cfg.strict_providers`` is off) and whether the optimized-graph cache was used.
@@ -204,7 +204,7 @@ def open_session(model_path: str | Path, cfg: SessionConfig = SessionConfig(), *
                 raise ProviderUnavailable(why)
             warnings.append(why)
     so = _session_options(cfg)
-    source, from_cache = Path(model_path), False
+    source, from_cache = (model_path if isinstance(model_path, bytes) else Path(model_path)), False
     if optimized_cache is not None:
         cache, want = optimized_cache
         stamp = cache.with_suffix(".sha256")
@@ -218,7 +218,8 @@ def open_session(model_path: str | Path, cfg: SessionConfig = SessionConfig(), *
         session, missing = start_session(source, requested, so)
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise ArtifactError(f"ONNX Runtime cannot load {source}: {first}") from None
+        what = "the model" if isinstance(source, bytes) else source
+        raise ArtifactError(f"ONNX Runtime cannot load {what}: {first}") from None
     if optimized_cache is not None and not from_cache and os.path.isfile(so.optimized_model_filepath):
         cache = Path(so.optimized_model_filepath)
         cache.with_suffix(".sha256").write_text(f"{optimized_cache[1]} {sha256_file(cache)}\n")

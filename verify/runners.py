@@ -17,7 +17,7 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.errors import ProviderUnavailable
 from mhaexport.iospec import ModelContract
-from mhaexport.runtime.ort import OrtRunner
+from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner, skipped
 from mhaexport.runtime.session import CUDA, SessionConfig
 
@@ -157,9 +157,14 @@ class RecomputeRunner(Runner):
 
 
 def ort_runner(name: str, contract: ModelContract, path: str | Path, *, dtype: str = "float32",
-               fixed: tuple[int, int] | None = None, threads: int | None = None) -> OrtRunner:
+               fixed: tuple[int, int] | None = None, threads: int | None = None,
+               max_cache: int | None = None) -> OrtRunner:
     """verify's ort-cpu / ort-cuda: the deploy runtime's OrtRunner on one provider (strict: a fallback to CPU
-    makes ort-cuda skipped, never passed)."""
+    makes ort-cuda skipped, never passed). ``max_cache``: the export's cache is one shared buffer of that many
+    slots — the runner translates the contract's calls into its protocol (every call, decoding included)."""
     provider = CUDA if name == ORT_CUDA else "cpu"
-    return OrtRunner(name, contract, path, dtype=dtype, fixed=fixed,
-                     config=SessionConfig(providers=(provider,), threads=threads, strict_providers=True))
+    cfg = SessionConfig(providers=(provider,), threads=threads, strict_providers=True)
+    if max_cache is not None:
+        return SharedCacheOrtRunner(name, contract, path, dtype=dtype, config=cfg, max_cache=max_cache,
+                                    contract_steps=True)
+    return OrtRunner(name, contract, path, dtype=dtype, fixed=fixed, config=cfg)

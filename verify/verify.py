@@ -83,7 +83,9 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
         elif onnx is None:
             runners.append(skipped(rt, c, f"no ONNX export in {ef.path}"))
         elif rt in (ORT_CPU, ORT_CUDA):
-            runners.append(ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes))
+            shared = onnx.get("kv_cache") == "shared"
+            runners.append(ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes,
+                                      max_cache=int(onnx.get("max_cache")) if shared else None))
         elif rt == ONNX_REFERENCE:
             n = _n_params(loaded.module)
             if n > REFERENCE_MAX_PARAMS:

@@ -33,18 +33,20 @@ from typing import TYPE_CHECKING
 import onnx
 
 from mhaexport.errors import ExportError
-from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check
+from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check, self_check_shared
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-LOWERINGS = ("decomposed", "onnx", "ort")
+LOWERINGS = ("decomposed", "onnx", "ort")  # what --attention chooses
 ATTENTION_OPSET = 23  # the ONNX Attention op appears in opset 23
 MS_DOMAIN = "com.microsoft"
-FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention")}
+# "gqa" is not an --attention choice: --kv-cache shared selects it (the op that writes a shared buffer in place)
+FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention"),
+            "gqa": (MS_DOMAIN, "GroupQueryAttention")}
 
 __all__ = ["ATTENTION_OPSET", "FUSED_OP", "LOWERINGS", "MS_DOMAIN", "SELF_CHECK_TOL", "LoweringReport",
-           "lower_attention", "op_counts", "self_check"]
+           "lower_attention", "op_counts", "self_check", "self_check_shared"]
 
 
 @dataclass
@@ -69,13 +71,15 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
-def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, head_dim: int) -> LoweringReport:
-    """Rewrite ``model`` in place so each attention is one fused node of the ``attention`` lowering.
+def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, head_dim: int,
+                    n_kv_heads: int | None = None) -> LoweringReport:
+    """Rewrite ``model`` in place so each attention is one fused node of the ``attention`` lowering (one of
+    LOWERINGS, or "gqa": GroupQueryAttention over a shared KV buffer).
 
-    n_heads / head_dim come from the model's contract. Raises ExportError when the graph holds no attention
+    n_heads / head_dim / n_kv_heads come from the model's contract. Raises ExportError when the graph holds no attention
     this pass recognizes, or when some Softmax is left unmatched (``model`` is then unchanged).
     """
-    if attention not in LOWERINGS:
+    if attention not in LOWERINGS + ("gqa",):
         raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
     report = LoweringReport(attention)
     if attention == "decomposed":
@@ -107,10 +111,11 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
     from mhaexport.exporter.lowering.rules import attention_rules, why_unmatched
 
     ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
-    fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim).apply_to_model(ir_model)
+    fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads).apply_to_model(
+        ir_model)
     left = [n for n in ir_model.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
     if left:
-        why = why_unmatched(ir_model, left[0], attention, n_heads=n_heads, head_dim=head_dim)
+        why = why_unmatched(ir_model, left[0], attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads)
         raise ExportError(f"--attention {attention}: {len(left)} of {n_softmax} Softmax node(s) are not a "
                           f"recognized attention pattern ({why}); export with --attention decomposed")
     try:

@@ -59,6 +59,7 @@ class MatchedAttention:
     fill_dtype: ir.DataType = ir.DataType.FLOAT  # dtype of the Where fill: the attention math's dtype
     past: tuple[ir.Value, ir.Value, ir.Value, ir.Value] | None = None  # past_key, past_value, new_key, new_value
     grouped: bool = False  # the cache holds fewer (key, value) heads than Q has: repeat_interleave'd for the scores
+    graph: Any = None  # the graph being rewritten (the GroupQueryAttention writer reads its attention_mask input)
     metadata: dict[str, str] = field(default_factory=dict)  # the final MatMul's metadata_props
 
 
@@ -109,10 +110,12 @@ class Shared:
 class AttentionRule(pattern.RewriteRuleClassBase):
     """Match one decomposed attention; rewrite it into the ``attention`` lowering's fused op."""
 
-    def __init__(self, attention: str, *, kv_cache: bool, n_heads: int, head_dim: int, shared: Shared) -> None:
+    def __init__(self, attention: str, *, kv_cache: bool, n_heads: int, head_dim: int, shared: Shared,
+                 n_kv_heads: int | None = None) -> None:
         super().__init__(name=f"{attention}-attention-{'kv-cache' if kv_cache else 'plain'}")
         self.attention, self.kv_cache = attention, kv_cache
         self.n_heads, self.head_dim = n_heads, head_dim
+        self.n_kv_heads = n_kv_heads or n_heads
         self.shared = shared
         self._match: MatchedAttention | None = None  # set by check, read by rewrite (called right after it)
 
@@ -170,7 +173,11 @@ class AttentionRule(pattern.RewriteRuleClassBase):
                 else:
                     scale *= c
         a = MatchedAttention(q=b["q"], v=b["v"], k=b["k"], kt=b["kt"], scale=scale, q_factor=factors["q"],
-                      k_factor=factors["k"], metadata=dict(context.root.metadata_props))
+                             k_factor=factors["k"], metadata=dict(context.root.metadata_props),
+                             graph=context.graph_or_function)
+        if self.attention == "gqa" and not self.kv_cache:
+            return result.fail(f"Softmax {_label(softmax)}: the shared KV cache needs K and V to be "
+                               "Concat(past_key_values.i.*, new) of the graph's cache inputs", softmax)
         mask = b.get("mask")
         if mask in ("masked", "allowed"):
             where = softmax.inputs[0].producer()
@@ -204,6 +211,9 @@ class AttentionRule(pattern.RewriteRuleClassBase):
                 if self.attention == "ort":
                     return result.fail("MultiHeadAttention takes as many key/value heads as query heads: with "
                                        "grouped-query attention the cache stays outside the fused op", concat)
+            if self.attention == "gqa" and not any(i.name == "attention_mask" for i in a.graph.inputs):
+                return result.fail("GroupQueryAttention's sequence lengths come from the attention_mask input, "
+                                   "which the graph does not have", concat)
                 a.grouped = True
             a.k, a.v = None, None  # the op takes the new K/V and the past, not the concatenated cache
             a.past = (b["past_key"], b["past_value"], b["new_key"], b["new_value"])
@@ -251,6 +261,23 @@ class AttentionRule(pattern.RewriteRuleClassBase):
             pair = (fill, zero) if a.masked is not None else (zero, fill)
             self.shared.biases[key] = self.node(op, "Where", cond, *pair, base="attn_bias")  # (B|1, 1, T, S)
         return self.shared.biases[key]
+
+    def sequence_lengths(self, op, graph: Any) -> tuple[ir.Value, ir.Value]:
+        """GroupQueryAttention's ``seqlens_k`` (int32 (B,): real tokens - 1 per row) and ``total_sequence_length``
+        (int32 scalar: the mask's width), computed once from the ``attention_mask`` input and shared by every layer."""
+        if "seqlens" not in self.shared.consts:
+            mask = next(i for i in graph.inputs if i.name == "attention_mask")  # int64 (B, S)
+            axis = self.const(op, "axis1", "axis1", np.array([1], dtype=np.int64))
+            one = self.const(op, "one_i64", "one", np.array(1, dtype=np.int64))
+            scalar = self.const(op, "scalar_shape", "scalar_shape", np.array([], dtype=np.int64))
+            real = self.node(op, "ReduceSum", mask, axis, base="real_tokens", keepdims=0)  # (B,)
+            last = self.node(op, "Sub", real, one, base="seqlens_k_i64")  # (B,)
+            self.shared.consts["seqlens"] = self.node(op, "Cast", last, base="seqlens_k", to=ir.DataType.INT32)
+            width = self.node(op, "Shape", mask, base="mask_width", start=1, end=2)  # (1,)
+            width = self.node(op, "Reshape", width, scalar, base="total_i64")  # ()
+            self.shared.consts["total"] = self.node(op, "Cast", width, base="total_sequence_length",
+                                                    to=ir.DataType.INT32)
+        return self.shared.consts["seqlens"], self.shared.consts["total"]
 
     def query(self, op, a: MatchedAttention) -> ir.Value:
         """Q in (B, H, T, D), with a non-constant factor applied."""
@@ -309,15 +336,43 @@ def _fuse_ort(rule: AttentionRule, op, a: MatchedAttention) -> Any:
     return (out, present_key, present_value) if a.past is not None else out
 
 
+def _fuse_gqa(rule: AttentionRule, op, a: MatchedAttention) -> Any:
+    """``com.microsoft.GroupQueryAttention`` writing the KV cache in place: past_key_values.i.* and present.i.* are one
+    (B, H_kv, max_cache, D) buffer each, the new keys/values go to each row's next slots. Its sequence lengths come
+    from the attention mask (``seqlens_k = sum(mask) - 1`` per row, ``total_sequence_length`` = the mask's width), its
+    causal mask from them: rows are packed from slot 0 (onnxruntime-genai's right padding), so the model's own mask
+    (which knows left padding) is not passed — the runtime and verify's runners feed this layout."""
+    H, Hkv, D = rule.n_heads, rule.n_kv_heads, rule.head_dim
+    past_key, past_value, new_key, new_value = a.past
+    shape4 = rule.const(op, "shape4", "shape4", np.array([0, 0, H, D], dtype=np.int64))
+
+    def bsh(x: ir.Value, heads: int) -> ir.Value:  # (B, heads, T, D) -> (B, T, heads*D)
+        shape3 = rule.const(op, ("shape3", heads), "shape3", np.array([0, 0, heads * D], dtype=np.int64))
+        t = rule.node(op, "Transpose", x, base="bsnh", perm=BHTD_TO_BTHD)  # (B, T, heads, D)
+        return rule.node(op, "Reshape", t, shape3, base="bsh")  # (B, T, heads*D)
+
+    seqlens, total = rule.sequence_lengths(op, a.graph)
+    y3, present_key, present_value = rule.node(
+        op, "GroupQueryAttention", bsh(rule.query(op, a), H), bsh(new_key, Hkv), bsh(new_value, Hkv), past_key,
+        past_value, seqlens, total, base="GroupQueryAttention", domain=MS_DOMAIN, n_out=3, num_heads=H,
+        kv_num_heads=Hkv, scale=a.scale)  # (B, T, H*D), present: the buffers, written in place
+    y4 = rule.node(op, "Reshape", y3, shape4, base="gqa_bsnh")  # (B, T, H, D)
+    out = rule.node(op, "Transpose", y4, base="gqa_out", perm=BHTD_TO_BTHD)  # (B, H, T, D)
+    return out, present_key, present_value
+
+
 # lowering -> writer of its fused node(s); a writer returns what replaces the pattern's outputs
-FUSE: dict[str, Callable[[AttentionRule, Any, MatchedAttention], Any]] = {"onnx": _fuse_onnx, "ort": _fuse_ort}
+FUSE: dict[str, Callable[[AttentionRule, Any, MatchedAttention], Any]] = {"onnx": _fuse_onnx, "ort": _fuse_ort,
+                                                                        "gqa": _fuse_gqa}
 
 
-def attention_rules(attention: str, *, n_heads: int, head_dim: int) -> pattern.RewriteRuleSet:
+def attention_rules(attention: str, *, n_heads: int, head_dim: int,
+                    n_kv_heads: int | None = None) -> pattern.RewriteRuleSet:
     """The rules of one lowering call: the kv-cache form first, the plain form where it does not apply."""
     shared = Shared()
     return pattern.RewriteRuleSet([
-        AttentionRule.rule(attention, kv_cache=kv, n_heads=n_heads, head_dim=head_dim, shared=shared)
+        AttentionRule.rule(attention, kv_cache=kv, n_heads=n_heads, head_dim=head_dim, shared=shared,
+                           n_kv_heads=n_kv_heads)
         for kv in (True, False)])
 
 
@@ -351,7 +406,7 @@ def _describe(x: ir.Node | ir.Value) -> str:
 
 
 def why_unmatched(model: ir.Model, softmax: ir.Node, attention: str, *, n_heads: int, head_dim: int,
-                  hops: int = 3) -> str:
+                  n_kv_heads: int | None = None, hops: int = 3) -> str:
     """One line on why no rule rewrote the attention around ``softmax``: the rules are traced (no rewrite) over the
     graph, and of the attempts rooted at a MatMul up to ``hops`` consumers after it, the one that got furthest is
     described."""
@@ -366,7 +421,8 @@ def why_unmatched(model: ir.Model, softmax: ir.Node, attention: str, *, n_heads:
     if not via:
         return f"Softmax {_label(softmax)} feeds no MatMul(weights, V)"
     tracer = AttemptTracer()
-    attention_rules(attention, n_heads=n_heads, head_dim=head_dim).apply_to_model(model, tracer=tracer)
+    attention_rules(attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads).apply_to_model(
+        model, tracer=tracer)
     tried = [t for t in tracer.attempts if t.root in via]
     if not tried:
         return f"Softmax {_label(softmax)}: no rule matched any part of it"

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 
 from mhaexport import dtypes, iospec
-from mhaexport.errors import ExportError, first_line
+from mhaexport.errors import ExportError, MhaExportError, first_line
 from mhaexport.runtime.session import cpu_session as _cpu_session
 
 # Largest |lowered - decomposed| on logits the self-check accepts, relative to max |logits| (plus this absolute)
@@ -60,6 +60,47 @@ def self_check(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.Mod
         tol = SELF_CHECK_TOL[dtype] * (1.0 + float(np.abs(r32).max() if r32.size else 0.0))
         if diff > tol:
             raise ExportError(f"--attention {attention}: the lowered graph differs from the decomposed one on "
+                              f"{name} by {diff:.3g} (tolerance {tol:.3g}): the rewrite is wrong for this model")
+        worst = max(worst, diff)
+    return worst
+
+
+def self_check_shared(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.ModelContract, dtype: str, *,
+                      seq: int, past: int, max_cache: int) -> float | None:
+    """The shared-cache lowering against the decomposed graph: both driven through the contract at the export's
+    shapes, the second row left-padded — the lowered one by the runner that translates into its protocol (rows
+    packed, the past copied into the buffers, one call per row with a past). Real positions must agree."""
+    if dtype == "bfloat16":
+        return None
+    from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
+    from mhaexport.runtime.session import SessionConfig
+
+    cfg = SessionConfig(threads=1)
+    ref = OrtRunner("decomposed", contract, decomposed, config=cfg, dtype=dtype)
+    got = SharedCacheOrtRunner("shared", contract, lowered.SerializeToString(), config=cfg, dtype=dtype,
+                               max_cache=max_cache)
+    pad = [0, min(2, past + seq - 1)]
+    ids, mask, cache = iospec.dummy_inputs(contract, 2, seq, past, seed=7, pad=pad, dtype=dtypes.numpy_dtype(dtype))
+    try:
+        r = ref.activate().run(ids, mask, cache)
+        g = got.activate().run(ids, mask, cache)
+    except MhaExportError as e:
+        raise ExportError(f"--kv-cache shared: ONNX Runtime CPU cannot run the lowered {dtype} graph: "
+                          f"{first_line(e)}") from None
+    keys = mask.astype(bool)  # (B, past + T)
+    worst = 0.0
+    pairs = [(iospec.LOGITS, r[0], g[0], keys[:, past:, None])]
+    pairs += [(f"present.{i // 2}.{'key' if i % 2 == 0 else 'value'}", rk, gk, keys[:, None, :, None])
+              for i, (rk, gk) in enumerate((t for a, b in zip(r[1], g[1]) for t in zip(a, b)))]
+    for name, a, b, sel in pairs:
+        sel = np.broadcast_to(sel, a.shape)
+        a32, b32 = a.astype(np.float32)[sel], b.astype(np.float32)[sel]
+        if not np.isfinite(b32).all():
+            raise ExportError(f"--kv-cache shared: output {name} of the lowered graph holds NaN/inf")
+        diff = float(np.abs(a32 - b32).max()) if a32.size else 0.0
+        tol = SELF_CHECK_TOL[dtype] * (1.0 + float(np.abs(a32).max() if a32.size else 0.0))
+        if diff > tol:
+            raise ExportError(f"--kv-cache shared: the GroupQueryAttention graph differs from the decomposed one on "
                               f"{name} by {diff:.3g} (tolerance {tol:.3g}): the rewrite is wrong for this model")
         worst = max(worst, diff)
     return worst

@@ -1,0 +1,136 @@
+"""--kv-cache shared: past and present are one preallocated buffer per layer that GroupQueryAttention writes in
+place; the runtime binds the same OrtValue as both, verify translates the contract into the file's protocol, and
+onnxruntime-genai runs it with past_present_share_buffer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from mhaexport.exporter.onnx import export_onnx
+from mhaexport.models.config import PRESETS
+from mhaexport.models.decoder import DecoderLM
+from mhaexport.models.loading import LoadedModel, contract_of
+from mhaexport.runtime import GenerationConfig, Generator
+from mhaexport.verify import verify_folder
+
+PROMPTS = [[72, 101, 108, 108, 111], [200, 17, 3], [9, 8, 7, 6, 5, 4, 3, 2]]
+
+
+def _peaked(preset: str) -> LoadedModel:
+    """Weights x10, so greedy output varies from token to token (the default init's logits are near-uniform)."""
+    module = DecoderLM(dataclasses.replace(PRESETS[preset], seed=7)).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.mul_(10)
+    return LoadedModel(module, contract_of(module), spec=f"test:peaked-{preset}")
+
+
+def eager_greedy(module, prompt: list[int], n: int) -> list[int]:
+    out = list(prompt)
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        logits, past = module(ids, torch.ones_like(ids), None)
+        for _ in range(n):
+            t = int(logits[0, -1].argmax())
+            out.append(t)
+            logits, past = module(torch.tensor([[t]]), torch.ones(1, len(out), dtype=torch.int64), past)
+    return out[len(prompt):]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    loaded = _peaked("tiny")
+    folder = tmp_path_factory.mktemp("shared")
+    rec = export_onnx(loaded, folder, kv_cache="shared", max_cache=64)
+    return loaded, folder, rec
+
+
+def test_the_graph_writes_one_buffer_in_place_and_the_manifest_says_so(shared):
+    loaded, folder, rec = shared
+    entry = rec.manifest.artifacts["onnx"]
+    assert (entry.get("kv_cache"), entry.get("max_cache"), entry.get("attention")) == ("shared", 64, "gqa")
+    assert entry.io["inputs"]["past_key_values.0.key"]["shape"] == ["batch_size", 4, "max_cache_length", 16]
+    assert entry.io["outputs"]["present.1.value"]["shape"] == ["batch_size", 4, "max_cache_length", 16]
+    assert entry.get("lowering")["self_check_max_abs_diff"] is not None  # checked against the decomposed graph
+    model = onnx.load(str(folder / "model.onnx"))
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and {"present.0.key", "present.1.value"} <= {o for n in gqa for o in n.output}
+    assert not any(n.op_type in ("Softmax", "Concat") and any(o.startswith("present.") for o in n.output)
+                   for n in model.graph.node)  # nothing copies the cache into present
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    assert cfg["search"]["past_present_share_buffer"] is True
+
+
+def test_the_runtime_binds_one_buffer_and_generates_eagers_tokens(shared):
+    """Right-padded batch of unequal prompts; the buffers keep their memory from step to step (never copied)."""
+    loaded, folder, _ = shared
+    gen = Generator(folder, threads=1)
+    assert gen.runner.padding == "right"
+    ids, mask, _ = gen.pad_prompts(PROMPTS)
+    logits, state = gen.prefill(ids, mask)
+    ptrs = [v.data_ptr() for v in state.cache]
+    for _ in range(3):
+        logits, state = gen.decode_one_token(logits.argmax(-1), state)
+    assert [v.data_ptr() for v in state.cache] == ptrs  # the same buffers, written in place
+    assert state.cache[0].shape() == [3, 4, 64, 16]
+    res = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=12))
+    want = [eager_greedy(loaded.module, p, 12) for p in PROMPTS]
+    assert res.tokens == want and len(set(want[0])) > 3
+    long = gen.generate([[1] * 60], GenerationConfig(max_new_tokens=20))  # the buffer has 64 slots
+    assert long.stop_reason == "max_positions" and len(long.tokens[0]) == 5
+    assert "the shared cache's 64 slots (--max-cache)" in long.message
+
+
+def test_verify_translates_the_contract_and_every_check_passes(shared):
+    loaded, folder, _ = shared
+    report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",))
+    assert report.passed, report.to_markdown()
+    assert all(r.status is True for r in report.results["ort-cpu"].values())
+
+
+@pytest.mark.slow
+def test_genai_greedy_equals_eager_on_a_shared_cache(shared):
+    pytest.importorskip("onnxruntime_genai")
+    from mhaexport.runtime.genai import genai_greedy
+
+    loaded, folder, _ = shared
+    got = genai_greedy(folder, PROMPTS, max_length=24)
+    T = max(len(p) for p in PROMPTS)  # og's max_length counts the padded prompt
+    for p, g in zip(PROMPTS, got):
+        assert g[len(p):] == eager_greedy(loaded.module, p, 24 - T)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,dtype", [("tiny-llama", "float32"), ("tiny", "float16"), ("tiny-llama", "float16")])
+def test_grouped_heads_and_float16_on_a_shared_cache(tmp_path, preset, dtype):
+    from mhaexport.models.loading import load_model
+
+    # float16 keeps the default init: the x10 weights' activations are beyond float16's 1e-2 tolerance either way
+    loaded = _peaked(preset) if dtype == "float32" else load_model(preset)
+    export_onnx(loaded, tmp_path, kv_cache="shared", dtype=dtype)
+    report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",))
+    assert report.passed, report.to_markdown()
+    res = Generator(tmp_path, threads=1).generate(PROMPTS[:2], GenerationConfig(max_new_tokens=8))
+    if dtype == "float32":
+        assert res.tokens == [eager_greedy(loaded.module, p, 8) for p in PROMPTS[:2]]
+
+
+def test_bad_shared_cache_options(tiny, tmp_path):
+    from mhaexport.errors import ExportError
+
+    with pytest.raises(ExportError, match="the ONNX Attention op has no in-place cache"):
+        export_onnx(tiny, tmp_path, kv_cache="shared", attention="onnx")
+    with pytest.raises(ExportError, match="--kv-cache shared needs dynamic axes"):
+        export_onnx(tiny, tmp_path, kv_cache="shared", seq_dynamic=False, seq_len=4)
+    with pytest.raises(ExportError, match=r"--max-cache 500: expected 1..max_positions=128"):
+        export_onnx(tiny, tmp_path, kv_cache="shared", max_cache=500)
+    with pytest.raises(ExportError, match="--max-cache sizes a shared cache"):
+        export_onnx(tiny, tmp_path, max_cache=32)
+    assert not (tmp_path / "model.onnx").exists()
