@@ -4,6 +4,7 @@ providers it really got. Torch-free (numpy and onnxruntime only)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import tempfile
@@ -132,6 +133,9 @@ def provider_unavailable(provider: str) -> str | None:
             _probed[full] = (f"{full} requested; this onnxruntime build ({ort.__version__}) does not have it "
                              f"(available: {', '.join(ort.get_available_providers())})")
         else:
+            if full == CUDA and hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels (torch's)
+                with _stderr_lines(), contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(Exception):
+                    ort.preload_dlls(msvc=False)  # it prints what it cannot find: the probe below says why
             so = ort.SessionOptions()
             so.log_severity_level = 3
             try:
