@@ -91,11 +91,13 @@ class ExportFolder:
 
 
 def lowering_of(ef: ExportFolder) -> str | None:
-    """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16" (None: no ONNX)."""
+    """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16", with " kv=shared"
+    for a shared KV cache (None: no ONNX)."""
     onnx_art = ef.artifacts.get("onnx")
     if onnx_art is None:
         return None
-    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}"
+    shared = " kv=shared" if onnx_art.get("kv_cache") == "shared" else ""
+    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}{shared}"
 
 
 def same_model_folders(folder: str | Path, ef: ExportFolder,

@@ -12,11 +12,15 @@ from mhaexport.dtypes import NAMES as DTYPES
 from mhaexport.errors import ArtifactError, RuntimeInputError
 
 
+SHARED = "shared"  # in --lowerings: the shared KV cache (GroupQueryAttention writing one buffer in place)
+
+
 def parse_lowerings(text: str) -> list[tuple[str, str]]:
-    """"decomposed,onnx,ort:float16" -> [("decomposed", "float32"), ("onnx", "float32"), ("ort", "float16")];
-    RuntimeInputError naming the valid attentions and dtypes for anything else."""
+    """"decomposed,onnx,ort:float16,shared" -> [("decomposed", "float32"), ("onnx", "float32"), ("ort", "float16"),
+    ("shared", "float32")]; RuntimeInputError naming the valid attentions and dtypes for anything else."""
     from mhaexport.exporter.lowering import LOWERINGS
 
+    LOWERINGS = LOWERINGS + (SHARED,)  # noqa: N806 - the names --lowerings takes
     out = []
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -45,7 +49,7 @@ def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir:
         known.setdefault(lowering_of(m), other)
     loaded, out = None, []
     for attention, dtype in wanted:
-        lowering = f"attention={attention} {dtype}"
+        lowering = f"attention=gqa {dtype} kv=shared" if attention == SHARED else f"attention={attention} {dtype}"
         if lowering in known:
             out.append(known[lowering])
             continue
@@ -65,6 +69,9 @@ def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir:
         from mhaexport.exporter.onnx import export_onnx
 
         say(f"exporting {lowering} -> {sub} ...")
-        export_onnx(loaded, sub, attention=attention, dtype=dtype)
+        if attention == SHARED:
+            export_onnx(loaded, sub, dtype=dtype, kv_cache="shared")
+        else:
+            export_onnx(loaded, sub, attention=attention, dtype=dtype)
         out.append(sub)
     return out

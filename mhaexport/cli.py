@@ -287,8 +287,9 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Another ONNX export of the same model (another --attention or --dtype; repeat): adds ORT rows "
                    "labelled by lowering, timed round-robin with the rest, and a table of the lowerings.")
 @click.option("--lowerings", default=None, metavar="ATTENTION[:DTYPE],..",
-              help="Compare these lowerings, e.g. 'decomposed,onnx,ort,ort:float16': those that neither FOLDER "
-                   "nor a --compare folder holds are exported (once) to OUTPUT/lowerings/ATTENTION-DTYPE.")
+              help="Compare these lowerings, e.g. 'decomposed,onnx,ort,ort:float16,shared' ('shared': the shared KV "
+                   "cache): those that neither FOLDER nor a --compare folder holds are exported (once) to "
+                   "OUTPUT/lowerings/ATTENTION-DTYPE.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
