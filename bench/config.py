@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from mhaexport.errors import ConfigError, RuntimeInputError
 from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
 
-# bench's own row besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner)
+# bench's own rows besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner), a bare
+# session.run loop over the folder's ONNX file (what the runtime's loop costs), onnxruntime-genai's generator loop
 EAGER_NOCACHE = "eager-nocache"
-ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
+ORT_BARE = "ort-bare"
+ORT_GENAI = "ort-genai"
+ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA)
 TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)
 ORT_RUNTIMES = (ORT_CPU, ORT_CUDA)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mhaexport.artifact import ExportFolder, same_model_folders
+from mhaexport.bench.config import ORT_RUNTIMES
 
 if TYPE_CHECKING:
     from mhaexport.bench.result import BenchResult
@@ -23,7 +24,8 @@ def compare_lowerings(res: BenchResult) -> list[dict]:
     """The ORT rows side by side, per provider: per-token p50 and its ratio to the fastest row of that provider
     (same run, interleaved), and per-token latency near the prompt and far out (the long runs). The --opt-levels
     variants are left out: they are one lowering at another graph optimization level, not another lowering."""
-    rows = [r for r in res.runtimes if r.ran and r.lowering is not None and r.opt_level is None]
+    rows = [r for r in res.runtimes if r.ran and r.lowering is not None and r.opt_level is None
+            and r.name.split(" [")[0] in ORT_RUNTIMES]  # the runtime's own rows, not the bare or genai loops
     out = []
     for r in rows:
         peers = [x.token_p50_ms for x in rows if x.providers[:1] == r.providers[:1] and x.token_p50_ms]

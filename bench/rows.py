@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mhaexport.artifact import ExportFolder
-from mhaexport.bench.config import EAGER_NOCACHE, ORT_RUNTIMES, BenchConfig
+from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTIMES, BenchConfig
 from mhaexport.artifact import lowering_of
 from mhaexport.bench.result import RuntimeBench
 from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
@@ -137,6 +137,132 @@ class Row:
         rb.per_position_ms = [_ms(statistics.median(r.step_s[i] for r in runs)) for i in range(n)]
 
 
+class BareRow(Row):
+    """A bare loop over the folder's ONNX file, to see what mhaexport's decode loop costs: one InferenceSession on
+    CPU, ``session.run`` with numpy in and out (a shared cache: the buffers bound once and reused, the least IO
+    binding can do), argmax on the last logits — no checks, no sampling, nothing else. Its timings are taken the way
+    the decode loop takes them (a step = run + choosing the token)."""
+
+    def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig) -> None:
+        super().__init__(record, self._load, cfg.repeats)
+        self.folder, self.cfg = folder, cfg
+
+    def _load(self) -> Runner:
+        import onnxruntime as ort
+
+        from mhaexport.runtime.runner import skipped
+        from mhaexport.runtime.session import CPU, start_session
+
+        ef = ExportFolder.open(self.folder, "onnx")
+        entry = ef.entry("onnx")
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = self.cfg.threads, 1, 3
+        self.session = start_session(ef.file("onnx"), [CPU], so)[0]
+        self.contract, self.entry = ef.contract, entry
+        self.kv_dtype = np.float16 if entry.dtype == "float16" else np.float32
+        self.out_names = [o.name for o in self.session.get_outputs()]
+        runner = skipped(self.record.name, ef.contract, "")  # a placeholder the Row keeps: the loop is its own
+        runner.skip_reason, runner.providers = None, list(self.session.get_providers())
+        return runner
+
+    def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
+        from mhaexport import iospec
+
+        c, clock = self.contract, self.clock
+        B, P = prompt.shape
+        layers = c.n_layers
+        res = GenerationResult([[] for _ in range(B)], "max_new_tokens", "", [P] * B)
+        shared = self.entry.get("kv_cache") == "shared"
+        if shared:
+            import onnxruntime as ort
+
+            shape = (B, c.n_kv_heads, int(self.entry.get("max_cache")), c.head_dim)
+            bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in range(2 * layers)]
+            io = self.session.io_binding()
+            io.bind_output(iospec.LOGITS, "cpu")
+            for i in range(layers):
+                for j, (pn, qn) in enumerate(zip(iospec.past_names(i), iospec.present_names(i))):
+                    io.bind_ortvalue_input(pn, bufs[2 * i + j])
+                    io.bind_ortvalue_output(qn, bufs[2 * i + j])
+
+            def run(ids: np.ndarray, mask: np.ndarray, past):
+                io.bind_cpu_input(iospec.INPUT_IDS, ids)
+                io.bind_cpu_input(iospec.ATTENTION_MASK, mask)
+                self.session.run_with_iobinding(io)
+                return io.get_outputs()[0].numpy(), past
+        else:
+            def run(ids: np.ndarray, mask: np.ndarray, past):
+                feed = {iospec.INPUT_IDS: ids, iospec.ATTENTION_MASK: mask, **past}
+                outs = self.session.run(self.out_names, feed)
+                nxt = {iospec.past_names(i)[j]: outs[1 + 2 * i + j] for i in range(layers) for j in range(2)}
+                return outs[0], nxt
+
+        empty = np.zeros((B, c.n_kv_heads, 0, c.head_dim), self.kv_dtype)
+        past = {name: empty for i in range(layers) for name in iospec.past_names(i)}
+        t0 = clock()
+        logits, past = run(prompt, np.ones((B, P), np.int64), past)
+        res.prefill_s = clock() - t0
+        tok = logits[:, -1].argmax(-1)  # (B,)
+        res.first_token_s = clock() - t0
+        for b in range(B):
+            res.tokens[b].append(int(tok[b]))
+        for i in range(1, n):
+            t = clock()
+            logits, past = run(tok.reshape(B, 1).astype(np.int64), np.ones((B, P + i), np.int64), past)
+            tok = logits[:, -1].argmax(-1)
+            res.step_s.append(clock() - t)
+            res.step_positions.append(P + i - 1)
+            for b in range(B):
+                res.tokens[b].append(int(tok[b]))
+        return res
+
+
+class GenAIRow(Row):
+    """onnxruntime-genai's own generator loop over the folder (its genai_config.json): append_tokens is the prefill,
+    each generate_next_token a decode step, timed the same way — the comparison the issue asked to keep in every
+    bench table."""
+
+    def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig) -> None:
+        super().__init__(record, self._load, cfg.repeats)
+        self.folder = folder
+
+    def _load(self) -> Runner:
+        from mhaexport.runtime.genai import import_og
+        from mhaexport.runtime.runner import skipped
+
+        og = import_og()
+        ef = ExportFolder.open(self.folder, "onnx")
+        if "genai_config.json" not in ef.entry("onnx").files:
+            return skipped(self.record.name, ef.contract, f"{self.folder} has no genai_config.json")
+        self.og, self.model = og, og.Model(str(self.folder))
+        runner = skipped(self.record.name, ef.contract, "")
+        runner.skip_reason, runner.providers = None, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()]
+        return runner
+
+    def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
+        og, clock = self.og, self.clock
+        B, P = prompt.shape
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(max_length=P + n, do_sample=False, batch_size=B)
+        gen = og.Generator(self.model, params)
+        res = GenerationResult([[] for _ in range(B)], "max_new_tokens", "", [P] * B)
+        t0 = clock()
+        gen.append_tokens(prompt.astype(np.int32))
+        res.prefill_s = clock() - t0
+        gen.generate_next_token()
+        res.first_token_s = clock() - t0
+        i = 1
+        while not gen.is_done() and i < n:
+            t = clock()
+            gen.generate_next_token()
+            res.step_s.append(clock() - t)
+            res.step_positions.append(P + i - 1)
+            i += 1
+        for b in range(B):
+            res.tokens[b] = [int(x) for x in gen.get_sequence(b)][P:]
+        return res
+
+
 # ---- planning the rows -----------------------------------------------------------------------------------------
 
 def skipped_row(name: str, reason: str, **kw: Any) -> Row:
@@ -220,6 +346,12 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
                 continue  # CUDA is not really present (or nothing to compare with): the folder's own row says why
             for other, m in others:
                 add(Row(ort_record(name, other, lowering_of(m)), _ort_loader(other, provider, cfg), cfg.repeats))
+        elif name in (ORT_BARE, ORT_GENAI):
+            if "onnx" not in arts:
+                add(skipped_row(name, f"no ONNX export in {folder}"))
+            else:
+                cls = BareRow if name == ORT_BARE else GenAIRow
+                add(cls(ort_record(name, folder, own_lowering), folder, cfg))
     if ORT_CPU in names and "onnx" in arts:
         for level in cfg.opt_levels:
             rb = RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level, folder=str(folder))

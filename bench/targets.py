@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from mhaexport.bench.config import EAGER_NOCACHE
+from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE
 from mhaexport.bench.result import BenchResult
 from mhaexport.verify.runners import EAGER, ORT_CPU
 
@@ -77,6 +77,41 @@ class LongRunFigure:
         return None if value is None else Reading(value, f"{self.row} at {pos}", lr.get("spread"))
 
 
+def _cache_row(res: BenchResult, shared: bool):
+    """The ORT CPU row (the folder's own or a --compare one, not an --opt-levels variant) whose export has a shared
+    KV cache (``shared``) or a concat one; the folder's own row first."""
+    for r in res.runtimes:
+        if r.ran and r.lowering and r.opt_level is None and r.name.split(" [")[0] == ORT_CPU and \
+                ("kv=shared" in r.lowering) == shared:
+            return r
+    return None
+
+
+@dataclass(frozen=True)
+class CacheRowFigure:
+    """A field of the ORT CPU row of the shared-cache (``shared``) or the concat-cache export."""
+
+    shared: bool
+    field: str
+
+    def read(self, res: BenchResult) -> Reading | None:
+        r = _cache_row(res, self.shared)
+        value = getattr(r, self.field) if r is not None else None
+        label = "shared cache" if self.shared else "concat cache"
+        return None if value is None else Reading(value, label, r.token_spread)
+
+
+@dataclass(frozen=True)
+class CacheLongRunFigure:
+    """The shared-cache export's ORT CPU long run at ``position`` (None: at the prompt's end)."""
+
+    position: int | None = None
+
+    def read(self, res: BenchResult) -> Reading | None:
+        r = _cache_row(res, True)
+        return None if r is None else LongRunFigure(r.name, self.position).read(res)
+
+
 @dataclass(frozen=True)
 class Target:
     """``numerator / denominator`` must be ``direction`` (at most / at least) ``limit``. ``name`` may hold
@@ -84,8 +119,8 @@ class Target:
     measure it; ``conditions`` are the run settings the limit was set for."""
 
     name: str
-    numerator: RowFigure | FloorFigure | LongRunFigure
-    denominator: RowFigure | FloorFigure | LongRunFigure
+    numerator: Figure
+    denominator: Figure
     limit: float
     direction: str = AT_MOST
     needs: str = ""
@@ -125,7 +160,15 @@ TARGETS: tuple[Target, ...] = (
     Target("ORT CPU per-token p50 / eager-with-cache p50", RowFigure(ORT_CPU, "token_p50_ms"),
            RowFigure(EAGER, "token_p50_ms"), 0.55, needs="needs eager and ort-cpu"),
     Target("ORT CPU per-token p50 / weight-bandwidth floor", RowFigure(ORT_CPU, "token_p50_ms"), FloorFigure(),
-           1.25, needs="needs ort-cpu"),
+           1.15, needs="needs ort-cpu"),
+    Target("ORT CPU per-token p50 / a bare session.run loop's p50 (same file)", RowFigure(ORT_CPU, "token_p50_ms"),
+           RowFigure(ORT_BARE, "token_p50_ms"), 1.05, needs="needs ort-cpu and ort-bare"),
+    Target("shared KV cache per-token latency at position 1000 / at {prompt_len} (ORT CPU)",
+           CacheLongRunFigure(1000), CacheLongRunFigure(), 1.10,
+           needs="needs a shared-cache export (--lowerings ...,shared) and --long >= 1008"),
+    Target("shared / concat KV cache per-token p50 (ORT CPU, {new_tokens} tokens)",
+           CacheRowFigure(True, "token_p50_ms"), CacheRowFigure(False, "token_p50_ms"), 1.0,
+           needs="needs a concat and a shared-cache export of the model (--lowerings decomposed,shared)"),
     Target("ORT CPU per-token latency at position 1000 / at {prompt_len}", LongRunFigure(ORT_CPU, 1000),
            LongRunFigure(ORT_CPU), 1.5, needs="needs --long >= 1008 on a model with max_positions >= 1008"),
     Target("recompute / cached decode time at {new_tokens} new tokens (eager)",

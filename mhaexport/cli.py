@@ -269,7 +269,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="Threads for torch and ONNX Runtime alike.")
 @click.option("--runtimes", default=None, metavar="A,B,..",
-              help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-cuda. "
+              help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
+                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda. "
                    "Default: all.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "

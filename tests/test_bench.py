@@ -54,8 +54,12 @@ def result(tiny_export):
 
 def test_every_runtime_ran_or_says_why(result):
     by = {r.name: r for r in result.runtimes}
-    assert list(by) == ["eager", "eager-nocache", "eager-cuda", "torchscript", "ort-cpu", "ort-cuda"]
-    for name in ("eager", "eager-nocache", "torchscript", "ort-cpu"):
+    assert list(by) == ["eager", "eager-nocache", "eager-cuda", "torchscript", "ort-cpu", "ort-bare", "ort-genai",
+                        "ort-cuda"]
+    genai = ["ort-genai"] if by["ort-genai"].ran else []
+    if not genai:
+        assert "onnxruntime_genai cannot be imported" in by["ort-genai"].reason
+    for name in ["eager", "eager-nocache", "torchscript", "ort-cpu", "ort-bare"] + genai:
         r = by[name]
         assert r.ran is True, (name, r.reason)
         assert r.repeats == (1 if name == "eager-nocache" else 2)
@@ -80,7 +84,7 @@ def test_long_run_bandwidth_floor_and_targets(result):
     assert (result.floor_probe, result.floor_threads) == ("gemv", 1)  # the probe that set it, at BenchConfig.threads
     assert result.floor_ms == pytest.approx(result.weight_bytes_per_token / (result.bandwidth_gbps * 1e9) * 1e3,
                                             rel=1e-3, abs=1e-4)  # floor_ms is rounded to 4 decimals
-    assert len(result.targets) == 4
+    assert len(result.targets) == 7  # every target listed, measured or not
     at1000 = next(t for t in result.targets if "position 1000" in t["target"])
     assert at1000["met"] is None and at1000["measured"] is None  # tiny stops at 128: not measured, never "met"
     assert at1000["verdict"] == "not measured"
@@ -517,3 +521,50 @@ def test_cli_lowerings_reuses_exports_and_rejects_unknown(tiny_export, ort_expor
     bad = CliRunner().invoke(main, ["bench", str(tiny_export), "--lowerings", "ort:float8"])
     assert bad.exit_code == 2 and "--lowerings 'ort:float8': expected ATTENTION[:DTYPE]" in bad.output
     assert parse_lowerings("ort, onnx:float16,ort:float32") == [("ort", "float32"), ("onnx", "float16")]
+
+
+def test_bare_loop_and_genai_rows_generate_the_runtimes_tokens(tiny_export):
+    """The bare session.run loop and onnxruntime-genai's loop decode the same greedy tokens as the runtime's loop:
+    their timings compare like with like."""
+    from mhaexport.bench.rows import BareRow, GenAIRow
+    from mhaexport.runtime import GenerationConfig, Generator
+
+    prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
+    want = Generator(tiny_export, threads=1).generate(prompt, GenerationConfig(max_new_tokens=6)).tokens
+    cfg = BenchConfig(**SMALL)
+    rows = [BareRow(RuntimeBench("ort-bare"), tiny_export, cfg)]
+    try:
+        import onnxruntime_genai  # noqa: F401
+
+        rows.append(GenAIRow(RuntimeBench("ort-genai"), tiny_export, cfg))
+    except ImportError:
+        pass
+    for row in rows:
+        row.activate()
+        assert row.ok, row.record.reason
+        r = row.generate(prompt, 6)
+        assert r.tokens == want, row.record.name
+        assert len(r.step_s) == 5 and r.step_positions == [4, 5, 6, 7, 8] and r.first_token_s >= r.prefill_s
+
+
+def test_shared_cache_targets_read_the_shared_and_concat_rows():
+    from mhaexport.bench.targets import TARGETS
+
+    def row(name, lowering, p50, spread=1.1):
+        return RuntimeBench(name, ran=True, lowering=lowering, token_p50_ms=p50, token_spread=spread,
+                            providers=["CPUExecutionProvider"])
+
+    res = BenchResult("x", {**SMALL, "prompt_len": 32, "new_tokens": 128}, {"spec": "preset:bench"}, {}, 10.0,
+                      fake_probe(2).to_dict(), 50_000_000, 5.0,
+                      [row("ort-cpu", "attention=decomposed float32", 4.0),
+                       row("ort-cpu [attention=gqa float32 kv=shared]", "attention=gqa float32 kv=shared", 3.6),
+                       row("ort-bare", "attention=decomposed float32", 3.9)])
+    res.long_runs = [{"name": "ort-cpu [attention=gqa float32 kv=shared]", "at": {"32": 3.5, "1000": 3.7},
+                      "spread": 1.1}]
+    got = {t["target"]: t for t in evaluate(res, 1.5, TARGETS)}
+    shared = got["shared / concat KV cache per-token p50 (ORT CPU, 128 tokens)"]
+    assert shared["measured"] == pytest.approx(0.9) and shared["met"] is True
+    flat = got["shared KV cache per-token latency at position 1000 / at 32 (ORT CPU)"]
+    assert flat["measured"] == pytest.approx(3.7 / 3.5, abs=1e-3) and flat["met"] is True
+    bare = got["ORT CPU per-token p50 / a bare session.run loop's p50 (same file)"]
+    assert bare["measured"] == pytest.approx(4.0 / 3.9, abs=1e-3) and bare["met"] is True
