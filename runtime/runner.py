@@ -168,16 +168,7 @@ class Runner:
         """One checked call: the contract's (logits, present) as numpy on the host."""
         self._require_active()
         ids, mask, past = self.check_inputs(input_ids, attention_mask, past_key_values)
-        t0 = time.perf_counter()
-        try:
-            out = self.run_impl(ids, mask, past)
-        except MhaExportError:
-            raise
-        except Exception as e:
-            raise RuntimeFailure(f"{self.name} failed at batch={ids.shape[0]} seq={ids.shape[1]} "
-                                 f"past={mask.shape[1] - ids.shape[1]}: {first_line(e)}") from e
-        self.times.append(time.perf_counter() - t0)
-        return out
+        return self._timed(self.run_impl, ids, mask, past)
 
     def empty_cache(self, batch: int) -> Cache:
         """An empty cache (past length 0) in this runner's own form."""
@@ -187,14 +178,19 @@ class Runner:
         """One decode-loop call: (B, T) ids, the (B, past + T) mask, the cache in this runner's form ->
         ((B, T, V) logits on the host, the grown cache). Unchecked beyond what the loop guarantees; timed."""
         self._require_active()
+        return self._timed(self.step_impl, input_ids, attention_mask, cache)
+
+    def _timed(self, impl, ids: np.ndarray, mask: np.ndarray, cache: Any):
+        """Call ``impl(ids, mask, cache)``, timed into ``times``; what the runtime raises becomes RuntimeFailure
+        naming the call's shape (our own errors pass through)."""
         t0 = time.perf_counter()
         try:
-            out = self.step_impl(input_ids, attention_mask, cache)
+            out = impl(ids, mask, cache)
         except MhaExportError:
             raise
         except Exception as e:
-            raise RuntimeFailure(f"{self.name} failed at batch={input_ids.shape[0]} seq={input_ids.shape[1]} "
-                                 f"past={attention_mask.shape[1] - input_ids.shape[1]}: {first_line(e)}") from e
+            raise RuntimeFailure(f"{self.name} failed at batch={ids.shape[0]} seq={ids.shape[1]} "
+                                 f"past={mask.shape[1] - ids.shape[1]}: {first_line(e)}") from e
         self.times.append(time.perf_counter() - t0)
         return out
 

@@ -3,7 +3,6 @@ in the ONNX file only is traced to its block and module."""
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import onnx
@@ -12,8 +11,7 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 from mhaexport.cli import main
-from mhaexport.artifact import atomic_write_json, read_json
-from mhaexport.artifact.files import file_entries
+from planted.edit import rehashed_copy
 from mhaexport.verify.bisect import _module_paths, _scopes, bisect, bisect_onnx
 
 
@@ -79,18 +77,6 @@ def test_planted_bias_bug_is_traced_to_the_linear(tiny_export, tiny):
     assert report.first_divergent.module == "blocks.0.ffn.0"
 
 
-def _rehashed_copy(src, dst, plant) -> None:
-    """A copy of an export folder whose model.onnx is changed and whose manifest vouches for the change (as if the
-    exporter itself had produced the wrong graph)."""
-    shutil.copytree(src, dst)
-    proto = onnx.load(str(dst / "model.onnx"))
-    plant(proto)
-    onnx.save_model(proto, dst / "model.onnx")
-    manifest = read_json(dst / "manifest.json", "manifest")
-    manifest["artifacts"]["onnx"]["files"].update(file_entries(dst, ["model.onnx"]))
-    atomic_write_json(dst / "manifest.json", manifest)
-
-
 def test_cli_verify_bisect(tiny_export, tmp_path):
     runner = CliRunner()
     ok = runner.invoke(main, ["verify", str(tiny_export), "--bisect"])
@@ -98,7 +84,7 @@ def test_cli_verify_bisect(tiny_export, tmp_path):
     assert "no divergence" in ok.stdout
 
     bad = tmp_path / "bad"
-    _rehashed_copy(tiny_export, bad, lambda p: plant_attention_scale_bug(p, block=1))
+    rehashed_copy(tiny_export, bad, lambda p: plant_attention_scale_bug(p, block=1))
     res = runner.invoke(main, ["verify", str(bad), "--bisect"])
     assert res.exit_code == 1, res.output
     assert "culprit in block blocks.1: blocks.1.attn: input agrees" in res.stdout
@@ -154,7 +140,7 @@ def test_fused_attention_keeps_its_scope_and_a_planted_scale_is_traced_to_it(tin
         next(a for a in fused[1].attribute if a.name == "scale").f *= 0.5
         planted["node"] = f"{op_type} {fused[1].name}"
 
-    _rehashed_copy(tiny_lowered[attention], tmp_path / "bad", halve_block_1_scale)
+    rehashed_copy(tiny_lowered[attention], tmp_path / "bad", halve_block_1_scale)
     report = bisect(tmp_path / "bad", tiny)
     assert report.culprit.module == "blocks.1.attn" and report.block == "blocks.1"
     assert report.culprit.input_rel < 1e-5 and report.culprit.rel > 1e-2

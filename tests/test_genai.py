@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -13,25 +12,18 @@ from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.exporter.genai import genai_config
 from mhaexport.runtime.genai import GENAI_CONFIG, genai_greedy, right_pad
-from mhaexport.models.config import PRESETS
-from mhaexport.models.decoder import DecoderLM
-from mhaexport.models.loading import LoadedModel, contract_of
+from planted.edit import peaked as peaked_model
 
 PROMPTS = [[72, 101, 108, 108, 111], [200, 17, 3], [9, 8, 7, 6, 5, 4, 3, 2]]
 
 
 @pytest.fixture(scope="module")
 def peaked(tmp_path_factory):
-    """The tiny decoder with weights scaled x10, so greedy output varies from token to token (the default init's
-    near-uniform logits repeat one token), exported to ONNX with its genai_config.json."""
+    """The tiny decoder with weights scaled x10 (greedy output varies from token to token), exported to ONNX with its
+    genai_config.json."""
     from mhaexport.exporter.onnx import export_onnx
 
-    module = DecoderLM(dataclasses.replace(PRESETS["tiny"], seed=7)).eval()
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() > 1:
-                p.mul_(10)
-    loaded = LoadedModel(module, contract_of(module), spec="test:peaked")
+    loaded = peaked_model("tiny")
     out = tmp_path_factory.mktemp("genai")
     export_onnx(loaded, out)
     return loaded, out
@@ -154,12 +146,8 @@ def test_genai_greedy_equals_eager_on_a_grouped_query_model(tmp_path):
 
     from mhaexport.exporter.onnx import export_onnx
 
-    module = DecoderLM(dataclasses.replace(PRESETS["tiny-llama"], seed=7)).eval()
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() > 1:
-                p.mul_(10)
-    loaded = LoadedModel(module, contract_of(module), spec="test:peaked-llama")
+    loaded = peaked_model("tiny-llama")
+    module = loaded.module
     export_onnx(loaded, tmp_path, attention="onnx")
     cfg = json.loads((tmp_path / GENAI_CONFIG).read_text())["model"]["decoder"]
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (4, 2)

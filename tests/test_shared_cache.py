@@ -4,32 +4,18 @@ onnxruntime-genai runs it with past_present_share_buffer."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-import numpy as np
 import onnx
 import pytest
 import torch
 
 from mhaexport.exporter.onnx import export_onnx
-from mhaexport.models.config import PRESETS
-from mhaexport.models.decoder import DecoderLM
-from mhaexport.models.loading import LoadedModel, contract_of
 from mhaexport.runtime import GenerationConfig, Generator
 from mhaexport.verify import verify_folder
+from planted.edit import peaked
 
 PROMPTS = [[72, 101, 108, 108, 111], [200, 17, 3], [9, 8, 7, 6, 5, 4, 3, 2]]
-
-
-def _peaked(preset: str) -> LoadedModel:
-    """Weights x10, so greedy output varies from token to token (the default init's logits are near-uniform)."""
-    module = DecoderLM(dataclasses.replace(PRESETS[preset], seed=7)).eval()
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() > 1:
-                p.mul_(10)
-    return LoadedModel(module, contract_of(module), spec=f"test:peaked-{preset}")
 
 
 def eager_greedy(module, prompt: list[int], n: int) -> list[int]:
@@ -46,7 +32,7 @@ def eager_greedy(module, prompt: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    loaded = _peaked("tiny")
+    loaded = peaked("tiny")
     folder = tmp_path_factory.mktemp("shared")
     rec = export_onnx(loaded, folder, kv_cache="shared", max_cache=64)
     return loaded, folder, rec
@@ -113,7 +99,7 @@ def test_grouped_heads_and_float16_on_a_shared_cache(tmp_path, preset, dtype):
     from mhaexport.models.loading import load_model
 
     # float16 keeps the default init: the x10 weights' activations are beyond float16's 1e-2 tolerance either way
-    loaded = _peaked(preset) if dtype == "float32" else load_model(preset)
+    loaded = peaked(preset) if dtype == "float32" else load_model(preset)
     export_onnx(loaded, tmp_path, kv_cache="shared", dtype=dtype)
     report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",))
     assert report.passed, report.to_markdown()

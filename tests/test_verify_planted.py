@@ -123,26 +123,20 @@ def test_verify_model_catches_bug_in_every_runtime(bug):
 def test_a_bug_only_in_the_onnx_file_fails_parity(tiny_export, tmp_path):
     """One weight matrix of a block scaled by 1.001 in model.onnx, the manifest re-hashed (as if exported so):
     eager and TorchScript are right, so only the comparison with eager can see it."""
-    import shutil
 
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
-    from mhaexport.artifact import atomic_write_json, read_json
-    from mhaexport.artifact.files import file_entries
+    from planted.edit import rehashed_copy
 
-    folder = tmp_path / "altered"
-    shutil.copytree(tiny_export, folder)
-    proto = onnx.load(str(folder / "model.onnx"))
-    tables = {"lm_head.weight", "tok_emb.weight", "pos_emb.weight"}
-    weight = max((t for t in proto.graph.initializer if len(t.dims) == 2 and t.name not in tables),
-                 key=lambda t: int(np.prod(t.dims)))
-    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(1.001), weight.name))
-    onnx.save_model(proto, folder / "model.onnx")
-    manifest = read_json(folder / "manifest.json", "manifest")
-    manifest["artifacts"]["onnx"]["files"].update(file_entries(folder, ["model.onnx"]))
-    atomic_write_json(folder / "manifest.json", manifest)
+    def scale_a_block_weight(proto: onnx.ModelProto) -> None:
+        tables = {"lm_head.weight", "tok_emb.weight", "pos_emb.weight"}
+        weight = max((t for t in proto.graph.initializer if len(t.dims) == 2 and t.name not in tables),
+                     key=lambda t: int(np.prod(t.dims)))
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(1.001), weight.name))
+
+    folder = rehashed_copy(tiny_export, tmp_path / "altered", scale_a_block_weight)
     res = CliRunner().invoke(main, ["verify", str(folder)])
     assert res.exit_code == 1, res.output
     failed = _failed_checks(res.output)
@@ -157,36 +151,31 @@ def test_a_bug_only_in_the_onnx_file_fails_parity(tiny_export, tmp_path):
 def test_verify_lints_first_and_a_lint_error_fails_the_verdict(tiny_export, tmp_path):
     """The mask fill changed to 0 in the ONNX file only (re-hashed): lint names it (mask-order) before anything
     runs, the report has the lint section, and the verdict fails on it as well as on the runtime checks."""
-    import shutil
 
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
-    from mhaexport.artifact import atomic_write_json, read_json
-    from mhaexport.artifact.files import file_entries
+    from planted.edit import rehashed_copy
 
-    folder = tmp_path / "zero-fill"
-    shutil.copytree(tiny_export, folder)
-    proto = onnx.load(str(folder / "model.onnx"))
-    producer = {o: n for n in proto.graph.node for o in n.output}
     changed = 0
-    for sm in (n for n in proto.graph.node if n.op_type == "Softmax"):
-        where = producer[sm.input[0]]
-        assert where.op_type == "Where"
-        fill = producer.get(where.input[1])
-        if fill is not None and fill.op_type == "Constant":
-            fill.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32)))
+
+    def zero_fill(proto: onnx.ModelProto) -> None:
+        nonlocal changed
+        producer = {o: n for n in proto.graph.node for o in n.output}
+        for sm in (n for n in proto.graph.node if n.op_type == "Softmax"):
+            where = producer[sm.input[0]]
+            assert where.op_type == "Where"
+            fill = producer.get(where.input[1])
+            if fill is not None and fill.op_type == "Constant":
+                fill.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32)))
+            else:
+                init = next(t for t in proto.graph.initializer if t.name == where.input[1])
+                init.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), init.name))
             changed += 1
-        else:
-            init = next(t for t in proto.graph.initializer if t.name == where.input[1])
-            init.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), init.name))
-            changed += 1
+
+    folder = rehashed_copy(tiny_export, tmp_path / "zero-fill", zero_fill)
     assert changed
-    onnx.save_model(proto, folder / "model.onnx")
-    manifest = read_json(folder / "manifest.json", "manifest")
-    manifest["artifacts"]["onnx"]["files"].update(file_entries(folder, ["model.onnx"]))
-    atomic_write_json(folder / "manifest.json", manifest)
     res = CliRunner().invoke(main, ["verify", str(folder)])
     assert res.exit_code == 1, res.output
     failed = _failed_checks(res.output)

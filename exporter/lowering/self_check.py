@@ -42,25 +42,31 @@ def self_check(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.Mod
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"--attention {attention}: ONNX Runtime CPU cannot run the lowered {dtype} graph: "
                           f"{first_line(e)}") from None
-    # padded query rows and padded key slots are not compared (their values are never read; a fused kernel may
-    # fill a fully masked row differently), only checked finite
+    return _compare_real(f"--attention {attention}", "the lowered graph",
+                         list(zip(iospec.output_names(contract.n_layers), ref, got)), pad, past, dtype)
+
+
+def _compare_real(what: str, graph: str, outputs: list[tuple[str, np.ndarray, np.ndarray]], pad: list[int],
+                  past: int, dtype: str) -> float:
+    """(name, reference, lowered) per output at the self-check's shapes (row 1 left-padded by pad[1]): the lowered
+    outputs finite everywhere and within tolerance at real positions (padded query rows and key slots are never
+    read; a fused kernel may fill them differently). Returns the largest |difference|; ExportError otherwise."""
+    seq = outputs[0][1].shape[1]  # logits (B, T, V)
     keys = np.ones((2, past + seq), dtype=bool)  # (B, past + T)
     keys[1, :pad[1]] = False
     worst = 0.0
-    for name, r, g in zip(iospec.output_names(contract.n_layers), ref, got):
-        sel = keys[:, past:, None] if name == iospec.LOGITS else keys[:, None, :, None]
+    for name, r, g in outputs:
         if r.shape != g.shape:
-            raise ExportError(f"--attention {attention}: output {name} has shape {g.shape} after the rewrite, "
-                              f"{r.shape} before")
-        sel = np.broadcast_to(sel, r.shape)
-        r32, g32 = r.astype(np.float32)[sel], g.astype(np.float32)[sel]
+            raise ExportError(f"{what}: output {name} has shape {g.shape} after the rewrite, {r.shape} before")
         if not np.isfinite(g.astype(np.float32)).all():
-            raise ExportError(f"--attention {attention}: output {name} of the lowered graph holds NaN/inf")
+            raise ExportError(f"{what}: output {name} of {graph} holds NaN/inf")
+        sel = np.broadcast_to(keys[:, past:, None] if name == iospec.LOGITS else keys[:, None, :, None], r.shape)
+        r32, g32 = r.astype(np.float32)[sel], g.astype(np.float32)[sel]
         diff = float(np.abs(r32 - g32).max()) if r32.size else 0.0
         tol = SELF_CHECK_TOL[dtype] * (1.0 + float(np.abs(r32).max() if r32.size else 0.0))
         if diff > tol:
-            raise ExportError(f"--attention {attention}: the lowered graph differs from the decomposed one on "
-                              f"{name} by {diff:.3g} (tolerance {tol:.3g}): the rewrite is wrong for this model")
+            raise ExportError(f"{what}: {graph} differs from the decomposed one on {name} by {diff:.3g} "
+                              f"(tolerance {tol:.3g}): the rewrite is wrong for this model")
         worst = max(worst, diff)
     return worst
 
@@ -87,20 +93,8 @@ def self_check_shared(decomposed: bytes, lowered: onnx.ModelProto, contract: ios
     except MhaExportError as e:
         raise ExportError(f"--kv-cache shared: ONNX Runtime CPU cannot run the lowered {dtype} graph: "
                           f"{first_line(e)}") from None
-    keys = mask.astype(bool)  # (B, past + T)
-    worst = 0.0
-    pairs = [(iospec.LOGITS, r[0], g[0], keys[:, past:, None])]
-    pairs += [(f"present.{i // 2}.{'key' if i % 2 == 0 else 'value'}", rk, gk, keys[:, None, :, None])
-              for i, (rk, gk) in enumerate((t for a, b in zip(r[1], g[1]) for t in zip(a, b)))]
-    for name, a, b, sel in pairs:
-        sel = np.broadcast_to(sel, a.shape)
-        a32, b32 = a.astype(np.float32)[sel], b.astype(np.float32)[sel]
-        if not np.isfinite(b32).all():
-            raise ExportError(f"--kv-cache shared: output {name} of the lowered graph holds NaN/inf")
-        diff = float(np.abs(a32 - b32).max()) if a32.size else 0.0
-        tol = SELF_CHECK_TOL[dtype] * (1.0 + float(np.abs(a32).max() if a32.size else 0.0))
-        if diff > tol:
-            raise ExportError(f"--kv-cache shared: the GroupQueryAttention graph differs from the decomposed one on "
-                              f"{name} by {diff:.3g} (tolerance {tol:.3g}): the rewrite is wrong for this model")
-        worst = max(worst, diff)
-    return worst
+    def flat(out) -> list[np.ndarray]:  # logits, then present.* in output_names order
+        return [out[0]] + [t for kv in out[1] for t in kv]
+
+    return _compare_real("--kv-cache shared", "the GroupQueryAttention graph",
+                         list(zip(iospec.output_names(contract.n_layers), flat(r), flat(g))), pad, past, dtype)
