@@ -82,13 +82,15 @@ def captured_warnings() -> Iterator[list[str]]:
 
 def finish(loaded: LoadedModel, staged: Staging, *, fmt: str, main_file: str, files: list[str], dtype: str,
            details: dict, started: float, warns: list[str], seq_dynamic: bool = True,
-           static_sizes: tuple[int, int] | None = None, owned: tuple[str, ...] = ()) -> ExportRecord:
-    """Publish the staged ``files`` (``main_file`` first) and record the artifact with its own I/O schema and dtype."""
+           static_sizes: tuple[int, int] | None = None, owned: tuple[str, ...] = (),
+           io: dict | None = None) -> ExportRecord:
+    """Publish the staged ``files`` (``main_file`` first) and record the artifact with its own I/O schema (``io``;
+    default: the decoder contract's) and dtype."""
     from mhaexport import iospec
 
     entry = ArtifactEntry(
         format=fmt, file=main_file, dtype=dtype,
-        io=io_schema(loaded.contract, dtype, seq_dynamic=seq_dynamic, sizes=static_sizes),
+        io=io if io is not None else io_schema(loaded.contract, dtype, seq_dynamic=seq_dynamic, sizes=static_sizes),
         seq_dynamic=seq_dynamic,
         static_sizes=None if static_sizes is None else {iospec.SEQ: static_sizes[0], iospec.PAST: static_sizes[1],
                                                         iospec.TOTAL: sum(static_sizes)},
