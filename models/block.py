@@ -54,6 +54,7 @@ class AttentionBlock(nn.Module):
 
 
 def contract_of_block(block: AttentionBlock, max_positions: int) -> ModuleContract:
+    """The module contract of ``block``; ``max_positions``: the context length of the model it comes from."""
     a = block.attn
     return ModuleContract(d_model=a.d_model, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, mask=block.mask,
                           max_positions=max_positions)

@@ -31,7 +31,7 @@ from mhaexport.iospec import ModuleContract
 from mhaexport.verify.checks import MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, compare
 from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
                                              module_ort_runner)
-from mhaexport.verify.report import RuntimeInfo, VerifyReport
+from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT, skipped
 from mhaexport.verify.sweep import Case, build_sweep
 
