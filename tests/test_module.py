@@ -203,8 +203,10 @@ def test_bidirectional_export_verifies_and_causality_is_not_applicable(tmp_path)
     assert "⏭ n/a" in report.to_markdown()
 
 
-@pytest.mark.parametrize("bug, why", [(_NoMask, "position 1 attends to position 3, a future position"),
-                                      (_AfterSoftmax, "the mask is applied after softmax")])
+@pytest.mark.parametrize("bug, why", [
+    (_NoMask, "position 1 attends to position 3, a future position"),
+    pytest.param(_AfterSoftmax, "the mask is applied after softmax", marks=pytest.mark.slow),
+])
 def test_demonstration_fails_on_a_planted_bug(bug, why, tmp_path):
     loaded = _planted(bug)
     export_module_torchscript(loaded, tmp_path)
