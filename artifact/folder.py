@@ -68,7 +68,18 @@ class ExportFolder:
 
     @property
     def contract(self) -> ModelContract:
-        return self.manifest.model.contract
+        """The decoder contract. ArtifactError for an export of a module on its own (``--module attention``): every
+        reader but verify (generate, bench, lint, bisect, the deploy runtime) runs decoders only."""
+        contract = self.manifest.model.contract
+        if not isinstance(contract, ModelContract):
+            raise ArtifactError(f"{self.path} holds the {contract.kind} block on its own (`--module {contract.kind}`),"
+                                " not a decoder: only `mhaexport verify` reads such a folder")
+        return contract
+
+    @property
+    def module(self) -> str | None:
+        """The module exported on its own ("attention"), or None for a decoder."""
+        return self.manifest.model.module
 
     @property
     def artifacts(self) -> dict[str, ArtifactEntry]:

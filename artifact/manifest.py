@@ -25,7 +25,7 @@ from typing import Any
 
 from mhaexport.artifact import schema
 from mhaexport.errors import ArtifactError
-from mhaexport.iospec import ModelContract
+from mhaexport.iospec import Contract, ModuleContract, contract_from_dict
 
 KIND = "manifest"
 VERSION = 2
@@ -33,7 +33,7 @@ READABLE = (1, 2)
 FILENAME = "manifest.json"
 
 
-def fingerprint_of(contract: ModelContract, weights_sha256: str | None, config: dict | None = None) -> str:
+def fingerprint_of(contract: Contract, weights_sha256: str | None, config: dict | None = None) -> str:
     """The model's identity: its contract and the sha256 of its weights (and, without weights, its config)."""
     key = {"contract": contract.to_dict(), "weights_sha256": weights_sha256,
            "config": None if weights_sha256 else config}
@@ -51,7 +51,7 @@ class ModelRecord:
     """The model an export folder was made from."""
 
     spec: str  # shown to people: "preset:small", "config:big", "factory:user_decoder.py:build"
-    contract: ModelContract
+    contract: Contract  # the decoder's ModelContract, or a ModuleContract for ``--module attention``
     fingerprint: str
     source: dict = field(default_factory=dict)  # how to rebuild it; paths relative to the export folder
     config: dict | None = None  # the built-in decoder's DecoderConfig fields
@@ -64,6 +64,11 @@ class ModelRecord:
     _KNOWN = ("spec", "contract", "fingerprint", "source", "config", "checkpoint", "checkpoint_sha256",
               "weights_sha256")
 
+    @property
+    def module(self) -> str | None:
+        """The module exported on its own ("attention"), or None for a decoder."""
+        return self.contract.kind if isinstance(self.contract, ModuleContract) else None
+
     def to_dict(self) -> dict:
         out = {"spec": self.spec, "contract": self.contract.to_dict(), "config": self.config, "source": self.source,
                "checkpoint": self.checkpoint, "checkpoint_sha256": self.checkpoint_sha256,
@@ -73,7 +78,7 @@ class ModelRecord:
     @classmethod
     def from_dict(cls, data: dict) -> ModelRecord:
         try:
-            contract = ModelContract.from_dict(data["contract"])
+            contract = contract_from_dict(data["contract"])
             return cls(spec=str(data["spec"]), contract=contract, fingerprint=str(data["fingerprint"]),
                        source=dict(data.get("source") or {}), config=data.get("config"),
                        checkpoint=data.get("checkpoint"), checkpoint_sha256=data.get("checkpoint_sha256"),

@@ -82,15 +82,16 @@ def captured_warnings() -> Iterator[list[str]]:
 
 def finish(loaded: LoadedModel, staged: Staging, *, fmt: str, main_file: str, files: list[str], dtype: str,
            details: dict, started: float, warns: list[str], seq_dynamic: bool = True,
-           static_sizes: tuple[int, int] | None = None, owned: tuple[str, ...] = ()) -> ExportRecord:
-    """Publish the staged ``files`` (``main_file`` first) and record the artifact with its own I/O schema and dtype
-    (``details["kv_cache"]`` shapes the cache's entries)."""
+           static_sizes: tuple[int, int] | None = None, owned: tuple[str, ...] = (),
+           io: dict | None = None) -> ExportRecord:
+    """Publish the staged ``files`` (``main_file`` first) and record the artifact with its own I/O schema (``io``;
+    default: the decoder contract's, ``details["kv_cache"]`` shaping the cache's entries) and dtype."""
     from mhaexport import iospec
 
     entry = ArtifactEntry(
         format=fmt, file=main_file, dtype=dtype,
-        io=io_schema(loaded.contract, dtype, seq_dynamic=seq_dynamic, sizes=static_sizes,
-                     kv_cache=details.get("kv_cache", "concat")),
+        io=io if io is not None else io_schema(loaded.contract, dtype, seq_dynamic=seq_dynamic, sizes=static_sizes,
+                                               kv_cache=details.get("kv_cache", "concat")),
         seq_dynamic=seq_dynamic,
         static_sizes=None if static_sizes is None else {iospec.SEQ: static_sizes[0], iospec.PAST: static_sizes[1],
                                                         iospec.TOTAL: sum(static_sizes)},

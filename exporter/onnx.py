@@ -40,13 +40,10 @@ def dynamic_shapes(n_layers: int, seq_dynamic: bool) -> tuple:
     return spec(iospec.INPUT_IDS), spec(iospec.ATTENTION_MASK), past
 
 
-def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dynamic: bool) -> None:
-    """Refuse a graph whose sequence axes came out fixed, then give present.* outputs the contract's dim name
-    (the exporter writes 'past_sequence_length + sequence_length')."""
-    if not seq_dynamic:
-        return
+def refuse_fixed_axes(model: onnx.ModelProto, dynamic_axes: dict[str, dict[int, str]]) -> None:
+    """ExportError when an input axis of ``dynamic_axes`` ({input: {axis: dim name}}) came out a fixed number."""
     inputs = {i.name: i for i in model.graph.input}
-    for name, axes in iospec.dynamic_input_axes(contract.n_layers).items():
+    for name, axes in dynamic_axes.items():
         for axis, dim_name in axes.items():
             dim = inputs[name].type.tensor_type.shape.dim[axis]
             if not dim.dim_param:
@@ -54,6 +51,14 @@ def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dy
                     f"the dynamic axis {dim_name!r} ({name} axis {axis}) came out fixed at {dim.dim_value}: the "
                     "model uses that length as a constant (e.g. a mask or buffer of fixed size), so the file would "
                     "only run at the export's example length; build the mask from the input shapes")
+
+
+def _name_io_dims(model: onnx.ModelProto, contract: iospec.ModelContract, seq_dynamic: bool) -> None:
+    """Refuse a graph whose sequence axes came out fixed, then give present.* outputs the contract's dim name
+    (the exporter writes 'past_sequence_length + sequence_length')."""
+    if not seq_dynamic:
+        return
+    refuse_fixed_axes(model, iospec.dynamic_input_axes(contract.n_layers))
     for out in model.graph.output:
         if out.name.startswith("present."):
             dim = out.type.tensor_type.shape.dim[2]

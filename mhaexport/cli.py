@@ -69,6 +69,48 @@ def model_options(f):
     return wrapper
 
 
+def module_options(f):
+    """--module / --mask: export a module on its own (the article's attention block) instead of the decoder."""
+
+    @click.option("--module", "module", type=click.Choice(["attention"]), default=None,
+                  help="Export the built-in MultiHeadAttention block on its own (inputs x, past_key, past_value; "
+                       "outputs output, present_key, present_value, attention_weights), with the weights of "
+                       "--config's blocks.0.attn. Default: the whole decoder.")
+    @click.option("--mask", type=click.Choice(["causal", "none"]), default=None,
+                  help="With --module attention: causal (built at run time from the shapes; the default) or none "
+                       "(bidirectional).")
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+def _check_module_args(module: str | None, mask: str | None, model: str | None, **refused) -> None:
+    """Usage errors of --module / --mask, before any work: --mask needs --module; a module is the built-in block
+    (no --model), exported with dynamic axes, decomposed attention, float32 (``refused``: option -> (value, its
+    default))."""
+    if module is None:
+        if mask is not None:
+            raise click.BadParameter("--mask applies to --module attention (the decoder's mask is causal, with "
+                                     "padding from attention_mask)", param_hint="--mask")
+        return
+    if model is not None:
+        raise click.BadParameter(f"--module {module} exports the built-in block from --config; --model is a user "
+                                 "decoder", param_hint="--model")
+    for option, (value, default) in refused.items():
+        if value != default:
+            raise click.BadParameter(f"--module {module} is exported with dynamic axes, decomposed attention and "
+                                     f"float32; {option} {value} does not apply", param_hint=option)
+
+
+def _load_block(mask: str | None, config: str | None, checkpoint: str | None):
+    """The built-in attention block of ``config`` (its blocks.0.attn weights) with ``mask`` (default causal)."""
+    from mhaexport.models.block import load_block
+
+    return load_block(config, checkpoint, mask=mask or "causal")
+
+
 def _load(config: str | None, model: str | None, checkpoint: str | None):
     from mhaexport.models.loading import load_model
 
@@ -136,6 +178,7 @@ def lowering_options(f):
 
 @main.command("onnx")
 @model_options
+@module_options
 @click.option("--seq-dynamic/--seq-static", default=True, show_default=True,
               help="Dynamic batch/sequence/past axes (the causal mask is computed in the graph), or fixed ones.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="With --seq-static: the fixed sequence length.")
@@ -150,9 +193,22 @@ def lowering_options(f):
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
-def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, attention, dtype, kv_cache, max_cache,
-             output) -> None:
-    """Export to ONNX with torch.onnx's dynamo exporter."""
+def onnx_cmd(config, model, checkpoint, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
+             kv_cache, max_cache, output) -> None:
+    """Export to ONNX with torch.onnx's dynamo exporter (the decoder, or with --module attention the MHA block on
+    its own)."""
+    _check_module_args(module, mask, model, **{"--seq-static": (not seq_dynamic, False),
+                                               "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
+                                               "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)})
+    if module is not None:
+        from mhaexport.exporter.module import export_module_onnx
+
+        _writable(output)
+        loaded = _load_block(mask, config, checkpoint)
+        click.echo(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to ONNX (opset "
+                   f"{_default_opset('decomposed', opset)}, dynamic axes, mask {loaded.contract.mask}) ...", err=True)
+        _show_record(export_module_onnx(loaded, output, opset=opset))
+        return
     if not seq_dynamic and seq_len is None:
         raise click.BadParameter("--seq-static needs --seq-len N", param_hint="--seq-len")
     if attention == "onnx" and opset is not None and opset < 23:
@@ -182,14 +238,26 @@ def onnx_cmd(config, model, checkpoint, seq_dynamic, seq_len, past_len, opset, a
 
 @main.command("torchscript")
 @model_options
+@module_options
 @click.option("--mode", type=click.Choice(["trace", "script"]), default="trace", show_default=True,
               help="torch.jit.trace (any model under the contract) or torch.jit.script (where the model allows).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/torchscript",
               show_default=True, help="Export folder (model.pt + manifest.json).")
-def torchscript_cmd(config, model, checkpoint, mode, output) -> None:
-    """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values)."""
+def torchscript_cmd(config, model, checkpoint, module, mask, mode, output) -> None:
+    """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values) — or, with --module
+    attention, the MHA block on its own, called as m(x, past_key, past_value)."""
     from mhaexport.exporter.torchscript import export_torchscript
 
+    _check_module_args(module, mask, model)
+    if module is not None:
+        from mhaexport.exporter.module import export_module_torchscript
+
+        _writable(output)
+        loaded = _load_block(mask, config, checkpoint)
+        click.echo(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to TorchScript "
+                   f"(torch.jit.{mode}, mask {loaded.contract.mask}) ...", err=True)
+        _show_record(export_module_torchscript(loaded, output, mode=mode))
+        return
     _writable(output)
     loaded = _load(config, model, checkpoint)
     click.echo(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...", err=True)
@@ -358,7 +426,8 @@ def verify_options(f):
                   help="Relative tolerance, likewise (default by dtype: float32 1e-3, float16 1e-2).")
     @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
                   help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, and on request "
-                       "eager-cuda, onnx-reference. Default: eager, torchscript, ort-cpu, ort-cuda.")
+                       "eager-cuda, onnx-reference. Default: eager, torchscript, ort-cpu, ort-cuda. An attention "
+                       "block (--module attention) adds torch-mha: torch's own attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
     @functools.wraps(f)
@@ -446,7 +515,9 @@ def verify_cmd(folder, config, model, checkpoint, sweep, seed, atol, rtol, runti
     --model/--config/--checkpoint re-points the folder at its model (accepted when it is the same model: the
     fingerprints of contract and weights match).
 
-    Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation.
+    Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation; for an
+    attention block on its own (--module attention): parity (against eager and torch's own attention), finite,
+    causality, cache-consistency, demonstration.
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     import tempfile
 

@@ -145,6 +145,125 @@ def dummy_inputs(contract: ModelContract, batch: int, seq: int, past: int, *, se
     return ids, mask, cache
 
 
+# ---- the attention block on its own (``mhaexport onnx --module attention``): a second, small contract ----------------
+#
+# inputs  x           float [batch, sequence_length, d_model]
+#         past_key    float [batch, n_kv_heads, past_sequence_length, head_dim]   (length 0 allowed)
+#         past_value  float [batch, n_kv_heads, past_sequence_length, head_dim]
+# outputs output             float [batch, sequence_length, d_model]
+#         present_key        float [batch, n_kv_heads, total_sequence_length, head_dim]
+#         present_value      float [batch, n_kv_heads, total_sequence_length, head_dim]
+#         attention_weights  float [batch, n_heads, sequence_length, total_sequence_length]
+
+MODULE_ATTENTION = "attention"
+MODULES = (MODULE_ATTENTION,)
+MASKS = ("causal", "none")  # causal: built at run time from the shapes (past offset); none: bidirectional
+
+X = "x"
+PAST_KEY, PAST_VALUE = "past_key", "past_value"
+OUTPUT = "output"
+PRESENT_KEY, PRESENT_VALUE = "present_key", "present_value"
+ATTENTION_WEIGHTS = "attention_weights"
+MODULE_INPUTS = (X, PAST_KEY, PAST_VALUE)
+MODULE_OUTPUTS = (OUTPUT, PRESENT_KEY, PRESENT_VALUE, ATTENTION_WEIGHTS)
+
+
+def module_dynamic_input_axes() -> dict[str, dict[int, str]]:
+    """The block's dynamic input axes: {input name: {axis: dim name}} (the exporter's Dims and its fixed-axis
+    refusal, verify's baked-axis report)."""
+    return {X: {0: BATCH, 1: SEQ}, PAST_KEY: {0: BATCH, 2: PAST}, PAST_VALUE: {0: BATCH, 2: PAST}}
+
+
+def module_output_axes() -> dict[str, dict[int, str]]:
+    """The block's output axes that grow with the cache: named ``total_sequence_length`` in the graph."""
+    return {PRESENT_KEY: {2: TOTAL}, PRESENT_VALUE: {2: TOTAL}, ATTENTION_WEIGHTS: {3: TOTAL}}
+
+
+@dataclass(frozen=True)
+class ModuleContract:
+    """What the attention block on its own takes and gives (``kind`` "attention"): its widths and its mask.
+
+    Recorded as the model record's contract of an ``--module attention`` export (``{"kind": "attention", ...}``;
+    a decoder's contract has no ``kind``). ``max_positions`` is the context length of the model the block was
+    taken from: the longest past + seq verify sweeps; the block itself has no position limit.
+    """
+
+    d_model: int
+    n_heads: int
+    mask: str  # "causal" | "none"
+    max_positions: int
+    n_kv_heads: int | None = None  # None: n_heads (multi-head attention)
+    kind: str = MODULE_ATTENTION
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("d_model", "n_heads", "mask", "max_positions")
+
+    def __post_init__(self) -> None:
+        from mhaexport.errors import ConfigError
+
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.kind not in MODULES:
+            raise ConfigError(f"module {self.kind!r}: expected one of {', '.join(MODULES)}")
+        if self.mask not in MASKS:
+            raise ConfigError(f"--mask {self.mask!r}: expected one of {', '.join(MASKS)}")
+        if self.d_model % self.n_heads or self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}: "
+                              "d_model must split into n_heads heads, each key/value head serving n_heads / "
+                              "n_kv_heads of them")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def causal(self) -> bool:
+        return self.mask == "causal"
+
+    @property
+    def grouped(self) -> bool:
+        return self.n_kv_heads != self.n_heads
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "d_model": self.d_model, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                "head_dim": self.head_dim, "mask": self.mask, "max_positions": self.max_positions}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModuleContract:
+        return cls(d_model=int(data["d_model"]), n_heads=int(data["n_heads"]), mask=str(data["mask"]),
+                   max_positions=int(data["max_positions"]), n_kv_heads=int(data["n_kv_heads"]),
+                   kind=str(data["kind"]))
+
+
+Contract = ModelContract | ModuleContract  # what an export folder's model record holds
+
+
+def contract_from_dict(data: dict) -> Contract:
+    """A recorded contract: a module's (it has ``kind``) or the decoder's."""
+    return ModuleContract.from_dict(data) if "kind" in data else ModelContract.from_dict(data)
+
+
+def module_io_schema(contract: ModuleContract, dtype: str = "float32") -> dict:
+    """Names, element types and symbolic shapes of the block's inputs and outputs (per artifact in the manifest)."""
+    kv_past = [BATCH, contract.n_kv_heads, PAST, contract.head_dim]
+    kv_present = [BATCH, contract.n_kv_heads, TOTAL, contract.head_dim]
+    return {"inputs": {X: {"dtype": dtype, "shape": [BATCH, SEQ, contract.d_model]},
+                       PAST_KEY: {"dtype": dtype, "shape": list(kv_past)},
+                       PAST_VALUE: {"dtype": dtype, "shape": list(kv_past)}},
+            "outputs": {OUTPUT: {"dtype": dtype, "shape": [BATCH, SEQ, contract.d_model]},
+                        PRESENT_KEY: {"dtype": dtype, "shape": list(kv_present)},
+                        PRESENT_VALUE: {"dtype": dtype, "shape": list(kv_present)},
+                        ATTENTION_WEIGHTS: {"dtype": dtype, "shape": [BATCH, contract.n_heads, SEQ, TOTAL]}}}
+
+
+def dummy_module_inputs(contract: ModuleContract, batch: int, seq: int, past: int, *, seed: int = 0,
+                        dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded inputs of the block, as numpy: x (B, T, d_model), past_key and past_value (B, H_kv, past, D)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, seq, contract.d_model)).astype(dtype)  # (B, T, d_model)
+    shape = (batch, contract.n_kv_heads, past, contract.head_dim)  # (B, H_kv, past, D)
+    return x, rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+
+
 def make_feed(input_ids, attention_mask, past_key_values) -> dict:
     """Name the contract's inputs for an ONNX Runtime session: arrays in, {name: array} out (no conversion)."""
     feed = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}

@@ -94,15 +94,26 @@ class MultiHeadAttention(nn.Module):
         rep = self.n_heads // self.n_kv_heads
         return x if rep == 1 else x.repeat_interleave(rep, dim=1)
 
-    def attend(self, scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """Attention weights: masked scores, the mask applied BEFORE softmax (the step the classic bugs get wrong)."""
-        scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))  # (B, H, T, S)
+    def attend(self, scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """Attention weights: masked scores, the mask applied BEFORE softmax (the step the classic bugs get wrong).
+        ``allowed`` None: every key is allowed (bidirectional attention)."""
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))  # (B, H, T, S)
         return F.softmax(scores, dim=-1)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None = None,
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor | None, past: KV | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, KV]:
-        """x: (B, T, d_model); allowed: bool (B|1, 1, T, past + T); past: (B, H_kv, past, D) pair;
-        rope: (cos, sin), each (B, 1, T, D), or None."""
+        """x: (B, T, d_model); allowed: bool (B|1, 1, T, past + T), or None for no mask; past: (B, H_kv, past, D)
+        pair; rope: (cos, sin), each (B, 1, T, D), or None. Returns the output and the (key, value) cache."""
+        out, present, _ = self.forward_with_weights(x, allowed, past, rope)
+        return out, present
+
+    def forward_with_weights(self, x: torch.Tensor, allowed: torch.Tensor | None, past: KV | None = None,
+                             rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                             ) -> tuple[torch.Tensor, KV, torch.Tensor]:
+        """:meth:`forward`, also returning the attention weights (B, H, T, past + T): softmax over the keys, the
+        article's demonstration (what position t attends to). The decoder drops them; the block on its own
+        (``models/block.py``) returns them."""
         B, T, _ = x.shape
         q = self.split_heads(self.W_q(x))  # (B, H, T, D)
         k = self.split_heads(self.W_k(x), self.n_kv_heads)  # (B, H_kv, T, D)
@@ -118,4 +129,4 @@ class MultiHeadAttention(nn.Module):
         weights = self.attend(scores, allowed)  # (B, H, T, S)
         out = weights @ self.repeat_kv(v)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model): heads concatenated
-        return self.W_o(out), (k, v)
+        return self.W_o(out), (k, v), weights

@@ -22,7 +22,7 @@ from torch import nn
 
 from mhaexport.artifact import ExportFolder, ModelRecord, fingerprint_of, legacy_fingerprint, sha256_file
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ModelLoadError, first_line
-from mhaexport.iospec import ModelContract
+from mhaexport.iospec import ModelContract, ModuleContract
 from mhaexport.models.config import PRESETS, DecoderConfig, load_config
 from mhaexport.models.decoder import DecoderLM
 
@@ -31,10 +31,11 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 @dataclass
 class LoadedModel:
-    """A model under the decoder contract, and where it came from (recorded in manifests and reports)."""
+    """A model under the decoder contract (or, from ``models/block.py``, the attention block under the module
+    contract), and where it came from (recorded in manifests and reports)."""
 
     module: nn.Module
-    contract: ModelContract
+    contract: ModelContract | ModuleContract
     spec: str  # shown to people: "preset:small", "config:big.json", "factory:pkg.mod:fn"
     config: DecoderConfig | None = None  # the built-in model's config; None for a user factory
     checkpoint: str | None = None  # "shipped:small.pt", the checkpoint path as given, or None
@@ -296,6 +297,9 @@ def load_recorded(folder: ExportFolder) -> LoadedModel:
     to the folder) and check that it is the same model (fingerprint). ArtifactError says how to re-point it
     (``--model`` / ``--config`` / ``--checkpoint``) when the source cannot be found or no longer matches."""
     record = folder.model
+    if record.module is not None:  # the block on its own: models.block.load_recorded_block rebuilds it
+        raise ArtifactError(f"{folder.path} holds the {record.module} block on its own (`--module "
+                            f"{record.module}`), not a decoder: only `mhaexport verify` reads such a folder")
     if record.legacy:
         return _load_legacy(record)
     src = record.source

@@ -23,7 +23,7 @@ import numpy as np
 
 from mhaexport import dtypes
 from mhaexport.errors import MhaExportError, ProviderUnavailable, RuntimeFailure, RuntimeInputError, first_line
-from mhaexport.iospec import ModelContract
+from mhaexport.iospec import Contract
 
 KVPairs = tuple[tuple[np.ndarray, np.ndarray], ...]
 Outputs = tuple[np.ndarray, KVPairs]  # (logits (B, T, V), present: n_layers x (key, value) (B, H, S, D))
@@ -33,11 +33,12 @@ Cache = Any  # a runner's own form of the KV cache between decode steps
 class Runner:
     """Base runner: activate / run / step / deactivate with contract checks and timing in one place.
 
-    ``dtype``: the artifact's float dtype (the KV cache it takes). ``fixed``: for a static export, the only
+    ``contract``: the decoder's, which :meth:`check_inputs` checks; a runner of the attention block on its own
+    (verify's ``ModuleRunner``) overrides that hook for its own contract and inputs. ``dtype``: the artifact's float dtype (the KV cache it takes). ``fixed``: for a static export, the only
     (sequence_length, past_sequence_length) it accepts.
     """
 
-    def __init__(self, name: str, contract: ModelContract, *, dtype: str = "float32",
+    def __init__(self, name: str, contract: Contract, *, dtype: str = "float32",
                  fixed: tuple[int, int] | None = None, skip_reason: str | None = None) -> None:
         self.name = name
         self.contract = contract
@@ -152,8 +153,11 @@ class Runner:
             out.append(np.ascontiguousarray(t, dtype=np_dtype))
         return tuple((out[2 * i], out[2 * i + 1]) for i in range(c.n_layers))
 
-    def check_inputs(self, input_ids: Any, attention_mask: Any, past_key_values: Any
+    def check_inputs(self, input_ids: Any, attention_mask: Any, past_key_values: Any = None
                      ) -> tuple[np.ndarray, np.ndarray, KVPairs]:
+        """The hook :meth:`run` checks its inputs with: the decoder contract's here (a runner of another contract,
+        e.g. verify's attention-block runners, overrides it and :meth:`describe_inputs`). Returns the inputs as
+        ``run_impl`` takes them, or raises RuntimeInputError."""
         ids = to_numpy(input_ids)
         P = _past_len(past_key_values)
         ids, mask = self.check_ids_mask(ids, attention_mask, P)
@@ -164,11 +168,17 @@ class Runner:
         return ids, mask, past
 
     # ---- running --------------------------------------------------------------------------------------------
-    def run(self, input_ids: Any, attention_mask: Any, past_key_values: Any = None) -> Outputs:
-        """One checked call: the contract's (logits, present) as numpy on the host."""
+    def describe_inputs(self, checked: tuple) -> str:
+        """Checked inputs as a failure message names them: "batch=2 seq=3 past=5"."""
+        ids, mask = checked[0], checked[1]
+        return f"batch={ids.shape[0]} seq={ids.shape[1]} past={mask.shape[1] - ids.shape[1]}"
+
+    def run(self, *inputs: Any) -> Any:
+        """One checked call on the contract's inputs — (input_ids, attention_mask, past_key_values=None) for the
+        decoder — returning its outputs as numpy on the host: (logits, present) for the decoder."""
         self._require_active()
-        ids, mask, past = self.check_inputs(input_ids, attention_mask, past_key_values)
-        return self._timed(self.run_impl, ids, mask, past)
+        checked = self.check_inputs(*inputs)
+        return self._timed(self.run_impl, *checked, describe=self.describe_inputs(checked))
 
     def empty_cache(self, batch: int) -> Cache:
         """An empty cache (past length 0) in this runner's own form."""
@@ -178,19 +188,19 @@ class Runner:
         """One decode-loop call: (B, T) ids, the (B, past + T) mask, the cache in this runner's form ->
         ((B, T, V) logits on the host, the grown cache). Unchecked beyond what the loop guarantees; timed."""
         self._require_active()
-        return self._timed(self.step_impl, input_ids, attention_mask, cache)
+        return self._timed(self.step_impl, input_ids, attention_mask, cache,
+                           describe=self.describe_inputs((input_ids, attention_mask)))
 
-    def _timed(self, impl, ids: np.ndarray, mask: np.ndarray, cache: Any):
-        """Call ``impl(ids, mask, cache)``, timed into ``times``; what the runtime raises becomes RuntimeFailure
-        naming the call's shape (our own errors pass through)."""
+    def _timed(self, impl, *args: Any, describe: str):
+        """Call ``impl(*args)``, timed into ``times``; what the runtime raises becomes RuntimeFailure naming the
+        call (``describe``: its shapes); our own errors pass through."""
         t0 = time.perf_counter()
         try:
-            out = impl(ids, mask, cache)
+            out = impl(*args)
         except MhaExportError:
             raise
         except Exception as e:
-            raise RuntimeFailure(f"{self.name} failed at batch={ids.shape[0]} seq={ids.shape[1]} "
-                                 f"past={mask.shape[1] - ids.shape[1]}: {first_line(e)}") from e
+            raise RuntimeFailure(f"{self.name} failed at {describe}: {first_line(e)}") from e
         self.times.append(time.perf_counter() - t0)
         return out
 
@@ -238,6 +248,6 @@ def _past_len(past: Any) -> int:
     return int(shape[2]) if shape is not None and len(shape) == 4 else 0
 
 
-def skipped(name: str, contract: ModelContract, reason: str) -> Runner:
+def skipped(name: str, contract: Contract, reason: str) -> Runner:
     """A runner reported as skipped with ``reason`` (never as passed)."""
     return Runner(name, contract, skip_reason=reason)

@@ -21,6 +21,8 @@ from mhaexport.verify.runners import EAGER, Outputs, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
+# the checks of an attention-block export (--module attention), in verify/module.py
+MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstration")
 
 
 OUTPUT_KINDS = ("logits", "present")  # what per-output tolerances and statistics are keyed by

@@ -11,7 +11,7 @@ from pathlib import Path
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
 from mhaexport.env import environment
 from mhaexport.errors import ArtifactError
-from mhaexport.verify.checks import CHECKS, CheckResult
+from mhaexport.verify.checks import CHECKS, MODULE_CHECKS, CheckResult
 
 KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
 REPORT_SCHEMA = schema.tag(KIND, VERSION)
@@ -71,6 +71,12 @@ class VerifyReport:
     checks: list[str] = field(default_factory=lambda: list(CHECKS))
     lint: dict | None = None  # LintReport.to_dict() of the ONNX artifact (verify lints it first); None: no ONNX
     cross: list[dict] = field(default_factory=list)  # provider vs provider (ort-cuda vs ort-cpu), when both ran
+    module: str | None = None  # "attention": the block on its own (--module attention); None: a decoder
+
+    @property
+    def all_checks(self) -> tuple[str, ...]:
+        """Every check of this kind of export, in the table's column order: the decoder's or the module's."""
+        return MODULE_CHECKS if self.module else CHECKS
 
     @property
     def counts(self) -> dict[str, int]:
@@ -99,8 +105,11 @@ class VerifyReport:
         if fails:
             which = ", ".join(f"{rt}/{r.check}" for rt, r in fails)
             return Verdict("failed", EXIT_FAILED, f"{len(fails)} check(s) failed: {which}")
-        ran = [rt for rt, info in self.runtimes.items() if info.status == "ran" and rt.split("@")[0] != "eager"]
-        asked = [rt for rt in (self.requested or []) if rt != "eager"]
+        from mhaexport.verify.runners import REFERENCE_RUNTIMES  # eager, torch-mha: they verify no artifact
+
+        ran = [rt for rt, info in self.runtimes.items()
+               if info.status == "ran" and rt.split("@")[0] not in REFERENCE_RUNTIMES]
+        asked = [rt for rt in (self.requested or []) if rt not in REFERENCE_RUNTIMES]
         missing = [rt for rt in asked if rt in self.runtimes and self.runtimes[rt].status == "skipped"]
         if missing:
             why = "; ".join(f"{rt} skipped ({self.runtimes[rt].reason})" for rt in missing)
@@ -110,8 +119,9 @@ class VerifyReport:
         if not ran:
             skipped = "; ".join(f"{rt} skipped ({info.reason})" for rt, info in self.runtimes.items()
                                 if info.status == "skipped")
+            refs = " and ".join(rt for rt in REFERENCE_RUNTIMES if rt in self.runtimes) or "eager"
             return Verdict("not verified", EXIT_NOT_VERIFIED,
-                           f"nothing was verified: no runtime besides eager ran ({skipped or 'none requested'})")
+                           f"nothing was verified: no runtime besides {refs} ran ({skipped or 'none requested'})")
         c = self.counts
         off = [rt for rt, info in self.runtimes.items() if info.status == "skipped"]
         also = f"; runtime(s) skipped: {', '.join(off)}" if off else ""
@@ -125,10 +135,11 @@ class VerifyReport:
     @property
     def subset(self) -> bool:
         """True when runtimes were named or checks left out: such a report does not replace the full report."""
-        from mhaexport.verify.runners import DEFAULT_RUNTIMES
+        from mhaexport.verify.runners import DEFAULT_RUNTIMES, MODULE_RUNTIMES
 
-        named = self.requested is not None and set(self.requested) != set(DEFAULT_RUNTIMES)
-        return named or set(self.checks) != set(CHECKS)
+        default = MODULE_RUNTIMES if self.module else DEFAULT_RUNTIMES
+        named = self.requested is not None and set(self.requested) != set(default)
+        return named or set(self.checks) != set(self.all_checks)
 
     def default_name(self) -> str:
         """"report" for a full run; "report-ort-cuda+torchscript" (the runtimes asked for) for a subset run."""
@@ -143,7 +154,8 @@ class VerifyReport:
         return {
             "schema": REPORT_SCHEMA, "created": self.created, "passed": self.passed,
             "verdict": {"status": v.status, "exit_code": v.code, "message": v.message}, "counts": self.counts,
-            "requested": self.requested, "checks": self.checks, "lint": self.lint, "cross": self.cross,
+            "requested": self.requested, "checks": self.checks, "module": self.module, "lint": self.lint,
+            "cross": self.cross,
             "environment": self.environment, "versions": self.versions, "model": self.model,
             "folder": self.folder, "artifacts": self.artifacts, "sweep": self.sweep, "tolerance": self.tolerance,
             "seconds": round(self.seconds, 2), "sources": self.sources,
@@ -162,7 +174,8 @@ class VerifyReport:
             environment=data.get("environment", {}), versions=data.get("versions", {}),
             artifacts=data.get("artifacts", {}), created=data.get("created", ""),
             seconds=data.get("seconds", 0.0), sources=data.get("sources", []), requested=data.get("requested"),
-            checks=data.get("checks") or list(CHECKS), lint=data.get("lint"), cross=data.get("cross") or [])
+            checks=data.get("checks") or list(MODULE_CHECKS if data.get("module") else CHECKS), lint=data.get("lint"),
+            cross=data.get("cross") or [], module=data.get("module"))
 
     def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
         """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
@@ -195,8 +208,14 @@ class VerifyReport:
             static = "static " + " ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items() if "total" not in k)
             how.append("dynamic axes" if a.get("seq_dynamic", True) else static)
             arts.append(f"{name} ({', '.join(how)})")
+        what = f"**Model** `{spec}` ({ckpt})"
+        if self.module:
+            mask = (self.model.get("contract") or {}).get("mask", "?")
+            what = (f"**Module** {self.module} block on its own, mask `{mask}`"
+                    f"{'' if mask == 'causal' else ' (bidirectional)'} · **weights** `{spec}` ({ckpt})")
+        cols = self.all_checks
         lines = [f"## mhaexport verify: {verdict}", "",
-                 f"**Model** `{spec}` ({ckpt}) · **artifacts** {', '.join(arts) or 'none'} · "
+                 f"{what} · **artifacts** {', '.join(arts) or 'none'} · "
                  f"**sweep** {self.sweep.get('kind')} "
                  f"({self.sweep.get('cases')} shapes, seed {self.sweep.get('seed')}) · **tolerance** "
                  f"atol={self.tolerance.get('atol'):g} rtol={self.tolerance.get('rtol'):g}"
@@ -205,13 +224,13 @@ class VerifyReport:
                  f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
         if self.sources:
             lines += ["Merged from: " + "; ".join(self.sources) + " (sweep and tolerance above: the first report's)", ""]
-        lines.append("| runtime | providers | " + " | ".join(CHECKS) + " |")
-        lines.append("|---|---|" + "---|" * len(CHECKS))
+        lines.append("| runtime | providers | " + " | ".join(cols) + " |")
+        lines.append("|---|---|" + "---|" * len(cols))
         for rt, info in self.runtimes.items():
             if info.status == "ran":
-                cells = [self._cell(self.results.get(rt, {}).get(ch)) for ch in CHECKS]
+                cells = [self._cell(self.results.get(rt, {}).get(ch)) for ch in cols]
             else:  # one cell says why; the checks did not run
-                cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(CHECKS) - 1)
+                cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(cols) - 1)
             prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
             if info.status == "skipped" and info.providers:
                 prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
@@ -220,17 +239,31 @@ class VerifyReport:
                  for kind, v in ((checks.get("parity").figures.get("per_output") or {}).items()
                                  if checks.get("parity") else [])]
         if stats:
-            lines += ["", "Parity by output (|artifact − eager| over the sweep's real positions; median and p99 read "
+            lines += ["", f"Parity by output (|artifact − eager| over the sweep's {'' if self.module else 'real '}"
+                          "positions; median and p99 read "
                           "off a 20-bins-per-decade histogram):", "",
                       "| runtime | output | mean | median | p99 | max | mismatched | atol | rtol |",
                       "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {rt} | {kind} | {v['mean']:.1e} | {v['median']:.1e} | {v['p99']:.1e} | {v['max']:.1e} | "
                       f"{v['mismatch_fraction']:.1%} | {v['atol']:g} | {v['rtol']:g} |" for rt, kind, v in stats]
-        lines += ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
-                      "worst max abs difference (parity: vs eager; causality: earlier outputs after changing later "
-                      "tokens; kv-consistency: decode/chunked/recompute vs prefill, and cached decode out to the "
-                      "position shown; padding: padded vs unpadded); generation: matched greedy tokens after a short "
-                      "prompt and after a long one (its length shown).", ""]
+        if self.module:
+            lines += ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
+                          "worst max abs difference (parity: output, present K/V and attention weights vs eager; "
+                          "torch-mha is torch's own attention with the same weights; causality: earlier outputs, "
+                          "weights and cache after changing later x; cache-consistency: fed with the cache vs one "
+                          "call over the whole sequence); demonstration: weights[b, h, 1, 3], position 1's weight on "
+                          "position 3 (causal: exactly 0; bidirectional: its smallest value, > 0).", ""]
+            demo = [(rt, checks["demonstration"]) for rt, checks in self.results.items() if "demonstration" in checks]
+            if demo:
+                lines += ["Demonstration (the article's: does position 1 attend to position 3?):", ""]
+                lines += [f"- {ICONS[r.status]} {rt}: {r.message}" for rt, r in demo]
+                lines.append("")
+        else:
+            lines += ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
+                          "worst max abs difference (parity: vs eager; causality: earlier outputs after changing "
+                          "later tokens; kv-consistency: decode/chunked/recompute vs prefill, and cached decode out to "
+                          "the position shown; padding: padded vs unpadded); generation: matched greedy tokens after "
+                          "a short prompt and after a long one (its length shown).", ""]
         notes = [f"- **verdict**: {v.message}"] if v.status != "passed" else []
         for rt, info in self.runtimes.items():
             if info.status == "error":
@@ -238,14 +271,14 @@ class VerifyReport:
             elif info.status != "ran":
                 notes.append(f"- **{rt}** {info.status}: {info.reason}")
         for rt, checks in self.results.items():
-            for ch in CHECKS:
+            for ch in cols:
                 r = checks.get(ch)
                 if r is not None and r.status is False:
                     notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
         for rt, checks in self.results.items():
             if self.runtimes.get(rt) and self.runtimes[rt].status != "ran":
                 continue
-            for ch in CHECKS:
+            for ch in cols:
                 r = checks.get(ch)
                 if r is not None and r.status is None and ch != "parity":
                     notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
@@ -274,7 +307,7 @@ class VerifyReport:
         if r.status is None:
             if f.get("reference"):
                 return "ref"
-            return f"{icon} {'static' if f.get('static') else 'skipped'}"
+            return f"{icon} {'static' if f.get('static') else 'n/a' if f.get('not_applicable') else 'skipped'}"
         figure = ""
         if r.check == "parity":
             figure = f"{f['errors']} errors" if f.get("errors") else f"{f.get('max_abs', 0):.1e}"
@@ -282,6 +315,11 @@ class VerifyReport:
             figure = f"{f.get('cases', '')} shapes"
         elif r.check == "causality":
             figure = f"{f.get('max_abs_earlier', 0):.1e}"
+        elif r.check == "cache-consistency":
+            figure = f"{max(v for k, v in f.items() if k.endswith('_max_abs')):.1e}"
+        elif r.check == "demonstration":
+            figure = (f"w[1,3]={f['weight_1_3_max']:g}" if f.get("mask") == "causal"
+                      else f"w[1,3]≥{f['weight_1_3_min']:.2g}")
         elif r.check == "kv-consistency":
             worst = max(f.get("decode_max_abs", 0), f.get("chunked_max_abs", 0), f.get("recompute_max_abs", 0),
                         f.get("long_max_abs", 0) or 0)
@@ -335,6 +373,7 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
             results[key] = r.results.get(rt, {})
     first = reports[0]
     merged = VerifyReport(model=first.model, folder=first.folder, sweep=first.sweep, tolerance=first.tolerance,
+                          module=first.module, checks=list(first.checks),
                           runtimes=runtimes, results=results, environment=environment(), versions=first.versions,
                           artifacts=first.artifacts, seconds=sum(r.seconds for r in reports),
                           sources=[f"{n}: {r.environment.get('platform', '?')} ({r.created})"

@@ -25,10 +25,15 @@ EAGER, EAGER_CUDA, TORCHSCRIPT = "eager", "eager-cuda", "torchscript"
 ORT_CPU, ORT_CUDA, ONNX_REFERENCE = "ort-cpu", "ort-cuda", "onnx-reference"
 ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE)
 DEFAULT_RUNTIMES = (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
+# an attention-block export (--module attention): torch's own attention with the block's weights is a second
+# reference beside eager (verify/module.py)
+TORCH_MHA = "torch-mha"
+MODULE_RUNTIMES = (EAGER, TORCH_MHA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
+REFERENCE_RUNTIMES = (EAGER, TORCH_MHA)  # references: running them alone verifies no artifact
 
-__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "ONNX_REFERENCE", "ORT_CPU", "ORT_CUDA",
-           "TORCHSCRIPT", "EagerRunner", "OnnxReferenceRunner", "OrtRunner", "Outputs", "RecomputeRunner", "Runner",
-           "TorchScriptRunner", "ort_runner", "skipped"]
+__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
+           "ORT_CUDA", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",
+           "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "ort_runner", "skipped"]
 
 
 class EagerRunner(Runner):

@@ -18,11 +18,12 @@ from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
-from mhaexport.verify.checks import CHECKS, CheckResult, Context, Tolerance, run_check
+from mhaexport.verify.checks import CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, ONNX_REFERENCE, ORT_CPU,
-                                      ORT_CUDA, TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, Runner,
-                                      TorchScriptRunner, ort_runner, skipped)
+from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
+                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT,
+                                      EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
+                                      skipped)
 from mhaexport.verify.sweep import build_sweep
 
 Progress = Callable[[str], None]
@@ -98,10 +99,11 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
 
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
                   atol: float | dict | None = None, rtol: float | dict | None = None,
-                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] = CHECKS,
+                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
                   gen_tokens: int | None = None, threads: int | None = None,
                   progress: Progress | None = None) -> VerifyReport:
-    """Verify every artifact in ``folder`` against eager.
+    """Verify every artifact in ``folder`` against eager. A folder of the attention block on its own
+    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
 
     ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
     which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
@@ -111,15 +113,26 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
-    unknown = [r for r in wanted if r not in ALL_RUNTIMES]
+    known = ALL_RUNTIMES + tuple(r for r in MODULE_RUNTIMES if r not in ALL_RUNTIMES)
+    unknown = [r for r in wanted if r not in known]
     if unknown:
-        raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
-    unknown = [c for c in checks if c not in CHECKS]
+        raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    unknown = [c for c in checks or () if c not in CHECKS + MODULE_CHECKS]
     if unknown:
-        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)} (an attention "
+                          f"block: {', '.join(MODULE_CHECKS)})")
     ef = ExportFolder.open(folder)
     if not ef.artifacts:
         raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
+    if ef.module is not None:
+        from mhaexport.verify.module import verify_module
+
+        return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
+                             checks=checks, threads=threads, progress=progress)
+    checks = tuple(checks) if checks else CHECKS
+    if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in CHECKS]:
+        raise ConfigError(f"{', '.join(off)}: only for an attention-block export (--module attention); "
+                          f"{ef.path} holds a decoder")
     from mhaexport.models.loading import check_same_model, load_recorded
 
     if loaded is None:
@@ -149,7 +162,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
         threads = 1
     with torch_threads(threads):
-        infos, results = _run_all(runners, ctx, checks, say)
+        infos, results = run_all(runners, ctx, checks, say)
     cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
     return VerifyReport(
         model=ef.model.to_dict(), folder=str(ef.path),
@@ -207,14 +220,16 @@ def cross_provider(runners: list[Runner], infos: dict, ctx: Context) -> list[dic
 
 
 def _artifact_of(runner: Runner) -> str | None:
-    if runner.name in (EAGER, EAGER_CUDA):
+    if runner.name in (EAGER_CUDA,) + REFERENCE_RUNTIMES:
         return None
     return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
 
 
-def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress):
-    """Activate each runner and run every check on it. A runtime that cannot run here is skipped (its checks not
-    run); one that cannot load its artifact is one failure with one message (its checks not run)."""
+def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
+            run: Callable[[str, Runner, Context], CheckResult] = run_check):
+    """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
+    own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
+    is one failure with one message (its checks not run)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners:
@@ -240,7 +255,7 @@ def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: 
         runner_ctx = dataclasses.replace(ctx, tol=Tolerance.for_dtype(runner.dtype, ctx.tol_override[0],
                                                                       ctx.tol_override[1]))
         for ch in checks:
-            results[runner.name][ch] = run_check(ch, runner, runner_ctx)
+            results[runner.name][ch] = run(ch, runner, runner_ctx)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values()]
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]

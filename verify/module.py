@@ -1,0 +1,383 @@
+"""Verify an export of the attention block on its own (``mhaexport onnx|torchscript --module attention``).
+
+``verify_folder`` dispatches here when the manifest's contract is a module's. Same report, verdicts and exit codes
+as the decoder (:class:`~mhaexport.verify.report.VerifyReport`); runtimes ``eager``, ``torch-mha`` (torch's own
+attention with the same weights: the second reference), ``torchscript``, ``ort-cpu``, ``ort-cuda``; checks:
+
+- **parity**: output, present key/value and attention weights against eager over a seeded sweep of (batch, seq,
+  past) — seq 1, lengths never used at export, past 0, 1 and many;
+- **finite**: no NaN/inf in any output;
+- **causality** (causal mask): changing x after position k changes no output, weight or cache entry before k;
+  bidirectional: not applicable (reported skipped, never passed);
+- **cache-consistency**: attention over [past; new] fed with the cache (token by token and in chunks) == one call
+  over the whole sequence without a cache (bidirectional: the rows of the last chunk, which see every key);
+- **demonstration**, the article's: position 1's weight on position 3 is exactly 0 with the causal mask and > 0
+  without, and position 1's weights sum to 1 (a mask applied after softmax leaves them short of 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from mhaexport import iospec
+from mhaexport.artifact import ExportFolder
+from mhaexport.env import environment, tool_versions
+from mhaexport.errors import ConfigError, MhaExportError, first_line
+from mhaexport.iospec import ModuleContract
+from mhaexport.verify.checks import MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, compare
+from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
+                                             module_ort_runner)
+from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT, skipped
+from mhaexport.verify.sweep import Case, build_sweep
+
+Progress = Callable[[str], None]
+OUTPUTS = ("output", "present", "attention_weights")  # what parity reports per output (present: key and value)
+DEMO_QUERY, DEMO_KEY = 1, 3  # the article's demonstration: does position 1 attend to position 3?
+
+
+def module_sweep(contract: ModuleContract, kind: str = "quick", seed: int = 0) -> list[Case]:
+    """The decoder sweep's (batch, seq, past) shapes without padding (the block has none): seq 1 and 2, lengths
+    the exporter never used (it traced seq=3, past=5) up to max_positions, past 0, 1 and many."""
+    cases, seen = [], set()
+    for case in build_sweep(contract, kind, seed):
+        key = (case.batch, case.seq, case.past)
+        if key not in seen:
+            seen.add(key)
+            cases.append(Case(case.batch, case.seq, case.past, (), seed=case.seed))
+    return cases
+
+
+@dataclass
+class ModuleContext:
+    """What the module checks share: the contract, the sweep, the tolerance, eager's memoized outputs."""
+
+    contract: ModuleContract
+    cases: list[Case]
+    tol: Tolerance
+    eager: ModuleRunner
+    seed: int = 0
+    tol_override: tuple = (None, None)
+    _ref: dict = field(default_factory=dict)
+    _sweep_out: dict = field(default_factory=dict)
+
+    def inputs(self, case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return iospec.dummy_module_inputs(self.contract, case.batch, case.seq, case.past, seed=case.seed)
+
+    def reference(self, case: Case) -> ModuleOutputs:
+        if case not in self._ref:
+            self._ref[case] = self.eager.run(*self.inputs(case))
+        return self._ref[case]
+
+    def sweep(self, runner: ModuleRunner) -> dict[Case, ModuleOutputs | BaseException]:
+        """The runner over every case, once (parity, finite and the cross-provider comparison share it)."""
+        if runner.name not in self._sweep_out:
+            out: dict[Case, ModuleOutputs | BaseException] = {}
+            for case in self.cases:
+                try:
+                    out[case] = runner.run(*self.inputs(case))
+                except MhaExportError as e:  # the runtime failing at one shape is a result, not a crash
+                    out[case] = e
+            self._sweep_out[runner.name] = out
+        return self._sweep_out[runner.name]
+
+
+def compare_module(actual: ModuleOutputs, expected: ModuleOutputs, tol: Tolerance) -> dict[str, Diff]:
+    """{"output", "present" (key and value), "attention_weights"}: each a Diff at ``tol`` (``present`` at its
+    per-output override when given)."""
+    (o, k, v, w), (oe, ke, ve, we) = actual, expected
+    tp = tol.for_output("present")
+    return {"output": compare(o, oe, tol), "present": compare(k, ke, tp).merge(compare(v, ve, tp)),
+            "attention_weights": compare(w, we, tol)}
+
+
+def _merged(by: dict[str, Diff]) -> Diff:
+    total = Diff()
+    for d in by.values():
+        total = total.merge(d)
+    return total
+
+
+def check_parity(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
+    """Every sweep case against eager: output, present key/value and attention weights."""
+    if runner.name == EAGER:
+        return CheckResult("parity", None, {"reference": True}, "reference: every runtime is compared with eager")
+    baked = runner.baked_axes()
+    if baked:
+        return CheckResult("parity", False, {"baked_axes": len(baked)},
+                           f"the graph fixes dynamic axes to the export's sizes: {'; '.join(baked[:3])}")
+    total, worst_case, errors = Diff(), None, []
+    by_kind = {k: Diff() for k in OUTPUTS}
+    for case, out in ctx.sweep(runner).items():
+        if isinstance(out, BaseException):
+            errors.append(f"{case.name}: {first_line(out)}")
+            continue
+        by = compare_module(out, ctx.reference(case), ctx.tol)
+        d = _merged(by)
+        if worst_case is None or d.max_abs > total.max_abs:
+            worst_case = case.name
+        total = total.merge(d)
+        by_kind = {k: by_kind[k].merge(by[k]) for k in OUTPUTS}
+    tol_of = {k: ctx.tol.for_output("present" if k == "present" else k) for k in OUTPUTS}
+    fig = {**total.figures(), "cases": len(ctx.cases), "worst_case": worst_case, "errors": len(errors),
+           "per_output": {k: {**v.stats(), "atol": tol_of[k].atol, "rtol": tol_of[k].rtol}
+                          for k, v in by_kind.items()}}
+    if errors:
+        return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}")
+    if not total.ok:
+        bad = ", ".join(f"{k} {v.mismatched}/{v.total} (max abs {v.max_abs:.3g})" for k, v in by_kind.items()
+                        if not v.ok)
+        return CheckResult("parity", False, fig,
+                           f"{total.mismatched}/{total.total} values differ from eager beyond {ctx.tol.describe()}: "
+                           f"{bad}; worst at {worst_case}; atol {total.min_atol:.3g} would pass")
+    return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {len(ctx.cases)} cases")
+
+
+def check_finite(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
+    """No NaN or inf in any output of the sweep."""
+    ran = [(c, o) for c, o in ctx.sweep(runner).items() if not isinstance(o, BaseException)]
+    if not ran:
+        return CheckResult("finite", None, {}, "no sweep case ran (see parity)")
+    bad = [f"{int((~np.isfinite(arr)).sum())} non-finite in {name} at {case.name}"
+           for case, outs in ran for name, arr in zip(iospec.MODULE_OUTPUTS, outs) if not np.isfinite(arr).all()]
+    fig = {"cases": len(ran), "non_finite_outputs": len(bad)}
+    if bad:
+        return CheckResult("finite", False, fig, bad[0])
+    return CheckResult("finite", True, fig, f"all outputs finite over {len(ran)} cases")
+
+
+def check_causality(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
+    """Causal mask: change x after position k; the outputs and weight rows before k and the cache before k must
+    not change. Bidirectional: not applicable (never passed)."""
+    c = ctx.contract
+    if not c.causal:
+        return CheckResult("causality", None, {"not_applicable": True},
+                           "n/a: bidirectional block (--mask none): every position attends to every other by design")
+    shapes = [(seq, past) for seq, past in ((min(10, c.max_positions), 0), (min(6, c.max_positions - 4), 4))
+              if seq >= 2]
+    worst, later, msgs = Diff(), 0.0, []
+    for seq, past in shapes:
+        x, pk, pv = iospec.dummy_module_inputs(c, 2, seq, past, seed=ctx.seed + 11)
+        k = seq // 2
+        changed = x.copy()
+        changed[:, k:] += np.random.default_rng(ctx.seed + 7).standard_normal(changed[:, k:].shape).astype(x.dtype)
+        base, pert = runner.run(x, pk, pv), runner.run(changed, pk, pv)
+        d = Diff()
+        d = d.merge(compare(pert[0][:, :k], base[0][:, :k], ctx.tol))  # outputs before k
+        d = d.merge(compare(pert[1][:, :, :past + k], base[1][:, :, :past + k], ctx.tol))  # cached keys before k
+        d = d.merge(compare(pert[2][:, :, :past + k], base[2][:, :, :past + k], ctx.tol))  # cached values before k
+        d = d.merge(compare(pert[3][:, :, :k], base[3][:, :, :k], ctx.tol))  # weight rows of queries before k
+        later = max(later, float(np.abs(pert[0][:, k:] - base[0][:, k:]).max()))
+        if not d.ok:
+            msgs.append(f"changing x at positions {k}..{seq - 1} changed earlier outputs or weights (seq={seq} "
+                        f"past={past}, max abs {d.max_abs:.3g})")
+        worst = worst.merge(d)
+    fig = {"max_abs_earlier": _r(worst.max_abs), "max_abs_later": _r(later)}
+    if msgs:
+        return CheckResult("causality", False, fig, msgs[0])
+    return CheckResult("causality", True, fig, f"earlier outputs, weights and cache unchanged (max abs "
+                                               f"{worst.max_abs:.3g}; later outputs moved by {later:.3g})")
+
+
+def _fed(runner: ModuleRunner, x: np.ndarray, chunks: list[int]) -> list[tuple[int, ModuleOutputs]]:
+    """x (B, N, E) fed chunk by chunk, each call's present fed back as the next past: [(start, outputs), ...]."""
+    c = runner.contract
+    empty = np.zeros((x.shape[0], c.n_kv_heads, 0, c.head_dim), dtype=x.dtype)  # (B, H_kv, 0, D)
+    pk, pv, pos, out = empty, empty, 0, []
+    for n in chunks:
+        o = runner.run(x[:, pos:pos + n], pk, pv)
+        out.append((pos, o))
+        pk, pv = o[1], o[2]
+        pos += n
+    return out
+
+
+def check_cache_consistency(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
+    """Attention over [past; new] with the cache == one call over the whole sequence without one.
+
+    Causal: token by token and in chunks, every call's outputs and weight rows equal the whole call's rows (their
+    weights over the keys so far), and the final cache equals its present. Bidirectional: a prefix, then the rest
+    with the prefix's cache: the rest's rows see every key, so they equal the whole call's rows."""
+    c = ctx.contract
+    N = min(12, c.max_positions)
+    x = iospec.dummy_module_inputs(c, 2, N, 0, seed=ctx.seed + 23)[0]  # (2, N, d_model)
+    full = runner.run(x)  # no cache: output (2, N, E), present (2, H_kv, N, D), weights (2, H, N, N)
+    plans = ({"token by token": [1] * N, "chunked " + "+".join(map(str, (N // 3, 1, N - N // 3 - 1))):
+              [N // 3, 1, N - N // 3 - 1]} if c.causal else
+             {f"prefix {N - 1} + 1": [N - 1, 1], f"prefix {N // 2} + {N - N // 2}": [N // 2, N - N // 2]})
+    parts: dict[str, Diff] = {}
+    for label, chunks in plans.items():
+        d = Diff()
+        calls = _fed(runner, x, chunks)
+        for start, (o, k, v, w) in (calls if c.causal else calls[-1:]):
+            end = start + o.shape[1]
+            d = d.merge(compare(o, full[0][:, start:end], ctx.tol))
+            d = d.merge(compare(w, full[3][:, :, start:end, :end], ctx.tol))  # over the keys 0 .. end - 1
+        _, (_, k, v, _) = calls[-1]
+        tp = ctx.tol.for_output("present")
+        parts[label] = d.merge(compare(k, full[1], tp)).merge(compare(v, full[2], tp))
+    fig = {f"{'decode' if i == 0 else 'chunked'}_max_abs": _r(d.max_abs) for i, d in enumerate(parts.values())}
+    fig["tokens"] = N
+    bad = [f"{label} with the cache differs from one call over all {N} positions (max abs {d.max_abs:.3g})"
+           for label, d in parts.items() if not d.ok]
+    if bad:
+        return CheckResult("cache-consistency", False, fig, "; ".join(bad))
+    worst = max(d.max_abs for d in parts.values())
+    return CheckResult("cache-consistency", True, fig,
+                       f"{' and '.join(parts)} with the cache == one call over {N} positions (max abs {worst:.3g})")
+
+
+def check_demonstration(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
+    """The article's demonstration on 5 positions (batch 2, every head): with the causal mask, position 1's weight
+    on position 3 is exactly 0; without a mask it is > 0. Either way position 1's weights sum to 1 (softmax over
+    the allowed keys: a mask applied after softmax leaves the row short of 1)."""
+    c = ctx.contract
+    x = iospec.dummy_module_inputs(c, 2, 5, 0, seed=ctx.seed + 53)[0]  # (2, 5, d_model)
+    weights = runner.run(x)[3]  # (2, H, 5, 5)
+    w13 = weights[:, :, DEMO_QUERY, DEMO_KEY].astype(np.float64)  # (2, H)
+    sums = weights[:, :, DEMO_QUERY, :].astype(np.float64).sum(-1)  # (2, H): a softmax row sums to 1
+    worst_sum = float(sums.flat[np.argmax(np.abs(sums - 1.0))])
+    row_sum_err = abs(worst_sum - 1.0)
+    row = [float(f"{v:.3g}") for v in weights[0, 0, DEMO_QUERY]]
+    fig = {"weight_1_3_max": float(w13.max()), "weight_1_3_min": float(w13.min()), "row_sum_error": _r(row_sum_err),
+           "row_1": row, "mask": c.mask, "pairs": int(w13.size)}
+    shown = "[" + ", ".join(f"{v:.3g}" for v in row) + "]"
+    sums_to_1 = row_sum_err <= ctx.tol.atol + ctx.tol.rtol
+    if c.causal:
+        if not (w13 == 0.0).all():
+            return CheckResult("demonstration", False, fig,
+                               f"causal, yet weights[b, h, 1, 3] != 0 for {int((w13 != 0).sum())}/{w13.size} "
+                               f"(batch, head) pairs (max {w13.max():.3g}): position 1 attends to position 3, a "
+                               f"future position — the mask is missing or does not reach the softmax; row 1 of head "
+                               f"0: {shown}")
+        if not sums_to_1:
+            return CheckResult("demonstration", False, fig,
+                               f"weights[b, h, 1, 3] = 0, but position 1's weights sum to {worst_sum:.3g}, not 1: "
+                               f"the mask is applied after softmax (future keys stayed in its denominator); row 1 of "
+                               f"head 0: {shown}")
+        return CheckResult("demonstration", True, fig,
+                           f"causal: weights[b, h, 1, 3] = 0 exactly for all {w13.size} (batch, head) pairs: position "
+                           f"1 does not attend to position 3; row 1 of head 0: {shown}")
+    if not (w13 > 0.0).all():
+        return CheckResult("demonstration", False, fig,
+                           f"bidirectional, yet weights[b, h, 1, 3] = 0 for {int((w13 <= 0).sum())}/{w13.size} "
+                           f"(batch, head) pairs: a mask is applied where none was asked; row 1 of head 0: {shown}")
+    if not sums_to_1:
+        return CheckResult("demonstration", False, fig, f"position 1's weights sum to {worst_sum:.3g}, not 1; row 1 "
+                                                        f"of head 0: {shown}")
+    return CheckResult("demonstration", True, fig,
+                       f"bidirectional: weights[b, h, 1, 3] > 0 for all {w13.size} (batch, head) pairs (min "
+                       f"{w13.min():.3g}): position 1 attends to position 3; row 1 of head 0: {shown}")
+
+
+CHECK_FUNCS: dict[str, Callable[[ModuleRunner, ModuleContext], CheckResult]] = {
+    "parity": check_parity,
+    "finite": check_finite,
+    "causality": check_causality,
+    "cache-consistency": check_cache_consistency,
+    "demonstration": check_demonstration,
+}
+
+
+def run_module_check(name: str, runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
+    """One check; the runtime failing inside it is that check's failure, anything else a bug (exit 3)."""
+    try:
+        return CHECK_FUNCS[name](runner, ctx)
+    except MhaExportError as e:
+        return CheckResult(name, False, {}, first_line(e))
+
+
+def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None
+                         ) -> list[ModuleRunner]:
+    """Eager first, then one runner per requested runtime; an artifact that is absent makes its runtime skipped."""
+    c = loaded.contract
+    runners: list = [TorchModuleRunner(EAGER, c, loaded.module)]
+    for rt in runtimes:
+        if rt == EAGER:
+            continue
+        if rt == TORCH_MHA:
+            runners.append(TorchMhaRunner(TORCH_MHA, c, loaded.module.attn))
+        elif rt == TORCHSCRIPT:
+            runners.append(TorchModuleRunner(rt, c, path=ef.file(TORCHSCRIPT)) if ef.has(TORCHSCRIPT)
+                           else skipped(rt, c, f"no TorchScript export in {ef.path}"))
+        elif rt in (ORT_CPU, ORT_CUDA):
+            runners.append(module_ort_runner(rt, c, ef.file("onnx"), threads=threads) if ef.has("onnx")
+                           else skipped(rt, c, f"no ONNX export in {ef.path}"))
+    return runners
+
+
+def cross_provider(runners: list, infos: dict, ctx: ModuleContext) -> list[dict]:
+    """ort-cuda against ort-cpu on the sweep, when both ran (providers can disagree while each is close to eager)."""
+    by_name = {r.name: r for r in runners}
+    if not all(n in by_name and infos.get(n) is not None and infos[n].status == "ran" for n in (ORT_CUDA, ORT_CPU)):
+        return []
+    runs_a, runs_b = ctx.sweep(by_name[ORT_CUDA]), ctx.sweep(by_name[ORT_CPU])
+    total = Diff()
+    for case, out_a in runs_a.items():
+        out_b = runs_b.get(case)
+        if not isinstance(out_a, BaseException) and out_b is not None and not isinstance(out_b, BaseException):
+            total = total.merge(_merged(compare_module(out_a, out_b, ctx.tol)))
+    msg = (f"{ORT_CUDA} and {ORT_CPU} agree within {ctx.tol.describe()} (max abs {total.max_abs:.3g})" if total.ok
+           else f"{total.mismatched}/{total.total} values of {ORT_CUDA} differ from {ORT_CPU} beyond "
+                f"{ctx.tol.describe()} (max abs {total.max_abs:.3g}): the providers disagree with each other")
+    return [{"a": ORT_CUDA, "b": ORT_CPU, "status": total.ok, "figures": total.figures(), "message": msg}]
+
+
+def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
+                  atol: float | dict | None = None, rtol: float | dict | None = None,
+                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
+                  threads: int | None = None, progress: Progress | None = None) -> VerifyReport:
+    """Verify every artifact of an attention-block export folder (``ef``, hashes checked) against eager.
+
+    ``loaded``: the block (or the built-in decoder to take it from: re-pointing with --config/--checkpoint); rebuilt
+    from the manifest when None, and in every case checked against the recorded fingerprint. ``runtimes``: None =
+    all of MODULE_RUNTIMES; given = requested (one skipped entirely: not verified)."""
+    from mhaexport.models.block import load_recorded_block
+    from mhaexport.models.loading import check_same_model
+    from mhaexport.verify.verify import ONE_THREAD_MAX_PARAMS, run_all, torch_threads
+
+    started = time.perf_counter()
+    say = progress or (lambda _m: None)
+    wanted = tuple(runtimes) if runtimes else MODULE_RUNTIMES
+    if off := [r for r in wanted if r not in MODULE_RUNTIMES]:
+        raise ConfigError(f"runtime(s) {', '.join(off)} do not run an attention-block export; its runtimes: "
+                          f"{', '.join(MODULE_RUNTIMES)}")
+    checks = tuple(checks) if checks else MODULE_CHECKS
+    if off := [ch for ch in checks if ch not in MODULE_CHECKS]:
+        raise ConfigError(f"check(s) {', '.join(off)} do not apply to an attention-block export; its checks: "
+                          f"{', '.join(MODULE_CHECKS)}")
+    if loaded is None or not isinstance(loaded.contract, ModuleContract):
+        say(f"rebuilding the eager block from {ef.model.spec}")
+        loaded = load_recorded_block(ef, decoder=loaded)
+    else:
+        check_same_model(loaded, ef.model)
+    c: ModuleContract = loaded.contract
+    tol = Tolerance.for_dtype("float32", atol, rtol)
+    n_params = sum(p.numel() for p in loaded.module.parameters())
+    if threads is None and n_params <= ONE_THREAD_MAX_PARAMS:
+        threads = 1
+    runners = build_module_runners(ef, loaded, wanted, threads)
+    ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,
+                        tol_override=(atol, rtol))
+    with torch_threads(threads):
+        infos, results = run_all(runners, ctx, checks, say, run=run_module_check)
+    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
+    arts = ef.artifacts
+    return VerifyReport(
+        model=ef.model.to_dict(), folder=str(ef.path), module=c.kind,
+        sweep={"kind": sweep, "seed": seed, "cases": len(ctx.cases), "shapes": [cs.to_dict() for cs in ctx.cases],
+               "export_sizes": {"seq": iospec.EXAMPLE_SEQ, "past": iospec.EXAMPLE_PAST}},
+        tolerance={"atol": tol.atol, "rtol": tol.rtol, "dtype": "float32",
+                   "per_output": {k: {"atol": a, "rtol": r} for k, a, r in tol.per_output},
+                   "overridden": atol is not None or rtol is not None},
+        runtimes=infos, results=results, versions=tool_versions(),
+        artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
+                       "static_sizes": v.static_sizes,
+                       **{kk: v.get(kk) for kk in ("opset", "mode", "module", "mask", "weights") if v.get(kk)}}
+                   for k, v in arts.items()},
+        requested=list(runtimes) if runtimes else None, checks=list(checks), cross=cross,
+        environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
