@@ -323,6 +323,16 @@ def test_verify_rebuilds_an_hf_export_and_is_repointed_with_hf(all_out, hf_dir, 
     assert r.exit_code == 2 and r.output.count("fingerprint") == 2, r.output
 
 
+@pytest.mark.slow
+def test_bisect_finds_no_divergence_in_an_hf_export(all_out):
+    """transformers' rotary embedding returns (cos, sin) of one shape: bisect must not compare cos with sin."""
+    proc, out = all_out("llama")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = CliRunner().invoke(main, ["verify", str(out), "--bisect"])
+    assert r.exit_code == 0, r.output
+    assert "no divergence" in r.output and "rotary_emb" not in r.output
+
+
 GQA_BENCH_BUG = ("verify/bench.py's eager loop builds its empty cache with n_heads instead of n_kv_heads (also for "
                  "the built-in llama preset); the bench/ package (branch bench-package) drives EagerRunner, which "
                  "sizes it by n_kv_heads: remove this mark after that merge")
