@@ -36,8 +36,7 @@ def _fx_node(e: BaseException) -> torch.fx.Node | None:
 def _node_where(node: torch.fx.Node) -> str:
     """``op aten.foo.default in model.layers.0.mlp (LlamaMLP)`` from an FX node's target and module stack."""
     target = node.target
-    op = getattr(target, "__name__", None) if not isinstance(target, torch._ops.OpOverload) else None
-    op = op or str(target)
+    op = str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
     stack = node.meta.get("nn_module_stack") or {}
     if stack:
         path, cls = list(stack.values())[-1]
@@ -67,7 +66,7 @@ def _root_line(e: BaseException) -> str:
 def describe_failure(e: BaseException, what: str) -> str:
     """One line: ``{what}: op aten.foo in model.layers.0.mlp (LlamaMLP): DispatchError: No ONNX function ...``.
 
-    ``what`` names the model and the exporter ("LlamaForCausalLM (llama) does not export to ONNX"); the op comes
+    ``what`` names the model and the exporter ("LlamaForCausalLM (llama): torch.onnx.export failed"); the op comes
     from the FX node being translated, else the module from the innermost nn.Module frame."""
     node = _fx_node(e)
     where = _node_where(node) if node is not None else failing_module(e)

@@ -145,25 +145,25 @@ def architecture_label(path: str | Path) -> str:
         return Path(path).name
 
 
-def _contract_config(cfg: Any, cache: tuple, label_arch: str) -> HFContractConfig:
+def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
     """The contract's ints from the text config and the cache a probe call returned (the cache's own shapes decide
     n_layers, n_kv_heads and head_dim, so a config that names them otherwise cannot mislead)."""
     notes = []
     shapes = {tuple(t.shape) for kv in cache for t in kv}
     bad = [s for s in shapes if len(s) != 4 or s[0] != 1 or s[2] != 2]
     if not cache or bad or len({(s[1], s[3]) for s in shapes}) != 1:
-        raise ModelLoadError(f"{label_arch}: its KV cache is not [batch, kv_heads, length, head_dim] per layer "
+        raise ModelLoadError(f"{label}: its KV cache is not [batch, kv_heads, length, head_dim] per layer "
                              f"(a probe at batch=1 seq=2 returned shapes {sorted(shapes)}); the contract needs "
                              "that layout")
-    (_, n_kv, _, head_dim), = {(s[0], s[1], s[2], s[3]) for s in shapes}
+    _, n_kv, _, head_dim = next(iter(shapes))  # (1, H_kv, 2, D), the same for every layer
     n_layers = len(cache)
     n_heads = getattr(cfg, "num_attention_heads", None)
     if not isinstance(n_heads, int) or n_heads % n_kv:
-        raise ModelLoadError(f"{label_arch}: config.num_attention_heads={n_heads!r} is not a multiple of the "
+        raise ModelLoadError(f"{label}: config.num_attention_heads={n_heads!r} is not a multiple of the "
                              f"cache's {n_kv} key/value heads")
     cfg_layers = getattr(cfg, "num_hidden_layers", None)
     if isinstance(cfg_layers, int) and cfg_layers != n_layers:
-        raise ModelLoadError(f"{label_arch}: config.num_hidden_layers={cfg_layers} but the cache has {n_layers} "
+        raise ModelLoadError(f"{label}: config.num_hidden_layers={cfg_layers} but the cache has {n_layers} "
                              "layers (layers that share or skip a cache do not fit the contract)")
     max_pos = next((v for v in (getattr(cfg, k, None) for k in POSITION_KEYS) if isinstance(v, int) and v > 1),
                    None)
@@ -183,7 +183,7 @@ def _contract_config(cfg: Any, cache: tuple, label_arch: str) -> HFContractConfi
     pad = _first_int(getattr(cfg, "pad_token_id", None))
     vocab = getattr(cfg, "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 1:
-        raise ModelLoadError(f"{label_arch}: config.vocab_size={vocab!r}")
+        raise ModelLoadError(f"{label}: config.vocab_size={vocab!r}")
     ids = {"bos_token_id": _first_int(getattr(cfg, "bos_token_id", None)), "eos_token_id": eos,
            "pad_token_id": pad if pad is not None else eos}  # no pad id: eos pads (onnxruntime-genai's builder)
     ids = {k: (v if v is not None and v < vocab else None) for k, v in ids.items()}
@@ -231,9 +231,10 @@ def load_hf(path: str | Path) -> tuple[HFCausalLM, dict]:
     cache_kw = "cache" if "cache" in params else "past_key_values"
     cache_cls = getattr(transformers, "DynamicCache", None)
     if cache_cls is None:
-        raise ModelLoadError(f"--hf needs a transformers with DynamicCache (>= 4.56): {INSTALL_LINE}")
-    probe_cfg = HFContractConfig(1, 1, 1, getattr(text_cfg, "vocab_size", 2) or 2, 2, 1)
-    adapter = HFCausalLM(model, probe_cfg, cache_kw, cache_cls)
+        raise ModelLoadError(f"--hf needs a transformers whose KV cache is a DynamicCache: {INSTALL_LINE}")
+    # the real sizes come from the cache this probe call returns
+    probe = HFContractConfig(n_layers=1, n_heads=1, head_dim=1, vocab_size=1, max_positions=2, n_kv_heads=1)
+    adapter = HFCausalLM(model, probe, cache_kw, cache_cls)
     ids = torch.zeros(1, 2, dtype=torch.long)  # (1, 2)
     mask = torch.ones(1, 2, dtype=torch.long)  # (1, 2)
     try:

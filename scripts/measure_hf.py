@@ -21,7 +21,7 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's mhaexport (not an installed one) and the configs
 
 from hf_models import PROVED, config_summary, configs, save_tiny  # noqa: E402
 
@@ -69,14 +69,14 @@ def logit_scale(src: Path) -> float:
     return round(float(logits.abs().max()), 3)
 
 
-def render(rows: list[dict], cfgs: dict) -> str:
+def render(rows: list[dict], cfgs: dict, load_before: tuple[float, ...]) -> str:
     load = os.getloadavg()
     lines = [
         "# Hugging Face architectures: `mhaexport all --hf DIR` on tiny random models",
         "",
-        f"Measured {date.today().isoformat()} on {platform.node() or 'this machine'} ({os.cpu_count()} CPUs, "
-        f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end: a shared machine, so read the "
-        "times as orders of magnitude), Python " + platform.python_version() + ".",
+        f"Measured {date.today().isoformat()} on {platform.node() or 'this machine'} ({os.cpu_count()} CPUs; 1-minute "
+        f"load average {load_before[0]:.1f} before, {load[0]:.1f} after: a shared machine where other jobs ran, so "
+        "read the times as orders of magnitude), Python " + platform.python_version() + ".",
         "",
         "Made by `python scripts/measure_hf.py -o docs/measurements/hf-architectures.md`, which for each "
         "architecture builds the tiny model of `tests/hf_models.py` (seeded random weights, the byte-level BPE "
@@ -150,12 +150,13 @@ def main() -> None:
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     cfgs = configs()
+    load_before = os.getloadavg()
     rows = []
     for arch in args.archs:
         print(f"{arch} ...", file=sys.stderr, flush=True)
         rows.append(measure(arch, args.work))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    args.output.write_text(render(rows, cfgs))
+    args.output.write_text(render(rows, cfgs, load_before))
     (args.output.with_suffix(".json")).write_text(json.dumps(rows, indent=2) + "\n")
     print(f"wrote {args.output}", file=sys.stderr)
 
