@@ -300,10 +300,8 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     if hf is not None:
         from mhaexport.models.hf import load_hf
 
-        module, origin = load_hf(hf)
-        loaded = LoadedModel(module, contract_of(module), spec=f"hf:{Path(hf).resolve().name}", origin=origin,
-                             notes=list(module.config.notes))
-    elif model is not None:
+        return load_hf(hf)
+    if model is not None:
         factory = _import_factory(model)
         try:
             module = factory()
