@@ -19,7 +19,9 @@ from mhaexport.models.inputs import make_inputs
 from mhaexport.models.loading import LoadedModel
 
 # Messages torch.onnx/torch.export emit on every export that say nothing about the user's model.
-NOISE = ("torchvision is not installed", "isinstance(treespec, LeafSpec)", "shares the same shape constraints")
+NOISE = ("torchvision is not installed", "isinstance(treespec, LeafSpec)", "shares the same shape constraints",
+         # transformers' deprecated property, which torch.jit.trace reads while it walks every module's attributes
+         "`is_gradient_checkpointing` is deprecated")
 
 
 @dataclass
@@ -78,6 +80,22 @@ def captured_warnings() -> Iterator[list[str]]:
                 lg.removeHandler(handler)
                 lg.propagate = prop
                 lg.setLevel(level)
+
+
+def copy_tokenizer(loaded: LoadedModel, dest: Path) -> list[str]:
+    """Copy the tokenizer of an ``--hf`` folder (``tokenizer.json`` and its companions) into ``dest``; returns the
+    names copied, [] for a model without one (the built-in models are byte-level)."""
+    import shutil
+
+    from mhaexport.runtime.tokenizer import tokenizer_files
+
+    if loaded.origin.get("kind") != "hf":
+        return []
+    names = []
+    for src in tokenizer_files(loaded.origin["path"]):
+        shutil.copyfile(src, dest / src.name)
+        names.append(src.name)
+    return names
 
 
 def finish(loaded: LoadedModel, staged: Staging, *, fmt: str, main_file: str, files: list[str], dtype: str,

@@ -13,13 +13,15 @@ from torch.export import Dim
 from mhaexport import dtypes, iospec
 from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.errors import ExportError, first_line
-from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish
+from mhaexport.exporter.common import ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish
+from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention, self_check, self_check_shared
 from mhaexport.exporter.precision import precision_report
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
+from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
 MIN_OPSET, MAX_OPSET = 18, 23
 DEFAULT_OPSET = 18
@@ -149,7 +151,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                     dynamic_shapes=dynamic_shapes(c.n_layers, seq_dynamic),
                     input_names=names_in, output_names=names_out, verbose=False)
         except Exception as e:
-            raise ExportError(_explain_export_failure(e)) from None
+            raise ExportError(_explain_export_failure(e, loaded.label)) from None
         if program is None:
             raise ExportError("torch.onnx.export returned no program")
         proto = program.model_proto
@@ -186,6 +188,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
             files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
                                             model_config=getattr(loaded.module, "config", None), kv_cache=kv_cache))
+        files += copy_tokenizer(loaded, tmp)  # an --hf folder's tokenizer travels with the model
         details = {
             "opset": opset, "attention": lowering_name, "kv_cache": kv_cache,
             **({"max_cache": max_cache, "padding": "right"} if kv_cache == "shared" else {}),
@@ -198,13 +201,14 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         # files an earlier export of another kind (dynamic, external data) left, which this one does not write
         return finish(loaded, staged, fmt="onnx", main_file=ONNX_FILE, files=files, dtype=dtype, details=details,
                       started=started, warns=list(warns), seq_dynamic=seq_dynamic,
-                      static_sizes=None if seq_dynamic else (seq, past), owned=(GENAI_CONFIG, DATA_FILE))
+                      static_sizes=None if seq_dynamic else (seq, past),
+                      owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
 
 
-def _explain_export_failure(e: Exception) -> str:
+def _explain_export_failure(e: Exception, label: str) -> str:
     text = str(e)
     for axis in (iospec.SEQ, iospec.PAST, iospec.TOTAL, iospec.BATCH):
         if axis in text and ("specializ" in text or "Constraints violated" in text or "constant" in text):
-            return (f"torch.onnx could not keep the dynamic axis {axis!r}: the model fixes it to a constant "
+            return (f"{label}: torch.onnx could not keep the dynamic axis {axis!r}: the model fixes it to a constant "
                     f"(e.g. a mask of fixed size). {first_line(e)}")
-    return f"torch.onnx.export failed: {first_line(e)}"
+    return describe_failure(e, f"{label}: torch.onnx.export failed")

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from mhaexport.artifact import stage_artifact
-from mhaexport.errors import ExportError, first_line
+from mhaexport.errors import ExportError
 from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish
+from mhaexport.exporter.failures import describe_failure
 from mhaexport.models.loading import LoadedModel
 
 TS_FILE = "model.pt"
@@ -50,7 +51,7 @@ def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = 
                     module = torch.jit.script(loaded.module)
         except Exception as e:
             hint = "; --mode trace works for any model that follows the contract" if mode == "script" else ""
-            raise ExportError(f"torch.jit.{mode} failed: {first_line(e)}{hint}") from None
+            raise ExportError(describe_failure(e, f"{loaded.label}: torch.jit.{mode} failed") + hint) from None
         module.save(str(staged.dir / TS_FILE))
         details = {"mode": mode, "example_sizes": {"batch": args[0].shape[0], "seq": args[0].shape[1],
                                                    "past": args[2][0][0].shape[2]}}

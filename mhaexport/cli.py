@@ -52,7 +52,7 @@ class Group(click.Group):
 
 
 def model_options(f):
-    """--config / --model / --checkpoint: which model a command works on."""
+    """--config / --model / --checkpoint / --hf: which model a command works on."""
 
     @click.option("--config", "config", metavar="NAME|FILE.json", default=None,
                   help="Built-in model: a preset (tiny, small, bench, llama, tiny-llama) or a JSON file of DecoderConfig fields. "
@@ -62,6 +62,9 @@ def model_options(f):
                        "returning a module under the decoder contract. This imports and runs that code.")
     @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
                   help="State dict to load (torch.load weights_only=True: tensors only).")
+    @click.option("--hf", "hf", metavar="DIR", type=click.Path(file_okay=False), default=None,
+                  help="A local Hugging Face causal LM folder (save_pretrained layout), wrapped under the decoder "
+                       "contract; needs pip install 'mhaexport[hf]'. Nothing is downloaded.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
@@ -96,8 +99,8 @@ def _check_module_args(module: str | None, mask: str | None, model: str | None, 
                                      "padding from attention_mask)", param_hint="--mask")
         return
     if model is not None:
-        raise click.BadParameter(f"--module {module} exports the built-in block from --config; --model is a user "
-                                 "decoder", param_hint="--model")
+        raise click.BadParameter(f"--module {module} exports the built-in block from --config; --model and --hf are "
+                                 "decoders", param_hint="--model")
     for option, (value, default) in refused.items():
         if value != default:
             raise click.BadParameter(f"--module {module} is exported with dynamic axes, decomposed attention and "
@@ -111,10 +114,12 @@ def _load_block(mask: str | None, config: str | None, checkpoint: str | None):
     return load_block(config, checkpoint, mask=mask or "causal")
 
 
-def _load(config: str | None, model: str | None, checkpoint: str | None):
+def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str | None = None):
     from mhaexport.models.loading import load_model
 
-    loaded = load_model(config=config, model=model, checkpoint=checkpoint)
+    loaded = load_model(config=config, model=model, checkpoint=checkpoint, hf=hf)
+    for note in loaded.notes:
+        click.secho(f"note: {note}", fg="yellow", err=True)
     return loaded
 
 
@@ -193,11 +198,11 @@ def lowering_options(f):
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
-def onnx_cmd(config, model, checkpoint, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
+def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
              kv_cache, max_cache, output) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter (the decoder, or with --module attention the MHA block on
     its own)."""
-    _check_module_args(module, mask, model, **{"--seq-static": (not seq_dynamic, False),
+    _check_module_args(module, mask, model or hf, **{"--seq-static": (not seq_dynamic, False),
                                                "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
                                                "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)})
     if module is not None:
@@ -217,7 +222,7 @@ def onnx_cmd(config, model, checkpoint, module, mask, seq_dynamic, seq_len, past
     from mhaexport.exporter.onnx import export_onnx
 
     _writable(output)
-    loaded = _load(config, model, checkpoint)
+    loaded = _load(config, model, checkpoint, hf)
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
     shown = _default_opset(attention, opset)
     cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
@@ -243,12 +248,12 @@ def onnx_cmd(config, model, checkpoint, module, mask, seq_dynamic, seq_len, past
               help="torch.jit.trace (any model under the contract) or torch.jit.script (where the model allows).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/torchscript",
               show_default=True, help="Export folder (model.pt + manifest.json).")
-def torchscript_cmd(config, model, checkpoint, module, mask, mode, output) -> None:
+def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -> None:
     """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values) — or, with --module
     attention, the MHA block on its own, called as m(x, past_key, past_value)."""
     from mhaexport.exporter.torchscript import export_torchscript
 
-    _check_module_args(module, mask, model)
+    _check_module_args(module, mask, model or hf)
     if module is not None:
         from mhaexport.exporter.module import export_module_torchscript
 
@@ -259,7 +264,7 @@ def torchscript_cmd(config, model, checkpoint, module, mask, mode, output) -> No
         _show_record(export_module_torchscript(loaded, output, mode=mode))
         return
     _writable(output)
-    loaded = _load(config, model, checkpoint)
+    loaded = _load(config, model, checkpoint, hf)
     click.echo(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...", err=True)
     _show_record(export_torchscript(loaded, output, mode=mode))
 
@@ -277,7 +282,8 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
 @main.command("generate")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
-              help="Prompt text, encoded as UTF-8 bytes (byte-level models, vocab >= 256). Repeat for a batch.")
+              help="Prompt text, encoded with the folder's tokenizer.json (an --hf export) or as UTF-8 bytes "
+                   "(byte-level models, vocab >= 256). Repeat for a batch.")
 @click.option("--prompt-ids", "prompt_ids", multiple=True, metavar="5,17,42", callback=_parse_ids,
               help="Prompt token ids. Repeat for a batch (left-padded).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
@@ -287,7 +293,9 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
               help="Sample among the smallest set of tokens whose probability reaches p.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler.")
-@click.option("--eos-id", type=click.IntRange(min=0), default=None, help="Stop a row when it produces this id.")
+@click.option("--eos-id", type=click.IntRange(min=0), default=None,
+              help="Stop a row when it produces this id. Default: the model config's eos id for a folder with a "
+                   "tokenizer.json (an --hf export), none otherwise.")
 @click.option("--provider", "providers", multiple=True, default=("cpu",), show_default=True,
               metavar="cpu|cuda|NAME", help="ONNX Runtime execution provider(s), in order of preference.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads.")
@@ -304,19 +312,22 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 
     if not prompts and not prompt_ids:
         raise click.UsageError("give --prompt TEXT or --prompt-ids 5,17,42")
+    from mhaexport.runtime.tokenizer import for_folder
+
     gen = Generator(folder, providers=providers, threads=threads)  # reads and hash-checks the manifest once
-    vocab = gen.contract.vocab_size
-    if prompts and vocab < 256:
-        raise BadInput(f"--prompt encodes text as bytes (ids 0..255) but this model's vocab_size is {vocab}; "
-                       "use --prompt-ids")
-    rows = [list(p.encode("utf-8")) for p in prompts] + list(prompt_ids)
+    tok = for_folder(gen.export)  # the folder's tokenizer.json, byte-level, or None
+    if prompts and tok is None:
+        raise BadInput(f"--prompt encodes text as bytes (ids 0..255) but this model's vocab_size is "
+                       f"{gen.contract.vocab_size} and the folder carries no tokenizer.json; use --prompt-ids")
+    rows = [tok.encode(p) for p in prompts] + list(prompt_ids)
     for w in gen.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
+    if eos_id is None and tok is not None:
+        eos_id = tok.eos_token_id
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
                            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
     result = gen.generate(rows, cfg)
-    texts = ([bytes(t for t in toks if t < 256).decode("utf-8", errors="replace") for toks in result.tokens]
-             if vocab >= 256 else None)
+    texts = [tok.continuation(row, toks) for row, toks in zip(rows, result.tokens)] if tok is not None else None
     if as_json:
         click.echo(json.dumps(result.to_dict(texts)))
         return
@@ -474,7 +485,7 @@ def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", 
     _warn(export_torchscript(loaded, folder))
 
 
-def _run_bisect(folder, config, model, checkpoint, seed) -> None:
+def _run_bisect(folder, config, model, checkpoint, hf, seed) -> None:
     """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does."""
     import tempfile
 
@@ -485,7 +496,7 @@ def _run_bisect(folder, config, model, checkpoint, seed) -> None:
         if folder is None:
             from mhaexport.exporter.onnx import export_onnx
 
-            loaded = _load(config, model, checkpoint)
+            loaded = _load(config, model, checkpoint, hf)
             click.echo(f"Exporting {loaded.spec} to ONNX in a temporary folder ...", err=True)
             export_onnx(loaded, tmp)
         click.echo(f"Bisecting {folder or loaded.spec} against eager PyTorch ...", err=True)
@@ -508,11 +519,11 @@ def _run_bisect(folder, config, model, checkpoint, seed) -> None:
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does).")
-def verify_cmd(folder, config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_tokens, output,
+def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, output,
                bisect_=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
-    --config/--model only, export both formats to a temporary folder first and verify that. FOLDER with
-    --model/--config/--checkpoint re-points the folder at its model (accepted when it is the same model: the
+    --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
+    --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
     fingerprints of contract and weights match).
 
     Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation; for an
@@ -522,19 +533,19 @@ def verify_cmd(folder, config, model, checkpoint, sweep, seed, atol, rtol, runti
     import tempfile
 
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, seed)
+        _run_bisect(folder, config, model, checkpoint, hf, seed)
         return
     if folder is not None:
         out = output or folder
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
-        loaded = _load(config, model, checkpoint) if (config or model or checkpoint) else None
+        loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         click.echo(f"Verifying {folder} ...", err=True)
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
                     name="report" if output else None)
         return
     if output:
         _writable(output)
-    loaded = _load(config, model, checkpoint)
+    loaded = _load(config, model, checkpoint, hf)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
         click.echo(f"Exporting {loaded.spec} to a temporary folder ...", err=True)
         _export_both(loaded, tmp)
@@ -548,7 +559,7 @@ def verify_cmd(folder, config, model, checkpoint, sweep, seed, atol, rtol, runti
 @lowering_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
-def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_tokens, opset, attention, dtype,
+def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, opset, attention, dtype,
             output) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
     steps = ["load", "export ONNX", "export TorchScript", "verify"]
@@ -560,8 +571,8 @@ def all_cmd(config, model, checkpoint, sweep, seed, atol, rtol, runtimes, gen_to
         click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
 
     _writable(output)
-    step(f"load {model or config or 'the default model'}")
-    loaded = _load(config, model, checkpoint)
+    step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
+    loaded = _load(config, model, checkpoint, hf)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")

@@ -13,7 +13,9 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,8 +43,11 @@ class LoadedModel:
     checkpoint: str | None = None  # "shipped:small.pt", the checkpoint path as given, or None
     checkpoint_sha256: str | None = None
     # how to load it again: {"kind": "preset", "name"} | {"kind": "config"} | {"kind": "factory", "module" or
-    # "file" (absolute here, made relative to the export folder in the manifest), "callable"}; "checkpoint": path
+    # "file" (absolute here, made relative to the export folder in the manifest), "callable"} | {"kind": "hf",
+    # "path" (a Hugging Face folder; absolute here, relative in the manifest), "model_type", "architecture"};
+    # "checkpoint": path
     origin: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
     _weights_sha256: str | None = field(default=None, repr=False)
 
     @property
@@ -63,14 +68,22 @@ class LoadedModel:
         def rel(p: str | None) -> str | None:
             return None if p is None else os.path.relpath(Path(p).resolve(), folder)
 
-        source = {k: v for k, v in self.origin.items() if k not in ("file", "checkpoint")}
-        if self.origin.get("file"):
-            source["file"] = rel(self.origin["file"])
-        if self.origin.get("checkpoint"):
-            source["checkpoint"] = rel(self.origin["checkpoint"])
+        paths = ("file", "checkpoint", "path")
+        source = {k: v for k, v in self.origin.items() if k not in paths}
+        for key in paths:
+            if self.origin.get(key):
+                source[key] = rel(self.origin[key])
         return ModelRecord(spec=self.spec, contract=self.contract, fingerprint=self.fingerprint, source=source,
                            config=self.config.to_dict() if self.config else None, checkpoint=self.checkpoint_label,
                            checkpoint_sha256=self.checkpoint_sha256, weights_sha256=self.weights_sha256)
+
+    @property
+    def label(self) -> str:
+        """How error messages name the model: the architecture of an ``--hf`` model (``LlamaForCausalLM (llama)``),
+        else the spec."""
+        if self.origin.get("kind") == "hf":
+            return f"{self.origin.get('architecture', '?')} ({self.origin.get('model_type', '?')})"
+        return self.spec
 
     @property
     def checkpoint_label(self) -> str | None:
@@ -200,6 +213,28 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> str:
     return sha256_file(path)
 
 
+def exception_chain(e: BaseException | None) -> Iterator[BaseException]:
+    """``e`` and its causes (or contexts), outermost first, each once."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def failing_module(e: BaseException) -> str | None:
+    """``LlamaMLP.forward (modeling_llama.py:165)``: the innermost ``nn.Module`` method in the tracebacks of ``e``
+    and its causes (the frame whose ``self`` is a module), or None when no module's code raised."""
+    found = None
+    for exc in exception_chain(e):
+        for frame, lineno in traceback.walk_tb(exc.__traceback__):
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module):
+                found = (f"{type(owner).__name__}.{frame.f_code.co_name} "
+                         f"({Path(frame.f_code.co_filename).name}:{lineno})")
+    return found
+
+
 def smoke_check(module: nn.Module, contract: ModelContract) -> None:
     """Call the model once at (batch, seq, past) = (1, 2, 0) and check the contract's output structure."""
     from mhaexport.models.inputs import make_inputs
@@ -248,14 +283,25 @@ def _factory_origin(model: str) -> tuple[str, dict]:
 
 
 def load_model(config: str | DecoderConfig | None = None, model: str | None = None,
-               checkpoint: str | Path | None = None, *, random_weights: bool = False) -> LoadedModel:
-    """Build the model a command works on. ``config`` and ``model`` are exclusive; neither means the default preset.
+               checkpoint: str | Path | None = None, *, hf: str | Path | None = None,
+               random_weights: bool = False) -> LoadedModel:
+    """Build the model a command works on. ``config``, ``model`` and ``hf`` are exclusive; none means the default
+    preset.
 
     ``config``: a preset name, a JSON file or a DecoderConfig. The built-in presets load the package's shipped
     trained weights where they exist (unless ``random_weights``); ``checkpoint`` overrides both.
+    ``hf``: a local Hugging Face causal LM folder (``save_pretrained`` layout), wrapped under the contract by
+    :mod:`mhaexport.models.hf`; it holds its own weights, so ``checkpoint`` does not apply.
     """
-    if config is not None and model is not None:
-        raise ConfigError("give --config or --model, not both")
+    given = [f"--{n}" for n, v in (("config", config), ("model", model), ("hf", hf)) if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give one of --config, --model, --hf, not {' and '.join(given)}")
+    if hf is not None and checkpoint is not None:
+        raise ConfigError("--checkpoint loads weights into mhaexport's own models; an --hf folder holds its weights")
+    if hf is not None:
+        from mhaexport.models.hf import load_hf
+
+        return load_hf(hf)
     if model is not None:
         factory = _import_factory(model)
         try:
@@ -295,7 +341,7 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
 def load_recorded(folder: ExportFolder) -> LoadedModel:
     """Rebuild the eager model an export folder was made from (its recorded source and checkpoint, paths relative
     to the folder) and check that it is the same model (fingerprint). ArtifactError says how to re-point it
-    (``--model`` / ``--config`` / ``--checkpoint``) when the source cannot be found or no longer matches."""
+    (``--model`` / ``--config`` / ``--checkpoint`` / ``--hf``) when the source cannot be found or no longer matches."""
     record = folder.model
     if record.module is not None:  # the block on its own: models.block.load_recorded_block rebuilds it
         raise ArtifactError(f"{folder.path} holds the {record.module} block on its own (`--module "
@@ -325,11 +371,17 @@ def load_recorded(folder: ExportFolder) -> LoadedModel:
             loaded.spec = record.spec
         elif kind == "factory":
             loaded = load_model(model=f"{src['module']}:{src['callable']}", checkpoint=checkpoint)
+        elif kind == "hf":
+            path = (folder.path / src["path"]).resolve()
+            if not path.is_dir():
+                raise ArtifactError(f"the Hugging Face folder of {record.spec} is not at {path} any more: re-point "
+                                    "the folder with --hf DIR (accepted when the model is the same)")
+            loaded = load_model(hf=path)
         else:
             raise ArtifactError(f"the manifest's model source {src!r} names no way to rebuild the model")
     except ModelLoadError as e:
         raise ArtifactError(f"cannot rebuild the eager model of {folder.path} ({record.spec}): {e}; re-point it "
-                            "with --model/--config/--checkpoint") from None
+                            "with --model/--config/--checkpoint/--hf") from None
     check_same_model(loaded, record)
     return loaded
 

@@ -64,3 +64,20 @@ def altered_export(tiny_export, tmp_path):
     data[-10] ^= 0xFF
     (folder / "model.onnx").write_bytes(bytes(data))
     return folder
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory):
+    """A factory: ``hf_dir("llama")`` saves the tiny random Hugging Face model of that architecture (and a tokenizer
+    trained here) to a temporary folder once per session and returns the folder (tests/hf_models.py)."""
+    from hf_models import save_tiny
+
+    made: dict = {}
+
+    def make(name: str, tokenizer: bool = True, seed: int = 0):
+        key = (name, tokenizer, seed)
+        if key not in made:
+            made[key] = save_tiny(name, tmp_path_factory.mktemp(f"hf-{name}"), tokenizer=tokenizer, seed=seed)
+        return made[key]
+
+    return make

@@ -51,7 +51,7 @@ def test_onnx_and_torchscript_into_one_folder(runner, tmp_path):
     (["torchscript", "--checkpoint", "/no/such.pt", "--config", "tiny"], "checkpoint /no/such.pt does not exist"),
     (["onnx", "--seq-static", "--config", "tiny"], "--seq-static needs --seq-len"),
     (["onnx", "--opset", "12"], "12 is not in the range 18<=x<=23"),
-    (["onnx", "--config", "tiny", "--model", "x:y"], "give --config or --model, not both"),
+    (["onnx", "--config", "tiny", "--model", "x:y"], "give one of --config, --model, --hf, not --config and --model"),
 ])
 def test_bad_input_exits_2_with_one_line(runner, args, message):
     result = runner.invoke(main, args)

@@ -146,8 +146,21 @@ def _first_tensor(x: Any):
     return None
 
 
+def _same_shaped_outputs(out: Any, shape: tuple) -> int:
+    """How many float tensors of ``shape`` a module's output holds (a tuple like RoPE's (cos, sin) holds two)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return int(out.is_floating_point() and tuple(out.shape) == shape)
+    if isinstance(out, (tuple, list)):
+        return sum(_same_shaped_outputs(item, shape) for item in out)
+    return 0
+
+
 def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray | None, np.ndarray]], Any]:
-    """Run eager with a hook on every submodule: {path: (first input, first output)} of each module's first call."""
+    """Run eager with a hook on every submodule: {path: (first input, first output)} of each module's first call.
+    A module whose output holds several float tensors of its first output's shape is left out: "the last value of
+    that shape in its scope" could be any of them (transformers' rotary embedding returns (cos, sin))."""
     import torch
 
     seen: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
@@ -158,7 +171,7 @@ def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray |
             if path in seen:
                 return
             o, i = _first_tensor(out), _first_tensor(args)
-            if o is not None and o.is_floating_point():
+            if o is not None and o.is_floating_point() and _same_shaped_outputs(out, tuple(o.shape)) == 1:
                 inp = i.detach().float().numpy().copy() if i is not None and i.is_floating_point() else None
                 seen[path] = (inp, o.detach().float().numpy().copy())
         return fn

@@ -197,7 +197,13 @@ class VerifyReport:
         v = self.verdict
         verdict = {"passed": "✅ PASSED", "failed": "❌ FAILED"}.get(v.status, "⏭ NOT VERIFIED")
         spec = self.model.get("spec", "?")
-        ckpt = f"weights {self.model['checkpoint']}" if self.model.get("checkpoint") else "seeded random weights"
+        source = self.model.get("source") or {}
+        if self.model.get("checkpoint"):
+            ckpt = f"weights {self.model['checkpoint']}"
+        elif source.get("kind") == "hf":
+            ckpt = f"{source.get('architecture', 'Hugging Face model')}, weights of its folder"
+        else:
+            ckpt = "seeded random weights"
         arts = []
         for name, a in self.artifacts.items():
             how = [f"opset {a['opset']}"] if a.get("opset") else ([a["mode"]] if a.get("mode") else [])

@@ -1,0 +1,91 @@
+"""Tiny random Hugging Face causal LMs and a tokenizer trained here, saved like `save_pretrained` folders.
+
+Nothing is downloaded: each model is built from its config class with seeded random weights; the tokenizer is a
+byte-level BPE that the `tokenizers` library trains on the repository's data/*.txt (300 tokens: the 256 byte
+symbols, 3 specials, 41 merges).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 320  # >= the tokenizer's 300 ids
+POSITIONS = 64
+TOKENIZER_VOCAB = 300
+SPECIALS = {"pad": ("<pad>", 0), "bos": ("<s>", 1), "eos": ("</s>", 2)}
+IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def _common(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int | None = None) -> dict:
+    out = dict(vocab_size=VOCAB, max_position_embeddings=POSITIONS, num_hidden_layers=layers, hidden_size=hidden,
+               intermediate_size=2 * hidden, num_attention_heads=heads, **IDS)
+    if kv_heads is not None:
+        out["num_key_value_heads"] = kv_heads
+    return out
+
+
+def configs():
+    """{name: config} for the proved architectures (transformers imported here, so a missing one skips cleanly)."""
+    import transformers as T
+
+    return {
+        "gpt2": T.GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=64, n_layer=2, n_head=4, **IDS),
+        # grouped-query attention: 4 query heads share 2 key/value heads
+        "llama": T.LlamaConfig(**_common(kv_heads=2)),
+        # no sliding window: every position attends to the whole cache, as the contract's cache holds it
+        "mistral": T.MistralConfig(**_common(kv_heads=2), sliding_window=None),
+        "qwen2": T.Qwen2Config(**_common(kv_heads=2)),
+        "phi3": T.Phi3Config(**_common(kv_heads=2), sliding_window=None),
+        # multi-query attention (1 key/value head) and an explicit head_dim
+        "gemma": T.GemmaConfig(**_common(kv_heads=1), head_dim=16),
+        # the fast test's model: the smallest Llama that still has grouped-query attention
+        "llama-small": T.LlamaConfig(**_common(layers=1, hidden=32, kv_heads=2)),
+    }
+
+
+PROVED = ("gpt2", "llama", "mistral", "qwen2", "phi3", "gemma")
+
+
+def config_summary(cfg) -> dict:
+    """The sizes of a tiny config, for the measurements table."""
+    keys = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings")
+    return {k: getattr(cfg, k, None) for k in keys if getattr(cfg, k, None) is not None}
+
+
+def train_tokenizer(folder: str | Path) -> None:
+    """A byte-level BPE trained on data/*.txt, saved as tokenizer.json + tokenizer_config.json (bos/eos/pad)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, show_progress=False,
+                                  special_tokens=[t for t, _ in sorted(SPECIALS.values(), key=lambda x: x[1])],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train(sorted(str(p) for p in (ROOT / "data").glob("*.txt")), trainer)
+    for name, (token, want) in SPECIALS.items():
+        assert tok.token_to_id(token) == want, (name, tok.token_to_id(token))
+    folder = Path(folder)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": POSITIONS,
+              **{f"{name}_token": token for name, (token, _) in SPECIALS.items()}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def save_tiny(name: str, folder: str | Path, *, tokenizer: bool = True, seed: int = 0) -> Path:
+    """Build architecture ``name`` with seeded random weights and save it (and the tokenizer) into ``folder``."""
+    import torch
+    import transformers
+
+    cfg = configs()[name]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    folder = Path(folder)
+    transformers.utils.logging.disable_progress_bar()
+    model.save_pretrained(str(folder))
+    if tokenizer:
+        train_tokenizer(folder)
+    return folder
