@@ -15,6 +15,7 @@ import onnxruntime as ort
 
 from mhaexport import dtypes, iospec
 from mhaexport.iospec import ModelContract
+from mhaexport.runtime.foreign import Layout
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
 from mhaexport.runtime.session import CUDA, SessionConfig, open_session
 
@@ -27,7 +28,8 @@ class OrtRunner(Runner):
 
     def __init__(self, name: str, contract: ModelContract, path: str | Path | bytes, *,
                  config: SessionConfig = SessionConfig(), dtype: str = "float32", fixed: tuple[int, int] | None = None,
-                 io_binding: bool = True, optimized_cache: tuple[Path, str] | None = None) -> None:
+                 io_binding: bool = True, optimized_cache: tuple[Path, str] | None = None,
+                 layout: Layout | None = None) -> None:
         super().__init__(name, contract, dtype=dtype, fixed=fixed)
         self.path = path if isinstance(path, bytes) else Path(path)
         self.config = config
@@ -37,9 +39,27 @@ class OrtRunner(Runner):
         self.device = "cpu"
         self.warnings: list[str] = []
         self.optimized_from_cache = False
-        self.past_names = [n for i in range(contract.n_layers) for n in iospec.past_names(i)]
-        self.present_names = [n for i in range(contract.n_layers) for n in iospec.present_names(i)]
-        self.output_names = iospec.output_names(contract.n_layers)
+        # the file's names for the contract's inputs and outputs: the contract's own, or a foreign file's layout
+        self.layout = layout
+        if layout is None:
+            self.in_ids, self.in_mask, self.in_positions = iospec.INPUT_IDS, iospec.ATTENTION_MASK, None
+            self.out_logits = iospec.LOGITS
+            self.past_names = [n for i in range(contract.n_layers) for n in iospec.past_names(i)]
+            self.present_names = [n for i in range(contract.n_layers) for n in iospec.present_names(i)]
+        else:
+            self.in_ids, self.in_mask, self.in_positions = layout.input_ids, layout.attention_mask, layout.position_ids
+            self.out_logits = layout.logits
+            self.past_names, self.present_names = list(layout.past), list(layout.present)
+        self.output_names = [self.out_logits] + self.present_names
+
+    def _host_inputs(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """The file's token inputs: ids, mask and, where the file takes them, positions (cumsum(mask) - 1 over the new
+        tokens, as the contract's models compute them)."""
+        feed = {self.in_ids: ids, self.in_mask: mask}
+        if self.in_positions is not None:
+            pos = np.maximum(np.cumsum(mask, axis=-1) - 1, 0)[:, -ids.shape[1]:]  # (B, T)
+            feed[self.in_positions] = np.ascontiguousarray(pos, dtype=np.int64)
+        return feed
 
     @classmethod
     def from_session(cls, name: str, contract: ModelContract, loaded, *, dtype: str, io_binding: bool = True,
@@ -67,7 +87,11 @@ class OrtRunner(Runner):
 
     def baked_axes(self) -> list[str]:
         baked = []
+        contract_past = [n for i in range(self.contract.n_layers) for n in iospec.past_names(i)]
+        file_name = {iospec.INPUT_IDS: self.in_ids, iospec.ATTENTION_MASK: self.in_mask,
+                     **dict(zip(contract_past, self.past_names))}
         for name, axes in iospec.dynamic_input_axes(self.contract.n_layers).items():
+            name = file_name.get(name, name)
             shape = self._in_shapes.get(name, [])
             for ax, dim in axes.items():
                 if ax < len(shape) and isinstance(shape[ax], int):
@@ -76,7 +100,8 @@ class OrtRunner(Runner):
 
     # ---- numpy in, numpy out ---------------------------------------------------------------------------------
     def run_impl(self, ids: np.ndarray, mask: np.ndarray, past: KVPairs) -> Outputs:
-        return iospec.split_outputs(self.session.run(self.output_names, iospec.make_feed(ids, mask, past)))
+        feed = {**self._host_inputs(ids, mask), **dict(zip(self.past_names, (t for kv in past for t in kv)))}
+        return iospec.split_outputs(self.session.run(self.output_names, feed))
 
     # ---- the decode loop: the cache stays OrtValues on the session's device ----------------------------------
     def empty_cache(self, batch: int) -> Cache:
@@ -98,15 +123,15 @@ class OrtRunner(Runner):
         A new IOBinding per call: measured, creating one costs ~1 us (~0.4 us to clear and reuse one) against
         ~250 us for the small preset's decode step."""
         if not self.io_binding:
-            out = self.session.run(None, {iospec.INPUT_IDS: ids, iospec.ATTENTION_MASK: mask,
-                                          **dict(zip(self.past_names, cache))})
+            out = self.session.run(self.output_names, {**self._host_inputs(ids, mask),
+                                                       **dict(zip(self.past_names, cache))})
             return out[0], out[1:]
         io = self.session.io_binding()
-        io.bind_cpu_input(iospec.INPUT_IDS, ids)
-        io.bind_cpu_input(iospec.ATTENTION_MASK, mask)
+        for name, value in self._host_inputs(ids, mask).items():
+            io.bind_cpu_input(name, value)
         for name, value in zip(self.past_names, cache):
             io.bind_ortvalue_input(name, value)
-        io.bind_output(iospec.LOGITS, "cpu")  # only the logits come to the host
+        io.bind_output(self.out_logits, "cpu")  # only the logits come to the host
         for name in self.present_names:
             io.bind_output(name, self.device, 0)  # the cache stays on the session's device
         self.session.run_with_iobinding(io)
@@ -160,9 +185,10 @@ class SharedCacheOrtRunner(OrtRunner):
     def _run_shared(self, ids: np.ndarray, mask: np.ndarray, bufs: list) -> np.ndarray:
         """One call in the file's protocol: each buffer bound as its layer's past and present; returns the logits."""
         io = self.session.io_binding()
-        io.bind_cpu_input(iospec.INPUT_IDS, np.ascontiguousarray(ids, dtype=np.int64))
-        io.bind_cpu_input(iospec.ATTENTION_MASK, np.ascontiguousarray(mask, dtype=np.int64))
-        io.bind_output(iospec.LOGITS, "cpu")  # bound first: get_outputs() follows the binding order
+        feed = self._host_inputs(np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(mask, dtype=np.int64))
+        for name, value in feed.items():
+            io.bind_cpu_input(name, value)
+        io.bind_output(self.out_logits, "cpu")  # bound first: get_outputs() follows the binding order
         for past, present, buf in zip(self.past_names, self.present_names, bufs):
             io.bind_ortvalue_input(past, buf)
             io.bind_ortvalue_output(present, buf)  # the same OrtValue: written in place

@@ -1,0 +1,225 @@
+"""ONNX decoders exported by other tools, mapped onto the contract. Torch-free (ONNX Runtime's own I/O metadata).
+
+A :class:`Layout` says how a file's I/O corresponds to the decoder contract and in which protocol its producer
+drives it:
+
+- **onnxruntime-genai's model builder**: a ``genai_config.json`` next to the file names the inputs and outputs
+  (``past_key_names`` templates), the sizes (``num_key_value_heads``, ``head_size``, ``context_length``) and the
+  cache (``search.past_present_share_buffer``: one buffer per layer written in place, rows packed from slot 0 —
+  right padding); an optional ``position_ids`` input is fed from the mask.
+- **Optimum**: ``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values.N.key|value`` ->
+  ``logits``, ``present.N.key|value``; a concat cache, left padding; ``position_ids`` fed from the mask.
+- **a plain torch.onnx.export** (any names): ``input_ids``/``attention_mask`` by name or by position, then 2L cache
+  inputs and 2L cache outputs in (key, value) order per layer, by position.
+
+A file that none of these fit is refused with one line listing its inputs and outputs and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mhaexport import dtypes, iospec
+from mhaexport.errors import ArtifactError
+
+GENAI_CONFIG = "genai_config.json"
+POSITION_IDS = "position_ids"
+PRODUCERS = ("onnxruntime-genai", "optimum", "torch.onnx", "mhaexport")
+
+
+@dataclass
+class Layout:
+    """How a foreign file maps onto the contract and how its producer drives it (recorded in the adopted folder's
+    manifest entry, ``details["layout"]``)."""
+
+    producer: str  # one of PRODUCERS
+    input_ids: str
+    attention_mask: str
+    logits: str
+    past: list[str]  # 2L file input names, contract order: layer 0 key, layer 0 value, layer 1 key, ...
+    present: list[str]  # 2L file output names, same order
+    position_ids: str | None = None  # an input fed cumsum(mask) - 1 over the new tokens
+    kv_cache: str = "concat"  # "concat" | "shared" (one buffer per layer, written in place)
+    padding: str = "left"  # the producer's: "left" (the contract's) | "right" (rows packed from slot 0)
+    dtype: str = "float32"  # the cache's float dtype
+    n_layers: int = 0
+    n_heads: int = 0
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    vocab_size: int = 0
+    max_positions: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Layout:
+        return cls(**data)
+
+    @property
+    def contract(self) -> iospec.ModelContract:
+        return iospec.ModelContract(n_layers=self.n_layers, n_heads=self.n_heads or self.n_kv_heads,
+                                    head_dim=self.head_dim, vocab_size=self.vocab_size,
+                                    max_positions=self.max_positions, n_kv_heads=self.n_kv_heads)
+
+    @property
+    def protocol(self) -> str:
+        """The producer's protocol in words (reports)."""
+        cache = "one shared buffer per layer" if self.kv_cache == "shared" else "concat cache"
+        return f"{cache}, {self.padding} padding"
+
+
+def _io(path: Path) -> tuple[list, list]:
+    from mhaexport.runtime.session import cpu_session
+
+    try:
+        sess = cpu_session(str(path))
+    except Exception as e:  # noqa: BLE001 - ORT's own exception types
+        raise ArtifactError(f"ONNX Runtime cannot load {path}: {str(e).splitlines()[0]}") from None
+    return list(sess.get_inputs()), list(sess.get_outputs())
+
+
+def _listing(inputs: list, outputs: list) -> str:
+    def show(v) -> str:
+        return f"{v.name} {v.type.replace('tensor(', '').rstrip(')')}{list(v.shape)}"
+
+    return f"inputs {', '.join(map(show, inputs))}; outputs {', '.join(map(show, outputs))}"
+
+
+def _expected() -> str:
+    return ("expected the contract's input_ids, attention_mask, past_key_values.N.key|value -> logits, "
+            "present.N.key|value (optionally position_ids: Optimum, onnxruntime-genai), or a genai_config.json "
+            "naming them")
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layout:
+    """Map the ONNX file ``path`` onto the contract; ArtifactError (one line) when it cannot be mapped.
+    ``max_positions``: the model's, when the file and its config do not say (a plain export)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path} is not a file")
+    inputs, outputs = _io(path)
+    in_names, out_names = [i.name for i in inputs], [o.name for o in outputs]
+    genai = None
+    if (path.parent / GENAI_CONFIG).is_file():
+        try:
+            genai = json.loads((path.parent / GENAI_CONFIG).read_text())["model"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ArtifactError(f"{path.parent / GENAI_CONFIG} is not a readable onnxruntime-genai config: {e}") from None
+    if genai is not None and genai.get("decoder", {}).get("filename") not in (None, path.name):
+        genai = None  # the config describes another file of the folder
+    layout = _from_genai(path, genai, in_names, out_names) if genai else _by_names(in_names, out_names)
+    if layout is None:
+        layout = _by_position(inputs, outputs)
+    if layout is None:
+        raise ArtifactError(f"{path}: cannot map this file onto the decoder contract: {_listing(inputs, outputs)}; "
+                            f"{_expected()}")
+    # sizes: from the file's shapes where they are numbers, else from the genai config
+    past = {i.name: i for i in inputs}[layout.past[0]]
+    logits = {o.name: o for o in outputs}[layout.logits]
+    dt = dtypes.from_ort_type(past.type)
+    if dt is None:
+        raise ArtifactError(f"{path}: the cache input {past.name} is {past.type}: not a float cache this runtime "
+                            f"holds; {_listing(inputs, outputs)}")
+    layout.dtype = dt
+    layout.n_layers = len(layout.past) // 2
+    layout.n_kv_heads = _int(past.shape[1]) or _int((genai or {}).get("decoder", {}).get("num_key_value_heads")) or 0
+    layout.head_dim = _int(past.shape[3]) or _int((genai or {}).get("decoder", {}).get("head_size")) or 0
+    layout.vocab_size = _int(logits.shape[2]) or _int((genai or {}).get("vocab_size")) or 0
+    layout.n_heads = _int((genai or {}).get("decoder", {}).get("num_attention_heads")) or layout.n_kv_heads
+    layout.max_positions = _int((genai or {}).get("context_length")) or max_positions or 0
+    missing = [k for k in ("n_kv_heads", "head_dim", "vocab_size", "max_positions") if not getattr(layout, k)]
+    if missing:
+        raise ArtifactError(f"{path}: the file does not say its {', '.join(missing)} (symbolic dims and no "
+                            f"genai_config.json): verify it with the model options (--hf/--model/--config)")
+    if layout.n_heads == layout.n_kv_heads and genai is None:
+        layout.notes.append("query heads not stated by the file: taken as its key/value heads")
+    return layout
+
+
+def _pairs(names: list[str], key_re: str) -> list[str] | None:
+    """[layer 0 key, layer 0 value, layer 1 key, ...] from names matching ``key_re`` with groups (layer, kind)."""
+    found = {}
+    for n in names:
+        m = re.fullmatch(key_re, n)
+        if m:
+            found[(int(m.group(1)), m.group(2))] = n
+    layers = sorted({layer for layer, _ in found})
+    if not layers or layers != list(range(len(layers))) or len(found) != 2 * len(layers):
+        return None
+    return [found[(i, kind)] for i in layers for kind in ("key", "value")]
+
+
+def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> Layout | None:
+    dec = cfg.get("decoder", {})
+    names_in, names_out = dec.get("inputs", {}), dec.get("outputs", {})
+
+    def template(t: str | None) -> str:
+        return re.escape(t or "").replace("%d", r"(\d+)")
+
+    keys = {int(m.group(1)): n for n in ins if (m := re.fullmatch(template(names_in.get("past_key_names")), n))}
+    values = {int(m.group(1)): n for n in ins if (m := re.fullmatch(template(names_in.get("past_value_names")), n))}
+    pk = {int(m.group(1)): n for n in outs if (m := re.fullmatch(template(names_out.get("present_key_names")), n))}
+    pv = {int(m.group(1)): n for n in outs if (m := re.fullmatch(template(names_out.get("present_value_names")), n))}
+    n = len(keys)
+    if not n or not (len(values) == len(pk) == len(pv) == n) or sorted(keys) != list(range(n)):
+        return None
+    past = [x for i in range(n) for x in (keys[i], values[i])]
+    present = [x for i in range(n) for x in (pk[i], pv[i])]
+    ids, mask = names_in.get("input_ids", "input_ids"), names_in.get("attention_mask", "attention_mask")
+    logits = names_out.get("logits", "logits")
+    pos = names_in.get("position_ids") or (POSITION_IDS if POSITION_IDS in ins else None)
+    known = {ids, mask, *past} | ({pos} if pos else set())
+    if ids not in ins or mask not in ins or logits not in outs or set(ins) - known:
+        return None
+    shared = bool(_search(path).get("past_present_share_buffer"))
+    return Layout("onnxruntime-genai", ids, mask, logits, past, present, pos, "shared" if shared else "concat",
+                  "right")
+
+
+def _search(path: Path) -> dict:
+    try:
+        return json.loads((path.parent / GENAI_CONFIG).read_text()).get("search", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _by_names(ins: list[str], outs: list[str]) -> Layout | None:
+    """The contract's own names (Optimum's too), with or without position_ids."""
+    past = _pairs(ins, r"past_key_values\.(\d+)\.(key|value)")
+    present = _pairs(outs, r"present\.(\d+)\.(key|value)")
+    if past is None or present is None or len(past) != len(present):
+        return None
+    if iospec.INPUT_IDS not in ins or iospec.ATTENTION_MASK not in ins or iospec.LOGITS not in outs:
+        return None
+    extra = set(ins) - {iospec.INPUT_IDS, iospec.ATTENTION_MASK, *past}
+    if extra - {POSITION_IDS}:
+        return None
+    pos = POSITION_IDS if POSITION_IDS in ins else None
+    return Layout("optimum" if pos else "mhaexport", iospec.INPUT_IDS, iospec.ATTENTION_MASK, iospec.LOGITS, past,
+                  present, pos)
+
+
+def _by_position(inputs: list, outputs: list) -> Layout | None:
+    """A plain torch.onnx.export: (input_ids, attention_mask, 2L cache tensors) -> (logits, 2L cache tensors)."""
+    ins, outs = inputs, outputs
+    if len(ins) < 4 or (len(ins) - 2) % 2 or len(outs) != len(ins) - 1:
+        return None
+    ints = [i for i in ins[:2] if i.type == "tensor(int64)"]
+    floats = [i for i in ins[2:] if dtypes.from_ort_type(i.type)]
+    if len(ints) != 2 or len(floats) != len(ins) - 2 or any(len(i.shape) != 4 for i in floats):
+        return None
+    named = {i.name for i in ints}
+    ids, mask = (iospec.INPUT_IDS, iospec.ATTENTION_MASK) if named == {iospec.INPUT_IDS, iospec.ATTENTION_MASK} \
+        else (ins[0].name, ins[1].name)
+    return Layout("torch.onnx", ids, mask, outs[0].name, [i.name for i in ins[2:]], [o.name for o in outs[1:]],
+                  notes=["inputs and outputs mapped by position: (input_ids, attention_mask, then key, value per "
+                         "layer) -> (logits, then key, value per layer)"])
