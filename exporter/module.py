@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import onnx
+import onnx_ir as ir
 import torch
 from torch.export import Dim
 
@@ -49,15 +49,16 @@ def _details(loaded: LoadedModel, c: ModuleContract) -> dict:
             "example_sizes": {"batch": EXAMPLE_BATCH, "seq": EXAMPLE_SEQ, "past": EXAMPLE_PAST}}
 
 
-def _name_output_dims(model: onnx.ModelProto) -> None:
+def _name_output_dims(model: ir.Model) -> None:
     """present_* and attention_weights grow with the cache: name that axis total_sequence_length (the exporter
     writes 'past_sequence_length + sequence_length')."""
     axes = iospec.module_output_axes()
-    for out in model.graph.output:
-        for axis, name in axes.get(out.name, {}).items():
-            dim = out.type.tensor_type.shape.dim[axis]
-            dim.ClearField("dim_value")
-            dim.dim_param = name
+    for out in model.graph.outputs:
+        if named := axes.get(out.name):
+            dims = list(out.shape)
+            for axis, name in named.items():
+                dims[axis] = ir.SymbolicDim(name)
+            out.shape = ir.Shape(dims)
 
 
 def export_module_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None) -> ExportRecord:
@@ -80,13 +81,13 @@ def export_module_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int |
                                             dynamic_shapes=dynamic, input_names=list(iospec.MODULE_INPUTS),
                                             output_names=list(iospec.MODULE_OUTPUTS), verbose=False)
         except Exception as e:
-            raise ExportError(f"the {c.kind} block: {_explain_export_failure(e)}") from None
+            raise ExportError(_explain_export_failure(e, f"the {c.kind} block")) from None
         if program is None:
             raise ExportError("torch.onnx.export returned no program")
-        proto = program.model_proto
-        refuse_fixed_axes(proto, axes)
-        _name_output_dims(proto)
-        onnx.save_model(proto, staged.dir / ONNX_FILE)
+        model = program.model
+        refuse_fixed_axes(model, axes)
+        _name_output_dims(model)
+        ir.save(model, staged.dir / ONNX_FILE)
         check_onnx(staged.dir / ONNX_FILE)
         details = {**_details(loaded, c), "opset": opset, "attention": "decomposed",
                    "exporter": "torch.onnx.export(dynamo=True)"}

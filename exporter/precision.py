@@ -25,23 +25,38 @@ class PrecisionReport:
     cast_by_ort: dict[str, int] | None = None  # op type -> nodes ORT CPU wraps in Casts (no kernel for dtype)
     casts_in_graph: int = 0  # Cast nodes the exporter wrote (e.g. bool/int mask arithmetic)
     session_error: str | None = None  # ORT CPU could not build a session for this graph
+    not_run: str | None = None  # why ORT CPU was not asked (cast_by_ort stays None)
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "cast_by_ort_cpu": self.cast_by_ort, "casts_in_graph": self.casts_in_graph,
-                "ort_cpu_session_error": self.session_error, **self.extra}
+                "ort_cpu_session_error": self.session_error, "not_run": self.not_run, **self.extra}
 
 
-def precision_report(model: onnx.ModelProto, dtype: str) -> PrecisionReport:
-    """Count, per op type, the nodes ONNX Runtime CPU will run in float32 because it lacks a ``dtype`` kernel."""
-    report = PrecisionReport(dtype, casts_in_graph=sum(n.op_type == "Cast" for n in model.graph.node))
+def precision_report(model: str | Path | onnx.ModelProto, dtype: str, *, casts_in_graph: int | None = None,
+                     not_run: str | None = None) -> PrecisionReport:
+    """Count, per op type, the nodes ONNX Runtime CPU will run in float32 because it lacks a ``dtype`` kernel.
+
+    ``model``: the saved ONNX file (read without its external data; ONNX Runtime reads the data from beside it) or a
+    ModelProto. ``casts_in_graph``: the graph's Cast nodes, when the caller counted them (else read from ``model``).
+    ``not_run``: a reason not to build the ORT session (a float16 model too large for the level-0
+    graph ORT would save in one protobuf); ``cast_by_ort`` is then None, "not checked". float32 needs no session.
+    """
+    if casts_in_graph is None:
+        graph = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+        casts_in_graph = sum(n.op_type == "Cast" for n in graph.graph.node)
+    report = PrecisionReport(dtype, casts_in_graph=casts_in_graph)
     if dtype == "float32":
         report.cast_by_ort = {}
+        return report
+    if not_run is not None:
+        report.not_run = not_run
         return report
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "ort_level0.onnx")
         try:
-            cpu_session(model.SerializeToString(), optimized=out, level=0)
+            cpu_session(model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model),
+                        optimized=out, level=0)
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
             report.session_error = first_line(e)
             return report

@@ -81,6 +81,17 @@ def optimized_path(folder: Path, model_file: str, opt_level: str, provider: str)
     return folder / ".ort-cache" / f"{Path(model_file).stem}.{tag}.onnx"
 
 
+def _cache_data(cache: Path) -> Path:
+    """The external-data file of the optimized-graph cache ``cache``."""
+    return cache.with_name(cache.name + ".data")
+
+
+def _cache_stamp(source_sha256: str, cache: Path) -> str:
+    """What the cache's .sha256 stamp holds: the source file's sha256, then the cache's files' own."""
+    data = _cache_data(cache)
+    return f"{source_sha256} {sha256_file(cache)} {sha256_file(data) if data.is_file() else '-'}"
+
+
 @contextlib.contextmanager
 def _stderr_lines() -> Iterator[list[str]]:
     """Capture what native code writes to file descriptor 2 (ONNX Runtime's provider loader logs there)."""
@@ -212,12 +223,15 @@ def open_session(model_path: str | Path | bytes, cfg: SessionConfig = SessionCon
     if optimized_cache is not None:
         cache, want = optimized_cache
         stamp = cache.with_suffix(".sha256")
-        if cache.is_file() and stamp.is_file() and stamp.read_text().strip() == f"{want} {sha256_file(cache)}":
+        if cache.is_file() and stamp.is_file() and stamp.read_text().strip() == _cache_stamp(want, cache):
             source, from_cache = cache, True
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
         else:
             cache.parent.mkdir(exist_ok=True)
             so.optimized_model_filepath = str(cache)
+            # the optimized graph keeps its weights in a file beside it, as a model past 2 GB must
+            so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                        _cache_data(cache).name)
     try:
         session, missing = start_session(source, requested, so)
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
@@ -226,7 +240,7 @@ def open_session(model_path: str | Path | bytes, cfg: SessionConfig = SessionCon
         raise ArtifactError(f"ONNX Runtime cannot load {what}: {first}") from None
     if optimized_cache is not None and not from_cache and os.path.isfile(so.optimized_model_filepath):
         cache = Path(so.optimized_model_filepath)
-        cache.with_suffix(".sha256").write_text(f"{optimized_cache[1]} {sha256_file(cache)}\n")
+        cache.with_suffix(".sha256").write_text(_cache_stamp(optimized_cache[1], cache) + "\n")
     if missing:
         if cfg.strict_providers:
             raise ProviderUnavailable(missing)

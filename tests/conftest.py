@@ -33,13 +33,17 @@ def tiny_export(tiny, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_lowered(tiny, tiny_export, tmp_path_factory):
     """{lowering: ONNX export folder} of the tiny model: tiny_export for decomposed, one export per fused lowering.
-    Treat as read-only."""
-    from mhaexport.exporter.onnx import export_onnx
+    The `ort` one keeps its weights in external data (the threshold lowered to 0 bytes), so every test of it also
+    covers that path: the self-check of a lowered file with external data, sessions, bisect. Treat as read-only."""
+    from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
 
     out = {"decomposed": tiny_export}
     for attention in ("onnx", "ort"):
         folder = tmp_path_factory.mktemp(f"tiny_lowered_{attention}")
-        export_onnx(tiny, folder, attention=attention)
+        with pytest.MonkeyPatch.context() as mp:
+            if attention == "ort":
+                mp.setenv(EXTERNAL_DATA_ENV, "0")
+            export_onnx(tiny, folder, attention=attention)
         out[attention] = folder
     return out
 

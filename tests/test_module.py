@@ -175,7 +175,7 @@ def test_module_folders_are_refused_by_the_decoder_verbs_and_options(causal_expo
 
 @pytest.mark.parametrize("args, hint", [
     (["onnx", "--mask", "none"], "--mask applies to --module attention"),
-    (["onnx", "--module", "attention", "--model", "x.py:build"], "--model is a user decoder"),
+    (["onnx", "--module", "attention", "--model", "x.py:build"], "--model and --hf are decoders"),
     (["onnx", "--module", "attention", "--dtype", "float16"], "--dtype float16 does not apply"),
     (["onnx", "--module", "attention", "--seq-static", "--seq-len", "4"], "--seq-static True does not apply"),
     (["torchscript", "--module", "attention", "--config", "nope"], "unknown config 'nope'"),

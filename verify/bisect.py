@@ -221,6 +221,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
                 provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL) -> BisectReport:
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
 
+    A path may keep its weights in external data (models over 2 GB): the graph is read without them and ONNX Runtime
+    reads them from beside the file. A ModelProto must hold its weights inline (under 2 GB).
+
     Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``. ``tol`` is the relative
     error above which a tensor counts as divergent (1e-3 suits float32; use 1e-2 for float16 exports).
     """
@@ -231,12 +234,13 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
 
     if isinstance(onnx_model, (str, Path)):
         label = str(onnx_model)
+        data_dir = str(Path(onnx_model).resolve().parent)  # where ONNX Runtime finds the file's external data
         try:
-            proto = onnx.load(str(onnx_model))
+            proto = onnx.load(str(onnx_model), load_external_data=False)  # the graph; external weights stay on disk
         except Exception as e:
             raise ArtifactError(f"cannot read ONNX model {onnx_model}: {type(e).__name__}: {e}") from None
     else:
-        label, proto = "<in-memory ONNX model>", onnx_model
+        label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
     nodes = list(proto.graph.node)
     scopes = [_scopes(n) for n in nodes]
     if not any(scopes):
@@ -257,10 +261,15 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
 
     # ONNX: every float value
     exposed, _ = _expose_all(proto)
-    if exposed.ByteSize() > TWO_GB:  # protobuf's limit for one serialized message
-        raise MhaExportError(f"{label} is over 2 GB: bisect serializes it in memory; bisect a smaller config")
+    if data_dir is None and exposed.ByteSize() > TWO_GB:  # protobuf's limit for one serialized message
+        raise MhaExportError(f"{label} holds over 2 GB inline: save it with external data (onnx.save_model(..., "
+                             "save_as_external_data=True)) and bisect the file")
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if data_dir is not None:
+        # the exposed copy is served from memory without its weights, which ONNX Runtime reads from the original
+        # file's folder: no copy of a large model's external data is made
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", data_dir)
     if opt_level not in OPT_LEVELS:
         raise ConfigError(f"opt_level {opt_level!r}: expected one of {', '.join(OPT_LEVELS)}")
     so.graph_optimization_level = OPT_LEVELS[opt_level]

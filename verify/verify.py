@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport import iospec
-from mhaexport.artifact import ExportFolder
+from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.verify.checks import CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
@@ -88,8 +88,13 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
             runners.append(ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes,
                                       max_cache=int(onnx.get("max_cache")) if shared else None))
         elif rt == ONNX_REFERENCE:
-            n = _n_params(loaded.module)
-            if n > REFERENCE_MAX_PARAMS:
+            n, size = _n_params(loaded.module), sum(int(f["bytes"]) for f in onnx.files.values())
+            if size > TWO_GB:
+                runners.append(skipped(rt, c, f"the ONNX export holds {size / 1e9:.2f} GB with its external data; "
+                                              "the pure-Python reference evaluator would load every weight into "
+                                              "protobuf and numpy (it is for models up to "
+                                              f"{REFERENCE_MAX_PARAMS:,} parameters)"))
+            elif n > REFERENCE_MAX_PARAMS:
                 runners.append(skipped(rt, c, f"model has {n:,} parameters; the pure-Python reference evaluator "
                                               f"runs models up to {REFERENCE_MAX_PARAMS:,}"))
             else:

@@ -20,8 +20,10 @@ it, a fully masked (left-padded) query row gets the same uniform average of V th
 The fused nodes keep the module scope of the attention they replace (``pkg.torch.onnx.name_scopes``), so bisect
 names them by module. ``self_check.py`` runs a lowered graph against the decomposed one before it is written.
 
-Works on ``onnx.ModelProto`` (no torch): the rewrite is a graph pass that any model exporting the usual
-attention pattern gets, built-in or user factory. A model whose attention does not match raises ExportError.
+Works on an onnx_ir ``Model`` (``lower_attention_ir``: the exporter's path, weights never copied into a protobuf,
+so models past 2 GB lower too) or on an ``onnx.ModelProto`` (``lower_attention``); no torch. The rewrite is a
+graph pass that any model exporting the usual attention pattern gets, built-in or user factory. A model whose
+attention does not match raises ExportError.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention"),
             "gqa": (MS_DOMAIN, "GroupQueryAttention")}
 
 __all__ = ["ATTENTION_OPSET", "FUSED_OP", "LOWERINGS", "MS_DOMAIN", "SELF_CHECK_TOL", "LoweringReport",
-           "lower_attention", "op_counts", "self_check", "self_check_shared"]
+           "lower_attention", "lower_attention_ir", "op_counts", "self_check", "self_check_shared"]
 
 
 @dataclass
@@ -64,34 +66,58 @@ class LoweringReport:
                 "softmax_left": self.softmax_left, "op_counts": self.op_counts}
 
 
-def op_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Node count per op type (domain-qualified for non-default domains), sorted by name."""
+def op_counts(model: onnx.ModelProto | ir.Model) -> dict[str, int]:
+    """Node count per op type (domain-qualified for non-default domains), sorted by name. Takes a ModelProto or an
+    onnx_ir Model (the main graph's nodes either way)."""
+    nodes = model.graph.node if isinstance(model, onnx.ModelProto) else model.graph
     c = collections.Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-                            for n in model.graph.node)
+                            for n in nodes)
     return dict(sorted(c.items()))
 
 
 def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, head_dim: int,
                     n_kv_heads: int | None = None) -> LoweringReport:
-    """Rewrite ``model`` in place so each attention is one fused node of the ``attention`` lowering (one of
-    LOWERINGS, or "gqa": GroupQueryAttention over a shared KV buffer).
+    """Rewrite the ModelProto ``model`` in place so each attention is one fused node of the ``attention`` lowering
+    (one of LOWERINGS, or "gqa": GroupQueryAttention over a shared KV buffer).
 
-    n_heads / head_dim / n_kv_heads come from the model's contract. Raises ExportError when the graph holds no attention
-    this pass recognizes, or when some Softmax is left unmatched (``model`` is then unchanged).
+    A wrapper of :func:`lower_attention_ir` for callers that hold a proto: the proto is wrapped as an onnx_ir Model
+    (its weights are not copied), rewritten, and written back. Raises ExportError as that function does; ``model``
+    is then unchanged. The exporter itself works on onnx_ir all the way (no proto of the whole model is built).
     """
     if attention not in LOWERINGS + ("gqa",):
         raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
-    report = LoweringReport(attention)
     if attention == "decomposed":
-        report.op_counts = op_counts(model)
-        report.softmax_left = report.op_counts.get("Softmax", 0)
-        return report
+        return _decomposed_report(op_counts(model))
+    import onnx_ir as ir  # onnxscript's rewriter and onnx_ir load only when a graph is lowered
+
+    rewrites = op_counts(model).get("Softmax", 0) > 0  # else nothing to lower (or an error below)
+    ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
+    report = lower_attention_ir(ir_model, attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads)
+    if rewrites:
+        _write_back(ir_model, model)
+    return report
+
+
+def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_dim: int,
+                       n_kv_heads: int | None = None) -> LoweringReport:
+    """Rewrite the onnx_ir ``model`` in place so each attention is one fused node of the ``attention`` lowering.
+
+    n_heads / head_dim / n_kv_heads come from the model's contract. Raises ExportError when the graph holds no
+    attention this pass recognizes, or when some Softmax is left unmatched (``model`` may then be partly rewritten:
+    discard it). Works on tensors as the model holds them (a torch export's ``ONNXProgram.model`` wraps torch's own
+    parameters), so a model of any size is lowered without a protobuf of it.
+    """
+    if attention not in LOWERINGS + ("gqa",):
+        raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
+    counts = op_counts(model)
+    if attention == "decomposed":
+        return _decomposed_report(counts)
+    report = LoweringReport(attention)
     domain, op_type = FUSED_OP[attention]
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
     if attention == "onnx" and opset < ATTENTION_OPSET:
         raise ExportError(f"--attention onnx needs opset >= {ATTENTION_OPSET} (the ONNX Attention op); the model "
                           f"was exported at opset {opset}: use --opset {ATTENTION_OPSET}")
-    counts = op_counts(model)
     n_softmax = counts.get("Softmax", 0)
     if not n_softmax:
         already = counts.get(f"{domain}.{op_type}" if domain else op_type, 0)
@@ -110,25 +136,28 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
 
     from mhaexport.exporter.lowering.rules import attention_rules, why_unmatched
 
-    ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
     fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads).apply_to_model(
-        ir_model)
-    left = [n for n in ir_model.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
+        model)
+    left = [n for n in model.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
     if left:
-        why = why_unmatched(ir_model, left[0], attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads)
+        why = why_unmatched(model, left[0], attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads)
         raise ExportError(f"--attention {attention}: {len(left)} of {n_softmax} Softmax node(s) are not a "
                           f"recognized attention pattern ({why}); export with --attention decomposed")
     try:
-        ir.passes.PassManager([RemoveUnusedNodesPass(), TopologicalSortPass()])(ir_model)
+        ir.passes.PassManager([RemoveUnusedNodesPass(), TopologicalSortPass()])(model)
     except ValueError as e:  # Graph.sort: a cycle
         raise ExportError(f"--attention {attention}: the attention rewrite left the graph unsortable ({e})") from None
-    ops = [n for n in ir_model.graph if (n.domain, n.op_type) == (domain, op_type)]
-    _write_back(ir_model, model)
+    ops = [n for n in model.graph if (n.domain, n.op_type) == (domain, op_type)]
     report.fused_nodes = fused
     report.kv_cache_in_op = all(len(n.outputs) == 3 for n in ops)  # Y, present_key, present_value
     report.op_counts = op_counts(model)
     report.softmax_left = report.op_counts.get("Softmax", 0)
     return report
+
+
+def _decomposed_report(counts: dict[str, int]) -> LoweringReport:
+    """The report of the ``decomposed`` lowering: nothing rewritten, the graph's op counts as they are."""
+    return LoweringReport("decomposed", op_counts=counts, softmax_left=counts.get("Softmax", 0))
 
 
 def _write_back(ir_model: ir.Model, model: onnx.ModelProto) -> None:

@@ -4,6 +4,8 @@ attention, or wrote the fused op wrong."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 
@@ -22,10 +24,21 @@ def _np_inputs(contract: iospec.ModelContract, dtype: str, batch: int, seq: int,
     return iospec.make_feed(ids, mask, cache)
 
 
-def self_check(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.ModelContract, dtype: str,
+ModelSource = bytes | str | Path | onnx.ModelProto  # a serialized model, a file (external data beside it), a proto
+
+
+def _session_source(model: ModelSource) -> bytes | str:
+    return model.SerializeToString() if isinstance(model, onnx.ModelProto) else (
+        model if isinstance(model, bytes) else str(model))
+
+
+def self_check(decomposed: ModelSource, lowered: ModelSource, contract: iospec.ModelContract, dtype: str,
                attention: str, *, seq: int, past: int) -> float | None:
     """Run the decomposed and the lowered graph on ONNX Runtime CPU at the export's shapes, the second batch row
     left-padded, and compare every output at real (non-padded) positions; all positions must be finite.
+
+    Each graph is given as serialized bytes, a ModelProto, or the path of a saved file (whose external data ONNX
+    Runtime reads from beside it: the exporter passes the lowered model as the file it wrote).
 
     Returns the largest |difference|; raises ExportError past tolerance. Returns None (not checked) for bfloat16,
     which numpy cannot feed."""
@@ -34,11 +47,11 @@ def self_check(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.Mod
     pad = [0, min(2, past + seq - 1)]
     feed = _np_inputs(contract, dtype, batch=2, seq=seq, past=past, pad=pad)
     try:
-        ref = _cpu_session(decomposed).run(None, feed)
+        ref = _cpu_session(_session_source(decomposed)).run(None, feed)
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"ONNX Runtime CPU cannot run the decomposed {dtype} graph: {first_line(e)}") from None
     try:
-        got = _cpu_session(lowered.SerializeToString()).run(None, feed)
+        got = _cpu_session(_session_source(lowered)).run(None, feed)
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"--attention {attention}: ONNX Runtime CPU cannot run the lowered {dtype} graph: "
                           f"{first_line(e)}") from None
@@ -71,19 +84,20 @@ def _compare_real(what: str, graph: str, outputs: list[tuple[str, np.ndarray, np
     return worst
 
 
-def self_check_shared(decomposed: bytes, lowered: onnx.ModelProto, contract: iospec.ModelContract, dtype: str, *,
+def self_check_shared(decomposed: ModelSource, lowered: ModelSource, contract: iospec.ModelContract, dtype: str, *,
                       seq: int, past: int, max_cache: int) -> float | None:
     """The shared-cache lowering against the decomposed graph: both driven through the contract at the export's
     shapes, the second row left-padded — the lowered one by the runner that translates into its protocol (rows
-    packed, the past copied into the buffers, one call per row with a past). Real positions must agree."""
+    packed, the past copied into the buffers, one call per row with a past). Real positions must agree. Each graph
+    is given as :func:`self_check` takes it."""
     if dtype == "bfloat16":
         return None
     from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
     from mhaexport.runtime.session import SessionConfig
 
     cfg = SessionConfig(threads=1)
-    ref = OrtRunner("decomposed", contract, decomposed, config=cfg, dtype=dtype)
-    got = SharedCacheOrtRunner("shared", contract, lowered.SerializeToString(), config=cfg, dtype=dtype,
+    ref = OrtRunner("decomposed", contract, _session_source(decomposed), config=cfg, dtype=dtype)
+    got = SharedCacheOrtRunner("shared", contract, _session_source(lowered), config=cfg, dtype=dtype,
                                max_cache=max_cache)
     pad = [0, min(2, past + seq - 1)]
     ids, mask, cache = iospec.dummy_inputs(contract, 2, seq, past, seed=7, pad=pad, dtype=dtypes.numpy_dtype(dtype))
