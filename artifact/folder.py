@@ -103,11 +103,13 @@ class ExportFolder:
 
 def lowering_of(ef: ExportFolder) -> str | None:
     """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16", with " kv=shared"
-    for a shared KV cache (None: no ONNX)."""
+    for a shared KV cache; an adopted file's producer: "onnxruntime-genai float32 kv=shared" (None: no ONNX)."""
     onnx_art = ef.artifacts.get("onnx")
     if onnx_art is None:
         return None
     shared = " kv=shared" if onnx_art.get("kv_cache") == "shared" else ""
+    if onnx_art.get("producer"):
+        return f"{onnx_art.get('producer')} {onnx_art.dtype}{shared}"
     return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}{shared}"
 
 

@@ -509,13 +509,13 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed) -> None:
 
 
 @main.command("verify")
-@click.argument("folder", required=False, type=click.Path(file_okay=False))
+@click.argument("folder", required=False, type=click.Path())
 @model_options
 @verify_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where report.json and report.md go (default: FOLDER, where a run of named --runtime's writes "
                    "report-RUNTIMES.json/.md instead, never replacing the full report; with model options only: "
-                   "not written).")
+                   "not written). For FILE.onnx: the folder it is adopted into (default: FILE's folder/mhaexport).")
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does).")
@@ -526,12 +526,41 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
     fingerprints of contract and weights match).
 
+    FILE.onnx with --hf/--model/--config: an ONNX decoder another tool exported (onnxruntime-genai's model
+    builder, Optimum, a plain torch.onnx.export) is adopted into a folder (-o; links to the file, the manifest
+    records its layout and hashes) and verified against that model, driven in its producer's cache and padding
+    protocol (the verdict) and also in the plain one (findings). generate and bench then run on that folder.
+
     Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation; for an
     attention block on its own (--module attention): parity (against eager and torch's own attention), finite,
     causality, cache-consistency, demonstration.
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     import tempfile
 
+    if folder is not None and not Path(folder).is_dir() and (folder.endswith(".onnx") or Path(folder).is_file()):
+        if bisect_:
+            raise click.UsageError("--bisect reads mhaexport's own exports (module scopes in the graph); verify "
+                                   f"{folder} without it")
+        if not (config or model or checkpoint or hf):
+            raise click.UsageError(f"{folder} is a file: say which model it claims to be with --hf DIR, --model "
+                                   "SPEC or --config NAME (verify compares it with that model in eager PyTorch)")
+        from mhaexport.exporter.adopt import adopt_onnx, default_folder
+
+        out = Path(output) if output else default_folder(folder)
+        _writable(out, "" if output else " (give -o DIR to adopt the file elsewhere)")
+        loaded = _load(config, model, checkpoint, hf)
+        rec = adopt_onnx(loaded, folder, out)
+        entry = rec.manifest.artifacts["onnx"]
+        click.echo(f"Adopted {folder} ({entry.get('producer')} layout, driven as "
+                   f"{entry.get('layout', {}).get('kv_cache')} cache, {entry.get('padding')} padding) into "
+                   f"{rec.folder}", err=True)
+        _warn(rec)
+        click.echo(f"Verifying {rec.folder} ...", err=True)
+        _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens)
+        return
+    if folder is not None and not Path(folder).is_dir():
+        raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
+                                 param_hint="FOLDER")
     if bisect_:
         _run_bisect(folder, config, model, checkpoint, hf, seed)
         return

@@ -61,16 +61,17 @@ class Layout:
         return cls(**data)
 
     @property
-    def contract(self) -> iospec.ModelContract:
-        return iospec.ModelContract(n_layers=self.n_layers, n_heads=self.n_heads or self.n_kv_heads,
-                                    head_dim=self.head_dim, vocab_size=self.vocab_size,
-                                    max_positions=self.max_positions, n_kv_heads=self.n_kv_heads)
-
-    @property
     def protocol(self) -> str:
         """The producer's protocol in words (reports)."""
         cache = "one shared buffer per layer" if self.kv_cache == "shared" else "concat cache"
         return f"{cache}, {self.padding} padding"
+
+
+def layout_of(entry) -> Layout | None:
+    """The adopted file's layout recorded in a manifest entry (``details["layout"]``); None for mhaexport's own
+    exports, whose I/O is the contract's."""
+    data = entry.get("layout") if entry is not None else None
+    return Layout.from_dict(data) if data else None
 
 
 def _io(path: Path) -> tuple[list, list]:
@@ -102,7 +103,8 @@ def _int(v) -> int | None:
 
 def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layout:
     """Map the ONNX file ``path`` onto the contract; ArtifactError (one line) when it cannot be mapped.
-    ``max_positions``: the model's, when the file and its config do not say (a plain export)."""
+    Sizes the file's shapes and genai_config.json do not say are left 0 (adoption takes them from the model);
+    ``max_positions``: the model's, when they do not say it."""
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"{path} is not a file")
@@ -136,10 +138,6 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layo
     layout.vocab_size = _int(logits.shape[2]) or _int((genai or {}).get("vocab_size")) or 0
     layout.n_heads = _int((genai or {}).get("decoder", {}).get("num_attention_heads")) or layout.n_kv_heads
     layout.max_positions = _int((genai or {}).get("context_length")) or max_positions or 0
-    missing = [k for k in ("n_kv_heads", "head_dim", "vocab_size", "max_positions") if not getattr(layout, k)]
-    if missing:
-        raise ArtifactError(f"{path}: the file does not say its {', '.join(missing)} (symbolic dims and no "
-                            f"genai_config.json): verify it with the model options (--hf/--model/--config)")
     if layout.n_heads == layout.n_kv_heads and genai is None:
         layout.notes.append("query heads not stated by the file: taken as its key/value heads")
     return layout

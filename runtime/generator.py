@@ -16,6 +16,7 @@ from mhaexport import dtypes, iospec
 from mhaexport.errors import RuntimeInputError
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
                                       GenerationConfig, GenerationResult, left_pad)
+from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig, create_session
 
@@ -42,12 +43,14 @@ class Generator:
         self.contract = self.export.contract
         kv = self.entry.input_dtype(iospec.past_names(0)[0]) if self.contract.n_layers else self.entry.dtype
         self.kv_dtype = dtypes.numpy_dtype(kv)  # bfloat16 is refused here: numpy cannot hold it
+        self.layout = layout_of(self.entry)  # an adopted file's names for the contract's I/O (None: our own)
         if self.entry.get("kv_cache", "concat") == "shared":  # one buffer per layer, bound as past and present
             self.runner = SharedCacheOrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
-                                                            max_cache=int(self.entry.get("max_cache")))
+                                                            max_cache=int(self.entry.get("max_cache")),
+                                                            layout=self.layout)
         else:
             self.runner = OrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
-                                                 io_binding=io_binding)
+                                                 io_binding=io_binding, layout=self.layout)
         self.loop = DecodeLoop(self.runner)
         self.session = loaded.session
         self.providers = loaded.providers

@@ -177,6 +177,13 @@ def _n_layers(g: _Graph) -> int:
 # ---- the rules --------------------------------------------------------------------------------------------------
 
 def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
+    layout = ctx.get("layout")
+    if layout is not None:  # an adopted file: its I/O mapped onto the contract when it was adopted
+        extra = f", {layout.position_ids} fed from the mask" if layout.position_ids else ""
+        return [Finding("info", "contract-io", "graph inputs", f"made by {layout.producer}: its I/O mapped onto the "
+                        f"contract ({layout.input_ids}, {layout.attention_mask}, {layout.past[0]}, ... -> "
+                        f"{layout.logits}, {layout.present[0]}, ...{extra}); driven as {layout.protocol}",
+                        "none needed")]
     out = []
     n_layers = _n_layers(g)
     want_in = iospec.input_names(n_layers) if n_layers else [iospec.INPUT_IDS, iospec.ATTENTION_MASK]
@@ -204,7 +211,15 @@ def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
 def rule_fixed_axis(g: _Graph, ctx: dict) -> list[Finding]:
     out = []
     static = ctx.get("static")
-    for name, axes in iospec.dynamic_input_axes(_n_layers(g)).items():
+    layout = ctx.get("layout")
+    n_layers = layout.n_layers if layout is not None else _n_layers(g)
+    file_name = {}  # contract name -> the file's (an adopted file's layout)
+    if layout is not None:
+        contract_past = [n for i in range(n_layers) for n in iospec.past_names(i)]
+        file_name = {iospec.INPUT_IDS: layout.input_ids, iospec.ATTENTION_MASK: layout.attention_mask,
+                     **dict(zip(contract_past, layout.past))}
+    for name, axes in iospec.dynamic_input_axes(n_layers).items():
+        name = file_name.get(name, name)
         inp = g.inputs.get(name)
         if inp is None:
             continue
@@ -419,12 +434,13 @@ RULES = {
 
 
 def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions: int | None = None,
-               static: bool = False) -> LintReport:
+               static: bool = False, layout=None) -> LintReport:
     """Run every rule on ``model`` (graph only; weights in external data are not read). ``max_positions``: the
     contract's, when known (constants of that size are the model's own tables, not an example length);
-    ``static``: the file is a static export by request (fixed sequence axes are then expected)."""
+    ``static``: the file is a static export by request (fixed sequence axes are then expected); ``layout``: an
+    adopted file's :class:`~mhaexport.runtime.foreign.Layout` (its names for the contract's I/O)."""
     g = _Graph(model)
-    ctx = {"max_positions": max_positions, "static": static}
+    ctx = {"max_positions": max_positions, "static": static, "layout": layout}
     report = LintReport(label, rules=list(RULES))
     for rule in RULES.values():
         report.findings.extend(rule(g, ctx))
@@ -437,13 +453,14 @@ def lint_path(path: str | Path) -> LintReport:
     """Lint an ONNX file, or the ONNX artifact of an export folder (hashes checked; its contract and static sizes
     inform the rules)."""
     path = Path(path)
-    max_positions, static = None, False
+    max_positions, static, layout = None, False, None
     if path.is_dir():
         from mhaexport.artifact import ExportFolder
+        from mhaexport.runtime.foreign import layout_of
 
         ef = ExportFolder.open(path, "onnx")
         entry = ef.entry("onnx")
-        max_positions, static = ef.contract.max_positions, not entry.seq_dynamic
+        max_positions, static, layout = ef.contract.max_positions, not entry.seq_dynamic, layout_of(entry)
         path = ef.file("onnx")
     if not path.is_file():
         raise ArtifactError(f"{path} is neither an ONNX file nor an export folder")
@@ -451,4 +468,4 @@ def lint_path(path: str | Path) -> LintReport:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
-    return lint_model(model, str(path), max_positions=max_positions, static=static)
+    return lint_model(model, str(path), max_positions=max_positions, static=static, layout=layout)

@@ -17,6 +17,18 @@ KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
 REPORT_SCHEMA = schema.tag(KIND, VERSION)
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 
+def _results_from_dict(data: dict) -> dict[str, dict[str, CheckResult]]:
+    return {rt: {c: CheckResult(c, r["status"], r.get("figures", {}), r.get("message", ""))
+                 for c, r in checks.items()} for rt, checks in data.items()}
+
+
+def _other_from_dict(data: dict | None) -> dict | None:
+    if not data:
+        return None
+    return {**data, "runtimes": {k: RuntimeInfo(**v) for k, v in data["runtimes"].items()},
+            "results": _results_from_dict(data["results"])}
+
+
 # Exit codes of verify (and of every verb that verifies): docs/DESIGN.md "Verdicts"
 EXIT_PASSED, EXIT_FAILED, EXIT_NOT_VERIFIED = 0, 1, 4
 
@@ -72,6 +84,10 @@ class VerifyReport:
     lint: dict | None = None  # LintReport.to_dict() of the ONNX artifact (verify lints it first); None: no ONNX
     cross: list[dict] = field(default_factory=list)  # provider vs provider (ort-cuda vs ort-cpu), when both ran
     module: str | None = None  # "attention": the block on its own (--module attention); None: a decoder
+    # an adopted file whose producer drives it in another protocol, driven in the plain one too: {"protocol",
+    # "producer_protocol", "runtimes": {name: RuntimeInfo}, "results": {name: {check: CheckResult}}}. Findings:
+    # never in the verdict, the counts or the main table
+    other_protocol: dict | None = None
 
     @property
     def all_checks(self) -> tuple[str, ...]:
@@ -161,6 +177,10 @@ class VerifyReport:
             "seconds": round(self.seconds, 2), "sources": self.sources,
             "runtimes": {k: v.to_dict() for k, v in self.runtimes.items()},
             "results": {rt: {c: r.to_dict() for c, r in checks.items()} for rt, checks in self.results.items()},
+            "other_protocol": None if self.other_protocol is None else {
+                **self.other_protocol, "runtimes": {k: v.to_dict() for k, v in self.other_protocol["runtimes"].items()},
+                "results": {rt: {c: r.to_dict() for c, r in checks.items()}
+                            for rt, checks in self.other_protocol["results"].items()}},
         }
 
     @classmethod
@@ -169,13 +189,13 @@ class VerifyReport:
         return cls(
             model=data["model"], folder=data["folder"], sweep=data["sweep"], tolerance=data["tolerance"],
             runtimes={k: RuntimeInfo(**v) for k, v in data["runtimes"].items()},
-            results={rt: {c: CheckResult(c, r["status"], r.get("figures", {}), r.get("message", ""))
-                          for c, r in checks.items()} for rt, checks in data["results"].items()},
+            results=_results_from_dict(data["results"]),
             environment=data.get("environment", {}), versions=data.get("versions", {}),
             artifacts=data.get("artifacts", {}), created=data.get("created", ""),
             seconds=data.get("seconds", 0.0), sources=data.get("sources", []), requested=data.get("requested"),
             checks=data.get("checks") or list(MODULE_CHECKS if data.get("module") else CHECKS), lint=data.get("lint"),
-            cross=data.get("cross") or [], module=data.get("module"))
+            cross=data.get("cross") or [], module=data.get("module"),
+            other_protocol=_other_from_dict(data.get("other_protocol")))
 
     def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
         """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
@@ -207,6 +227,8 @@ class VerifyReport:
         arts = []
         for name, a in self.artifacts.items():
             how = [f"opset {a['opset']}"] if a.get("opset") else ([a["mode"]] if a.get("mode") else [])
+            if a.get("producer"):
+                how.append(f"made by {a['producer']}, adopted; its protocol: {a.get('protocol', '?')}")
             if a.get("attention"):
                 how.append(f"attention {a['attention']}")
             how.append(a.get("dtype", "float32"))
@@ -230,17 +252,7 @@ class VerifyReport:
                  f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
         if self.sources:
             lines += ["Merged from: " + "; ".join(self.sources) + " (sweep and tolerance above: the first report's)", ""]
-        lines.append("| runtime | providers | " + " | ".join(cols) + " |")
-        lines.append("|---|---|" + "---|" * len(cols))
-        for rt, info in self.runtimes.items():
-            if info.status == "ran":
-                cells = [self._cell(self.results.get(rt, {}).get(ch)) for ch in cols]
-            else:  # one cell says why; the checks did not run
-                cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(cols) - 1)
-            prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
-            if info.status == "skipped" and info.providers:
-                prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
-            lines.append(f"| {rt} | {prov} | " + " | ".join(cells) + " |")
+        lines += self._table(self.runtimes, self.results, cols)
         stats = [(rt, kind, v) for rt, checks in self.results.items()
                  for kind, v in ((checks.get("parity").figures.get("per_output") or {}).items()
                                  if checks.get("parity") else [])]
@@ -290,6 +302,7 @@ class VerifyReport:
                     notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
         if notes:
             lines += ["### Details", ""] + notes + [""]
+        lines += self._other_protocol_lines(cols)
         if self.cross:
             lines += ["### Provider against provider", ""]
             lines += [f"- {ICONS[c['status']]} **{c['a']} vs {c['b']}**: {c['message']}" for c in self.cross]
@@ -303,6 +316,41 @@ class VerifyReport:
         lines.append(f"<sub>{env.get('host', '?')} · {env.get('platform', '?')} · {env.get('cpus', '?')} CPUs · "
                      f"{vers} · {self.seconds:.1f} s · {self.created}</sub>")
         return "\n".join(lines) + "\n"
+
+    def _table(self, runtimes: dict[str, RuntimeInfo], results: dict[str, dict[str, CheckResult]],
+               cols: tuple[str, ...]) -> list[str]:
+        """The runtimes x checks table's lines."""
+        lines = ["| runtime | providers | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+        for rt, info in runtimes.items():
+            if info.status == "ran":
+                cells = [self._cell(results.get(rt, {}).get(ch)) for ch in cols]
+            else:  # one cell says why; the checks did not run
+                cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(cols) - 1)
+            prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
+            if info.status == "skipped" and info.providers:
+                prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
+            lines.append(f"| {rt} | {prov} | " + " | ".join(cells) + " |")
+        return lines
+
+    def _other_protocol_lines(self, cols: tuple[str, ...]) -> list[str]:
+        """An adopted file driven in the plain protocol as well as its producer's: a table of findings."""
+        o = self.other_protocol
+        if not o:
+            return []
+        lines = [f"### Under the plain protocol ({o['protocol']}): findings, not in the verdict", "",
+                 f"The file's producer drives it as {o['producer_protocol']}; the verdict above is on that protocol. "
+                 f"Here the same checks drive it as {o['protocol']}, as the contract and Optimum-style loops do: "
+                 "a failure says the file is correct only under its producer's protocol.", ""]
+        lines += self._table(o["runtimes"], o["results"], cols)
+        notes = []
+        for rt, info in o["runtimes"].items():
+            if info.status != "ran":
+                notes.append(f"- **{rt}** {info.status}: {info.reason}")
+            for ch in cols:
+                r = o["results"].get(rt, {}).get(ch)
+                if r is not None and r.status is False:
+                    notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
+        return lines + ([""] + notes if notes else []) + [""]
 
     @staticmethod
     def _cell(r: CheckResult | None) -> str:

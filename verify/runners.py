@@ -17,6 +17,7 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.errors import ProviderUnavailable
 from mhaexport.iospec import ModelContract
+from mhaexport.runtime.foreign import Layout
 from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner, skipped
 from mhaexport.runtime.session import CUDA, SessionConfig
@@ -163,13 +164,16 @@ class RecomputeRunner(Runner):
 
 def ort_runner(name: str, contract: ModelContract, path: str | Path, *, dtype: str = "float32",
                fixed: tuple[int, int] | None = None, threads: int | None = None,
-               max_cache: int | None = None) -> OrtRunner:
+               max_cache: int | None = None, layout: Layout | None = None, provider: str | None = None,
+               log_severity: int = 3) -> OrtRunner:
     """verify's ort-cpu / ort-cuda: the deploy runtime's OrtRunner on one provider (strict: a fallback to CPU
     makes ort-cuda skipped, never passed). ``max_cache``: the export's cache is one shared buffer of that many
-    slots — the runner translates the contract's calls into its protocol (every call, decoding included)."""
-    provider = CUDA if name == ORT_CUDA else "cpu"
-    cfg = SessionConfig(providers=(provider,), threads=threads, strict_providers=True)
+    slots — the runner translates the contract's calls into its protocol (every call, decoding included).
+    ``layout``: an adopted file's names for the contract's I/O. ``provider``: default from the name.
+    ``log_severity``: ONNX Runtime's log level (4: not even its errors, which the checks report themselves)."""
+    provider = provider or (CUDA if name == ORT_CUDA else "cpu")
+    cfg = SessionConfig(providers=(provider,), threads=threads, strict_providers=True, log_severity=log_severity)
     if max_cache is not None:
         return SharedCacheOrtRunner(name, contract, path, dtype=dtype, config=cfg, max_cache=max_cache,
-                                    contract_steps=True)
-    return OrtRunner(name, contract, path, dtype=dtype, fixed=fixed, config=cfg)
+                                    contract_steps=True, layout=layout)
+    return OrtRunner(name, contract, path, dtype=dtype, fixed=fixed, config=cfg, layout=layout)

@@ -18,6 +18,8 @@ from mhaexport import iospec
 from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.runtime.foreign import layout_of
+from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
@@ -86,8 +88,13 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
         elif rt in (ORT_CPU, ORT_CUDA):
             shared = onnx.get("kv_cache") == "shared"
             runners.append(ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes,
-                                      max_cache=int(onnx.get("max_cache")) if shared else None))
+                                      max_cache=int(onnx.get("max_cache")) if shared else None,
+                                      layout=layout_of(onnx)))
         elif rt == ONNX_REFERENCE:
+            if layout_of(onnx) is not None:
+                runners.append(skipped(rt, c, f"an adopted {layout_of(onnx).producer} file: the reference "
+                                              "evaluator feeds the contract's names and runs no com.microsoft op"))
+                continue
             n, size = _n_params(loaded.module), sum(int(f["bytes"]) for f in onnx.files.values())
             if size > TWO_GB:
                 runners.append(skipped(rt, c, f"the ONNX export holds {size / 1e9:.2f} GB with its external data; "
@@ -100,6 +107,23 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
             else:
                 runners.append(OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes))
     return runners
+
+
+# The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
+PLAIN_PROTOCOL = "concat cache, left padding"
+
+
+def other_protocol_runners(ef: ExportFolder, contract, runtimes: tuple[str, ...]) -> list[Runner]:
+    """For an adopted file whose producer drives it in another protocol than the plain one (a shared buffer, right
+    padding: onnxruntime-genai's builder), one runner per ONNX Runtime provider asked for that drives it in the
+    plain protocol, named ``ort-cpu:plain``: its results are findings, reported apart and not in the verdict."""
+    onnx = ef.artifacts.get("onnx")
+    layout = layout_of(onnx)
+    if layout is None or (layout.kv_cache == "concat" and layout.padding == "left"):
+        return []
+    return [ort_runner(f"{rt}:plain", contract, ef.file("onnx"), dtype=onnx.dtype, layout=layout,
+                       provider=CUDA if rt == ORT_CUDA else "cpu", log_severity=4)  # its failures are the findings
+            for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
 
 
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
@@ -166,8 +190,16 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
             say(f"lint: not run ({e})")
     if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
         threads = 1
+    plain = other_protocol_runners(ef, c, wanted)
     with torch_threads(threads):
         infos, results = run_all(runners, ctx, checks, say)
+        other = None
+        if plain:
+            say(f"the file's producer drives it as {layout_of(arts['onnx']).protocol}; now also as "
+                f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
+            p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True)
+            other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": layout_of(arts["onnx"]).protocol,
+                     "runtimes": p_infos, "results": p_results}
     cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
     return VerifyReport(
         model=ef.model.to_dict(), folder=str(ef.path),
@@ -183,10 +215,12 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
                        "static_sizes": v.static_sizes,
-                       **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache") if v.get(kk)}}
+                       **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache", "producer")
+                          if v.get(kk)},
+                       **({"protocol": layout_of(v).protocol} if layout_of(v) else {})}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
-        lint=lint.to_dict() if lint is not None else None, cross=cross,
+        lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
@@ -231,13 +265,14 @@ def _artifact_of(runner: Runner) -> str | None:
 
 
 def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
-            run: Callable[[str, Runner, Context], CheckResult] = run_check):
+            run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False):
     """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
     own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
-    is one failure with one message (its checks not run)."""
+    is one failure with one message (its checks not run). ``skip_first``: runners[0] (eager, already run) only
+    stays active for the checks' references."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
-    for runner in runners:
+    for runner in runners[1:] if skip_first else runners:
         info = RuntimeInfo(name=runner.name, status="ran", artifact=_artifact_of(runner))
         infos[runner.name] = info
         results[runner.name] = {}

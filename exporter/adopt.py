@@ -1,0 +1,148 @@
+"""Adopt an ONNX decoder exported by another tool (onnxruntime-genai's model builder, Optimum, a plain
+torch.onnx.export) into an export folder, so verify, generate and bench run on it as on mhaexport's own exports.
+
+The folder links to the foreign file (and its external data, genai_config.json and tokenizer) instead of copying
+it: a builder's file may hold gigabytes. Its manifest records the model the file claims to be (``--hf``,
+``--model``, ``--config``: the eager reference, as for an export), the file's hashes (a file rebuilt since is
+refused like any altered export), and the file's :class:`~mhaexport.runtime.foreign.Layout` under
+``details["layout"]``: the names that stand for the contract's I/O and the producer's cache and padding protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import onnx
+
+from mhaexport import iospec
+from mhaexport.artifact import stage_artifact
+from mhaexport.errors import ArtifactError
+from mhaexport.exporter.common import ExportRecord, finish
+from mhaexport.models.loading import LoadedModel
+from mhaexport.runtime.foreign import GENAI_CONFIG, Layout, detect_layout
+from mhaexport.runtime.tokenizer import tokenizer_files
+
+ADOPTED_DIR = "mhaexport"  # default folder of an adoption: beside the file, FILE's folder / ADOPTED_DIR
+# com.microsoft / ONNX ops whose presence makes a graph's weights quantized (lossy): name -> what they hold
+QUANT_OPS = {"MatMulNBits": "int{bits} blocks of {block_size}", "GatherBlockQuantized": "int{bits} embedding",
+             "DynamicQuantizeMatMul": "int8", "MatMulInteger": "int8", "QLinearMatMul": "int8",
+             "DequantizeLinear": "quantized constants"}
+
+
+def default_folder(path: str | Path) -> Path:
+    """Where ``verify FILE.onnx`` adopts FILE by default: a folder beside it."""
+    return Path(path).resolve().parent / ADOPTED_DIR
+
+
+def _external_files(path: Path) -> list[str]:
+    """The external-data files the graph references (relative to its folder), in first-reference order."""
+    model = onnx.load(str(path), load_external_data=False)
+    found: list[str] = []
+
+    def tensors():
+        yield from model.graph.initializer
+        for node in model.graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+
+    for t in tensors():
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), None)
+            if loc and loc not in found:
+                found.append(loc)
+    for loc in found:
+        if Path(loc).is_absolute() or ".." in Path(loc).parts or not (path.parent / loc).is_file():
+            raise ArtifactError(f"{path}: its external data {loc!r} is not a file beside it")
+    return found
+
+
+def quantization_of(path: Path) -> dict | None:
+    """What makes the graph's weights lossy, from its ops (None: none of :data:`QUANT_OPS`): op counts and a label."""
+    model = onnx.load(str(path), load_external_data=False)
+    counts: dict[str, int] = {}
+    label = None
+    for node in model.graph.node:
+        if node.op_type in QUANT_OPS:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            if label is None:
+                attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+                try:
+                    label = QUANT_OPS[node.op_type].format(bits=attrs.get("bits", 4),
+                                                           block_size=attrs.get("block_size", "?"))
+                except (KeyError, IndexError):
+                    label = node.op_type
+    if not counts:
+        return None
+    return {"label": label, "ops": counts, "source": "the graph's quantized ops (adopted file)"}
+
+
+def _check_sizes(layout: Layout, loaded: LoadedModel, path: Path) -> list[str]:
+    """The file must be an export of the model it is verified against: its layers, KV heads, head size and
+    vocabulary are the model's. Fills what the file leaves unsaid from the model's contract; returns notes."""
+    c = loaded.contract
+    notes = []
+    if not layout.head_dim:
+        layout.head_dim = c.head_dim
+        notes.append("head size not stated by the file: taken from the model")
+    if not layout.n_kv_heads:
+        layout.n_kv_heads = c.n_kv_heads
+        notes.append("key/value heads not stated by the file: taken from the model")
+    if not layout.vocab_size:
+        layout.vocab_size = c.vocab_size
+    if "query heads not stated by the file: taken as its key/value heads" in layout.notes:
+        layout.notes.remove("query heads not stated by the file: taken as its key/value heads")
+        layout.n_heads = c.n_heads
+    theirs = {"layers": layout.n_layers, "key/value heads": layout.n_kv_heads, "head size": layout.head_dim,
+              "vocabulary": layout.vocab_size, "query heads": layout.n_heads}
+    ours = {"layers": c.n_layers, "key/value heads": c.n_kv_heads, "head size": c.head_dim,
+            "vocabulary": c.vocab_size, "query heads": c.n_heads}
+    off = [f"{k} {theirs[k]} (the model: {ours[k]})" for k in theirs if theirs[k] != ours[k]]
+    if off:
+        raise ArtifactError(f"{path} is not an export of {loaded.label}: the file has {', '.join(off)}")
+    if layout.max_positions and layout.max_positions != c.max_positions:
+        notes.append(f"the producer's context length is {layout.max_positions}, the model's max_positions "
+                     f"{c.max_positions}: verify uses the smaller")
+    layout.max_positions = min(layout.max_positions or c.max_positions, c.max_positions)
+    return notes
+
+
+def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None = None) -> ExportRecord:
+    """Record the ONNX file ``path`` (made by another tool) in ``out_dir`` (default :func:`default_folder`) as the
+    ONNX artifact of ``loaded``: links to the file and its companions, its layout and hashes in the manifest.
+
+    ArtifactError (one line) when the file cannot be mapped onto the contract or is not an export of ``loaded``
+    (another number of layers, heads, head size or vocabulary)."""
+    started = time.perf_counter()
+    path = Path(path).resolve()
+    if path.suffix != ".onnx" or not path.is_file():
+        raise ArtifactError(f"{path} is not an ONNX file (*.onnx)")
+    out = Path(out_dir).resolve() if out_dir is not None else default_folder(path)
+    if out == path.parent:
+        raise ArtifactError(f"-o {out}: the adopted folder links to the file's, so it must be another folder "
+                            f"(default: {default_folder(path)})")
+    layout = detect_layout(path, max_positions=loaded.contract.max_positions)
+    notes = _check_sizes(layout, loaded, path) + list(layout.notes)
+    names = [path.name] + _external_files(path)
+    if (path.parent / GENAI_CONFIG).is_file():
+        names.append(GENAI_CONFIG)  # onnxruntime-genai reads the folder as its producer wrote it
+    names += [p.name for p in tokenizer_files(path.parent) if p.name not in names]
+    quant = quantization_of(path)
+    details = {
+        "producer": layout.producer, "adopted_from": str(path), "layout": layout.to_dict(),
+        "kv_cache": layout.kv_cache, "padding": layout.padding, "attention": "as exported",
+        **({"max_cache": layout.max_positions} if layout.kv_cache == "shared" else {}),
+        **({"quantization": quant} if quant else {}),
+        "opset": next((o.version for o in onnx.load(str(path), load_external_data=False).opset_import
+                       if o.domain in ("", "ai.onnx")), None),
+        "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL],
+        "exporter": f"{layout.producer} (adopted by mhaexport: not exported here)",
+    }
+    with stage_artifact(out, "onnx", purpose=f"adopt {path.name}") as staged:
+        for name in names:
+            os.symlink(path.parent / name, staged.dir / name)  # absolute: the staging folder moves the link
+        return finish(loaded, staged, fmt="onnx", main_file=path.name, files=names, dtype=layout.dtype,
+                      details=details, started=started, warns=notes, seq_dynamic=True)
+
