@@ -49,10 +49,10 @@ _ONNX_KINDS = {"MatMul": "matmul", "Einsum": "matmul", "Div": "div", "Mul": "mul
 _TORCH_KINDS = {"matmul": "matmul", "bmm": "matmul", "einsum": "matmul", "div": "div", "truediv": "div",
                 "itruediv": "div", "mul": "mul", "rmul": "mul", "imul": "mul", "masked_fill": "mask",
                 "where": "mask", "add": "mask", "radd": "mask", "iadd": "mask", "softmax": "softmax",
-                "to": "pass", "float": "pass", "half": "pass", "type_as": "pass", "dropout": "pass",
-                "contiguous": "pass", "clone": "pass", "view": "layout", "reshape": "layout", "transpose": "layout",
-                "permute": "layout", "expand": "layout", "unsqueeze": "layout", "squeeze": "layout",
-                "repeat_interleave": "layout"}
+                "to": "pass", "type": "pass", "float": "pass", "half": "pass", "type_as": "pass",
+                "dropout": "pass", "contiguous": "pass", "clone": "pass", "view": "layout", "reshape": "layout",
+                "transpose": "layout", "permute": "layout", "expand": "layout", "unsqueeze": "layout",
+                "squeeze": "layout", "repeat_interleave": "layout"}
 
 
 @dataclass
@@ -388,8 +388,11 @@ def compare_steps(trace: EagerTrace, ops: list[_Op], values: dict[str, np.ndarra
     if res.first is not None:
         i = steps.index(res.first)
         prev = next((d.step for d in reversed(steps[:i]) if d.rel is not None and not d.diverges), "input")
-        head = f"{_agree(prev)}, {_differ(res.first.step)}"
-        res.first.note = head + (f" ({res.first.note})" if res.first.note else "")
+        if res.first.rel is None:  # no such value in the ONNX graph: the note says what it does instead
+            res.first.note = f"{_agree(prev)}, then {res.first.note}"
+        else:
+            head = f"{_agree(prev)}, {_differ(res.first.step)}"
+            res.first.note = head + (f" ({res.first.note})" if res.first.note else "")
         res.note = res.first.note
     else:
         res.note = "every step inside agrees at real positions"
@@ -433,9 +436,13 @@ def _compare_mask(d: StepDiff, e: np.ndarray, o: np.ndarray | None, masked: np.n
     if rel > tol:
         d.note = f"allowed positions differ (rel err {rel:.1e})"
     elif leak > tol:
-        d.note = (f"allowed positions agree (rel err {rel:.1e}); masked positions hold {np.median(cand[hole]):.1e} "
-                  f"in ONNX (eager {np.median(e[hole]):.1e}): a fill too weak, softmax leaves masked keys weight "
+        d.note = (f"allowed positions agree (rel err {rel:.1e}); masked positions hold {_typical(cand[hole]):.1e} "
+                  f"in ONNX (eager {_typical(e[hole]):.1e}): a fill too weak, softmax leaves masked keys weight "
                   f"up to {leak:.1e}")
+
+
+def _typical(x: np.ndarray) -> float:
+    return float(np.median(x.astype(np.float64)))  # float64: the middle of two -3.4e38 does not overflow
 
 
 def _why(step: str, e: np.ndarray, o: np.ndarray, select: np.ndarray | None, trace: EagerTrace, fe: dict[str, int],

@@ -177,7 +177,8 @@ def _same_shaped_outputs(out: Any, shape: tuple) -> int:
 
 
 def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray | None, np.ndarray]], Any]:
-    """Run eager with a hook on every submodule: {path: (first input, first output)} of each module's first call.
+    """Run eager with a hook on every submodule: {path: (first input, first output)} of each module's first call
+    (the first input: the first tensor argument, else the first tensor keyword argument).
     A module whose output holds several float tensors of its first output's shape is left out: "the last value of
     that shape in its scope" could be any of them (transformers' rotary embedding returns (cos, sin))."""
     import torch
@@ -186,10 +187,14 @@ def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray |
     handles = []
 
     def hook(path):
-        def fn(mod, args, out):
+        def fn(mod, args, kwargs, out):
             if path in seen:
                 return
+            # the input: the first tensor passed, positionally or by keyword (transformers' layers call their
+            # attention as self_attn(hidden_states=...))
             o, i = _first_tensor(out), _first_tensor(args)
+            if i is None:
+                i = _first_tensor(list(kwargs.values()))
             if o is not None and o.is_floating_point() and _same_shaped_outputs(out, tuple(o.shape)) == 1:
                 inp = i.detach().float().numpy().copy() if i is not None and i.is_floating_point() else None
                 seen[path] = (inp, o.detach().float().numpy().copy())
@@ -197,7 +202,7 @@ def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray |
 
     for path, sub in module.named_modules():
         if path:
-            handles.append(sub.register_forward_hook(hook(path)))
+            handles.append(sub.register_forward_hook(hook(path), with_kwargs=True))
     try:
         with torch.no_grad():
             out = module(ids, mask, past)
