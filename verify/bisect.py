@@ -26,8 +26,8 @@ from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.artifact import TWO_GB
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
-from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, onnx_ops, relative_error,
-                                              trace_module)
+from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
+                                              relative_error, trace_module)
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -152,19 +152,6 @@ def _module_paths(scopes: list[str] | None) -> list[str]:
 
 
 
-def _first_tensor(x: Any):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (tuple, list)):
-        for item in x:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    return None
-
-
 def _same_shaped_outputs(out: Any, shape: tuple) -> int:
     """How many float tensors of ``shape`` a module's output holds (a tuple like RoPE's (cos, sin) holds two)."""
     import torch
@@ -192,9 +179,9 @@ def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray |
                 return
             # the input: the first tensor passed, positionally or by keyword (transformers' layers call their
             # attention as self_attn(hidden_states=...))
-            o, i = _first_tensor(out), _first_tensor(args)
+            o, i = first_tensor(out), first_tensor(args)
             if i is None:
-                i = _first_tensor(list(kwargs.values()))
+                i = first_tensor(list(kwargs.values()))
             if o is not None and o.is_floating_point() and _same_shaped_outputs(out, tuple(o.shape)) == 1:
                 inp = i.detach().float().numpy().copy() if i is not None and i.is_floating_point() else None
                 seen[path] = (inp, o.detach().float().numpy().copy())
@@ -377,10 +364,11 @@ def _value_sizes(proto, values: dict[str, np.ndarray]) -> dict[str, int]:
 
     sizes = {i.name: int(np.prod(i.dims)) for i in proto.graph.initializer}
     for n in proto.graph.node:
-        if n.op_type == "Constant" and n.output:
-            a = n.attribute[0] if n.attribute else None
-            sizes[n.output[0]] = (int(np.prod(a.t.dims)) if a is not None and a.type == onnx.AttributeProto.TENSOR
-                                  else 1)
+        if n.op_type == "Constant" and n.output and n.attribute:
+            a = n.attribute[0]  # value (a tensor), value_float(s), value_int(s), ...
+            A = onnx.AttributeProto
+            sizes[n.output[0]] = (int(np.prod(a.t.dims)) if a.type == A.TENSOR else len(a.floats) if a.type == A.FLOATS
+                                  else len(a.ints) if a.type == A.INTS else 1)
     sizes.update({k: int(v.size) for k, v in values.items()})
     return sizes
 
