@@ -1,8 +1,10 @@
 """verify --bisect: the ONNX graph's intermediate values against eager PyTorch's, module by module; a bug planted
-in the ONNX file only is traced to its block and module."""
+in the ONNX file only is traced to its block and module, and inside attention to its step (scores, scale, mask fill,
+softmax, weighted sum, output projection)."""
 
 from __future__ import annotations
 
+import json
 
 import numpy as np
 import onnx
@@ -78,6 +80,7 @@ def test_planted_bias_bug_is_traced_to_the_linear(tiny_export, tiny):
     report = bisect_onnx(proto, tiny)
     assert report.culprit.module == "blocks.0.ffn.0" and report.block == "blocks.0"
     assert report.first_divergent.module == "blocks.0.ffn.0"
+    assert report.steps_module is None and "steps inside" not in report.summary()  # not attention: no steps
 
 
 def test_cli_verify_bisect(tiny_export, tmp_path):
@@ -189,7 +192,8 @@ def test_a_bug_planted_at_one_attention_step_is_named_at_that_step(tiny_export, 
     assert says in report.step.note and report.steps_note == report.step.note
     assert f"first divergence: blocks.1.attn at step '{step}' (" in report.summary()
     assert says in report.summary()
-    assert report.to_dict()["step"]["step"] == step
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["step"]["step"] == step and [d["step"] for d in data["steps"]] == list(STEPS)
 
 
 def test_clean_export_every_attention_step_agrees_padded_rows_included(tiny_export, tiny):
