@@ -8,6 +8,9 @@ node (``pkg.torch.onnx.name_scopes``). Rows are ordered as the graph runs; the r
 - the **first divergent** tensor: the first module output whose relative error exceeds the tolerance, and
 - the **culprit**: the first module whose input still agrees but whose output does not — the module whose own
   computation went wrong (a scale, a mask, a lowering), with the ONNX nodes that belong to it alone.
+- when the culprit is an attention module, the **step** inside it that first diverges (scores, scale, mask fill,
+  softmax, weighted sum, output projection): ``attention_steps.py`` records eager's torch calls inside the module
+  and finds the same steps by pattern among its ONNX nodes.
 
 Caveat: exposing every value keeps ONNX Runtime from fusing across them, so a bug that only a fusion causes can
 vanish under bisect; run it with ``opt_level="disable"`` and the default to tell the two apart.
@@ -149,7 +152,6 @@ def _scopes(node) -> list[str] | None:
 def _module_paths(scopes: list[str] | None) -> list[str]:
     """Module paths a node sits in, outermost first: ['', 'blocks.1', 'blocks.1.attn', 'div_1'] -> [blocks.1, ...]."""
     return [s for s in (scopes or [])[1:-1] if s]
-
 
 
 def _same_shaped_outputs(out: Any, shape: tuple) -> int:
