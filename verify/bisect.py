@@ -5,9 +5,9 @@ value the graph computes is made a graph output, eager PyTorch runs with a forwa
 each module's output (and input) is matched to its ONNX value through the module scopes torch.onnx records on each
 node (``pkg.torch.onnx.name_scopes``). Rows are ordered as the graph runs; the report names
 
-- the **first divergent** tensor: the first module output whose relative error exceeds the tolerance, and
+- the **first divergent** tensor: the first module output whose relative error exceeds the tolerance,
 - the **culprit**: the first module whose input still agrees but whose output does not — the module whose own
-  computation went wrong (a scale, a mask, a lowering), with the ONNX nodes that belong to it alone.
+  computation went wrong (a scale, a mask, a lowering), with the ONNX nodes that belong to it alone, and
 - when the culprit is an attention module, the **step** inside it that first diverges (scores, scale, mask fill,
   softmax, weighted sum, output projection): ``attention_steps.py`` records eager's torch calls inside the module
   and finds the same steps by pattern among its ONNX nodes.
