@@ -504,8 +504,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed) -> None:
     click.echo(report.summary())
     if not report.ok:
         where = report.culprit or report.first_divergent
+        step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
         raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module} "
-                                 f"({where.onnx_value}, rel err {where.rel:.1e})")
+                                 f"({where.onnx_value}, rel err {where.rel:.1e}){step}")
 
 
 @main.command("verify")

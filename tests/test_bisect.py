@@ -1,8 +1,10 @@
 """verify --bisect: the ONNX graph's intermediate values against eager PyTorch's, module by module; a bug planted
-in the ONNX file only is traced to its block and module."""
+in the ONNX file only is traced to its block and module, and inside attention to its step (scores, scale, mask fill,
+softmax, weighted sum, output projection)."""
 
 from __future__ import annotations
 
+import json
 
 import numpy as np
 import onnx
@@ -11,7 +13,9 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 from mhaexport.cli import main
+from planted import attention_graph
 from planted.edit import rehashed_copy
+from mhaexport.verify.attention_steps import STEPS
 from mhaexport.verify.bisect import _module_paths, _scopes, bisect, bisect_onnx
 
 
@@ -52,6 +56,7 @@ def test_clean_export_has_no_divergence_and_covers_every_block(tiny_export, tiny
     assert max(r.rel for r in report.rows) < 1e-5
     positions = [r.position for r in report.rows]
     assert positions == sorted(positions)  # graph (run) order
+    assert report.steps_module is None and report.steps == [] and report.step is None  # no culprit: not looked at
 
 
 def test_planted_attention_scale_bug_is_traced_to_block_1_attention(tiny_export, tiny):
@@ -75,6 +80,7 @@ def test_planted_bias_bug_is_traced_to_the_linear(tiny_export, tiny):
     report = bisect_onnx(proto, tiny)
     assert report.culprit.module == "blocks.0.ffn.0" and report.block == "blocks.0"
     assert report.first_divergent.module == "blocks.0.ffn.0"
+    assert report.steps_module is None and "steps inside" not in report.summary()  # not attention: no steps
 
 
 def test_cli_verify_bisect(tiny_export, tmp_path):
@@ -88,7 +94,10 @@ def test_cli_verify_bisect(tiny_export, tmp_path):
     res = runner.invoke(main, ["verify", str(bad), "--bisect"])
     assert res.exit_code == 1, res.output
     assert "culprit in block blocks.1: blocks.1.attn: input agrees" in res.stdout
+    assert "first divergence: blocks.1.attn at step 'scale' (value div_1, Div node_div_1, rel err 5.0e-01): " \
+           "scores match, scaled scores do not (ONNX/eager = 0.5 everywhere" in res.stdout
     assert "FAILED: the ONNX graph diverges from eager PyTorch at blocks.1.attn" in res.stderr
+    assert "step 'scale'" in res.stderr
 
 
 def test_model_without_scopes_is_refused(tiny_export, tiny):
@@ -146,3 +155,139 @@ def test_fused_attention_keeps_its_scope_and_a_planted_scale_is_traced_to_it(tin
     assert report.culprit.input_rel < 1e-5 and report.culprit.rel > 1e-2
     assert planted["node"] in report.culprit_nodes  # listed by its scope, not as a scope-less node in the span
     assert not any(n.endswith("(no scope)") for n in report.culprit_nodes)
+    # one node for all of attention: no steps inside to compare, and the report says why
+    assert report.steps_module == "blocks.1.attn" and report.steps == [] and report.step is None
+    assert f"computes blocks.1.attn in one node ({planted['node']})" in report.steps_note
+    assert report.steps_note in report.summary()
+
+
+# ---------------------------------------------------------------- inside attention: the step that diverges
+
+# (the planted step, the step bisect must name, what its note must say)
+PLANTED_STEPS = [
+    ("scale", "scale", "scores match, scaled scores do not (ONNX/eager = 0.5 everywhere"),
+    ("mask fill", "mask fill", "masked positions hold -1.0e+00 in ONNX (eager -3.4e+38): a fill too weak"),
+    ("mask after softmax", "mask fill", "the ONNX graph applies the mask after softmax"),
+    ("softmax", "softmax", "masked scores match, attention weights do not (ONNX's weights do not sum to 1"),
+    ("weighted sum", "weighted sum", "attention weights match, weights·V does not (its value operand"),
+    ("output projection", "output projection", "weights·V matches, the output (heads merged, W_o) does not"),
+]
+
+
+@pytest.mark.parametrize("planted, step, says", PLANTED_STEPS, ids=[p[0] for p in PLANTED_STEPS])
+def test_a_bug_planted_at_one_attention_step_is_named_at_that_step(tiny_export, tiny, planted, step, says):
+    """A bug planted in block 1's attention, in the ONNX file only, at one step: bisect names that step, every
+    step before it agrees, and the note says what the values show."""
+    proto = onnx.load(str(tiny_export / "model.onnx"))
+    node = attention_graph.PLANTS[planted](proto, "blocks.1.attn")
+    report = bisect_onnx(proto, tiny)
+    assert report.culprit.module == "blocks.1.attn" and report.steps_module == "blocks.1.attn"
+    assert [d.step for d in report.steps] == list(STEPS)  # all six found on both sides, in eager's order
+    assert report.step is not None and report.step.step == step and report.step.diverges
+    i = report.steps.index(report.step)
+    assert all(d.rel < 1e-5 and not d.diverges for d in report.steps[:i])
+    assert report.steps[-1].diverges  # and the module's output with it
+    if planted != "output projection":  # that one is planted in the Transpose before W_o, not in a step's node
+        assert report.step.op.endswith(f" {node}")
+    assert says in report.step.note and report.steps_note == report.step.note
+    assert f"first divergence: blocks.1.attn at step '{step}' (" in report.summary()
+    assert says in report.summary()
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["step"]["step"] == step and [d["step"] for d in data["steps"]] == list(STEPS)
+
+
+def test_clean_export_every_attention_step_agrees_padded_rows_included(tiny_export, tiny):
+    """steps_of compares a module's steps with nothing diverging. Left padding makes fully masked query rows
+    (compared only at real positions) and masked keys holding the fill (compared by their effect)."""
+    report = bisect(tiny_export, tiny, pad=[2, 0], steps_of="blocks.0.attn")
+    assert report.ok and report.step is None
+    assert [d.step for d in report.steps] == list(STEPS)
+    assert all(d.rel < 1e-5 and not d.diverges for d in report.steps)
+    assert report.steps_note == "every step inside agrees at real positions"
+    summary = report.summary()
+    assert "no divergence" in summary and "steps inside blocks.0.attn" in summary
+    assert "steps inside" not in bisect(tiny_export, tiny, pad=[2, 0]).summary()
+
+    other = bisect(tiny_export, tiny, steps_of="blocks.0.ffn")
+    assert other.steps == [] and other.steps_note == "blocks.0.ffn is not an attention module: no Softmax among " \
+                                                     "its own ONNX nodes"
+
+
+def _attention_variants():
+    """Attention written three other ways, each with (B, H, T, D) q, k, v and a bool mask (True = allowed)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class AdditiveMask(nn.Module):  # transformers' eager attention: * scaling, + mask, softmax in fp32, dropout
+        def forward(self, q, k, v, allowed):
+            w = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5
+            w = w + torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+            w = F.dropout(w, p=0.0, training=False)
+            return torch.matmul(w, v)
+
+    class PreScaled(nn.Module):  # the query scaled before Q·Kᵀ; batched heads through bmm: (B * H, T, S)
+        def forward(self, q, k, v, allowed):
+            B, H, T, D = q.shape
+            q = (q * D ** -0.5).reshape(B * H, T, D)
+            w = torch.bmm(q, k.reshape(B * H, -1, D).transpose(1, 2))
+            w = torch.where(allowed.expand(B, H, T, -1).reshape(B * H, T, -1), w, float("-inf"))
+            return torch.bmm(w.softmax(-1), v.reshape(B * H, -1, D))
+
+    class Fused(nn.Module):
+        def forward(self, q, k, v, allowed):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+    return {"additive": AdditiveMask(), "pre-scaled": PreScaled(), "fused": Fused()}
+
+
+@pytest.mark.parametrize("variant, order", [
+    ("additive", ["scores", "scale", "mask fill", "softmax", "weighted sum"]),
+    ("pre-scaled", ["scale", "scores", "mask fill", "softmax", "weighted sum"]),
+    ("fused", []),
+])
+def test_eager_steps_are_found_in_attention_written_other_ways(variant, order):
+    """The eager trace records torch calls, not a class's methods: any attention written with them has its steps
+    found (one fused call has none, and compare_steps says so)."""
+    import torch
+    from torch import nn
+
+    from mhaexport.verify.attention_steps import compare_steps, find_steps, trace_module
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 3, 8), torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8))
+    allowed = torch.ones(3, 5, dtype=torch.bool).tril(2)[None, None]  # (1, 1, T, S)
+    model = nn.ModuleDict({"attn": _attention_variants()[variant]})
+    trace = trace_module(model, "attn", lambda: model["attn"](q, k, v, allowed))
+    found = find_steps(trace.ops)
+    assert sorted((s for s in found if s in STEPS), key=found.get) == order
+    assert trace.output.shape == ((8, 3, 8) if variant == "pre-scaled" else (2, 4, 3, 8))  # heads in batch: B * H
+    if variant == "fused":
+        res = compare_steps(trace, [], {}, None, 1e-3)
+        assert res.steps == [] and "one call (scaled_dot_product_attention)" in res.note
+    else:
+        masked = trace.values[found["mask fill"]]
+        assert (masked[..., 0, 3:] <= -1e30).all()  # the fill eager wrote, where the mask says
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, attn", [("gpt2", "hf.transformer.h.1.attn"), ("llama", "hf.model.layers.1.self_attn")])
+def test_attention_steps_of_hf_models(hf_dir, tmp_path, arch, attn):
+    """transformers' eager attention (scale by Mul, additive mask, softmax then a cast; GQA's repeated key/value
+    heads and RoPE for Llama): every step is found on both sides and agrees on a clean export, with left padding;
+    a scale planted in the ONNX file is named at its step."""
+    pytest.importorskip("transformers")
+    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.models.hf import load_hf
+
+    loaded = load_hf(hf_dir(arch, tokenizer=False))
+    export_onnx(loaded, tmp_path)
+    clean = bisect(tmp_path, loaded, pad=[2, 0], steps_of=attn)
+    assert clean.ok and [d.step for d in clean.steps] == list(STEPS)
+    assert all(not d.diverges for d in clean.steps), clean.summary()
+    proto = onnx.load(str(tmp_path / "model.onnx"))
+    attention_graph.scale(proto, attn)
+    report = bisect_onnx(proto, loaded)
+    assert report.culprit.module == attn and report.step.step == "scale", report.summary()
+    assert "ONNX/eager = 0.5 everywhere" in report.step.note

@@ -5,9 +5,12 @@ value the graph computes is made a graph output, eager PyTorch runs with a forwa
 each module's output (and input) is matched to its ONNX value through the module scopes torch.onnx records on each
 node (``pkg.torch.onnx.name_scopes``). Rows are ordered as the graph runs; the report names
 
-- the **first divergent** tensor: the first module output whose relative error exceeds the tolerance, and
+- the **first divergent** tensor: the first module output whose relative error exceeds the tolerance,
 - the **culprit**: the first module whose input still agrees but whose output does not — the module whose own
-  computation went wrong (a scale, a mask, a lowering), with the ONNX nodes that belong to it alone.
+  computation went wrong (a scale, a mask, a lowering), with the ONNX nodes that belong to it alone, and
+- when the culprit is an attention module, the **step** inside it that first diverges (scores, scale, mask fill,
+  softmax, weighted sum, output projection): ``attention_steps.py`` records eager's torch calls inside the module
+  and finds the same steps by pattern among its ONNX nodes.
 
 Caveat: exposing every value keeps ONNX Runtime from fusing across them, so a bug that only a fusion causes can
 vanish under bisect; run it with ``opt_level="disable"`` and the default to tell the two apart.
@@ -26,6 +29,8 @@ from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.artifact import TWO_GB
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
+from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
+                                              relative_error, trace_module)
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -61,6 +66,11 @@ class BisectReport:
     block: str | None = None  # the decoder block holding the culprit ("blocks.1"), None outside blocks
     culprit_nodes: list[str] = field(default_factory=list)  # ONNX nodes in the culprit's own scope
     unmatched: list[str] = field(default_factory=list)  # eager modules with no ONNX value of their output's shape
+    # inside attention: when the culprit is an attention module (or ``steps_of`` names one), its steps compared
+    steps_module: str | None = None  # the module whose steps were compared
+    steps: list[StepDiff] = field(default_factory=list)  # scores, scale, mask fill, softmax, weighted sum, output
+    step: StepDiff | None = None  # the first step that diverges
+    steps_note: str = ""  # what the first divergent step's values say, or why no step was compared
 
     @property
     def ok(self) -> bool:
@@ -90,18 +100,40 @@ class BisectReport:
         if self.ok:
             lines.append(f"no divergence: all {len(self.rows)} compared tensors within {self.tol:.0e}")
         else:
-            f = self.first_divergent
-            lines.append(f"first divergence: {f.module} ({f.onnx_value}, {f.op}): rel err {f.rel:.1e}")
-            if self.culprit is not None:
-                c = self.culprit
+            f, c, st = self.first_divergent, self.culprit, self.step
+            if (st is not None and c is not None and self.steps_module == c.module
+                    and (f.module == c.module or f.module.startswith(c.module + "."))):
+                # the step is the first value that diverges: it lies inside the culprit, before its output
+                val = f"value {st.onnx_value}, {st.op}" if st.onnx_value else "no such value in the ONNX graph"
+                rel = f", rel err {st.rel:.1e}" if st.rel is not None else ""
+                lines.append(f"first divergence: {c.module} at step '{st.step}' ({val}{rel}): {st.note}")
+            else:
+                lines.append(f"first divergence: {f.module} ({f.onnx_value}, {f.op}): rel err {f.rel:.1e}")
+            if c is not None:
                 where = f" in block {self.block}" if self.block else ""
                 inp = f"input agrees ({c.input_rel:.1e}), " if c.input_rel is not None else ""
                 lines.append(f"culprit{where}: {c.module}: {inp}output differs ({c.rel:.1e})")
-                if self.culprit_nodes:
-                    lines.append(f"  ONNX nodes of {c.module} itself: {', '.join(self.culprit_nodes)}")
+        lines += self._steps_lines()
+        if not self.ok and self.culprit is not None and self.culprit_nodes:
+            lines.append(f"  ONNX nodes of {self.culprit.module} itself: {', '.join(self.culprit_nodes)}")
         if self.unmatched:
             lines.append(f"not compared (no ONNX value of that shape in its scope): {', '.join(self.unmatched)}")
         return "\n".join(lines)
+
+    def _steps_lines(self) -> list[str]:
+        if self.steps_module is None:
+            return []
+        if not self.steps:
+            return [f"  inside {self.steps_module}: {self.steps_note}"]
+        lines = [f"  steps inside {self.steps_module} (eager vs ONNX at real positions):"]
+        for d in self.steps:
+            rel = f"{d.rel:9.1e}" if d.rel is not None else f"{'-':>9}"
+            mark = "  <-- first divergent step" if d is self.step else ("" if d.rel is not None or not d.note
+                                                                         else f"  ({d.note})")
+            lines.append(f"    {d.step:<18} {d.onnx_value or '-':<18} {(d.op or '-')[:26]:<26} {rel}{mark}")
+        if self.step is None:
+            lines.append(f"  {self.steps_note}")
+        return lines
 
 
 def _scopes(node) -> list[str] | None:
@@ -122,30 +154,6 @@ def _module_paths(scopes: list[str] | None) -> list[str]:
     return [s for s in (scopes or [])[1:-1] if s]
 
 
-def _rel(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
-    a, e = actual.astype(np.float64), expected.astype(np.float64)
-    if not np.isfinite(a).all() and np.isfinite(e).all():
-        return float("inf"), float("inf")
-    diff = np.abs(a - e)
-    diff = diff[np.isfinite(diff)]
-    max_abs = float(diff.max()) if diff.size else 0.0
-    scale = float(np.abs(e[np.isfinite(e)]).max()) if np.isfinite(e).any() else 1.0
-    return max_abs, max_abs / max(scale, 1e-12)
-
-
-def _first_tensor(x: Any):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (tuple, list)):
-        for item in x:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    return None
-
-
 def _same_shaped_outputs(out: Any, shape: tuple) -> int:
     """How many float tensors of ``shape`` a module's output holds (a tuple like RoPE's (cos, sin) holds two)."""
     import torch
@@ -158,7 +166,8 @@ def _same_shaped_outputs(out: Any, shape: tuple) -> int:
 
 
 def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray | None, np.ndarray]], Any]:
-    """Run eager with a hook on every submodule: {path: (first input, first output)} of each module's first call.
+    """Run eager with a hook on every submodule: {path: (first input, first output)} of each module's first call
+    (the first input: the first tensor argument, else the first tensor keyword argument).
     A module whose output holds several float tensors of its first output's shape is left out: "the last value of
     that shape in its scope" could be any of them (transformers' rotary embedding returns (cos, sin))."""
     import torch
@@ -167,10 +176,14 @@ def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray |
     handles = []
 
     def hook(path):
-        def fn(mod, args, out):
+        def fn(mod, args, kwargs, out):
             if path in seen:
                 return
-            o, i = _first_tensor(out), _first_tensor(args)
+            # the input: the first tensor passed, positionally or by keyword (transformers' layers call their
+            # attention as self_attn(hidden_states=...))
+            o, i = first_tensor(out), first_tensor(args)
+            if i is None:
+                i = first_tensor(list(kwargs.values()))
             if o is not None and o.is_floating_point() and _same_shaped_outputs(out, tuple(o.shape)) == 1:
                 inp = i.detach().float().numpy().copy() if i is not None and i.is_floating_point() else None
                 seen[path] = (inp, o.detach().float().numpy().copy())
@@ -178,7 +191,7 @@ def _eager_values(module, ids, mask, past) -> tuple[dict[str, tuple[np.ndarray |
 
     for path, sub in module.named_modules():
         if path:
-            handles.append(sub.register_forward_hook(hook(path)))
+            handles.append(sub.register_forward_hook(hook(path), with_kwargs=True))
     try:
         with torch.no_grad():
             out = module(ids, mask, past)
@@ -218,8 +231,14 @@ def _expose_all(proto) -> tuple[Any, list[str]]:
 
 def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: int = 4, past: int = 3,
                 pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
-                provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL) -> BisectReport:
+                provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL,
+                steps_of: str | None = None) -> BisectReport:
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
+
+    When the culprit is an attention module (a Softmax among its own ONNX nodes), its steps are compared too
+    (``verify/attention_steps.py``): scores, scale, mask fill, softmax, weighted sum, output projection; the report's
+    ``step`` is the first that diverges. ``steps_of`` (a module path) compares that module's steps whether or not
+    anything diverges.
 
     A path may keep its weights in external data (models over 2 GB): the graph is read without them and ONNX Runtime
     reads them from beside the file. A ModelProto must hold its weights inline (under 2 GB).
@@ -298,7 +317,7 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
             unmatched.append(path)
             continue
         idx, name = cand[-1]  # the last value of the output's shape computed inside the module
-        max_abs, rel = _rel(values[name], out)
+        max_abs, rel = relative_error(values[name], out)
         input_rel = None
         if inp is not None:
             scope_set = set(in_scope)
@@ -306,13 +325,13 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
                 src = [x for x in nodes[i].input if x in values and producer.get(x) not in scope_set
                        and values[x].shape == inp.shape]
                 if src:
-                    input_rel = _rel(values[src[0]], inp)[1]
+                    input_rel = relative_error(values[src[0]], inp)[1]
                     break
         rows.append(TensorDiff(path, name, op_of(idx), idx, tuple(out.shape), max_abs, rel, input_rel,
                                depth=path.count(".") + 1))
     for name, exp in expected_out.items():
         if name in values and name in producer:
-            max_abs, rel = _rel(values[name], exp)
+            max_abs, rel = relative_error(values[name], exp)
             rows.append(TensorDiff(f"output {name}", name, op_of(producer[name]), producer[name],
                                    tuple(exp.shape), max_abs, rel, depth=0))
     rows.sort(key=lambda r: (r.position, -r.depth))
@@ -333,7 +352,64 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         report.culprit_nodes = [op_of(i) + ("" if s else " (no scope)") for i, s in enumerate(scopes)
                                 if (s and _module_paths(s) and _module_paths(s)[-1] == own)
                                 or (not s and lo < i < hi)]
+    target = steps_of or (report.culprit.module if report.culprit is not None
+                          and not report.culprit.module.startswith("output ") else None)
+    if target is not None:
+        _inside_attention(report, target, proto, nodes, scopes, values, loaded.module, (ids, mask, cache),
+                          explicit=steps_of is not None)
     return report
+
+
+def _value_sizes(proto, values: dict[str, np.ndarray]) -> dict[str, int]:
+    """Element counts of the values known without their data (initializers, Constant outputs) and of the run's."""
+    import onnx
+
+    sizes = {i.name: int(np.prod(i.dims)) for i in proto.graph.initializer}
+    for n in proto.graph.node:
+        if n.op_type == "Constant" and n.output and n.attribute:
+            a = n.attribute[0]  # value (a tensor), value_float(s), value_int(s), ...
+            A = onnx.AttributeProto
+            sizes[n.output[0]] = (int(np.prod(a.t.dims)) if a.type == A.TENSOR else len(a.floats) if a.type == A.FLOATS
+                                  else len(a.ints) if a.type == A.INTS else 1)
+    sizes.update({k: int(v.size) for k, v in values.items()})
+    return sizes
+
+
+def _inside_attention(report: BisectReport, target: str, proto, nodes: list, scopes: list, values: dict,
+                      module, inputs: tuple, explicit: bool) -> None:
+    """Fill the report's steps for module ``target`` when it is an attention module: eager runs once more with the
+    module's torch calls recorded, its ONNX nodes are the ones in its scope. ``explicit``: asked for by name, so a
+    module that is not attention (or not there) is said so in ``steps_note``."""
+    import torch
+
+    own = [n for n, s in zip(nodes, scopes) if _module_paths(s) and _module_paths(s)[-1] == target]
+    fused = next((n for n in own if n.op_type in FUSED_OPS), None)
+    report.steps_module = target
+    if not any(n.op_type == "Softmax" for n in own):
+        if fused is not None:
+            report.steps_note = (f"the ONNX graph computes {target} in one node ({fused.op_type} {fused.name}): "
+                                 "its steps are not visible")
+        elif explicit:
+            report.steps_note = f"{target} is not an attention module: no Softmax among its own ONNX nodes"
+        else:
+            report.steps_module = None
+        return
+    try:
+        module.get_submodule(target)
+    except AttributeError:
+        report.steps_note = f"the eager model has no module {target}"
+        return
+
+    def run():
+        with torch.no_grad():
+            module(*inputs)
+
+    trace = trace_module(module, target, run)
+    in_scope = [i for i, s in enumerate(scopes) if target in _module_paths(s)]
+    row = next((r for r in report.rows if r.module == target), None)
+    res = compare_steps(trace, onnx_ops(nodes, in_scope, _value_sizes(proto, values)), values,
+                        (row.onnx_value, row.op) if row is not None else None, report.tol)
+    report.steps, report.step, report.steps_note = res.steps, res.first, res.note
 
 
 def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
