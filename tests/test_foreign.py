@@ -22,6 +22,7 @@ from mhaexport.exporter.adopt import adopt_onnx, default_folder
 from mhaexport.exporter.onnx import dynamic_shapes
 from mhaexport.models.loading import load_model
 from mhaexport.runtime.foreign import detect_layout
+from mhaexport.runtime.runner import Runner
 from mhaexport.verify import verify_folder
 
 pytest.importorskip("transformers")
@@ -287,3 +288,34 @@ def test_a_file_with_the_contracts_names_is_optimums_unless_an_mhaexport_manifes
     (own.parent / "manifest.json").write_text(json.dumps(adopted))
     assert detect_layout(own).producer == "optimum"
 
+
+
+class _WrongWherePadded(Runner):
+    """A toy runtime: zero logits and cache, plus ``off`` on the logits of a call with a padded row (what a file that
+    takes positions from the cache length rather than the mask gives: Optimum's Gemma export)."""
+
+    def __init__(self, name, contract, off):
+        super().__init__(name, contract)
+        self.off = off
+
+    def run_impl(self, ids, mask, past):
+        B, T = ids.shape
+        kv = np.zeros((B, self.contract.n_kv_heads, mask.shape[1], self.contract.head_dim), np.float32)
+        logits = np.full((B, T, self.contract.vocab_size), 0.0 if mask.all() else self.off, np.float32)
+        return logits, tuple((kv, kv) for _ in past)
+
+
+def test_dynamic_shapes_blames_the_padding_not_a_baked_size_when_only_padded_shapes_fail():
+    from mhaexport.iospec import ModelContract
+    from mhaexport.verify.checks import Context, Tolerance, check_dynamic_shapes
+    from mhaexport.verify.sweep import build_sweep
+
+    c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
+    cases = build_sweep(c)
+    assert any(any(cs.pad) for cs in cases) and any(not any(cs.pad) for cs in cases)
+    ctx = Context(contract=c, cases=cases, tol=Tolerance(1e-4, 1e-3), eager=_WrongWherePadded("eager", c, 0.0),
+                  export_sizes=(3, 5))
+    r = check_dynamic_shapes(_WrongWherePadded("ort-cpu", c, 0.5), ctx)
+    assert r.status is False
+    assert "pad=" in r.message and "the padding, not the shapes" in r.message
+    assert "baked in" not in r.message  # it was: "right at the export's own sizes ...: a size baked in at export"
