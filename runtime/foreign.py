@@ -8,7 +8,9 @@ drives it:
   cache (``search.past_present_share_buffer``: one buffer per layer written in place, rows packed from slot 0 —
   right padding); an optional ``position_ids`` input is fed from the mask.
 - **Optimum**: ``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values.N.key|value`` ->
-  ``logits``, ``present.N.key|value``; a concat cache, left padding; ``position_ids`` fed from the mask.
+  ``logits``, ``present.N.key|value``; a concat cache, left padding; ``position_ids`` fed from the mask. Model types
+  Optimum exports without ``position_ids`` (Gemma) have the contract's names exactly (mhaexport's own exports too:
+  those are told apart by the export folder's manifest.json).
 - **a plain torch.onnx.export** (any names): ``input_ids``/``attention_mask`` by name or by position, then 2L cache
   inputs and 2L cache outputs in (key, value) order per layer, by position.
 
@@ -118,7 +120,7 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layo
             raise ArtifactError(f"{path.parent / GENAI_CONFIG} is not a readable onnxruntime-genai config: {e}") from None
     if genai is not None and genai.get("decoder", {}).get("filename") not in (None, path.name):
         genai = None  # the config describes another file of the folder
-    layout = _from_genai(path, genai, in_names, out_names) if genai else _by_names(in_names, out_names)
+    layout = _from_genai(path, genai, in_names, out_names) if genai else _by_names(in_names, out_names, path)
     if layout is None:
         layout = _by_position(inputs, outputs)
     if layout is None:
@@ -190,8 +192,19 @@ def _search(path: Path) -> dict:
         return {}
 
 
-def _by_names(ins: list[str], outs: list[str]) -> Layout | None:
-    """The contract's own names (Optimum's too), with or without position_ids."""
+def _own_export(path: Path) -> bool:
+    """Whether ``path`` is the ONNX file of an mhaexport export folder (its manifest.json lists it, not adopted)."""
+    try:
+        entry = json.loads((path.parent / "manifest.json").read_text())["artifacts"]["onnx"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(entry, dict) and entry.get("file") == path.name and not entry.get("producer")
+
+
+def _by_names(ins: list[str], outs: list[str], path: Path) -> Layout | None:
+    """The contract's own names (Optimum's too), with or without position_ids. Optimum's export of a model type
+    that takes no position_ids (Gemma) has none either: the names say Optimum unless an mhaexport manifest beside
+    the file lists it."""
     past = _pairs(ins, r"past_key_values\.(\d+)\.(key|value)")
     present = _pairs(outs, r"present\.(\d+)\.(key|value)")
     if past is None or present is None or len(past) != len(present):
@@ -202,8 +215,8 @@ def _by_names(ins: list[str], outs: list[str]) -> Layout | None:
     if extra - {POSITION_IDS}:
         return None
     pos = POSITION_IDS if POSITION_IDS in ins else None
-    return Layout("optimum" if pos else "mhaexport", iospec.INPUT_IDS, iospec.ATTENTION_MASK, iospec.LOGITS, past,
-                  present, pos)
+    return Layout("mhaexport" if _own_export(path) else "optimum", iospec.INPUT_IDS, iospec.ATTENTION_MASK,
+                  iospec.LOGITS, past, present, pos)
 
 
 def _by_position(inputs: list, outputs: list) -> Layout | None:

@@ -22,6 +22,7 @@ from mhaexport.exporter.adopt import adopt_onnx, default_folder
 from mhaexport.exporter.onnx import dynamic_shapes
 from mhaexport.models.loading import load_model
 from mhaexport.runtime.foreign import detect_layout
+from mhaexport.runtime.runner import Runner
 from mhaexport.verify import verify_folder
 
 pytest.importorskip("transformers")
@@ -248,3 +249,73 @@ def test_the_builders_int4_file_is_lossy_and_verified_on_quality(llama, tmp_path
     assert q and q["ops"].get("MatMulNBits", 0) > 0
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES)
     assert report.verdict.code in (0, 1), report.to_markdown()
+
+
+def _contract_named_file(folder: Path) -> Path:
+    """A graph with the contract's I/O names exactly and no position_ids (what Optimum exports for Gemma, and what
+    mhaexport exports): enough for ONNX Runtime to load it and detect_layout to read its I/O."""
+    from onnx import TensorProto, helper
+
+    f, i = TensorProto.FLOAT, TensorProto.INT64
+    ins = [helper.make_tensor_value_info("input_ids", i, ["b", "s"]),
+           helper.make_tensor_value_info("attention_mask", i, ["b", "t"])]
+    outs = [helper.make_tensor_value_info("logits", f, ["b", "s", "v"])]
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids_f"], to=f),
+             helper.make_node("Unsqueeze", ["ids_f", "axis"], ["logits"])]
+    for kind in ("key", "value"):
+        ins.append(helper.make_tensor_value_info(f"past_key_values.0.{kind}", f, ["b", 2, "p", 16]))
+        outs.append(helper.make_tensor_value_info(f"present.0.{kind}", f, ["b", 2, "t", 16]))
+        nodes.append(helper.make_node("Identity", [f"past_key_values.0.{kind}"], [f"present.0.{kind}"]))
+    axis = helper.make_tensor("axis", TensorProto.INT64, [1], [2])
+    graph = helper.make_graph(nodes, "g", ins, outs, initializer=[axis])
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10),
+              folder / "model.onnx")
+    return folder / "model.onnx"
+
+
+def test_a_file_with_the_contracts_names_is_optimums_unless_an_mhaexport_manifest_lists_it(tmp_path):
+    """Optimum exports Gemma without position_ids, so its I/O names are the contract's exactly: it was reported
+    "made by mhaexport". mhaexport's own export is told apart by its folder's manifest.json."""
+    path = _contract_named_file(tmp_path / "optimum-gemma")
+    layout = detect_layout(path)
+    assert (layout.producer, layout.position_ids, layout.kv_cache, layout.padding) == \
+        ("optimum", None, "concat", "left")
+    own = _contract_named_file(tmp_path / "own")
+    (own.parent / "manifest.json").write_text(json.dumps({"artifacts": {"onnx": {"file": "model.onnx"}}}))
+    assert detect_layout(own).producer == "mhaexport"
+    adopted = {"artifacts": {"onnx": {"file": "model.onnx", "producer": "optimum"}}}  # an adopted folder's own link
+    (own.parent / "manifest.json").write_text(json.dumps(adopted))
+    assert detect_layout(own).producer == "optimum"
+
+
+
+class _WrongWherePadded(Runner):
+    """A toy runtime: zero logits and cache, plus ``off`` on the logits of a call with a padded row (what a file that
+    takes positions from the cache length rather than the mask gives: Optimum's Gemma export)."""
+
+    def __init__(self, name, contract, off):
+        super().__init__(name, contract)
+        self.off = off
+
+    def run_impl(self, ids, mask, past):
+        B, T = ids.shape
+        kv = np.zeros((B, self.contract.n_kv_heads, mask.shape[1], self.contract.head_dim), np.float32)
+        logits = np.full((B, T, self.contract.vocab_size), 0.0 if mask.all() else self.off, np.float32)
+        return logits, tuple((kv, kv) for _ in past)
+
+
+def test_dynamic_shapes_blames_the_padding_not_a_baked_size_when_only_padded_shapes_fail():
+    from mhaexport.iospec import ModelContract
+    from mhaexport.verify.checks import Context, Tolerance, check_dynamic_shapes
+    from mhaexport.verify.sweep import build_sweep
+
+    c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
+    cases = build_sweep(c)
+    assert any(any(cs.pad) for cs in cases) and any(not any(cs.pad) for cs in cases)
+    ctx = Context(contract=c, cases=cases, tol=Tolerance(1e-4, 1e-3), eager=_WrongWherePadded("eager", c, 0.0),
+                  export_sizes=(3, 5))
+    r = check_dynamic_shapes(_WrongWherePadded("ort-cpu", c, 0.5), ctx)
+    assert r.status is False
+    assert "pad=" in r.message and "the padding, not the shapes" in r.message
+    assert "baked in" not in r.message  # it was: "right at the export's own sizes ...: a size baked in at export"
