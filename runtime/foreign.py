@@ -120,7 +120,12 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layo
             raise ArtifactError(f"{path.parent / GENAI_CONFIG} is not a readable onnxruntime-genai config: {e}") from None
     if genai is not None and genai.get("decoder", {}).get("filename") not in (None, path.name):
         genai = None  # the config describes another file of the folder
+    own = _own_export(path)
+    if own is not None:
+        genai = None  # mhaexport writes a genai_config.json too: its manifest says more
     layout = _from_genai(path, genai, in_names, out_names) if genai else _by_names(in_names, out_names, path)
+    if layout is not None and own is not None and own.get("kv_cache") == "shared":
+        layout.kv_cache, layout.padding = "shared", "right"  # --kv-cache shared: GroupQueryAttention's protocol
     if layout is None:
         layout = _by_position(inputs, outputs)
     if layout is None:
@@ -192,13 +197,15 @@ def _search(path: Path) -> dict:
         return {}
 
 
-def _own_export(path: Path) -> bool:
-    """Whether ``path`` is the ONNX file of an mhaexport export folder (its manifest.json lists it, not adopted)."""
+def _own_export(path: Path) -> dict | None:
+    """The manifest entry when ``path`` is the ONNX file of an mhaexport export folder (its manifest.json lists it,
+    not adopted), else None."""
     try:
         entry = json.loads((path.parent / "manifest.json").read_text())["artifacts"]["onnx"]
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return isinstance(entry, dict) and entry.get("file") == path.name and not entry.get("producer")
+        return None
+    own = isinstance(entry, dict) and entry.get("file") == path.name and not entry.get("producer")
+    return entry if own else None
 
 
 def _by_names(ins: list[str], outs: list[str], path: Path) -> Layout | None:
@@ -215,7 +222,7 @@ def _by_names(ins: list[str], outs: list[str], path: Path) -> Layout | None:
     if extra - {POSITION_IDS}:
         return None
     pos = POSITION_IDS if POSITION_IDS in ins else None
-    return Layout("mhaexport" if _own_export(path) else "optimum", iospec.INPUT_IDS, iospec.ATTENTION_MASK,
+    return Layout("mhaexport" if _own_export(path) is not None else "optimum", iospec.INPUT_IDS, iospec.ATTENTION_MASK,
                   iospec.LOGITS, past, present, pos)
 
 

@@ -319,3 +319,10 @@ def test_dynamic_shapes_blames_the_padding_not_a_baked_size_when_only_padded_sha
     assert r.status is False
     assert "pad=" in r.message and "the padding, not the shapes" in r.message
     assert "baked in" not in r.message  # it was: "right at the export's own sizes ...: a size baked in at export"
+
+
+def test_an_mhaexport_file_is_recognised_by_its_manifest_not_its_genai_config(tiny_export):
+    """Our exports carry a genai_config.json too: the manifest beside the file says who made it and how."""
+    assert (tiny_export / "genai_config.json").is_file()
+    layout = detect_layout(tiny_export / "model.onnx")
+    assert (layout.producer, layout.kv_cache, layout.padding) == ("mhaexport", "concat", "left")
