@@ -91,11 +91,13 @@ class ExportFolder:
 
 
 def lowering_of(ef: ExportFolder) -> str | None:
-    """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16" (None: no ONNX)."""
+    """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16", with the weights'
+    quantization when there is one: "attention=decomposed float32 int4" (None: no ONNX)."""
     onnx_art = ef.artifacts.get("onnx")
     if onnx_art is None:
         return None
-    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}"
+    quant = (onnx_art.get("quantization") or {}).get("weights")
+    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}" + (f" {quant}" if quant else "")
 
 
 def same_model_folders(folder: str | Path, ef: ExportFolder,
