@@ -11,7 +11,7 @@ from pathlib import Path
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
 from mhaexport.env import environment
 from mhaexport.errors import ArtifactError
-from mhaexport.verify.checks import CHECKS, CheckResult
+from mhaexport.verify.checks import ALL_CHECKS, CHECKS, QUALITY, CheckResult
 
 KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
 REPORT_SCHEMA = schema.tag(KIND, VERSION)
@@ -46,6 +46,7 @@ class RuntimeInfo:
     calls: int = 0
     seconds: float = 0.0
     host: str = ""
+    self_tolerance: str | None = None  # a lossy artifact's tolerance for comparing it with itself (verify/quality)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -128,7 +129,7 @@ class VerifyReport:
         from mhaexport.verify.runners import DEFAULT_RUNTIMES
 
         named = self.requested is not None and set(self.requested) != set(DEFAULT_RUNTIMES)
-        return named or set(self.checks) != set(CHECKS)
+        return named or not set(CHECKS) <= set(self.checks)
 
     def default_name(self) -> str:
         """"report" for a full run; "report-ort-cuda+torchscript" (the runtimes asked for) for a subset run."""
@@ -191,6 +192,8 @@ class VerifyReport:
             if a.get("attention"):
                 how.append(f"attention {a['attention']}")
             how.append(a.get("dtype", "float32"))
+            if a.get("quantization"):
+                how.append(f"**{a['quantization'].get('label') or a['quantization'].get('weights')} weights, lossy**")
             sizes = a.get("static_sizes") or {}
             static = "static " + " ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items() if "total" not in k)
             how.append("dynamic axes" if a.get("seq_dynamic", True) else static)
@@ -205,13 +208,14 @@ class VerifyReport:
                  f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
         if self.sources:
             lines += ["Merged from: " + "; ".join(self.sources) + " (sweep and tolerance above: the first report's)", ""]
-        lines.append("| runtime | providers | " + " | ".join(CHECKS) + " |")
-        lines.append("|---|---|" + "---|" * len(CHECKS))
+        cols = self.columns
+        lines.append("| runtime | providers | " + " | ".join(cols) + " |")
+        lines.append("|---|---|" + "---|" * len(cols))
         for rt, info in self.runtimes.items():
             if info.status == "ran":
-                cells = [self._cell(self.results.get(rt, {}).get(ch)) for ch in CHECKS]
+                cells = [self._cell(self.results.get(rt, {}).get(ch)) for ch in cols]
             else:  # one cell says why; the checks did not run
-                cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(CHECKS) - 1)
+                cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(cols) - 1)
             prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
             if info.status == "skipped" and info.providers:
                 prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
@@ -226,11 +230,15 @@ class VerifyReport:
                       "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {rt} | {kind} | {v['mean']:.1e} | {v['median']:.1e} | {v['p99']:.1e} | {v['max']:.1e} | "
                       f"{v['mismatch_fraction']:.1%} | {v['atol']:g} | {v['rtol']:g} |" for rt, kind, v in stats]
+        lines += self._quality_lines()
         lines += ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
                       "worst max abs difference (parity: vs eager; causality: earlier outputs after changing later "
                       "tokens; kv-consistency: decode/chunked/recompute vs prefill, and cached decode out to the "
                       "position shown; padding: padded vs unpadded); generation: matched greedy tokens after a short "
-                      "prompt and after a long one (its length shown).", ""]
+                      "prompt and after a long one (its length shown)"
+                  + ("; quality: top-1 agreement and perplexity ratio on text (or the sweep's relative logit error); "
+                     "a lossy artifact's parity is n/a and its generation compares cached decode with its own "
+                     "recompute" if QUALITY in cols else "") + ".", ""]
         notes = [f"- **verdict**: {v.message}"] if v.status != "passed" else []
         for rt, info in self.runtimes.items():
             if info.status == "error":
@@ -238,16 +246,16 @@ class VerifyReport:
             elif info.status != "ran":
                 notes.append(f"- **{rt}** {info.status}: {info.reason}")
         for rt, checks in self.results.items():
-            for ch in CHECKS:
+            for ch in cols:
                 r = checks.get(ch)
                 if r is not None and r.status is False:
                     notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
         for rt, checks in self.results.items():
             if self.runtimes.get(rt) and self.runtimes[rt].status != "ran":
                 continue
-            for ch in CHECKS:
+            for ch in cols:
                 r = checks.get(ch)
-                if r is not None and r.status is None and ch != "parity":
+                if r is not None and r.status is None and ch not in ("parity", QUALITY):
                     notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
         if notes:
             lines += ["### Details", ""] + notes + [""]
@@ -265,6 +273,48 @@ class VerifyReport:
                      f"{vers} · {self.seconds:.1f} s · {self.created}</sub>")
         return "\n".join(lines) + "\n"
 
+    @property
+    def columns(self) -> list[str]:
+        """The table's checks: the exact ones, and quality when it ran (a lossy artifact)."""
+        return [c for c in ALL_CHECKS if c in CHECKS or c in self.checks]
+
+    def _quality_lines(self) -> list[str]:
+        """The quality figures of each lossy runtime: sweep and text side by side with the thresholds."""
+        rows = [(rt, checks[QUALITY]) for rt, checks in self.results.items()
+                if QUALITY in checks and checks[QUALITY].status is not None]
+        if not rows:
+            return []
+        from mhaexport.verify.quality import LABELS
+
+        out = ["", "Quality against eager fp32 (lossy artifact; sweep: the verify sweep's real positions; text: "
+                   "sliding windows over real text; greedy: tokens until the first that differs):", "",
+               "| runtime | scheme | figure | sweep | text | threshold |", "|---|---|---|---:|---:|---:|"]
+        for rt, r in rows:
+            f = r.figures
+            sweep, text, lim = f.get("sweep") or {}, f.get("text") or {}, f.get("thresholds") or {}
+            for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
+                at_least = name == "top1"
+                limit = lim.get(name)
+                shown = "—" if limit is None else f"{'≥' if at_least else '≤'} {limit:g}"
+                out.append(f"| {rt} | {f.get('scheme', '')} | {LABELS[name]} | {_fig(sweep.get(name))} | "
+                           f"{_fig(text.get(name))} | {shown} |")
+            if text.get("perplexity") is not None:
+                bpb = (f" ({text['bits_per_byte']:.3f} vs {text['eager_bits_per_byte']:.3f} bits/byte)"
+                       if text.get("bits_per_byte") is not None else "")
+                out.append(f"| {rt} | | perplexity (eager) | | {text['perplexity']:.4g} ({text['eager_perplexity']:.4g})"
+                           f"{bpb} | |")
+            g = f.get("greedy") or {}
+            if g:
+                limit = lim.get("greedy")
+                shown = "—" if limit is None else f"≥ {limit:g} x {g['tokens']}"
+                out.append(f"| {rt} | | greedy agreement (mean, min of {g['prompts']} prompts) | | {g['mean']:.3g}, "
+                           f"{g['min']} of {g['tokens']} | {shown} |")
+            if text.get("skipped"):
+                out.append(f"| {rt} | | text | | {text['skipped']} | |")
+            for why in f.get("not_judged") or []:
+                out.append(f"| {rt} | | not judged | | {why} | |")
+        return out
+
     @staticmethod
     def _cell(r: CheckResult | None) -> str:
         if r is None:
@@ -274,6 +324,10 @@ class VerifyReport:
         if r.status is None:
             if f.get("reference"):
                 return "ref"
+            if f.get("lossy"):
+                return "n/a (lossy)"
+            if f.get("exact"):
+                return "n/a (exact)"
             return f"{icon} {'static' if f.get('static') else 'skipped'}"
         figure = ""
         if r.check == "parity":
@@ -292,6 +346,14 @@ class VerifyReport:
             figure = "baked"
         elif r.check == "dynamic-shapes":
             figure = f"{f.get('shapes', 0) - f.get('failed_shapes', 0)}/{f.get('shapes', 0)} shapes"
+        elif r.check == QUALITY:
+            if f.get("reference"):
+                return "ref"
+            t, sw = f.get("text") or {}, f.get("sweep") or {}
+            if t.get("positions"):
+                figure = f"top-1 {t['top1']:.3f}, ppl x{t['ppl_ratio']:.4g}"
+            elif sw.get("positions"):
+                figure = f"logit err {sw['logit_err']:.2g}"
         elif r.check == "generation":
             figure = f"{f.get('matched', 0)}/{f.get('tokens', 0)} tokens" + (" (tie)" if f.get("tie") else "")
             if "long_prompt" in f:
@@ -299,6 +361,10 @@ class VerifyReport:
         if not f and r.message:
             figure = "error"
         return f"{icon} {figure}".strip()
+
+
+def _fig(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"
 
 
 def load_report(path: str | Path) -> VerifyReport:

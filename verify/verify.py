@@ -18,7 +18,7 @@ from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
-from mhaexport.verify.checks import CHECKS, CheckResult, Context, Tolerance, run_check
+from mhaexport.verify.checks import ALL_CHECKS, CHECKS, CheckResult, Context, Tolerance, run_check
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, ONNX_REFERENCE, ORT_CPU,
                                       ORT_CUDA, TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, Runner,
@@ -94,30 +94,46 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
     return runners
 
 
+def lossy_artifacts(ef: ExportFolder) -> dict[str, dict]:
+    """{artifact: its manifest's quantization record} for each lossy (quantized) artifact of the folder."""
+    return {name: dict(entry.get("quantization")) for name, entry in ef.artifacts.items()
+            if entry.get("quantization")}
+
+
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
                   atol: float | dict | None = None, rtol: float | dict | None = None,
-                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] = CHECKS,
-                  gen_tokens: int | None = None, threads: int | None = None,
+                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
+                  gen_tokens: int | None = None, threads: int | None = None, quality=None,
                   progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager.
 
     ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
     which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
     that cannot run here is skipped without failing the verdict); given = requested, and one skipped entirely makes
-    the verdict "not verified". ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up
-    to ONE_THREAD_MAX_PARAMS). Raises ArtifactError for a bad folder; check failures are in the report."""
+    the verdict "not verified". ``checks``: None = every check, plus ``quality`` when an artifact is lossy (its
+    manifest records a quantization: exact parity does not apply, the quality check judges it against eager fp32,
+    the invariants hold it to itself). ``quality``: a :class:`~mhaexport.verify.quality.QualitySettings` (threshold
+    overrides, the text). ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up to
+    ONE_THREAD_MAX_PARAMS). Raises ArtifactError for a bad folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
     unknown = [r for r in wanted if r not in ALL_RUNTIMES]
     if unknown:
         raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
-    unknown = [c for c in checks if c not in CHECKS]
+    unknown = [c for c in checks or () if c not in ALL_CHECKS]
     if unknown:
-        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)}")
     ef = ExportFolder.open(folder)
     if not ef.artifacts:
         raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
+    lossy = lossy_artifacts(ef)
+    if checks is None:
+        checks = ALL_CHECKS if lossy else CHECKS
+    if lossy and quality is not None and quality.overrides:
+        from mhaexport.verify.quality import thresholds_for
+
+        thresholds_for(None, quality.overrides)  # an unknown figure name fails before any work
     from mhaexport.models.loading import check_same_model, load_recorded
 
     if loaded is None:
@@ -133,6 +149,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     runners = build_runners(ef, loaded, wanted)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
+                  quality=quality,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS
                   and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS)
     lint = None
@@ -147,8 +164,10 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
         threads = 1
     with torch_threads(threads):
-        infos, results = _run_all(runners, ctx, checks, say)
-    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
+        infos, results = _run_all(runners, ctx, checks, say, lossy)
+    # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
+    # judged by quality against eager instead
+    cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
     return VerifyReport(
         model=ef.model.to_dict(), folder=str(ef.path),
         sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
@@ -163,7 +182,8 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
                        "static_sizes": v.static_sizes,
-                       **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache") if v.get(kk)}}
+                       **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache") if v.get(kk)},
+                       **({"quantization": _quant_summary(v.get("quantization"))} if v.get("quantization") else {})}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
         lint=lint.to_dict() if lint is not None else None, cross=cross,
@@ -210,9 +230,18 @@ def _artifact_of(runner: Runner) -> str | None:
     return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
 
 
-def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress):
+def _quant_summary(q: dict) -> dict:
+    """The part of a quantization record the report shows."""
+    keys = ("weights", "label", "block_size", "symmetric", "accuracy_level", "keep_float", "int8_blocks", "lm_head",
+            "weights_read", "source")
+    return {k: q.get(k) for k in keys if k in q}
+
+
+def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
+             lossy: dict[str, dict] | None = None):
     """Activate each runner and run every check on it. A runtime that cannot run here is skipped (its checks not
-    run); one that cannot load its artifact is one failure with one message (its checks not run)."""
+    run); one that cannot load its artifact is one failure with one message (its checks not run). A runner whose
+    artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners:
@@ -235,8 +264,14 @@ def _run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: 
         t0 = time.perf_counter()
         # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
         # must not loosen TorchScript's tolerance; the memoized eager references stay shared (shallow copy)
-        runner_ctx = dataclasses.replace(ctx, tol=Tolerance.for_dtype(runner.dtype, ctx.tol_override[0],
-                                                                      ctx.tol_override[1]))
+        quant = (lossy or {}).get(_artifact_of(runner) or "")
+        tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
+        if quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
+            from mhaexport.verify.quality import self_tolerance
+
+            tol = self_tolerance(ctx, quant, tol)
+            info.self_tolerance = tol.describe()
+        runner_ctx = dataclasses.replace(ctx, tol=tol, lossy=quant)
         for ch in checks:
             results[runner.name][ch] = run_check(ch, runner, runner_ctx)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
