@@ -56,6 +56,20 @@ class RowFigure:
 
 
 @dataclass(frozen=True)
+class QuantRowFigure:
+    """A field of the first ORT CPU row whose export is quantized with ``scheme`` ("int4")."""
+
+    scheme: str
+    field: str = "token_p50_ms"
+
+    def read(self, res: BenchResult) -> Reading | None:
+        r = next((x for x in res.runtimes if x.ran and x.quantization == self.scheme and x.opt_level is None
+                  and x.name.split(" [")[0] == ORT_CPU), None)
+        value = getattr(r, self.field) if r is not None else None
+        return None if value is None else Reading(value, r.label, r.token_spread)
+
+
+@dataclass(frozen=True)
 class FloorFigure:
     """The weight-bandwidth floor (ms per token)."""
 
@@ -84,8 +98,8 @@ class Target:
     measure it; ``conditions`` are the run settings the limit was set for."""
 
     name: str
-    numerator: RowFigure | FloorFigure | LongRunFigure
-    denominator: RowFigure | FloorFigure | LongRunFigure
+    numerator: RowFigure | QuantRowFigure | FloorFigure | LongRunFigure
+    denominator: RowFigure | QuantRowFigure | FloorFigure | LongRunFigure
     limit: float
     direction: str = AT_MOST
     needs: str = ""
@@ -128,6 +142,8 @@ TARGETS: tuple[Target, ...] = (
            1.25, needs="needs ort-cpu"),
     Target("ORT CPU per-token latency at position 1000 / at {prompt_len}", LongRunFigure(ORT_CPU, 1000),
            LongRunFigure(ORT_CPU), 1.5, needs="needs --long >= 1008 on a model with max_positions >= 1008"),
+    Target("ORT CPU int4 per-token p50 / float weight-bandwidth floor", QuantRowFigure("int4"), FloorFigure(), 0.5,
+           needs="needs an int4 export: --quantize int4 or --compare DIR"),
     Target("recompute / cached decode time at {new_tokens} new tokens (eager)",
            RowFigure(EAGER_NOCACHE, "decode_total_ms"), RowFigure(EAGER, "decode_total_ms"), 5.0,
            direction=AT_LEAST, needs="needs eager and eager-nocache"),
