@@ -27,6 +27,7 @@ checks against eager fp32.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -301,12 +302,11 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
     the 8-bit layers and once for the 4-bit ones. Returns the model, what was done (for the manifest) and warnings."""
     cfg.check()
     warns: list[str] = []
-    head = lm_head_node(model)
     untied = untie_lm_head(model)
     inits = {i.name for i in model.graph.initializer}
     weight_mm = [n for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits]
     tables = [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits]
-    head = lm_head_node(model) if head is not None else None
+    head = lm_head_node(model)
     head_name = head.name if head is not None and head.op_type == "MatMul" else None
     float_names = set()
     if "lm_head" in cfg.keep_float and head_name:
@@ -337,7 +337,7 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
                                    ops)
     warns += [w for w in logs if "opset" not in w]  # the int4-type opset bump is expected and checked below
     done = {
-        **{k: v for k, v in cfg.__dict__.items()}, "keep_float": list(cfg.keep_float),
+        **dataclasses.asdict(cfg), "keep_float": list(cfg.keep_float),
         "int8_blocks": cfg.first_int8_blocks if cfg.bits == 4 else None, "bits": cfg.bits, "label": cfg.label(),
         "method": "round to nearest, blockwise (onnxruntime.quantization.MatMulNBitsQuantizer)",
         "lm_head": ("kept float" if head_name in float_names else
@@ -425,7 +425,7 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
             shutil.copyfile(src.path / GENAI_CONFIG, staged.dir / GENAI_CONFIG)
             files.append(GENAI_CONFIG)
         details = {k: v for k, v in entry.details.items()}
-        details.update(opset=opset, quantization=done, external_data=len(files) > 1 and DATA_FILE in files,
+        details.update(opset=opset, quantization=done, external_data=DATA_FILE in files,
                        exporter=f"mhaexport quantize from {details.get('exporter', 'an ONNX export')}")
         new = ArtifactEntry(format="onnx", file=ONNX_FILE, dtype=entry.dtype, io=entry.io,
                             seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes, versions=tool_versions(),

@@ -4,6 +4,7 @@ on the `bench` preset beside onnxruntime-genai's model builder on a Llama of the
     python scripts/measure_quantize.py quality -o out/quantize        # small: int4 / int8 / variants (verify --sweep full)
     python scripts/measure_quantize.py speed -o out/quantize          # bench: fp32 / int4 / int8 + the builder
     python scripts/measure_quantize.py speed -o out/quantize --threads 2 --repeats 5
+    python scripts/measure_quantize.py profile -o out/quantize       # per-op time of a decode step, both int4
 
 `speed` exports the `bench` preset (if OUTPUT/bench has no export), quantizes it with `mhaexport quantize`, builds a
 Llama of the bench size (vocab 32000, d 512, 8 layers, 8 heads, SwiGLU 1376, tied embeddings: 166.8 MB of fp32
@@ -226,9 +227,76 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
     return result
 
 
+PROFILE_OG = """
+import json, sys, numpy as np, onnxruntime_genai as og
+folder, n, prompt_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = og.Model(folder)
+prompt = np.random.default_rng(0).integers(3, 32000, (1, prompt_len)).astype(np.int32)
+for _ in range(3):
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=prompt_len + n, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    while not gen.is_done():
+        gen.generate_next_token()
+"""
+
+
+def decode_profile(path: Path) -> dict:
+    """ONNX Runtime's profile -> microseconds per decode step per op type (the prefill runs, the longest tenth of
+    model_run events, left out), the step count and the median model_run."""
+    events = json.loads(Path(path).read_text())
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])
+    durs = sorted(e["dur"] for e in runs)
+    cut = durs[int(len(durs) * 0.9)] if durs else 0
+    decode = [(e["ts"], e["ts"] + e["dur"]) for e in runs if e["dur"] < cut]
+    per: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            if any(a <= e["ts"] <= b for a, b in decode):
+                op = e.get("args", {}).get("op_name", "?")
+                per[op] = per.get(op, 0.0) + e["dur"]
+    n = max(len(decode), 1)
+    return {"steps": len(decode), "model_run_us": statistics.median(b - a for a, b in decode) if decode else None,
+            "kernels_us": round(sum(per.values()) / n, 1),
+            "ops_us": {k: round(v / n, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}
+
+
+def profile(out: Path, threads: int, prompt_len: int, new_tokens: int) -> dict:
+    """Where a decode step's time goes: mhaexport's int4 (its deploy Generator) and the builder's int4 (og's loop),
+    ONNX Runtime's profile of 3 generations each, one after the other."""
+    from mhaexport.runtime import GenerationConfig, Generator
+
+    g4 = build_genai(build_llama(out), out, "int4", threads)
+    gen = Generator(out / "bench-int4", threads=threads, profile_prefix=str(out / "profile-mhaexport-int4"))
+    prompt = np.random.default_rng(0).integers(3, 32000, (1, prompt_len), dtype=np.int64)
+    for _ in range(3):
+        gen.generate(prompt, GenerationConfig(max_new_tokens=new_tokens))
+    ours = decode_profile(Path(gen.session.end_profiling()))
+    cfg_path = g4 / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    opts = cfg["model"]["decoder"]["session_options"]
+    opts["enable_profiling"] = str(out / "profile-builder-int4")
+    cfg_path.write_text(json.dumps(cfg, indent=4))
+    try:  # in a process of its own: og writes the profile when its session is destroyed
+        subprocess.run([sys.executable, "-c", PROFILE_OG, str(g4), str(new_tokens), str(prompt_len)], check=True)
+    finally:
+        opts.pop("enable_profiling")
+        cfg_path.write_text(json.dumps(cfg, indent=4))
+    builder = decode_profile(max(out.glob("profile-builder-int4*.json"), key=lambda p: p.stat().st_mtime))
+    result = {"mhaexport int4": ours, "builder int4": builder}
+    (out / "profile.json").write_text(json.dumps(result, indent=1))
+    for name, r in result.items():
+        top = ", ".join(f"{k} {v:.0f}" for k, v in list(r["ops_us"].items())[:10])
+        print(f"{name}: {r['steps']} decode steps, median model_run {r['model_run_us']:.0f} us, kernels "
+              f"{r['kernels_us']:.0f} us per step: {top}")
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["quality", "speed"])
+    ap.add_argument("what", choices=["quality", "speed", "profile"])
     ap.add_argument("-o", "--output", type=Path, default=Path("out/quantize"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
@@ -238,6 +306,8 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     if args.what == "quality":
         quality(args.output)
+    elif args.what == "profile":
+        profile(args.output, args.threads, args.prompt_len, args.new_tokens)
     else:
         speed(args.output, args.threads, args.repeats, args.prompt_len, args.new_tokens)
 

@@ -91,17 +91,17 @@ def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
     return ort_runner(name, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
 
 
-def _torch_threads(box: dict, name: str):
-    """verify's one-thread rule for torch runtimes on small models (spinning threads cost 10x on a busy machine)."""
+def _torch_threads(ef: ExportFolder, name: str):
+    """verify's one-thread rule for the torch runtimes on small models (spinning threads cost 10x on a busy machine);
+    the size read from the artifacts' files (float32: 4 bytes a parameter)."""
     import contextlib
 
-    if name not in (EAGER, TORCHSCRIPT) or "loaded" not in box and name == EAGER:
+    if name not in (EAGER, TORCHSCRIPT):
         return contextlib.nullcontext()
     from mhaexport.verify.verify import ONE_THREAD_MAX_PARAMS, torch_threads
 
-    loaded = box.get("loaded")
-    small = loaded is None or sum(p.numel() for p in loaded.module.parameters()) <= ONE_THREAD_MAX_PARAMS
-    return torch_threads(1 if small else None)
+    largest = max((sum(f["bytes"] for f in a.files.values()) for a in ef.artifacts.values()), default=0)
+    return torch_threads(1 if largest <= 4 * ONE_THREAD_MAX_PARAMS else None)
 
 
 def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
@@ -142,7 +142,7 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
             row.status, row.reason = "skipped", runner.skip_reason.splitlines()[0]
         if row.status == "ran":
             try:
-                with _torch_threads(box, name):
+                with _torch_threads(ef, name):
                     row.score, _, _ = score_text(runner, ids, window=L, stride=step, byte_level=True)
                 row.providers = list(runner.providers)
             except MhaExportError as e:

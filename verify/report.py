@@ -400,8 +400,10 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
             runtimes[key] = RuntimeInfo(**{**info.to_dict(), "host": host})
             results[key] = r.results.get(rt, {})
     first = reports[0]
+    checks = [c for c in ALL_CHECKS if any(c in r.checks for r in reports)]
     merged = VerifyReport(model=first.model, folder=first.folder, sweep=first.sweep, tolerance=first.tolerance,
                           runtimes=runtimes, results=results, environment=environment(), versions=first.versions,
+                          checks=checks,
                           artifacts=first.artifacts, seconds=sum(r.seconds for r in reports),
                           sources=[f"{n}: {r.environment.get('platform', '?')} ({r.created})"
                                    for n, r in zip(names, reports)])

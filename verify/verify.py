@@ -130,10 +130,13 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     lossy = lossy_artifacts(ef)
     if checks is None:
         checks = ALL_CHECKS if lossy else CHECKS
-    if lossy and quality is not None and quality.overrides:
+    if lossy and quality is not None:  # refused before any work: an unknown figure, text the model cannot read
+        from mhaexport.models.text import text_ids
         from mhaexport.verify.quality import thresholds_for
 
-        thresholds_for(None, quality.overrides)  # an unknown figure name fails before any work
+        thresholds_for(None, quality.overrides)
+        if quality.text is not None:
+            text_ids(quality.text, ef.contract)
     from mhaexport.models.loading import check_same_model, load_recorded
 
     if loaded is None:
