@@ -44,15 +44,21 @@ class Figure(Protocol):
 
 @dataclass(frozen=True)
 class RowFigure:
-    """A field of a row that ran: ``RowFigure("ort-cpu", "token_p50_ms")``."""
+    """A field of a row that ran: ``RowFigure("ort-cpu", "token_p50_ms")``. The folder's own row must be a float
+    export: when the folder is quantized, the first float row of the same runtime (a --compare folder) is read
+    instead, or none (the targets are set for float weights; quantized rows have their own)."""
 
     row: str
     field: str
 
     def read(self, res: BenchResult) -> Reading | None:
         r = res.get(self.row)
+        if r is not None and r.quantization:
+            r = next((x for x in res.runtimes if x.ran and x.quantization is None and x.opt_level is None
+                      and x.name.split(" [")[0] == self.row), None)
         value = getattr(r, self.field) if r is not None and r.ran else None
-        return None if value is None else Reading(value, self.row, r.token_spread)
+        return None if value is None else Reading(value, r.label if r.name != self.row else self.row,
+                                                   r.token_spread)
 
 
 @dataclass(frozen=True)

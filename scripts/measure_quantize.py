@@ -6,13 +6,15 @@ on the `bench` preset beside onnxruntime-genai's model builder on a Llama of the
     python scripts/measure_quantize.py speed -o out/quantize --threads 2 --repeats 5
     python scripts/measure_quantize.py profile -o out/quantize       # per-op time of a decode step, both int4
 
-`speed` exports the `bench` preset (if OUTPUT/bench has no export), quantizes it with `mhaexport quantize`, builds a
+`speed` exports the `bench` preset (if OUTPUT/bench has no export; also with `--attention ort`), quantizes them with
+`mhaexport quantize`, builds a
 Llama of the bench size (vocab 32000, d 512, 8 layers, 8 heads, SwiGLU 1376, tied embeddings: 166.8 MB of fp32
 weights read per token) with transformers' save_pretrained and a byte-pair tokenizer trained on data/*.txt,
 converts it with onnxruntime-genai's model builder (fp32 and int4, CPU), then times every row in one run,
 round-robin: mhaexport's rows through its own decode loop (the deploy Generator, as bench does), the builder's
-through onnxruntime-genai's own generator loop (each generate_next_token timed), batch 1, prompt 32, 128 greedy
-tokens, the same thread count for every session. Writes OUTPUT/speed.json and prints a markdown table.
+through onnxruntime-genai's own generator loop (each generate_next_token timed), and mhaexport's int4 folder through
+onnxruntime-genai's loop too (the same graph in the other loop: graph cost and loop cost told apart), batch 1, prompt
+32, 128 greedy tokens, the same thread count for every session. Writes OUTPUT/speed.json and prints a markdown table.
 Nothing is downloaded.
 """
 
@@ -163,6 +165,20 @@ class GenaiRow:
         return steps[1:]  # the first produces the token after the prompt's logits; the rest are decode steps
 
 
+def og_copy(folder: Path, out: Path, threads: int) -> Path:
+    """A copy of an mhaexport folder for onnxruntime-genai's loop, its genai_config.json pinned to ``threads``
+    threads like the builder's (a copy: editing the config in place would break the folder's manifest hashes)."""
+    import shutil
+
+    dst = out / f"{folder.name}-og"
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(folder, dst)
+    cfg = json.loads((dst / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["session_options"].update(intra_op_num_threads=threads, inter_op_num_threads=1)
+    (dst / "genai_config.json").write_text(json.dumps(cfg, indent=4))
+    return dst
+
+
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data"))
 
@@ -178,12 +194,19 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
     for scheme in ("int4", "int8"):
         if not (out / f"bench-{scheme}" / "manifest.json").is_file():
             mhaexport("quantize", str(bench), "-o", str(out / f"bench-{scheme}"), "--weights", scheme)
+    if not (out / "bench-ort" / "manifest.json").is_file():  # the fused attention lowering: one kernel per layer
+        mhaexport("onnx", "--config", "bench", "--attention", "ort", "-o", str(out / "bench-ort"))
+    if not (out / "bench-ort-int4" / "manifest.json").is_file():
+        mhaexport("quantize", str(out / "bench-ort"), "-o", str(out / "bench-ort-int4"), "--weights", "int4")
     hf = build_llama(out)
     g32, g4 = build_genai(hf, out, "fp32", threads), build_genai(hf, out, "int4", threads)
 
     fp32_bytes = weight_bytes_per_token(load_recorded(ExportFolder.open(bench)).module)
     rows = [OursRow("mhaexport fp32", bench, threads), OursRow("mhaexport int4", out / "bench-int4", threads),
-            OursRow("mhaexport int8", out / "bench-int8", threads), GenaiRow("builder fp32 (og loop)", g32),
+            OursRow("mhaexport int8", out / "bench-int8", threads),
+            OursRow("mhaexport int4, attention=ort", out / "bench-ort-int4", threads),
+            GenaiRow("mhaexport int4 folder (og loop)", og_copy(out / "bench-int4", out, threads)),
+            GenaiRow("builder fp32 (og loop)", g32),
             GenaiRow("builder int4 (og loop)", g4)]
     prompt = np.random.default_rng(0).integers(3, 32000, (1, prompt_len), dtype=np.int64)
     for r in rows:  # warm-up: two untimed generations each
@@ -191,13 +214,15 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
             r.run(prompt, new_tokens)
     steps: dict[str, list[float]] = {r.label: [] for r in rows}
     medians: dict[str, list[float]] = {r.label: [] for r in rows}
+    loads: list[str] = []
     for i in range(repeats):  # round-robin: the machine's noise falls on every row alike
         for r in rows:
             s = r.run(prompt, new_tokens)
             steps[r.label] += s
             medians[r.label].append(statistics.median(s))
-        print(f"round {i + 1}/{repeats}: " + ", ".join(f"{k} {v[-1] * 1e3:.2f}" for k, v in medians.items()),
-              flush=True)
+        loads.append(Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").is_file() else "?")
+        print(f"round {i + 1}/{repeats} (load {loads[-1]}): "
+              + ", ".join(f"{k} {v[-1] * 1e3:.2f}" for k, v in medians.items()), flush=True)
     bw = measure_bandwidth(threads)
     floor_ms = fp32_bytes / (bw.read_gbps * 1e9) * 1e3
     result = {"threads": threads, "repeats": repeats, "prompt_len": prompt_len, "new_tokens": new_tokens,
@@ -212,17 +237,24 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
             entry["weights_read_mb"] = ((q["weights_read"]["fixed_bytes"] + q["weights_read"]["per_row_bytes"]) / 1e6
                                         if q else fp32_bytes / 1e6)
         result["rows"][r.label] = entry
+    # per round, each row against the builder's int4 of the same round: the machine's slow drifts cancel out
+    b4_rounds = medians["builder int4 (og loop)"]
+    for label, e in result["rows"].items():
+        e["x_builder_int4_per_round"] = [round(m / b, 3) for m, b in zip(medians[label], b4_rounds)]
+        e["x_builder_int4_median_of_rounds"] = round(statistics.median(e["x_builder_int4_per_round"]), 3)
+    result["loadavg_per_round"] = loads
     b4 = result["rows"]["builder int4 (og loop)"]["p50_ms"]
     print(f"\nbandwidth {bw.read_gbps:.2f} GB/s ({bw.probe}, {threads} threads); fp32 weights read per token "
           f"{fp32_bytes / 1e6:.1f} MB; fp32 floor {floor_ms:.2f} ms\n")
+    print(f"load average per round: {', '.join(loads)}\n")
     print("| row | token p50 ms | p90 | min | repeats' medians | MB read/token | folder MB | x fp32 floor | "
-          "x builder int4 |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+          "x builder int4 | x builder int4, median of rounds |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for label, e in result["rows"].items():
         mb = f"{e['weights_read_mb']:.1f}" if "weights_read_mb" in e else "-"
         print(f"| {label} | {e['p50_ms']:.2f} | {e['p90_ms']:.2f} | {e['min_ms']:.2f} | "
               f"{', '.join(f'{m:.2f}' for m in e['repeat_medians_ms'])} | {mb} | {e['folder_mb']:.1f} | "
-              f"{e['p50_ms'] / floor_ms:.3f} | {e['p50_ms'] / b4:.3f} |")
+              f"{e['p50_ms'] / floor_ms:.3f} | {e['p50_ms'] / b4:.3f} | {e['x_builder_int4_median_of_rounds']:.3f} |")
     (out / "speed.json").write_text(json.dumps(result, indent=1))
     return result
 

@@ -97,3 +97,22 @@ def test_bench_notes_a_quantized_row_slower_than_float():
     notes = quantized_rows(rows, 166_000_000, floor_ms=3.7)
     assert rows[0].weight_bytes_per_token == 166_000_000 and rows[1].floor_ratio == pytest.approx(2.0 / 3.7, 1e-3)
     assert len(notes) == 1 and notes[0].startswith("ort-cpu [int8] is slower than float on this machine (6.20 ms")
+
+
+def test_float_targets_read_a_float_row_when_the_folder_is_quantized():
+    from mhaexport.bench.result import BenchResult
+    from mhaexport.bench.targets import evaluate
+
+    def row(name, quant, p50):
+        return RuntimeBench(name, ran=True, lowering="attention=decomposed float32" + (f" {quant}" if quant else ""),
+                            quantization=quant, providers=["CPUExecutionProvider"], token_p50_ms=p50, token_spread=1.1)
+
+    runs = [row("ort-cpu", "int4", 2.0), row("ort-cpu [attention=decomposed float32]", None, 7.0)]
+    res = BenchResult("f", {"prompt_len": 32, "new_tokens": 128, "batch": 1, "threads": 2}, {"spec": "preset:bench"},
+                      {}, 28.5, {}, 166_000_000, 5.83, runs)
+    by = {t["target"]: t for t in evaluate(res)}
+    floor = by["ORT CPU per-token p50 / weight-bandwidth floor"]
+    assert floor["measured"] == pytest.approx(7.0 / 5.83, abs=1e-3)  # the float row, not the folder's int4 one
+    assert "float32]" in floor["detail"]
+    assert by["ORT CPU int4 per-token p50 / float weight-bandwidth floor"]["measured"] == pytest.approx(2.0 / 5.83,
+                                                                                                        abs=1e-3)

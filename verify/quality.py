@@ -247,12 +247,15 @@ LABELS = {"top1": "top-1 agreement", "kl_mean": "KL mean", "kl_p99": "KL p99", "
 
 # Per scheme. Set from measurements on the trained default model (`small`, held-out text; docs/measurements/
 # quantize-2026-11-30.md), with room for the noise of another ONNX Runtime build, and far from a quantization too
-# coarse to keep quality (2-bit weights: top-1 0.50, KL mean 0.85, perplexity x1.43, logit error 0.31):
-#   int4 (default scheme): top-1 0.91, KL mean 0.021 / p99 0.19, logit error 0.066, perplexity x1.001
-#   int8:                  top-1 0.98, KL mean 0.002 / p99 0.021, logit error 0.012, perplexity x1.001
-# and on random weights (the tiny preset), where only the scale-free figures mean something: logit error int4 0.16.
+# coarse to keep quality (the int4 scheme planted at 2 bits: top-1 0.69, KL mean 0.35 / p99 2.6, logit error 0.23,
+# perplexity x0.99 — this overfit model's perplexity does not see it):
+#   int4 (default scheme): top-1 0.911, KL mean 0.023 / p99 0.21, logit error 0.068, perplexity x1.001
+#   int4, all blocks:      top-1 0.863, KL mean 0.066 / p99 0.56, logit error 0.090, perplexity x1.017
+#   int8:                  top-1 0.978, KL mean 0.002 / p99 0.028, logit error 0.014, perplexity x0.999
+# and on random weights (the tiny preset), where only the scale-free figures mean something: logit error int4 0.11
+# (all blocks int4: 0.16), planted 2-bit 0.45.
 THRESHOLDS: dict[str, Thresholds] = {
-    "int4": Thresholds(top1=0.85, kl_mean=0.10, kl_p99=1.0, logit_err=0.25, ppl_ratio=1.10, greedy=0.125),
+    "int4": Thresholds(top1=0.85, kl_mean=0.10, kl_p99=1.0, logit_err=0.20, ppl_ratio=1.10, greedy=0.125),
     "int8": Thresholds(top1=0.95, kl_mean=0.01, kl_p99=0.10, logit_err=0.05, ppl_ratio=1.02, greedy=0.5),
 }
 # A scheme this table does not know is held to int4's (the loosest here) and says so.
