@@ -64,7 +64,7 @@ def test_verify_passes_int4_with_quality_figures_and_exact_invariants(tiny_int4)
         assert ort[check]["status"] is True, (check, ort[check]["message"])
     assert "recompute" in ort["generation"]["message"]  # held to itself, not to eager
     fig = ort["quality"]["figures"]
-    assert fig["scheme"].startswith("int4") and fig["thresholds"]["logit_err"] == 0.2
+    assert fig["scheme"].startswith("int4") and fig["thresholds"]["logit_err"] == 0.3
     assert fig["text"]["bytes"] == 1377 and fig["text"]["flat"] is True  # random weights: flat logits
     assert fig["sweep"]["logit_err"] < 0.2 and fig["text"]["ppl_ratio"] < 1.01
     assert any("top-1" in w for w in fig["not_judged"])  # top-1 means nothing on flat logits: reported, not judged
@@ -83,7 +83,7 @@ def test_a_quantization_planted_too_coarse_fails_verify_naming_the_figure(tiny_e
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code == 1, res.output
     assert "FAILED: 1 check(s) failed: ort-cpu/quality" in res.output
-    assert "relative logit error 0.4" in res.output and "> 0.2 (text)" in res.output
+    assert "relative logit error 0.4" in res.output and "> 0.3 (text)" in res.output
 
 
 def test_thresholds_are_overridable_and_unknown_figures_refused(tiny_int4):
@@ -177,7 +177,19 @@ def test_small_planted_too_coarse_fails_on_top1_and_kl(small_export, tmp_path, m
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code == 1, res.output
     assert "top-1 agreement 0.6" in res.output and "< 0.85 (text)" in res.output and "KL mean" in res.output
-    assert "relative logit error 0.23" in res.output and "> 0.2" in res.output
+
+
+@pytest.mark.slow
+def test_the_invariants_still_catch_a_cache_bug_in_a_quantized_export(tmp_path):
+    """The requantization tolerance (10 % of eager's RMS) leaves the self-comparisons their power: a model whose
+    cache mask ignores the past offset (tests/planted/bugs.py), exported and quantized, fails on ort-cpu itself."""
+    bugs = Path(__file__).parent / "planted" / "bugs.py"
+    src, out = tmp_path / "bug", tmp_path / "bug-int4"
+    assert CliRunner().invoke(main, ["onnx", "--model", f"{bugs}:no_past_offset", "-o", str(src)]).exit_code == 0
+    assert CliRunner().invoke(main, ["quantize", str(src), "-o", str(out)]).exit_code == 0
+    res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
+    assert res.exit_code == 1, res.output
+    assert "ort-cpu/kv-consistency" in res.output and "ort-cpu/quality" not in res.output
 
 
 @pytest.mark.slow

@@ -252,10 +252,10 @@ LABELS = {"top1": "top-1 agreement", "kl_mean": "KL mean", "kl_p99": "KL p99", "
 #   int4 (default scheme): top-1 0.911, KL mean 0.023 / p99 0.21, logit error 0.068, perplexity x1.001
 #   int4, all blocks:      top-1 0.863, KL mean 0.066 / p99 0.56, logit error 0.090, perplexity x1.017
 #   int8:                  top-1 0.978, KL mean 0.002 / p99 0.028, logit error 0.014, perplexity x0.999
-# and on random weights (the tiny preset), where only the scale-free figures mean something: logit error int4 0.11
-# (all blocks int4: 0.16), planted 2-bit 0.45.
+# and on random weights, where only the scale-free figures mean something: logit error int4 0.11 (tiny preset; all
+# blocks int4: 0.16) and 0.20 (bench preset), the planted 2-bit quantization 0.45 (tiny).
 THRESHOLDS: dict[str, Thresholds] = {
-    "int4": Thresholds(top1=0.85, kl_mean=0.10, kl_p99=1.0, logit_err=0.20, ppl_ratio=1.10, greedy=0.125),
+    "int4": Thresholds(top1=0.85, kl_mean=0.10, kl_p99=1.0, logit_err=0.30, ppl_ratio=1.10, greedy=0.125),
     "int8": Thresholds(top1=0.95, kl_mean=0.01, kl_p99=0.10, logit_err=0.05, ppl_ratio=1.02, greedy=0.5),
 }
 # A scheme this table does not know is held to int4's (the loosest here) and says so.
@@ -282,19 +282,22 @@ def judge(name: str, value: float | None, limit: float | None) -> str | None:
 
 # MatMulNBits at accuracy level 4 quantizes its activations to int8 per block at run time: the graph is only
 # piecewise continuous. A cached decode step sums attention in another order than a prefill (float32 rounding,
-# ~1e-7), which can move an activation to the next int8 step, and the step shows in the logits: on the trained
-# default model, decode differs from prefill by up to 2.6 % of the logits' RMS (0.09 at RMS 3.5), at float
-# activations (accuracy level 0/1) by 1e-5. The self-comparisons (causality, kv-consistency, padding, cached vs
-# recomputed generation) of such an artifact allow this fraction of eager's RMS per output: a cache, mask or position
-# bug moves outputs by a large part of their scale, a requantization step by a few percent.
-REQUANT_FRACTION = 0.05
+# ~1e-7), which can move an activation to the next int8 step, and the step shows in the outputs. Measured, as a
+# fraction of eager's RMS: decode vs prefill differ by up to 2.6 % (int4) and 2.4 % (int8) on the trained default
+# model, 6.0 % and 6.2 % on the bench preset's random weights — the activations' rounding, so int8 weights do not
+# make it smaller; at float activations (accuracy level 0/1) by 1e-5. The self-comparisons (causality,
+# kv-consistency, padding, cached vs recomputed generation) of such an artifact allow REQUANT_FRACTION of eager's RMS
+# per output: a requantization step moves outputs by a few percent of their scale, a cache, mask or position bug by
+# a large part of it (tests/test_quantize.py: a decode window planted in the model, quantized, still fails).
+REQUANT_FRACTION = 0.10
 INT8_ACTIVATIONS = 4  # the accuracy level that quantizes activations
 
 
 def self_tolerance(ctx: Context, quant: dict, base):
     """The tolerance a lossy artifact's self-comparisons use: ``base`` (the dtype's) when its activations stay
-    float; with int8 activations (accuracy level 4), per output the larger of ``base.atol`` and
-    REQUANT_FRACTION x the RMS of eager's outputs over the sweep's real positions."""
+    float; with int8 activations (accuracy level 4), per output (logits, present) the larger of ``base.atol`` and
+    REQUANT_FRACTION x the RMS of eager's outputs over the sweep's real positions (logits with each position's mean
+    removed)."""
     from mhaexport.verify.checks import Tolerance
 
     if quant.get("accuracy_level") != INT8_ACTIVATIONS:
