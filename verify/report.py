@@ -364,7 +364,7 @@ class VerifyReport:
 
 
 def _fig(x: float | None) -> str:
-    return "—" if x is None else f"{x:.3g}"
+    return "—" if x is None else f"{x:.4g}"
 
 
 def load_report(path: str | Path) -> VerifyReport:
