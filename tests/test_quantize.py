@@ -234,3 +234,17 @@ def test_bench_times_quantized_rows_beside_float(tiny_export, tmp_path):
     assert f.weight_bytes_per_token == result.weight_bytes_per_token
     assert q.floor_ratio == pytest.approx(q.token_p50_ms / result.floor_ms, rel=1e-2)
     assert "Quantized and float exports side by side" in result.summary()
+
+
+@pytest.mark.slow
+def test_asymmetric_float_activation_quantization_keeps_exact_self_tolerance(tiny_export, tmp_path):
+    out = tmp_path / "asym"
+    res = CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(out), "--asymmetric", "--accuracy-level",
+                                    "1", "--block-size", "64", "--int8-blocks", "0"])
+    assert res.exit_code == 0, res.output
+    q = ExportFolder.open(out).entry("onnx").get("quantization")
+    assert (q["symmetric"], q["accuracy_level"], q["block_size"], q["int8_blocks"]) == (False, 1, 64, 0)
+    res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report-ort-cpu.json").read_text())
+    assert report["runtimes"]["ort-cpu"]["self_tolerance"] == "atol=0.0001 rtol=0.001"  # float activations: exact
