@@ -103,14 +103,17 @@ class ExportFolder:
 
 def lowering_of(ef: ExportFolder) -> str | None:
     """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16", with " kv=shared"
-    for a shared KV cache; an adopted file's producer: "onnxruntime-genai float32 kv=shared" (None: no ONNX)."""
+    for a shared KV cache and the weights' quantization when there is one: "attention=decomposed float32 int4"; an
+    adopted file's producer: "onnxruntime-genai float32 kv=shared" (None: no ONNX)."""
     onnx_art = ef.artifacts.get("onnx")
     if onnx_art is None:
         return None
     shared = " kv=shared" if onnx_art.get("kv_cache") == "shared" else ""
+    quant = (onnx_art.get("quantization") or {}).get("weights")
+    quant = f" {quant}" if quant else ""
     if onnx_art.get("producer"):
-        return f"{onnx_art.get('producer')} {onnx_art.dtype}{shared}"
-    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}{shared}"
+        return f"{onnx_art.get('producer')} {onnx_art.dtype}{quant}{shared}"
+    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}{quant}{shared}"
 
 
 def same_model_folders(folder: str | Path, ef: ExportFolder,

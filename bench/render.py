@@ -61,6 +61,25 @@ def lowerings_table(res: BenchResult) -> str:
     return "\n".join(rows)
 
 
+def quantized_table(res: BenchResult) -> str:
+    """Quantized exports beside the float ones: weight bytes per token, token p50, and both against the float
+    model (its weight-bandwidth floor and its ORT row on the same provider)."""
+    rows = [r for r in res.runtimes if r.ran and r.lowering is not None and r.opt_level is None]
+    out = [(f"Quantized and float exports side by side (ONNX Runtime rows of this run; weights read per token "
+            f"counted from each graph; x float floor = token p50 / the float model's weight-bandwidth floor, "
+            f"{res.floor_ms:.2f} ms; x float p50 = token p50 / the float export's on the same provider):"), "",
+           "| row | weights | MB read per token | x float bytes | token p50 | x float floor | x float p50 |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        floats = [f.token_p50_ms for f in rows if f.quantization is None and f.providers[:1] == r.providers[:1]
+                  and f.token_p50_ms]
+        mb = r.weight_bytes_per_token or res.weight_bytes_per_token
+        out.append(f"| {r.label} | {r.quant_label or 'float'} | {mb / 1e6:.1f} | "
+                   f"{mb / res.weight_bytes_per_token:.3f} | {_f(r.token_p50_ms)} | {_f(r.floor_ratio)} | "
+                   f"{_f(r.token_p50_ms / min(floats) if floats and r.token_p50_ms else None)} |")
+    return "\n".join(out)
+
+
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
@@ -98,6 +117,8 @@ def markdown_body(res: BenchResult, plot_note: str | None = None) -> str:
                      f"{_f(lr.get('spread'))}.")
     if len(res.lowerings) > 1:
         parts += ["", lowerings_table(res)]
+    if any(r.quantization for r in res.runtimes):
+        parts += ["", quantized_table(res)]
     parts += ["", targets_table(res)]
     if res.profile:
         ops = ", ".join(f"{o['op']} {o['share'] * 100:.0f}%" for o in res.profile["ops"][:8])

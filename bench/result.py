@@ -38,6 +38,10 @@ class RuntimeBench:
     tokens_per_s: float | None = None  # batch * new_tokens / (prefill + decode), median over repeats
     positions: list[int] = field(default_factory=list)  # position of the token fed at each decode step
     per_position_ms: list[float] = field(default_factory=list)  # median over repeats, per decode step
+    quantization: str | None = None  # the weights' scheme of a quantized ONNX export ("int4"); None: float
+    quant_label: str | None = None  # its full label ("int4 b32 sym acc4 (block 0 int8; float: embeddings)")
+    weight_bytes_per_token: int | None = None  # bytes of weights one decode step of this row reads
+    floor_ratio: float | None = None  # token p50 / the float model's weight-bandwidth floor (BenchResult.floor_ms)
 
     def __post_init__(self) -> None:
         if not self.label:

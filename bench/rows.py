@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.artifact import ExportFolder
+from mhaexport.artifact import ExportFolder, lowering_of
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTIMES, BenchConfig
-from mhaexport.artifact import lowering_of
 from mhaexport.bench.result import RuntimeBench
 from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
 from mhaexport.errors import MhaExportError, RuntimeInputError
@@ -282,6 +281,18 @@ def _ort_loader(folder: Path, provider: str, cfg: BenchConfig, opt_level: str | 
     return load
 
 
+def with_quantization(rb: RuntimeBench, ef: ExportFolder, batch: int) -> RuntimeBench:
+    """``rb`` with the scheme and weight bytes per token of ``ef``'s ONNX export when it is quantized (counted from
+    its graph at quantize time: packed weights, scales, zero points, gathered rows)."""
+    quant = ef.artifacts["onnx"].get("quantization") if ef.has("onnx") else None
+    if quant:
+        read = quant.get("weights_read") or {}
+        rb.quantization, rb.quant_label = quant.get("weights"), quant.get("label")
+        if read:
+            rb.weight_bytes_per_token = int(read["fixed_bytes"] + batch * read["per_row_bytes"])
+    return rb
+
+
 @dataclass
 class EagerModel:
     """The eager module rebuilt from the manifest, and how long that took (eager rows count it as load time)."""
@@ -309,12 +320,13 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
         rows.append(row)
         taken.add(row.record.name)
 
-    def ort_record(name: str, row_folder: Path, lowering: str | None) -> RuntimeBench:
+    def ort_record(name: str, row_folder: Path, lowering: str | None, row_ef: ExportFolder = ef) -> RuntimeBench:
         label = name if lowering is None else f"{name} [{lowering}]"
         row_name = name if row_folder == folder else label
         if row_name in taken:  # two folders with one lowering: tell them apart by folder
             row_name = label = f"{name} [{lowering}, {row_folder}]"
-        return RuntimeBench(row_name, label=label, lowering=lowering, folder=str(row_folder))
+        return with_quantization(RuntimeBench(row_name, label=label, lowering=lowering, folder=str(row_folder)),
+                                 row_ef, cfg.batch)
 
     for name in names:
         if name in (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT) and eager is None:
@@ -345,7 +357,7 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
             if name == ORT_CUDA and ("onnx" not in arts or why is not None):
                 continue  # CUDA is not really present (or nothing to compare with): the folder's own row says why
             for other, m in others:
-                add(Row(ort_record(name, other, lowering_of(m)), _ort_loader(other, provider, cfg), cfg.repeats))
+                add(Row(ort_record(name, other, lowering_of(m), m), _ort_loader(other, provider, cfg), cfg.repeats))
         elif name in (ORT_BARE, ORT_GENAI):
             if "onnx" not in arts:
                 add(skipped_row(name, f"no ONNX export in {folder}"))
@@ -354,6 +366,7 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
                 add(cls(ort_record(name, folder, own_lowering), folder, cfg))
     if ORT_CPU in names and "onnx" in arts:
         for level in cfg.opt_levels:
-            rb = RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level, folder=str(folder))
+            rb = with_quantization(RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level,
+                                                folder=str(folder)), ef, cfg.batch)
             add(Row(rb, _ort_loader(folder, "cpu", cfg, level), cfg.repeats))
     return rows

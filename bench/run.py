@@ -116,6 +116,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     run_rounds(timed, ids, cfg.new_tokens, say)
     for row in timed:
         row.finish(cfg.batch, cfg.new_tokens)
+    notes += quantized_rows([r.record for r in rows], int(wbytes), floor_s * 1000)
 
     res = BenchResult(str(folder), asdict(cfg), {"spec": ef.model.spec, "contract": c.to_dict(),
                                                  "fingerprint": ef.model.fingerprint},
@@ -141,6 +142,31 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     res.lowerings = compare_lowerings(res)
     res.targets = evaluate(res, cfg.max_spread)
     return res
+
+
+def quantized_rows(records: list, float_bytes: int, floor_ms: float) -> list[str]:
+    """Give every row its weight bytes per token (the float model's where its export is not quantized) and its p50
+    against the float floor; one note per quantized row slower than the float ORT row on the same provider."""
+    notes = []
+    for rb in records:
+        if rb.weight_bytes_per_token is None:
+            rb.weight_bytes_per_token = float_bytes
+        if rb.ran and rb.token_p50_ms and floor_ms:
+            rb.floor_ratio = round(rb.token_p50_ms / floor_ms, 3)
+    for rb in records:
+        if not (rb.ran and rb.quantization and rb.token_p50_ms):
+            continue
+        provider = rb.providers[:1]
+        floats = [f for f in records if f.ran and f.quantization is None and f.lowering is not None
+                  and f.opt_level is None and f.providers[:1] == provider and f.token_p50_ms]
+        if floats:
+            best = min(floats, key=lambda f: f.token_p50_ms)
+            if rb.token_p50_ms > best.token_p50_ms:
+                notes.append(f"{rb.label} is slower than float on this machine ({rb.token_p50_ms:.2f} ms vs "
+                             f"{best.token_p50_ms:.2f} ms per token on {best.label}) although it reads "
+                             f"{rb.weight_bytes_per_token / 1e6:.1f} MB of weights per token instead of "
+                             f"{best.weight_bytes_per_token / 1e6:.1f} MB: its kernels cost more than the bytes save")
+    return notes
 
 
 def setup(row: Row, prompt: np.ndarray, cfg: BenchConfig) -> None:

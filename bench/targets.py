@@ -44,15 +44,35 @@ class Figure(Protocol):
 
 @dataclass(frozen=True)
 class RowFigure:
-    """A field of a row that ran: ``RowFigure("ort-cpu", "token_p50_ms")``."""
+    """A field of a row that ran: ``RowFigure("ort-cpu", "token_p50_ms")``. The folder's own row must be a float
+    export: when the folder is quantized, the first float row of the same runtime (a --compare folder) is read
+    instead, or none (the targets are set for float weights; quantized rows have their own)."""
 
     row: str
     field: str
 
     def read(self, res: BenchResult) -> Reading | None:
         r = res.get(self.row)
+        if r is not None and r.quantization:
+            r = next((x for x in res.runtimes if x.ran and x.quantization is None and x.opt_level is None
+                      and x.name.split(" [")[0] == self.row), None)
         value = getattr(r, self.field) if r is not None and r.ran else None
-        return None if value is None else Reading(value, self.row, r.token_spread)
+        return None if value is None else Reading(value, r.label if r.name != self.row else self.row,
+                                                   r.token_spread)
+
+
+@dataclass(frozen=True)
+class QuantRowFigure:
+    """A field of the first ORT CPU row whose export is quantized with ``scheme`` ("int4")."""
+
+    scheme: str
+    field: str = "token_p50_ms"
+
+    def read(self, res: BenchResult) -> Reading | None:
+        r = next((x for x in res.runtimes if x.ran and x.quantization == self.scheme and x.opt_level is None
+                  and x.name.split(" [")[0] == ORT_CPU), None)
+        value = getattr(r, self.field) if r is not None else None
+        return None if value is None else Reading(value, r.label, r.token_spread)
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,8 @@ TARGETS: tuple[Target, ...] = (
            needs="needs a concat and a shared-cache export of the model (--lowerings decomposed,shared)"),
     Target("ORT CPU per-token latency at position 1000 / at {prompt_len}", LongRunFigure(ORT_CPU, 1000),
            LongRunFigure(ORT_CPU), 1.5, needs="needs --long >= 1008 on a model with max_positions >= 1008"),
+    Target("ORT CPU int4 per-token p50 / float weight-bandwidth floor", QuantRowFigure("int4"), FloorFigure(), 0.5,
+           needs="needs an int4 export: --quantize int4 or --compare DIR"),
     Target("recompute / cached decode time at {new_tokens} new tokens (eager)",
            RowFigure(EAGER_NOCACHE, "decode_total_ms"), RowFigure(EAGER, "decode_total_ms"), 5.0,
            direction=AT_LEAST, needs="needs eager and eager-nocache"),

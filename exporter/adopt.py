@@ -60,23 +60,30 @@ def _external_files(path: Path) -> list[str]:
 
 
 def quantization_of(path: Path) -> dict | None:
-    """What makes the graph's weights lossy, from its ops (None: none of :data:`QUANT_OPS`): op counts and a label."""
+    """What makes the graph's weights lossy, from its ops (None: none of :data:`QUANT_OPS`), as mhaexport's own
+    quantization record says it: the scheme (``weights``: int4 / int8, from the first quantized MatMul's bits),
+    ``block_size`` and ``accuracy_level`` (4: int8 activations, which verify's self-comparisons allow for), a
+    label, and the op counts. verify then judges the file by quality against eager fp32, not exact parity."""
     model = onnx.load(str(path), load_external_data=False)
     counts: dict[str, int] = {}
-    label = None
+    first: dict | None = None
     for node in model.graph.node:
         if node.op_type in QUANT_OPS:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
-            if label is None:
+            if first is None and node.op_type in ("MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul",
+                                                  "QLinearMatMul"):
                 attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-                try:
-                    label = QUANT_OPS[node.op_type].format(bits=attrs.get("bits", 4),
-                                                           block_size=attrs.get("block_size", "?"))
-                except (KeyError, IndexError):
-                    label = node.op_type
+                first = {"op": node.op_type, **attrs}
     if not counts:
         return None
-    return {"label": label, "ops": counts, "source": "the graph's quantized ops (adopted file)"}
+    first = first or {}
+    bits = int(first.get("bits", 8 if first.get("op") not in (None, "MatMulNBits") else 4))
+    record = {"weights": f"int{bits}", "ops": counts, "source": "the graph's quantized ops (adopted file)"}
+    if first.get("op") == "MatMulNBits":
+        record.update(block_size=int(first.get("block_size", 0)), accuracy_level=int(first.get("accuracy_level", 0)))
+    label = QUANT_OPS.get(first.get("op", ""), "quantized")
+    record["label"] = label.format(bits=bits, block_size=record.get("block_size", "?"))
+    return record
 
 
 def _check_sizes(layout: Layout, loaded: LoadedModel, path: Path) -> list[str]:

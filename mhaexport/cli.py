@@ -269,6 +269,95 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
     _show_record(export_torchscript(loaded, output, mode=mode))
 
 
+def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
+    """"embeddings,lm_head" -> ("embeddings", "lm_head"); "none" or "" -> ()."""
+    from mhaexport.exporter.quantize import FLOAT_GROUPS
+
+    items = tuple(dict.fromkeys(x.strip() for x in value.split(",") if x.strip() and x.strip() != "none"))
+    bad = [x for x in items if x not in FLOAT_GROUPS]
+    if bad:
+        raise click.BadParameter(f"{','.join(bad)}: expected a comma list of {', '.join(FLOAT_GROUPS)}, or none")
+    return items
+
+
+@main.command("quantize")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
+              help="The quantized export folder (another folder: the float one stays verify's and bench's reference).")
+@click.option("--weights", type=click.Choice(["int4", "int8"]), default="int4", show_default=True,
+              help="Bits per weight of every MatMul with a constant weight (MatMulNBits).")
+@click.option("--block-size", type=click.IntRange(min=16), default=32, show_default=True,
+              help="Weights per scale, along K (a power of two).")
+@click.option("--symmetric/--asymmetric", default=True, show_default=True,
+              help="Symmetric blocks (no zero points) or asymmetric ones (a zero point per block).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
+              help="MatMulNBits' compute type on CPU: 4 = int8 activations (fast), 0/1 = float (slower, exact "
+                   "self-consistency).")
+@click.option("--keep-float", default="embeddings", show_default=True, callback=_parse_groups,
+              metavar="embeddings,lm_head|none",
+              help="What stays in float: the gathered token/position tables (one row read per token), the LM head.")
+@click.option("--int8-blocks", type=click.IntRange(min=0), default=None,
+              help="With int4: the first N decoder blocks get 8-bit weights (default 1: the most sensitive block).")
+def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level, keep_float, int8_blocks) -> None:
+    """Quantize the weights of FOLDER's float ONNX export into a new export folder, with ONNX Runtime's
+    MatMulNBitsQuantizer. The tied LM head is untied and quantized too. `mhaexport verify OUTPUT` then judges its
+    quality against eager fp32; generate, eval, bench and onnxruntime-genai run it as any export."""
+    from mhaexport.exporter.quantize import QuantConfig, quantize_folder
+
+    cfg = QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
+                      keep_float=keep_float, int8_blocks=int8_blocks).check()
+    _writable(output)
+    rec = quantize_folder(folder, output, cfg, progress=lambda m: click.echo(m, err=True))
+    for w in rec.warnings:
+        click.secho(f"warning: {w}", fg="yellow", err=True)
+    q = rec.quantization
+    files = ", ".join(f"{rec.folder / f} ({_size(rec.folder / f)})" for f in rec.files)
+    read = q["weights_read"]["fixed_bytes"] + q["weights_read"]["per_row_bytes"]
+    src = q["source"]["weights_read"]["fixed_bytes"] + q["source"]["weights_read"]["per_row_bytes"]
+    nodes = ", ".join(f"{k} x{v}" for k, v in q["nodes"].items())
+    click.echo(f"wrote {files} and {rec.folder / 'manifest.json'} in {rec.seconds:.1f} s")
+    click.echo(f"{q['label']}: {nodes}; LM head {q['lm_head']}; weights read per token {read / 1e6:.2f} MB "
+               f"(float: {src / 1e6:.2f} MB, x{read / src:.3f})")
+    click.echo(f"next: mhaexport verify {rec.folder}   (quality against eager fp32)", err=True)
+
+
+@main.command("eval")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
+              help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
+                   "weights (models/weights/small-heldout.txt), which they never trained on.")
+@click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
+              help="Runtime(s) to score on (repeat): eager, torchscript, ort-cpu, ort-cuda, eager-cuda, "
+                   "onnx-reference. Default: ort-cpu.")
+@click.option("--window", type=click.IntRange(min=2), default=None,
+              help="Tokens per window (default: the model's max_positions).")
+@click.option("--stride", type=click.IntRange(min=1), default=None,
+              help="Tokens a window advances (default: half a window; = window: consecutive windows).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def eval_cmd(folder, text_file, runtimes, window, stride, as_json) -> None:
+    """Perplexity (and bits per byte) of an export FOLDER on text, on any runtime. Exit 0 when every runtime asked
+    for ran, 1 when one failed, 4 when one could not run here."""
+    import json
+
+    from mhaexport.verify.evaluate import evaluate_folder
+
+    text = None
+    if text_file is not None:
+        try:
+            text = Path(text_file).read_bytes()
+        except OSError as e:
+            raise BadInput(f"--text {text_file}: {e.strerror or e}") from None
+    report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
+                             window=window, stride=stride)
+    click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.to_markdown())
+    failed = [r for r in report.rows if r.status == "error"]
+    if failed:
+        raise VerificationFailed("; ".join(f"{r.runtime}: {r.reason}" for r in failed))
+    missing = [r for r in report.rows if r.status == "skipped"]
+    if missing:
+        raise NotVerified("; ".join(f"{r.runtime} skipped ({r.reason})" for r in missing))
+
+
 def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
     rows = []
     for v in values:
@@ -370,10 +459,13 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Compare these lowerings, e.g. 'decomposed,onnx,ort,ort:float16,shared' ('shared': the shared KV "
                    "cache): those that neither FOLDER nor a --compare folder holds are exported (once) to "
                    "OUTPUT/lowerings/ATTENTION-DTYPE.")
+@click.option("--quantize", "quantize", default=None, metavar="int4,int8",
+              help="Time quantized exports of the same model beside the float one: those that neither FOLDER nor a "
+                   "--compare folder holds are quantized (once, default settings) to OUTPUT/quantized/SCHEME.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, output) -> None:
+              profile, compare, lowerings, quantize, output) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -395,6 +487,12 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         found = export_lowerings(folder, parse_lowerings(lowerings), output or folder, have=cfg.compare,
                                  progress=say)
         # run_bench drops FOLDER itself and repeats
+        cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
+    if quantize:
+        from mhaexport.exporter.quantize import export_quantized
+
+        schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip()))
+        found = export_quantized(folder, schemes, output or folder, have=cfg.compare, progress=say)
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     result = bench.run_bench(folder, cfg, progress=say)
     written = bench.write_bench(result, output or folder)
@@ -424,6 +522,38 @@ def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
     return out or None
 
 
+def _parse_quality(ctx, param, values: tuple[str, ...]) -> dict | None:
+    """("top1=0.9", "kl_mean=0.05") -> {"top1": 0.9, "kl_mean": 0.05}; None when not given."""
+    from mhaexport.verify.quality import QUALITY_FIGURES
+
+    out: dict = {}
+    for v in values:
+        key, _, num = v.partition("=")
+        key = key.strip()
+        if key not in QUALITY_FIGURES:
+            raise click.BadParameter(f"{v!r}: FIGURE must be one of {', '.join(QUALITY_FIGURES)}")
+        try:
+            out[key] = float(num)
+        except ValueError:
+            raise click.BadParameter(f"{v!r}: expected FIGURE=number, e.g. top1=0.9") from None
+    return out or None
+
+
+def _quality_settings(quality: dict | None, text_file: str | None):
+    """verify's QualitySettings from --quality / --text (None when neither was given)."""
+    if quality is None and text_file is None:
+        return None
+    from mhaexport.verify.quality import QualitySettings
+
+    if text_file is None:
+        return QualitySettings(overrides=quality)
+    try:
+        text = Path(text_file).read_bytes()
+    except OSError as e:
+        raise BadInput(f"--text {text_file}: {e.strerror or e}") from None
+    return QualitySettings(overrides=quality, text=text, text_source=text_file)
+
+
 def verify_options(f):
     """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
 
@@ -441,6 +571,12 @@ def verify_options(f):
                        "block (--module attention) adds torch-mha: torch's own attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
+    @click.option("--quality", "quality", multiple=True, metavar="FIGURE=X", callback=_parse_quality,
+                  help="Override a lossy artifact's threshold (repeat): top1, greedy (at least), kl_mean, kl_p99, "
+                       "logit_err, ppl_ratio (at most), e.g. --quality top1=0.9. Defaults per scheme (README).")
+    @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None,
+                  help="Real text for a lossy artifact's quality figures (UTF-8 bytes; byte-level models). Default: "
+                       "the held-out text of the shipped weights.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
@@ -452,13 +588,14 @@ def _progress(msg: str) -> None:
     click.echo(f"  {msg}", err=True)
 
 
-def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None):
+def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
+                quality=None):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
     from mhaexport.verify import verify_folder
 
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                           runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens,
+                           runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
                            progress=None if quiet else _progress)
     click.echo(report.to_markdown())
     if out is not None:
@@ -520,8 +657,8 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed) -> None:
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does).")
-def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, output,
-               bisect_=False) -> None:
+def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
+               quality_text, output, bisect_=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
@@ -532,11 +669,14 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     records its layout and hashes) and verified against that model, driven in its producer's cache and padding
     protocol (the verdict) and also in the plain one (findings). generate and bench then run on that folder.
 
-    Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation; for an
-    attention block on its own (--module attention): parity (against eager and torch's own attention), finite,
+    Checks per runtime: parity, finite, causality, kv-consistency, padding, dynamic-shapes, generation; a quantized
+    (lossy) artifact gets quality against eager fp32 instead of exact parity, and its invariants against itself;
+    an attention block on its own (--module attention): parity (against eager and torch's own attention), finite,
     causality, cache-consistency, demonstration.
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     import tempfile
+
+    settings = _quality_settings(quality, quality_text)
 
     if folder is not None and not Path(folder).is_dir() and (folder.endswith(".onnx") or Path(folder).is_file()):
         if bisect_:
@@ -557,7 +697,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
                    f"{rec.folder}", err=True)
         _warn(rec)
         click.echo(f"Verifying {rec.folder} ...", err=True)
-        _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens)
+        _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings)
         return
     if folder is not None and not Path(folder).is_dir():
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
@@ -571,7 +711,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         click.echo(f"Verifying {folder} ...", err=True)
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
-                    name="report" if output else None)
+                    name="report" if output else None, quality=settings)
         return
     if output:
         _writable(output)
@@ -589,8 +729,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 @lowering_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
-def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, opset, attention, dtype,
-            output) -> None:
+def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
+            opset, attention, dtype, output) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
     steps = ["load", "export ONNX", "export TorchScript", "verify"]
     n = len(steps)

@@ -84,7 +84,9 @@ def test_long_run_bandwidth_floor_and_targets(result):
     assert (result.floor_probe, result.floor_threads) == ("gemv", 1)  # the probe that set it, at BenchConfig.threads
     assert result.floor_ms == pytest.approx(result.weight_bytes_per_token / (result.bandwidth_gbps * 1e9) * 1e3,
                                             rel=1e-3, abs=1e-4)  # floor_ms is rounded to 4 decimals
-    assert len(result.targets) == 7  # every target listed, measured or not
+    assert len(result.targets) == 8  # every target listed, measured or not
+    int4 = next(t for t in result.targets if "int4" in t["target"])
+    assert int4["verdict"] == "not measured" and int4["met"] is None  # no quantized export in this run
     at1000 = next(t for t in result.targets if "position 1000" in t["target"])
     assert at1000["met"] is None and at1000["measured"] is None  # tiny stops at 128: not measured, never "met"
     assert at1000["verdict"] == "not measured"

@@ -246,9 +246,15 @@ def test_the_builders_int4_file_is_lossy_and_verified_on_quality(llama, tmp_path
     path = build_with_genai(llama[0], tmp_path / "int4", "int4")
     rec = adopt_onnx(loaded, path)
     q = rec.manifest.artifacts["onnx"].get("quantization")
-    assert q and q["ops"].get("MatMulNBits", 0) > 0
+    assert q["weights"] == "int4" and q["ops"].get("MatMulNBits", 0) > 0 and q["block_size"] == 32
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES)
-    assert report.verdict.code in (0, 1), report.to_markdown()
+    assert report.verdict.code == 0, report.to_markdown()
+    ort = report.results["ort-cpu"]
+    assert ort["parity"].status is None and ort["parity"].figures.get("lossy")  # exact parity does not apply
+    assert ort["quality"].status is True
+    text = ort["quality"].figures["text"]  # the held-out text, read with the folder's tokenizer.json
+    assert text["positions"] > 100 and 0.9 < text["ppl_ratio"] < 1.1 and text["bits_per_byte"] is None
+    assert all(ort[ch].status is True for ch in ("causality", "kv-consistency", "padding", "generation"))
 
 
 def _contract_named_file(folder: Path) -> Path:

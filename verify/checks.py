@@ -9,7 +9,7 @@ with eager's (and eager's cached decode with a full recompute).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -23,6 +23,10 @@ from mhaexport.verify.sweep import Case, unseen
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
 # the checks of an attention-block export (--module attention), in verify/module.py
 MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstration")
+# A lossy (quantized) artifact adds this one: its figures against eager fp32 instead of exact parity
+# (verify/quality.py); verify runs it when an artifact's manifest entry records a quantization.
+QUALITY = "quality"
+ALL_CHECKS = CHECKS + (QUALITY,)
 
 
 OUTPUT_KINDS = ("logits", "present")  # what per-output tolerances and statistics are keyed by
@@ -197,6 +201,11 @@ class Context:
     seed: int = 0
     long_full: bool = True  # long-context kv-consistency token by token to max_positions (small models), else spread
     tol_override: tuple = (None, None)  # --atol/--rtol as given: numbers or {None|"logits"|"present": number}
+    # the runtime under check's artifact is lossy: its manifest's quantization record (verify sets it per runtime);
+    # exact parity gives way to the quality check, and generation compares it with itself
+    lossy: dict | None = None
+    quality: Any = None  # verify.quality.QualitySettings: thresholds' overrides, the text, greedy prompts
+    tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
     _ref: dict = field(default_factory=dict)
     _sweep_out: dict = field(default_factory=dict)
 
@@ -233,6 +242,10 @@ class Context:
         return self._sweep_out[runner.name]
 
 
+def _scheme(ctx: Context) -> str:
+    return str((ctx.lossy or {}).get("label") or (ctx.lossy or {}).get("weights") or "quantized")
+
+
 def _static_reason(runner: Runner) -> str:
     return f"n/a: static export (runs only at seq={runner.fixed[0]} past={runner.fixed[1]})"
 
@@ -241,6 +254,9 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     """Every sweep case against eager: logits on real rows, present on real keys."""
     if runner.name == EAGER:
         return CheckResult("parity", None, {"reference": True}, "reference: every runtime is compared with eager")
+    if ctx.lossy:
+        return CheckResult("parity", None, {"lossy": True},
+                           f"n/a: lossy artifact ({_scheme(ctx)}): exact parity does not apply; see quality")
     total, worst_case, errors = Diff(), None, []
     by_kind = {k: Diff() for k in OUTPUT_KINDS}
     for case, out in ctx.sweep(runner).items():
@@ -491,7 +507,7 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
         if tuple(logits.shape) != want_l or any(tuple(t.shape) != want_kv for kv in present for t in kv):
             problems.append(f"wrong output shapes at {case.name}: logits {list(logits.shape)} (want {list(want_l)})")
             continue
-        if runner.name != EAGER:
+        if runner.name != EAGER and not ctx.lossy:  # a lossy artifact's values are judged by quality
             d = compare_outputs(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
             if not d.ok:
                 problems.append(f"wrong values at {case.name} (max abs {d.max_abs:.3g} vs eager)")
@@ -509,8 +525,9 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
                "shapes (see padding and parity)") if padded_only else _diagnose_sizes(runner, ctx)
         return CheckResult("dynamic-shapes", False, fig,
                            f"{len(problems)}/{len(cases)} unseen shapes: {problems[0]}{why}")
+    values = "; values judged by quality (lossy)" if ctx.lossy else ""
     return CheckResult("dynamic-shapes", True, fig,
-                       f"{len(cases)} unseen shapes (seq {fig['seq']}, past {fig['past']})")
+                       f"{len(cases)} unseen shapes (seq {fig['seq']}, past {fig['past']}){values}")
 
 
 def _diagnose_sizes(runner: Runner, ctx: Context) -> str:
@@ -546,8 +563,9 @@ def greedy(runner: Runner, prompt: np.ndarray, n: int) -> Greedy:
 
 
 def check_generation(runner: Runner, ctx: Context) -> CheckResult:
-    """Greedy N tokens against eager's (eager: cached decode against a full recompute every step), from a short
-    prompt and from a long one that ends N + 1 positions before max_positions (the far end of the cache).
+    """Greedy N tokens against eager's (eager, and a lossy artifact: its cached decode against its own full
+    recompute every step), from a short prompt and from a long one that ends N + 1 positions before max_positions
+    (the far end of the cache).
 
     At the first divergent step the reference's logit margin (top-1 minus top-2) is reported; a divergence where
     that margin is within tolerance is a near-tie, reported as such and not as a failure."""
@@ -574,7 +592,7 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
 
 def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, key: str) -> CheckResult:
     """Greedy decoding of n tokens after ``prompt`` judged against the reference (see check_generation)."""
-    if runner.name == EAGER:
+    if runner.name == EAGER or ctx.lossy:  # a lossy artifact is held to itself; its agreement is quality's
         got, ref, against = greedy(runner, prompt, n), greedy(RecomputeRunner(runner), prompt, n), "recompute"
     else:
         memo = ("greedy", key, n)
@@ -606,6 +624,14 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
                                                  f"(margin {margin:.3g}, logits max abs {logit_diff.max_abs:.3g})")
 
 
+def check_quality(runner: Runner, ctx: Context) -> CheckResult:
+    """A lossy artifact's top-1 agreement, KL, relative logit error, perplexity ratio and greedy agreement against
+    eager fp32, judged by its scheme's thresholds (verify/quality.py)."""
+    from mhaexport.verify.quality import check_quality as quality
+
+    return quality(runner, ctx)
+
+
 CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
     "parity": check_parity,
     "finite": check_finite,
@@ -614,6 +640,7 @@ CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
     "padding": check_padding,
     "dynamic-shapes": check_dynamic_shapes,
     "generation": check_generation,
+    QUALITY: check_quality,
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
 from mhaexport.env import environment
 from mhaexport.errors import ArtifactError
-from mhaexport.verify.checks import CHECKS, MODULE_CHECKS, CheckResult
+from mhaexport.verify.checks import ALL_CHECKS, CHECKS, MODULE_CHECKS, QUALITY, CheckResult
 
 KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
 REPORT_SCHEMA = schema.tag(KIND, VERSION)
@@ -58,6 +58,7 @@ class RuntimeInfo:
     calls: int = 0
     seconds: float = 0.0
     host: str = ""
+    self_tolerance: str | None = None  # a lossy artifact's tolerance for comparing it with itself (verify/quality)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -92,7 +93,9 @@ class VerifyReport:
     @property
     def all_checks(self) -> tuple[str, ...]:
         """Every check of this kind of export, in the table's column order: the decoder's or the module's."""
-        return MODULE_CHECKS if self.module else CHECKS
+        if self.module:
+            return MODULE_CHECKS
+        return tuple(c for c in ALL_CHECKS if c in CHECKS or c in self.checks)  # quality: when it ran (lossy)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -155,7 +158,7 @@ class VerifyReport:
 
         default = MODULE_RUNTIMES if self.module else DEFAULT_RUNTIMES
         named = self.requested is not None and set(self.requested) != set(default)
-        return named or set(self.checks) != set(self.all_checks)
+        return named or not set(self.all_checks) <= set(self.checks)
 
     def default_name(self) -> str:
         """"report" for a full run; "report-ort-cuda+torchscript" (the runtimes asked for) for a subset run."""
@@ -232,6 +235,8 @@ class VerifyReport:
             if a.get("attention"):
                 how.append(f"attention {a['attention']}")
             how.append(a.get("dtype", "float32"))
+            if a.get("quantization"):
+                how.append(f"**{a['quantization'].get('label') or a['quantization'].get('weights')} weights, lossy**")
             sizes = a.get("static_sizes") or {}
             static = "static " + " ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items() if "total" not in k)
             how.append("dynamic axes" if a.get("seq_dynamic", True) else static)
@@ -277,11 +282,15 @@ class VerifyReport:
                 lines += [f"- {ICONS[r.status]} {rt}: {r.message}" for rt, r in demo]
                 lines.append("")
         else:
+            lines += self._quality_lines()
             lines += ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
                           "worst max abs difference (parity: vs eager; causality: earlier outputs after changing "
                           "later tokens; kv-consistency: decode/chunked/recompute vs prefill, and cached decode out to "
                           "the position shown; padding: padded vs unpadded); generation: matched greedy tokens after "
-                          "a short prompt and after a long one (its length shown).", ""]
+                          "a short prompt and after a long one (its length shown)"
+                      + ("; quality: top-1 agreement and perplexity ratio on text (or the sweep's relative logit "
+                         "error); a lossy artifact's parity is n/a and its generation compares cached decode with its "
+                         "own recompute" if QUALITY in cols else "") + ".", ""]
         notes = [f"- **verdict**: {v.message}"] if v.status != "passed" else []
         for rt, info in self.runtimes.items():
             if info.status == "error":
@@ -298,7 +307,7 @@ class VerifyReport:
                 continue
             for ch in cols:
                 r = checks.get(ch)
-                if r is not None and r.status is None and ch != "parity":
+                if r is not None and r.status is None and ch not in ("parity", QUALITY):
                     notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
         if notes:
             lines += ["### Details", ""] + notes + [""]
@@ -352,6 +361,43 @@ class VerifyReport:
                     notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
         return lines + ([""] + notes if notes else []) + [""]
 
+    def _quality_lines(self) -> list[str]:
+        """The quality figures of each lossy runtime: sweep and text side by side with the thresholds."""
+        rows = [(rt, checks[QUALITY]) for rt, checks in self.results.items()
+                if QUALITY in checks and checks[QUALITY].status is not None]
+        if not rows:
+            return []
+        from mhaexport.verify.quality import LABELS
+
+        out = ["", "Quality against eager fp32 (lossy artifact; sweep: the verify sweep's real positions; text: "
+                   "sliding windows over real text; greedy: tokens until the first that differs):", "",
+               "| runtime | scheme | figure | sweep | text | threshold |", "|---|---|---|---:|---:|---:|"]
+        for rt, r in rows:
+            f = r.figures
+            sweep, text, lim = f.get("sweep") or {}, f.get("text") or {}, f.get("thresholds") or {}
+            for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
+                at_least = name == "top1"
+                limit = lim.get(name)
+                shown = "—" if limit is None else f"{'≥' if at_least else '≤'} {limit:g}"
+                out.append(f"| {rt} | {f.get('scheme', '')} | {LABELS[name]} | {_fig(sweep.get(name))} | "
+                           f"{_fig(text.get(name))} | {shown} |")
+            if text.get("perplexity") is not None:
+                bpb = (f" ({text['bits_per_byte']:.3f} vs {text['eager_bits_per_byte']:.3f} bits/byte)"
+                       if text.get("bits_per_byte") is not None else "")
+                out.append(f"| {rt} | | perplexity (eager) | | {text['perplexity']:.4g} ({text['eager_perplexity']:.4g})"
+                           f"{bpb} | |")
+            g = f.get("greedy") or {}
+            if g:
+                limit = lim.get("greedy")
+                shown = "—" if limit is None else f"≥ {limit:g} x {g['tokens']}"
+                out.append(f"| {rt} | | greedy agreement (mean, min of {g['prompts']} prompts) | | {g['mean']:.3g}, "
+                           f"{g['min']} of {g['tokens']} | {shown} |")
+            if text.get("skipped"):
+                out.append(f"| {rt} | | text | | {text['skipped']} | |")
+            for why in f.get("not_judged") or []:
+                out.append(f"| {rt} | | not judged | | {why} | |")
+        return out
+
     @staticmethod
     def _cell(r: CheckResult | None) -> str:
         if r is None:
@@ -361,6 +407,10 @@ class VerifyReport:
         if r.status is None:
             if f.get("reference"):
                 return "ref"
+            if f.get("lossy"):
+                return "n/a (lossy)"
+            if f.get("exact"):
+                return "n/a (exact)"
             return f"{icon} {'static' if f.get('static') else 'n/a' if f.get('not_applicable') else 'skipped'}"
         figure = ""
         if r.check == "parity":
@@ -384,6 +434,14 @@ class VerifyReport:
             figure = "baked"
         elif r.check == "dynamic-shapes":
             figure = f"{f.get('shapes', 0) - f.get('failed_shapes', 0)}/{f.get('shapes', 0)} shapes"
+        elif r.check == QUALITY:
+            if f.get("reference"):
+                return "ref"
+            t, sw = f.get("text") or {}, f.get("sweep") or {}
+            if t.get("positions"):
+                figure = f"top-1 {t['top1']:.3f}, ppl x{t['ppl_ratio']:.4g}"
+            elif sw.get("positions"):
+                figure = f"logit err {sw['logit_err']:.2g}"
         elif r.check == "generation":
             figure = f"{f.get('matched', 0)}/{f.get('tokens', 0)} tokens" + (" (tie)" if f.get("tie") else "")
             if "long_prompt" in f:
@@ -391,6 +449,10 @@ class VerifyReport:
         if not f and r.message:
             figure = "error"
         return f"{icon} {figure}".strip()
+
+
+def _fig(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"
 
 
 def load_report(path: str | Path) -> VerifyReport:
@@ -426,8 +488,10 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
             runtimes[key] = RuntimeInfo(**{**info.to_dict(), "host": host})
             results[key] = r.results.get(rt, {})
     first = reports[0]
+    every = MODULE_CHECKS if first.module else ALL_CHECKS
+    checks = [c for c in every if any(c in r.checks for r in reports)]
     merged = VerifyReport(model=first.model, folder=first.folder, sweep=first.sweep, tolerance=first.tolerance,
-                          module=first.module, checks=list(first.checks),
+                          module=first.module, checks=checks,
                           runtimes=runtimes, results=results, environment=environment(), versions=first.versions,
                           artifacts=first.artifacts, seconds=sum(r.seconds for r in reports),
                           sources=[f"{n}: {r.environment.get('platform', '?')} ({r.created})"

@@ -20,7 +20,7 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.session import CUDA
-from mhaexport.verify.checks import CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
+from mhaexport.verify.checks import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
                                       ONNX_REFERENCE, ORT_CPU, ORT_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT,
@@ -126,10 +126,16 @@ def other_protocol_runners(ef: ExportFolder, contract, runtimes: tuple[str, ...]
             for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
 
 
+def lossy_artifacts(ef: ExportFolder) -> dict[str, dict]:
+    """{artifact: its manifest's quantization record} for each lossy (quantized) artifact of the folder."""
+    return {name: dict(entry.get("quantization")) for name, entry in ef.artifacts.items()
+            if entry.get("quantization")}
+
+
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
                   atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
-                  gen_tokens: int | None = None, threads: int | None = None,
+                  gen_tokens: int | None = None, threads: int | None = None, quality=None,
                   progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager. A folder of the attention block on its own
     (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
@@ -137,8 +143,11 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
     which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
     that cannot run here is skipped without failing the verdict); given = requested, and one skipped entirely makes
-    the verdict "not verified". ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up
-    to ONE_THREAD_MAX_PARAMS). Raises ArtifactError for a bad folder; check failures are in the report."""
+    the verdict "not verified". ``checks``: None = every check, plus ``quality`` when an artifact is lossy (its
+    manifest records a quantization: exact parity does not apply, the quality check judges it against eager fp32,
+    the invariants hold it to itself). ``quality``: a :class:`~mhaexport.verify.quality.QualitySettings` (threshold
+    overrides, the text). ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up to
+    ONE_THREAD_MAX_PARAMS). Raises ArtifactError for a bad folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
@@ -146,9 +155,9 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     unknown = [r for r in wanted if r not in known]
     if unknown:
         raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    unknown = [c for c in checks or () if c not in CHECKS + MODULE_CHECKS]
+    unknown = [c for c in checks or () if c not in ALL_CHECKS + MODULE_CHECKS]
     if unknown:
-        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)} (an attention "
+        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
                           f"block: {', '.join(MODULE_CHECKS)})")
     ef = ExportFolder.open(folder)
     if not ef.artifacts:
@@ -158,10 +167,22 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
 
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress)
-    checks = tuple(checks) if checks else CHECKS
-    if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in CHECKS]:
+    lossy = lossy_artifacts(ef)
+    checks = tuple(checks) if checks else (ALL_CHECKS if lossy else CHECKS)
+    if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in ALL_CHECKS]:
         raise ConfigError(f"{', '.join(off)}: only for an attention-block export (--module attention); "
                           f"{ef.path} holds a decoder")
+    tokenizer = None
+    if lossy and ef.has("onnx"):  # quality reads text with the folder's tokenizer.json, when it carries one
+        from mhaexport.runtime.tokenizer import for_folder
+
+        tokenizer = for_folder(ef)
+    if lossy and quality is not None:  # refused before any work: an unknown figure, text the model cannot read
+        from mhaexport.verify.quality import text_tokens, thresholds_for
+
+        thresholds_for(None, quality.overrides)
+        if quality.text is not None:
+            text_tokens(quality.text, ef.contract, tokenizer)
     from mhaexport.models.loading import check_same_model, load_recorded
 
     if loaded is None:
@@ -177,6 +198,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     runners = build_runners(ef, loaded, wanted)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
+                  quality=quality, tokenizer=tokenizer,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS
                   and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS)
     lint = None
@@ -192,15 +214,17 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         threads = 1
     plain = other_protocol_runners(ef, c, wanted)
     with torch_threads(threads):
-        infos, results = run_all(runners, ctx, checks, say)
+        infos, results = run_all(runners, ctx, checks, say, lossy=lossy)
         other = None
         if plain:
             say(f"the file's producer drives it as {layout_of(arts['onnx']).protocol}; now also as "
                 f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
-            p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True)
+            p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
             other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": layout_of(arts["onnx"]).protocol,
                      "runtimes": p_infos, "results": p_results}
-    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
+    # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
+    # judged by quality against eager instead
+    cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
     return VerifyReport(
         model=ef.model.to_dict(), folder=str(ef.path),
         sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
@@ -217,7 +241,8 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                        "static_sizes": v.static_sizes,
                        **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache", "producer")
                           if v.get(kk)},
-                       **({"protocol": layout_of(v).protocol} if layout_of(v) else {})}
+                       **({"protocol": layout_of(v).protocol} if layout_of(v) else {}),
+                       **({"quantization": _quant_summary(v.get("quantization"))} if v.get("quantization") else {})}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
         lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
@@ -264,12 +289,21 @@ def _artifact_of(runner: Runner) -> str | None:
     return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
 
 
+def _quant_summary(q: dict) -> dict:
+    """The part of a quantization record the report shows."""
+    keys = ("weights", "label", "block_size", "symmetric", "accuracy_level", "keep_float", "int8_blocks", "lm_head",
+            "weights_read", "source")
+    return {k: q.get(k) for k in keys if k in q}
+
+
 def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
-            run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False):
+            run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False,
+            lossy: dict[str, dict] | None = None):
     """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
     own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
     is one failure with one message (its checks not run). ``skip_first``: runners[0] (eager, already run) only
-    stays active for the checks' references."""
+    stays active for the checks' references. A runner whose artifact is in ``lossy`` gets the quality check's
+    context (``Context.lossy``)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners[1:] if skip_first else runners:
@@ -292,8 +326,14 @@ def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: P
         t0 = time.perf_counter()
         # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
         # must not loosen TorchScript's tolerance; the memoized eager references stay shared (shallow copy)
-        runner_ctx = dataclasses.replace(ctx, tol=Tolerance.for_dtype(runner.dtype, ctx.tol_override[0],
-                                                                      ctx.tol_override[1]))
+        quant = (lossy or {}).get(_artifact_of(runner) or "")
+        tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
+        if quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
+            from mhaexport.verify.quality import self_tolerance
+
+            tol = self_tolerance(ctx, quant, tol)
+            info.self_tolerance = tol.describe()
+        runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
         for ch in checks:
             results[runner.name][ch] = run(ch, runner, runner_ctx)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)

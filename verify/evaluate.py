@@ -1,0 +1,157 @@
+"""``mhaexport eval``: the perplexity of an export folder on text, on any runtime (bits per byte for a byte-level
+model) — the number a user asks for first, for a float export and a quantized one alike.
+
+Each runtime is a runner of the one protocol (verify's eager and TorchScript runners, the deploy runtime's ONNX
+Runtime runner); the text is scored in sliding windows (:func:`mhaexport.verify.quality.score_text`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mhaexport.artifact import ExportFolder
+from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.runtime.runner import Runner
+from mhaexport.verify.quality import TextScore, score_text
+from mhaexport.verify.runners import (ALL_RUNTIMES, EAGER, EAGER_CUDA, ONNX_REFERENCE, ORT_CPU, TORCHSCRIPT,
+                                      EagerRunner, OnnxReferenceRunner, TorchScriptRunner, ort_runner, skipped)
+
+
+@dataclass
+class EvalRow:
+    """One runtime's result: ``status`` "ran", "skipped" (cannot run here) or "error" (failed), with why."""
+
+    runtime: str
+    status: str
+    reason: str = ""
+    providers: list[str] = field(default_factory=list)
+    score: TextScore | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"runtime": self.runtime, "status": self.status, "reason": self.reason, "providers": self.providers,
+                "seconds": round(self.seconds, 3), **(self.score.to_dict() if self.score else {})}
+
+
+@dataclass
+class EvalReport:
+    """Perplexity per runtime of one folder on one text."""
+
+    folder: str
+    spec: str
+    scheme: str | None  # the ONNX artifact's quantization label, None for a float export
+    text_source: str
+    text_bytes: int
+    window: int
+    stride: int
+    rows: list[EvalRow]
+
+    def to_dict(self) -> dict:
+        return {"schema": "mhaexport.eval/1", "folder": self.folder, "model": self.spec, "quantization": self.scheme,
+                "text": {"source": self.text_source, "bytes": self.text_bytes}, "window": self.window,
+                "stride": self.stride, "runtimes": [r.to_dict() for r in self.rows]}
+
+    def to_markdown(self) -> str:
+        what = f"{self.spec}" + (f", ONNX quantized {self.scheme}" if self.scheme else "")
+        lines = [(f"Perplexity of {self.folder} ({what}) on {self.text_source} ({self.text_bytes} bytes; windows of "
+                  f"{self.window} tokens advancing by {self.stride})"), "",
+                 "| runtime | providers | tokens | perplexity | bits/token | bits/byte | seconds |",
+                 "|---|---|---:|---:|---:|---:|---:|"]
+        for r in self.rows:
+            if r.score is None:
+                lines.append(f"| {r.runtime} | {r.status}: {r.reason} | | | | | |")
+                continue
+            s = r.score
+            bpb = "—" if s.bits_per_byte is None else f"{s.bits_per_byte:.4f}"
+            lines.append(f"| {r.runtime} | {', '.join(p.replace('ExecutionProvider', '') for p in r.providers)} | "
+                         f"{s.tokens} | {s.perplexity:.4f} | {s.bits_per_token:.4f} | {bpb} | {r.seconds:.2f} |")
+        return "\n".join(lines) + "\n"
+
+
+def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
+    """The runner for ``name`` on ``ef``'s artifacts (the eager model rebuilt from the manifest once)."""
+    c = ef.contract
+    onnx = ef.artifacts.get("onnx")
+    if name in (EAGER, EAGER_CUDA):
+        if "loaded" not in loaded_box:
+            from mhaexport.models.loading import load_recorded
+
+            loaded_box["loaded"] = load_recorded(ef)
+        return EagerRunner(name, c, loaded_box["loaded"].module, device="cuda" if name == EAGER_CUDA else "cpu")
+    if name == TORCHSCRIPT:
+        if not ef.has(TORCHSCRIPT):
+            return skipped(name, c, f"no TorchScript export in {ef.path}")
+        return TorchScriptRunner(name, c, ef.file(TORCHSCRIPT))
+    if onnx is None:
+        return skipped(name, c, f"no ONNX export in {ef.path}")
+    if name == ONNX_REFERENCE:
+        return OnnxReferenceRunner(name, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
+    return ort_runner(name, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
+
+
+def _torch_threads(ef: ExportFolder, name: str):
+    """verify's one-thread rule for the torch runtimes on small models (spinning threads cost 10x on a busy machine);
+    the size read from the artifacts' files (float32: 4 bytes a parameter)."""
+    import contextlib
+
+    if name not in (EAGER, TORCHSCRIPT):
+        return contextlib.nullcontext()
+    from mhaexport.verify.verify import ONE_THREAD_MAX_PARAMS, torch_threads
+
+    largest = max((sum(f["bytes"] for f in a.files.values()) for a in ef.artifacts.values()), default=0)
+    return torch_threads(1 if largest <= 4 * ONE_THREAD_MAX_PARAMS else None)
+
+
+def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
+                    runtimes: tuple[str, ...] = (ORT_CPU,), window: int | None = None,
+                    stride: int | None = None) -> EvalReport:
+    """Perplexity of ``folder``'s artifacts on ``text`` (default: the held-out text of the shipped weights) on each
+    of ``runtimes``. ConfigError for an unknown runtime, RuntimeInputError for text the model cannot read (not
+    byte-level, too short) or a static export; a runtime that cannot run or fails is a row saying why."""
+    from mhaexport.models.text import heldout_text
+    from mhaexport.runtime.tokenizer import for_folder
+    from mhaexport.verify.quality import text_tokens
+
+    unknown = [r for r in runtimes if r not in ALL_RUNTIMES]
+    if unknown:
+        raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
+    ef = ExportFolder.open(folder)
+    c = ef.contract
+    if text is None:
+        text, text_source = heldout_text(), "the held-out text of the shipped weights (models/weights/small-heldout.txt)"
+    ids, byte_level = text_tokens(text, c, for_folder(ef) if ef.has("onnx") else None)
+    if window is not None and window < 2:
+        raise ConfigError(f"--window {window}: at least 2 tokens")
+    L = min(window or c.max_positions, c.max_positions)
+    step = max(1, min(stride or L // 2, L))
+    rows, box = [], {}
+    for name in dict.fromkeys(runtimes):
+        runner = _runner(name, ef, box)
+        row = EvalRow(name, "ran")
+        t0 = time.perf_counter()
+        try:
+            runner.activate()
+            if runner.fixed is not None:
+                raise ProviderUnavailable(f"static export (seq={runner.fixed[0]}): windows of any length need "
+                                          "dynamic axes")
+        except ProviderUnavailable as e:
+            runner.skip_reason = str(e)
+        except MhaExportError as e:
+            row.status, row.reason = "error", str(e).splitlines()[0]
+        if row.status == "ran" and runner.skip_reason is not None:
+            row.status, row.reason = "skipped", runner.skip_reason.splitlines()[0]
+        if row.status == "ran":
+            try:
+                with _torch_threads(ef, name):
+                    row.score, _, _ = score_text(runner, ids, window=L, stride=step, byte_level=byte_level)
+                row.providers = list(runner.providers)
+            except MhaExportError as e:
+                row.status, row.reason = "error", str(e).splitlines()[0]
+            runner.deactivate()
+        row.seconds = time.perf_counter() - t0
+        rows.append(row)
+    q = (ef.artifacts.get("onnx").get("quantization") or {}) if ef.has("onnx") else {}
+    return EvalReport(str(ef.path), ef.model.spec, q.get("label"), text_source or "the given text", len(text), L, step,
+                      rows)
