@@ -69,6 +69,7 @@ def test_d_model_not_divisible(runner, tmp_path):
     assert not (tmp_path / "o").exists()  # nothing half-written
 
 
+@pytest.mark.slow  # ~14 s: a real interpreter per call; test_export covers the user factory in-process
 def test_real_subprocess_user_factory(tmp_path):
     out = tmp_path / "user"
     proc = subprocess.run([sys.executable, "-m", "mhaexport", "onnx", "--model", "examples/user_decoder.py:build",

@@ -24,15 +24,28 @@ ATOL, RTOL = 1e-2, 1e-2  # float16 against the float32 eager reference: |a - e| 
 FUSED = {"decomposed": "Softmax", "onnx": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
 
 
+class _Exports(dict):
+    """{lowering: float16 export folder}, each exported on first use (the fused ones run in the slow set only)."""
+
+    def __init__(self, tiny, factory) -> None:
+        super().__init__()
+        self.tiny, self.factory = tiny, factory
+
+    def __missing__(self, attention: str):
+        folder = self.factory.mktemp(f"fp16_{attention}")
+        export_onnx(self.tiny, folder, attention=attention, dtype="float16")
+        self[attention] = folder
+        return folder
+
+
 @pytest.fixture(scope="module")
 def fp16(tiny, tmp_path_factory):
-    """{lowering: float16 export folder} of the tiny model."""
-    out = {}
-    for attention in ("decomposed", "onnx", "ort"):
-        folder = tmp_path_factory.mktemp(f"fp16_{attention}")
-        export_onnx(tiny, folder, attention=attention, dtype="float16")
-        out[attention] = folder
-    return out
+    """{lowering: float16 export folder} of the tiny model, exported lazily."""
+    return _Exports(tiny, tmp_path_factory)
+
+
+# ~6 s per fused float16 export: the fused lowerings' float16 graphs are proved in the slow set
+LOWERINGS = ["decomposed", pytest.param("onnx", marks=pytest.mark.slow), pytest.param("ort", marks=pytest.mark.slow)]
 
 
 def _real(batch: int, seq: int, past: int, pad: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -43,7 +56,7 @@ def _real(batch: int, seq: int, past: int, pad: list[int] | None) -> tuple[np.nd
     return keys[:, past:], keys
 
 
-@pytest.mark.parametrize("attention", ["decomposed", "onnx", "ort"])
+@pytest.mark.parametrize("attention", LOWERINGS)
 def test_float16_graph_io_and_manifest(fp16, tiny, attention):
     model = onnx.load(str(fp16[attention] / "model.onnx"))
     types = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.input) + list(model.graph.output)}
@@ -60,7 +73,7 @@ def test_float16_graph_io_and_manifest(fp16, tiny, attention):
     assert cast is not None and cast.get("MatMul", 0) > 0
 
 
-@pytest.mark.parametrize("attention", ["decomposed", "onnx", "ort"])
+@pytest.mark.parametrize("attention", LOWERINGS)
 def test_float16_matches_fp32_eager_and_padded_rows_stay_finite(fp16, tiny, attention):
     sess = ort.InferenceSession(str(fp16[attention] / "model.onnx"), providers=["CPUExecutionProvider"])
     assert sess.get_providers() == ["CPUExecutionProvider"]
@@ -115,6 +128,7 @@ def test_additive_min_mask_is_the_classic_float16_bug():
     assert torch.isfinite(F.softmax(filled, dim=-1)).all()
 
 
+@pytest.mark.slow  # ~6 s: one more export of the tiny model
 def test_bfloat16_export_records_what_ort_cpu_can_run(tiny, tmp_path):
     rec = export_onnx(tiny, tmp_path, attention="ort", dtype="bfloat16")
     model = onnx.load(str(tmp_path / "model.onnx"))

@@ -77,6 +77,7 @@ def test_export_killed_while_staging_leaves_nothing_trusted(tiny, tiny_export, t
     assert (folder / "manifest.json").stat().st_mode & 0o777 == 0o644  # readable by other users and services
 
 
+@pytest.mark.slow  # ~8 s: a killed subprocess; the staging kill test stays in the fast set
 def test_export_killed_while_writing_model_file(tmp_path):
     """Killed once model.onnx has bytes in the staging folder, into a fresh folder: no manifest, so no export."""
     folder = tmp_path / "fresh"

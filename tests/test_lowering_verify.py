@@ -9,7 +9,7 @@ from mhaexport.exporter.onnx import export_onnx
 from mhaexport.verify import verify_folder
 
 CASES = [
-    ("onnx", "float32"),
+    pytest.param("onnx", "float32", marks=pytest.mark.slow),  # ~5 s; ort below verifies a lowered file fast
     ("ort", "float32"),
     pytest.param("decomposed", "float16", marks=pytest.mark.slow),
     pytest.param("onnx", "float16", marks=pytest.mark.slow),
@@ -29,6 +29,7 @@ def test_lowering_passes_verify(tiny, tmp_path, attention, dtype):
     assert f"attention {attention}" in report.to_markdown() and dtype in report.to_markdown()
 
 
+@pytest.mark.slow  # ~5 s; test_lowering's CLI test covers --attention on the export verbs
 def test_all_verb_takes_the_lowering_options(tmp_path):
     import json
 
@@ -53,6 +54,7 @@ def tiny_llama():
     return load_model("tiny-llama")
 
 
+@pytest.mark.slow  # ~9 s: exports tiny-llama; test_lowering_rules holds the GQA rule on a small graph
 def test_gqa_onnx_attention_groups_the_heads_itself_and_takes_the_cache(tiny_llama, tmp_path):
     """--attention onnx on a GQA model: the ONNX Attention op gets the un-repeated (B, H_kv, S, D) cache and
     writes present.* itself; no repeat_interleave (Expand) is left; every check passes on ONNX Runtime CPU."""

@@ -116,7 +116,10 @@ def test_verify_model_catches_bug_in_every_runtime(bug):
     assert res.exit_code == 1, res.output
     failed = _failed_checks(res.output)
     for rt in ("eager", "torchscript", "ort-cpu"):
-        for check in CAUGHT_IN_EAGER[bug]:
+        # a decode-only bug sits on a Python branch the trace does not take (the export's example has seq > 1):
+        # the artifacts hold the prefill path and are self-consistent, so they fail against eager instead
+        want = {"parity", "generation"} if bug in LONG_ONLY and rt != "eager" else CAUGHT_IN_EAGER[bug]
+        for check in want:
             assert f"{rt}/{check}" in failed, (bug, rt, failed)
 
 
