@@ -121,25 +121,15 @@ def build_optimum(work: Path, dirs: dict[str, Path], python: Path) -> list[dict]
 
 
 def export_plain(work: Path, dirs: dict[str, Path], arch: str = "llama") -> list[dict]:
-    """torch.onnx.export with no names given (tests/test_foreign.py's export_plain)."""
-    import torch
+    """torch.onnx.export with no names given (tests/hf_models.py's export_plain)."""
+    from hf_models import export_plain as plain_export
 
-    from mhaexport import iospec
-    from mhaexport.exporter.onnx import dynamic_shapes
     from mhaexport.models.loading import load_model
 
     out = work / "plain" / arch
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    loaded = load_model(hf=dirs[arch])
-    c = loaded.contract
-    ids, mask, past = iospec.dummy_inputs(c, 2, 3, 2, seed=0)
-    args = (torch.from_numpy(ids), torch.from_numpy(mask),
-            tuple((torch.from_numpy(k), torch.from_numpy(v)) for k, v in past))
-    with torch.no_grad():
-        prog = torch.onnx.export(loaded.module, args, dynamo=True, opset_version=18,
-                                 dynamic_shapes=dynamic_shapes(c.n_layers, True))
-    prog.save(str(out / "model.onnx"))
+    plain_export(load_model(hf=dirs[arch]), out / "model.onnx")
     secs = round(time.perf_counter() - started, 1)
     print(f"plain torch.onnx {arch}: {secs} s", file=sys.stderr, flush=True)
     return [{"tool": "torch.onnx.export", "name": f"plain-{arch}", "arch": arch, "variant": "fp32, no names given",

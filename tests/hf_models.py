@@ -89,3 +89,22 @@ def save_tiny(name: str, folder: str | Path, *, tokenizer: bool = True, seed: in
     if tokenizer:
         train_tokenizer(folder)
     return folder
+
+
+def export_plain(loaded, path: str | Path) -> Path:
+    """A plain ``torch.onnx.export`` of a loaded model (the dynamo exporter, dynamic axes, no input or output names
+    given: they are whatever the exporter calls them), as a user without mhaexport would make one."""
+    import torch
+
+    from mhaexport import iospec
+    from mhaexport.exporter.onnx import dynamic_shapes
+
+    c = loaded.contract
+    ids, mask, past = iospec.dummy_inputs(c, 2, 3, 2, seed=0)
+    args = (torch.from_numpy(ids), torch.from_numpy(mask),
+            tuple((torch.from_numpy(k), torch.from_numpy(v)) for k, v in past))
+    with torch.no_grad():
+        prog = torch.onnx.export(loaded.module, args, dynamo=True, opset_version=18,
+                                 dynamic_shapes=dynamic_shapes(c.n_layers, True))
+    prog.save(str(path))
+    return Path(path)

@@ -15,6 +15,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from hf_models import export_plain
+
 from mhaexport import iospec
 from mhaexport.cli import main
 from mhaexport.errors import ArtifactError
@@ -87,17 +89,6 @@ def export_optimum_layout(loaded, path: Path) -> Path:
     return path
 
 
-def export_plain(loaded, path: Path) -> Path:
-    """torch.onnx.export with no names given: the inputs and outputs are whatever the exporter calls them."""
-    c = loaded.contract
-    ids, mask, past = iospec.dummy_inputs(c, 2, 3, 2, seed=0)
-    args = (torch.from_numpy(ids), torch.from_numpy(mask),
-            tuple((torch.from_numpy(k), torch.from_numpy(v)) for k, v in past))
-    with torch.no_grad():
-        prog = torch.onnx.export(loaded.module, args, dynamo=True, opset_version=18,
-                                 dynamic_shapes=dynamic_shapes(c.n_layers, True))
-    prog.save(str(path))
-    return path
 
 
 def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_plain_one(llama, builder_fp32):

@@ -12,6 +12,7 @@ from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.exporter.genai import genai_config
 from mhaexport.runtime.genai import GENAI_CONFIG, genai_greedy, right_pad
+from eager import eager_greedy
 from planted.edit import peaked as peaked_model
 
 PROMPTS = [[72, 101, 108, 108, 111], [200, 17, 3], [9, 8, 7, 6, 5, 4, 3, 2]]
@@ -27,21 +28,6 @@ def peaked(tmp_path_factory):
     out = tmp_path_factory.mktemp("genai")
     export_onnx(loaded, out)
     return loaded, out
-
-
-def eager_greedy(module: torch.nn.Module, prompt: list[int], max_length: int, eos: int) -> list[int]:
-    """Greedy decoding with the KV cache in eager PyTorch, stopping at eos or max_length tokens."""
-    out = list(prompt)
-    with torch.no_grad():
-        ids = torch.tensor([prompt])  # (1, T)
-        logits, past = module(ids, torch.ones_like(ids), None)
-        while len(out) < max_length:
-            t = int(logits[0, -1].argmax())
-            out.append(t)
-            if t == eos:
-                break
-            logits, past = module(torch.tensor([[t]]), torch.ones(1, len(out), dtype=torch.int64), past)
-    return out
 
 
 def test_genai_config_matches_contract_and_iospec(tiny_export, tiny):

@@ -27,6 +27,7 @@ from hf_models import IDS, PROVED  # noqa: E402
 from mhaexport.cli import main  # noqa: E402
 from mhaexport.errors import ExportError, ModelLoadError  # noqa: E402
 from mhaexport.models.loading import load_model  # noqa: E402
+from eager import eager_greedy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["The river runs.", "Notes on a quiet morning, and 42 small things!", " leading space", "é ü ß"]
@@ -42,21 +43,6 @@ def small(hf_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("hf-small-export")
     export_onnx(loaded, out)
     return loaded, out
-
-
-def eager_greedy(module: torch.nn.Module, prompt: list[int], max_length: int, eos: int) -> list[int]:
-    """Greedy decoding with the contract's KV cache in eager PyTorch, up to max_length tokens or eos."""
-    out = list(prompt)
-    with torch.no_grad():
-        ids = torch.tensor([prompt])  # (1, T)
-        logits, past = module(ids, torch.ones_like(ids), None)
-        while len(out) < max_length:
-            t = int(logits[0, -1].argmax())
-            out.append(t)
-            if t == eos:
-                break
-            logits, past = module(torch.tensor([[t]]), torch.ones(1, len(out), dtype=torch.int64), past)
-    return out
 
 
 # --- fast: one architecture, exported once ---------------------------------------------------------------------

@@ -257,20 +257,32 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     if ctx.lossy:
         return CheckResult("parity", None, {"lossy": True},
                            f"n/a: lossy artifact ({_scheme(ctx)}): exact parity does not apply; see quality")
+    return parity_over_sweep(
+        ctx.sweep(runner), OUTPUT_KINDS, ctx.tol,
+        lambda case, out: compare_by_output(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys()))
+
+
+def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
+                      compare_case: Callable[[Case, Any], dict[str, Diff]]) -> CheckResult:
+    """The parity result of a sweep (``outputs``: {case: a runtime's outputs, or the exception it raised}):
+    ``compare_case`` gives each case's {kind: Diff} against eager; figures overall and per kind, the worst case,
+    and one message (the first case that failed to run, or which kinds differ and the atol that would pass)."""
     total, worst_case, errors = Diff(), None, []
-    by_kind = {k: Diff() for k in OUTPUT_KINDS}
-    for case, out in ctx.sweep(runner).items():
+    by_kind = {k: Diff() for k in kinds}
+    for case, out in outputs.items():
         if isinstance(out, BaseException):
             errors.append(f"{case.name}: {first_line(out)}")
             continue
-        by = compare_by_output(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
-        d = by["logits"].merge(by["present"])
+        by = compare_case(case, out)
+        d = Diff()
+        for part in by.values():
+            d = d.merge(part)
         if worst_case is None or d.max_abs > total.max_abs:
             worst_case = case.name
         total = total.merge(d)
-        by_kind = {k: by_kind[k].merge(by[k]) for k in OUTPUT_KINDS}
-    fig = {**total.figures(), "cases": len(ctx.sweep(runner)), "worst_case": worst_case, "errors": len(errors),
-           "per_output": {k: {**v.stats(), "atol": ctx.tol.for_output(k).atol, "rtol": ctx.tol.for_output(k).rtol}
+        by_kind = {k: by_kind[k].merge(by[k]) for k in kinds}
+    fig = {**total.figures(), "cases": len(outputs), "worst_case": worst_case, "errors": len(errors),
+           "per_output": {k: {**v.stats(), "atol": tol.for_output(k).atol, "rtol": tol.for_output(k).rtol}
                           for k, v in by_kind.items()}}
     if errors:
         return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}")
@@ -278,7 +290,7 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
         bad = ", ".join(f"{k} {v.mismatched}/{v.total} (max abs {v.max_abs:.3g})" for k, v in by_kind.items()
                         if not v.ok)
         return CheckResult("parity", False, fig,
-                           f"{total.mismatched}/{total.total} values differ from eager beyond {ctx.tol.describe()}: "
+                           f"{total.mismatched}/{total.total} values differ from eager beyond {tol.describe()}: "
                            f"{bad}; worst at {worst_case}; atol {total.min_atol:.3g} would pass")
     return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {fig['cases']} cases")
 

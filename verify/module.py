@@ -28,7 +28,7 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ConfigError, MhaExportError, first_line
 from mhaexport.iospec import ModuleContract
-from mhaexport.verify.checks import MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, compare
+from mhaexport.verify.checks import MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, compare, parity_over_sweep
 from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
                                              module_ort_runner)
 from mhaexport.verify.report import VerifyReport
@@ -110,31 +110,8 @@ def check_parity(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
     if baked:
         return CheckResult("parity", False, {"baked_axes": len(baked)},
                            f"the graph fixes dynamic axes to the export's sizes: {'; '.join(baked[:3])}")
-    total, worst_case, errors = Diff(), None, []
-    by_kind = {k: Diff() for k in OUTPUTS}
-    for case, out in ctx.sweep(runner).items():
-        if isinstance(out, BaseException):
-            errors.append(f"{case.name}: {first_line(out)}")
-            continue
-        by = compare_module(out, ctx.reference(case), ctx.tol)
-        d = _merged(by)
-        if worst_case is None or d.max_abs > total.max_abs:
-            worst_case = case.name
-        total = total.merge(d)
-        by_kind = {k: by_kind[k].merge(by[k]) for k in OUTPUTS}
-    tol_of = {k: ctx.tol.for_output("present" if k == "present" else k) for k in OUTPUTS}
-    fig = {**total.figures(), "cases": len(ctx.cases), "worst_case": worst_case, "errors": len(errors),
-           "per_output": {k: {**v.stats(), "atol": tol_of[k].atol, "rtol": tol_of[k].rtol}
-                          for k, v in by_kind.items()}}
-    if errors:
-        return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}")
-    if not total.ok:
-        bad = ", ".join(f"{k} {v.mismatched}/{v.total} (max abs {v.max_abs:.3g})" for k, v in by_kind.items()
-                        if not v.ok)
-        return CheckResult("parity", False, fig,
-                           f"{total.mismatched}/{total.total} values differ from eager beyond {ctx.tol.describe()}: "
-                           f"{bad}; worst at {worst_case}; atol {total.min_atol:.3g} would pass")
-    return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {len(ctx.cases)} cases")
+    return parity_over_sweep(ctx.sweep(runner), OUTPUTS, ctx.tol,
+                             lambda case, out: compare_module(out, ctx.reference(case), ctx.tol))
 
 
 def check_finite(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
