@@ -42,6 +42,7 @@ class RuntimeBench:
     quant_label: str | None = None  # its full label ("int4 b32 sym acc4 (block 0 int8; float: embeddings)")
     weight_bytes_per_token: int | None = None  # bytes of weights one decode step of this row reads
     floor_ratio: float | None = None  # token p50 / the float model's weight-bandwidth floor (BenchResult.floor_ms)
+    notes: list[str] = field(default_factory=list)  # what a reader of this row must know (bench.md's notes)
 
     def __post_init__(self) -> None:
         if not self.label:

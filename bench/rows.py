@@ -137,14 +137,21 @@ class Row:
 
 
 class BareRow(Row):
-    """A bare loop over the folder's ONNX file, to see what mhaexport's decode loop costs: one InferenceSession on
-    CPU, ``session.run`` with numpy in and out (a shared cache: the buffers bound once and reused, the least IO
-    binding can do), argmax on the last logits — no checks, no sampling, nothing else. Its timings are taken the way
-    the decode loop takes them (a step = run + choosing the token)."""
+    """A bare loop over the folder's ONNX file, to see what mhaexport's decode loop costs: ``session.run`` with numpy
+    in and out (a shared cache: the buffers bound once and reused, the least IO binding can do), argmax on the last
+    logits — no checks, no sampling, nothing else. Its timings are taken the way the decode loop takes them (a step
+    = run + choosing the token).
 
-    def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig) -> None:
+    ``share``: returns the ORT CPU row of the same folder (or None); when that row is loaded first (the table order),
+    the bare loop runs on *its* InferenceSession, so the two rows differ by the loop alone. Measured on this project's 2-core VM, identical sessions of one file created
+    one after another in a process decode at different speeds (the first ~1.2 x slower than the third, on 1 thread
+    as on 2), which a separate session would have counted as the loop's cost. Without a loaded ORT CPU row it
+    creates its own session (CPU, ``--threads``) and its notes say so."""
+
+    def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig,
+                 share: Callable[[], Row | None] = lambda: None) -> None:
         super().__init__(record, self._load, cfg.repeats)
-        self.folder, self.cfg = folder, cfg
+        self.folder, self.cfg, self.share = folder, cfg, share
 
     def _load(self) -> Runner:
         import onnxruntime as ort
@@ -154,9 +161,17 @@ class BareRow(Row):
 
         ef = ExportFolder.open(self.folder, "onnx")
         entry = ef.entry("onnx")
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = self.cfg.threads, 1, 3
-        self.session = start_session(ef.file("onnx"), [CPU], so)[0]
+        own = self.share()
+        runner = own.runner if own is not None and own.ok else None
+        if runner is not None and getattr(runner, "session", None) is not None:
+            self.session = runner.session  # the ORT CPU row's own session: the rows differ by the loop alone
+            self.record.notes.append("runs on the ort-cpu row's InferenceSession")
+        else:
+            self.record.notes.append("runs on a session of its own (no ort-cpu row loaded before it): its ratio to "
+                                     "ort-cpu also holds the difference between two sessions")
+            so = ort.SessionOptions()
+            so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = self.cfg.threads, 1, 3
+            self.session = start_session(ef.file("onnx"), [CPU], so)[0]
         self.contract, self.entry = ef.contract, entry
         self.kv_dtype = np.float16 if entry.dtype == "float16" else np.float32
         self.out_names = [o.name for o in self.session.get_outputs()]
@@ -178,7 +193,7 @@ class BareRow(Row):
             shape = (B, c.n_kv_heads, int(self.entry.get("max_cache")), c.head_dim)
             bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in range(2 * layers)]
             io = self.session.io_binding()
-            io.bind_output(iospec.LOGITS, "cpu")
+            io.bind_output(iospec.LOGITS, "cpu")  # bound first: get_outputs()[0]
             for i in range(layers):
                 for j, (pn, qn) in enumerate(zip(iospec.past_names(i), iospec.present_names(i))):
                     io.bind_ortvalue_input(pn, bufs[2 * i + j])
@@ -187,6 +202,7 @@ class BareRow(Row):
             def run(ids: np.ndarray, mask: np.ndarray, past):
                 io.bind_cpu_input(iospec.INPUT_IDS, ids)
                 io.bind_cpu_input(iospec.ATTENTION_MASK, mask)
+                io.bind_output(iospec.LOGITS, "cpu")  # unallocated again (same slot): the prompt's logits were (B, P, V)
                 self.session.run_with_iobinding(io)
                 return io.get_outputs()[0].numpy(), past
         else:
@@ -362,8 +378,13 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
             if "onnx" not in arts:
                 add(skipped_row(name, f"no ONNX export in {folder}"))
             else:
-                cls = BareRow if name == ORT_BARE else GenAIRow
-                add(cls(ort_record(name, folder, own_lowering), folder, cfg))
+                if name == ORT_BARE:
+                    def own(rows: list[Row] = rows) -> Row | None:  # the folder's ort-cpu row, when it is loaded
+                        return next((r for r in rows if r.record.name == ORT_CPU and r.runner is not None), None)
+
+                    add(BareRow(ort_record(name, folder, own_lowering), folder, cfg, share=own))
+                else:
+                    add(GenAIRow(ort_record(name, folder, own_lowering), folder, cfg))
     if ORT_CPU in names and "onnx" in arts:
         for level in cfg.opt_levels:
             rb = with_quantization(RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level,

@@ -139,6 +139,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     if len(timed) > 1:
         notes.append(f"timed round-robin: {cfg.repeats} round(s), one generation of every row per round, after "
                      "every row was loaded and warmed up")
+    notes += [f"{r.label}: {n}" for r in res.runtimes for n in r.notes]
     res.lowerings = compare_lowerings(res)
     res.targets = evaluate(res, cfg.max_spread)
     return res

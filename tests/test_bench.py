@@ -570,3 +570,28 @@ def test_shared_cache_targets_read_the_shared_and_concat_rows():
     assert flat["measured"] == pytest.approx(3.7 / 3.5, abs=1e-3) and flat["met"] is True
     bare = got["ORT CPU per-token p50 / a bare session.run loop's p50 (same file)"]
     assert bare["measured"] == pytest.approx(4.0 / 3.9, abs=1e-3) and bare["met"] is True
+
+
+@pytest.mark.parametrize("order", [("ort-cpu", "ort-bare"), ("ort-bare", "ort-cpu")])
+def test_bare_loop_runs_on_the_ort_cpu_rows_session_when_that_row_loads_first(tiny_export, order):
+    """Two sessions of one file need not decode at one speed (measured here: the first of three identical sessions
+    ~1.2 x slower than the third), so the bare loop shares the ORT CPU row's session and the two rows differ by the
+    loop alone; loaded before that row, it has its own session and says so."""
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.bench.rows import BareRow, plan_rows
+
+    cfg = BenchConfig(**SMALL)
+    rows = plan_rows(tiny_export, ExportFolder.open(tiny_export), cfg, order, [], None, "no eager")
+    for row in rows:
+        row.activate()
+        assert row.ok, row.record.reason
+    bare = next(r for r in rows if isinstance(r, BareRow))
+    ort_row = next(r for r in rows if r.record.name == "ort-cpu")
+    if order[0] == "ort-cpu":
+        assert bare.session is ort_row.runner.session
+        assert bare.record.notes == ["runs on the ort-cpu row's InferenceSession"]
+    else:
+        assert bare.session is not ort_row.runner.session
+        assert "a session of its own" in bare.record.notes[0]
+    prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
+    assert bare.generate(prompt, 4).tokens == ort_row.generate(prompt, 4).tokens

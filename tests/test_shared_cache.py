@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -79,6 +80,26 @@ def test_verify_translates_the_contract_and_every_check_passes(shared):
     report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",))
     assert report.passed, report.to_markdown()
     assert all(r.status is True for r in report.results["ort-cpu"].values())
+
+
+def test_bench_bare_loop_on_a_shared_cache_decodes_eagers_tokens(shared):
+    """bench's ort-bare row binds the buffers once and the logits afresh each call (the prompt's are (B, P, V), a
+    step's (B, 1, V)), alone and on the ort-cpu row's session."""
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.bench import BenchConfig
+    from mhaexport.bench.rows import BareRow, plan_rows
+
+    loaded, folder, _ = shared
+    prompt = np.array([PROMPTS[0]], dtype=np.int64)
+    want = [eager_greedy(loaded.module, PROMPTS[0], 6)]
+    cfg = BenchConfig(threads=1, repeats=1)
+    rows = plan_rows(folder, ExportFolder.open(folder), cfg, ("ort-cpu", "ort-bare"), [], None, "no eager")
+    for row in rows:
+        row.activate()
+        assert row.ok, row.record.reason
+    assert isinstance(rows[1], BareRow) and rows[1].session is rows[0].runner.session
+    for row in rows:
+        assert row.generate(prompt, 6).tokens == want, row.record.name
 
 
 @pytest.mark.slow
