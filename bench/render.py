@@ -112,9 +112,13 @@ def markdown_body(res: BenchResult, plot_note: str | None = None) -> str:
     parts = [runtimes_table(res), "", floor_text(res)]
     for lr in res.long_runs:
         at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr["at"].items())
+        read = lr.get("bytes_at") or {}
+        near, far = str(lr.get("near")), str(lr.get("far"))
+        grow = (f"; bytes a step reads at least (weights + the cache so far) at {far} / at {near}: "
+                f"{read[far] / read[near]:.2f}" if near in read and far in read and near != far else "")
         parts.append(f"\n{lr['label']}: per-token latency against position (median of positions +-8), "
                      f"{lr.get('repeats', 1)} run(s) to position {lr['positions'][-1] + 1}: {at}; spread "
-                     f"{_f(lr.get('spread'))}.")
+                     f"{_f(lr.get('spread'))}{grow}.")
     if len(res.lowerings) > 1:
         parts += ["", lowerings_table(res)]
     if any(r.quantization for r in res.runtimes):

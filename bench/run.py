@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mhaexport import dtypes
 from mhaexport.artifact import ExportFolder
 from mhaexport.bench import probes
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig, check_config
@@ -196,17 +197,33 @@ def run_rounds(rows: list[Row], prompt: np.ndarray, new_tokens: int, say: Progre
                     r.skip(e)
 
 
-def _long_entry(row: Row, pos: list[int], steps: list[float], prompt_len: int, repeats: int) -> dict:
+def _long_entry(row: Row, pos: list[int], steps: list[float], prompt_len: int, repeats: int,
+                batch: int = 1) -> dict:
     """One long run: the marks 32/128/256/512/1000 it covers, ``near`` (the prompt end) and ``far`` (1000, or the
-    last full +-8 window when the run stops earlier), and the run's spread."""
+    last full +-8 window when the run stops earlier), the run's spread and, where the row's weight bytes are known,
+    ``bytes_at``: the bytes a step reads at least at each mark (weights + the cache so far, read once)."""
     ms = [round(s * 1000.0, 4) for s in steps]
     last = pos[-1]
     far = 1000 if last >= 1000 else max(last - 8, prompt_len)
     marks = sorted(({prompt_len, 128, 256, 512, 1000} & set(range(pos[0], last + 1))) | {far})
     rb = row.record
-    return {"name": rb.name, "label": rb.label, "lowering": rb.lowering, "positions": pos, "ms": ms,
-            "at": {str(p): window_median(pos, ms, p) for p in marks}, "near": prompt_len, "far": far,
-            "repeats": repeats, "spread": token_spread(pos, [steps])}
+    entry = {"name": rb.name, "label": rb.label, "lowering": rb.lowering, "positions": pos, "ms": ms,
+             "at": {str(p): window_median(pos, ms, p) for p in marks}, "near": prompt_len, "far": far,
+             "repeats": repeats, "spread": token_spread(pos, [steps])}
+    kv = kv_bytes_per_position(row.runner, batch)
+    if kv and rb.weight_bytes_per_token:
+        # the least a step at position p reads: its weights and the cache's p + 1 keys and values, once
+        entry["bytes_at"] = {str(p): int(rb.weight_bytes_per_token + kv * (p + 1)) for p in marks}
+    return entry
+
+
+def kv_bytes_per_position(runner, batch: int) -> int | None:
+    """Bytes of keys and values one position of the cache holds over every layer (batch rows), or None."""
+    c = getattr(runner, "contract", None)
+    dtype = getattr(runner, "dtype", None)
+    if c is None or dtype is None:
+        return None
+    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * batch * np.dtype(dtypes.numpy_dtype(dtype)).itemsize
 
 
 def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int, repeats: int,
@@ -228,7 +245,7 @@ def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int
         if r.ok and runs[i]:
             pos = runs[i][0].step_positions
             steps = [statistics.median(run.step_s[j] for run in runs[i]) for j in range(len(pos))]
-            out.append(_long_entry(r, pos, steps, prompt_len, len(runs[i])))
+            out.append(_long_entry(r, pos, steps, prompt_len, len(runs[i]), prompt.shape[0]))
     return out
 
 

@@ -35,6 +35,7 @@ class Reading:
     value: float
     label: str
     spread: float | None = None
+    unit: str = "ms"
 
 
 class Figure(Protocol):
@@ -133,6 +134,26 @@ class CacheLongRunFigure:
 
 
 @dataclass(frozen=True)
+class CachePerByteFigure:
+    """The shared-cache export's ORT CPU long run at ``position`` (None: the prompt's end), per GB a step there reads
+    at least (weights + the cache so far, read once: the long run's ``bytes_at``). The ratio of two positions is
+    the latency's growth beyond what the growing cache's bytes explain: 1.0 when a step costs its bytes and nothing
+    else grows with position (no copy, no recompute)."""
+
+    position: int | None = None
+
+    def read(self, res: BenchResult) -> Reading | None:
+        at = CacheLongRunFigure(self.position).read(res)
+        r = _cache_row(res, True)
+        lr = res.long_run(r.name) if r is not None else None
+        pos = self.position if self.position is not None else res.config.get("prompt_len")
+        read = (lr or {}).get("bytes_at", {}).get(str(pos))
+        if at is None or not read:
+            return None
+        return Reading(at.value / (read / 1e9), f"{at.label} ({read / 1e6:.1f} MB read)", at.spread, "ms/GB")
+
+
+@dataclass(frozen=True)
 class Target:
     """``numerator / denominator`` must be ``direction`` (at most / at least) ``limit``. ``name`` may hold
     ``{prompt_len}`` / ``{new_tokens}`` (filled from the run's config); ``needs`` says what a run must have to
@@ -164,7 +185,8 @@ class Target:
         if a is None or b is None or not b.value:
             return out
         measured = a.value / b.value
-        out.update(measured=round(measured, 3), detail=f"{a.label} {a.value:.2f} ms vs {b.label} {b.value:.2f} ms")
+        out.update(measured=round(measured, 3),
+                   detail=f"{a.label} {a.value:.2f} {a.unit} vs {b.label} {b.value:.2f} {b.unit}")
         spreads = [(r.spread, r.label) for r in (a, b) if r.spread is not None]
         if spreads:
             out["spread"], out["spread_of"] = max(spreads)
@@ -185,6 +207,9 @@ TARGETS: tuple[Target, ...] = (
            RowFigure(ORT_BARE, "token_p50_ms"), 1.05, needs="needs ort-cpu and ort-bare"),
     Target("shared KV cache per-token latency at position 1000 / at {prompt_len} (ORT CPU)",
            CacheLongRunFigure(1000), CacheLongRunFigure(), 1.10,
+           needs="needs a shared-cache export (--lowerings ...,shared) and --long >= 1008"),
+    Target("shared KV cache per-token latency per byte read at position 1000 / at {prompt_len} (ORT CPU)",
+           CachePerByteFigure(1000), CachePerByteFigure(), 1.10,
            needs="needs a shared-cache export (--lowerings ...,shared) and --long >= 1008"),
     Target("shared / concat KV cache per-token p50 (ORT CPU, {new_tokens} tokens)",
            CacheRowFigure(True, "token_p50_ms"), CacheRowFigure(False, "token_p50_ms"), 1.0,

@@ -26,10 +26,12 @@ class Generator:
 
     ``providers``: ``("cpu",)``, ``("cuda",)`` or full provider names. With ``strict_providers`` a requested
     provider the session does not really use raises ProviderUnavailable; otherwise it is listed in ``warnings``.
+    ``io_binding``: carry the cache as bound OrtValues; None (the default) binds on CUDA only, where it keeps the
+    cache on the device (on CPU plain ``session.run`` was the faster; see ``OrtRunner.binds``).
     """
 
     def __init__(self, folder: str | Path, providers: Sequence[str] | str = ("cpu",), *, threads: int | None = None,
-                 opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True, io_binding: bool = True,
+                 opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True, io_binding: bool | None = None,
                  cache_optimized: bool = False, profile_prefix: str | None = None) -> None:
         if isinstance(providers, str):
             providers = (providers,)
@@ -57,7 +59,7 @@ class Generator:
         self.device = loaded.device
         self.warnings = loaded.warnings
         self.optimized_from_cache = loaded.optimized_from_cache
-        self.io_binding = io_binding
+        self.io_binding = self.runner.binds  # None asked: IO binding on CUDA only (OrtRunner.binds)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 past_key_values: Sequence | None = None) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -75,7 +75,7 @@ def test_every_runtime_ran_or_says_why(result):
         assert r.ran is True or (r.ran is None and r.reason), (name, r.reason)  # skipped only with a reason
 
 
-def test_long_run_bandwidth_floor_and_targets(result):
+def test_long_run_bandwidth_floor_and_targets(result, tiny_export):
     lr = result.long_run()
     assert lr["positions"][0] == 8 and lr["positions"][-1] == 39 and len(lr["ms"]) == len(lr["positions"])
     assert (lr["near"], lr["far"]) == (8, 31)  # tiny stops at 40: far is the last full +-8 window, not 1000
@@ -84,7 +84,13 @@ def test_long_run_bandwidth_floor_and_targets(result):
     assert (result.floor_probe, result.floor_threads) == ("gemv", 1)  # the probe that set it, at BenchConfig.threads
     assert result.floor_ms == pytest.approx(result.weight_bytes_per_token / (result.bandwidth_gbps * 1e9) * 1e3,
                                             rel=1e-3, abs=1e-4)  # floor_ms is rounded to 4 decimals
-    assert len(result.targets) == 8  # every target listed, measured or not
+    from mhaexport.artifact import ExportFolder
+
+    c = ExportFolder.open(tiny_export).contract
+    per_position = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4  # float32 keys and values, batch 1
+    assert lr["bytes_at"]["31"] - lr["bytes_at"]["8"] == 23 * per_position
+    assert lr["bytes_at"]["8"] == result.get("ort-cpu").weight_bytes_per_token + 9 * per_position
+    assert len(result.targets) == 9  # every target listed, measured or not
     int4 = next(t for t in result.targets if "int4" in t["target"])
     assert int4["verdict"] == "not measured" and int4["met"] is None  # no quantized export in this run
     at1000 = next(t for t in result.targets if "position 1000" in t["target"])
@@ -570,6 +576,16 @@ def test_shared_cache_targets_read_the_shared_and_concat_rows():
     assert flat["measured"] == pytest.approx(3.7 / 3.5, abs=1e-3) and flat["met"] is True
     bare = got["ORT CPU per-token p50 / a bare session.run loop's p50 (same file)"]
     assert bare["measured"] == pytest.approx(4.0 / 3.9, abs=1e-3) and bare["met"] is True
+    per_byte = "shared KV cache per-token latency per byte read at position 1000 / at 32 (ORT CPU)"
+    assert got[per_byte]["verdict"] == "not measured"  # the long run has no bytes_at
+    # a cache that adds 20 % to the bytes a step reads at 1000: 1.2 x the latency is what the bytes explain
+    res.long_runs[0]["bytes_at"] = {"32": 100_000_000, "1000": 120_000_000}
+    res.long_runs[0]["at"]["1000"] = 3.5 * 1.2 * 1.05
+    got = {t["target"]: t for t in evaluate(res, 1.5, TARGETS)}
+    assert got[per_byte]["measured"] == pytest.approx(1.05, abs=1e-3) and got[per_byte]["met"] is True
+    assert "ms/GB" in got[per_byte]["detail"] and got[flat["target"]]["met"] is False  # 1.26 > 1.10
+    res.long_runs[0]["at"]["1000"] = 3.5 * 1.2 * 1.3  # growth the bytes do not explain (a copy per step)
+    assert next(t for t in evaluate(res, 1.5, TARGETS) if t["target"] == per_byte)["met"] is False
 
 
 @pytest.mark.parametrize("order", [("ort-cpu", "ort-bare"), ("ort-bare", "ort-cpu")])

@@ -74,10 +74,18 @@ def test_greedy_batch_with_padding_matches_eager(gen, tiny):
 
 
 def test_io_binding_and_plain_run_agree(tiny_export, gen):
-    plain = Generator(tiny_export, threads=1, io_binding=False)
+    """On CPU the default is plain session.run (the cache as numpy); IO binding, asked for, carries OrtValues and
+    decodes the same tokens."""
+    import onnxruntime as ort
+
+    bound = Generator(tiny_export, threads=1, io_binding=True)
+    assert gen.io_binding is False and bound.io_binding is True
     prompts = [[9, 8, 7, 6], [3]]
+    for g, kind in ((gen, np.ndarray), (bound, ort.OrtValue)):
+        _, state = g.prefill(*g.pad_prompts(prompts)[:2])
+        assert all(isinstance(v, kind) for v in state.cache)
     cfg = GenerationConfig(max_new_tokens=10, sampling=SamplingConfig(temperature=0.8, top_k=20, seed=1))
-    assert plain.generate(prompts, cfg).tokens == gen.generate(prompts, cfg).tokens
+    assert bound.generate(prompts, cfg).tokens == gen.generate(prompts, cfg).tokens
 
 
 def test_prefill_then_decode_one_token_grows_the_cache(gen):
