@@ -6,8 +6,8 @@ on the `bench` preset beside onnxruntime-genai's model builder on a Llama of the
     python scripts/measure_quantize.py speed -o out/quantize --threads 2 --repeats 5
     python scripts/measure_quantize.py profile -o out/quantize       # per-op time of a decode step, both int4
 
-`speed` exports the `bench` preset (if OUTPUT/bench has no export; also with `--attention ort`), quantizes them with
-`mhaexport quantize`, builds a
+`speed` exports the `bench` preset (if OUTPUT/bench has no export; also with `--attention ort` and with
+`--kv-cache shared`), quantizes them with `mhaexport quantize`, builds a
 Llama of the bench size (vocab 32000, d 512, 8 layers, 8 heads, SwiGLU 1376, tied embeddings: 166.8 MB of fp32
 weights read per token) with transformers' save_pretrained and a byte-pair tokenizer trained on data/*.txt,
 converts it with onnxruntime-genai's model builder (fp32 and int4, CPU), then times every row in one run,
@@ -198,6 +198,10 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
         mhaexport("onnx", "--config", "bench", "--attention", "ort", "-o", str(out / "bench-ort"))
     if not (out / "bench-ort-int4" / "manifest.json").is_file():
         mhaexport("quantize", str(out / "bench-ort"), "-o", str(out / "bench-ort-int4"), "--weights", "int4")
+    if not (out / "bench-shared" / "manifest.json").is_file():  # the shared KV cache: GroupQueryAttention in place
+        mhaexport("onnx", "--config", "bench", "--kv-cache", "shared", "-o", str(out / "bench-shared"))
+    if not (out / "bench-shared-int4" / "manifest.json").is_file():
+        mhaexport("quantize", str(out / "bench-shared"), "-o", str(out / "bench-shared-int4"), "--weights", "int4")
     hf = build_llama(out)
     g32, g4 = build_genai(hf, out, "fp32", threads), build_genai(hf, out, "int4", threads)
 
@@ -205,7 +209,9 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
     rows = [OursRow("mhaexport fp32", bench, threads), OursRow("mhaexport int4", out / "bench-int4", threads),
             OursRow("mhaexport int8", out / "bench-int8", threads),
             OursRow("mhaexport int4, attention=ort", out / "bench-ort-int4", threads),
+            OursRow("mhaexport int4, kv-cache shared", out / "bench-shared-int4", threads),
             GenaiRow("mhaexport int4 folder (og loop)", og_copy(out / "bench-int4", out, threads)),
+            GenaiRow("mhaexport int4 shared-cache folder (og loop)", og_copy(out / "bench-shared-int4", out, threads)),
             GenaiRow("builder fp32 (og loop)", g32),
             GenaiRow("builder int4 (og loop)", g4)]
     prompt = np.random.default_rng(0).integers(3, 32000, (1, prompt_len), dtype=np.int64)
