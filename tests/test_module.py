@@ -8,6 +8,7 @@ Slow: the bidirectional and grouped-query ONNX exports, the planted bug in ONNX,
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -147,6 +148,8 @@ def test_causal_export_verifies_on_every_runtime_with_the_demonstration(causal_e
         for ch in MODULE_CHECKS:
             want = None if (rt, ch) == ("eager", "parity") else True
             assert data["results"][rt][ch]["status"] is want, (rt, ch, data["results"][rt][ch])
+        assert re.match(r"earlier outputs, weights and cache unchanged \(max abs 0; later outputs moved by [\d.e+-]+\)",
+                        data["results"][rt]["causality"]["message"]), data["results"][rt]["causality"]
         demo = data["results"][rt]["demonstration"]["figures"]
         assert demo["weight_1_3_max"] == 0.0 and demo["row_1"][2:] == [0.0, 0.0, 0.0]
     assert data["runtimes"]["ort-cpu"]["providers"] == ["CPUExecutionProvider"]
@@ -253,6 +256,8 @@ def test_planted_bug_in_the_onnx_file_fails_the_demonstration_on_ort(tmp_path):
     report = verify_folder(tmp_path, loaded=loaded, runtimes=("torch-mha", "ort-cpu"))
     assert report.verdict.code == 1
     assert {("ort-cpu", "demonstration"), ("ort-cpu", "causality"), ("torch-mha", "parity")} <= _failed(report)
+    msg = report.results["ort-cpu"]["causality"].message
+    assert msg.startswith("changing x at positions 5..9 changed earlier outputs or weights (seq=10 past=0, max abs "), msg
 
 
 class _NoPastOffsetBlock(AttentionBlock):

@@ -63,6 +63,13 @@ def test_verify_catches_bug_wrong_in_eager(bug, tmp_path):
     report = json.loads((folder / "report.json").read_text())
     assert report["passed"] is False
     assert report["results"]["eager"]["finite"]["status"] is True  # the bugs are wrong values, not NaNs
+    causality = report["results"]["eager"]["causality"]
+    if "causality" in CAUGHT_IN_EAGER[bug]:  # names the tokens changed and the shape it saw
+        assert re.match(r"changing tokens \d+\.\.\d+ changed earlier logits \(seq=\d+ past=\d+, max abs ",
+                        causality["message"]), causality
+        assert causality["figures"]["max_abs_earlier"] > 1e-3
+    else:
+        assert causality["status"] is True and causality["message"].startswith("earlier outputs unchanged")
     assert f"**eager / {sorted(CAUGHT_IN_EAGER[bug])[0]}**" in (folder / "report.md").read_text()
 
 

@@ -232,14 +232,20 @@ class Context:
     def sweep(self, runner: Runner) -> dict[Case, Outputs | BaseException]:
         """Run the runner over its cases once (parity, finite and dynamic-shapes share the outcomes)."""
         if runner.name not in self._sweep_out:
-            out: dict[Case, Outputs | BaseException] = {}
-            for case in self.cases_for(runner):
-                try:
-                    out[case] = runner.run(*self.inputs(case))
-                except MhaExportError as e:  # the runtime failing at one shape is a result, not a crash
-                    out[case] = e
-            self._sweep_out[runner.name] = out
+            self._sweep_out[runner.name] = run_cases(runner, self.cases_for(runner), self.inputs)
         return self._sweep_out[runner.name]
+
+
+def run_cases(runner, cases, inputs: Callable) -> dict:
+    """``runner.run(*inputs(case))`` for every case (the decoder's and the block's sweeps): case -> outputs, or the
+    MhaExportError it raised — the runtime failing at one shape is a result, not a crash."""
+    out: dict = {}
+    for case in cases:
+        try:
+            out[case] = runner.run(*inputs(case))
+        except MhaExportError as e:
+            out[case] = e
+    return out
 
 
 def _scheme(ctx: Context) -> str:
@@ -334,27 +340,39 @@ def check_causality(runner: Runner, ctx: Context) -> CheckResult:
     shapes = [(seq, past) for seq, past in shapes if seq >= 2 and past >= 0]
     if not shapes:
         return CheckResult("causality", None, {}, f"max_positions={c.max_positions} leaves no sequence to perturb")
-    worst, sens, msgs = Diff(), 0.0, []
-    for seq, past in shapes:
-        case = Case(2, seq, past, (), seed=ctx.seed + 11)
-        ids, mask, kv = ctx.inputs(case)
-        k = seq // 2
+
+    def probe(seq: int, past: int, k: int) -> tuple[Diff, float]:
+        ids, mask, kv = ctx.inputs(Case(2, seq, past, (), seed=ctx.seed + 11))
         base = runner.run(ids, mask, kv)
         pert = runner.run(_perturbed(ids, k, c.vocab_size, ctx.seed), mask, kv)
         rows = np.zeros((2, seq), dtype=bool)
         rows[:, :k] = True  # earlier query positions
         keys = np.zeros((2, past + seq), dtype=bool)
         keys[:, :past + k] = True  # earlier cache entries
-        d = compare_outputs(pert, base, ctx.tol, rows, keys)
-        sens = max(sens, float(np.abs(pert[0][:, k:] - base[0][:, k:]).max()))
+        return compare_outputs(pert, base, ctx.tol, rows, keys), float(np.abs(pert[0][:, k:] - base[0][:, k:]).max())
+
+    return causality_by_perturbation(shapes, probe, "changing tokens {k}..{last} changed earlier logits",
+                                     "earlier outputs unchanged (max abs {earlier:.3g})")
+
+
+def causality_by_perturbation(shapes: list[tuple[int, int]], probe: Callable[[int, int, int], tuple[Diff, float]],
+                              failed: str, passed: str) -> CheckResult:
+    """The causality check's loop, for the decoder and the MHA block alike: for each (seq, past) ``probe(seq,
+    past, k)`` changes the inputs at positions k = seq // 2 .. seq - 1 and returns the Diff of everything before
+    k (outputs, cache, weights) and how far the later outputs moved. ``failed`` / ``passed``: the messages, with
+    ``{k}``, ``{last}`` (failed) and ``{earlier}``, ``{later}`` (passed) filled in."""
+    worst, later, msgs = Diff(), 0.0, []
+    for seq, past in shapes:
+        k = seq // 2
+        d, moved = probe(seq, past, k)
+        later = max(later, moved)
         if not d.ok:
-            msgs.append(f"changing tokens {k}..{seq - 1} changed earlier logits (seq={seq} past={past}, "
-                        f"max abs {d.max_abs:.3g})")
+            msgs.append(failed.format(k=k, last=seq - 1) + f" (seq={seq} past={past}, max abs {d.max_abs:.3g})")
         worst = worst.merge(d)
-    fig = {"max_abs_earlier": _r(worst.max_abs), "max_abs_later": _r(sens)}
+    fig = {"max_abs_earlier": _r(worst.max_abs), "max_abs_later": _r(later)}
     if msgs:
         return CheckResult("causality", False, fig, msgs[0])
-    return CheckResult("causality", True, fig, f"earlier outputs unchanged (max abs {worst.max_abs:.3g})")
+    return CheckResult("causality", True, fig, passed.format(earlier=worst.max_abs, later=later))
 
 
 def _decode(runner: Runner, ids: np.ndarray, mask: np.ndarray, chunks: list[int]):

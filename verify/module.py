@@ -28,7 +28,8 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ConfigError, MhaExportError, first_line
 from mhaexport.iospec import ModuleContract
-from mhaexport.verify.checks import MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, compare, parity_over_sweep
+from mhaexport.verify.checks import (MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, causality_by_perturbation,
+                                     compare, parity_over_sweep, run_cases)
 from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
                                              module_ort_runner)
 from mhaexport.verify.report import VerifyReport
@@ -76,13 +77,7 @@ class ModuleContext:
     def sweep(self, runner: ModuleRunner) -> dict[Case, ModuleOutputs | BaseException]:
         """The runner over every case, once (parity, finite and the cross-provider comparison share it)."""
         if runner.name not in self._sweep_out:
-            out: dict[Case, ModuleOutputs | BaseException] = {}
-            for case in self.cases:
-                try:
-                    out[case] = runner.run(*self.inputs(case))
-                except MhaExportError as e:  # the runtime failing at one shape is a result, not a crash
-                    out[case] = e
-            self._sweep_out[runner.name] = out
+            self._sweep_out[runner.name] = run_cases(runner, self.cases, self.inputs)
         return self._sweep_out[runner.name]
 
 
@@ -136,10 +131,9 @@ def check_causality(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
                            "n/a: bidirectional block (--mask none): every position attends to every other by design")
     shapes = [(seq, past) for seq, past in ((min(10, c.max_positions), 0), (min(6, c.max_positions - 4), 4))
               if seq >= 2]
-    worst, later, msgs = Diff(), 0.0, []
-    for seq, past in shapes:
+
+    def probe(seq: int, past: int, k: int) -> tuple[Diff, float]:
         x, pk, pv = iospec.dummy_module_inputs(c, 2, seq, past, seed=ctx.seed + 11)
-        k = seq // 2
         changed = x.copy()
         changed[:, k:] += np.random.default_rng(ctx.seed + 7).standard_normal(changed[:, k:].shape).astype(x.dtype)
         base, pert = runner.run(x, pk, pv), runner.run(changed, pk, pv)
@@ -148,16 +142,11 @@ def check_causality(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
         d = d.merge(compare(pert[1][:, :, :past + k], base[1][:, :, :past + k], ctx.tol))  # cached keys before k
         d = d.merge(compare(pert[2][:, :, :past + k], base[2][:, :, :past + k], ctx.tol))  # cached values before k
         d = d.merge(compare(pert[3][:, :, :k], base[3][:, :, :k], ctx.tol))  # weight rows of queries before k
-        later = max(later, float(np.abs(pert[0][:, k:] - base[0][:, k:]).max()))
-        if not d.ok:
-            msgs.append(f"changing x at positions {k}..{seq - 1} changed earlier outputs or weights (seq={seq} "
-                        f"past={past}, max abs {d.max_abs:.3g})")
-        worst = worst.merge(d)
-    fig = {"max_abs_earlier": _r(worst.max_abs), "max_abs_later": _r(later)}
-    if msgs:
-        return CheckResult("causality", False, fig, msgs[0])
-    return CheckResult("causality", True, fig, f"earlier outputs, weights and cache unchanged (max abs "
-                                               f"{worst.max_abs:.3g}; later outputs moved by {later:.3g})")
+        return d, float(np.abs(pert[0][:, k:] - base[0][:, k:]).max())
+
+    return causality_by_perturbation(shapes, probe, "changing x at positions {k}..{last} changed earlier outputs "
+                                     "or weights", "earlier outputs, weights and cache unchanged (max abs "
+                                     "{earlier:.3g}; later outputs moved by {later:.3g})")
 
 
 def _fed(runner: ModuleRunner, x: np.ndarray, chunks: list[int]) -> list[tuple[int, ModuleOutputs]]:
