@@ -143,10 +143,11 @@ class BareRow(Row):
     = run + choosing the token).
 
     ``share``: returns the ORT CPU row of the same folder (or None); when that row is loaded first (the table order),
-    the bare loop runs on *its* InferenceSession, so the two rows differ by the loop alone. Measured on this project's 2-core VM, identical sessions of one file created
-    one after another in a process decode at different speeds (the first ~1.2 x slower than the third, on 1 thread
-    as on 2), which a separate session would have counted as the loop's cost. Without a loaded ORT CPU row it
-    creates its own session (CPU, ``--threads``) and its notes say so."""
+    the bare loop runs on *its* InferenceSession, so the two rows differ by the loop alone. Measured on this
+    project's 2-core VM, identical sessions of one file created one after another in a process decode at different
+    speeds (the first ~1.2 x slower than the third, on 1 thread as on 2), which a separate session would have
+    counted as the loop's cost. Without a loaded ORT CPU row it creates its own session (CPU, ``--threads``) and
+    its notes say so."""
 
     def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig,
                  share: Callable[[], Row | None] = lambda: None) -> None:
@@ -202,7 +203,7 @@ class BareRow(Row):
             def run(ids: np.ndarray, mask: np.ndarray, past):
                 io.bind_cpu_input(iospec.INPUT_IDS, ids)
                 io.bind_cpu_input(iospec.ATTENTION_MASK, mask)
-                io.bind_output(iospec.LOGITS, "cpu")  # unallocated again (same slot): the prompt's logits were (B, P, V)
+                io.bind_output(iospec.LOGITS, "cpu")  # unallocated again (same slot): a prompt's are (B, P, V)
                 self.session.run_with_iobinding(io)
                 return io.get_outputs()[0].numpy(), past
         else:

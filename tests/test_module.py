@@ -257,7 +257,8 @@ def test_planted_bug_in_the_onnx_file_fails_the_demonstration_on_ort(tmp_path):
     assert report.verdict.code == 1
     assert {("ort-cpu", "demonstration"), ("ort-cpu", "causality"), ("torch-mha", "parity")} <= _failed(report)
     msg = report.results["ort-cpu"]["causality"].message
-    assert msg.startswith("changing x at positions 5..9 changed earlier outputs or weights (seq=10 past=0, max abs "), msg
+    assert msg.startswith("changing x at positions 5..9 changed earlier outputs or weights (seq=10 past=0, "
+                          "max abs "), msg
 
 
 class _NoPastOffsetBlock(AttentionBlock):
