@@ -54,6 +54,7 @@ def test_genai_config_rejects_special_id_outside_vocab(tiny):
         genai_config(tiny.contract, ids={"bos_token_id": 0, "eos_token_id": 999, "pad_token_id": 0})
 
 
+@pytest.mark.slow  # test_integrity's static re-export asserts the same on every fast run
 def test_static_export_has_no_genai_config(tiny, tmp_path):
     from mhaexport.exporter.onnx import export_onnx
 

@@ -164,6 +164,7 @@ def test_lower_attention_rejects_a_graph_without_attention():
         lower_attention(model, "onnx", n_heads=1, head_dim=2)
 
 
+@pytest.mark.slow  # the lowering through the CLI: `all --attention ort` in test_lowering_verify covers it fast
 def test_cli_attention_option(tmp_path):
     from mhaexport.cli import main
 
@@ -173,6 +174,11 @@ def test_cli_attention_option(tmp_path):
     assert "2 fused node(s)" in result.output
     entry = json.loads((out / "manifest.json").read_text())["artifacts"]["onnx"]
     assert entry["attention"] == "ort" and entry["opset"] == 18
+
+
+def test_cli_attention_onnx_below_opset_23_is_refused(tmp_path):
+    from mhaexport.cli import main
+
     bad = CliRunner().invoke(main, ["onnx", "--config", "tiny", "--attention", "onnx", "--opset", "20",
-                                    "-o", str(out)])
+                                    "-o", str(tmp_path / "cli")])
     assert bad.exit_code == 2 and "needs opset 23" in bad.output
