@@ -1,23 +1,15 @@
-"""Several exports of one model side by side: the ``--compare`` folders (checked to hold the same model, by
-:func:`mhaexport.artifact.same_model_folders`), their row labels (:func:`mhaexport.artifact.lowering_of`) and the
+"""Several exports of one model side by side (the ``--compare`` folders, checked to hold the same model by
+:func:`mhaexport.artifact.same_model_folders`; rows labelled by :func:`mhaexport.artifact.lowering_of`): the
 lowerings table. Torch-free."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mhaexport.artifact import ExportFolder, same_model_folders
 from mhaexport.bench.config import ORT_RUNTIMES
 
 if TYPE_CHECKING:
     from mhaexport.bench.result import BenchResult
-
-
-def compare_exports(folder: Path, manifest: ExportFolder,
-                    others: tuple[str, ...] | list[str]) -> list[tuple[Path, ExportFolder]]:
-    """The ``--compare`` folders, hash-checked, each holding the model of ``folder`` (ArtifactError otherwise)."""
-    return same_model_folders(folder, manifest, others)
 
 
 def compare_lowerings(res: BenchResult) -> list[dict]:

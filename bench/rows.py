@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from mhaexport import dtypes, iospec
 from mhaexport.artifact import ExportFolder, lowering_of
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTIMES, BenchConfig
 from mhaexport.bench.result import RuntimeBench
@@ -136,6 +137,14 @@ class Row:
         rb.per_position_ms = [_ms(statistics.median(r.step_s[i] for r in runs)) for i in range(n)]
 
 
+def _own_loop(name: str, contract, providers: list[str]) -> Runner:
+    """The runner a row with a loop of its own (bare, onnxruntime-genai) keeps: never run, it carries the row's
+    name, contract and what it ran on."""
+    runner = Runner(name, contract)
+    runner.providers = providers
+    return runner
+
+
 class BareRow(Row):
     """A bare loop over the folder's ONNX file, to see what mhaexport's decode loop costs: ``session.run`` with numpy
     in and out (a shared cache: the buffers bound once and reused, the least IO binding can do), argmax on the last
@@ -157,7 +166,6 @@ class BareRow(Row):
     def _load(self) -> Runner:
         import onnxruntime as ort
 
-        from mhaexport.runtime.runner import skipped
         from mhaexport.runtime.session import CPU, start_session
 
         ef = ExportFolder.open(self.folder, "onnx")
@@ -174,14 +182,12 @@ class BareRow(Row):
             so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = self.cfg.threads, 1, 3
             self.session = start_session(ef.file("onnx"), [CPU], so)[0]
         self.contract, self.entry = ef.contract, entry
-        self.kv_dtype = np.float16 if entry.dtype == "float16" else np.float32
+        kv = entry.input_dtype(iospec.past_names(0)[0]) if ef.contract.n_layers else entry.dtype
+        self.kv_dtype = dtypes.numpy_dtype(kv)  # the cache's dtype as the runtime reads it
         self.out_names = [o.name for o in self.session.get_outputs()]
-        runner = skipped(self.record.name, ef.contract, "")  # a placeholder the Row keeps: the loop is its own
-        runner.skip_reason, runner.providers = None, list(self.session.get_providers())
-        return runner
+        return _own_loop(self.record.name, ef.contract, list(self.session.get_providers()))
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
-        from mhaexport import iospec
 
         c, clock = self.contract, self.clock
         B, P = prompt.shape
@@ -251,9 +257,7 @@ class GenAIRow(Row):
         if "genai_config.json" not in ef.entry("onnx").files:
             return skipped(self.record.name, ef.contract, f"{self.folder} has no genai_config.json")
         self.og, self.model = og, og.Model(str(self.folder))
-        runner = skipped(self.record.name, ef.contract, "")
-        runner.skip_reason, runner.providers = None, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()]
-        return runner
+        return _own_loop(self.record.name, ef.contract, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()])
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
         og, clock = self.og, self.clock

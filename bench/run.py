@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from mhaexport import dtypes
-from mhaexport.artifact import ExportFolder
+from mhaexport.artifact import ExportFolder, same_model_folders
 from mhaexport.bench import probes
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig, check_config
-from mhaexport.bench.lowerings import compare_exports, compare_lowerings
+from mhaexport.bench.lowerings import compare_lowerings
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.rows import EagerModel, Row, plan_rows
 from mhaexport.bench.stats import token_spread, window_median
@@ -83,7 +83,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
                                 f"max_positions={c.max_positions}")
-    others = compare_exports(folder, ef, cfg.compare)
+    others = same_model_folders(folder, ef, cfg.compare)  # hash-checked, each holding this folder's model
     if others and not set(ORT_RUNTIMES) & set(names):
         raise RuntimeInputError("--compare times ONNX exports on ONNX Runtime, but --runtimes has neither ort-cpu "
                                 "nor ort-cuda")

@@ -125,12 +125,9 @@ class DecodeLoop:
         B, T = input_ids.shape
         new = np.ones((B, T), dtype=np.int64) if mask is None else np.asarray(mask, dtype=np.int64)
         full = np.concatenate([state.attention_mask, new], axis=1) if state.length else new  # (B, S + T)
-        limit = self.runner.max_length
-        if full.shape[1] > limit:
-            what = (f"max_positions={limit}" if limit == self.contract.max_positions
-                    else f"the shared cache's {limit} slots")
-            raise RuntimeInputError(f"cannot feed past {what}: the cache holds {state.length} positions and {T} more "
-                                    "were given")
+        if full.shape[1] > self.runner.max_length:
+            raise RuntimeInputError(f"cannot feed past {self.runner.limit_text()}: the cache holds {state.length} "
+                                    f"positions and {T} more were given")
         logits, cache = self.runner.step(np.ascontiguousarray(input_ids, dtype=np.int64), full, state.cache)
         return logits, DecodeState(cache, full)
 
@@ -160,13 +157,10 @@ class DecodeLoop:
             if done.all():
                 result.stop_reason, result.message = STOP_EOS, f"every row produced eos id {eos}"
                 return state
-            limit = self.runner.max_length
-            if state.length + 1 > limit:
-                what = (f"max_positions={limit}" if limit == self.contract.max_positions
-                        else f"the shared cache's {limit} slots (--max-cache)")
+            if state.length + 1 > self.runner.max_length:
                 result.stop_reason = STOP_MAX_POS
-                result.message = (f"stopped at {what}: the cache holds {state.length} positions, the most this "
-                                  f"export accepts, after {max(map(len, result.tokens))} new tokens")
+                result.message = (f"stopped at {self.runner.limit_text()}: the cache holds {state.length} positions, "
+                                  f"the most this export accepts, after {max(map(len, result.tokens))} new tokens")
                 return state
             t0 = self.clock()
             logits, state = self.decode_one_token(token, state)

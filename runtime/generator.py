@@ -87,7 +87,7 @@ class Generator:
     def decode_one_token(self, token: np.ndarray, state: DecodeState) -> tuple[np.ndarray, DecodeState]:
         """Feed (B,) tokens at the next position: (B, V) logits and the cache grown by one."""
         if state.length + 1 > self.runner.max_length:
-            raise RuntimeInputError(f"cannot decode past max_positions={self.runner.max_length}")
+            raise RuntimeInputError(f"cannot decode past {self.runner.limit_text()}")
         return self.loop.decode_one_token(token, state)
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray,

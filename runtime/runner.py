@@ -55,6 +55,10 @@ class Runner:
         shared cache's buffer may hold fewer."""
         return self.contract.max_positions
 
+    def limit_text(self) -> str:
+        """The length limit as messages name it: "max_positions=N" (a shared cache's runner names its slots)."""
+        return f"max_positions={self.max_length}"
+
     # ---- lifecycle ------------------------------------------------------------------------------------------
     @property
     def available(self) -> bool:
@@ -178,7 +182,7 @@ class Runner:
         decoder — returning its outputs as numpy on the host: (logits, present) for the decoder."""
         self._require_active()
         checked = self.check_inputs(*inputs)
-        return self._timed(self.run_impl, *checked, describe=self.describe_inputs(checked))
+        return self._timed(self.run_impl, *checked, inputs=checked)
 
     def empty_cache(self, batch: int) -> Cache:
         """An empty cache (past length 0) in this runner's own form."""
@@ -188,19 +192,19 @@ class Runner:
         """One decode-loop call: (B, T) ids, the (B, past + T) mask, the cache in this runner's form ->
         ((B, T, V) logits on the host, the grown cache). Unchecked beyond what the loop guarantees; timed."""
         self._require_active()
-        return self._timed(self.step_impl, input_ids, attention_mask, cache,
-                           describe=self.describe_inputs((input_ids, attention_mask)))
+        return self._timed(self.step_impl, input_ids, attention_mask, cache, inputs=(input_ids, attention_mask))
 
-    def _timed(self, impl, *args: Any, describe: str):
+    def _timed(self, impl, *args: Any, inputs: tuple):
         """Call ``impl(*args)``, timed into ``times``; what the runtime raises becomes RuntimeFailure naming the
-        call (``describe``: its shapes); our own errors pass through."""
+        call by its shapes (:meth:`describe_inputs` of ``inputs``, formatted only then); our own errors pass
+        through."""
         t0 = time.perf_counter()
         try:
             out = impl(*args)
         except MhaExportError:
             raise
         except Exception as e:
-            raise RuntimeFailure(f"{self.name} failed at {describe}: {first_line(e)}") from e
+            raise RuntimeFailure(f"{self.name} failed at {self.describe_inputs(inputs)}: {first_line(e)}") from e
         self.times.append(time.perf_counter() - t0)
         return out
 
