@@ -10,10 +10,34 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mhaexport.errors import ArtifactError
+from mhaexport.errors import ArtifactError, ConfigError
 
 # protobuf cannot serialize one message past 2 GiB: larger ONNX models keep their weights in external data
 TWO_GB = 2 * 1024**3
+ONNX_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+# Room left for the graph itself (nodes, names, metadata, small constants) when weights must fit one protobuf.
+GRAPH_HEADROOM = 64 * 1024**2
+# Weights (initializer bytes) above which model.onnx keeps them in DATA_FILE: a protobuf message cannot pass 2 GiB
+# (TWO_GB), and the graph needs room besides its weights. The environment variable overrides it (tests lower it
+# to exercise the external-data path on tiny models; 0 = always external).
+EXTERNAL_DATA_BYTES = TWO_GB - GRAPH_HEADROOM
+EXTERNAL_DATA_ENV = "MHAEXPORT_EXTERNAL_DATA_BYTES"
+
+
+def external_data_threshold() -> int:
+    """Initializer bytes above which an ONNX file is written with external data (the export and quantize alike):
+    ``MHAEXPORT_EXTERNAL_DATA_BYTES`` when set, else :data:`EXTERNAL_DATA_BYTES`."""
+    value = os.environ.get(EXTERNAL_DATA_ENV)
+    if value is None or not value.strip():
+        return EXTERNAL_DATA_BYTES
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"{EXTERNAL_DATA_ENV}={value!r}: expected a number of bytes (an integer >= 0)")
+    return n
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

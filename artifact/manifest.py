@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import schema
@@ -63,6 +65,17 @@ class ModelRecord:
 
     _KNOWN = ("spec", "contract", "fingerprint", "source", "config", "checkpoint", "checkpoint_sha256",
               "weights_sha256")
+    # the source keys that hold a path, relative to the export folder: a factory file, a checkpoint, an --hf folder
+    SOURCE_PATHS = ("file", "checkpoint", "path")
+
+    def relocated(self, from_dir: str | Path, to_dir: str | Path) -> ModelRecord:
+        """This record for a folder at ``to_dir`` (the same model; its source paths, relative to ``from_dir``,
+        made relative to ``to_dir``)."""
+        source = dict(self.source)
+        for key in self.SOURCE_PATHS:
+            if source.get(key):
+                source[key] = os.path.relpath((Path(from_dir) / source[key]).resolve(), Path(to_dir).resolve())
+        return dataclasses.replace(self, source=source, extra=dict(self.extra))
 
     @property
     def module(self) -> str | None:

@@ -99,8 +99,7 @@ def _check_sizes(layout: Layout, loaded: LoadedModel, path: Path) -> list[str]:
         notes.append("key/value heads not stated by the file: taken from the model")
     if not layout.vocab_size:
         layout.vocab_size = c.vocab_size
-    if "query heads not stated by the file: taken as its key/value heads" in layout.notes:
-        layout.notes.remove("query heads not stated by the file: taken as its key/value heads")
+    if not layout.n_heads:  # the cache shows key/value heads only; the query heads are the model's
         layout.n_heads = c.n_heads
     theirs = {"layers": layout.n_layers, "key/value heads": layout.n_kv_heads, "head size": layout.head_dim,
               "vocabulary": layout.vocab_size, "query heads": layout.n_heads}

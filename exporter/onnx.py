@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +16,9 @@ from torch.export import Dim
 
 from mhaexport import dtypes, iospec
 from mhaexport.artifact import TWO_GB, stage_artifact
-from mhaexport.errors import ConfigError, ExportError, first_line
+from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
+                                      GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
+from mhaexport.errors import ExportError, first_line
 from mhaexport.exporter.common import ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
@@ -30,16 +31,6 @@ from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
 MIN_OPSET, MAX_OPSET = 18, 23
 DEFAULT_OPSET = 18
-ONNX_FILE = "model.onnx"
-DATA_FILE = "model.onnx.data"
-
-# Room left for the graph itself (nodes, names, metadata, small constants) when weights must fit one protobuf.
-GRAPH_HEADROOM = 64 * 1024**2
-# Weights (initializer bytes) above which model.onnx keeps them in DATA_FILE: a protobuf message cannot pass 2 GiB
-# (TWO_GB), and the graph needs room besides its weights. The environment variable overrides it (tests lower it
-# to exercise the external-data path on tiny models; 0 = always external).
-EXTERNAL_DATA_BYTES = TWO_GB - GRAPH_HEADROOM
-EXTERNAL_DATA_ENV = "MHAEXPORT_EXTERNAL_DATA_BYTES"
 # ONNX Runtime memory-maps external data (model.onnx.data shows in a session's /proc/self/maps); large tensors start
 # at multiples of 64 KiB, Windows' mapping granularity and a multiple of Linux's 4 KiB pages.
 EXTERNAL_DATA_ALIGNMENT = 64 * 1024
@@ -56,21 +47,6 @@ def dynamic_shapes(n_layers: int, seq_dynamic: bool) -> tuple:
 
     past = tuple(tuple(spec(n) for n in iospec.past_names(i)) for i in range(n_layers))
     return spec(iospec.INPUT_IDS), spec(iospec.ATTENTION_MASK), past
-
-
-def external_data_threshold() -> int:
-    """Initializer bytes above which the export writes external data: ``MHAEXPORT_EXTERNAL_DATA_BYTES`` when set,
-    else :data:`EXTERNAL_DATA_BYTES`."""
-    value = os.environ.get(EXTERNAL_DATA_ENV)
-    if value is None or not value.strip():
-        return EXTERNAL_DATA_BYTES
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ConfigError(f"{EXTERNAL_DATA_ENV}={value!r}: expected a number of bytes (an integer >= 0)")
-    return n
 
 
 def weight_bytes(model: ir.Model) -> int:

@@ -41,14 +41,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from mhaexport.artifact import TWO_GB, ArtifactEntry, ExportFolder, ModelRecord, stage_artifact
+from mhaexport.artifact import ArtifactEntry, ExportFolder, stage_artifact
+from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
 from mhaexport.runtime.genai import GENAI_CONFIG
 
-ONNX_FILE = "model.onnx"
-DATA_FILE = "model.onnx.data"
-MS_DOMAIN = "com.microsoft"
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
 # The weight schemes and their bits per weight. (tests/test_quantize.py plants a too-coarse quantization by
@@ -348,22 +346,6 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
     return model, done, warns
 
 
-def _relative(path_from_src: str, src: Path, out: Path) -> str:
-    return os.path.relpath((src / path_from_src).resolve(), out.resolve())
-
-
-def _model_record(src: ExportFolder, out: Path) -> ModelRecord:
-    """The source's model record for a folder at ``out``: the same model, file paths relative to ``out``."""
-    rec = src.model
-    source = dict(rec.source)
-    for key in ("file", "checkpoint"):
-        if source.get(key):
-            source[key] = _relative(source[key], src.path, out)
-    return ModelRecord(spec=rec.spec, contract=rec.contract, fingerprint=rec.fingerprint, source=source,
-                       config=rec.config, checkpoint=rec.checkpoint, checkpoint_sha256=rec.checkpoint_sha256,
-                       weights_sha256=rec.weights_sha256, extra=dict(rec.extra))
-
-
 def _smoke_run(path: Path, contract) -> None:
     """Load the quantized file in ONNX Runtime CPU and run it once (finite logits), or ExportError."""
     from mhaexport import iospec
@@ -405,15 +387,14 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
     say(f"quantizing ({cfg.label()}) with onnxruntime's MatMulNBitsQuantizer ...")
     model, done, warns = quantize_model(model, cfg)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    done.update(weights_read=weights_read(model), source_weights_read=source_read,
+    done.update(weights_read=weights_read(model),
                 source={"folder": os.path.relpath(src.path.resolve(), out.resolve()),
                         "onnx_sha256": entry.files[entry.file]["sha256"], "fingerprint": src.model.fingerprint,
                         "weights_read": source_read},
                 onnxruntime=tool_versions().get("onnxruntime"))
-    done.pop("source_weights_read")
     with stage_artifact(out, "onnx", purpose="quantize onnx") as staged:
         files = [ONNX_FILE]
-        if model.ByteSize() > TWO_GB:
+        if sum(t.ByteSize() for t in model.graph.initializer) > external_data_threshold():  # as the export decides
             onnx.save_model(model, staged.dir / ONNX_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=DATA_FILE, size_threshold=1024)
             files.append(DATA_FILE)
@@ -424,14 +405,14 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
         if GENAI_CONFIG in entry.files:
             shutil.copyfile(src.path / GENAI_CONFIG, staged.dir / GENAI_CONFIG)
             files.append(GENAI_CONFIG)
-        details = {k: v for k, v in entry.details.items()}
+        details = dict(entry.details)
         details.update(opset=opset, quantization=done, external_data=DATA_FILE in files,
                        exporter=f"mhaexport quantize from {details.get('exporter', 'an ONNX export')}")
         new = ArtifactEntry(format="onnx", file=ONNX_FILE, dtype=entry.dtype, io=entry.io,
                             seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes, versions=tool_versions(),
                             export_seconds=round(time.perf_counter() - started, 3), warnings=list(warns),
                             details=details)
-        staged.publish(_model_record(src, out), new, files, owned=(GENAI_CONFIG, DATA_FILE))
+        staged.publish(src.model.relocated(src.path, out), new, files, owned=(GENAI_CONFIG, DATA_FILE))
     return QuantizeRecord(out, files, time.perf_counter() - started, done, warns)
 
 

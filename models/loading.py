@@ -68,7 +68,7 @@ class LoadedModel:
         def rel(p: str | None) -> str | None:
             return None if p is None else os.path.relpath(Path(p).resolve(), folder)
 
-        paths = ("file", "checkpoint", "path")
+        paths = ModelRecord.SOURCE_PATHS
         source = {k: v for k, v in self.origin.items() if k not in paths}
         for key in paths:
             if self.origin.get(key):

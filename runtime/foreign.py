@@ -143,10 +143,8 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layo
     layout.n_kv_heads = _int(past.shape[1]) or _int((genai or {}).get("decoder", {}).get("num_key_value_heads")) or 0
     layout.head_dim = _int(past.shape[3]) or _int((genai or {}).get("decoder", {}).get("head_size")) or 0
     layout.vocab_size = _int(logits.shape[2]) or _int((genai or {}).get("vocab_size")) or 0
-    layout.n_heads = _int((genai or {}).get("decoder", {}).get("num_attention_heads")) or layout.n_kv_heads
+    layout.n_heads = _int((genai or {}).get("decoder", {}).get("num_attention_heads")) or 0  # the graph hides it
     layout.max_positions = _int((genai or {}).get("context_length")) or max_positions or 0
-    if layout.n_heads == layout.n_kv_heads and genai is None:
-        layout.notes.append("query heads not stated by the file: taken as its key/value heads")
     return layout
 
 

@@ -159,3 +159,21 @@ def test_three_exports_into_one_folder_at_once_all_succeed(tmp_path):
     ef = ExportFolder.open(folder)
     assert set(ef.artifacts) == {"onnx", "torchscript"}
     assert not list(folder.glob(".staging-*"))
+
+
+def test_a_record_relocated_to_another_folder_keeps_every_source_path_pointing_at_the_same_file(tmp_path):
+    """A folder written from another (quantize's output beside its source) gets the source's model record with its
+    paths made relative to the new folder: a factory file, a checkpoint and an --hf folder alike."""
+    from mhaexport.artifact import ModelRecord
+    from mhaexport.iospec import ModelContract
+
+    src, out = tmp_path / "exp", tmp_path / "exp" / "quantized" / "int4"
+    rec = ModelRecord(spec="hf:m", contract=ModelContract(1, 2, 4, 8, 16), fingerprint="f",
+                      source={"kind": "hf", "path": "../hfmodel", "checkpoint": "../w.pt", "file": "f.py"},
+                      extra={"x": 1})
+    moved = rec.relocated(src, out)
+    for key in ("path", "checkpoint", "file"):
+        assert (out / moved.source[key]).resolve() == (src / rec.source[key]).resolve(), key
+    assert moved.source["path"] == "../../../hfmodel" and moved.source["kind"] == "hf"
+    assert (moved.spec, moved.fingerprint, moved.extra) == (rec.spec, rec.fingerprint, rec.extra)
+    assert rec.source["path"] == "../hfmodel"  # the original is left as it was

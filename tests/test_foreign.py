@@ -278,6 +278,7 @@ def test_a_file_with_the_contracts_names_is_optimums_unless_an_mhaexport_manifes
     layout = detect_layout(path)
     assert (layout.producer, layout.position_ids, layout.kv_cache, layout.padding) == \
         ("optimum", None, "concat", "left")
+    assert layout.n_heads == 0  # the graph shows key/value heads only: adoption takes the query heads from the model
     own = _contract_named_file(tmp_path / "own")
     (own.parent / "manifest.json").write_text(json.dumps({"artifacts": {"onnx": {"file": "model.onnx"}}}))
     assert detect_layout(own).producer == "mhaexport"

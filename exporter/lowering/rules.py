@@ -58,7 +58,6 @@ class MatchedAttention:
     bias: ir.Value | None = None  # the model's own additive float mask
     fill_dtype: ir.DataType = ir.DataType.FLOAT  # dtype of the Where fill: the attention math's dtype
     past: tuple[ir.Value, ir.Value, ir.Value, ir.Value] | None = None  # past_key, past_value, new_key, new_value
-    grouped: bool = False  # the cache holds fewer (key, value) heads than Q has: repeat_interleave'd for the scores
     graph: Any = None  # the graph being rewritten (the GroupQueryAttention writer reads its attention_mask input)
     metadata: dict[str, str] = field(default_factory=dict)  # the final MatMul's metadata_props
 
@@ -214,7 +213,6 @@ class AttentionRule(pattern.RewriteRuleClassBase):
             if self.attention == "gqa" and not any(i.name == "attention_mask" for i in a.graph.inputs):
                 return result.fail("GroupQueryAttention's sequence lengths come from the attention_mask input, "
                                    "which the graph does not have", concat)
-                a.grouped = True
             a.k, a.v = None, None  # the op takes the new K/V and the past, not the concatenated cache
             a.past = (b["past_key"], b["past_value"], b["new_key"], b["new_value"])
         self._match = a
