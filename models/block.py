@@ -26,7 +26,7 @@ from mhaexport.errors import ArtifactError, ConfigError, ModelLoadError
 from mhaexport.iospec import MASKS, ModuleContract
 from mhaexport.models.attention import MultiHeadAttention, build_causal_mask
 from mhaexport.models.config import DecoderConfig
-from mhaexport.models.loading import LoadedModel, check_same_model, load_model
+from mhaexport.models.loading import LoadedModel, check_same_model, load_model, rebuild_builtin, recorded_checkpoint
 
 BLOCK = "blocks.0.attn"  # where in the built-in decoder the block's weights come from
 
@@ -101,21 +101,11 @@ def load_recorded_block(folder: ExportFolder, decoder: LoadedModel | None = None
         raise ArtifactError(f"{folder.path} holds a decoder, not a module on its own")
     if decoder is None:
         src = {k: v for k, v in record.source.items() if k != "block"}
-        checkpoint = None
-        if src.get("checkpoint"):
-            checkpoint = (folder.path / src["checkpoint"]).resolve()
-            if not checkpoint.is_file():
-                raise ArtifactError(f"the checkpoint this block was exported with ({record.checkpoint}) is not at "
-                                    f"{checkpoint} any more: give it with --checkpoint (and --config)")
+        checkpoint = recorded_checkpoint(folder, src, record, "this block", "--config")
         try:
-            if src.get("kind") == "preset":
-                decoder = load_model(config=src["name"], checkpoint=checkpoint,
-                                     random_weights=record.checkpoint is None)
-            elif src.get("kind") == "config":
-                decoder = load_model(config=DecoderConfig.from_dict(record.config or {}), checkpoint=checkpoint)
-                decoder.spec = record.spec.removesuffix(f" {BLOCK}")
-            else:
+            if src.get("kind") not in ("preset", "config"):
                 raise ArtifactError(f"the manifest's model source {src!r} names no way to rebuild the block")
+            decoder = rebuild_builtin(src, record, checkpoint, record.spec.removesuffix(f" {BLOCK}"))
         except ModelLoadError as e:
             raise ArtifactError(f"cannot rebuild the block of {folder.path} ({record.spec}): {e}; re-point it with "
                                 "--config/--checkpoint") from None

@@ -350,18 +350,10 @@ def load_recorded(folder: ExportFolder) -> LoadedModel:
         return _load_legacy(record)
     src = record.source
     kind = src.get("kind")
-    checkpoint = None
-    if src.get("checkpoint"):
-        checkpoint = (folder.path / src["checkpoint"]).resolve()
-        if not checkpoint.is_file():
-            raise ArtifactError(f"the checkpoint this folder was exported with ({record.checkpoint}) is not at "
-                                f"{checkpoint} any more: give it with --checkpoint (and the model options)")
+    checkpoint = recorded_checkpoint(folder, src, record, "this folder", "the model options")
     try:
-        if kind == "preset":
-            loaded = load_model(config=src["name"], checkpoint=checkpoint, random_weights=record.checkpoint is None)
-        elif kind == "config":
-            loaded = load_model(config=DecoderConfig.from_dict(record.config or {}), checkpoint=checkpoint)
-            loaded.spec = record.spec
+        if kind in ("preset", "config"):
+            loaded = rebuild_builtin(src, record, checkpoint, record.spec)
         elif kind == "factory" and src.get("file"):
             path = (folder.path / src["file"]).resolve()
             if not path.is_file():
@@ -383,6 +375,29 @@ def load_recorded(folder: ExportFolder) -> LoadedModel:
         raise ArtifactError(f"cannot rebuild the eager model of {folder.path} ({record.spec}): {e}; re-point it "
                             "with --model/--config/--checkpoint/--hf") from None
     check_same_model(loaded, record)
+    return loaded
+
+
+def recorded_checkpoint(folder: ExportFolder, src: dict, record: ModelRecord, what: str, options: str
+                        ) -> Path | None:
+    """The checkpoint a folder's model was exported with (its source path, relative to the folder), or None;
+    ArtifactError when it is not there any more (``what`` was exported with it; ``options`` re-point it)."""
+    if not src.get("checkpoint"):
+        return None
+    checkpoint = (folder.path / src["checkpoint"]).resolve()
+    if not checkpoint.is_file():
+        raise ArtifactError(f"the checkpoint {what} was exported with ({record.checkpoint}) is not at {checkpoint} "
+                            f"any more: give it with --checkpoint (and {options})")
+    return checkpoint
+
+
+def rebuild_builtin(src: dict, record: ModelRecord, checkpoint: Path | None, spec: str) -> LoadedModel:
+    """The built-in decoder of a recorded ``preset`` or ``config`` source, with its checkpoint (a preset recorded
+    without one gets its seeded random weights); ``spec``: the name it is shown under (a config's)."""
+    if src.get("kind") == "preset":
+        return load_model(config=src["name"], checkpoint=checkpoint, random_weights=record.checkpoint is None)
+    loaded = load_model(config=DecoderConfig.from_dict(record.config or {}), checkpoint=checkpoint)
+    loaded.spec = spec
     return loaded
 
 
