@@ -172,6 +172,16 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     assert report.verdict.code == 0, report.to_markdown()
     assert report.results["ort-cpu"]["parity"].figures["max_abs"] < 1e-4
     assert report.other_protocol is None  # its producer's protocol is the plain one
+    # eval drives the adopted file as verify does (its own runner choice had fed it the contract's names)
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.verify.evaluate import _runner
+    from mhaexport.verify.quality import score_text
+    from mhaexport.verify.runners import EagerRunner
+
+    text_ids = np.random.default_rng(0).integers(0, loaded.contract.vocab_size, 40)
+    got = score_text(_runner("ort-cpu", ExportFolder.open(rec.folder), {}).activate(), text_ids)[0]
+    want = score_text(EagerRunner("eager", loaded.contract, loaded.module).activate(), text_ids)[0]
+    assert got.perplexity == pytest.approx(want.perplexity, rel=1e-4)
 
     # the positions matter: feeding zeros instead gives other logits (the check above could not pass by accident)
     from mhaexport.runtime.ort import OrtRunner

@@ -82,6 +82,22 @@ def test_verify_translates_the_contract_and_every_check_passes(shared):
     assert all(r.status is True for r in report.results["ort-cpu"].values())
 
 
+def test_eval_drives_a_shared_cache_as_verify_does(shared):
+    """eval builds its runners where verify does: on a shared-cache folder ort-cpu scores the text as eager does."""
+    from mhaexport.verify.evaluate import evaluate_folder
+    from mhaexport.verify.quality import score_text, text_tokens
+    from mhaexport.verify.runners import EagerRunner
+
+    loaded, folder, _ = shared
+    text = bytes(range(32, 127)) * 3
+    (row,) = evaluate_folder(folder, text, text_source="test", runtimes=("ort-cpu",)).rows
+    assert row.status == "ran", row.reason
+    ids, byte_level = text_tokens(text, loaded.contract)
+    eager = EagerRunner("eager", loaded.contract, loaded.module).activate()
+    want = score_text(eager, ids, byte_level=byte_level)[0]
+    assert row.score.tokens == want.tokens and row.score.perplexity == pytest.approx(want.perplexity, rel=1e-4)
+
+
 def test_bench_bare_loop_on_a_shared_cache_decodes_eagers_tokens(shared):
     """bench's ort-bare row binds the buffers once and the logits afresh each call (the prompt's are (B, P, V), a
     step's (B, 1, V)), alone and on the ort-cpu row's session."""

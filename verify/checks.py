@@ -50,8 +50,8 @@ class Tolerance:
         r_map = rtol if isinstance(rtol, dict) else {None: rtol}
         base_a = d.atol if a_map.get(None) is None else a_map[None]
         base_r = d.rtol if r_map.get(None) is None else r_map[None]
-        per = tuple((k, a_map.get(k, base_a) if a_map.get(k) is not None else base_a,
-                     r_map.get(k, base_r) if r_map.get(k) is not None else base_r)
+        per = tuple((k, a_map[k] if a_map.get(k) is not None else base_a,
+                     r_map[k] if r_map.get(k) is not None else base_r)
                     for k in OUTPUT_KINDS if k in a_map or k in r_map)
         return cls(base_a, base_r, per)
 
@@ -442,7 +442,6 @@ def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, 
     mask = np.ones((1, L), dtype=np.int64)
     full, _ = _decode(runner, ids, mask, [L])  # (1, L, V)
     tol = ctx.ltol
-    loop = DecodeLoop(runner)
     if ctx.long_full or L <= 3:
         step, _ = _decode(runner, ids, mask, [1] * L)  # (1, L, V)
         positions, got, want = list(range(L)), step[0], full[0]
@@ -450,13 +449,9 @@ def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, 
     else:
         starts = sorted({p for p in (L // 4, L // 2, 3 * L // 4, L - 2) if 1 <= p <= L - 2})
         positions, got_rows = [], []
-        for P in starts:
-            state = loop.empty(1)
-            _, state = loop.feed(ids[:, :P], state)
-            for j in range(2):
-                logits, state = loop.feed(ids[:, P + j:P + j + 1], state)
-                positions.append(P + j)
-                got_rows.append(logits[0, -1])
+        for P in starts:  # a prefill to P, then two decode steps
+            got_rows.extend(_decode(runner, ids[:, :P + 2], mask[:, :P + 2], [P, 1, 1])[0][0, P:P + 2])
+            positions += [P, P + 1]
         got, want = np.stack(got_rows), full[0, positions]
         label = f"decode after a prefill to positions {', '.join(map(str, starts))}"
     d = compare(got, want, tol)

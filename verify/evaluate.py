@@ -15,8 +15,8 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.quality import TextScore, score_text
-from mhaexport.verify.runners import (ALL_RUNTIMES, EAGER, EAGER_CUDA, ONNX_REFERENCE, ORT_CPU, TORCHSCRIPT,
-                                      EagerRunner, OnnxReferenceRunner, TorchScriptRunner, ort_runner, skipped)
+from mhaexport.verify.runners import (ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT,
+                                      EagerRunner)
 
 
 @dataclass
@@ -72,23 +72,16 @@ class EvalReport:
 
 def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
     """The runner for ``name`` on ``ef``'s artifacts (the eager model rebuilt from the manifest once)."""
+    from mhaexport.verify.verify import artifact_runner
+
     c = ef.contract
-    onnx = ef.artifacts.get("onnx")
     if name in (EAGER, EAGER_CUDA):
         if "loaded" not in loaded_box:
             from mhaexport.models.loading import load_recorded
 
             loaded_box["loaded"] = load_recorded(ef)
         return EagerRunner(name, c, loaded_box["loaded"].module, device="cuda" if name == EAGER_CUDA else "cpu")
-    if name == TORCHSCRIPT:
-        if not ef.has(TORCHSCRIPT):
-            return skipped(name, c, f"no TorchScript export in {ef.path}")
-        return TorchScriptRunner(name, c, ef.file(TORCHSCRIPT))
-    if onnx is None:
-        return skipped(name, c, f"no ONNX export in {ef.path}")
-    if name == ONNX_REFERENCE:
-        return OnnxReferenceRunner(name, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
-    return ort_runner(name, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
+    return artifact_runner(ef, name, c)  # as verify drives it: a shared cache, an adopted file's layout
 
 
 def _torch_threads(ef: ExportFolder, name: str):

@@ -435,8 +435,6 @@ class VerifyReport:
         elif r.check == "dynamic-shapes":
             figure = f"{f.get('shapes', 0) - f.get('failed_shapes', 0)}/{f.get('shapes', 0)} shapes"
         elif r.check == QUALITY:
-            if f.get("reference"):
-                return "ref"
             t, sw = f.get("text") or {}, f.get("sweep") or {}
             if t.get("positions"):
                 figure = f"top-1 {t['top1']:.3f}, ppl x{t['ppl_ratio']:.4g}"

@@ -72,41 +72,46 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
     """Eager first, then one runner per requested runtime; a runtime whose artifact is absent is skipped with why."""
     c = loaded.contract
     runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
-    onnx = ef.artifacts.get("onnx")
+    n_params = _n_params(loaded.module)
     for rt in runtimes:
         if rt == EAGER:
             continue
         if rt == EAGER_CUDA:
             runners.append(EagerRunner(EAGER_CUDA, c, loaded.module, device="cuda"))
-        elif rt == TORCHSCRIPT:
-            if not ef.has(TORCHSCRIPT):
-                runners.append(skipped(rt, c, f"no TorchScript export in {ef.path}"))
-            else:
-                runners.append(TorchScriptRunner(rt, c, ef.file(TORCHSCRIPT)))
-        elif onnx is None:
-            runners.append(skipped(rt, c, f"no ONNX export in {ef.path}"))
-        elif rt in (ORT_CPU, ORT_CUDA):
-            shared = onnx.get("kv_cache") == "shared"
-            runners.append(ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes,
-                                      max_cache=int(onnx.get("max_cache")) if shared else None,
-                                      layout=layout_of(onnx)))
-        elif rt == ONNX_REFERENCE:
-            if layout_of(onnx) is not None:
-                runners.append(skipped(rt, c, f"an adopted {layout_of(onnx).producer} file: the reference "
-                                              "evaluator feeds the contract's names and runs no com.microsoft op"))
-                continue
-            n, size = _n_params(loaded.module), sum(int(f["bytes"]) for f in onnx.files.values())
-            if size > TWO_GB:
-                runners.append(skipped(rt, c, f"the ONNX export holds {size / 1e9:.2f} GB with its external data; "
-                                              "the pure-Python reference evaluator would load every weight into "
-                                              "protobuf and numpy (it is for models up to "
-                                              f"{REFERENCE_MAX_PARAMS:,} parameters)"))
-            elif n > REFERENCE_MAX_PARAMS:
-                runners.append(skipped(rt, c, f"model has {n:,} parameters; the pure-Python reference evaluator "
-                                              f"runs models up to {REFERENCE_MAX_PARAMS:,}"))
-            else:
-                runners.append(OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes))
+        else:
+            runners.append(artifact_runner(ef, rt, c, n_params=n_params))
     return runners
+
+
+def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None) -> Runner:
+    """The runner of an exported artifact for runtime ``rt`` (torchscript, ort-cpu, ort-cuda, onnx-reference), as
+    the folder's manifest says to drive it (a shared cache, an adopted file's layout); skipped with why where the
+    artifact is absent or the reference evaluator cannot take it (an adopted file, past 2 GB, past
+    ``REFERENCE_MAX_PARAMS`` when ``n_params`` is known). verify and eval build their runners here."""
+    onnx = ef.artifacts.get("onnx")
+    if rt == TORCHSCRIPT:
+        if not ef.has(TORCHSCRIPT):
+            return skipped(rt, c, f"no TorchScript export in {ef.path}")
+        return TorchScriptRunner(rt, c, ef.file(TORCHSCRIPT))
+    if onnx is None:
+        return skipped(rt, c, f"no ONNX export in {ef.path}")
+    layout = layout_of(onnx)
+    if rt == ONNX_REFERENCE:
+        if layout is not None:
+            return skipped(rt, c, f"an adopted {layout.producer} file: the reference evaluator feeds the contract's "
+                                  "names and runs no com.microsoft op")
+        size = sum(int(f["bytes"]) for f in onnx.files.values())
+        if size > TWO_GB:
+            return skipped(rt, c, f"the ONNX export holds {size / 1e9:.2f} GB with its external data; the "
+                                  "pure-Python reference evaluator would load every weight into protobuf and numpy "
+                                  f"(it is for models up to {REFERENCE_MAX_PARAMS:,} parameters)")
+        if n_params is not None and n_params > REFERENCE_MAX_PARAMS:
+            return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
+                                  f"models up to {REFERENCE_MAX_PARAMS:,}")
+        return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
+    shared = onnx.get("kv_cache") == "shared"
+    return ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes,
+                      max_cache=int(onnx.get("max_cache")) if shared else None, layout=layout)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -196,11 +201,11 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     tol = Tolerance.for_dtype(dtype, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted)
+    small = _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
                   quality=quality, tokenizer=tokenizer,
-                  long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS
-                  and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS)
+                  long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small)
     lint = None
     if ef.has("onnx"):  # static findings first: they often say why a check below fails
         from mhaexport.verify.lint import lint_path
@@ -210,7 +215,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
             say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
         except ArtifactError as e:  # an unreadable file: the ONNX runtimes report it, once, as a load failure
             say(f"lint: not run ({e})")
-    if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
+    if threads is None and small:
         threads = 1
     plain = other_protocol_runners(ef, c, wanted)
     with torch_threads(threads):
@@ -249,20 +254,20 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
-# runtimes of one artifact on different providers: when both ran, they are compared with each other too
-CROSS_PAIRS = ((ORT_CUDA, ORT_CPU), (EAGER_CUDA, EAGER))
+# runtimes of one artifact on different providers: when both ran, they are compared with each other too (eager-cuda
+# against eager is its parity already)
+CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
 
 
 def cross_provider(runners: list[Runner], infos: dict, ctx: Context) -> list[dict]:
     """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
-    tolerance: providers can disagree with each other while each is "close to eager". eager-cuda vs eager is its
-    parity already; ort-cuda vs ort-cpu is compared here."""
+    tolerance: providers can disagree with each other while each is "close to eager"."""
     from mhaexport.verify.checks import Diff, compare_by_output
 
     by_name = {r.name: r for r in runners}
     out = []
     for a, b in CROSS_PAIRS:
-        if b == EAGER or a not in by_name or b not in by_name:
+        if a not in by_name or b not in by_name:
             continue
         if infos.get(a) is None or infos[a].status != "ran" or infos[b].status != "ran":
             continue
