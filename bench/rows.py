@@ -246,17 +246,17 @@ class GenAIRow(Row):
 
     def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig) -> None:
         super().__init__(record, self._load, cfg.repeats)
-        self.folder = folder
+        self.folder, self.threads = folder, cfg.threads
 
     def _load(self) -> Runner:
-        from mhaexport.runtime.genai import import_og
+        from mhaexport.runtime.genai import genai_model, import_og
         from mhaexport.runtime.runner import skipped
 
         og = import_og()
         ef = ExportFolder.open(self.folder, "onnx")
         if "genai_config.json" not in ef.entry("onnx").files:
             return skipped(self.record.name, ef.contract, f"{self.folder} has no genai_config.json")
-        self.og, self.model = og, og.Model(str(self.folder))
+        self.og, self.model = og, genai_model(self.folder, self.threads)  # --threads, as every other row
         return _own_loop(self.record.name, ef.contract, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()])
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:

@@ -479,19 +479,27 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
                             runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                             compare=tuple(compare), long_repeats=long_repeats)
-    bench.check_config(cfg)  # a typo in --runtimes / --opt-levels fails before any export or timing
+    bench.check_config(cfg)  # a typo in --runtimes / --opt-levels / --lowerings / --quantize fails before any export
+    schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip())) if quantize else []
+    if schemes:
+        from mhaexport.exporter.quantize import QuantConfig
+
+        for s in schemes:
+            QuantConfig(weights=s).check()
+    if lowerings:
+        from mhaexport.exporter.variants import parse_lowerings
+
+        wanted_lowerings = parse_lowerings(lowerings)
     _writable(output or folder, "" if output else " (give -o DIR to write the bench results elsewhere)")
     if lowerings:
-        from mhaexport.exporter.variants import export_lowerings, parse_lowerings
+        from mhaexport.exporter.variants import export_lowerings
 
-        found = export_lowerings(folder, parse_lowerings(lowerings), output or folder, have=cfg.compare,
-                                 progress=say)
+        found = export_lowerings(folder, wanted_lowerings, output or folder, have=cfg.compare, progress=say)
         # run_bench drops FOLDER itself and repeats
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
-    if quantize:
+    if schemes:
         from mhaexport.exporter.quantize import export_quantized
 
-        schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip()))
         found = export_quantized(folder, schemes, output or folder, have=cfg.compare, progress=say)
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     result = bench.run_bench(folder, cfg, progress=say)

@@ -7,6 +7,7 @@ token equal to ``pad_token_id`` is treated as padding.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,6 +46,18 @@ def import_og():
             f"onnxruntime_genai cannot be imported ({type(e).__name__}: {e}); install it next to onnxruntime-gpu "
             "with `pip install --no-deps onnxruntime-genai`") from None
     return og
+
+
+def genai_model(folder: str | Path, threads: int | None = None):
+    """onnxruntime-genai's Model over ``folder``'s genai_config.json; with ``threads`` its decoder session gets that
+    many intra-op threads (an overlay on the config, the file untouched: it is hashed), as bench's other rows do."""
+    og = import_og()
+    if threads is None:
+        return og.Model(str(folder))
+    config = og.Config(str(folder))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": int(threads),
+                                                                          "inter_op_num_threads": 1}}}}))
+    return og.Model(config)
 
 
 def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_length: int) -> list[list[int]]:

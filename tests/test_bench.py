@@ -611,3 +611,13 @@ def test_bare_loop_runs_on_the_ort_cpu_rows_session_when_that_row_loads_first(ti
         assert "a session of its own" in bare.record.notes[0]
     prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
     assert bare.generate(prompt, 4).tokens == ort_row.generate(prompt, 4).tokens
+
+
+def test_a_bad_quantize_or_lowering_is_refused_before_anything_is_written(tiny_export, tmp_path):
+    out = tmp_path / "never"
+    for opt in (["--quantize", "int4,int3"], ["--lowerings", "ort:float8"],
+                ["--lowerings", "ort", "--quantize", "int3"]):
+        bad = CliRunner().invoke(main, ["bench", str(tiny_export), *opt, "-o", str(out)])
+        assert bad.exit_code == 2, bad.output
+        assert not out.exists()  # refused before the output folder, any export (the lowering too) or any timing
+    assert "int3" in CliRunner().invoke(main, ["bench", str(tiny_export), "--quantize", "int3"]).output
