@@ -185,10 +185,11 @@ def lowering_options(f):
 
     @click.option("--opset", type=click.IntRange(18, 23), default=None,
                   help="ONNX opset (18..23). Default: 18, or 23 with --attention onnx.")
-    @click.option("--attention", type=click.Choice(["decomposed", "onnx", "ort"]), default="decomposed",
+    @click.option("--attention", type=click.Choice(["decomposed", "onnx", "ort", "fused"]), default="decomposed",
                   show_default=True,
                   help="How attention reaches the graph: MatMul/Softmax/Where as exported, the ONNX Attention op "
-                       "(opset 23), or ONNX Runtime's com.microsoft MultiHeadAttention.")
+                       "(opset 23), ONNX Runtime's com.microsoft MultiHeadAttention, or `fused`: that attention "
+                       "plus onnxscript's ort_fusions (skip/RMS norms, Gelu, RotaryEmbedding, FusedMatMul).")
     @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
                   show_default=True, help="Weights, KV cache and logits in this dtype.")
     @functools.wraps(f)
