@@ -150,6 +150,18 @@ def test_lock_timeout_that_is_not_seconds(cwd, monkeypatch, value):
     assert FolderLock(cwd, "test").timeout == 2.5
 
 
+def test_lock_timeout_as_a_real_subprocess(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MHAEXPORT_LOCK_TIMEOUT": "abc"}
+    proc = subprocess.run([sys.executable, "-m", "mhaexport", "quantize", "nofolder", "-o", "q"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["Error: MHAEXPORT_LOCK_TIMEOUT='abc': expected seconds to wait for "
+                                                "another writer (a number >= 0)"]
+
+
 # ---- verify --quality: thresholds within their figure's range ----------------------------------------------------
 
 @pytest.mark.parametrize("given,message", [
