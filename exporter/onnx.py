@@ -161,6 +161,21 @@ def check_onnx(path: Path) -> None:
         Path(str(path) + ".inferred").unlink(missing_ok=True)
 
 
+def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool = True,
+                        attention: str = "decomposed") -> None:
+    """ExportError for a cache layout the other options contradict; needs no model (the CLI asks before loading)."""
+    if kv_cache not in iospec.KV_CACHES:
+        raise ExportError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
+    if kv_cache == "shared":
+        if not seq_dynamic:
+            raise ExportError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): drop --seq-static")
+        if attention == "onnx":
+            raise ExportError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared buffer is "
+                              "written by com.microsoft GroupQueryAttention (--attention ort, fused or the default)")
+    elif max_cache is not None:
+        raise ExportError("--max-cache sizes a shared cache: give it with --kv-cache shared")
+
+
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, attention: str = "decomposed",
                 dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None) -> ExportRecord:
@@ -177,21 +192,13 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     """
     if attention not in LOWERINGS:
         raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
-    if kv_cache not in iospec.KV_CACHES:
-        raise ExportError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
+    check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
     lowering_name = attention
     if kv_cache == "shared":
-        if not seq_dynamic:
-            raise ExportError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): drop --seq-static")
-        if attention == "onnx":
-            raise ExportError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared buffer is "
-                              "written by com.microsoft GroupQueryAttention (--attention ort, fused or the default)")
         lowering_name = "fused" if attention == "fused" else "gqa"
         max_cache = loaded.contract.max_positions if max_cache is None else max_cache
         if not 1 <= max_cache <= loaded.contract.max_positions:
             raise ExportError(f"--max-cache {max_cache}: expected 1..max_positions={loaded.contract.max_positions}")
-    elif max_cache is not None:
-        raise ExportError("--max-cache sizes a shared cache: give it with --kv-cache shared")
     if dtype not in dtypes.NAMES:
         raise ExportError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
     if opset is None:
