@@ -193,11 +193,11 @@ class BareRow(Row):
         B, P = prompt.shape
         layers = c.n_layers
         res = GenerationResult([[] for _ in range(B)], "max_new_tokens", "", [P] * B)
-        shared = self.entry.get("kv_cache") == "shared"
+        shared = self.entry.details.cache.shared
         if shared:
             import onnxruntime as ort
 
-            shape = (B, c.n_kv_heads, int(self.entry.get("max_cache")), c.head_dim)
+            shape = (B, c.n_kv_heads, self.entry.details.cache.max_cache, c.head_dim)
             bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in range(2 * layers)]
             io = self.session.io_binding()
             io.bind_output(iospec.LOGITS, "cpu")  # bound first: get_outputs()[0]
@@ -305,12 +305,12 @@ def _ort_loader(folder: Path, provider: str, cfg: BenchConfig, opt_level: str | 
 def with_quantization(rb: RuntimeBench, ef: ExportFolder, batch: int) -> RuntimeBench:
     """``rb`` with the scheme and weight bytes per token of ``ef``'s ONNX export when it is quantized (counted from
     its graph at quantize time: packed weights, scales, zero points, gathered rows)."""
-    quant = ef.artifacts["onnx"].get("quantization") if ef.has("onnx") else None
+    quant = ef.artifacts["onnx"].details.quantization if ef.has("onnx") else None
     if quant:
-        read = quant.get("weights_read") or {}
-        rb.quantization, rb.quant_label = quant.get("weights"), quant.get("label")
+        read = quant.weights_read
+        rb.quantization, rb.quant_label = quant.weights, quant.label
         if read:
-            rb.weight_bytes_per_token = int(read["fixed_bytes"] + batch * read["per_row_bytes"])
+            rb.weight_bytes_per_token = int(read.fixed_bytes + batch * read.per_row_bytes)
     return rb
 
 

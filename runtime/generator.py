@@ -46,9 +46,9 @@ class Generator:
         kv = self.entry.input_dtype(iospec.past_names(0)[0]) if self.contract.n_layers else self.entry.dtype
         self.kv_dtype = dtypes.numpy_dtype(kv)  # bfloat16 is refused here: numpy cannot hold it
         self.layout = layout_of(self.entry)  # an adopted file's names for the contract's I/O (None: our own)
-        if self.entry.get("kv_cache", "concat") == "shared":  # one buffer per layer, bound as past and present
+        if self.entry.details.cache.shared:  # one buffer per layer, bound as past and present
             self.runner = SharedCacheOrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
-                                                            max_cache=int(self.entry.get("max_cache")),
+                                                            max_cache=self.entry.details.cache.max_cache,
                                                             layout=self.layout)
         else:
             self.runner = OrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
