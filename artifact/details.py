@@ -191,6 +191,7 @@ class Lowering(Record):
     kv_cache_in_op: bool | None = None  # the cache goes through the fused op (GroupQueryAttention's past/present)
     softmax_left: int | None = None
     op_counts: dict[str, int] | None = None
+    fusions: dict[str, int] | None = None  # --attention fused: onnxscript's ort_fusions rule -> count
     self_check_max_abs_diff: float | None = None
     self_check_not_run: str | None = None  # why the self-check did not run
 
@@ -303,7 +304,7 @@ class OnnxDetails(Details):
     """An ONNX entry's details: opset, how attention is held, precision, quantization, an adopted file's layout."""
 
     opset: int | None = None
-    attention: str | None = None  # the lowering: "decomposed" | "onnx" | "ort" | "gqa" | "as exported" (adopted)
+    attention: str | None = None  # "decomposed" | "onnx" | "ort" | "fused" | "gqa" | "as exported" (adopted)
     lowering: Lowering | None = None
     precision: Precision | None = None
     external_data: bool | None = None
