@@ -152,12 +152,12 @@ def verify(work: Path, row: dict) -> None:
 
     data = json.loads((out / "report.json").read_text())
     rep = VerifyReport.from_dict(data)
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = manifest["artifacts"]["onnx"]
-    details = entry.get("details", entry)
-    row["adopted_as"] = f"{details.get('producer')}: {data['artifacts']['onnx'].get('protocol', '?')}"
-    if details.get("quantization"):
-        row["quantization"] = details["quantization"]
+    from mhaexport.artifact import read_manifest
+
+    details = read_manifest(out).artifacts["onnx"].details
+    row["adopted_as"] = f"{details.producer}: {data['artifacts']['onnx'].get('protocol', '?')}"
+    if details.quantization:
+        row["quantization"] = details.quantization.to_dict()
     row["verdict"] = f"{data['verdict']['status']} (exit {data['verdict']['exit_code']})"
     row["counts"] = data["counts"]
     row["cells"] = {ch: rep._cell(rep.results.get("ort-cpu", {}).get(ch)) for ch in CHECK_COLS}

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mhaexport import dtypes
+from mhaexport.artifact.details import Quantization
 from mhaexport.errors import MhaExportError, first_line
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
@@ -203,7 +204,7 @@ class Context:
     tol_override: tuple = (None, None)  # --atol/--rtol as given: numbers or {None|"logits"|"present": number}
     # the runtime under check's artifact is lossy: its manifest's quantization record (verify sets it per runtime);
     # exact parity gives way to the quality check, and generation compares it with itself
-    lossy: dict | None = None
+    lossy: Quantization | None = None
     quality: Any = None  # verify.quality.QualitySettings: thresholds' overrides, the text, greedy prompts
     tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
     _ref: dict = field(default_factory=dict)
@@ -249,7 +250,7 @@ def run_cases(runner, cases, inputs: Callable) -> dict:
 
 
 def _scheme(ctx: Context) -> str:
-    return str((ctx.lossy or {}).get("label") or (ctx.lossy or {}).get("weights") or "quantized")
+    return str((ctx.lossy and (ctx.lossy.label or ctx.lossy.weights)) or "quantized")
 
 
 def _static_reason(runner: Runner) -> str:

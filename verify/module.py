@@ -342,7 +342,8 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
                        "static_sizes": v.static_sizes,
-                       **{kk: v.get(kk) for kk in ("opset", "mode", "module", "mask", "weights") if v.get(kk)}}
+                       **{kk: getattr(v.details, kk, None) for kk in ("opset", "mode", "module", "mask", "weights")
+                          if getattr(v.details, kk, None)}}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks), cross=cross,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)

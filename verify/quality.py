@@ -31,6 +31,7 @@ from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.runtime.runner import Runner
 
 if TYPE_CHECKING:
+    from mhaexport.artifact.details import Quantization
     from mhaexport.verify.checks import CheckResult, Context
 
 FLAT_ENTROPY = 0.9  # eager's mean entropy above this fraction of log(vocab): flat logits, top-1 is not judged
@@ -323,14 +324,14 @@ REQUANT_FRACTION = 0.10
 INT8_ACTIVATIONS = 4  # the accuracy level that quantizes activations
 
 
-def self_tolerance(ctx: Context, quant: dict, base):
+def self_tolerance(ctx: Context, quant: Quantization, base):
     """The tolerance a lossy artifact's self-comparisons use: ``base`` (the dtype's) when its activations stay
     float; with int8 activations (accuracy level 4), per output (logits, present) the larger of ``base.atol`` and
     REQUANT_FRACTION x the RMS of eager's outputs over the sweep's real positions (logits with each position's mean
     removed)."""
     from mhaexport.verify.checks import Tolerance
 
-    if quant.get("accuracy_level") != INT8_ACTIVATIONS:
+    if quant.accuracy_level != INT8_ACTIVATIONS:
         return base
     sq = {"logits": [0.0, 0], "present": [0.0, 0]}
     for case in ctx.cases:
@@ -379,10 +380,10 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     if not ctx.lossy:
         return CheckResult("quality", None, {"exact": True}, "exact artifact: judged by parity")
     settings = ctx.quality or QualitySettings()
-    scheme = ctx.lossy.get("weights")
+    scheme = ctx.lossy.weights
     limits, table = thresholds_for(scheme, settings.overrides)
     c = ctx.contract
-    fig: dict = {"scheme": ctx.lossy.get("label") or scheme, "thresholds": limits.to_dict(), "thresholds_of": table}
+    fig: dict = {"scheme": ctx.lossy.label or scheme, "thresholds": limits.to_dict(), "thresholds_of": table}
     # the sweep: every case eager and the artifact ran, real rows only
     sweep = Agreement()
     for case, out in ctx.sweep(runner).items():

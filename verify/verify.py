@@ -16,6 +16,7 @@ from typing import Callable
 
 from mhaexport import iospec
 from mhaexport.artifact import TWO_GB, ExportFolder
+from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
@@ -59,9 +60,9 @@ def torch_threads(n: int | None) -> Iterator[None]:
 def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
     """The (seq, past) the artifacts were traced at (dynamic-shapes runs at others)."""
     for entry in ef.artifacts.values():
-        sizes = entry.get("example_sizes") or entry.get("example_shapes")
+        sizes = entry.details.traced_sizes
         if sizes:
-            return int(sizes["seq"]), int(sizes["past"])
+            return sizes.seq, sizes.past
     return iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST
 
 
@@ -131,10 +132,10 @@ def other_protocol_runners(ef: ExportFolder, contract, runtimes: tuple[str, ...]
             for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
 
 
-def lossy_artifacts(ef: ExportFolder) -> dict[str, dict]:
+def lossy_artifacts(ef: ExportFolder) -> dict[str, Quantization]:
     """{artifact: its manifest's quantization record} for each lossy (quantized) artifact of the folder."""
-    return {name: dict(entry.get("quantization")) for name, entry in ef.artifacts.items()
-            if entry.get("quantization")}
+    return {name: entry.details.quantization for name, entry in ef.artifacts.items()
+            if isinstance(entry.details, OnnxDetails) and entry.details.quantization}
 
 
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
@@ -244,10 +245,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
                        "static_sizes": v.static_sizes,
-                       **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache", "producer")
-                          if v.get(kk)},
-                       **({"protocol": layout_of(v).protocol} if layout_of(v) else {}),
-                       **({"quantization": _quant_summary(v.get("quantization"))} if v.get("quantization") else {})}
+                       **_report_details(v.details)}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
         lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
@@ -294,16 +292,29 @@ def _artifact_of(runner: Runner) -> str | None:
     return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
 
 
-def _quant_summary(q: dict) -> dict:
+def _report_details(d: Details) -> dict:
+    """The details of an artifact the report shows: how it was made, an adopted file's protocol, its quantization."""
+    onnx = d if isinstance(d, OnnxDetails) else None
+    shown = {"opset": onnx and onnx.opset, "mode": isinstance(d, TorchScriptDetails) and d.mode,
+             "attention": onnx and onnx.attention, "kv_cache": d.cache.kind, "producer": onnx and onnx.producer,
+             "protocol": onnx and onnx.layout and onnx.layout.protocol}
+    out = {k: v for k, v in shown.items() if v}
+    if onnx and onnx.quantization:
+        out["quantization"] = _quant_summary(onnx.quantization)
+    return out
+
+
+def _quant_summary(q: Quantization) -> dict:
     """The part of a quantization record the report shows."""
     keys = ("weights", "label", "block_size", "symmetric", "accuracy_level", "keep_float", "int8_blocks", "lm_head",
             "weights_read", "source")
-    return {k: q.get(k) for k in keys if k in q}
+    d = q.to_dict()
+    return {k: d[k] for k in keys if k in d}
 
 
 def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
             run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False,
-            lossy: dict[str, dict] | None = None):
+            lossy: dict[str, Quantization] | None = None):
     """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
     own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
     is one failure with one message (its checks not run). ``skip_first``: runners[0] (eager, already run) only
