@@ -28,11 +28,12 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ConfigError, MhaExportError, first_line
 from mhaexport.iospec import ModuleContract
-from mhaexport.verify.checks import (MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, causality_by_perturbation,
-                                     compare, parity_over_sweep, run_cases)
+from mhaexport.verify.checks import causality_by_perturbation, parity_over_sweep
+from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
 from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
                                              module_ort_runner)
 from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.results import MODULE_CHECKS, CheckResult, run_cases
 from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT, skipped
 from mhaexport.verify.sweep import Case, build_sweep
 
@@ -186,7 +187,7 @@ def check_cache_consistency(runner: ModuleRunner, ctx: ModuleContext) -> CheckRe
         _, (_, k, v, _) = calls[-1]
         tp = ctx.tol.for_output("present")
         parts[label] = d.merge(compare(k, full[1], tp)).merge(compare(v, full[2], tp))
-    fig = {f"{'decode' if i == 0 else 'chunked'}_max_abs": _r(d.max_abs) for i, d in enumerate(parts.values())}
+    fig = {f"{'decode' if i == 0 else 'chunked'}_max_abs": rounded(d.max_abs) for i, d in enumerate(parts.values())}
     fig["tokens"] = N
     bad = [f"{label} with the cache differs from one call over all {N} positions (max abs {d.max_abs:.3g})"
            for label, d in parts.items() if not d.ok]
@@ -209,8 +210,8 @@ def check_demonstration(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult
     worst_sum = float(sums.flat[np.argmax(np.abs(sums - 1.0))])
     row_sum_err = abs(worst_sum - 1.0)
     row = [float(f"{v:.3g}") for v in weights[0, 0, DEMO_QUERY]]
-    fig = {"weight_1_3_max": float(w13.max()), "weight_1_3_min": float(w13.min()), "row_sum_error": _r(row_sum_err),
-           "row_1": row, "mask": c.mask, "pairs": int(w13.size)}
+    fig = {"weight_1_3_max": float(w13.max()), "weight_1_3_min": float(w13.min()),
+           "row_sum_error": rounded(row_sum_err), "row_1": row, "mask": c.mask, "pairs": int(w13.size)}
     shown = "[" + ", ".join(f"{v:.3g}" for v in row) + "]"
     sums_to_1 = row_sum_err <= ctx.tol.atol + ctx.tol.rtol
     if c.causal:
@@ -329,7 +330,7 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
     ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,
                         tol_override=(atol, rtol))
     with torch_threads(threads):
-        infos, results = run_all(runners, ctx, checks, say, run=run_module_check)
+        infos, results = run_all(runners, ctx, checks, say, funcs=CHECK_FUNCS)
     cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
     arts = ef.artifacts
     return VerifyReport(

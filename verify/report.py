@@ -11,7 +11,7 @@ from pathlib import Path
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
 from mhaexport.env import environment
 from mhaexport.errors import ArtifactError
-from mhaexport.verify.checks import ALL_CHECKS, CHECKS, MODULE_CHECKS, QUALITY, CheckResult
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, QUALITY, CheckResult
 
 KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
 REPORT_SCHEMA = schema.tag(KIND, VERSION)

@@ -20,7 +20,9 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.session import CUDA
-from mhaexport.verify.checks import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
+from mhaexport.verify.checks import run_check
+from mhaexport.verify.compare import Diff, Tolerance, merged
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, SweepContext
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
                                       ONNX_REFERENCE, ORT_CPU, ORT_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT,
@@ -259,17 +261,14 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
 CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
 
 
-def cross_provider(runners: list[Runner], infos: dict, ctx: Context) -> list[dict]:
+def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> list[dict]:
     """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
-    tolerance: providers can disagree with each other while each is "close to eager"."""
-    from mhaexport.verify.checks import Diff, compare_by_output
-
+    tolerance: providers can disagree with each other while each is "close to eager". The decoder's and the
+    attention block's alike: ``ctx.compare`` says how two runs of a case compare."""
     by_name = {r.name: r for r in runners}
     out = []
     for a, b in CROSS_PAIRS:
-        if a not in by_name or b not in by_name:
-            continue
-        if infos.get(a) is None or infos[a].status != "ran" or infos[b].status != "ran":
+        if not all(n in by_name and infos.get(n) is not None and infos[n].status == "ran" for n in (a, b)):
             continue
         tol = Tolerance.for_dtype(by_name[a].dtype, *ctx.tol_override)
         runs_a, runs_b = ctx.sweep(by_name[a]), ctx.sweep(by_name[b])
@@ -278,8 +277,7 @@ def cross_provider(runners: list[Runner], infos: dict, ctx: Context) -> list[dic
             out_b = runs_b.get(case)
             if isinstance(out_a, BaseException) or out_b is None or isinstance(out_b, BaseException):
                 continue
-            by = compare_by_output(out_a, out_b, tol, case.real_rows(), case.real_keys())
-            total = total.merge(by["logits"]).merge(by["present"])
+            total = total.merge(merged(ctx.compare(case, out_a, out_b, tol).values()))
         status = total.ok
         msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
                f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
@@ -301,14 +299,14 @@ def _quant_summary(q: dict) -> dict:
     return {k: q.get(k) for k in keys if k in q}
 
 
-def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
-            run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False,
+def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
+            funcs: dict[str, Callable] | None = None, skip_first: bool = False,
             lossy: dict[str, dict] | None = None):
-    """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
-    own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
-    is one failure with one message (its checks not run). ``skip_first``: runners[0] (eager, already run) only
-    stays active for the checks' references. A runner whose artifact is in ``lossy`` gets the quality check's
-    context (``Context.lossy``)."""
+    """Activate each runner and run every check on it (``funcs``: the checks by name, the decoder's by default, the
+    attention block's with its context: :func:`~mhaexport.verify.checks.run_check`). A runtime that cannot run here
+    is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
+    not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
+    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners[1:] if skip_first else runners:
@@ -340,7 +338,7 @@ def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: P
             info.self_tolerance = tol.describe()
         runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
         for ch in checks:
-            results[runner.name][ch] = run(ch, runner, runner_ctx)
+            results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values()]
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]
