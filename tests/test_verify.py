@@ -395,10 +395,9 @@ class _Offset(Runner):
 def test_ort_cuda_and_ort_cpu_are_compared_with_each_other(offset, agree):
     """Each provider within tolerance of eager (|±offset| < 1e-4) can still disagree with the other by 2 x offset."""
     from mhaexport.iospec import ModelContract
-    from mhaexport.verify.checks import check_parity
+    from mhaexport.verify.checks import check_parity, cross_provider
     from mhaexport.verify.report import RuntimeInfo
     from mhaexport.verify.results import Context
-    from mhaexport.verify.verify import cross_provider
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
     runners = [_Offset("eager", c, 0.0), _Offset("ort-cpu", c, offset), _Offset("ort-cuda", c, -offset)]

@@ -18,7 +18,7 @@ from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, rounded
 from mhaexport.verify.quality import check_quality
 from mhaexport.verify.results import QUALITY, CheckResult, Context, SweepContext
-from mhaexport.verify.runners import EAGER, RecomputeRunner, Runner
+from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 
 
@@ -418,6 +418,36 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
                                                     f"margin {margin:.3g} is within tolerance")
     return CheckResult("generation", False, fig, f"greedy tokens diverge from {against} at step {div} "
                                                  f"(margin {margin:.3g}, logits max abs {logit_diff.max_abs:.3g})")
+
+
+# runtimes of one artifact on different providers: when both ran, they are compared with each other too (eager-cuda
+# against eager is its parity already)
+CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
+
+
+def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> list[dict]:
+    """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
+    tolerance: providers can disagree with each other while each is "close to eager". The decoder's and the
+    attention block's alike: ``ctx.compare`` says how two runs of a case compare."""
+    by_name = {r.name: r for r in runners}
+    out = []
+    for a, b in CROSS_PAIRS:
+        if not all(n in by_name and infos.get(n) is not None and infos[n].status == "ran" for n in (a, b)):
+            continue
+        tol = Tolerance.for_dtype(by_name[a].dtype, *ctx.tol_override)
+        runs_a, runs_b = ctx.sweep(by_name[a]), ctx.sweep(by_name[b])
+        total = Diff()
+        for case, out_a in runs_a.items():
+            out_b = runs_b.get(case)
+            if isinstance(out_a, BaseException) or out_b is None or isinstance(out_b, BaseException):
+                continue
+            total = total.merge(merged(ctx.compare(case, out_a, out_b, tol).values()))
+        status = total.ok
+        msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
+               f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
+               f"{total.max_abs:.3g}): the providers disagree with each other")
+        out.append({"a": a, "b": b, "status": status, "figures": total.figures(), "message": msg})
+    return out
 
 
 CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {

@@ -28,7 +28,7 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ConfigError
 from mhaexport.iospec import ModuleContract
-from mhaexport.verify.checks import causality_by_perturbation, check_finite, parity_over_sweep
+from mhaexport.verify.checks import causality_by_perturbation, check_finite, cross_provider, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
 from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
                                              module_ort_runner)
@@ -253,7 +253,7 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
     all of MODULE_RUNTIMES; given = requested (one skipped entirely: not verified)."""
     from mhaexport.models.block import load_recorded_block
     from mhaexport.models.loading import check_same_model
-    from mhaexport.verify.verify import ONE_THREAD_MAX_PARAMS, _n_params, cross_provider, run_all, torch_threads
+    from mhaexport.verify.verify import ONE_THREAD_MAX_PARAMS, _n_params, run_all, torch_threads
 
     started = time.perf_counter()
     say = progress or (lambda _m: None)

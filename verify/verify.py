@@ -20,8 +20,8 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.session import CUDA
-from mhaexport.verify.checks import run_check
-from mhaexport.verify.compare import Diff, Tolerance, merged
+from mhaexport.verify.checks import cross_provider, run_check
+from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, SweepContext
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
@@ -254,36 +254,6 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         requested=list(runtimes) if runtimes else None, checks=list(checks),
         lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
-
-
-# runtimes of one artifact on different providers: when both ran, they are compared with each other too (eager-cuda
-# against eager is its parity already)
-CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
-
-
-def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> list[dict]:
-    """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
-    tolerance: providers can disagree with each other while each is "close to eager". The decoder's and the
-    attention block's alike: ``ctx.compare`` says how two runs of a case compare."""
-    by_name = {r.name: r for r in runners}
-    out = []
-    for a, b in CROSS_PAIRS:
-        if not all(n in by_name and infos.get(n) is not None and infos[n].status == "ran" for n in (a, b)):
-            continue
-        tol = Tolerance.for_dtype(by_name[a].dtype, *ctx.tol_override)
-        runs_a, runs_b = ctx.sweep(by_name[a]), ctx.sweep(by_name[b])
-        total = Diff()
-        for case, out_a in runs_a.items():
-            out_b = runs_b.get(case)
-            if isinstance(out_a, BaseException) or out_b is None or isinstance(out_b, BaseException):
-                continue
-            total = total.merge(merged(ctx.compare(case, out_a, out_b, tol).values()))
-        status = total.ok
-        msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
-               f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
-               f"{total.max_abs:.3g}): the providers disagree with each other")
-        out.append({"a": a, "b": b, "status": status, "figures": total.figures(), "message": msg})
-    return out
 
 
 def _artifact_of(runner: Runner) -> str | None:
