@@ -19,6 +19,7 @@ from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
+from mhaexport.runtime.choose import ort_runner_for
 from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider, run_check
 from mhaexport.verify.compare import Tolerance
@@ -27,7 +28,7 @@ from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
                                       ONNX_REFERENCE, ORT_CPU, ORT_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
-                                      skipped)
+                                      session_config, skipped)
 from mhaexport.verify.sweep import build_sweep
 
 Progress = Callable[[str], None]
@@ -111,9 +112,8 @@ def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None) -
             return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
                                   f"models up to {REFERENCE_MAX_PARAMS:,}")
         return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
-    shared = onnx.get("kv_cache") == "shared"
-    return ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes,
-                      max_cache=int(onnx.get("max_cache")) if shared else None, layout=layout)
+    # the Generator's choice of runner, on verify's strict session, driven by contract calls
+    return ort_runner_for(ef, rt, session_config(rt), contract=c, contract_steps=True)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -213,7 +213,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         from mhaexport.verify.lint import lint_path
 
         try:
-            lint = lint_path(ef.path)
+            lint = lint_path(ef)  # the snapshot verify checked, not the folder opened again
             say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
         except ArtifactError as e:  # an unreadable file: the ONNX runtimes report it, once, as a load failure
             say(f"lint: not run ({e})")
