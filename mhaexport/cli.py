@@ -568,7 +568,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
 def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
     """("1e-4", "logits=1e-3") -> {None: 1e-4, "logits": 1e-3}; None when not given."""
-    from mhaexport.verify.checks import OUTPUT_KINDS
+    from mhaexport.verify.compare import OUTPUT_KINDS
 
     out: dict = {}
     for v in values:

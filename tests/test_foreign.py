@@ -325,7 +325,9 @@ class _WrongWherePadded(Runner):
 
 def test_dynamic_shapes_blames_the_padding_not_a_baked_size_when_only_padded_shapes_fail():
     from mhaexport.iospec import ModelContract
-    from mhaexport.verify.checks import Context, Tolerance, check_dynamic_shapes
+    from mhaexport.verify.checks import check_dynamic_shapes
+    from mhaexport.verify.compare import Tolerance
+    from mhaexport.verify.results import Context
     from mhaexport.verify.sweep import build_sweep
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)

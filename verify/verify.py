@@ -21,13 +21,15 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.choose import ort_runner_for
-from mhaexport.runtime.session import CUDA, SessionConfig
-from mhaexport.verify.checks import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
+from mhaexport.runtime.session import CUDA
+from mhaexport.verify.checks import cross_provider, run_check
+from mhaexport.verify.compare import Tolerance
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, SweepContext
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
                                       ONNX_REFERENCE, ORT_CPU, ORT_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
-                                      skipped)
+                                      session_config, skipped)
 from mhaexport.verify.sweep import build_sweep
 
 Progress = Callable[[str], None]
@@ -111,8 +113,8 @@ def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None) -
             return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
                                   f"models up to {REFERENCE_MAX_PARAMS:,}")
         return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
-    cfg = SessionConfig(providers=(CUDA if rt == ORT_CUDA else "cpu",), strict_providers=True)
-    return ort_runner_for(ef, rt, cfg, contract=c, contract_steps=True)  # the Generator's choice, contract calls
+    # the Generator's choice of runner, on verify's strict session, driven by contract calls
+    return ort_runner_for(ef, rt, session_config(rt), contract=c, contract_steps=True)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -252,40 +254,6 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
-# runtimes of one artifact on different providers: when both ran, they are compared with each other too (eager-cuda
-# against eager is its parity already)
-CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
-
-
-def cross_provider(runners: list[Runner], infos: dict, ctx: Context) -> list[dict]:
-    """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
-    tolerance: providers can disagree with each other while each is "close to eager"."""
-    from mhaexport.verify.checks import Diff, compare_by_output
-
-    by_name = {r.name: r for r in runners}
-    out = []
-    for a, b in CROSS_PAIRS:
-        if a not in by_name or b not in by_name:
-            continue
-        if infos.get(a) is None or infos[a].status != "ran" or infos[b].status != "ran":
-            continue
-        tol = Tolerance.for_dtype(by_name[a].dtype, *ctx.tol_override)
-        runs_a, runs_b = ctx.sweep(by_name[a]), ctx.sweep(by_name[b])
-        total = Diff()
-        for case, out_a in runs_a.items():
-            out_b = runs_b.get(case)
-            if isinstance(out_a, BaseException) or out_b is None or isinstance(out_b, BaseException):
-                continue
-            by = compare_by_output(out_a, out_b, tol, case.real_rows(), case.real_keys())
-            total = total.merge(by["logits"]).merge(by["present"])
-        status = total.ok
-        msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
-               f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
-               f"{total.max_abs:.3g}): the providers disagree with each other")
-        out.append({"a": a, "b": b, "status": status, "figures": total.figures(), "message": msg})
-    return out
-
-
 def _artifact_of(runner: Runner) -> str | None:
     if runner.name in (EAGER_CUDA,) + REFERENCE_RUNTIMES:
         return None
@@ -312,14 +280,14 @@ def _quant_summary(q: Quantization) -> dict:
     return {k: d[k] for k in keys if k in d}
 
 
-def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
-            run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False,
+def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
+            funcs: dict[str, Callable] | None = None, skip_first: bool = False,
             lossy: dict[str, Quantization] | None = None):
-    """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
-    own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
-    is one failure with one message (its checks not run). ``skip_first``: runners[0] (eager, already run) only
-    stays active for the checks' references. A runner whose artifact is in ``lossy`` gets the quality check's
-    context (``Context.lossy``)."""
+    """Activate each runner and run every check on it (``funcs``: the checks by name, the decoder's by default, the
+    attention block's with its context: :func:`~mhaexport.verify.checks.run_check`). A runtime that cannot run here
+    is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
+    not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
+    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners[1:] if skip_first else runners:
@@ -351,7 +319,7 @@ def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: P
             info.self_tolerance = tol.describe()
         runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
         for ch in checks:
-            results[runner.name][ch] = run(ch, runner, runner_ctx)
+            results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values()]
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]
