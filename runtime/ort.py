@@ -10,6 +10,7 @@ file fixes) is :class:`OrtSessionRunner`, which verify's attention-block runner 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +200,17 @@ class SharedCacheOrtRunner(OrtRunner):
         self.contract_steps = contract_steps
         if contract_steps:
             self.padding = "left"
+
+    def deploy_runner(self) -> SharedCacheOrtRunner | None:
+        """With ``contract_steps`` (verify's runner): the same session in the file's own protocol, as the Generator,
+        bench and onnxruntime-genai drive it — buffers bound in place across steps, prompts right-padded and packed
+        from slot 0. Active when this runner is. None without contract_steps (this runner is that already)."""
+        if not self.contract_steps:
+            return None
+        twin = copy.copy(self)
+        twin.contract_steps, twin.padding, twin.times = False, "right", []
+        twin.name = f"{self.name} (deploy loop)"
+        return twin
 
     @property
     def max_length(self) -> int:

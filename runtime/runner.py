@@ -184,6 +184,11 @@ class Runner:
         checked = self.check_inputs(*inputs)
         return self._timed(self.run_impl, *checked, inputs=checked)
 
+    def deploy_runner(self) -> Runner | None:
+        """This runner as ``generate`` and ``bench`` drive the same file, when verify's runner speaks another protocol
+        (a shared cache's contract translation); None when the two are the same code."""
+        return None
+
     def empty_cache(self, batch: int) -> Cache:
         """An empty cache (past length 0) in this runner's own form."""
         return self.check_past(None, batch, 0)

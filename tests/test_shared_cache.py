@@ -82,6 +82,45 @@ def test_verify_translates_the_contract_and_every_check_passes(shared):
     assert all(r.status is True for r in report.results["ort-cpu"].values())
 
 
+def test_verify_runs_the_deploy_loop_and_says_which_protocol_each_check_ran(shared):
+    loaded, folder, _ = shared
+    report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=("kv-consistency", "padding",
+                                                                                  "generation"))
+    assert report.passed, report.to_markdown()
+    for name in ("kv-consistency", "padding", "generation"):
+        assert "deploy loop: buffers in place, a ragged right-padded batch" in report.results["ort-cpu"][
+            name].figures["protocol"]
+    assert report.results["ort-cpu"]["kv-consistency"].figures["deploy_rows"] == [10, 7]  # ragged
+
+
+@pytest.mark.parametrize("bug", ["a reused buffer loses the last slot of row 1", "ragged rows share a length"])
+def test_a_bug_only_the_deploy_loop_shows_fails_verify(shared, monkeypatch, bug):
+    """A defect of the in-place protocol itself (the loop generate and bench run): verify's contract translation
+    never binds a buffer across calls nor packs ragged rows in one call with a past, so only the deploy loop sees
+    it; kv-consistency must fail and say the deploy loop differs."""
+    from mhaexport.runtime.ort import SharedCacheOrtRunner
+
+    loaded, folder, _ = shared
+    real = SharedCacheOrtRunner._run_shared
+
+    def buggy(self, ids, mask, bufs):
+        if bug.startswith("ragged") and not self.contract_steps and ids.shape[1] == 1:
+            mask = np.ones_like(mask)  # every row fed as if as long as the longest: the shorter row's holes read
+        out = real(self, ids, mask, bufs)
+        if bug.startswith("a reused") and not self.contract_steps and ids.shape[0] > 1 and ids.shape[1] == 1:
+            for buf in bufs:  # (B, H, max_cache, D): the slot just written for row 1, lost
+                arr = buf.numpy()
+                arr[1, :, int(mask[1].sum()) - 1] = 0
+                buf.update_inplace(arr)
+        return out
+
+    monkeypatch.setattr(SharedCacheOrtRunner, "_run_shared", buggy)
+    report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=("kv-consistency",))
+    res = report.results["ort-cpu"]["kv-consistency"]
+    assert res.status is False, res.message
+    assert "the deploy loop (buffers reused in place over a ragged right-padded batch) differs from eager" in res.message
+
+
 def test_eval_drives_a_shared_cache_as_verify_does(shared):
     """eval builds its runners where verify does: on a shared-cache folder ort-cpu scores the text as eager does."""
     from mhaexport.verify.evaluate import evaluate_folder

@@ -159,6 +159,55 @@ def _decode(runner: Runner, ids: np.ndarray, mask: np.ndarray, chunks: list[int]
     return np.concatenate(outs, axis=1), runner.cache_numpy(state.cache)
 
 
+# What a check ran, in the report's figures: every decode check names its protocol
+CONTRACT_PROTOCOL = "decode loop in the runner's own cache"
+TRANSLATED_PROTOCOL = "contract calls translated into the shared buffer"
+DEPLOY_PROTOCOL = "deploy loop: buffers in place, a ragged right-padded batch"
+
+
+def _protocols(runner: Runner) -> str:
+    return CONTRACT_PROTOCOL if runner.deploy_runner() is None else f"{TRANSLATED_PROTOCOL} + {DEPLOY_PROTOCOL}"
+
+
+def _ragged_prompts(ctx: Context, n_new: int, seed: int) -> list[np.ndarray]:
+    """Two prompts of different lengths (the deploy loop pads them to one batch), leaving room for n_new tokens."""
+    c = ctx.contract
+    L = max(2, min(10, c.max_positions - n_new - 1))
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, c.vocab_size, L, dtype=np.int64), rng.integers(0, c.vocab_size, max(1, L - 3),
+                                                                           dtype=np.int64)]
+
+
+def _deploy_steps(runner: Runner, ctx: Context, n_new: int) -> tuple[Diff, dict, list[np.ndarray], list[list[int]]]:
+    """The deploy loop over a ragged batch, greedy for n_new tokens (prefill, then n_new - 1 steps reusing the
+    buffers in place), judged position by position against eager fed the same tokens one row at a time. Returns the
+    Diff of the logits, its figures, the prompts and each row's tokens."""
+    twin = runner.deploy_runner()
+    prompts = _ragged_prompts(ctx, n_new, ctx.seed + 43)
+    res = DecodeLoop(twin).generate([p.tolist() for p in prompts], GenerationConfig(max_new_tokens=n_new),
+                                    keep_logits=True)
+    d = Diff()
+    for b, p in enumerate(prompts):
+        seq = np.concatenate([p, np.array(res.tokens[b][:-1], dtype=np.int64)])[None]  # (1, P + n - 1)
+        ref, _ = _decode(ctx.eager, seq, np.ones_like(seq), [seq.shape[1]])  # (1, S, V)
+        for i, logits in enumerate(res.step_logits):
+            d = d.merge(compare(logits[b], ref[0, len(p) - 1 + i], ctx.ltol))
+    fig = {"deploy_rows": [len(p) for p in prompts], "deploy_steps": n_new, "deploy_max_abs": rounded(d.max_abs)}
+    return d, fig, prompts, res.tokens
+
+
+def _deploy_chunked(runner: Runner, ctx: Context) -> Diff:
+    """The deploy loop's chunked prefill at batch 1 (the shared buffer takes several new tokens after a past only
+    at batch 1): two chunks against one eager prefill."""
+    twin = runner.deploy_runner()
+    c = ctx.contract
+    N = min(9, c.max_positions)
+    ids = np.random.default_rng(ctx.seed + 47).integers(0, c.vocab_size, (1, N), dtype=np.int64)
+    got, _ = _decode(twin, ids, np.ones_like(ids), [N // 2, N - N // 2])
+    want, _ = _decode(ctx.eager, ids, np.ones_like(ids), [N])
+    return compare(got, want, ctx.ltol)
+
+
 def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     """Token-by-token decode == one prefill; chunked prefill == one prefill; step t with the cache == a full
     forward of tokens 0..t without a cache (from-scratch recompute)."""
@@ -187,8 +236,15 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     parts[long_label] = long_diff
     fig = {"decode_max_abs": rounded(parts["token-by-token decode"].max_abs),
            "chunked_max_abs": rounded(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
-           "recompute_max_abs": rounded(rec.max_abs), **long_fig}
-    bad = [f"{name} differs from one prefill (max abs {d.max_abs:.3g})" if "recompute" not in name
+           "recompute_max_abs": rounded(rec.max_abs), **long_fig, "protocol": _protocols(runner)}
+    if runner.deploy_runner() is not None:  # in addition: the loop generate and bench run, in place and ragged
+        steps, deploy_fig, _, _ = _deploy_steps(runner, ctx, min(4, max(1, c.max_positions - 12)))
+        parts["the deploy loop (buffers reused in place over a ragged right-padded batch)"] = steps
+        chunked_deploy = _deploy_chunked(runner, ctx)
+        parts["the deploy loop's chunked prefill"] = chunked_deploy
+        fig.update(deploy_fig, deploy_chunked_max_abs=rounded(chunked_deploy.max_abs))
+    bad = [f"{name} differs from eager fed the same tokens (max abs {d.max_abs:.3g})" if "deploy" in name
+           else f"{name} differs from one prefill (max abs {d.max_abs:.3g})" if "recompute" not in name
            else f"{name} differ (max abs {d.max_abs:.3g})" for name, d in parts.items()
            if not d.ok and name != long_label]
     if not long_diff.ok:
@@ -197,9 +253,10 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     if bad:
         return CheckResult("kv-consistency", False, fig, "; ".join(bad))
     worst = max(d.max_abs for d in parts.values())
+    deploy = "; the deploy loop (in place, ragged) agrees with eager" if "deploy_max_abs" in fig else ""
     return CheckResult("kv-consistency", True, fig,
-                       f"decode, chunked prefill and recompute agree, out to position {long_fig['long_to']} "
-                       f"(max abs {worst:.3g})")
+                       f"decode, chunked prefill and recompute agree, out to position {long_fig['long_to']}"
+                       f"{deploy} (max abs {worst:.3g})")
 
 
 def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, dict]:
@@ -275,6 +332,23 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
             return CheckResult("padding", False, fig, f"decode steps after a {side}-padded prefill differ from the "
                                                       f"unpadded sequence (max abs {d_decode.max_abs:.3g})")
         worst = max(worst, d_prefill.max_abs, d_decode.max_abs)
+    fig["protocol"] = _protocols(runner)
+    if (twin := runner.deploy_runner()) is not None:  # the file's own padding: ragged rows right-padded, in place
+        prompts = _ragged_prompts(ctx, steps, ctx.seed + 53)
+        batch = DecodeLoop(twin).generate([q.tolist() for q in prompts], GenerationConfig(max_new_tokens=steps),
+                                          keep_logits=True)
+        d = Diff()
+        for b, q in enumerate(prompts):
+            alone = DecodeLoop(twin).generate([q.tolist()], GenerationConfig(max_new_tokens=steps), keep_logits=True)
+            for got, want in zip(batch.step_logits, alone.step_logits):
+                d = d.merge(compare(got[b], want[0], ctx.ltol))
+        fig["deploy_ragged_max_abs"] = rounded(d.max_abs)
+        if not d.ok:
+            return CheckResult("padding", False, fig, f"in the deploy loop a row of a ragged right-padded batch "
+                                                      f"differs from the same row alone (max abs {d.max_abs:.3g})")
+        worst = max(worst, d.max_abs)
+        return CheckResult("padding", True, fig, f"left- and right-padded == unpadded, and in the deploy loop a "
+                                                 f"ragged batch's rows == each row alone (max abs {worst:.3g})")
     return CheckResult("padding", True, fig, f"left- and right-padded == unpadded (max abs {worst:.3g})")
 
 
@@ -376,14 +450,51 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
     if P_long <= P:
         return short
     long = _generation_from(runner, ctx, rng.integers(0, c.vocab_size, (1, P_long), dtype=np.int64), n, "long")
-    fig = {**short.figures, **{f"long_{k}": v for k, v in long.figures.items()}, "long_prompt": P_long}
+    fig = {**short.figures, **{f"long_{k}": v for k, v in long.figures.items()}, "long_prompt": P_long,
+           "protocol": _protocols(runner)}
+    if runner.deploy_runner() is not None and not ctx.lossy:  # the loop generate runs: ragged batch, in place
+        deploy = _deploy_generation(runner, ctx, n)
+        fig.update({f"deploy_{k}": v for k, v in deploy.figures.items()})
+        if deploy.status is False:
+            return CheckResult("generation", False, fig, f"the deploy loop (ragged batch, buffers in place): "
+                                                         f"{deploy.message}")
     if long.status is False:
         return CheckResult("generation", False, fig, f"from a {P_long}-token prompt: {long.message}")
     if short.status is False:
         return CheckResult("generation", False, fig, short.message)
     tie = " (a near-tie)" if fig.get("tie") or fig.get("long_tie") else ""
+    deploy = "; the deploy loop's ragged batch matches too" if "deploy_tokens" in fig else ""
     return CheckResult("generation", True, fig, f"{short.message}; from a {P_long}-token prompt: "
-                                                f"{long.message}{tie}")
+                                                f"{long.message}{tie}{deploy}")
+
+
+def _deploy_generation(runner: Runner, ctx: Context, n: int) -> CheckResult:
+    """Greedy tokens of the deploy loop over a ragged batch against eager's greedy tokens for each prompt alone; at a
+    divergence, eager's margin there (a near-tie within tolerance passes, as for the other generations)."""
+    twin = runner.deploy_runner()
+    prompts = _ragged_prompts(ctx, n, ctx.seed + 59)
+    res = DecodeLoop(twin).generate([p.tolist() for p in prompts], GenerationConfig(max_new_tokens=n),
+                                    keep_logits=True)
+    worst = Diff()
+    for b, p in enumerate(prompts):
+        ref = greedy(ctx.eager, p[None], n)
+        got = res.tokens[b]
+        div = next((i for i, (a, r) in enumerate(zip(got, ref.tokens)) if a != r), None)
+        for i in range(n if div is None else div + 1):
+            worst = worst.merge(compare(res.step_logits[i][b], ref.logits[i], ctx.ltol))
+        if div is not None:
+            top2 = np.sort(ref.logits[div])[-2:]
+            margin = float(top2[1] - top2[0])
+            if not (margin <= ctx.ltol.atol + ctx.ltol.rtol * abs(float(top2[1])) and worst.ok):
+                return CheckResult("generation", False, {"row": b, "first_divergence": div,
+                                                         "margin": rounded(margin), "max_abs": rounded(worst.max_abs)},
+                                   f"row {b} ({len(p)}-token prompt) diverges from eager at step {div} "
+                                   f"(margin {margin:.3g}, logits max abs {worst.max_abs:.3g})")
+    if not worst.ok:
+        return CheckResult("generation", False, {"max_abs": rounded(worst.max_abs)},
+                           f"same tokens but step logits differ from eager (max abs {worst.max_abs:.3g})")
+    return CheckResult("generation", True, {"rows": len(prompts), "tokens": n, "max_abs": rounded(worst.max_abs)},
+                       f"{n}/{n} greedy tokens of each row match eager")
 
 
 def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, key: str) -> CheckResult:
