@@ -51,6 +51,13 @@ class Group(click.Group):
             ctx.exit(INTERNAL_ERROR)
 
 
+def _remember(ctx: click.Context, param: click.Parameter, value):
+    """Keep an option that only model loading reads (--revision, --allow-download) in ctx.meta, so every command
+    keeps its signature."""
+    ctx.meta[f"mhaexport.{param.name}"] = value
+    return value
+
+
 def model_options(f):
     """--config / --model / --checkpoint / --hf: which model a command works on."""
 
@@ -62,9 +69,15 @@ def model_options(f):
                        "returning a module under the decoder contract. This imports and runs that code.")
     @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
                   help="State dict to load (torch.load weights_only=True: tensors only).")
-    @click.option("--hf", "hf", metavar="DIR", type=click.Path(file_okay=False), default=None,
-                  help="A local Hugging Face causal LM folder (save_pretrained layout), wrapped under the decoder "
-                       "contract; needs pip install 'mhaexport[hf]'. Nothing is downloaded.")
+    @click.option("--hf", "hf", metavar="DIR|ORG/NAME", type=click.Path(file_okay=False), default=None,
+                  help="A Hugging Face causal LM: a save_pretrained folder, or a Hub model id read from the Hugging "
+                       "Face cache (HF_HUB_CACHE / HF_HOME), wrapped under the decoder contract; needs pip install "
+                       "'mhaexport[hf]'. Nothing is downloaded unless --allow-download.")
+    @click.option("--revision", metavar="REV", default=None, expose_value=False, callback=_remember,
+                  help="With --hf ORG/NAME: the branch, tag or commit (default: main).")
+    @click.option("--allow-download", is_flag=True, default=False, expose_value=False, callback=_remember,
+                  help="With --hf ORG/NAME: let huggingface_hub download what the cache lacks (not with "
+                       "HF_HUB_OFFLINE=1).")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
@@ -117,7 +130,10 @@ def _load_block(mask: str | None, config: str | None, checkpoint: str | None):
 def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str | None = None):
     from mhaexport.models.loading import load_model
 
-    loaded = load_model(config=config, model=model, checkpoint=checkpoint, hf=hf)
+    meta = click.get_current_context().meta
+    loaded = load_model(config=config, model=model, checkpoint=checkpoint, hf=hf,
+                        revision=meta.get("mhaexport.revision"),
+                        allow_download=meta.get("mhaexport.allow_download", False))
     for note in loaded.notes:
         click.secho(f"note: {note}", fg="yellow", err=True)
     return loaded
