@@ -578,6 +578,13 @@ def _quality_settings(quality: dict | None, text_file: str | None):
     return QualitySettings(overrides=quality, text=text, text_source=text_file)
 
 
+def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | None):
+    """--junit FILE: its folder must exist (checked before any work); kept in ctx.meta for _run_verify."""
+    if value is not None and not Path(value).resolve().parent.is_dir():
+        raise click.BadParameter(f"{value}: its folder does not exist", param_hint="--junit")
+    return _remember(ctx, param, value)
+
+
 def verify_options(f):
     """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
 
@@ -601,6 +608,9 @@ def verify_options(f):
     @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None,
                   help="Real text for a lossy artifact's quality figures (UTF-8 bytes; byte-level models). Default: "
                        "the held-out text of the shipped weights.")
+    @click.option("--junit", metavar="FILE.xml", type=click.Path(dir_okay=False), default=None, expose_value=False,
+                  callback=_remember_junit,
+                  help="Also write the verdict as JUnit XML (one test case per runtime x check) for CI test reports.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
@@ -621,10 +631,16 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                            runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
                            progress=None if quiet else _progress)
-    click.echo(report.to_markdown())
+    markdown = report.to_markdown()
+    click.echo(markdown)
     if out is not None:
         js, md = report.write(out, name)
         click.echo(f"wrote {js} and {md}", err=True)
+    junit = click.get_current_context().meta.get("mhaexport.junit")
+    if junit:
+        from mhaexport.verify.junit import write_junit
+
+        click.echo(f"wrote {write_junit(report, junit, markdown)}", err=True)
     v = report.verdict
     if v.code == 1:
         raise VerificationFailed(v.message)

@@ -132,9 +132,11 @@ def test_an_export_of_an_id_is_rebuilt_from_the_recorded_commit_in_another_cache
 @pytest.mark.slow
 def test_all_with_an_id_works_from_the_cache_and_verify_resolves_it_again(offline_cache, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["all", "--hf", REPO, "--runtime", "ort-cpu", "-o", str(out)])
+    r = CliRunner().invoke(main, ["all", "--hf", REPO, "--runtime", "ort-cpu", "-o", str(out),
+                                  "--junit", str(tmp_path / "all.xml")])
     assert r.exit_code == 0, r.output
     _check_source(out, offline_cache)
+    assert f'<testsuite name="hf:{REPO} · onnx' in (tmp_path / "all.xml").read_text()
     _move_cache(offline_cache, tmp_path, monkeypatch)
     r = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert r.exit_code == 0, r.output
