@@ -42,15 +42,14 @@ def mhaexport_verify(request: pytest.FixtureRequest, record_property: Callable[[
                **verify_args: Any):
         from mhaexport import api
 
+        loaded = None
+        if folder is None or model is not None or config is not None or hf is not None:
+            loaded = api.load(model=model, config=config, hf=hf)  # once, for the exports and verify alike
         if folder is None:
             folder = tmp_path_factory.mktemp("mhaexport-verify")
-            api.export_onnx(folder, model=model, config=config, hf=hf)
-            api.export_torchscript(folder, model=model, config=config, hf=hf)
-            report = api.verify(folder, model=model, config=config, hf=hf, runtimes=runtimes, sweep=sweep,
-                                **verify_args)
-        else:
-            report = api.verify(folder, model=model, config=config, hf=hf, runtimes=runtimes, sweep=sweep,
-                                **verify_args)
+            api.export_onnx(folder, model=loaded)
+            api.export_torchscript(folder, model=loaded)
+        report = api.verify(folder, model=loaded, runtimes=runtimes, sweep=sweep, **verify_args)
         markdown = report.to_markdown()
         request.node.add_report_section("call", SECTION, markdown)
         v = report.verdict

@@ -85,7 +85,8 @@ def resolve(repo_id: str, revision: str | None = None, *, allow_download: bool =
         raise ModelLoadError(f"--hf {repo_id}: neither a folder nor a Hub model id (org/name)")
     try:
         import huggingface_hub
-        from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, are_progress_bars_disabled
+        from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     except ImportError as e:
         raise ModelLoadError(f"--hf {repo_id} (a Hub model id) needs the huggingface_hub package "
                              f"({first_line(e)}): pip install 'mhaexport[hf]'") from None
@@ -98,13 +99,16 @@ def resolve(repo_id: str, revision: str | None = None, *, allow_download: bool =
         folder = huggingface_hub.snapshot_download(
             repo_id, revision=revision, cache_dir=str(cache), local_files_only=local_only,
             allow_patterns=ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS)
-    except Exception as e:
-        if local_only:
-            how = ("HF_HUB_OFFLINE is set: unset it and pass --allow-download to fetch it" if offline() else
-                   "pass --allow-download to fetch it")
-            raise ModelLoadError(f"--hf {repo_id}{at}: not in the Hugging Face cache {cache} ({how}, or set "
-                                 "HF_HUB_CACHE / HF_HOME to the cache that holds it)") from None
-        raise ModelLoadError(f"--hf {repo_id}{at}: the download into {cache} failed: {first_line(e)}") from None
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError) as e:
+        if not local_only:
+            raise ModelLoadError(f"--hf {repo_id}{at}: the download into {cache} failed: {first_line(e)}") from None
+        how = ("HF_HUB_OFFLINE is set: unset it and pass --allow-download to fetch it" if offline() else
+               "pass --allow-download to fetch it")
+        raise ModelLoadError(f"--hf {repo_id}{at}: not in the Hugging Face cache {cache} ({how}, or set "
+                             "HF_HUB_CACHE / HF_HOME to the cache that holds it)") from None
+    except Exception as e:  # noqa: BLE001 - the Hub's errors (no such repo, gated, network) and the cache's
+        what = "the download into" if not local_only else "reading the Hugging Face cache"
+        raise ModelLoadError(f"--hf {repo_id}{at}: {what} {cache} failed: {first_line(e)}") from None
     finally:
         if not bars_off:
             enable_progress_bars()
