@@ -635,9 +635,16 @@ def _quality_settings(quality: dict | None, text_file: str | None):
 
 
 def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | None):
-    """--junit FILE: its folder must exist (checked before any work); kept in ctx.meta for _run_verify."""
-    if value is not None and not Path(value).resolve().parent.is_dir():
-        raise click.BadParameter(f"{value}: its folder does not exist", param_hint="--junit")
+    """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
+    its path must be writable folders); kept in ctx.meta for _run_verify."""
+    if value is not None:
+        import os
+
+        parent = Path(value).resolve().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise click.BadParameter(f"{value}: {parent} is not a writable folder", param_hint="--junit")
     return _remember(ctx, param, value)
 
 

@@ -105,7 +105,17 @@ def test_failures_carry_message_and_figure_and_not_verified_fails_the_verdict_ca
     assert verdict.get("type") == "mhaexport.verdict.exit4" and "not verified" in verdict.get("message")
 
 
-def test_junit_folder_must_exist_before_any_work(tiny_export, tmp_path):
+def test_a_junit_path_that_cannot_be_written_is_refused_before_any_work(tiny_export, tmp_path):
+    (tmp_path / "a-file").write_text("")
     r = CliRunner().invoke(main, ["verify", str(tiny_export), "-o", str(tmp_path),
-                                  "--junit", str(tmp_path / "no" / "such" / "j.xml")])
-    assert r.exit_code == 2 and "its folder does not exist" in r.output and "Traceback" not in r.output, r.output
+                                  "--junit", str(tmp_path / "a-file" / "sub" / "j.xml")])
+    assert r.exit_code == 2 and "is not a writable folder" in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_the_junit_folder_is_made_like_the_output_folder(tiny_export, tmp_path):
+    """`all -o out --junit out/verify.xml`: out does not exist before the run."""
+    r = CliRunner().invoke(main, ["verify", str(tiny_export), "--runtime", "ort-cpu", "-o", str(tmp_path / "out"),
+                                  "--junit", str(tmp_path / "out" / "ci" / "verify.xml")])
+    assert r.exit_code == 0, r.output
+    validate(tmp_path / "out" / "ci" / "verify.xml")

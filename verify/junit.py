@@ -151,5 +151,6 @@ def write_junit(report: VerifyReport, path: str | Path, markdown: str | None = N
     from mhaexport.artifact import atomic_write_bytes
 
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, to_junit_xml(report, markdown))
     return path
