@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-from mhaexport.verify.checks import CheckResult
+from mhaexport.verify.results import CheckResult
 from mhaexport.verify.junit import suite_name, to_junit_xml
 from mhaexport.verify.report import RuntimeInfo, load_report
 

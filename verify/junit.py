@@ -28,7 +28,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from mhaexport.verify.checks import CheckResult
+from mhaexport.verify.results import CheckResult
 from mhaexport.verify.report import VerifyReport
 
 # characters XML 1.0 cannot hold (a runtime's message may carry terminal escapes)
