@@ -69,6 +69,13 @@ class Group(click.Group):
             ctx.exit(INTERNAL_ERROR)
 
 
+def _remember(ctx: click.Context, param: click.Parameter, value):
+    """Keep an option that only model loading reads (--revision, --allow-download) in ctx.meta, so every command
+    keeps its signature."""
+    ctx.meta[f"mhaexport.{param.name}"] = value
+    return value
+
+
 def model_options(f):
     """--config / --model / --checkpoint / --hf: which model a command works on."""
 
@@ -80,9 +87,15 @@ def model_options(f):
                        "returning a module under the decoder contract. This imports and runs that code.")
     @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
                   help="State dict to load (torch.load weights_only=True: tensors only).")
-    @click.option("--hf", "hf", metavar="DIR", type=click.Path(file_okay=False), default=None,
-                  help="A local Hugging Face causal LM folder (save_pretrained layout), wrapped under the decoder "
-                       "contract; needs pip install 'mhaexport[hf]'. Nothing is downloaded.")
+    @click.option("--hf", "hf", metavar="DIR|ORG/NAME", type=click.Path(file_okay=False), default=None,
+                  help="A Hugging Face causal LM: a save_pretrained folder, or a Hub model id read from the Hugging "
+                       "Face cache (HF_HUB_CACHE / HF_HOME), wrapped under the decoder contract; needs pip install "
+                       "'mhaexport[hf]'. Nothing is downloaded unless --allow-download.")
+    @click.option("--revision", metavar="REV", default=None, expose_value=False, callback=_remember,
+                  help="With --hf ORG/NAME: the branch, tag or commit (default: main).")
+    @click.option("--allow-download", is_flag=True, default=False, expose_value=False, callback=_remember,
+                  help="With --hf ORG/NAME: let huggingface_hub download what the cache lacks (not with "
+                       "HF_HUB_OFFLINE=1).")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
@@ -135,7 +148,10 @@ def _load_block(mask: str | None, config: str | None, checkpoint: str | None):
 def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str | None = None):
     from mhaexport.models.loading import load_model
 
-    loaded = load_model(config=config, model=model, checkpoint=checkpoint, hf=hf)
+    meta = click.get_current_context().meta
+    loaded = load_model(config=config, model=model, checkpoint=checkpoint, hf=hf,
+                        revision=meta.get("mhaexport.revision"),
+                        allow_download=meta.get("mhaexport.allow_download", False))
     for note in loaded.notes:
         click.secho(f"note: {note}", fg="yellow", err=True)
     return loaded
@@ -619,6 +635,20 @@ def _quality_settings(quality: dict | None, text_file: str | None):
     return QualitySettings(overrides=quality, text=_read_text(text_file), text_source=text_file)
 
 
+def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | None):
+    """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
+    its path must be writable folders); kept in ctx.meta for _run_verify."""
+    if value is not None:
+        import os
+
+        parent = Path(value).resolve().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise click.BadParameter(f"{value}: {parent} is not a writable folder", param_hint="--junit")
+    return _remember(ctx, param, value)
+
+
 def verify_options(f):
     """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
 
@@ -642,6 +672,9 @@ def verify_options(f):
     @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None,
                   help="Real text for a lossy artifact's quality figures (UTF-8 bytes; byte-level models). Default: "
                        "the held-out text of the shipped weights.")
+    @click.option("--junit", metavar="FILE.xml", type=click.Path(dir_okay=False), default=None, expose_value=False,
+                  callback=_remember_junit,
+                  help="Also write the verdict as JUnit XML (one test case per runtime x check) for CI test reports.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
@@ -662,10 +695,16 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                            runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
                            progress=None if quiet else _progress)
-    click.echo(report.to_markdown())
+    markdown = report.to_markdown()
+    click.echo(markdown)
     if out is not None:
         js, md = report.write(out, name)
         click.echo(f"wrote {js} and {md}", err=True)
+    junit = click.get_current_context().meta.get("mhaexport.junit")
+    if junit:
+        from mhaexport.verify.junit import write_junit
+
+        click.echo(f"wrote {write_junit(report, junit, markdown)}", err=True)
     v = report.verdict
     if v.code == 1:
         raise VerificationFailed(v.message)

@@ -8,8 +8,10 @@ contract's tuples (a ``DynamicCache`` is built from them inside forward) and com
 keep mhaexport's I/O names and every verify check applies unchanged.
 
 transformers is an optional extra (``pip install 'mhaexport[hf]'``), imported only here and only when ``--hf`` is
-used. Nothing is downloaded: ``local_files_only=True``, and no ``trust_remote_code`` (a folder that needs its own
-Python code is refused, as ``--model`` is the way to run user code).
+used. ``--hf org/name`` names a Hub model: :mod:`mhaexport.models.hub` finds its snapshot in the user's cache
+(downloading only when allowed); transformers then reads that folder like any other. transformers itself never
+downloads (``local_files_only=True``), and there is no ``trust_remote_code`` (a folder that needs its own Python
+code is refused, as ``--model`` is the way to run user code).
 """
 
 from __future__ import annotations
@@ -191,23 +193,39 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
                             max_positions=max_pos, n_kv_heads=n_kv, notes=notes, **ids)
 
 
-def load_hf(path: str | Path) -> LoadedModel:
-    """Load the Hugging Face causal LM in folder ``path`` under the decoder contract, as a checked LoadedModel:
-    spec ``hf:<folder name>``, origin ``{"kind": "hf", "path" (absolute; relative in the manifest), "model_type",
-    "architecture"}``, notes from loading (a capped context length, a sliding window). Raises ModelLoadError with
-    one line: transformers missing (with the install line), not a model folder, an architecture transformers cannot
-    load as a causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
-    module, origin = hf_adapter(path)
-    loaded = LoadedModel(module, contract_of(module), spec=f"hf:{Path(path).resolve().name}", origin=origin,
-                         notes=list(module.config.notes))
+def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False) -> LoadedModel:
+    """Load the Hugging Face causal LM in folder ``path`` — or, when ``path`` is a Hub id ``org/name``, its snapshot
+    at ``revision`` in the user's cache (:mod:`mhaexport.models.hub`; downloaded only with ``allow_download``) —
+    under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin
+    ``{"kind": "hf", "path" (absolute; relative in the manifest; for a Hub id the snapshot, never recorded),
+    "model_type", "architecture"}`` plus, for a Hub id, ``"repo_id", "revision", "commit"``; notes from loading (a
+    capped context length, a sliding window). Raises ModelLoadError with one line: transformers missing (with the
+    install line), not a model folder, a Hub id not in the cache, an architecture transformers cannot load as a
+    causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
+    from mhaexport.models import hub
+
+    source = None
+    if hub.is_repo_id(path):
+        source = hub.resolve(str(path), revision, allow_download=allow_download)
+    elif revision is not None:
+        raise ModelLoadError(f"--revision {revision} applies to a Hub model id (org/name); --hf {path} is a folder")
+    if source is None:
+        module, origin = hf_adapter(path)
+        spec = f"hf:{Path(path).resolve().name}"
+    else:
+        module, origin = hf_adapter(source.folder, shown=source.repo_id)
+        origin.update(source.record)
+        spec = source.spec
+    loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes))
     smoke_check(module, loaded.contract)
     return loaded
 
 
-def hf_adapter(path: str | Path) -> tuple[HFCausalLM, dict]:
+def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, dict]:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`) and the origin
-    to record; see :func:`load_hf`."""
+    to record; see :func:`load_hf`. ``shown``: how messages name the model (default: ``path``)."""
     folder = Path(path)
+    path = shown or path
     if not (folder / "config.json").is_file():
         what = "does not exist" if not folder.exists() else "has no config.json"
         raise ModelLoadError(f"--hf {path}: {what} (expected a Hugging Face save_pretrained folder)")

@@ -44,7 +44,8 @@ class LoadedModel:
     checkpoint_sha256: str | None = None
     # how to load it again: {"kind": "preset", "name"} | {"kind": "config"} | {"kind": "factory", "module" or
     # "file" (absolute here, made relative to the export folder in the manifest), "callable"} | {"kind": "hf",
-    # "path" (a Hugging Face folder; absolute here, relative in the manifest), "model_type", "architecture"};
+    # "path" (a Hugging Face folder; absolute here, relative in the manifest), "model_type", "architecture", and for a
+    # Hub id "repo_id", "revision", "commit" (then "path" is the cache's snapshot, never recorded)};
     # "checkpoint": path
     origin: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
@@ -71,6 +72,8 @@ class LoadedModel:
         paths = ModelRecord.SOURCE_PATHS
         source = {k: v for k, v in self.origin.items() if k not in paths}
         for key in paths:
+            if key == "path" and self.origin.get("repo_id"):
+                continue  # a Hub model is recorded by id, revision and commit; its snapshot path is this machine's
             if self.origin.get(key):
                 source[key] = rel(self.origin[key])
         return ModelRecord(spec=self.spec, contract=self.contract, fingerprint=self.fingerprint, source=source,
@@ -284,24 +287,29 @@ def _factory_origin(model: str) -> tuple[str, dict]:
 
 def load_model(config: str | DecoderConfig | None = None, model: str | None = None,
                checkpoint: str | Path | None = None, *, hf: str | Path | None = None,
-               random_weights: bool = False) -> LoadedModel:
+               random_weights: bool = False, revision: str | None = None,
+               allow_download: bool = False) -> LoadedModel:
     """Build the model a command works on. ``config``, ``model`` and ``hf`` are exclusive; none means the default
     preset.
 
     ``config``: a preset name, a JSON file or a DecoderConfig. The built-in presets load the package's shipped
     trained weights where they exist (unless ``random_weights``); ``checkpoint`` overrides both.
     ``hf``: a local Hugging Face causal LM folder (``save_pretrained`` layout), wrapped under the contract by
-    :mod:`mhaexport.models.hf`; it holds its own weights, so ``checkpoint`` does not apply.
+    :mod:`mhaexport.models.hf`; it holds its own weights, so ``checkpoint`` does not apply. ``hf`` may also be a Hub
+    model id ``org/name`` (at ``revision``), read from the user's Hugging Face cache, downloaded only with
+    ``allow_download`` (:mod:`mhaexport.models.hub`).
     """
     given = [f"--{n}" for n, v in (("config", config), ("model", model), ("hf", hf)) if v is not None]
     if len(given) > 1:
         raise ConfigError(f"give one of --config, --model, --hf, not {' and '.join(given)}")
+    if revision is not None and hf is None:
+        raise ConfigError("--revision applies to --hf ORG/NAME (a Hub model id)")
     if hf is not None and checkpoint is not None:
         raise ConfigError("--checkpoint loads weights into mhaexport's own models; an --hf folder holds its weights")
     if hf is not None:
         from mhaexport.models.hf import load_hf
 
-        return load_hf(hf)
+        return load_hf(hf, revision, allow_download=allow_download)
     if model is not None:
         factory = _import_factory(model)
         try:
@@ -363,6 +371,10 @@ def load_recorded(folder: ExportFolder) -> LoadedModel:
             loaded.spec = record.spec
         elif kind == "factory":
             loaded = load_model(model=f"{src['module']}:{src['callable']}", checkpoint=checkpoint)
+        elif kind == "hf" and src.get("repo_id"):
+            # the recorded commit, from the cache (offline): the same snapshot, wherever this machine's cache is
+            loaded = load_model(hf=src["repo_id"], revision=src.get("commit") or src.get("revision"))
+            loaded.spec = record.spec
         elif kind == "hf":
             path = (folder.path / src["path"]).resolve()
             if not path.is_dir():

@@ -295,6 +295,11 @@ class VerifyReport:
     def passed(self) -> bool:
         return bool(self.verdict)
 
+    def __bool__(self) -> bool:
+        """True only when the verdict passed (exit 0): a failed check and a runtime asked for that was skipped are
+        both False (the Python API returns the report: ``if not mhaexport.verify(folder): ...``)."""
+        return self.passed
+
     @property
     def subset(self) -> bool:
         """True when runtimes were named or checks left out: such a report does not replace the full report."""

