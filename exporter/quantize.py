@@ -45,9 +45,8 @@ from mhaexport.artifact import ArtifactEntry, ExportFolder, stage_artifact
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
+from mhaexport.graph import GraphIndex, name_scopes
 from mhaexport.runtime.genai import GENAI_CONFIG
-
-SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
 # The weight schemes and their bits per weight. (tests/test_quantize.py plants a too-coarse quantization by
 # pointing "int4" at 2 bits here: verify must fail it on quality, whatever the manifest calls it.)
@@ -122,16 +121,9 @@ class QuantizeRecord:
 
 # ---- reading the graph -----------------------------------------------------------------------------------------
 
-def _scopes(node: onnx.NodeProto) -> list[str]:
-    for p in node.metadata_props:
-        if p.key == SCOPES_KEY:
-            return [s.strip().strip("'\"") for s in p.value.strip("[]").split(",")]
-    return []
-
-
 def block_index(node: onnx.NodeProto) -> int | None:
     """The decoder block a node belongs to, from its module scopes: 'blocks.3' (or 'model.layers.3') -> 3."""
-    for scope in _scopes(node):
+    for scope in name_scopes(node):
         if m := re.search(r"(?:^|\.)(\d+)$", scope):
             return int(m.group(1))
     return None
@@ -139,17 +131,16 @@ def block_index(node: onnx.NodeProto) -> int | None:
 
 def lm_head_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
     """The MatMul that computes ``logits`` (walking back from the output through Add / Reshape / Cast / Identity)."""
-    producer = {o: n for n in model.graph.node for o in n.output}
+    g = GraphIndex(model.graph)
     name = next((o.name for o in model.graph.output if o.name == "logits"), None)
     seen = 0
-    while name in producer and seen < 8:
-        node = producer[name]
+    while name in g.producer and seen < 8:
+        node = g.producer[name]
         if node.op_type in ("MatMul", "MatMulNBits"):
             return node
         if node.op_type not in ("Add", "Reshape", "Cast", "Identity"):
             return None
-        inits = {i.name for i in model.graph.initializer}
-        name = next((i for i in node.input if i and i not in inits), None)
+        name = next((i for i in node.input if i and i not in g.initializers), None)
         seen += 1
     return None
 
