@@ -49,6 +49,7 @@ class LoadedModel:
     origin: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
     _weights_sha256: str | None = field(default=None, repr=False)
+    _n_params: int | None = field(default=None, repr=False)
 
     @property
     def weights_sha256(self) -> str:
@@ -56,6 +57,13 @@ class LoadedModel:
         if self._weights_sha256 is None:
             self._weights_sha256 = weights_sha256(self.module)
         return self._weights_sha256
+
+    @property
+    def n_params(self) -> int:
+        """How many parameters the module holds (embeddings included), counted once."""
+        if self._n_params is None:
+            self._n_params = sum(p.numel() for p in self.module.parameters())
+        return self._n_params
 
     @property
     def fingerprint(self) -> str:

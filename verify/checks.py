@@ -647,33 +647,3 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
                                                     f"margin {margin:.3g} is within tolerance")
     return CheckResult("generation", False, fig, f"greedy tokens diverge from {against} at step {div} "
                                                  f"(margin {margin:.3g}, logits max abs {logit_diff.max_abs:.3g})")
-
-
-def check_quality(runner: Runner, ctx: Context) -> CheckResult:
-    """A lossy artifact's top-1 agreement, KL, relative logit error, perplexity ratio and greedy agreement against
-    eager fp32, judged by its scheme's thresholds (verify/quality.py)."""
-    from mhaexport.verify.quality import check_quality as quality
-
-    return quality(runner, ctx)
-
-
-CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
-    "parity": check_parity,
-    "finite": check_finite,
-    "causality": check_causality,
-    "kv-consistency": check_kv_consistency,
-    "padding": check_padding,
-    "dynamic-shapes": check_dynamic_shapes,
-    "generation": check_generation,
-    QUALITY: check_quality,
-}
-
-
-def run_check(name: str, runner: Runner, ctx: Context) -> CheckResult:
-    """Run one check. The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the model's own
-    code raised; or inputs it refused) is that check's failure, with its first line. Any other exception is a bug
-    in mhaexport and propagates (the CLI exits 3 with the traceback)."""
-    try:
-        return CHECK_FUNCS[name](runner, ctx)
-    except MhaExportError as e:
-        return CheckResult(name, False, {}, first_line(e))
