@@ -1,6 +1,6 @@
 """Hugging Face causal LMs under the decoder contract: ``--hf DIR`` (a local ``save_pretrained`` folder).
 
-:func:`load_hf` loads ``AutoModelForCausalLM.from_pretrained(DIR, local_files_only=True)`` (eager attention,
+:func:`mhaexport.models.loading.load_hf` loads ``AutoModelForCausalLM.from_pretrained(DIR, local_files_only=True)`` (eager attention,
 float32, eval) and wraps it in :class:`HFCausalLM`, whose ``forward(input_ids, attention_mask, past_key_values)``
 is the contract's: positions come from the attention mask (``cumsum(mask) - 1``, so left padding, the past
 offset and onnxruntime-genai's right padding all give each row its own positions), the cache goes in as the
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from mhaexport.errors import ModelLoadError, first_line
-from mhaexport.models.loading import LoadedModel, contract_of, failing_module, smoke_check
+from mhaexport.models.tracebacks import failing_module
 
 INSTALL_LINE = "pip install 'mhaexport[hf]'"
 # A model that claims more positions than this gets max_positions capped here (with a note): the contract's
@@ -191,22 +191,9 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
                             max_positions=max_pos, n_kv_heads=n_kv, notes=notes, **ids)
 
 
-def load_hf(path: str | Path) -> LoadedModel:
-    """Load the Hugging Face causal LM in folder ``path`` under the decoder contract, as a checked LoadedModel:
-    spec ``hf:<folder name>``, origin ``{"kind": "hf", "path" (absolute; relative in the manifest), "model_type",
-    "architecture"}``, notes from loading (a capped context length, a sliding window). Raises ModelLoadError with
-    one line: transformers missing (with the install line), not a model folder, an architecture transformers cannot
-    load as a causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
-    module, origin = hf_adapter(path)
-    loaded = LoadedModel(module, contract_of(module), spec=f"hf:{Path(path).resolve().name}", origin=origin,
-                         notes=list(module.config.notes))
-    smoke_check(module, loaded.contract)
-    return loaded
-
-
 def hf_adapter(path: str | Path) -> tuple[HFCausalLM, dict]:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`) and the origin
-    to record; see :func:`load_hf`."""
+    to record; see :func:`mhaexport.models.loading.load_hf`."""
     folder = Path(path)
     if not (folder / "config.json").is_file():
         what = "does not exist" if not folder.exists() else "has no config.json"

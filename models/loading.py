@@ -1,5 +1,6 @@
 """Load the model a command works on: a built-in preset or JSON config, or a user factory
-``package.module:factory`` (or ``path/to/file.py:factory``), optionally with a checkpoint.
+``package.module:factory`` (or ``path/to/file.py:factory``), optionally with a checkpoint, or a local Hugging Face
+folder (``--hf``: :func:`load_hf` over the adapter of :mod:`mhaexport.models.hf`).
 
 A user factory is imported and run: ``--model`` executes user code, exactly as ``python -c "import ..."`` would.
 Checkpoints are read with ``torch.load(weights_only=True)``: tensors only, never arbitrary pickles.
@@ -13,9 +14,7 @@ import importlib.util
 import os
 import re
 import sys
-import traceback
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,28 +220,6 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> str:
     return sha256_file(path)
 
 
-def exception_chain(e: BaseException | None) -> Iterator[BaseException]:
-    """``e`` and its causes (or contexts), outermost first, each once."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
-def failing_module(e: BaseException) -> str | None:
-    """``LlamaMLP.forward (modeling_llama.py:165)``: the innermost ``nn.Module`` method in the tracebacks of ``e``
-    and its causes (the frame whose ``self`` is a module), or None when no module's code raised."""
-    found = None
-    for exc in exception_chain(e):
-        for frame, lineno in traceback.walk_tb(exc.__traceback__):
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, nn.Module):
-                found = (f"{type(owner).__name__}.{frame.f_code.co_name} "
-                         f"({Path(frame.f_code.co_filename).name}:{lineno})")
-    return found
-
-
 def smoke_check(module: nn.Module, contract: ModelContract) -> None:
     """Call the model once at (batch, seq, past) = (1, 2, 0) and check the contract's output structure."""
     from mhaexport.models.inputs import make_inputs
@@ -271,6 +248,21 @@ def smoke_check(module: nn.Module, contract: ModelContract) -> None:
             if tuple(t.shape) != kv_want:
                 raise ModelLoadError(f"present[{i}] shape {tuple(t.shape)} != expected {kv_want} "
                                      "[batch, n_kv_heads, past + seq, head_dim]")
+
+
+def load_hf(path: str | Path) -> LoadedModel:
+    """Load the Hugging Face causal LM in folder ``path`` under the decoder contract, as a checked LoadedModel:
+    spec ``hf:<folder name>``, origin ``{"kind": "hf", "path" (absolute; relative in the manifest), "model_type",
+    "architecture"}``, notes from loading (a capped context length, a sliding window). Raises ModelLoadError with
+    one line: transformers missing (with the install line), not a model folder, an architecture transformers cannot
+    load as a causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
+    from mhaexport.models.hf import hf_adapter
+
+    module, origin = hf_adapter(path)
+    loaded = LoadedModel(module, contract_of(module), spec=f"hf:{Path(path).resolve().name}", origin=origin,
+                         notes=list(module.config.notes))
+    smoke_check(module, loaded.contract)
+    return loaded
 
 
 def shipped_weights(config: DecoderConfig) -> Path | None:
@@ -307,8 +299,6 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     if hf is not None and checkpoint is not None:
         raise ConfigError("--checkpoint loads weights into mhaexport's own models; an --hf folder holds its weights")
     if hf is not None:
-        from mhaexport.models.hf import load_hf
-
         return load_hf(hf)
     if model is not None:
         factory = _import_factory(model)

@@ -280,7 +280,7 @@ def test_attention_steps_of_hf_models(hf_dir, tmp_path, arch, attn):
     a scale planted in the ONNX file is named at its step."""
     pytest.importorskip("transformers")
     from mhaexport.exporter.onnx import export_onnx
-    from mhaexport.models.hf import load_hf
+    from mhaexport.models.loading import load_hf
 
     loaded = load_hf(hf_dir(arch, tokenizer=False))
     export_onnx(loaded, tmp_path)
