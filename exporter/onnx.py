@@ -19,7 +19,8 @@ from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
 from mhaexport.errors import ExportError, first_line
-from mhaexport.exporter.common import ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish
+from mhaexport.exporter.common import (ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish,
+                                       module_bytes)
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
@@ -196,7 +197,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     threshold = external_data_threshold()  # a bad MHAEXPORT_EXTERNAL_DATA_BYTES is refused before any work
     started = time.perf_counter()
-    with stage_artifact(out_dir, "onnx") as staged, captured_warnings() as warns:
+    with stage_artifact(out_dir, "onnx", expected_bytes=module_bytes(loaded.module, torch_dtype)) as staged, \
+            captured_warnings() as warns:
         tmp = staged.dir
         try:
             with torch.no_grad():

@@ -383,9 +383,10 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
                         "onnx_sha256": entry.files[entry.file]["sha256"], "fingerprint": src.model.fingerprint,
                         "weights_read": source_read},
                 onnxruntime=tool_versions().get("onnxruntime"))
-    with stage_artifact(out, "onnx", purpose="quantize onnx") as staged:
+    size = sum(t.ByteSize() for t in model.graph.initializer)
+    with stage_artifact(out, "onnx", purpose="quantize onnx", expected_bytes=size) as staged:
         files = [ONNX_FILE]
-        if sum(t.ByteSize() for t in model.graph.initializer) > external_data_threshold():  # as the export decides
+        if size > external_data_threshold():  # as the export decides
             onnx.save_model(model, staged.dir / ONNX_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=DATA_FILE, size_threshold=1024)
             files.append(DATA_FILE)
@@ -394,7 +395,7 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
         say("checking that ONNX Runtime runs it ...")
         _smoke_run(staged.dir / ONNX_FILE, src.contract)
         if GENAI_CONFIG in entry.files:
-            shutil.copyfile(src.path / GENAI_CONFIG, staged.dir / GENAI_CONFIG)
+            shutil.copyfile(src.file("onnx", GENAI_CONFIG), staged.dir / GENAI_CONFIG)
             files.append(GENAI_CONFIG)
         details = dict(entry.details)
         details.update(opset=opset, quantization=done, external_data=DATA_FILE in files,

@@ -24,6 +24,19 @@ INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, report
 INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (click's "Aborted!" would exit 1: "a check failed")
 
 
+def disk_full(e: BaseException) -> OSError | None:
+    """The OSError "no space left on device" (or a quota exceeded) that ``e`` is or was raised from, else None."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 class Group(click.Group):
     """Turns the library's errors into the CLI's exit codes: VerificationFailed 1 (NotVerified 4), MhaExportError 2,
     Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check)."""
@@ -42,7 +55,11 @@ class Group(click.Group):
             ctx.exit(INTERRUPTED)
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
-        except Exception:
+        except Exception as e:
+            if (full := disk_full(e)) is not None:  # not a bug: the machine's disk; the folder is as it was
+                raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
+                               f" ({full.strerror}): free some space and run again; an export folder keeps "
+                               "what it held before") from None
             import traceback
 
             traceback.print_exc()

@@ -89,10 +89,11 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
     if GENAI_CONFIG not in ef.entry("onnx").files:
         raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
                             f"{ef.path}`")
-    cfg = read_json(ef.path / GENAI_CONFIG, "onnxruntime-genai config")["model"]
+    cfg = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
     ids, _mask, _lengths = pad_prompts(prompts, cfg["vocab_size"], cfg["context_length"], cfg["pad_token_id"],
                                        side="right")
     if max_length > cfg["context_length"]:
         raise RuntimeInputError(f"max_length={max_length} exceeds the model's context_length={cfg['context_length']}")
-    res = genai_generate(genai_model(ef.path), ids, max_length, eos_token_id=cfg["eos_token_id"])
+    # the snapshot: the files whose hashes were checked
+    res = genai_generate(genai_model(ef.root), ids, max_length, eos_token_id=cfg["eos_token_id"])
     return [list(p) + new for p, new in zip(prompts, res.tokens)]

@@ -534,17 +534,19 @@ def test_cli_lowerings_reuses_exports_and_rejects_unknown(tiny_export, ort_expor
 def test_bare_loop_and_genai_rows_generate_the_runtimes_tokens(tiny_export):
     """The bare session.run loop and onnxruntime-genai's loop decode the same greedy tokens as the runtime's loop:
     their timings compare like with like."""
+    from mhaexport.artifact import ExportFolder
     from mhaexport.bench.rows import BareRow, GenAIRow
     from mhaexport.runtime import GenerationConfig, Generator
 
     prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
     want = Generator(tiny_export, threads=1).generate(prompt, GenerationConfig(max_new_tokens=6)).tokens
     cfg = BenchConfig(**SMALL)
-    rows = [BareRow(RuntimeBench("ort-bare"), tiny_export, cfg)]
+    ef = ExportFolder.open(tiny_export, "onnx")
+    rows = [BareRow(RuntimeBench("ort-bare"), ef, cfg)]
     try:
         import onnxruntime_genai  # noqa: F401
 
-        rows.append(GenAIRow(RuntimeBench("ort-genai"), tiny_export, cfg))
+        rows.append(GenAIRow(RuntimeBench("ort-genai"), ef, cfg))
     except ImportError:
         pass
     for row in rows:
