@@ -461,4 +461,7 @@ def lint_path(path: str | Path | ExportFolder) -> LintReport:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+    if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
+        raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
+                            f"({path.stat().st_size} bytes)")
     return lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, layout=layout)
