@@ -297,7 +297,7 @@ def with_quantization(rb: RuntimeBench, ef: ExportFolder, batch: int) -> Runtime
         if not read:  # a file another tool quantized (adopted): counted from its graph now, as quantize counts
             import onnx
 
-            from mhaexport.exporter.quantize import weights_read
+            from mhaexport.graph import weights_read
 
             read = weights_read(onnx.load(str(ef.file("onnx")), load_external_data=False))
         rb.weight_bytes_per_token = int(read["fixed_bytes"] + batch * read["per_row_bytes"])

@@ -45,7 +45,7 @@ from mhaexport.artifact import ArtifactEntry, ExportFolder, stage_artifact
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
-from mhaexport.graph import GraphIndex, name_scopes
+from mhaexport.graph import GraphIndex, name_scopes, weights_read
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
@@ -193,38 +193,6 @@ def untie_lm_head(model: onnx.ModelProto) -> list[str]:
     rewritten = ir.serde.serialize_model(ir_model)
     model.CopyFrom(rewritten)
     return untied
-
-
-_BITS_OF = {onnx.TensorProto.FLOAT: 32, onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.BFLOAT16: 16,
-            onnx.TensorProto.DOUBLE: 64, onnx.TensorProto.INT64: 64, onnx.TensorProto.INT32: 32,
-            onnx.TensorProto.INT16: 16, onnx.TensorProto.UINT16: 16, onnx.TensorProto.INT8: 8,
-            onnx.TensorProto.UINT8: 8, onnx.TensorProto.BOOL: 8, onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}
-
-
-def _nbytes(t: onnx.TensorProto) -> int:
-    return (int(np.prod(t.dims, dtype=np.int64)) * _BITS_OF.get(t.data_type, 32) + 7) // 8
-
-
-def weights_read(model: onnx.ModelProto) -> dict[str, int]:
-    """Bytes of weights one decode step reads: ``fixed_bytes`` (every initializer read whole) and ``per_row_bytes``
-    (gathered tables, read one row per batch row): a step of batch B reads ``fixed + B * per_row``. Counted from the
-    graph (no weights loaded), so a quantized export counts its packed bytes, scales and zero points."""
-    gathered: dict[str, int] = {}  # initializer -> rows, for tensors only a Gather (or its scales) reads
-    other: set[str] = set()
-    for n in model.graph.node:
-        for k, name in enumerate(n.input):
-            if n.op_type in ("Gather", "GatherBlockQuantized") and k in (0, 2, 3):
-                gathered.setdefault(name, 0)
-            else:
-                other.add(name)
-    fixed = per_row = 0
-    for t in model.graph.initializer:
-        size = _nbytes(t)
-        if t.name in gathered and t.name not in other and t.dims:
-            per_row += size // max(int(t.dims[0]), 1)
-        elif t.name in gathered or t.name in other:
-            fixed += size
-    return {"fixed_bytes": int(fixed), "per_row_bytes": int(per_row)}
 
 
 def _op_key(n: onnx.NodeProto) -> str:

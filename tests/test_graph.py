@@ -52,3 +52,11 @@ def test_graph_index_producers_consumers_initializers():
 def test_the_built_in_mask_fill_counts_as_a_mask_fill(dtype):
     """The threshold the lowering rules, lint and bisect share must take the built-in attention's own fill."""
     assert masked_fill_value(dtype) <= MASK_FILL_AT_MOST < -100.0
+
+
+def test_the_element_bit_table_matches_onnx():
+    from mhaexport.graph import _BITS_OF
+
+    T = onnx.TensorProto
+    assert _BITS_OF == {T.FLOAT: 32, T.FLOAT16: 16, T.BFLOAT16: 16, T.DOUBLE: 64, T.INT64: 64, T.INT32: 32,
+                        T.INT16: 16, T.UINT16: 16, T.INT8: 8, T.UINT8: 8, T.BOOL: 8, T.INT4: 4, T.UINT4: 4}
