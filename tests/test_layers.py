@@ -143,14 +143,29 @@ def _imported(node: ast.AST, module: str, is_package: bool, known: set[str]) -> 
     return out
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (never run: annotations only)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (getattr(node.test, "id", None) == "TYPE_CHECKING"
+                                         or getattr(node.test, "attr", None) == "TYPE_CHECKING"):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
 def file_graph(files: Iterable[tuple[str, Path]]) -> dict[str, dict[str, int]]:
     """{module: {module it imports: the first line}} over ``files`` ((module name, path) pairs): every import
-    statement anywhere in a file (top level, inside functions, under TYPE_CHECKING) counts."""
+    statement that can run counts, at the top level or inside a function; one under ``if TYPE_CHECKING:`` names
+    types for annotations only and never runs, so it does not."""
     files = list(files)
     known = {m for m, _ in files}
     graph: dict[str, dict[str, int]] = {m: {} for m in known}
     for module, path in files:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
             for target in _imported(node, module, path.name == "__init__.py", known):
                 if target != module:
                     graph[module].setdefault(target, node.lineno)
@@ -230,16 +245,19 @@ def test_an_injected_edge_back_down_the_layers_is_a_cycle():
 
 def test_a_planted_file_cycle_hidden_in_a_function_is_found(tmp_path):
     """Two modules of a package that import each other, one lazily (inside a function, by a relative import); a
-    third imports one of them one way only."""
+    third imports one of them one way only; a fourth imports the third and, for annotations only, the first."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from pkg.b import helper\n\nVALUE = 1\n")
     (pkg / "b.py").write_text("def helper():\n    from . import a\n\n    return a.VALUE\n")
     (pkg / "c.py").write_text("import pkg.a\nfrom pkg import b\n")
-    files = [("pkg", pkg / "__init__.py")] + [(f"pkg.{p.stem}", p) for p in sorted(pkg.glob("[abc].py"))]
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\n\nimport pkg.c\n\nif TYPE_CHECKING:\n"
+                              "    from pkg.a import VALUE\n")  # annotations only: no edge back to a
+    files = [("pkg", pkg / "__init__.py")] + [(f"pkg.{p.stem}", p) for p in sorted(pkg.glob("[abcd].py"))]
     graph = file_graph(files)
     assert graph["pkg.b"] == {"pkg.a": 2} and graph["pkg.c"] == {"pkg.a": 1, "pkg.b": 2}
+    assert graph["pkg.d"] == {"pkg.c": 3}
     assert import_cycles(graph) == [["pkg.a", "pkg.b"]]
     (pkg / "b.py").write_text("def helper():\n    return 1\n")  # the lazy import gone: no cycle
     assert import_cycles(file_graph(files)) == []

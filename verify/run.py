@@ -1,48 +1,27 @@
-"""Run the checks: each one by name on one runner (a runtime failing inside a check is that check's failure), and
-every check on every runner of a verify run.
-
-The decoder's checks live in :mod:`mhaexport.verify.checks`, the lossy artifact's quality check in
-:mod:`mhaexport.verify.quality`; both import only downwards, and this file joins them (verify and verify --module
-drive :func:`run_all`).
+"""Run every check on every runner of a verify run: activate each, skip what cannot run, hold each runtime to its
+own dtype's tolerance (a lossy one to its requantization step), collect the results. The decoder's verify and the
+attention block's (verify/module.py) both drive :func:`run_all`; one check is run by
+:func:`mhaexport.verify.checks.run_check`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from mhaexport.errors import MhaExportError, ProviderUnavailable, first_line
-from mhaexport.verify.checks import (QUALITY, CheckResult, Context, Tolerance, check_causality, check_dynamic_shapes,
-                                     check_finite, check_generation, check_kv_consistency, check_padding,
-                                     check_parity)
-from mhaexport.verify.quality import check_quality, self_tolerance
+from mhaexport.errors import MhaExportError, ProviderUnavailable
+from mhaexport.verify.checks import run_check
+from mhaexport.verify.compare import Tolerance
+from mhaexport.verify.quality import self_tolerance
 from mhaexport.verify.report import RuntimeInfo
+from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.runners import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT, Runner
 
+if TYPE_CHECKING:
+    from mhaexport.artifact.details import Quantization
+
 Progress = Callable[[str], None]
-
-
-CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
-    "parity": check_parity,
-    "finite": check_finite,
-    "causality": check_causality,
-    "kv-consistency": check_kv_consistency,
-    "padding": check_padding,
-    "dynamic-shapes": check_dynamic_shapes,
-    "generation": check_generation,
-    QUALITY: check_quality,  # verify/quality.py
-}
-
-
-def run_check(name: str, runner: Runner, ctx: Context) -> CheckResult:
-    """Run one check. The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the model's own
-    code raised; or inputs it refused) is that check's failure, with its first line. Any other exception is a bug
-    in mhaexport and propagates (the CLI exits 3 with the traceback)."""
-    try:
-        return CHECK_FUNCS[name](runner, ctx)
-    except MhaExportError as e:
-        return CheckResult(name, False, {}, first_line(e))
 
 
 def _artifact_of(runner: Runner) -> str | None:
@@ -51,14 +30,14 @@ def _artifact_of(runner: Runner) -> str | None:
     return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
 
 
-def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
-            run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False,
-            lossy: dict[str, dict] | None = None):
-    """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
-    own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
-    is one failure with one message (its checks not run). ``skip_first``: runners[0] (eager, already run) only
-    stays active for the checks' references. A runner whose artifact is in ``lossy`` gets the quality check's
-    context (``Context.lossy``)."""
+def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
+            funcs: dict[str, Callable] | None = None, skip_first: bool = False,
+            lossy: dict[str, Quantization] | None = None):
+    """Activate each runner and run every check on it (``funcs``: the checks by name, the decoder's by default, the
+    attention block's with its context: :func:`~mhaexport.verify.checks.run_check`). A runtime that cannot run here
+    is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
+    not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
+    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners[1:] if skip_first else runners:
@@ -88,7 +67,7 @@ def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: P
             info.self_tolerance = tol.describe()
         runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
         for ch in checks:
-            results[runner.name][ch] = run(ch, runner, runner_ctx)
+            results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values()]
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]
