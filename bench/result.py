@@ -91,9 +91,3 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, **asdict(self)}
-
-    def summary(self) -> str:
-        """The tables, the bandwidth floor and the targets, as plain text for the terminal."""
-        from mhaexport.bench.render import markdown_body
-
-        return markdown_body(self)

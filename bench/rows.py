@@ -256,31 +256,13 @@ class GenAIRow(Row):
         ef = self.ef
         if "genai_config.json" not in ef.entry("onnx").files:
             return skipped(self.record.name, ef.contract, f"{ef.path} has no genai_config.json")
-        self.og, self.model = og, genai_model(ef.root, self.threads)  # --threads, as every other row
+        self.model = genai_model(ef.root, self.threads)  # --threads, as every other row
         return _own_loop(self.record.name, ef.contract, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()])
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
-        og, clock = self.og, self.clock
-        B, P = prompt.shape
-        params = og.GeneratorParams(self.model)
-        params.set_search_options(max_length=P + n, do_sample=False, batch_size=B)
-        gen = og.Generator(self.model, params)
-        res = GenerationResult([[] for _ in range(B)], "max_new_tokens", "", [P] * B)
-        t0 = clock()
-        gen.append_tokens(prompt.astype(np.int32))
-        res.prefill_s = clock() - t0
-        gen.generate_next_token()
-        res.first_token_s = clock() - t0
-        i = 1
-        while not gen.is_done() and i < n:
-            t = clock()
-            gen.generate_next_token()
-            res.step_s.append(clock() - t)
-            res.step_positions.append(P + i - 1)
-            i += 1
-        for b in range(B):
-            res.tokens[b] = [int(x) for x in gen.get_sequence(b)][P:]
-        return res
+        from mhaexport.runtime.genai import genai_generate
+
+        return genai_generate(self.model, prompt, prompt.shape[1] + n, clock=self.clock)
 
 
 # ---- planning the rows -----------------------------------------------------------------------------------------

@@ -6,11 +6,10 @@ targets. Returns a :class:`~mhaexport.bench.result.BenchResult`; writing it out 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.verify.runners import ORT_CPU
+from mhaexport.verify.threads import torch_threads
 
 Progress = Callable[[str], None]
 
@@ -42,22 +42,8 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
     runtime and ConfigError for an unknown --opt-levels level, before anything runs. torch's thread count is
     ``cfg.threads`` during the run and restored afterwards."""
     names = check_config(cfg)
-    with _torch_threads(cfg.threads):
+    with torch_threads(cfg.threads):
         return _run_bench(Path(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe)
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """verify's torch_threads (torch's intra-op threads set to n, restored afterwards); a no-op without torch."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        yield
-        return
-    from mhaexport.verify.verify import torch_threads
-
-    with torch_threads(n):
-        yield
 
 
 def _load_eager(ef: ExportFolder) -> tuple[EagerModel | None, str | None]:

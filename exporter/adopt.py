@@ -21,7 +21,7 @@ from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError
 from mhaexport.exporter.common import ExportRecord, finish
-from mhaexport.exporter.quantize import weights_read
+from mhaexport.graph import weights_read
 from mhaexport.models.loading import LoadedModel
 from mhaexport.runtime.foreign import GENAI_CONFIG, Layout, detect_layout
 from mhaexport.runtime.tokenizer import tokenizer_files

@@ -17,7 +17,7 @@ import traceback
 import torch
 
 from mhaexport.errors import first_line
-from mhaexport.models.loading import exception_chain, failing_module
+from mhaexport.models.tracebacks import exception_chain, failing_module
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

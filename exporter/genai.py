@@ -22,7 +22,8 @@ Facts this module relies on (onnxruntime-genai 0.18, checked by tests/test_genai
   onnxruntime-genai then binds the same buffer as past and present and sizes it by ``max_length``).
 - batches are **right-padded** with ``pad_token_id`` and the attention mask is derived from it: a prompt token
   equal to ``pad_token_id`` is treated as padding. Our decoder takes positions from ``cumsum(mask) - 1``, so right
-  padding gives the same logits at real tokens as left padding does (see :func:`right_pad`).
+  padding gives the same logits at real tokens as left padding does (see :func:`mhaexport.runtime.decode.pad_prompts`
+  with ``side="right"``).
 
 Torch-free.
 """

@@ -46,10 +46,9 @@ from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
+from mhaexport.graph import GraphIndex, name_scopes, weights_read
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
-
-SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
 # The weight schemes and their bits per weight. (tests/test_quantize.py plants a too-coarse quantization by
 # pointing "int4" at 2 bits here: verify must fail it on quality, whatever the manifest calls it.)
@@ -137,16 +136,9 @@ class QuantizeRecord:
 
 # ---- reading the graph -----------------------------------------------------------------------------------------
 
-def _scopes(node: onnx.NodeProto) -> list[str]:
-    for p in node.metadata_props:
-        if p.key == SCOPES_KEY:
-            return [s.strip().strip("'\"") for s in p.value.strip("[]").split(",")]
-    return []
-
-
 def block_index(node: onnx.NodeProto) -> int | None:
     """The decoder block a node belongs to, from its module scopes: 'blocks.3' (or 'model.layers.3') -> 3."""
-    for scope in _scopes(node):
+    for scope in name_scopes(node):
         if m := re.search(r"(?:^|\.)(\d+)$", scope):
             return int(m.group(1))
     return None
@@ -154,17 +146,16 @@ def block_index(node: onnx.NodeProto) -> int | None:
 
 def lm_head_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
     """The MatMul that computes ``logits`` (walking back from the output through Add / Reshape / Cast / Identity)."""
-    producer = {o: n for n in model.graph.node for o in n.output}
+    g = GraphIndex(model.graph)
     name = next((o.name for o in model.graph.output if o.name == "logits"), None)
     seen = 0
-    while name in producer and seen < 8:
-        node = producer[name]
+    while name in g.producer and seen < 8:
+        node = g.producer[name]
         if node.op_type in ("MatMul", "MatMulNBits"):
             return node
         if node.op_type not in ("Add", "Reshape", "Cast", "Identity"):
             return None
-        inits = {i.name for i in model.graph.initializer}
-        name = next((i for i in node.input if i and i not in inits), None)
+        name = next((i for i in node.input if i and i not in g.initializers), None)
         seen += 1
     return None
 
@@ -203,38 +194,6 @@ def untie_lm_head(model: onnx.ModelProto) -> list[str]:
     rewritten = ir.serde.serialize_model(ir_model)
     model.CopyFrom(rewritten)
     return untied
-
-
-_BITS_OF = {onnx.TensorProto.FLOAT: 32, onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.BFLOAT16: 16,
-            onnx.TensorProto.DOUBLE: 64, onnx.TensorProto.INT64: 64, onnx.TensorProto.INT32: 32,
-            onnx.TensorProto.INT16: 16, onnx.TensorProto.UINT16: 16, onnx.TensorProto.INT8: 8,
-            onnx.TensorProto.UINT8: 8, onnx.TensorProto.BOOL: 8, onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}
-
-
-def _nbytes(t: onnx.TensorProto) -> int:
-    return (int(np.prod(t.dims, dtype=np.int64)) * _BITS_OF.get(t.data_type, 32) + 7) // 8
-
-
-def weights_read(model: onnx.ModelProto) -> dict[str, int]:
-    """Bytes of weights one decode step reads: ``fixed_bytes`` (every initializer read whole) and ``per_row_bytes``
-    (gathered tables, read one row per batch row): a step of batch B reads ``fixed + B * per_row``. Counted from the
-    graph (no weights loaded), so a quantized export counts its packed bytes, scales and zero points."""
-    gathered: dict[str, int] = {}  # initializer -> rows, for tensors only a Gather (or its scales) reads
-    other: set[str] = set()
-    for n in model.graph.node:
-        for k, name in enumerate(n.input):
-            if n.op_type in ("Gather", "GatherBlockQuantized") and k in (0, 2, 3):
-                gathered.setdefault(name, 0)
-            else:
-                other.add(name)
-    fixed = per_row = 0
-    for t in model.graph.initializer:
-        size = _nbytes(t)
-        if t.name in gathered and t.name not in other and t.dims:
-            per_row += size // max(int(t.dims[0]), 1)
-        elif t.name in gathered or t.name in other:
-            fixed += size
-    return {"fixed_bytes": int(fixed), "per_row_bytes": int(per_row)}
 
 
 def _op_key(n: onnx.NodeProto) -> str:

@@ -576,7 +576,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     result = bench.run_bench(folder, cfg, progress=say)
     written = bench.write_bench(result, output or folder)
-    click.echo(result.summary())
+    click.echo(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
 
 

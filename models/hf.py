@@ -1,6 +1,6 @@
 """Hugging Face causal LMs under the decoder contract: ``--hf DIR`` (a local ``save_pretrained`` folder).
 
-:func:`load_hf` loads ``AutoModelForCausalLM.from_pretrained(DIR, local_files_only=True)`` (eager attention,
+:func:`mhaexport.models.loading.load_hf` loads ``AutoModelForCausalLM.from_pretrained(DIR, local_files_only=True)`` (eager attention,
 float32, eval) and wraps it in :class:`HFCausalLM`, whose ``forward(input_ids, attention_mask, past_key_values)``
 is the contract's: positions come from the attention mask (``cumsum(mask) - 1``, so left padding, the past
 offset and onnxruntime-genai's right padding all give each row its own positions), the cache goes in as the
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from mhaexport.errors import ModelLoadError, first_line
-from mhaexport.models.loading import LoadedModel, contract_of, failing_module, smoke_check
+from mhaexport.models.tracebacks import failing_module
 
 INSTALL_LINE = "pip install 'mhaexport[hf]'"
 # A model that claims more positions than this gets max_positions capped here (with a note): the contract's
@@ -193,37 +193,10 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
                             max_positions=max_pos, n_kv_heads=n_kv, notes=notes, **ids)
 
 
-def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False) -> LoadedModel:
-    """Load the Hugging Face causal LM in folder ``path`` — or, when ``path`` is a Hub id ``org/name``, its snapshot
-    at ``revision`` in the user's cache (:mod:`mhaexport.models.hub`; downloaded only with ``allow_download``) —
-    under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin
-    ``{"kind": "hf", "path" (absolute; relative in the manifest; for a Hub id the snapshot, never recorded),
-    "model_type", "architecture"}`` plus, for a Hub id, ``"repo_id", "revision", "commit"``; notes from loading (a
-    capped context length, a sliding window). Raises ModelLoadError with one line: transformers missing (with the
-    install line), not a model folder, a Hub id not in the cache, an architecture transformers cannot load as a
-    causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
-    from mhaexport.models import hub
-
-    source = None
-    if hub.is_repo_id(path):
-        source = hub.resolve(str(path), revision, allow_download=allow_download)
-    elif revision is not None:
-        raise ModelLoadError(f"--revision {revision} applies to a Hub model id (org/name); --hf {path} is a folder")
-    if source is None:
-        module, origin = hf_adapter(path)
-        spec = f"hf:{Path(path).resolve().name}"
-    else:
-        module, origin = hf_adapter(source.folder, shown=source.repo_id)
-        origin.update(source.record)
-        spec = source.spec
-    loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes))
-    smoke_check(module, loaded.contract)
-    return loaded
-
-
 def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, dict]:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`) and the origin
-    to record; see :func:`load_hf`. ``shown``: how messages name the model (default: ``path``)."""
+    to record; see :func:`mhaexport.models.loading.load_hf`. ``shown``: how messages name the model (default:
+    ``path``)."""
     folder = Path(path)
     path = shown or path
     if not (folder / "config.json").is_file():

@@ -1,5 +1,6 @@
 """Load the model a command works on: a built-in preset or JSON config, or a user factory
-``package.module:factory`` (or ``path/to/file.py:factory``), optionally with a checkpoint.
+``package.module:factory`` (or ``path/to/file.py:factory``), optionally with a checkpoint, or a local Hugging Face
+folder (``--hf``: :func:`load_hf` over the adapter of :mod:`mhaexport.models.hf`).
 
 A user factory is imported and run: ``--model`` executes user code, exactly as ``python -c "import ..."`` would.
 Checkpoints are read with ``torch.load(weights_only=True)``: tensors only, never arbitrary pickles.
@@ -13,9 +14,7 @@ import importlib.util
 import os
 import re
 import sys
-import traceback
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +49,7 @@ class LoadedModel:
     origin: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
     _weights_sha256: str | None = field(default=None, repr=False)
+    _n_params: int | None = field(default=None, repr=False)
 
     @property
     def weights_sha256(self) -> str:
@@ -57,6 +57,13 @@ class LoadedModel:
         if self._weights_sha256 is None:
             self._weights_sha256 = weights_sha256(self.module)
         return self._weights_sha256
+
+    @property
+    def n_params(self) -> int:
+        """How many parameters the module holds (embeddings included), counted once."""
+        if self._n_params is None:
+            self._n_params = sum(p.numel() for p in self.module.parameters())
+        return self._n_params
 
     @property
     def fingerprint(self) -> str:
@@ -216,28 +223,6 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> str:
     return sha256_file(path)
 
 
-def exception_chain(e: BaseException | None) -> Iterator[BaseException]:
-    """``e`` and its causes (or contexts), outermost first, each once."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
-def failing_module(e: BaseException) -> str | None:
-    """``LlamaMLP.forward (modeling_llama.py:165)``: the innermost ``nn.Module`` method in the tracebacks of ``e``
-    and its causes (the frame whose ``self`` is a module), or None when no module's code raised."""
-    found = None
-    for exc in exception_chain(e):
-        for frame, lineno in traceback.walk_tb(exc.__traceback__):
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, nn.Module):
-                found = (f"{type(owner).__name__}.{frame.f_code.co_name} "
-                         f"({Path(frame.f_code.co_filename).name}:{lineno})")
-    return found
-
-
 def smoke_check(module: nn.Module, contract: ModelContract) -> None:
     """Call the model once at (batch, seq, past) = (1, 2, 0) and check the contract's output structure."""
     from mhaexport.models.inputs import make_inputs
@@ -266,6 +251,35 @@ def smoke_check(module: nn.Module, contract: ModelContract) -> None:
             if tuple(t.shape) != kv_want:
                 raise ModelLoadError(f"present[{i}] shape {tuple(t.shape)} != expected {kv_want} "
                                      "[batch, n_kv_heads, past + seq, head_dim]")
+
+
+def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False) -> LoadedModel:
+    """Load the Hugging Face causal LM in folder ``path`` — or, when ``path`` is a Hub id ``org/name``, its snapshot
+    at ``revision`` in the user's cache (:mod:`mhaexport.models.hub`; downloaded only with ``allow_download``) —
+    under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin
+    ``{"kind": "hf", "path" (absolute; relative in the manifest; for a Hub id the snapshot, never recorded),
+    "model_type", "architecture"}`` plus, for a Hub id, ``"repo_id", "revision", "commit"``; notes from loading (a
+    capped context length, a sliding window). Raises ModelLoadError with one line: transformers missing (with the
+    install line), not a model folder, a Hub id not in the cache, an architecture transformers cannot load as a
+    causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
+    from mhaexport.models import hub
+    from mhaexport.models.hf import hf_adapter
+
+    source = None
+    if hub.is_repo_id(path):
+        source = hub.resolve(str(path), revision, allow_download=allow_download)
+    elif revision is not None:
+        raise ModelLoadError(f"--revision {revision} applies to a Hub model id (org/name); --hf {path} is a folder")
+    if source is None:
+        module, origin = hf_adapter(path)
+        spec = f"hf:{Path(path).resolve().name}"
+    else:
+        module, origin = hf_adapter(source.folder, shown=source.repo_id)
+        origin.update(source.record)
+        spec = source.spec
+    loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes))
+    smoke_check(module, loaded.contract)
+    return loaded
 
 
 def shipped_weights(config: DecoderConfig) -> Path | None:
@@ -307,8 +321,6 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     if hf is not None and checkpoint is not None:
         raise ConfigError("--checkpoint loads weights into mhaexport's own models; an --hf folder holds its weights")
     if hf is not None:
-        from mhaexport.models.hf import load_hf
-
         return load_hf(hf, revision, allow_download=allow_download)
     if model is not None:
         factory = _import_factory(model)

@@ -8,7 +8,7 @@ decode loop. Imports numpy and onnxruntime only, never torch (tests/test_runtime
 """
 
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,
-                                      GenerationConfig, GenerationResult, left_pad)
+                                      GenerationConfig, GenerationResult, left_pad, pad_prompts)
 from mhaexport.runtime.generator import Generator
 from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import Runner, skipped
@@ -17,4 +17,5 @@ from mhaexport.runtime.session import SessionConfig, create_session, provider_un
 
 __all__ = ["DecodeLoop", "DecodeState", "GenerationConfig", "GenerationResult", "Generator", "OrtRunner", "Runner",
            "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig", "SessionConfig", "create_session",
-           "filtered_probs", "left_pad", "next_tokens", "provider_unavailable", "resolve_providers", "skipped"]
+           "filtered_probs", "left_pad", "next_tokens", "pad_prompts", "provider_unavailable", "resolve_providers",
+           "skipped"]

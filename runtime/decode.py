@@ -80,10 +80,12 @@ class GenerationResult:
                 "providers": self.providers, "prefill_s": self.prefill_s, "first_token_s": self.first_token_s}
 
 
-def left_pad(prompts: Sequence[Sequence[int]] | np.ndarray, vocab_size: int, max_positions: int,
-             pad_token_id: int = 0, side: str = "left") -> tuple[np.ndarray, np.ndarray, list[int]]:
+def pad_prompts(prompts: Sequence[Sequence[int]] | np.ndarray, vocab_size: int, max_positions: int,
+                pad_token_id: int = 0, side: str = "left") -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Pad a batch of prompts on the left (the contract's layout) or, ``side="right"``, on the right (a shared
-    cache's and onnxruntime-genai's): (B, L) ids, (B, L) mask (0 on padding), and each prompt's length."""
+    cache's and onnxruntime-genai's): (B, L) ids, (B, L) mask (0 on padding), and each prompt's length.
+    RuntimeInputError for an empty batch, an empty prompt, a token outside [0, vocab_size) or a prompt longer than
+    ``max_positions``."""
     rows = [list(map(int, np.asarray(p).reshape(-1))) for p in prompts]
     if not rows:
         raise RuntimeInputError("empty batch: give at least one prompt")
@@ -104,6 +106,9 @@ def left_pad(prompts: Sequence[Sequence[int]] | np.ndarray, vocab_size: int, max
         ids[b, at] = r
         mask[b, at] = 1
     return ids, mask, lengths
+
+
+left_pad = pad_prompts  # the name of mhaexport 0.1, when it padded on the left only
 
 
 class DecodeLoop:
@@ -179,8 +184,8 @@ class DecodeLoop:
         if config.max_new_tokens < 1:
             raise RuntimeInputError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
         c = self.contract
-        ids, mask, lengths = left_pad(prompts, c.vocab_size, c.max_positions, config.pad_token_id,
-                                      side=getattr(self.runner, "padding", "left"))
+        ids, mask, lengths = pad_prompts(prompts, c.vocab_size, c.max_positions, config.pad_token_id,
+                                         side=getattr(self.runner, "padding", "left"))
         rng = np.random.default_rng(config.sampling.seed)
         result = GenerationResult([[] for _ in lengths], STOP_MAX_NEW, "", lengths,
                                   providers=list(self.runner.providers))

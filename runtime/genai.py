@@ -1,4 +1,5 @@
-"""Run an export folder through onnxruntime-genai's own generator loop (the comparison verify and the tests use).
+"""Run an export folder through onnxruntime-genai's own generator loop (the comparison bench, verify and the tests
+use; :func:`genai_generate` is the one place that drives it).
 Torch-free. ``genai_config.json`` itself is written at export time (:mod:`mhaexport.exporter.genai`).
 
 onnxruntime-genai batches **right-padded** with ``pad_token_id`` and derives the attention mask from it; a prompt
@@ -8,34 +9,21 @@ token equal to ``pad_token_id`` is treated as padding.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from mhaexport.artifact import ExportFolder, read_json
 from mhaexport.errors import ArtifactError, MhaExportError, RuntimeInputError
+from mhaexport.runtime.decode import STOP_EOS, STOP_MAX_NEW, GenerationResult, pad_prompts
 
 GENAI_CONFIG = "genai_config.json"
 
 
 class GenAIUnavailable(MhaExportError):
     """onnxruntime_genai cannot be imported."""
-
-
-def right_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad prompts the way onnxruntime-genai does: int64 ids (B, T) and attention mask (B, T), 1 = real."""
-    if len(prompts) == 0:
-        raise RuntimeInputError("a batch of zero prompts: give at least one prompt")
-    if any(len(p) == 0 for p in prompts):
-        raise RuntimeInputError("an empty prompt: every prompt needs at least one token")
-    T = max(len(p) for p in prompts)
-    ids = np.full((len(prompts), T), pad_id, dtype=np.int64)  # (B, T)
-    mask = np.zeros((len(prompts), T), dtype=np.int64)  # (B, T)
-    for b, p in enumerate(prompts):
-        ids[b, :len(p)] = p
-        mask[b, :len(p)] = 1
-    return ids, mask
 
 
 def import_og():
@@ -60,6 +48,40 @@ def genai_model(folder: str | Path, threads: int | None = None):
     return og.Model(config)
 
 
+def genai_generate(model, ids: np.ndarray, max_length: int, *, eos_token_id: int | None = None,
+                   clock: Callable[[], float] = time.perf_counter) -> GenerationResult:
+    """onnxruntime-genai's own greedy loop over ``model`` (:func:`genai_model`): ``ids`` (B, P) prompts (right-padded
+    with the config's pad_token_id where they differ in length), generated until every row is done (its eos) or
+    ``max_length`` tokens in all. ``append_tokens`` is the prefill, each ``generate_next_token`` a decode step, timed
+    with ``clock`` as the decode loop times its steps (bench's onnxruntime-genai row). ``tokens``: each row's tokens
+    after the P prompt columns; with ``eos_token_id``, cut after it (a finished row is filled with pad tokens)."""
+    og = import_og()
+    B, P = ids.shape
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, do_sample=False, batch_size=B)
+    gen = og.Generator(model, params)
+    res = GenerationResult([[] for _ in range(B)], STOP_MAX_NEW, "", [P] * B)
+    t0 = clock()
+    gen.append_tokens(ids.astype(np.int32))
+    res.prefill_s = clock() - t0
+    if not gen.is_done():
+        gen.generate_next_token()
+        res.first_token_s = clock() - t0
+    while not gen.is_done():
+        t = clock()
+        gen.generate_next_token()
+        res.step_s.append(clock() - t)
+        res.step_positions.append(P + len(res.step_s) - 1)
+    for b in range(B):
+        new = [int(t) for t in gen.get_sequence(b)][P:]
+        if eos_token_id is not None and eos_token_id in new:
+            new = new[:new.index(eos_token_id) + 1]
+        res.tokens[b] = new
+    if eos_token_id is not None and all(eos_token_id in row for row in res.tokens):
+        res.stop_reason = STOP_EOS
+    return res
+
+
 def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_length: int) -> list[list[int]]:
     """Greedy generation through onnxruntime-genai: each prompt plus new tokens, up to ``max_length`` tokens in all
     (or eos). Prompts of different lengths are batched right-padded; pad tokens are removed from the result."""
@@ -68,23 +90,10 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
         raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
                             f"{ef.path}`")
     cfg = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
-    ids, _mask = right_pad(prompts, cfg["pad_token_id"])
-    if ids.max() >= cfg["vocab_size"] or ids.min() < 0:
-        raise RuntimeInputError(f"prompt ids must lie in [0, {cfg['vocab_size']})")
+    ids, _mask, _lengths = pad_prompts(prompts, cfg["vocab_size"], cfg["context_length"], cfg["pad_token_id"],
+                                       side="right")
     if max_length > cfg["context_length"]:
         raise RuntimeInputError(f"max_length={max_length} exceeds the model's context_length={cfg['context_length']}")
-    og = import_og()
-    model = og.Model(str(ef.root))  # the snapshot: the files whose hashes were checked
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=max_length, do_sample=False, batch_size=len(prompts))
-    gen = og.Generator(model, params)
-    gen.append_tokens(ids.astype(np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    out = []
-    for b, p in enumerate(prompts):
-        new = [int(t) for t in gen.get_sequence(b)][ids.shape[1]:]
-        if cfg["eos_token_id"] in new:  # a finished row is filled up with pad tokens after its eos
-            new = new[:new.index(cfg["eos_token_id"]) + 1]
-        out.append(list(p) + new)
-    return out
+    # the snapshot: the files whose hashes were checked
+    res = genai_generate(genai_model(ef.root), ids, max_length, eos_token_id=cfg["eos_token_id"])
+    return [list(p) + new for p, new in zip(prompts, res.tokens)]

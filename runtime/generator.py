@@ -16,7 +16,7 @@ from mhaexport import dtypes
 from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ArtifactError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
-                                      GenerationConfig, GenerationResult, left_pad)
+                                      GenerationConfig, GenerationResult, pad_prompts)
 from mhaexport.runtime.choose import cache_dtype, open_folder, ort_runner_for
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig
 
@@ -75,8 +75,8 @@ class Generator:
                     pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Pad a batch of prompts as this export takes them (left; right for a shared cache): (B, L) ids, (B, L)
         mask (0 on padding), and each prompt's length."""
-        return left_pad(prompts, self.contract.vocab_size, self.contract.max_positions, pad_token_id,
-                        side=self.runner.padding)
+        return pad_prompts(prompts, self.contract.vocab_size, self.contract.max_positions, pad_token_id,
+                           side=self.runner.padding)
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, DecodeState]:
         """Run the whole prompt once: the last position's (B, V) logits and the cache it leaves."""

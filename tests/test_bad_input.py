@@ -174,10 +174,10 @@ def test_checkpoint_truncated(cwd, tiny):
 
 def test_zero_prompts_for_right_padding():
     from mhaexport.errors import RuntimeInputError
-    from mhaexport.runtime.genai import right_pad
+    from mhaexport.runtime.decode import pad_prompts
 
-    with pytest.raises(RuntimeInputError, match="a batch of zero prompts: give at least one prompt"):
-        right_pad([])
+    with pytest.raises(RuntimeInputError, match="empty batch: give at least one prompt"):
+        pad_prompts([], 256, 128, side="right")
 
 
 def test_verify_export_folder_with_missing_files(export_copy):

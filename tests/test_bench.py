@@ -22,7 +22,7 @@ from mhaexport import bench
 from mhaexport.bench import (REPORT_BEGIN, REPORT_END, Bandwidth, BenchConfig, BenchResult, RuntimeBench, run_bench,
                              weight_bytes_per_token, write_bench)
 from mhaexport.bench import probes
-from mhaexport.bench.render import floor_text, targets_table
+from mhaexport.bench.render import floor_text, markdown_body, targets_table
 from mhaexport.bench.rows import Row
 from mhaexport.bench.run import run_rounds
 from mhaexport.bench.stats import repeat_spread, token_spread
@@ -141,7 +141,7 @@ def test_without_matplotlib_says_so_and_skips_only_the_plot(result, tmp_path, mo
     assert "No plot: matplotlib is not installed" in (tmp_path / "bench.md").read_text()
     assert len(written) == 2
     assert "plot" not in json.loads((tmp_path / "bench.json").read_text())["environment"]
-    assert "No plot" not in result.summary()  # the terminal summary has no plot line
+    assert "No plot" not in markdown_body(result)  # the terminal summary has no plot line
 
 
 def test_plot_written_when_matplotlib_present(result, tmp_path):
@@ -177,7 +177,7 @@ def test_bench_restores_torch_threads_and_notes_a_row_that_never_steadies(tiny_e
     finally:
         torch.set_num_threads(before)
     assert any(n.startswith("eager did not settle in 2 warm-ups") for n in res.notes)
-    assert "| eager | torch (cpu) |" in res.summary() and "| 2, not steady |" in res.summary()
+    assert "| eager | torch (cpu) |" in markdown_body(res) and "| 2, not steady |" in markdown_body(res)
 
 
 def test_cli_bench(tiny_export, tmp_path):

@@ -16,7 +16,8 @@ from mhaexport.cli import main
 from planted import attention_graph
 from planted.edit import rehashed_copy
 from mhaexport.verify.attention_steps import STEPS
-from mhaexport.verify.bisect import _module_paths, _scopes, bisect, bisect_onnx
+from mhaexport.graph import name_scopes
+from mhaexport.verify.bisect import _module_paths, bisect, bisect_onnx
 
 
 def plant_attention_scale_bug(proto: onnx.ModelProto, block: int) -> str:
@@ -24,7 +25,7 @@ def plant_attention_scale_bug(proto: onnx.ModelProto, block: int) -> str:
     shared between blocks, so that block's Div gets its own copy). Returns the Div node's name."""
     inits = {i.name: i for i in proto.graph.initializer}
     for node in proto.graph.node:
-        paths = _module_paths(_scopes(node))
+        paths = _module_paths(name_scopes(node))
         if paths and paths[-1] == f"blocks.{block}.attn" and node.op_type == "Div" and node.input[1] in inits:
             val = numpy_helper.to_array(inits[node.input[1]])
             planted = numpy_helper.from_array((val * 2).astype(val.dtype), f"{node.input[1]}_planted")
@@ -145,7 +146,7 @@ def test_fused_attention_keeps_its_scope_and_a_planted_scale_is_traced_to_it(tin
     def halve_block_1_scale(proto: onnx.ModelProto) -> None:
         fused = [n for n in proto.graph.node if n.op_type == op_type]
         assert len(fused) == tiny.contract.n_layers
-        assert _module_paths(_scopes(fused[1]))[-1] == "blocks.1.attn"
+        assert _module_paths(name_scopes(fused[1]))[-1] == "blocks.1.attn"
         next(a for a in fused[1].attribute if a.name == "scale").f *= 0.5
         planted["node"] = f"{op_type} {fused[1].name}"
 
@@ -279,7 +280,7 @@ def test_attention_steps_of_hf_models(hf_dir, tmp_path, arch, attn):
     a scale planted in the ONNX file is named at its step."""
     pytest.importorskip("transformers")
     from mhaexport.exporter.onnx import export_onnx
-    from mhaexport.models.hf import load_hf
+    from mhaexport.models.loading import load_hf
 
     loaded = load_hf(hf_dir(arch, tokenizer=False))
     export_onnx(loaded, tmp_path)

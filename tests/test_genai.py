@@ -11,7 +11,8 @@ import torch
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.exporter.genai import genai_config
-from mhaexport.runtime.genai import GENAI_CONFIG, genai_greedy, right_pad
+from mhaexport.runtime.decode import pad_prompts
+from mhaexport.runtime.genai import GENAI_CONFIG, genai_greedy
 from eager import eager_greedy
 from planted.edit import peaked as peaked_model
 
@@ -63,8 +64,9 @@ def test_static_export_has_no_genai_config(tiny, tmp_path):
 
 
 def test_right_pad_layout():
-    ids, mask = right_pad([[5, 6, 7], [8]], pad_id=0)
+    ids, mask, lengths = pad_prompts([[5, 6, 7], [8]], 256, 128, pad_token_id=0, side="right")
     assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert lengths == [3, 1]
 
 
 def test_right_padded_batch_matches_unpadded_in_onnxruntime(peaked):
@@ -75,7 +77,7 @@ def test_right_padded_batch_matches_unpadded_in_onnxruntime(peaked):
     loaded, folder = peaked
     c = loaded.contract
     sess = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    ids, mask = right_pad(PROMPTS)  # (B, T)
+    ids, mask, _ = pad_prompts(PROMPTS, c.vocab_size, c.max_positions, side="right")  # (B, T)
     B, T = ids.shape
     feed = {iospec.INPUT_IDS: ids, iospec.ATTENTION_MASK: mask}
     for i in range(c.n_layers):

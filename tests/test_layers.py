@@ -1,12 +1,15 @@
 """The layers of docs/DESIGN.md, read from the source: which subpackage may import which, and no cycles.
 
 Every ``import mhaexport.X`` / ``from mhaexport.X import ...`` in the package's source (lazy imports inside
-functions included) is an edge; an edge the table does not allow fails with the file and line.
+functions included) is an edge; an edge the table does not allow fails with the file and line. The same imports,
+resolved to files (relative ones too), make the file graph, which must have no cycle either: a function-level
+import does not make a cycle go away, it only hides it until that function runs.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"artifact": "artifact", "models": "models", "exporter": "exporter", "runtime": "runtime",
            "verify": "verify", "bench": "bench"}
 # the torch-free core modules inside mhaexport/ and what they are
-CORE = {"errors", "iospec", "dtypes", "env"}
+CORE = {"errors", "iospec", "dtypes", "env", "graph"}
 # the top layer inside mhaexport/: the command line, the Python API beside it and the pytest plugin on the API
 TOP = {"cli", "__main__", "api", "pytest_plugin"}
 # the one downward edge allowed by name: the package's __init__ re-exports the Python API lazily (mhaexport.verify(...)
@@ -108,3 +111,160 @@ def test_torch_free_layers_never_import_torch(layer):
             bad += [f"{path.relative_to(ROOT)}:{node.lineno} {m}" for m in mods
                     if m.split(".")[0] in ("torch", "onnx", "transformers")]
     assert not bad, bad
+
+
+# ---- files: no import cycle between two files of the project, lazy imports included ---------------------------
+
+def _module_name(path: Path) -> str:
+    """verify/checks.py -> 'mhaexport.verify.checks'; verify/__init__.py -> 'mhaexport.verify';
+    mhaexport/cli.py -> 'mhaexport.cli' (the folders pyproject.toml maps into mhaexport.*)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] != "mhaexport":
+        parts.insert(0, "mhaexport")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported(node: ast.AST, module: str, is_package: bool, known: set[str]) -> list[str]:
+    """The modules of ``known`` an import statement in ``module`` names: ``from P import x`` names P.x when that
+    is a module, else P; relative imports are resolved against ``module``'s package."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in known]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[:len(package) - (node.level - 1)]
+        base = ".".join(package + ([base] if base else []))
+    out = []
+    for a in node.names:
+        sub = f"{base}.{a.name}"
+        if sub in known:
+            out.append(sub)
+        elif base in known:
+            out.append(base)
+    return out
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (never run: annotations only)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (getattr(node.test, "id", None) == "TYPE_CHECKING"
+                                         or getattr(node.test, "attr", None) == "TYPE_CHECKING"):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def file_graph(files: Iterable[tuple[str, Path]]) -> dict[str, dict[str, int]]:
+    """{module: {module it imports: the first line}} over ``files`` ((module name, path) pairs): every import
+    statement that can run counts, at the top level or inside a function; one under ``if TYPE_CHECKING:`` names
+    types for annotations only and never runs, so it does not."""
+    files = list(files)
+    known = {m for m, _ in files}
+    graph: dict[str, dict[str, int]] = {m: {} for m in known}
+    for module, path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            for target in _imported(node, module, path.name == "__init__.py", known):
+                if target != module:
+                    graph[module].setdefault(target, node.lineno)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every file in one is
+    reached again from itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _describe(graph: dict[str, dict[str, int]], cycle: list[str], paths: dict[str, Path]) -> str:
+    inside = set(cycle)
+    return "; ".join(f"{paths[a].relative_to(ROOT)}:{line} imports {b}" for a in cycle
+                     for b, line in sorted(graph[a].items()) if b in inside)
+
+
+def _project_files() -> list[tuple[str, Path]]:
+    return [(_module_name(path), path) for path, _ in _sources()]
+
+
+def test_no_two_files_import_each_other():
+    files = _project_files()
+    graph = file_graph(files)
+    paths = dict(files)
+    for path, target in FACADE:  # the package's lazy re-export of the Python API (on attribute access only)
+        graph[_module_name(ROOT / path)].pop(target, None)
+    cycles = import_cycles(graph)
+    assert not cycles, "file import cycles (lazy imports included):\n" + "\n".join(
+        _describe(graph, c, paths) for c in cycles)
+
+
+def test_the_file_graph_sees_the_project_imports():
+    """The graph is read from the real source: known edges are in it, lazy and top-level ones alike."""
+    graph = file_graph(_project_files())
+    assert "mhaexport.runtime.session" in graph["mhaexport.verify.runners"]  # a top-level import
+    assert "mhaexport.models.hf" in graph["mhaexport.models.loading"]  # a lazy one (inside load_hf)
+    assert "mhaexport.iospec" in graph["mhaexport.verify.bisect"]  # `from mhaexport import iospec`: the module
+
+
+def test_an_injected_edge_back_down_the_layers_is_a_cycle():
+    graph = file_graph(_project_files())
+    pair = {"mhaexport.runtime.session", "mhaexport.verify.runners"}
+    assert not any(pair <= set(c) for c in import_cycles(graph))
+    graph["mhaexport.runtime.session"]["mhaexport.verify.runners"] = 1  # runners imports session already
+    assert any(pair <= set(c) for c in import_cycles(graph))
+
+
+def test_a_planted_file_cycle_hidden_in_a_function_is_found(tmp_path):
+    """Two modules of a package that import each other, one lazily (inside a function, by a relative import); a
+    third imports one of them one way only; a fourth imports the third and, for annotations only, the first."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import helper\n\nVALUE = 1\n")
+    (pkg / "b.py").write_text("def helper():\n    from . import a\n\n    return a.VALUE\n")
+    (pkg / "c.py").write_text("import pkg.a\nfrom pkg import b\n")
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\n\nimport pkg.c\n\nif TYPE_CHECKING:\n"
+                              "    from pkg.a import VALUE\n")  # annotations only: no edge back to a
+    files = [("pkg", pkg / "__init__.py")] + [(f"pkg.{p.stem}", p) for p in sorted(pkg.glob("[abcd].py"))]
+    graph = file_graph(files)
+    assert graph["pkg.b"] == {"pkg.a": 2} and graph["pkg.c"] == {"pkg.a": 1, "pkg.b": 2}
+    assert graph["pkg.d"] == {"pkg.c": 3}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b"]]
+    (pkg / "b.py").write_text("def helper():\n    return 1\n")  # the lazy import gone: no cycle
+    assert import_cycles(file_graph(files)) == []

@@ -220,7 +220,7 @@ def test_generate_and_onnxruntime_genai_run_a_quantized_folder(tiny_int4):
 
 @pytest.mark.slow
 def test_bench_times_quantized_rows_beside_float(tiny_export, tmp_path):
-    from mhaexport.bench import Bandwidth, BenchConfig, run_bench
+    from mhaexport.bench import Bandwidth, BenchConfig, markdown_body, run_bench
 
     res = CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(tmp_path / "int8"), "--weights", "int8"])
     assert res.exit_code == 0
@@ -233,7 +233,7 @@ def test_bench_times_quantized_rows_beside_float(tiny_export, tmp_path):
     assert q.label.endswith("float32 int8]") and q.weight_bytes_per_token < 0.4 * f.weight_bytes_per_token
     assert f.weight_bytes_per_token == result.weight_bytes_per_token
     assert q.floor_ratio == pytest.approx(q.token_p50_ms / result.floor_ms, rel=1e-2)
-    assert "Quantized and float exports side by side" in result.summary()
+    assert "Quantized and float exports side by side" in markdown_body(result)
 
 
 @pytest.mark.slow

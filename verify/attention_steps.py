@@ -33,12 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from mhaexport.graph import MASK_FILL_AT_MOST, GraphIndex
+
 STEPS = ("scores", "scale", "mask fill", "softmax", "weighted sum", "output projection")
 # what each step's value is called in a note ("scores match, scaled scores do not"), and whether it is plural
 _WHAT = {"input": ("the module's input", False), "scores": ("scores", True), "scale": ("scaled scores", True),
          "mask fill": ("masked scores", True), "softmax": ("attention weights", True),
          "weighted sum": ("weights·V", False), "output projection": ("the output (heads merged, W_o)", False)}
-MASKED_BELOW = -1e4  # an eager masked score at or below this (or -inf) marks a masked position
 FUSED_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention",
              "SparseAttention"}  # one node for the whole of attention: ONNX's and com.microsoft's
 
@@ -171,16 +172,17 @@ def _back_to_scale(ops: list[_Op], j: int, depth: int) -> int | None:
 
 # ---------------------------------------------------------------- the two sides as op lists
 
-def onnx_ops(nodes: list, in_scope: list[int], sizes: dict[str, int]) -> list[_Op]:
+def onnx_ops(graph: GraphIndex, in_scope: list[int], sizes: dict[str, int]) -> list[_Op]:
     """The nodes ``in_scope`` (graph indexes, in graph order) as ops. ``sizes``: element counts of values known
     without running (initializers, Constant outputs) and of the values the run exposed."""
-    producer = {out: k for k, i in enumerate(in_scope) for out in nodes[i].output if out}
+    op_of = {i: k for k, i in enumerate(in_scope)}  # graph index -> op index (a producer outside the scope: -1)
     ops = []
     for i in in_scope:
-        n = nodes[i]
+        n = graph.nodes[i]
         names = [x for x in n.input if x]
         ops.append(_Op(_ONNX_KINDS.get(n.op_type, "other"), f"{n.op_type} {n.name}",
-                       [producer.get(x, -1) for x in names], names, n.output[0] if n.output else "",
+                       [op_of.get(graph.producer_index.get(x, -1), -1) for x in names], names,
+                       n.output[0] if n.output else "",
                        scalar=any(sizes.get(x) == 1 for x in names)))
     return ops
 
@@ -337,7 +339,7 @@ def compare_steps(trace: EagerTrace, ops: list[_Op], values: dict[str, np.ndarra
     masked = rows = None
     if "mask fill" in fe and ev[fe["mask fill"]] is not None:
         m = ev[fe["mask fill"]]
-        masked = np.isneginf(m) | (m <= MASKED_BELOW)
+        masked = np.isneginf(m) | (m <= MASK_FILL_AT_MOST)
         rows = ~masked.all(axis=-1)
 
     steps: list[StepDiff] = []

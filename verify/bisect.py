@@ -28,11 +28,11 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.artifact import TWO_GB
+from mhaexport.graph import SCOPES_KEY, GraphIndex, name_scopes
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
 from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
                                               relative_error, trace_module)
 
-SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 BLOCK_RE = re.compile(r"^(.*?\.\d+)(?:\.|$)")  # "blocks.1.attn.W_o" -> "blocks.1"
 
@@ -134,19 +134,6 @@ class BisectReport:
         if self.step is None:
             lines.append(f"  {self.steps_note}")
         return lines
-
-
-def _scopes(node) -> list[str] | None:
-    for p in node.metadata_props:
-        if p.key == SCOPES_KEY:
-            try:
-                import ast
-
-                val = ast.literal_eval(p.value)
-            except (ValueError, SyntaxError):
-                return None
-            return [str(v) for v in val] if isinstance(val, (list, tuple)) else None
-    return None
 
 
 def _module_paths(scopes: list[str] | None) -> list[str]:
@@ -260,8 +247,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
             raise ArtifactError(f"cannot read ONNX model {onnx_model}: {type(e).__name__}: {e}") from None
     else:
         label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
-    nodes = list(proto.graph.node)
-    scopes = [_scopes(n) for n in nodes]
+    index = GraphIndex(proto.graph)
+    nodes = index.nodes
+    scopes = [name_scopes(n) for n in nodes]
     if not any(scopes):
         raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
                              "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
@@ -302,7 +290,7 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     names = [o.name for o in sess.get_outputs()]
     values = {n: v for n, v in zip(names, sess.run(names, feed))
               if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
-    producer = {out: idx for idx, n in enumerate(nodes) for out in n.output if out}
+    producer = index.producer_index
 
     def op_of(idx: int) -> str:
         return f"{nodes[idx].op_type} {nodes[idx].name}"
@@ -355,7 +343,7 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     target = steps_of or (report.culprit.module if report.culprit is not None
                           and not report.culprit.module.startswith("output ") else None)
     if target is not None:
-        _inside_attention(report, target, proto, nodes, scopes, values, loaded.module, (ids, mask, cache),
+        _inside_attention(report, target, proto, index, scopes, values, loaded.module, (ids, mask, cache),
                           explicit=steps_of is not None)
     return report
 
@@ -375,14 +363,14 @@ def _value_sizes(proto, values: dict[str, np.ndarray]) -> dict[str, int]:
     return sizes
 
 
-def _inside_attention(report: BisectReport, target: str, proto, nodes: list, scopes: list, values: dict,
+def _inside_attention(report: BisectReport, target: str, proto, index: GraphIndex, scopes: list, values: dict,
                       module, inputs: tuple, explicit: bool) -> None:
     """Fill the report's steps for module ``target`` when it is an attention module: eager runs once more with the
     module's torch calls recorded, its ONNX nodes are the ones in its scope. ``explicit``: asked for by name, so a
     module that is not attention (or not there) is said so in ``steps_note``."""
     import torch
 
-    own = [n for n, s in zip(nodes, scopes) if _module_paths(s) and _module_paths(s)[-1] == target]
+    own = [n for n, s in zip(index.nodes, scopes) if _module_paths(s) and _module_paths(s)[-1] == target]
     fused = next((n for n in own if n.op_type in FUSED_OPS), None)
     report.steps_module = target
     if not any(n.op_type == "Softmax" for n in own):
@@ -407,7 +395,7 @@ def _inside_attention(report: BisectReport, target: str, proto, nodes: list, sco
     trace = trace_module(module, target, run)
     in_scope = [i for i, s in enumerate(scopes) if target in _module_paths(s)]
     row = next((r for r in report.rows if r.module == target), None)
-    res = compare_steps(trace, onnx_ops(nodes, in_scope, _value_sizes(proto, values)), values,
+    res = compare_steps(trace, onnx_ops(index, in_scope, _value_sizes(proto, values)), values,
                         (row.onnx_value, row.op) if row is not None else None, report.tol)
     report.steps, report.step, report.steps_note = res.steps, res.first, res.note
 

@@ -18,6 +18,7 @@ from mhaexport.runtime.runner import Runner
 from mhaexport.verify.quality import TextScore, score_text, windows
 from mhaexport.verify.runners import (ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT,
                                       EagerRunner)
+from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 
 @dataclass
@@ -85,17 +86,13 @@ def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
     return artifact_runner(ef, name, c)  # as verify drives it: a shared cache, an adopted file's layout
 
 
-def _torch_threads(ef: ExportFolder, name: str):
-    """verify's one-thread rule for the torch runtimes on small models (spinning threads cost 10x on a busy machine);
-    the size read from the artifacts' files (float32: 4 bytes a parameter)."""
-    import contextlib
-
+def _threads_for(ef: ExportFolder, name: str) -> int | None:
+    """verify's one-thread rule for the torch runtimes on small models (spinning threads cost 10x on a busy machine),
+    the size read from the artifacts' files (float32: 4 bytes a parameter); None: torch's own count."""
     if name not in (EAGER, TORCHSCRIPT):
-        return contextlib.nullcontext()
-    from mhaexport.verify.verify import ONE_THREAD_MAX_PARAMS, torch_threads
-
+        return None
     largest = max((sum(f["bytes"] for f in a.files.values()) for a in ef.artifacts.values()), default=0)
-    return torch_threads(1 if largest <= 4 * ONE_THREAD_MAX_PARAMS else None)
+    return 1 if largest <= 4 * ONE_THREAD_MAX_PARAMS else None
 
 
 def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
@@ -142,7 +139,7 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
                 progress(f"{name}: scoring {len(ids)} tokens in {len(windows(len(ids), L, step))} window(s) of "
                          f"{L} tokens")
             try:
-                with _torch_threads(ef, name):
+                with torch_threads(_threads_for(ef, name)):
                     row.score, _, _ = score_text(runner, ids, window=L, stride=step, byte_level=byte_level)
                 row.providers = list(runner.providers)
             except MhaExportError as e:

@@ -23,7 +23,6 @@ bug users of torch.onnx, Optimum and ONNX Runtime meet again and again:
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from onnx import numpy_helper
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder, shown_path
 from mhaexport.errors import ArtifactError
+from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
 
 SEVERITIES = ("error", "warning", "info")
 ICON = {"error": "❌", "warning": "⚠️", "info": "ℹ️"}
@@ -94,27 +94,20 @@ class LintReport:
         return "\n".join(lines + [""])
 
 
-class _Graph:
+class _Graph(GraphIndex):
     """Producers, consumers and constants of one graph (the main graph; subgraphs are not linted)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
+        super().__init__(model.graph)
         self.model = model
         g = model.graph
-        self.nodes = list(g.node)
-        self.producer = {o: n for n in self.nodes for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for n in self.nodes:
-            for i in n.input:
-                if i:
-                    self.consumers[i].append(n)
-        self.inits = {t.name: t for t in g.initializer}
-        self.inputs = {i.name: i for i in g.input if i.name not in self.inits}
+        self.inputs = {i.name: i for i in g.input if i.name not in self.initializers}
         self.outputs = {o.name: o for o in g.output}
 
     def const(self, name: str) -> np.ndarray | None:
         """A constant's value (initializer, Constant node, through Cast/Identity); None otherwise. Tensors kept in
         external data are not read (their shape is known from the initializer)."""
-        t = self.inits.get(name)
+        t = self.initializers.get(name)
         if t is not None:
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 return None
@@ -136,7 +129,7 @@ class _Graph:
         return None
 
     def const_shape(self, name: str) -> tuple[int, ...] | None:
-        t = self.inits.get(name)
+        t = self.initializers.get(name)
         if t is not None:
             return tuple(t.dims)
         v = self.const(name)
@@ -303,7 +296,7 @@ def rule_causal_alignment(g: _Graph, ctx: dict) -> list[Finding]:
                                    "cache: its causal mask is aligned top-left, so a query shorter than its keys "
                                    "(every decode step) is masked as if it stood at position 0", "pass the causal "
                                    "mask as attn_mask (built from past_len + arange(q_len)) and set is_causal=0"))
-        elif n.domain == "com.microsoft" and n.op_type in ("MultiHeadAttention", "Attention") and \
+        elif n.domain == MS_DOMAIN and n.op_type in ("MultiHeadAttention", "Attention") and \
                 _attr(n, "unidirectional", 0) and has_past:
             out.append(Finding("warning", "causal-alignment", _label(n), f"{n.op_type} with unidirectional=1 and a "
                                "past cache: ONNX Runtime has mis-aligned this when the query is shorter than the keys",
@@ -397,7 +390,7 @@ def rule_mask_order(g: _Graph, ctx: dict) -> list[Finding]:
     for sm in (n for n in g.nodes if n.op_type == "Softmax"):
         before = g.ancestors(sm.input[0], 4, stop=lambda n: n.op_type == "MatMul")
         fills = [(n, w) for n in before if (w := _is_mask_where(g, n)) is not None]
-        small = [(n, w) for n, w in fills if w[1] > -1e4]
+        small = [(n, w) for n, w in fills if w[1] > MASK_FILL_AT_MOST]
         masked = bool(fills) or any(n.op_type == "Add" for n in before)
         if small:
             n, (_, value) = small[0]

@@ -253,7 +253,8 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
     all of MODULE_RUNTIMES; given = requested (one skipped entirely: not verified)."""
     from mhaexport.models.block import load_recorded_block
     from mhaexport.models.loading import check_same_model
-    from mhaexport.verify.verify import ONE_THREAD_MAX_PARAMS, _n_params, run_all, torch_threads
+    from mhaexport.verify.run import run_all
+    from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
     started = time.perf_counter()
     say = progress or (lambda _m: None)
@@ -272,7 +273,7 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
         check_same_model(loaded, ef.model)
     c: ModuleContract = loaded.contract
     tol = Tolerance.for_dtype("float32", atol, rtol)
-    if threads is None and _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS:
+    if threads is None and loaded.n_params <= ONE_THREAD_MAX_PARAMS:
         threads = 1
     runners = build_module_runners(ef, loaded, wanted, threads)
     ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,

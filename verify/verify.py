@@ -7,10 +7,7 @@ a :class:`VerifyReport` whose :attr:`~VerifyReport.verdict` follows docs/DESIGN.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -18,45 +15,28 @@ from mhaexport import iospec
 from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.env import environment, tool_versions
-from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.errors import ArtifactError, ConfigError
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.choose import ort_runner_for
 from mhaexport.runtime.session import CUDA
-from mhaexport.verify.checks import cross_provider, run_check
+from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
-from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, SweepContext
-from mhaexport.verify.report import RuntimeInfo, VerifyReport
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, Context
+from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
-                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT,
+                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
                                       session_config, skipped)
 from mhaexport.verify.sweep import build_sweep
+from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 Progress = Callable[[str], None]
 # The ONNX reference evaluator is pure Python: only models up to this many parameters (embedding included).
 REFERENCE_MAX_PARAMS = 2_000_000
-# Up to this many parameters torch runs verify's small batches on one intra-op thread: more threads gain nothing at
-# these sizes and, on a busy machine, spinning threads made each call 10-50x slower (measured on 2 shared cores).
-ONE_THREAD_MAX_PARAMS = 20_000_000
 # Models up to this max_positions (and ONE_THREAD_MAX_PARAMS) decode their whole context token by token in the
 # long-context kv-consistency check; larger ones decode after prefills spread out to max_positions - 2.
 LONG_FULL_MAX_POSITIONS = 512
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with torch's intra-op thread count set to n (unchanged when None), restored afterwards."""
-    if n is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
@@ -68,15 +48,11 @@ def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
     return iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST
 
 
-def _n_params(module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[Runner]:
     """Eager first, then one runner per requested runtime; a runtime whose artifact is absent is skipped with why."""
     c = loaded.contract
     runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
-    n_params = _n_params(loaded.module)
+    n_params = loaded.n_params
     for rt in runtimes:
         if rt == EAGER:
             continue
@@ -204,7 +180,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     tol = Tolerance.for_dtype(dtype, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted)
-    small = _n_params(loaded.module) <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
+    small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
                   quality=quality, tokenizer=tokenizer,
@@ -254,12 +230,6 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
-def _artifact_of(runner: Runner) -> str | None:
-    if runner.name in (EAGER_CUDA,) + REFERENCE_RUNTIMES:
-        return None
-    return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
-
-
 def _report_details(d: Details) -> dict:
     """The details of an artifact the report shows: how it was made, an adopted file's protocol, its quantization."""
     onnx = d if isinstance(d, OnnxDetails) else None
@@ -278,54 +248,3 @@ def _quant_summary(q: Quantization) -> dict:
             "weights_read", "source")
     d = q.to_dict()
     return {k: d[k] for k in keys if k in d}
-
-
-def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
-            funcs: dict[str, Callable] | None = None, skip_first: bool = False,
-            lossy: dict[str, Quantization] | None = None):
-    """Activate each runner and run every check on it (``funcs``: the checks by name, the decoder's by default, the
-    attention block's with its context: :func:`~mhaexport.verify.checks.run_check`). A runtime that cannot run here
-    is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
-    not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
-    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
-    infos: dict[str, RuntimeInfo] = {}
-    results: dict[str, dict[str, CheckResult]] = {}
-    for runner in runners[1:] if skip_first else runners:
-        info = RuntimeInfo(name=runner.name, status="ran", artifact=_artifact_of(runner))
-        infos[runner.name] = info
-        results[runner.name] = {}
-        if runner.available:
-            try:
-                runner.activate()
-            except ProviderUnavailable as e:
-                runner.skip_reason = str(e)
-            except MhaExportError as e:  # the artifact is there but this runtime cannot load it: one failure
-                info.status, info.reason = "error", (str(e).strip().splitlines() or [type(e).__name__])[0]
-        info.providers = list(runner.providers)
-        if not runner.available:
-            info.status, info.reason = "skipped", runner.skip_reason or ""
-        if info.status != "ran":
-            say(f"{runner.name}: {info.status} ({info.reason})")
-            continue
-        t0 = time.perf_counter()
-        # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
-        # must not loosen TorchScript's tolerance; the memoized eager references stay shared (shallow copy)
-        quant = (lossy or {}).get(_artifact_of(runner) or "")
-        tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
-        if quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
-            from mhaexport.verify.quality import self_tolerance
-
-            tol = self_tolerance(ctx, quant, tol)
-            info.self_tolerance = tol.describe()
-        runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
-        for ch in checks:
-            results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
-        info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
-        st = [r.status for r in results[runner.name].values()]
-        failed = [ch for ch, r in results[runner.name].items() if r.status is False]
-        which = f" ({', '.join(failed)})" if failed else ""
-        say(f"{runner.name}: {st.count(True)} passed, {len(failed)} failed{which}, {st.count(None)} skipped "
-            f"in {time.perf_counter() - t0:.1f} s ({info.calls} runs)")
-    for runner in runners[1:]:  # eager stays: the checks' memoized references came from it
-        runner.deactivate()
-    return infos, results

@@ -36,13 +36,13 @@ import onnx
 
 from mhaexport.errors import ExportError
 from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check, self_check_shared
+from mhaexport.graph import MS_DOMAIN
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
 LOWERINGS = ("decomposed", "onnx", "ort", "fused")  # what --attention chooses
 ATTENTION_OPSET = 23  # the ONNX Attention op appears in opset 23
-MS_DOMAIN = "com.microsoft"
 # "gqa" is not an --attention choice: --kv-cache shared selects it (the op that writes a shared buffer in place)
 # "fused": the ort lowering's attention (gqa's over a shared cache), then onnxscript's ort_fusions (fused.py)
 FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention"),

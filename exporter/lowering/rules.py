@@ -33,13 +33,12 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from mhaexport.exporter.lowering import MS_DOMAIN
+from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN
 
 KEY_AXES = (-1, 3)  # Softmax over the key axis of (B, H, T, S)
 SEQ_AXES = (2, -2)  # the KV cache grows along axis 2 of (B, H, S, D)
 TRANSPOSE_LAST = [0, 1, 3, 2]  # (B, H, S, D) <-> (B, H, D, S)
 BHTD_TO_BTHD = [0, 2, 1, 3]  # (B, H, T, D) <-> (B, T, H, D), its own inverse
-LARGE_NEGATIVE = -1e4  # a Where fill at or below this is a mask fill
 
 
 @dataclass
@@ -181,7 +180,7 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         if mask in ("masked", "allowed"):
             where = softmax.inputs[0].producer()
             c = _const(b["fill"])
-            if c is None or c[0] > LARGE_NEGATIVE:
+            if c is None or c[0] > MASK_FILL_AT_MOST:
                 return result.fail(f"Where {_label(where)} before Softmax has no large negative fill", where)
             a.fill_dtype = c[1] if c[1].is_floating_point() else _first_float_input(context.graph_or_function)
             setattr(a, mask, b["cond"])

@@ -9,12 +9,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from mhaexport.verify.bisect import _module_paths, _scopes
+from mhaexport.graph import name_scopes
+from mhaexport.verify.bisect import _module_paths
 
 
 def _own(proto: onnx.ModelProto, module: str, op_type: str, nth: int = 0) -> onnx.NodeProto:
     nodes = [n for n in proto.graph.node if n.op_type == op_type
-             and (_module_paths(_scopes(n)) or [""])[-1] == module]
+             and (_module_paths(name_scopes(n)) or [""])[-1] == module]
     if len(nodes) <= nth:
         raise LookupError(f"no {op_type} #{nth} among {module}'s own nodes: the attention lowering changed")
     return nodes[nth]

@@ -1,0 +1,79 @@
+"""Run every check on every runner of a verify run: activate each, skip what cannot run, hold each runtime to its
+own dtype's tolerance (a lossy one to its requantization step), collect the results. The decoder's verify and the
+attention block's (verify/module.py) both drive :func:`run_all`; one check is run by
+:func:`mhaexport.verify.checks.run_check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Callable
+
+from mhaexport.errors import MhaExportError, ProviderUnavailable
+from mhaexport.verify.checks import run_check
+from mhaexport.verify.compare import Tolerance
+from mhaexport.verify.quality import self_tolerance
+from mhaexport.verify.report import RuntimeInfo
+from mhaexport.verify.results import CheckResult, SweepContext
+from mhaexport.verify.runners import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT, Runner
+
+if TYPE_CHECKING:
+    from mhaexport.artifact.details import Quantization
+
+Progress = Callable[[str], None]
+
+
+def _artifact_of(runner: Runner) -> str | None:
+    if runner.name in (EAGER_CUDA,) + REFERENCE_RUNTIMES:
+        return None
+    return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
+
+
+def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
+            funcs: dict[str, Callable] | None = None, skip_first: bool = False,
+            lossy: dict[str, Quantization] | None = None):
+    """Activate each runner and run every check on it (``funcs``: the checks by name, the decoder's by default, the
+    attention block's with its context: :func:`~mhaexport.verify.checks.run_check`). A runtime that cannot run here
+    is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
+    not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
+    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
+    infos: dict[str, RuntimeInfo] = {}
+    results: dict[str, dict[str, CheckResult]] = {}
+    for runner in runners[1:] if skip_first else runners:
+        info = RuntimeInfo(name=runner.name, status="ran", artifact=_artifact_of(runner))
+        infos[runner.name] = info
+        results[runner.name] = {}
+        if runner.available:
+            try:
+                runner.activate()
+            except ProviderUnavailable as e:
+                runner.skip_reason = str(e)
+            except MhaExportError as e:  # the artifact is there but this runtime cannot load it: one failure
+                info.status, info.reason = "error", (str(e).strip().splitlines() or [type(e).__name__])[0]
+        info.providers = list(runner.providers)
+        if not runner.available:
+            info.status, info.reason = "skipped", runner.skip_reason or ""
+        if info.status != "ran":
+            say(f"{runner.name}: {info.status} ({info.reason})")
+            continue
+        t0 = time.perf_counter()
+        # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
+        # must not loosen TorchScript's tolerance; the memoized eager references stay shared (shallow copy)
+        quant = (lossy or {}).get(_artifact_of(runner) or "")
+        tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
+        if quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
+            tol = self_tolerance(ctx, quant, tol)
+            info.self_tolerance = tol.describe()
+        runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
+        for ch in checks:
+            results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
+        info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
+        st = [r.status for r in results[runner.name].values()]
+        failed = [ch for ch, r in results[runner.name].items() if r.status is False]
+        which = f" ({', '.join(failed)})" if failed else ""
+        say(f"{runner.name}: {st.count(True)} passed, {len(failed)} failed{which}, {st.count(None)} skipped "
+            f"in {time.perf_counter() - t0:.1f} s ({info.calls} runs)")
+    for runner in runners[1:]:  # eager stays: the checks' memoized references came from it
+        runner.deactivate()
+    return infos, results
