@@ -18,6 +18,7 @@ vanish under bisect; run it with ``opt_level="disable"`` and the default to tell
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +29,9 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.artifact import TWO_GB
+from mhaexport.runtime.foreign import Layout, layout_of
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
+from mhaexport.verify.sweep import Case, build_sweep
 from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
                                               relative_error, trace_module)
 
@@ -71,6 +74,12 @@ class BisectReport:
     steps: list[StepDiff] = field(default_factory=list)  # scores, scale, mask fill, softmax, weighted sum, output
     step: StepDiff | None = None  # the first step that diverges
     steps_note: str = ""  # what the first divergent step's values say, or why no step was compared
+    pad: list[int] = field(default_factory=list)  # left padding per row over past + seq (the case's positions)
+    case_from: str = ""  # where the case came from: "--case", "the failing parity case in report.json", ...
+    protocol: str = "concat cache, left padding"  # how the file was fed
+    row: int | None = None  # a shared cache, fed one row per call: the row this report is of
+    rows_run: int = 1  # calls made (rows, for a shared cache); the report is the first that diverged, else the last
+    notes: list[str] = field(default_factory=list)  # what was compared differently (outputs only, tolerance)
 
     @property
     def ok(self) -> bool:
@@ -85,8 +94,15 @@ class BisectReport:
     def summary(self, all_rows: bool = False) -> str:
         """Text for the CLI: the table (divergent rows and their neighbours unless ``all_rows``), then the verdict."""
         s = self.shapes
-        lines = [f"bisect {self.model} on {self.provider} at batch={s['batch']} seq={s['seq']} past={s['past']}: "
-                 f"relative error = max|onnx - eager| / max|eager|, tolerance {self.tol:.0e}",
+        pad = f" pad={self.pad}" if any(self.pad) else ""
+        source = f" ({self.case_from})" if self.case_from else ""
+        lines = [f"bisect {self.model} on {self.provider} at batch={s['batch']} seq={s['seq']} past={s['past']}{pad}"
+                 f"{source}: relative error = max|onnx - eager| / max|eager|, tolerance {self.tol:.0e}"]
+        if self.protocol != "concat cache, left padding":
+            row = f"; this is row {self.row} of {self.rows_run}" if self.row is not None else ""
+            lines.append(f"  fed as the file's protocol: {self.protocol}{row}")
+        lines += [f"  {note}" for note in self.notes]
+        lines += [
                  f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}"]
         show = self.rows
         if not all_rows and self.first_divergent is not None:
@@ -229,10 +245,53 @@ def _expose_all(proto) -> tuple[Any, list[str]]:
     return model, added
 
 
+def _calls(layout: Layout | None, ids, mask, cache) -> list[tuple[int | None, tuple]]:
+    """The calls that feed the case in the file's protocol: [(row or None, (ids, mask, cache))] as torch tensors.
+
+    The contract's concat cache (mhaexport's own exports, adopted concat files): the whole batch in one call, its
+    left padding as it is. A shared buffer (``--kv-cache shared``, onnxruntime-genai's builder): GroupQueryAttention
+    takes new tokens with a past only one row at a time and packs each row's tokens from slot 0, so each row is
+    one call holding its real tokens only — the same positions as in the padded batch (positions count real
+    tokens), the row's real past in the buffer's first slots."""
+    if layout is None or layout.kv_cache != "shared":
+        return [(None, (ids, mask, cache))]
+    P = mask.shape[1] - ids.shape[1]
+    calls = []
+    for b in range(ids.shape[0]):
+        real_past, real_new = mask[b, :P].nonzero().flatten(), mask[b, P:].nonzero().flatten()
+        if not len(real_new):
+            continue  # an all-padding row: the protocol runs nothing for it
+        row_cache = tuple((k[b:b + 1, :, real_past], v[b:b + 1, :, real_past]) for k, v in cache)  # (1, H_kv, p, D)
+        row_mask = mask.new_ones((1, len(real_past) + len(real_new)))
+        calls.append((b, (ids[b:b + 1, real_new], row_mask, row_cache)))
+    return calls
+
+
+def _feed(layout: Layout | None, names: dict, ids, mask, cache, kv_dtype, slots: int | None) -> dict:
+    """One call's feed under the file's own names (an adopted file's layout maps them; position_ids from the
+    mask); a shared cache's past is its buffer of ``slots`` slots, the real past in the first ones."""
+    ids_np, mask_np = ids.numpy(), mask.numpy()
+    feed = {names["input_ids"]: ids_np, names["attention_mask"]: mask_np}
+    if layout is not None and layout.position_ids:
+        pos = np.maximum(np.cumsum(mask_np, axis=-1) - 1, 0)[:, -ids_np.shape[1]:]  # (B, T), as the runner feeds
+        feed[layout.position_ids] = np.ascontiguousarray(pos, dtype=np.int64)
+    flat = [t.numpy().astype(kv_dtype) for kv in cache for t in kv]  # (B, H_kv, past, D) each
+    if slots is not None:
+        bufs = []
+        for t in flat:
+            buf = np.zeros(t.shape[:2] + (max(slots, mask_np.shape[1]),) + t.shape[3:], kv_dtype)  # (B, H_kv, S, D)
+            buf[:, :, :t.shape[2]] = t
+            bufs.append(buf)
+        flat = bufs
+    feed.update(zip(names["past"], flat))
+    return feed
+
+
 def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: int = 4, past: int = 3,
                 pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
                 provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL,
-                steps_of: str | None = None) -> BisectReport:
+                steps_of: str | None = None, layout: Layout | None = None, max_cache: int | None = None,
+                scope_hints: dict[str, list[str]] | None = None) -> BisectReport:
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
 
     When the culprit is an attention module (a Softmax among its own ONNX nodes), its steps are compared too
@@ -243,8 +302,14 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     A path may keep its weights in external data (models over 2 GB): the graph is read without them and ONNX Runtime
     reads them from beside the file. A ModelProto must hold its weights inline (under 2 GB).
 
-    Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``. ``tol`` is the relative
-    error above which a tensor counts as divergent (1e-3 suits float32; use 1e-2 for float16 exports).
+    Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``, fed in the file's protocol:
+    ``layout`` (an adopted file's, or a shared-cache export's) names the file's I/O and its cache; a shared cache
+    (``layout.kv_cache == "shared"``, buffers of ``max_cache`` slots) is fed one row per call (:func:`_calls`), and
+    the report is the first row that diverges (else the last row's). A file another tool made that carries no
+    module scopes is compared on its outputs only (logits, each layer's key and value). ``scope_hints``: module
+    scopes for nodes that lost theirs, by node name (a quantized file's MatMulNBits, from its float source).
+    ``tol`` is the relative error above which a tensor counts as divergent (1e-3 suits float32; use 1e-2 for float16
+    exports, a quantized scheme's relative logit error for quantized ones).
     """
     import onnx
     import onnxruntime as ort
@@ -261,22 +326,32 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     else:
         label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
     nodes = list(proto.graph.node)
-    scopes = [_scopes(n) for n in nodes]
+    scopes = [_scopes(n) or (scope_hints or {}).get(n.name) for n in nodes]
+    notes: list[str] = []
     if not any(scopes):
-        raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
-                             "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
+        if layout is None or layout.producer == "mhaexport":
+            raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
+                                 "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
+        notes.append(f"the file ({layout.producer}) carries no module scopes: compared on its outputs only "
+                     "(logits, each layer's key and value)")
     c = loaded.contract
     if seq < 1 or batch < 1 or past < 0 or past + seq > c.max_positions:
         raise MhaExportError(f"bisect shapes batch={batch} seq={seq} past={past}: need batch, seq >= 1, past >= 0 "
                              f"and past + seq <= max_positions={c.max_positions}")
+    if pad is not None and (len(pad) > batch or any(p < 0 or p >= past + seq for p in pad)):
+        raise MhaExportError(f"bisect padding {list(pad)} at batch={batch} seq={seq} past={past}: one count per row "
+                             f"at most, each below past + seq = {past + seq}")
     ids, mask, cache = make_inputs(c, batch=batch, seq=seq, past=past, seed=seed, pad=pad)
-
-    # eager: every submodule's first input and output
-    eager, (logits, present) = _eager_values(loaded.module, ids, mask, cache)
-    expected_out = {iospec.LOGITS: logits.float().numpy()}
-    for i, (k, v) in enumerate(present):
-        kn, vn = iospec.present_names(i)
-        expected_out[kn], expected_out[vn] = k.float().numpy(), v.float().numpy()
+    if layout is None:
+        names = {"input_ids": iospec.INPUT_IDS, "attention_mask": iospec.ATTENTION_MASK, "logits": iospec.LOGITS,
+                 "past": [n for i in range(c.n_layers) for n in iospec.past_names(i)],
+                 "present": [n for i in range(c.n_layers) for n in iospec.present_names(i)]}
+    else:
+        names = {"input_ids": layout.input_ids, "attention_mask": layout.attention_mask, "logits": layout.logits,
+                 "past": list(layout.past), "present": list(layout.present)}
+    shared = layout is not None and layout.kv_cache == "shared"
+    protocol = (f"one shared buffer per layer ({max_cache} slots), each row alone, packed from slot 0"
+                if shared else "concat cache, left padding")
 
     # ONNX: every float value
     exposed, _ = _expose_all(proto)
@@ -295,14 +370,50 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     sess, missing = start_session(exposed.SerializeToString(), resolve_providers([provider]), so)
     if missing:
         raise ProviderUnavailable(missing)
-    kv_type = {i.name: i.type for i in sess.get_inputs()}.get(iospec.past_names(0)[0], "tensor(float)")
+    kv_type = {i.name: i.type for i in sess.get_inputs()}.get(names["past"][0], "tensor(float)")
     kv_dtype = np.float16 if kv_type == "tensor(float16)" else np.float32  # the graph's cache dtype (fp16 exports)
-    feed = iospec.make_feed(ids.numpy(), mask.numpy(),
-                            [(k.numpy().astype(kv_dtype), v.numpy().astype(kv_dtype)) for k, v in cache])
-    names = [o.name for o in sess.get_outputs()]
-    values = {n: v for n, v in zip(names, sess.run(names, feed))
-              if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
+    out_names = [o.name for o in sess.get_outputs()]
     producer = {out: idx for idx, n in enumerate(nodes) for out in n.output if out}
+    # the file's output names for the contract's
+    file_name = {iospec.LOGITS: names["logits"],
+                 **dict(zip([n for i in range(c.n_layers) for n in iospec.present_names(i)], names["present"]))}
+
+    report = None
+    calls = _calls(layout, ids, mask, cache)
+    for row, call in calls:
+        # eager: every submodule's first input and output
+        eager, (logits, present) = _eager_values(loaded.module, *call)
+        if notes:
+            eager = {}  # no scopes: the outputs only
+        expected_out = {iospec.LOGITS: logits.float().numpy()}
+        for i, (k, v) in enumerate(present):
+            kn, vn = iospec.present_names(i)
+            expected_out[kn], expected_out[vn] = k.float().numpy(), v.float().numpy()
+        feed = _feed(layout, names, *call, kv_dtype, max_cache if shared else None)
+        values = {n: v for n, v in zip(out_names, sess.run(out_names, feed))
+                  if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
+        report = _compare(label, nodes, scopes, values, producer, eager, expected_out, file_name, tol)
+        report.shapes = {"batch": batch, "seq": seq, "past": past}
+        report.pad = list(pad or [])
+        report.provider = sess.get_providers()[0]
+        report.protocol, report.notes = protocol, list(notes)
+        if shared:
+            report.row = row
+            report.rows_run = len(calls)
+        if not report.ok:
+            break
+    target = steps_of or (report.culprit.module if report.culprit is not None
+                          and not report.culprit.module.startswith("output ") else None)
+    if target is not None:
+        _inside_attention(report, target, proto, nodes, scopes, values, loaded.module, call,
+                          explicit=steps_of is not None)
+    return report
+
+
+def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict, eager: dict,
+             expected_out: dict, file_name: dict, tol: float) -> BisectReport:
+    """One call's rows: each eager module's output against its ONNX value, then the graph outputs; the first
+    divergent row, the culprit and its own nodes."""
 
     def op_of(idx: int) -> str:
         return f"{nodes[idx].op_type} {nodes[idx].name}"
@@ -329,15 +440,19 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
                     break
         rows.append(TensorDiff(path, name, op_of(idx), idx, tuple(out.shape), max_abs, rel, input_rel,
                                depth=path.count(".") + 1))
-    for name, exp in expected_out.items():
+    for contract_name, exp in expected_out.items():
+        name = file_name.get(contract_name, contract_name)
         if name in values and name in producer:
-            max_abs, rel = relative_error(values[name], exp)
-            rows.append(TensorDiff(f"output {name}", name, op_of(producer[name]), producer[name],
+            got = values[name]
+            if got.ndim == 4 and exp.ndim == 4 and got.shape[2] > exp.shape[2]:
+                got = got[:, :, :exp.shape[2]]  # a shared buffer: the slots written so far
+            max_abs, rel = relative_error(got, exp)
+            shown = contract_name if name == contract_name else f"{contract_name} ({name})"
+            rows.append(TensorDiff(f"output {shown}", name, op_of(producer[name]), producer[name],
                                    tuple(exp.shape), max_abs, rel, depth=0))
     rows.sort(key=lambda r: (r.position, -r.depth))
 
-    report = BisectReport(model=label, shapes={"batch": batch, "seq": seq, "past": past}, tol=tol,
-                          provider=sess.get_providers()[0], rows=rows, unmatched=sorted(unmatched))
+    report = BisectReport(model=label, shapes={}, tol=tol, provider="", rows=rows, unmatched=sorted(unmatched))
     bad = [r for r in rows if not r.rel <= tol]  # NaN counts as bad
     if bad:
         report.first_divergent = bad[0]
@@ -352,11 +467,6 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         report.culprit_nodes = [op_of(i) + ("" if s else " (no scope)") for i, s in enumerate(scopes)
                                 if (s and _module_paths(s) and _module_paths(s)[-1] == own)
                                 or (not s and lo < i < hi)]
-    target = steps_of or (report.culprit.module if report.culprit is not None
-                          and not report.culprit.module.startswith("output ") else None)
-    if target is not None:
-        _inside_attention(report, target, proto, nodes, scopes, values, loaded.module, (ids, mask, cache),
-                          explicit=steps_of is not None)
     return report
 
 
@@ -412,15 +522,75 @@ def _inside_attention(report: BisectReport, target: str, proto, nodes: list, sco
     report.steps, report.step, report.steps_note = res.steps, res.first, res.note
 
 
+def _file_layout(entry, contract) -> Layout | None:
+    """How the folder's ONNX file is fed: an adopted file's recorded layout, a shared-cache export's (the
+    contract's names, one buffer per layer), or None (the contract's names and concat cache)."""
+    layout = layout_of(entry)
+    if layout is None and entry.get("kv_cache") == "shared":
+        c = contract
+        layout = Layout("mhaexport", iospec.INPUT_IDS, iospec.ATTENTION_MASK, iospec.LOGITS,
+                        [n for i in range(c.n_layers) for n in iospec.past_names(i)],
+                        [n for i in range(c.n_layers) for n in iospec.present_names(i)],
+                        kv_cache="shared", padding="right", dtype=entry.dtype)
+    return layout
+
+
+QUANT_NODE_RE = re.compile(r"^(.*)_Q\d+$")  # MatMulNBitsQuantizer names its node after the MatMul: node_linear_Q4
+
+
+def _quantized_scope_hints(ef, entry, proto_nodes) -> tuple[dict[str, list[str]], str | None]:
+    """Module scopes for a quantized file's scope-less nodes (the quantizer drops node metadata), read from its
+    float source (recorded in the manifest, its sha256 checked): {node name: scopes}, or ({}, why not)."""
+    import hashlib
+
+    import onnx
+
+    src = (entry.get("quantization") or {}).get("source") or {}
+    if not src.get("folder"):
+        return {}, "the quantized file's float source is not recorded"
+    folder = (Path(ef.path) / src["folder"]).resolve()
+    try:
+        path = folder / json.loads((folder / "manifest.json").read_text())["artifacts"]["onnx"]["file"]
+        data = path.read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, f"its float source {folder} is gone"
+    if src.get("onnx_sha256") and hashlib.sha256(data).hexdigest() != src["onnx_sha256"]:
+        return {}, f"its float source {path} changed since it was quantized (sha256)"
+    source = onnx.load_from_string(data) if len(data) < TWO_GB else onnx.load(str(path), load_external_data=False)
+    by_name = {n.name: sc for n in source.graph.node if (sc := _scopes(n))}
+    hints = {}
+    for n in proto_nodes:
+        m = QUANT_NODE_RE.match(n.name)
+        if m and not _scopes(n) and m.group(1) in by_name:
+            hints[n.name] = by_name[m.group(1)]
+    return hints, None
+
+
+def quantized_tolerance(quantization: dict) -> tuple[float, str]:
+    """The relative error bisect allows a quantized file: its scheme's relative logit error (verify's quality
+    threshold, ``verify/quality.py``), and that in words."""
+    from mhaexport.verify.quality import thresholds_for
+
+    limits, table = thresholds_for(quantization.get("weights"))
+    return float(limits.logit_err), (f"quantized ({quantization.get('label') or quantization.get('weights')}): "
+                                     f"tolerance {limits.logit_err:g}, the {table} scheme's relative logit error")
+
+
 def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
-    """Bisect an export folder's ONNX model (hashes checked first) against eager PyTorch.
+    """Bisect an export folder's ONNX model (hashes checked first) against eager PyTorch, fed in the file's own
+    protocol: a shared cache one row per call, an adopted file under its own names, a quantized file with its
+    scheme's tolerance (and the module scopes its quantizer dropped read from its float source).
 
     ``loaded``: the eager model; by default it is rebuilt from the manifest's model spec (as ``verify`` does).
-    Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level).
+    Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level, steps_of),
+    and ``case_from`` (where the shapes came from) to the report.
     """
+    import onnx
+
     from mhaexport.artifact import ExportFolder
     from mhaexport.models.loading import check_same_model, load_recorded
 
+    case_from = kwargs.pop("case_from", "")
     ef = ExportFolder.open(folder, "onnx")
     entry = ef.entry("onnx")
     if loaded is None:
@@ -432,4 +602,79 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
         kwargs.setdefault("past", entry.fixed_sizes[1])
     if entry.dtype != "float32":
         kwargs.setdefault("tol", 1e-2)
-    return bisect_onnx(ef.file("onnx"), loaded, **kwargs)
+    layout = _file_layout(entry, loaded.contract)
+    if layout is not None and layout.kv_cache == "shared":
+        kwargs["max_cache"] = int(entry.get("max_cache") or layout.max_positions or loaded.contract.max_positions)
+    notes = []
+    quant = entry.get("quantization")
+    if quant:
+        tol, said = quantized_tolerance(quant)
+        kwargs.setdefault("tol", tol)
+        notes.append(said)
+        if layout is None or layout.producer == "mhaexport":
+            nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
+            hints, why = _quantized_scope_hints(ef, entry, nodes)
+            if why:
+                raise ArtifactError(f"cannot bisect {ef.path} module by module: its quantized nodes carry no module "
+                                    f"scopes and {why}")
+            kwargs["scope_hints"] = hints
+    report = bisect_onnx(ef.file("onnx"), loaded, layout=layout, **kwargs)
+    report.case_from = case_from
+    report.notes = notes + report.notes
+    return report
+
+
+def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
+    """The case parity failed at worst in a verify report (report.json): an ONNX Runtime runner's parity, ort-cpu
+    first; None when parity failed nowhere (or the report names no case)."""
+    from mhaexport.verify.report import load_report
+
+    report = load_report(path)
+    shapes = {s.get("name"): s for s in report.sweep.get("shapes", [])}
+    order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
+    for rt in order:
+        res = report.results[rt].get("parity")
+        if rt == "torchscript" or res is None or res.status is not False:
+            continue
+        shape = shapes.get(res.figures.get("worst_case"))
+        if shape is None:
+            continue
+        case = Case(int(shape["batch"]), int(shape["seq"]), int(shape["past"]), tuple(shape.get("pad") or ()),
+                    int(shape.get("seed", 0)))
+        if case.seq + case.past <= contract.max_positions:
+            return case, f"{rt}'s worst parity case in {Path(path).name}"
+    return None
+
+
+def failing_case(folder: str | Path, loaded, progress=None) -> tuple[Case | None, str]:
+    """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json when
+    it was written after the folder's last export (its manifest), else from a parity run now (ort-cpu, the quick
+    sweep). (None, why) when parity passes there (a quantized file: parity does not apply): bisect's default case."""
+    from mhaexport.artifact import ExportFolder
+
+    folder = Path(folder)
+    ef = ExportFolder.open(folder, "onnx")
+    if ef.entry("onnx").get("quantization"):
+        return None, "a quantized file: no exact parity case"
+    report = folder / "report.json"
+    if report.is_file() and report.stat().st_mtime >= (folder / "manifest.json").stat().st_mtime:
+        try:
+            found = case_of_report(report, loaded.contract)
+        except MhaExportError:
+            found = None  # an unreadable report: parity is run below
+        else:
+            if found is None:
+                return None, "parity passed in report.json"
+        if found is not None:
+            return found
+    from mhaexport.verify.verify import verify_folder
+
+    if progress:
+        progress("looking for the failing case: parity on ort-cpu, quick sweep")
+    run = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=("parity",))
+    res = run.results.get("ort-cpu", {}).get("parity")
+    if res is None or res.status is not False:
+        return None, "parity passes on ort-cpu"
+    by_name = {cs.name: cs for cs in build_sweep(loaded.contract, "quick", 0)}
+    case = by_name.get(res.figures.get("worst_case"))
+    return (case, "ort-cpu's worst parity case, run now") if case else (None, "parity failed at no one case")
