@@ -53,6 +53,7 @@ class TensorDiff:
     rel: float  # max|onnx - eager| / max|eager|; inf where ONNX is non-finite and eager is not
     input_rel: float | None = None  # the same for the module's input, where it was found in the graph
     depth: int = 0  # module nesting depth (children sort before parents at the same position)
+    first_position: int | None = None  # a (batch, seq, ...) value beyond tolerance: the lowest token position there
 
 
 @dataclass
@@ -80,6 +81,7 @@ class BisectReport:
     row: int | None = None  # a shared cache, fed one row per call: the row this report is of
     rows_run: int = 1  # calls made (rows, for a shared cache); the report is the first that diverged, else the last
     notes: list[str] = field(default_factory=list)  # what was compared differently (outputs only, tolerance)
+    positions: tuple[int, int] = (0, 0)  # the lowest and highest token position the (shown) call computed
 
     @property
     def ok(self) -> bool:
@@ -99,8 +101,11 @@ class BisectReport:
         lines = [f"bisect {self.model} on {self.provider} at batch={s['batch']} seq={s['seq']} past={s['past']}{pad}"
                  f"{source}: relative error = max|onnx - eager| / max|eager|, tolerance {self.tol:.0e}"]
         if self.protocol != "concat cache, left padding":
-            row = f"; this is row {self.row} of {self.rows_run}" if self.row is not None else ""
-            lines.append(f"  fed as the file's protocol: {self.protocol}{row}")
+            row = ""
+            if self.row is not None:
+                row = (f"; rows compared: {self.rows_run}, all agree (the table: row {self.row})" if self.ok
+                       else f"; the table: row {self.row}, the first that diverges")
+            lines.append(f"  fed in the file's protocol: {self.protocol}{row}")
         lines += [f"  {note}" for note in self.notes]
         lines += [
                  f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}"]
@@ -125,6 +130,10 @@ class BisectReport:
                 lines.append(f"first divergence: {c.module} at step '{st.step}' ({val}{rel}): {st.note}")
             else:
                 lines.append(f"first divergence: {f.module} ({f.onnx_value}, {f.op}): rel err {f.rel:.1e}")
+            if f.first_position is not None:
+                lines.append(f"  {f.module} first differs at token position {f.first_position}"
+                             + (f" (positions {self.positions[0]}-{f.first_position - 1} of this case agree)"
+                                if f.first_position > self.positions[0] else ""))
             if c is not None:
                 where = f" in block {self.block}" if self.block else ""
                 inp = f"input agrees ({c.input_rel:.1e}), " if c.input_rel is not None else ""
@@ -392,8 +401,11 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         feed = _feed(layout, names, *call, kv_dtype, max_cache if shared else None)
         values = {n: v for n, v in zip(out_names, sess.run(out_names, feed))
                   if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
-        report = _compare(label, nodes, scopes, values, producer, eager, expected_out, file_name, tol)
+        call_mask = call[1].numpy()
+        positions = np.maximum(np.cumsum(call_mask, axis=-1) - 1, 0)[:, -call[0].shape[1]:]  # (B, T), as the model's
+        report = _compare(label, nodes, scopes, values, producer, eager, expected_out, file_name, tol, positions)
         report.shapes = {"batch": batch, "seq": seq, "past": past}
+        report.positions = (int(positions.min()), int(positions.max()))
         report.pad = list(pad or [])
         report.provider = sess.get_providers()[0]
         report.protocol, report.notes = protocol, list(notes)
@@ -410,10 +422,22 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     return report
 
 
+def _first_position(actual: np.ndarray, expected: np.ndarray, positions: np.ndarray, tol: float) -> int | None:
+    """For a value laid out (batch, seq, ...) like the call's tokens: the lowest token position (positions count
+    real tokens, as the model's do) whose values differ beyond ``tol`` relative to max|eager|; None otherwise."""
+    if actual.shape != expected.shape or actual.shape[:2] != positions.shape:
+        return None
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    diff = np.where(np.isnan(diff), np.inf, diff).reshape(positions.shape + (-1,)).max(axis=-1)  # (B, T)
+    scale = max(float(np.abs(expected[np.isfinite(expected)]).max(initial=0.0)), 1e-12)
+    bad = diff > tol * scale
+    return int(positions[bad].min()) if bad.any() else None
+
+
 def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict, eager: dict,
-             expected_out: dict, file_name: dict, tol: float) -> BisectReport:
+             expected_out: dict, file_name: dict, tol: float, positions: np.ndarray) -> BisectReport:
     """One call's rows: each eager module's output against its ONNX value, then the graph outputs; the first
-    divergent row, the culprit and its own nodes."""
+    divergent row, the culprit and its own nodes. ``positions``: (B, T) the call's token positions."""
 
     def op_of(idx: int) -> str:
         return f"{nodes[idx].op_type} {nodes[idx].name}"
@@ -439,7 +463,9 @@ def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict
                     input_rel = relative_error(values[src[0]], inp)[1]
                     break
         rows.append(TensorDiff(path, name, op_of(idx), idx, tuple(out.shape), max_abs, rel, input_rel,
-                               depth=path.count(".") + 1))
+                               depth=path.count(".") + 1,
+                               first_position=_first_position(values[name], out, positions, tol)
+                               if not rel <= tol else None))
     for contract_name, exp in expected_out.items():
         name = file_name.get(contract_name, contract_name)
         if name in values and name in producer:
@@ -447,9 +473,10 @@ def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict
             if got.ndim == 4 and exp.ndim == 4 and got.shape[2] > exp.shape[2]:
                 got = got[:, :, :exp.shape[2]]  # a shared buffer: the slots written so far
             max_abs, rel = relative_error(got, exp)
-            shown = contract_name if name == contract_name else f"{contract_name} ({name})"
-            rows.append(TensorDiff(f"output {shown}", name, op_of(producer[name]), producer[name],
-                                   tuple(exp.shape), max_abs, rel, depth=0))
+            first = _first_position(got, exp, positions, tol) if contract_name == iospec.LOGITS and not rel <= tol \
+                else None
+            rows.append(TensorDiff(f"output {contract_name}", name, op_of(producer[name]), producer[name],
+                                   tuple(exp.shape), max_abs, rel, depth=0, first_position=first))
     rows.sort(key=lambda r: (r.position, -r.depth))
 
     report = BisectReport(model=label, shapes={}, tol=tol, provider="", rows=rows, unmatched=sorted(unmatched))
@@ -647,26 +674,26 @@ def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
 
 
 def failing_case(folder: str | Path, loaded, progress=None) -> tuple[Case | None, str]:
-    """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json when
-    it was written after the folder's last export (its manifest), else from a parity run now (ort-cpu, the quick
-    sweep). (None, why) when parity passes there (a quantized file: parity does not apply): bisect's default case."""
+    """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json (or a
+    ``--runtime`` run's report-*.json) when written after the folder's last export (its manifest), else from a
+    parity run now (ort-cpu, the quick sweep). (None, why) when parity passes there, or for a quantized file
+    (parity does not apply): bisect's default case."""
     from mhaexport.artifact import ExportFolder
 
     folder = Path(folder)
     ef = ExportFolder.open(folder, "onnx")
     if ef.entry("onnx").get("quantization"):
         return None, "a quantized file: no exact parity case"
-    report = folder / "report.json"
-    if report.is_file() and report.stat().st_mtime >= (folder / "manifest.json").stat().st_mtime:
+    exported = (folder / "manifest.json").stat().st_mtime
+    # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)
+    reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for report in reports:
         try:
             found = case_of_report(report, loaded.contract)
         except MhaExportError:
-            found = None  # an unreadable report: parity is run below
-        else:
-            if found is None:
-                return None, "parity passed in report.json"
-        if found is not None:
-            return found
+            continue  # an unreadable report: the next one, or parity is run below
+        return found if found is not None else (None, f"parity passed in {report.name}")
     from mhaexport.verify.verify import verify_folder
 
     if progress:
