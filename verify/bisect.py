@@ -300,7 +300,7 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
                 pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
                 provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL,
                 steps_of: str | None = None, layout: Layout | None = None, max_cache: int | None = None,
-                scope_hints: dict[str, list[str]] | None = None) -> BisectReport:
+                scope_hints: dict[str, list[str]] | None = None, outputs_only: str | None = None) -> BisectReport:
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
 
     When the culprit is an attention module (a Softmax among its own ONNX nodes), its steps are compared too
@@ -315,8 +315,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     ``layout`` (an adopted file's, or a shared-cache export's) names the file's I/O and its cache; a shared cache
     (``layout.kv_cache == "shared"``, buffers of ``max_cache`` slots) is fed one row per call (:func:`_calls`), and
     the report is the first row that diverges (else the last row's). A file another tool made that carries no
-    module scopes is compared on its outputs only (logits, each layer's key and value). ``scope_hints``: module
-    scopes for nodes that lost theirs, by node name (a quantized file's MatMulNBits, from its float source).
+    module scopes is compared on its outputs only (logits, each layer's key and value), as is any file when
+    ``outputs_only`` says why. ``scope_hints``: module scopes for nodes that lost theirs, by node name (a quantized
+    file's MatMulNBits, from its float source).
     ``tol`` is the relative error above which a tensor counts as divergent (1e-3 suits float32; use 1e-2 for float16
     exports, a quantized scheme's relative logit error for quantized ones).
     """
@@ -336,8 +337,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
     nodes = list(proto.graph.node)
     scopes = [_scopes(n) or (scope_hints or {}).get(n.name) for n in nodes]
-    notes: list[str] = []
-    if not any(scopes):
+    notes: list[str] = [f"{outputs_only}: compared on its outputs only (logits, each layer's key and value)"] \
+        if outputs_only else []
+    if not any(scopes) and not notes:
         if layout is None or layout.producer == "mhaexport":
             raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
                                  "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
@@ -641,9 +643,8 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
         if layout is None or layout.producer == "mhaexport":
             nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
             hints, why = _quantized_scope_hints(ef, entry, nodes)
-            if why:
-                raise ArtifactError(f"cannot bisect {ef.path} module by module: its quantized nodes carry no module "
-                                    f"scopes and {why}")
+            if why:  # a module's last value in its scope would not be its output: outputs only
+                kwargs["outputs_only"] = f"its quantized nodes carry no module scopes and {why}"
             kwargs["scope_hints"] = hints
     report = bisect_onnx(ef.file("onnx"), loaded, layout=layout, **kwargs)
     report.case_from = case_from
