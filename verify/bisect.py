@@ -18,7 +18,6 @@ vanish under bisect; run it with ``opt_level="disable"`` and the default to tell
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,7 +75,7 @@ class BisectReport:
     step: StepDiff | None = None  # the first step that diverges
     steps_note: str = ""  # what the first divergent step's values say, or why no step was compared
     pad: list[int] = field(default_factory=list)  # left padding per row over past + seq (the case's positions)
-    case_from: str = ""  # where the case came from: "--case", "the failing parity case in report.json", ...
+    case_from: str = ""  # where the case came from: "--case", "b=1 seq=128 past=0: ort-cpu's worst parity case ..."
     protocol: str = "concat cache, left padding"  # how the file was fed
     row: int | None = None  # a shared cache, fed one row per call: the row this report is of
     rows_run: int = 1  # calls made (rows, for a shared cache); the report is the first that diverged, else the last
@@ -107,8 +106,7 @@ class BisectReport:
                        else f"; the table: row {self.row}, the first that diverges")
             lines.append(f"  fed in the file's protocol: {self.protocol}{row}")
         lines += [f"  {note}" for note in self.notes]
-        lines += [
-                 f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}"]
+        lines.append(f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}")
         show = self.rows
         if not all_rows and self.first_divergent is not None:
             i = self.rows.index(self.first_divergent)
@@ -569,24 +567,24 @@ QUANT_NODE_RE = re.compile(r"^(.*)_Q\d+$")  # MatMulNBitsQuantizer names its nod
 
 def _quantized_scope_hints(ef, entry, proto_nodes) -> tuple[dict[str, list[str]], str | None]:
     """Module scopes for a quantized file's scope-less nodes (the quantizer drops node metadata), read from its
-    float source (recorded in the manifest, its sha256 checked): {node name: scopes}, or ({}, why not)."""
-    import hashlib
-
+    float source (the folder the manifest records, its hashes checked and its ONNX file the one quantized):
+    {node name: scopes}, or ({}, why not)."""
     import onnx
+
+    from mhaexport.artifact import ExportFolder
 
     src = (entry.get("quantization") or {}).get("source") or {}
     if not src.get("folder"):
-        return {}, "the quantized file's float source is not recorded"
-    folder = (Path(ef.path) / src["folder"]).resolve()
+        return {}, "its float source is not recorded"
     try:
-        path = folder / json.loads((folder / "manifest.json").read_text())["artifacts"]["onnx"]["file"]
-        data = path.read_bytes()
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}, f"its float source {folder} is gone"
-    if src.get("onnx_sha256") and hashlib.sha256(data).hexdigest() != src["onnx_sha256"]:
-        return {}, f"its float source {path} changed since it was quantized (sha256)"
-    source = onnx.load_from_string(data) if len(data) < TWO_GB else onnx.load(str(path), load_external_data=False)
-    by_name = {n.name: sc for n in source.graph.node if (sc := _scopes(n))}
+        source = ExportFolder.open(Path(ef.path) / src["folder"], "onnx")
+    except MhaExportError as e:
+        return {}, f"its float source cannot be read ({str(e).splitlines()[0]})"
+    s_entry = source.entry("onnx")
+    if s_entry.files[s_entry.file]["sha256"] != src.get("onnx_sha256"):
+        return {}, f"its float source {source.file('onnx')} is not the file it was quantized from (sha256)"
+    graph = onnx.load(str(source.file("onnx")), load_external_data=False).graph
+    by_name = {n.name: sc for n in graph.node if (sc := _scopes(n))}
     hints = {}
     for n in proto_nodes:
         m = QUANT_NODE_RE.match(n.name)
