@@ -624,15 +624,23 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
         loaded = load_recorded(ef)
     else:
         check_same_model(loaded, ef.model)
-    if entry.fixed_sizes is not None:
-        kwargs.setdefault("seq", entry.fixed_sizes[0])
-        kwargs.setdefault("past", entry.fixed_sizes[1])
+    notes = []
+    if entry.fixed_sizes is not None:  # a static export runs at its own sizes only
+        fixed = {"seq": entry.fixed_sizes[0], "past": entry.fixed_sizes[1]}
+        if any(k in kwargs and kwargs[k] != v for k, v in fixed.items()):
+            if case_from == "--case":
+                raise ConfigError(f"{ef.path} is a static export: it runs at seq={fixed['seq']} "
+                                  f"past={fixed['past']} only, not at --case")
+            notes.append(f"a static export: bisected at its own seq={fixed['seq']} past={fixed['past']}, not at "
+                         f"the case asked for ({case_from or 'seq=' + str(kwargs.get('seq'))})")
+            case_from = ""
+            kwargs.pop("pad", None)
+        kwargs.update(fixed)
     if entry.dtype != "float32":
         kwargs.setdefault("tol", 1e-2)
     layout = _file_layout(entry, loaded.contract)
     if layout is not None and layout.kv_cache == "shared":
         kwargs["max_cache"] = int(entry.get("max_cache") or layout.max_positions or loaded.contract.max_positions)
-    notes = []
     quant = entry.get("quantization")
     if quant:
         tol, said = quantized_tolerance(quant)
