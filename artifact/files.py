@@ -83,16 +83,41 @@ def read_json(path: str | Path, what: str) -> dict:
     return data
 
 
+# The least free space a writing verb starts with when it cannot know what it will write (reports, a manifest)
+MIN_FREE_BYTES = 4 * 1024**2
+
+
+def ensure_free_space(path: str | Path, need: int, what: str) -> None:
+    """ArtifactError unless the file system of the folder ``path`` has ``need`` bytes free (and MIN_FREE_BYTES)."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return  # a file system that cannot say: the write itself will tell
+    need = max(int(need), MIN_FREE_BYTES)
+    if free < need:
+        raise ArtifactError(f"not enough disk space in {path}: {what} needs about {_size(need)}, "
+                            f"{_size(free)} free")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def ensure_writable_dir(path: str | Path) -> Path:
-    """Create the output folder if needed and prove it is writable (a real file is created and removed), or raise
-    ArtifactError. Every verb that writes calls this before any work."""
+    """Create the output folder if needed and prove it is writable (a real file is created and removed) with at least
+    MIN_FREE_BYTES free, or raise ArtifactError. Every verb that writes calls this before any work."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
     except OSError as e:
         raise ArtifactError(f"output folder {path} is not writable: {e.strerror or e}") from None
+    ensure_free_space(path, MIN_FREE_BYTES, "writing there")
     return path
 
 
@@ -120,17 +145,18 @@ def file_entries(folder: Path, names: list[str]) -> dict[str, dict]:
     return {n: {"sha256": sha256_file(folder / n), "bytes": (folder / n).stat().st_size} for n in names}
 
 
-def check_files(folder: Path, files: dict[str, dict], artifact: str) -> None:
-    """Every file exists with its recorded size and sha256, or ArtifactError saying which and how."""
+def check_files(folder: Path, files: dict[str, dict], artifact: str, shown: Path | None = None) -> None:
+    """Every file exists with its recorded size and sha256, or ArtifactError saying which and how. ``shown``: the
+    folder to name in messages when ``folder`` is a reader's snapshot of it."""
     for fname, meta in files.items():
-        path = folder / fname
-        if not path.is_file():
+        path = (shown or folder) / fname
+        if not (folder / fname).is_file():
             raise ArtifactError(f"{path} is missing: the manifest lists it for the {artifact} export")
-        size = path.stat().st_size
+        size = (folder / fname).stat().st_size
         if size != meta["bytes"]:
             raise ArtifactError(f"{path} has {size} bytes, the manifest recorded {meta['bytes']}: "
                                 "truncated or altered, re-export it")
-        digest = sha256_file(path)
+        digest = sha256_file(folder / fname)
         if digest != meta["sha256"]:
             raise ArtifactError(f"{path} sha256 {digest[:12]}… does not match the manifest's "
                                 f"{meta['sha256'][:12]}…: altered after export, re-export it")

@@ -15,11 +15,27 @@ import sys
 import time
 from pathlib import Path
 
-from mhaexport.errors import ArtifactError
+from mhaexport.errors import ArtifactError, ConfigError
 
 LOCK_FILE = ".mhaexport.lock"
 # how long a writer waits for another one to finish its critical section (seconds); MHAEXPORT_LOCK_TIMEOUT overrides
 DEFAULT_TIMEOUT = 120.0
+LOCK_TIMEOUT_ENV = "MHAEXPORT_LOCK_TIMEOUT"
+
+
+def lock_timeout() -> float:
+    """Seconds a writer waits for the lock: ``MHAEXPORT_LOCK_TIMEOUT`` when set, else :data:`DEFAULT_TIMEOUT`;
+    ConfigError for a value that is not a finite number >= 0 (writing verbs call this before any work)."""
+    value = os.environ.get(LOCK_TIMEOUT_ENV)
+    if value is None or not value.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ConfigError(f"{LOCK_TIMEOUT_ENV}={value!r}: expected seconds to wait for another writer (a number >= 0)")
+    return seconds
 
 
 def _holder_line(path: Path) -> str:
@@ -40,8 +56,7 @@ class FolderLock:
     def __init__(self, folder: str | Path, purpose: str, timeout: float | None = None) -> None:
         self.path = Path(folder) / LOCK_FILE
         self.purpose = purpose
-        env = os.environ.get("MHAEXPORT_LOCK_TIMEOUT")
-        self.timeout = float(env) if timeout is None and env else (DEFAULT_TIMEOUT if timeout is None else timeout)
+        self.timeout = lock_timeout() if timeout is None else timeout
         self._fd: int | None = None
 
     def __enter__(self) -> FolderLock:

@@ -158,17 +158,17 @@ class BareRow(Row):
     counted as the loop's cost. Without a loaded ORT CPU row it creates its own session (CPU, ``--threads``) and
     its notes say so."""
 
-    def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig,
+    def __init__(self, record: RuntimeBench, ef: ExportFolder, cfg: BenchConfig,
                  share: Callable[[], Row | None] = lambda: None) -> None:
         super().__init__(record, self._load, cfg.repeats)
-        self.folder, self.cfg, self.share = folder, cfg, share
+        self.ef, self.cfg, self.share = ef, cfg, share
 
     def _load(self) -> Runner:
         import onnxruntime as ort
 
         from mhaexport.runtime.session import CPU, start_session
 
-        ef = ExportFolder.open(self.folder, "onnx")
+        ef = self.ef
         entry = ef.entry("onnx")
         own = self.share()
         runner = own.runner if own is not None and own.ok else None
@@ -244,19 +244,19 @@ class GenAIRow(Row):
     each generate_next_token a decode step, timed the same way — the comparison the issue asked to keep in every
     bench table."""
 
-    def __init__(self, record: RuntimeBench, folder: Path, cfg: BenchConfig) -> None:
+    def __init__(self, record: RuntimeBench, ef: ExportFolder, cfg: BenchConfig) -> None:
         super().__init__(record, self._load, cfg.repeats)
-        self.folder, self.threads = folder, cfg.threads
+        self.ef, self.threads = ef, cfg.threads
 
     def _load(self) -> Runner:
         from mhaexport.runtime.genai import genai_model, import_og
         from mhaexport.runtime.runner import skipped
 
         og = import_og()
-        ef = ExportFolder.open(self.folder, "onnx")
+        ef = self.ef
         if "genai_config.json" not in ef.entry("onnx").files:
-            return skipped(self.record.name, ef.contract, f"{self.folder} has no genai_config.json")
-        self.og, self.model = og, genai_model(self.folder, self.threads)  # --threads, as every other row
+            return skipped(self.record.name, ef.contract, f"{ef.path} has no genai_config.json")
+        self.og, self.model = og, genai_model(ef.root, self.threads)  # --threads, as every other row
         return _own_loop(self.record.name, ef.contract, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()])
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
@@ -290,13 +290,14 @@ def skipped_row(name: str, reason: str, **kw: Any) -> Row:
     return Row(RuntimeBench(name, reason=reason, **kw), None, 0)
 
 
-def _ort_loader(folder: Path, provider: str, cfg: BenchConfig, opt_level: str | None = None
+def _ort_loader(ef: ExportFolder, provider: str, cfg: BenchConfig, opt_level: str | None = None
                 ) -> Callable[[], Runner]:
     def load() -> Runner:
         from mhaexport.runtime import Generator
         from mhaexport.runtime.session import DEFAULT_OPT_LEVEL
 
-        gen = Generator(folder, providers=(provider,), threads=cfg.threads, opt_level=opt_level or DEFAULT_OPT_LEVEL)
+        # the folder opened (and its snapshot hash-checked) once by the run: the rows run those bytes
+        gen = Generator(ef, providers=(provider,), threads=cfg.threads, opt_level=opt_level or DEFAULT_OPT_LEVEL)
         return gen.runner
 
     return load
@@ -374,11 +375,11 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
                 add(Row(ort_record(name, folder, own_lowering), None, 0))
                 rows[-1].skip(why)
             else:
-                add(Row(ort_record(name, folder, own_lowering), _ort_loader(folder, provider, cfg), cfg.repeats))
+                add(Row(ort_record(name, folder, own_lowering), _ort_loader(ef, provider, cfg), cfg.repeats))
             if name == ORT_CUDA and ("onnx" not in arts or why is not None):
                 continue  # CUDA is not really present (or nothing to compare with): the folder's own row says why
             for other, m in others:
-                add(Row(ort_record(name, other, lowering_of(m), m), _ort_loader(other, provider, cfg), cfg.repeats))
+                add(Row(ort_record(name, other, lowering_of(m), m), _ort_loader(m, provider, cfg), cfg.repeats))
         elif name in (ORT_BARE, ORT_GENAI):
             if "onnx" not in arts:
                 add(skipped_row(name, f"no ONNX export in {folder}"))
@@ -387,12 +388,12 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
                     def own(rows: list[Row] = rows) -> Row | None:  # the folder's ort-cpu row, when it is loaded
                         return next((r for r in rows if r.record.name == ORT_CPU and r.runner is not None), None)
 
-                    add(BareRow(ort_record(name, folder, own_lowering), folder, cfg, share=own))
+                    add(BareRow(ort_record(name, folder, own_lowering), ef, cfg, share=own))
                 else:
-                    add(GenAIRow(ort_record(name, folder, own_lowering), folder, cfg))
+                    add(GenAIRow(ort_record(name, folder, own_lowering), ef, cfg))
     if ORT_CPU in names and "onnx" in arts:
         for level in cfg.opt_levels:
             rb = with_quantization(RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level,
                                                 folder=str(folder)), ef, cfg.batch)
-            add(Row(rb, _ort_loader(folder, "cpu", cfg, level), cfg.repeats))
+            add(Row(rb, _ort_loader(ef, "cpu", cfg, level), cfg.repeats))
     return rows

@@ -132,7 +132,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     own = res.get(ORT_CPU)
     if own is not None and own.ran and cfg.profile:
         say(f"profiling {ORT_CPU} ...")
-        res.profile = profile_ort_cpu(folder, cfg, ids)
+        res.profile = profile_ort_cpu(ef, cfg, ids)
     if eager is None and set(TORCH_RUNTIMES) & set(names):
         notes.append(f"eager runtimes skipped: {no_eager}")
     if EAGER_NOCACHE in names and cfg.nocache_repeats < cfg.repeats:
@@ -249,14 +249,14 @@ def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int
     return out
 
 
-def profile_ort_cpu(folder: Path, cfg: BenchConfig, prompt: np.ndarray) -> dict:
+def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> dict:
     """ONNX Runtime's profile of one ORT CPU generation (written to ``cfg.profile_dir`` or the folder), summed up
     per op type."""
     from mhaexport.runtime import GenerationConfig, Generator
 
-    out = Path(cfg.profile_dir or folder)
+    out = Path(cfg.profile_dir or ef.path)
     out.mkdir(parents=True, exist_ok=True)
-    gen = Generator(folder, providers=("cpu",), threads=cfg.threads, profile_prefix=str(out / "ort-profile"))
+    gen = Generator(ef, providers=("cpu",), threads=cfg.threads, profile_prefix=str(out / "ort-profile"))
     gen.generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))
     return summarize_profile(gen.session.end_profiling())
 

@@ -82,6 +82,13 @@ def captured_warnings() -> Iterator[list[str]]:
                 lg.setLevel(level)
 
 
+def module_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Bytes of ``module``'s parameters and buffers (in ``dtype`` when given): what an export of it writes, about."""
+    size = torch.tensor([], dtype=dtype).element_size() if dtype is not None else None
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * (size or t.element_size()) for t in tensors)
+
+
 def copy_tokenizer(loaded: LoadedModel, dest: Path) -> list[str]:
     """Copy the tokenizer of an ``--hf`` folder (``tokenizer.json`` and its companions) into ``dest``; returns the
     names copied, [] for a model without one (the built-in models are byte-level)."""

@@ -19,7 +19,8 @@ from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
 from mhaexport.errors import ExportError, first_line
-from mhaexport.exporter.common import ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish
+from mhaexport.exporter.common import (ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish,
+                                       module_bytes)
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
@@ -130,8 +131,27 @@ def _name_cache_dims(model: ir.Model) -> None:
     _name_axis2([*model.graph.inputs, *model.graph.outputs], ("past_key_values.", "present."), iospec.MAX_CACHE)
 
 
+# ONNX Runtime contrib ops that ORT registers in the default ONNX domain (onnx.checker does not know them): written by
+# onnxscript's ort_fusions (--attention fused) for a norm with no residual to fuse
+ORT_ONNX_DOMAIN_CONTRIB = frozenset({"SimplifiedLayerNormalization"})
+
+
 def check_onnx(path: Path) -> None:
-    """onnx.checker full check (with shape inference) and strict shape inference, path-based (works past 2 GB)."""
+    """onnx.checker full check (with shape inference) and strict shape inference, path-based (works past 2 GB). A
+    graph holding ORT's contrib ops of the default domain (ORT_ONNX_DOMAIN_CONTRIB) is checked without them known:
+    those nodes are moved to com.microsoft in a copy of the graph (which the checker leaves to ONNX Runtime, as
+    every com.microsoft op) and checked without strict shape inference; the self-check and verify run them."""
+    graph = onnx.load(str(path), load_external_data=False)
+    contrib = [n for n in graph.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ORT_ONNX_DOMAIN_CONTRIB]
+    if contrib:
+        for n in contrib:
+            n.domain = "com.microsoft"
+        try:
+            onnx.checker.check_model(graph, full_check=False)
+        except Exception as e:
+            raise ExportError(f"the exported ONNX model fails onnx.checker: {e}") from None
+        return
+    del graph
     try:
         onnx.checker.check_model(str(path), full_check=True)
         onnx.shape_inference.infer_shapes_path(str(path), str(path) + ".inferred", strict_mode=True)
@@ -139,6 +159,21 @@ def check_onnx(path: Path) -> None:
         raise ExportError(f"the exported ONNX model fails onnx.checker/shape inference: {e}") from None
     finally:
         Path(str(path) + ".inferred").unlink(missing_ok=True)
+
+
+def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool = True,
+                        attention: str = "decomposed") -> None:
+    """ExportError for a cache layout the other options contradict; needs no model (the CLI asks before loading)."""
+    if kv_cache not in iospec.KV_CACHES:
+        raise ExportError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
+    if kv_cache == "shared":
+        if not seq_dynamic:
+            raise ExportError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): drop --seq-static")
+        if attention == "onnx":
+            raise ExportError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared buffer is "
+                              "written by com.microsoft GroupQueryAttention (--attention ort, fused or the default)")
+    elif max_cache is not None:
+        raise ExportError("--max-cache sizes a shared cache: give it with --kv-cache shared")
 
 
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
@@ -157,21 +192,13 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     """
     if attention not in LOWERINGS:
         raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
-    if kv_cache not in iospec.KV_CACHES:
-        raise ExportError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
+    check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
     lowering_name = attention
     if kv_cache == "shared":
-        if not seq_dynamic:
-            raise ExportError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): drop --seq-static")
-        if attention == "onnx":
-            raise ExportError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared buffer is "
-                              "written by com.microsoft GroupQueryAttention (--attention ort or the default)")
-        lowering_name = "gqa"
+        lowering_name = "fused" if attention == "fused" else "gqa"
         max_cache = loaded.contract.max_positions if max_cache is None else max_cache
         if not 1 <= max_cache <= loaded.contract.max_positions:
             raise ExportError(f"--max-cache {max_cache}: expected 1..max_positions={loaded.contract.max_positions}")
-    elif max_cache is not None:
-        raise ExportError("--max-cache sizes a shared cache: give it with --kv-cache shared")
     if dtype not in dtypes.NAMES:
         raise ExportError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
     if opset is None:
@@ -196,7 +223,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     threshold = external_data_threshold()  # a bad MHAEXPORT_EXTERNAL_DATA_BYTES is refused before any work
     started = time.perf_counter()
-    with stage_artifact(out_dir, "onnx") as staged, captured_warnings() as warns:
+    with stage_artifact(out_dir, "onnx", expected_bytes=module_bytes(loaded.module, torch_dtype)) as staged, \
+            captured_warnings() as warns:
         tmp = staged.dir
         try:
             with torch.no_grad():
@@ -222,7 +250,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if lowering_name != "decomposed" and too_big is None:
             decomposed = ir.serde.serialize_model(model).SerializeToString()
         lowering = lower_attention_ir(model, lowering_name, n_heads=c.n_heads, head_dim=c.head_dim,
-                                      n_kv_heads=c.n_kv_heads)
+                                      n_kv_heads=c.n_kv_heads,
+                                      shared_fused=kv_cache == "shared" and attention == "fused")
         if kv_cache == "shared":
             _name_cache_dims(model)
         if lowering_name == "decomposed" and (n_attn := lowering.op_counts.get("Attention", 0)):

@@ -46,6 +46,7 @@ from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_thresho
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
 from mhaexport.runtime.genai import GENAI_CONFIG
+from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
@@ -54,6 +55,8 @@ SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 BITS = {"int4": 4, "int8": 8}
 WEIGHTS = tuple(BITS)
 FLOAT_GROUPS = ("embeddings", "lm_head")  # what keep_float may name
+# the block sizes ONNX Runtime's MatMulNBits quantizer takes (MLAS MlasQuantizeBlockwise refuses any other, 512 too)
+BLOCK_SIZES = (16, 32, 64, 128, 256)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations
 # int4's default: the first decoder block in 8 bits. On the trained default model (held-out text) all-int4 agrees
 # with eager's top-1 at 0.876 (KL mean 0.055); with block 0 in int8, 0.909 (KL 0.021), for ~5 % more weight bytes
@@ -66,7 +69,7 @@ class QuantConfig:
     """How to quantize. ``int8_blocks`` None means the scheme's default (1 for int4, 0 for int8)."""
 
     weights: str = "int4"  # "int4" | "int8"
-    block_size: int = 32  # weights per scale, along K (a power of two >= 16)
+    block_size: int = 32  # weights per scale, along K: one of BLOCK_SIZES
     symmetric: bool = True  # no zero points (int4: values -8..7 times the block's scale)
     accuracy_level: int = 4  # MatMulNBits' compute type on CPU: 4 = int8 activations (fastest), 0/1 = float
     keep_float: tuple[str, ...] = ("embeddings",)  # gathered tables stay float: a decode step reads one row
@@ -85,8 +88,9 @@ class QuantConfig:
         if self.weights not in BITS:
             raise ConfigError(f"--weights {self.weights!r}: expected one of {', '.join(WEIGHTS)}")
         bs = self.block_size
-        if not isinstance(bs, int) or bs < 16 or bs & (bs - 1):
-            raise ConfigError(f"--block-size {bs}: a power of two >= 16 (MatMulNBits' block size)")
+        if not isinstance(bs, int) or bs not in BLOCK_SIZES:
+            raise ConfigError(f"--block-size {bs}: ONNX Runtime's MatMulNBits takes only "
+                              f"{', '.join(map(str, BLOCK_SIZES))}")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise ConfigError(f"--accuracy-level {self.accuracy_level}: one of {', '.join(map(str, ACCURACY_LEVELS))}"
                               " (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8)")
@@ -96,6 +100,16 @@ class QuantConfig:
                               "or none")
         if self.int8_blocks is not None and self.int8_blocks < 0:
             raise ConfigError(f"--int8-blocks {self.int8_blocks}: a count of decoder blocks, >= 0")
+        if self.int8_blocks is not None and self.weights != "int4":
+            raise ConfigError(f"--int8-blocks {self.int8_blocks} applies to --weights int4 (it puts the first blocks "
+                              f"in 8 bits); with --weights {self.weights} every block already is")
+        return self
+
+    def check_model(self, n_layers: int) -> QuantConfig:
+        """:meth:`check`, and ``int8_blocks`` within the model's ``n_layers`` decoder blocks (ConfigError)."""
+        self.check()
+        if self.int8_blocks is not None and self.int8_blocks > n_layers:
+            raise ConfigError(f"--int8-blocks {self.int8_blocks}: the model has {n_layers} decoder block(s)")
         return self
 
     def label(self) -> str:
@@ -371,6 +385,7 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
     cfg.check()
     started = time.perf_counter()
     src = ExportFolder.open(folder, "onnx")
+    cfg.check_model(src.contract.n_layers)  # src.contract: ArtifactError for a block on its own (--module)
     out = Path(out_dir)
     if out.resolve() == src.path.resolve():
         raise ArtifactError(f"-o {out} is the source folder: write the quantized export to another folder (the float "
@@ -392,9 +407,10 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
                         "onnx_sha256": entry.files[entry.file]["sha256"], "fingerprint": src.model.fingerprint,
                         "weights_read": source_read},
                 onnxruntime=tool_versions().get("onnxruntime"))
-    with stage_artifact(out, "onnx", purpose="quantize onnx") as staged:
+    size = sum(t.ByteSize() for t in model.graph.initializer)
+    with stage_artifact(out, "onnx", purpose="quantize onnx", expected_bytes=size) as staged:
         files = [ONNX_FILE]
-        if sum(t.ByteSize() for t in model.graph.initializer) > external_data_threshold():  # as the export decides
+        if size > external_data_threshold():  # as the export decides
             onnx.save_model(model, staged.dir / ONNX_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=DATA_FILE, size_threshold=1024)
             files.append(DATA_FILE)
@@ -402,9 +418,10 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
             onnx.save_model(model, staged.dir / ONNX_FILE)
         say("checking that ONNX Runtime runs it ...")
         _smoke_run(staged.dir / ONNX_FILE, src.contract)
-        if GENAI_CONFIG in entry.files:
-            shutil.copyfile(src.path / GENAI_CONFIG, staged.dir / GENAI_CONFIG)
-            files.append(GENAI_CONFIG)
+        for name in (GENAI_CONFIG, *TOKENIZER_FILES):  # an --hf export's tokenizer travels with the model
+            if name in entry.files:
+                shutil.copyfile(src.file("onnx", name), staged.dir / name)
+                files.append(name)
         details = dict(entry.details)
         details.update(opset=opset, quantization=done, external_data=DATA_FILE in files,
                        exporter=f"mhaexport quantize from {details.get('exporter', 'an ONNX export')}")
@@ -412,7 +429,8 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
                             seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes, versions=tool_versions(),
                             export_seconds=round(time.perf_counter() - started, 3), warnings=list(warns),
                             details=details)
-        staged.publish(src.model.relocated(src.path, out), new, files, owned=(GENAI_CONFIG, DATA_FILE))
+        staged.publish(src.model.relocated(src.path, out), new, files,
+                       owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
     return QuantizeRecord(out, files, time.perf_counter() - started, done, warns)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from mhaexport.artifact import stage_artifact
 from mhaexport.errors import ExportError
-from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish
+from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, module_bytes
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.models.loading import LoadedModel
 
@@ -42,7 +42,8 @@ def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = 
     out_dir = Path(out_dir)
     started = time.perf_counter()
     args = example_inputs(loaded.contract)
-    with stage_artifact(out_dir, "torchscript") as staged, captured_warnings() as warns:
+    with stage_artifact(out_dir, "torchscript", expected_bytes=module_bytes(loaded.module)) as staged, \
+            captured_warnings() as warns:
         try:
             with torch.no_grad():
                 if mode == "trace":

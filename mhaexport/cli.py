@@ -7,6 +7,7 @@ mhaexport (traceback printed), 4 not verified (a runtime asked for by name could
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,19 @@ class BadInput(click.ClickException):
 
 INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, reported with its traceback
 INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (click's "Aborted!" would exit 1: "a check failed")
+
+
+def disk_full(e: BaseException) -> OSError | None:
+    """The OSError "no space left on device" (or a quota exceeded) that ``e`` is or was raised from, else None."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class Group(click.Group):
@@ -42,7 +56,11 @@ class Group(click.Group):
             ctx.exit(INTERRUPTED)
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
-        except Exception:
+        except Exception as e:
+            if (full := disk_full(e)) is not None:  # not a bug: the machine's disk; the folder is as it was
+                raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
+                               f" ({full.strerror}): free some space and run again; an export folder keeps "
+                               "what it held before") from None
             import traceback
 
             traceback.print_exc()
@@ -124,10 +142,13 @@ def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str
 
 
 def _writable(folder: str | Path, hint: str = "") -> Path:
-    """Check an output folder is writable before any work (exit 2 with one line otherwise)."""
+    """Check an output folder is writable, and the writer's lock timeout (MHAEXPORT_LOCK_TIMEOUT) valid, before any
+    work (exit 2 with one line otherwise)."""
     from mhaexport.artifact.files import probe_writable
+    from mhaexport.artifact.lock import lock_timeout
     from mhaexport.errors import ArtifactError
 
+    lock_timeout()
     try:
         return probe_writable(folder)
     except ArtifactError as e:
@@ -138,6 +159,27 @@ def _default_opset(attention: str, opset: int | None) -> int:
     from mhaexport.exporter.lowering import ATTENTION_OPSET
 
     return opset or (ATTENTION_OPSET if attention == "onnx" else 18)
+
+
+TEXT_MAX_BYTES = 1 << 20  # --text files are read whole and scored token by token: 1 MiB of bytes is minutes
+
+
+def _read_text(path: str, max_bytes: int = TEXT_MAX_BYTES, option: str = "") -> bytes:
+    """The bytes of --text ``path``, read with a bounded read (a device or a pipe that never ends cannot hang it);
+    BadInput when it holds more than ``max_bytes`` (``option``: the option that raises the cap, if any)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise BadInput(f"--text {path}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        cap = f" ({option})" if option else ""
+        fix = f"give a shorter text or raise {option}" if option else "give a shorter text"
+        found = f"{size} bytes, above the cap of {max_bytes}{cap}" if size > max_bytes else \
+            f"more than {max_bytes} bytes, the cap{cap}"
+        raise BadInput(f"--text {path} holds {found}: {fix}")
+    return data
 
 
 def _size(path: Path) -> str:
@@ -168,10 +210,11 @@ def lowering_options(f):
 
     @click.option("--opset", type=click.IntRange(18, 23), default=None,
                   help="ONNX opset (18..23). Default: 18, or 23 with --attention onnx.")
-    @click.option("--attention", type=click.Choice(["decomposed", "onnx", "ort"]), default="decomposed",
+    @click.option("--attention", type=click.Choice(["decomposed", "onnx", "ort", "fused"]), default="decomposed",
                   show_default=True,
                   help="How attention reaches the graph: MatMul/Softmax/Where as exported, the ONNX Attention op "
-                       "(opset 23), or ONNX Runtime's com.microsoft MultiHeadAttention.")
+                       "(opset 23), ONNX Runtime's com.microsoft MultiHeadAttention, or `fused`: that attention "
+                       "plus onnxscript's ort_fusions (skip/RMS norms, Gelu, RotaryEmbedding, FusedMatMul).")
     @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
                   show_default=True, help="Weights, KV cache and logits in this dtype.")
     @functools.wraps(f)
@@ -219,8 +262,9 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     if attention == "onnx" and opset is not None and opset < 23:
         raise click.BadParameter(f"--attention onnx needs opset 23 (the ONNX Attention op), got {opset}",
                                  param_hint="--opset")
-    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.exporter.onnx import check_cache_options, export_onnx
 
+    check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
     _writable(output)
     loaded = _load(config, model, checkpoint, hf)
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
@@ -273,10 +317,14 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
     """"embeddings,lm_head" -> ("embeddings", "lm_head"); "none" or "" -> ()."""
     from mhaexport.exporter.quantize import FLOAT_GROUPS
 
-    items = tuple(dict.fromkeys(x.strip() for x in value.split(",") if x.strip() and x.strip() != "none"))
+    given = [x.strip() for x in value.split(",") if x.strip()]
+    items = tuple(dict.fromkeys(x for x in given if x != "none"))
     bad = [x for x in items if x not in FLOAT_GROUPS]
     if bad:
         raise click.BadParameter(f"{','.join(bad)}: expected a comma list of {', '.join(FLOAT_GROUPS)}, or none")
+    if "none" in given and items:
+        raise click.BadParameter(f"{value!r}: none (everything quantized) contradicts {','.join(items)}; give one "
+                                 "or the other")
     return items
 
 
@@ -286,8 +334,8 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
               help="The quantized export folder (another folder: the float one stays verify's and bench's reference).")
 @click.option("--weights", type=click.Choice(["int4", "int8"]), default="int4", show_default=True,
               help="Bits per weight of every MatMul with a constant weight (MatMulNBits).")
-@click.option("--block-size", type=click.IntRange(min=16), default=32, show_default=True,
-              help="Weights per scale, along K (a power of two).")
+@click.option("--block-size", type=int, default=32, show_default=True,
+              help="Weights per scale, along K: 16, 32, 64, 128 or 256 (what ONNX Runtime's MatMulNBits takes).")
 @click.option("--symmetric/--asymmetric", default=True, show_default=True,
               help="Symmetric blocks (no zero points) or asymmetric ones (a zero point per block).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
@@ -333,22 +381,19 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
               help="Tokens per window (default: the model's max_positions).")
 @click.option("--stride", type=click.IntRange(min=1), default=None,
               help="Tokens a window advances (default: half a window; = window: consecutive windows).")
+@click.option("--max-bytes", type=click.IntRange(min=2), default=TEXT_MAX_BYTES, show_default=True,
+              help="Refuse a --text file larger than this (it is scored token by token: 1 MiB takes minutes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def eval_cmd(folder, text_file, runtimes, window, stride, as_json) -> None:
+def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json) -> None:
     """Perplexity (and bits per byte) of an export FOLDER on text, on any runtime. Exit 0 when every runtime asked
     for ran, 1 when one failed, 4 when one could not run here."""
     import json
 
     from mhaexport.verify.evaluate import evaluate_folder
 
-    text = None
-    if text_file is not None:
-        try:
-            text = Path(text_file).read_bytes()
-        except OSError as e:
-            raise BadInput(f"--text {text_file}: {e.strerror or e}") from None
+    text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
     report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
-                             window=window, stride=stride)
+                             window=window, stride=stride, progress=_progress)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.to_markdown())
     failed = [r for r in report.rows if r.status == "error"]
     if failed:
@@ -356,6 +401,15 @@ def eval_cmd(folder, text_file, runtimes, window, stride, as_json) -> None:
     missing = [r for r in report.rows if r.status == "skipped"]
     if missing:
         raise NotVerified("; ".join(f"{r.runtime} skipped ({r.reason})" for r in missing))
+
+
+def _threads(ctx, param, value: int | None) -> int | None:
+    """--threads within this machine's cores: more threads than cores only contend (and time nothing real)."""
+    cores = os.cpu_count() or 1
+    given = ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT
+    if value is not None and value > cores and given:
+        raise click.BadParameter(f"{value}: this machine has {cores} CPU core(s); give at most {cores}")
+    return value
 
 
 def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
@@ -387,7 +441,8 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
                    "tokenizer.json (an --hf export), none otherwise.")
 @click.option("--provider", "providers", multiple=True, default=("cpu",), show_default=True,
               metavar="cpu|cuda|NAME", help="ONNX Runtime execution provider(s), in order of preference.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, callback=_threads,
+              help="ONNX Runtime intra-op threads (at most the machine's cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, stop reason, providers.")
 def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id, providers,
                  threads, as_json) -> None:
@@ -434,8 +489,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--prompt-len", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Threads for torch and ONNX Runtime alike.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, callback=_threads,
+              help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
 @click.option("--runtimes", default=None, metavar="A,B,..",
               help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
                    "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda. "
@@ -532,7 +587,8 @@ def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
 
 def _parse_quality(ctx, param, values: tuple[str, ...]) -> dict | None:
     """("top1=0.9", "kl_mean=0.05") -> {"top1": 0.9, "kl_mean": 0.05}; None when not given."""
-    from mhaexport.verify.quality import QUALITY_FIGURES
+    from mhaexport.errors import ConfigError
+    from mhaexport.verify.quality import QUALITY_FIGURES, check_threshold
 
     out: dict = {}
     for v in values:
@@ -544,6 +600,10 @@ def _parse_quality(ctx, param, values: tuple[str, ...]) -> dict | None:
             out[key] = float(num)
         except ValueError:
             raise click.BadParameter(f"{v!r}: expected FIGURE=number, e.g. top1=0.9") from None
+        try:
+            check_threshold(key, out[key])
+        except ConfigError as e:
+            raise click.BadParameter(str(e).removeprefix("--quality ")) from None
     return out or None
 
 
@@ -555,11 +615,7 @@ def _quality_settings(quality: dict | None, text_file: str | None):
 
     if text_file is None:
         return QualitySettings(overrides=quality)
-    try:
-        text = Path(text_file).read_bytes()
-    except OSError as e:
-        raise BadInput(f"--text {text_file}: {e.strerror or e}") from None
-    return QualitySettings(overrides=quality, text=text, text_source=text_file)
+    return QualitySettings(overrides=quality, text=_read_text(text_file), text_source=text_file)
 
 
 def verify_options(f):
@@ -762,6 +818,10 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         return
     if output:
         _writable(output)
+    else:  # the temporary export below is written under the lock too
+        from mhaexport.artifact.lock import lock_timeout
+
+        lock_timeout()
     loaded = _load(config, model, checkpoint, hf)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
         click.echo(f"Exporting {loaded.spec} to a temporary folder ...", err=True)

@@ -46,19 +46,28 @@ def masked_fill_value(dtype: torch.dtype) -> float:
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) over the last dim's two halves (RoPE's rotation by 90 degrees)."""
-    x1, x2 = x.chunk(2, dim=-1)
+    """(x1, x2) -> (-x2, x1) over the last dim's two halves (RoPE's rotation by 90 degrees). Written as two slices
+    (Hugging Face's form, not ``chunk``): the export is then the Slice/Neg/Concat that onnxscript's RotaryEmbedding
+    fusion matches (``--attention fused``); ``chunk`` exports as a Split it does not."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # (..., D/2) each
     return torch.cat([-x2, x1], dim=-1)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor,
                                                                                                  torch.Tensor]:
-    """cos and sin of rotary position embeddings at ``positions`` (B, T): each (B, 1, T, D)."""
+    """cos and sin of rotary position embeddings at ``positions`` (B, T): each (B, 1, T, D).
+
+    Computed as Hugging Face's Llama does (inv_freq @ positions, then cos/sin, cast, unsqueeze): the same numbers as
+    ``positions * inv_freq`` (one product per element either way), and the export is the graph onnxscript's
+    cos/sin-cache fusion turns into one com.microsoft RotaryEmbedding per use (``--attention fused``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
                                 / head_dim))  # (D/2,)
-    freqs = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, D/2)
-    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, D)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    inv = inv_freq[None, :, None].expand(positions.shape[0], -1, 1)  # (B, D/2, 1)
+    pos = positions[:, None, :].to(torch.float32)  # (B, 1, T)
+    freqs = (inv @ pos).transpose(1, 2)  # (B, T, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (B, T, D)
+    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)  # (B, 1, T, D) each
 
 
 class MultiHeadAttention(nn.Module):

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mhaexport.errors import ConfigError
+from mhaexport.iospec import EXAMPLE_PAST, EXAMPLE_SEQ
 
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
+MIN_POSITIONS = EXAMPLE_SEQ + EXAMPLE_PAST  # the example the export traces must fit
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class DecoderConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"config field {f!r} must be a positive integer, got {v!r}")
+        if self.max_positions < MIN_POSITIONS:
+            raise ConfigError(f"max_positions={self.max_positions}: at least {MIN_POSITIONS} (the export traces "
+                              f"{EXAMPLE_SEQ} new tokens after a cache of {EXAMPLE_PAST})")
         if self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "

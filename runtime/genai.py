@@ -67,14 +67,14 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
     if GENAI_CONFIG not in ef.entry("onnx").files:
         raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
                             f"{ef.path}`")
-    cfg = read_json(ef.path / GENAI_CONFIG, "onnxruntime-genai config")["model"]
+    cfg = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
     ids, _mask = right_pad(prompts, cfg["pad_token_id"])
     if ids.max() >= cfg["vocab_size"] or ids.min() < 0:
         raise RuntimeInputError(f"prompt ids must lie in [0, {cfg['vocab_size']})")
     if max_length > cfg["context_length"]:
         raise RuntimeInputError(f"max_length={max_length} exceeds the model's context_length={cfg['context_length']}")
     og = import_og()
-    model = og.Model(str(ef.path))
+    model = og.Model(str(ef.root))  # the snapshot: the files whose hashes were checked
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=max_length, do_sample=False, batch_size=len(prompts))
     gen = og.Generator(model, params)

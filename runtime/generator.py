@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mhaexport import dtypes, iospec
-from mhaexport.errors import RuntimeInputError
+from mhaexport import dtypes
+from mhaexport.artifact import ExportFolder
+from mhaexport.errors import ArtifactError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
                                       GenerationConfig, GenerationResult, left_pad)
-from mhaexport.runtime.foreign import layout_of
-from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
-from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig, create_session
+from mhaexport.runtime.choose import cache_dtype, open_folder, ort_runner_for
+from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig
 
 
 class Generator:
@@ -30,35 +30,33 @@ class Generator:
     cache on the device (on CPU plain ``session.run`` was the faster; see ``OrtRunner.binds``).
     """
 
-    def __init__(self, folder: str | Path, providers: Sequence[str] | str = ("cpu",), *, threads: int | None = None,
-                 opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True, io_binding: bool | None = None,
+    def __init__(self, folder: str | Path | ExportFolder, providers: Sequence[str] | str = ("cpu",), *,
+                 threads: int | None = None, opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True, io_binding: bool | None = None,
                  cache_optimized: bool = False, profile_prefix: str | None = None) -> None:
         if isinstance(providers, str):
             providers = (providers,)
         cfg = SessionConfig(providers=tuple(providers), threads=threads, opt_level=opt_level,
                             cache_optimized=cache_optimized, strict_providers=strict_providers,
                             profile_prefix=profile_prefix)
-        loaded = create_session(folder, cfg)
-        self.export = loaded.folder  # the ExportFolder (manifest as typed objects)
-        self.entry = loaded.entry
-        self.folder = Path(folder)
+        self.export = open_folder(folder)  # the ExportFolder: manifest as typed objects, files snapshot-checked
+        self.entry = self.export.entry("onnx")
+        self.folder = self.export.path
+        if not self.entry.seq_dynamic:
+            raise ArtifactError(f"{self.folder} holds a static-shape ONNX export (sequence and past lengths fixed); "
+                                "a KV-cache decode loop needs `mhaexport onnx --seq-dynamic`")
         self.contract = self.export.contract
-        kv = self.entry.input_dtype(iospec.past_names(0)[0]) if self.contract.n_layers else self.entry.dtype
-        self.kv_dtype = dtypes.numpy_dtype(kv)  # bfloat16 is refused here: numpy cannot hold it
-        self.layout = layout_of(self.entry)  # an adopted file's names for the contract's I/O (None: our own)
-        if self.entry.get("kv_cache", "concat") == "shared":  # one buffer per layer, bound as past and present
-            self.runner = SharedCacheOrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
-                                                            max_cache=int(self.entry.get("max_cache")),
-                                                            layout=self.layout)
-        else:
-            self.runner = OrtRunner.from_session(f"ort-{loaded.device}", self.contract, loaded, dtype=kv,
-                                                 io_binding=io_binding, layout=self.layout)
+        self.kv_dtype = dtypes.numpy_dtype(cache_dtype(self.entry, self.contract))  # numpy cannot hold bfloat16
+        self.runner = ort_runner_for(self.export, "ort", cfg, io_binding=io_binding).activate()
+        if self.runner.skip_reason is not None:  # strict: a requested provider that does not run here
+            raise ProviderUnavailable(self.runner.skip_reason)
+        self.runner.name = f"ort-{self.runner.device}"
+        self.layout = self.runner.layout  # an adopted file's names for the contract's I/O (None: our own)
         self.loop = DecodeLoop(self.runner)
-        self.session = loaded.session
-        self.providers = loaded.providers
-        self.device = loaded.device
-        self.warnings = loaded.warnings
-        self.optimized_from_cache = loaded.optimized_from_cache
+        self.session = self.runner.session
+        self.providers = self.runner.providers
+        self.device = self.runner.device
+        self.warnings = self.runner.warnings
+        self.optimized_from_cache = self.runner.optimized_from_cache
         self.io_binding = self.runner.binds  # None asked: IO binding on CUDA only (OrtRunner.binds)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from mhaexport.artifact import ArtifactEntry, ExportFolder, sha256_file
+from mhaexport.artifact import ArtifactEntry, ExportFolder, sha256_file, shown_path
 from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable
 
 CPU = "CPUExecutionProvider"
@@ -236,7 +236,7 @@ def open_session(model_path: str | Path | bytes, cfg: SessionConfig = SessionCon
         session, missing = start_session(source, requested, so)
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        what = "the model" if isinstance(source, bytes) else source
+        what = "the model" if isinstance(source, bytes) else shown_path(source)
         raise ArtifactError(f"ONNX Runtime cannot load {what}: {first}") from None
     if optimized_cache is not None and not from_cache and os.path.isfile(so.optimized_model_filepath):
         cache = Path(so.optimized_model_filepath)
@@ -260,7 +260,7 @@ def create_session(folder: str | Path | ExportFolder, cfg: SessionConfig = Sessi
     if not entry.seq_dynamic:
         raise ArtifactError(f"{ef.path} holds a static-shape ONNX export (sequence and past lengths fixed); "
                             "a KV-cache decode loop needs `mhaexport onnx --seq-dynamic`")
-    model_path = ef.path / entry.file
+    model_path = ef.file("onnx")  # the snapshot whose hashes were checked
     requested = resolve_providers(cfg.providers)
     cache = None
     if cfg.cache_optimized:

@@ -94,10 +94,10 @@ def for_folder(export: ExportFolder, artifact: str = "onnx") -> TextTokenizer | 
     if TOKENIZER_JSON in entry.files:
         eos = None
         if GENAI_CONFIG in entry.files:  # the model config's ids, written at export
-            eos = read_json(export.path / GENAI_CONFIG, "onnxruntime-genai config")["model"].get("eos_token_id")
+            eos = read_json(export.file(artifact, GENAI_CONFIG), "onnxruntime-genai config")["model"].get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
-        return TextTokenizer(TOKENIZER_JSON, load_tokenizer_file(export.path / TOKENIZER_JSON),
+        return TextTokenizer(TOKENIZER_JSON, load_tokenizer_file(export.file(artifact, TOKENIZER_JSON)),
                              eos if isinstance(eos, int) else None)
     if export.contract.vocab_size >= 256:
         return byte_level()

@@ -540,11 +540,12 @@ def test_bare_loop_and_genai_rows_generate_the_runtimes_tokens(tiny_export):
     prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
     want = Generator(tiny_export, threads=1).generate(prompt, GenerationConfig(max_new_tokens=6)).tokens
     cfg = BenchConfig(**SMALL)
-    rows = [BareRow(RuntimeBench("ort-bare"), tiny_export, cfg)]
+    ef = ExportFolder.open(tiny_export, "onnx")
+    rows = [BareRow(RuntimeBench("ort-bare"), ef, cfg)]
     try:
         import onnxruntime_genai  # noqa: F401
 
-        rows.append(GenAIRow(RuntimeBench("ort-genai"), tiny_export, cfg))
+        rows.append(GenAIRow(RuntimeBench("ort-genai"), ef, cfg))
     except ImportError:
         pass
     for row in rows:

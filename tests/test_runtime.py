@@ -137,27 +137,22 @@ def test_top_k_keeps_exactly_k_when_tied():
     assert ((filtered_probs(logits, SamplingConfig(temperature=1.0, top_k=1)) > 0).sum(axis=-1) == 1).all()
 
 
-def test_kv_dtype_mapping_and_bfloat16_refused(tiny_export, monkeypatch):
+def test_kv_dtype_mapping_and_bfloat16_refused(tiny_export):
     from mhaexport import dtypes
-    from mhaexport.runtime import generator as g
 
     assert dtypes.numpy_dtype("float32") == np.float32 and dtypes.numpy_dtype("float16") == np.float16
     with pytest.raises(ArtifactError, match="a bfloat16 KV cache cannot be held in numpy"):
         dtypes.numpy_dtype("bfloat16")
     with pytest.raises(ArtifactError, match="dtype 'int8' is not one of float32, float16, bfloat16"):
         dtypes.numpy_dtype("int8")
-    real = g.create_session
+    from mhaexport.artifact import ExportFolder
 
-    def bf16_session(folder, cfg):  # the tiny export, its manifest claiming a bfloat16 cache
-        loaded = real(folder, cfg)
-        for spec in loaded.entry.io["inputs"].values():
-            if spec["dtype"] == "float32":
-                spec["dtype"] = "bfloat16"
-        return loaded
-
-    monkeypatch.setattr(g, "create_session", bf16_session)
+    ef = ExportFolder.open(tiny_export, "onnx")  # the tiny export, its manifest claiming a bfloat16 cache
+    for spec in ef.entry("onnx").io["inputs"].values():
+        if spec["dtype"] == "float32":
+            spec["dtype"] = "bfloat16"
     with pytest.raises(ArtifactError, match="a bfloat16 KV cache cannot be held in numpy"):
-        Generator(tiny_export, threads=1)
+        Generator(ef, threads=1)
 
 
 def test_unknown_opt_level_is_a_config_error(tiny_export):

@@ -8,13 +8,14 @@ Runtime runner); the text is scored in sliding windows (:func:`mhaexport.verify.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.runner import Runner
-from mhaexport.verify.quality import TextScore, score_text
+from mhaexport.verify.quality import TextScore, score_text, windows
 from mhaexport.verify.runners import (ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT,
                                       EagerRunner)
 
@@ -99,10 +100,11 @@ def _torch_threads(ef: ExportFolder, name: str):
 
 def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
                     runtimes: tuple[str, ...] = (ORT_CPU,), window: int | None = None,
-                    stride: int | None = None) -> EvalReport:
+                    stride: int | None = None, progress: Callable[[str], None] | None = None) -> EvalReport:
     """Perplexity of ``folder``'s artifacts on ``text`` (default: the held-out text of the shipped weights) on each
     of ``runtimes``. ConfigError for an unknown runtime, RuntimeInputError for text the model cannot read (not
-    byte-level, too short) or a static export; a runtime that cannot run or fails is a row saying why."""
+    byte-level, too short) or a static export; a runtime that cannot run or fails is a row saying why. ``progress``
+    hears one line per runtime before it scores."""
     from mhaexport.models.text import heldout_text
     from mhaexport.runtime.tokenizer import for_folder
     from mhaexport.verify.quality import text_tokens
@@ -136,6 +138,9 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
         if row.status == "ran" and runner.skip_reason is not None:
             row.status, row.reason = "skipped", runner.skip_reason.splitlines()[0]
         if row.status == "ran":
+            if progress is not None:
+                progress(f"{name}: scoring {len(ids)} tokens in {len(windows(len(ids), L, step))} window(s) of "
+                         f"{L} tokens")
             try:
                 with _torch_threads(ef, name):
                     row.score, _, _ = score_text(runner, ids, window=L, stride=step, byte_level=byte_level)

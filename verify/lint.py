@@ -32,6 +32,7 @@ import onnx
 from onnx import numpy_helper
 
 from mhaexport import iospec
+from mhaexport.artifact import ExportFolder, shown_path
 from mhaexport.errors import ArtifactError
 
 SEVERITIES = ("error", "warning", "info")
@@ -449,23 +450,25 @@ def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions:
     return report
 
 
-def lint_path(path: str | Path) -> LintReport:
-    """Lint an ONNX file, or the ONNX artifact of an export folder (hashes checked; its contract and static sizes
-    inform the rules)."""
-    path = Path(path)
+def lint_path(path: str | Path | ExportFolder) -> LintReport:
+    """Lint an ONNX file, or the ONNX artifact of an export folder (a path: opened and hash-checked here; an opened
+    :class:`ExportFolder`: its checked snapshot; its contract and static sizes inform the rules)."""
     max_positions, static, layout = None, False, None
-    if path.is_dir():
-        from mhaexport.artifact import ExportFolder
+    if isinstance(path, ExportFolder) or Path(path).is_dir():
         from mhaexport.runtime.foreign import layout_of
 
-        ef = ExportFolder.open(path, "onnx")
+        ef = path if isinstance(path, ExportFolder) else ExportFolder.open(path, "onnx")
         entry = ef.entry("onnx")
         max_positions, static, layout = ef.contract.max_positions, not entry.seq_dynamic, layout_of(entry)
         path = ef.file("onnx")
+    path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"{path} is neither an ONNX file nor an export folder")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-        raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
-    return lint_model(model, str(path), max_positions=max_positions, static=static, layout=layout)
+        raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+    if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
+        raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
+                            f"({path.stat().st_size} bytes)")
+    return lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, layout=layout)

@@ -250,6 +250,8 @@ class Thresholds:
         unknown = [k for k in overrides if k not in QUALITY_FIGURES]
         if unknown:
             raise ConfigError(f"--quality {unknown[0]}=...: unknown figure; known: {', '.join(QUALITY_FIGURES)}")
+        for name, value in overrides.items():
+            check_threshold(name, value)
         return replace(self, **overrides)
 
     def to_dict(self) -> dict:
@@ -257,6 +259,10 @@ class Thresholds:
 
 
 QUALITY_FIGURES = ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio", "greedy")
+# the range each threshold lives in (low, high; inclusive), as its figure does: agreements are fractions, KL and the
+# relative logit error are >= 0, a perplexity ratio of at most less than 1 would ask the artifact to beat eager
+RANGES = {"top1": (0.0, 1.0), "greedy": (0.0, 1.0), "kl_mean": (0.0, math.inf), "kl_p99": (0.0, math.inf),
+          "logit_err": (0.0, math.inf), "ppl_ratio": (1.0, math.inf)}
 LABELS = {"top1": "top-1 agreement", "kl_mean": "KL mean", "kl_p99": "KL p99", "logit_err": "relative logit error",
           "ppl_ratio": "perplexity ratio", "greedy": "greedy agreement"}
 
@@ -275,6 +281,15 @@ THRESHOLDS: dict[str, Thresholds] = {
 }
 # A scheme this table does not know is held to int4's (the loosest here) and says so.
 FALLBACK = "int4"
+
+
+def check_threshold(name: str, value: float) -> float:
+    """``value`` when it is a finite number in ``name``'s range (:data:`RANGES`), else ConfigError saying the range."""
+    low, high = RANGES[name]
+    if not (low <= value <= high and math.isfinite(value)):
+        where = f"in [{low:g}, {high:g}]" if math.isfinite(high) else f"a finite number >= {low:g}"
+        raise ConfigError(f"--quality {name}={value:g}: {LABELS[name]} thresholds are {where}")
+    return value
 
 
 def thresholds_for(scheme: str | None, overrides: dict[str, float] | None = None) -> tuple[Thresholds, str]:
@@ -380,7 +395,8 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     # real text: the held-out text (byte-level models) or --text
     from mhaexport.models.text import heldout_text, is_byte_level
 
-    readable = is_byte_level(c) or ctx.tokenizer is not None
+    # text through the folder's tokenizer.json, or as bytes for a byte-level model; else the sweep alone judges
+    readable = is_byte_level(c) or getattr(ctx.tokenizer, "kind", "byte-level") != "byte-level"
     text = settings.text if settings.text is not None else (heldout_text() if readable else None)
     ids = None
     if text is None:

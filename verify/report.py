@@ -17,6 +17,150 @@ KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
 REPORT_SCHEMA = schema.tag(KIND, VERSION)
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 
+# ---- reading a report back: every field typed before anything uses it (report merge reads other machines' files)
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+               float: "a number", type(None): "null"}
+
+
+class _Field:
+    """Type checks of one report read back: ArtifactError naming ``what`` (the file), the field's path and what it
+    holds instead."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, path: str, value: object, expected: str) -> None:
+        shown = repr(value) if isinstance(value, (str, int, float, bool)) else _JSON_TYPES.get(type(value), "?")
+        if len(shown) > 40:
+            shown = shown[:37] + "..."
+        raise ArtifactError(f"{self.what}: field {path} is {shown}, expected {expected}")
+
+    def obj(self, path: str, value: object, optional: bool = False) -> dict:
+        if not isinstance(value, dict) and not (optional and value is None):
+            self.fail(path, value, "an object")
+        return value or {}
+
+    def strs(self, path: str, value: object, optional: bool = False) -> None:
+        if optional and value is None:
+            return
+        if not isinstance(value, list):
+            self.fail(path, value, "an array of strings")
+        for i, v in enumerate(value):
+            if not isinstance(v, str):
+                self.fail(f"{path}[{i}]", v, "a string")
+
+    def is_a(self, path: str, value: object, types: tuple[type, ...], expected: str) -> None:
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            self.fail(path, value, expected)
+
+    def runtimes(self, path: str, value: object) -> None:
+        known = set(RuntimeInfo.__dataclass_fields__)
+        for rt, info in self.obj(path, value).items():
+            where = f"{path}.{rt}"
+            info = self.obj(where, info)
+            extra = sorted(set(info) - known)
+            if extra:
+                self.fail(f"{where}.{extra[0]}", info[extra[0]], f"no such field (fields: {', '.join(known)})")
+            for name in ("name", "status"):
+                if name not in info:
+                    self.fail(f"{where}.{name}", None, "a string (missing)")
+            self.is_a(f"{where}.name", info["name"], (str,), "a string")
+            if info["status"] not in ("ran", "skipped", "error"):
+                self.fail(f"{where}.status", info["status"], '"ran", "skipped" or "error"')
+            for name in ("reason", "host"):
+                self.is_a(f"{where}.{name}", info.get(name, ""), (str,), "a string")
+            for name in ("artifact", "self_tolerance"):
+                self.is_a(f"{where}.{name}", info.get(name), (str, type(None)), "a string or null")
+            self.strs(f"{where}.providers", info.get("providers", []))
+            self.is_a(f"{where}.calls", info.get("calls", 0), (int,), "an integer")
+            self.is_a(f"{where}.seconds", info.get("seconds", 0.0), (int, float), "a number")
+
+    def results(self, path: str, value: object) -> None:
+        for rt, checks in self.obj(path, value).items():
+            for check, r in self.obj(f"{path}.{rt}", checks).items():
+                self.check_result(f"{path}.{rt}.{check}", r)
+
+    def check_result(self, where: str, r: object) -> None:
+        r = self.obj(where, r)
+        if r.get("status", "missing") not in (True, False, None):
+            self.fail(f"{where}.status", r.get("status", "missing"), "true, false or null")
+        self.obj(f"{where}.figures", r.get("figures", {}))
+        self.is_a(f"{where}.message", r.get("message", ""), (str,), "a string")
+
+
+def check_report_fields(data: dict, what: str = "verify report") -> None:
+    """ArtifactError naming ``what`` and the first field of a report.json (already of the right schema) whose type
+    is not what :class:`VerifyReport` holds, before anything reads it."""
+    f = _Field(what)
+    for name in ("model", "sweep", "tolerance", "runtimes", "results"):
+        if name not in data:
+            f.fail(name, None, "an object (missing)")
+    model = f.obj("model", data["model"])
+    for name in ("spec", "fingerprint", "checkpoint"):
+        f.is_a(f"model.{name}", model.get(name), (str, type(None)), "a string or null")
+    for name in ("source", "contract"):
+        f.obj(f"model.{name}", model.get(name), optional=True)
+    f.is_a("folder", data.get("folder"), (str,), "a string")
+    f.obj("sweep", data["sweep"])
+    tol = f.obj("tolerance", data["tolerance"])
+    for name in ("atol", "rtol"):
+        f.is_a(f"tolerance.{name}", tol.get(name), (int, float), "a number")
+    for out, t in f.obj("tolerance.per_output", tol.get("per_output"), optional=True).items():
+        for name in ("atol", "rtol"):
+            f.is_a(f"tolerance.per_output.{out}.{name}", f.obj(f"tolerance.per_output.{out}", t).get(name),
+                   (int, float), "a number")
+    f.runtimes("runtimes", data["runtimes"])
+    f.results("results", data["results"])
+    for name in ("environment", "versions", "artifacts"):
+        f.obj(name, data.get(name, {}))
+    for art, entry in (data.get("artifacts") or {}).items():
+        entry = f.obj(f"artifacts.{art}", entry)
+        f.is_a(f"artifacts.{art}.dtype", entry.get("dtype", ""), (str,), "a string")
+        for name in ("mode", "producer", "protocol", "attention"):
+            f.is_a(f"artifacts.{art}.{name}", entry.get(name), (str, type(None)), "a string or null")
+        f.is_a(f"artifacts.{art}.opset", entry.get("opset"), (int, type(None)), "an integer or null")
+        for name in ("quantization", "static_sizes"):
+            f.obj(f"artifacts.{art}.{name}", entry.get(name), optional=True)
+    f.is_a("created", data.get("created", ""), (str,), "a string")
+    f.is_a("seconds", data.get("seconds", 0.0), (int, float), "a number")
+    f.strs("sources", data.get("sources", []))
+    f.strs("requested", data.get("requested"), optional=True)
+    f.strs("checks", data.get("checks"), optional=True)
+    f.is_a("module", data.get("module"), (str, type(None)), "a string or null")
+    lint = f.obj("lint", data.get("lint"), optional=True)
+    f.strs("lint.rules", lint.get("rules", []))
+    if not isinstance(lint.get("findings", []), list):
+        f.fail("lint.findings", lint["findings"], "an array")
+    from mhaexport.verify.lint import SEVERITIES
+
+    for i, finding in enumerate(lint.get("findings", [])):
+        where = f"lint.findings[{i}]"
+        finding = f.obj(where, finding)
+        fields = ("severity", "rule", "node", "message", "fix")
+        if extra := sorted(set(finding) - set(fields)):
+            f.fail(f"{where}.{extra[0]}", finding[extra[0]], f"no such field (fields: {', '.join(fields)})")
+        for name in fields:
+            f.is_a(f"{where}.{name}", finding.get(name), (str,), "a string")
+        if finding["severity"] not in SEVERITIES:
+            f.fail(f"{where}.severity", finding["severity"], " or ".join(SEVERITIES))
+    cross = data.get("cross") or []
+    if not isinstance(cross, list):
+        f.fail("cross", cross, "an array")
+    for i, c in enumerate(cross):
+        c = f.obj(f"cross[{i}]", c)
+        for name in ("a", "b", "message"):
+            f.is_a(f"cross[{i}].{name}", c.get(name), (str,), "a string")
+        f.check_result(f"cross[{i}]", c)
+        f.obj(f"cross[{i}].figures", c.get("figures"))
+    other = f.obj("other_protocol", data.get("other_protocol"), optional=True)
+    if other:
+        for name in ("protocol", "producer_protocol"):
+            f.is_a(f"other_protocol.{name}", other.get(name), (str,), "a string")
+        f.runtimes("other_protocol.runtimes", other.get("runtimes"))
+        f.results("other_protocol.results", other.get("results"))
+
+
 def _results_from_dict(data: dict) -> dict[str, dict[str, CheckResult]]:
     return {rt: {c: CheckResult(c, r["status"], r.get("figures", {}), r.get("message", ""))
                  for c, r in checks.items()} for rt, checks in data.items()}
@@ -189,6 +333,7 @@ class VerifyReport:
     @classmethod
     def from_dict(cls, data: dict, what: str = "verify report") -> VerifyReport:
         schema.version_of(data, KIND, READABLE, what)
+        check_report_fields(data, what)
         return cls(
             model=data["model"], folder=data["folder"], sweep=data["sweep"], tolerance=data["tolerance"],
             runtimes={k: RuntimeInfo(**v) for k, v in data["runtimes"].items()},

@@ -19,7 +19,8 @@ from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
-from mhaexport.runtime.session import CUDA
+from mhaexport.runtime.choose import ort_runner_for
+from mhaexport.runtime.session import CUDA, SessionConfig
 from mhaexport.verify.checks import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
@@ -109,9 +110,8 @@ def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None) -
             return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
                                   f"models up to {REFERENCE_MAX_PARAMS:,}")
         return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
-    shared = onnx.get("kv_cache") == "shared"
-    return ort_runner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes,
-                      max_cache=int(onnx.get("max_cache")) if shared else None, layout=layout)
+    cfg = SessionConfig(providers=(CUDA if rt == ORT_CUDA else "cpu",), strict_providers=True)
+    return ort_runner_for(ef, rt, cfg, contract=c, contract_steps=True)  # the Generator's choice, contract calls
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -211,7 +211,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         from mhaexport.verify.lint import lint_path
 
         try:
-            lint = lint_path(ef.path)
+            lint = lint_path(ef)  # the snapshot verify checked, not the folder opened again
             say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
         except ArtifactError as e:  # an unreadable file: the ONNX runtimes report it, once, as a load failure
             say(f"lint: not run ({e})")

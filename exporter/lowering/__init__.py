@@ -40,11 +40,13 @@ from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check, s
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-LOWERINGS = ("decomposed", "onnx", "ort")  # what --attention chooses
+LOWERINGS = ("decomposed", "onnx", "ort", "fused")  # what --attention chooses
 ATTENTION_OPSET = 23  # the ONNX Attention op appears in opset 23
 MS_DOMAIN = "com.microsoft"
 # "gqa" is not an --attention choice: --kv-cache shared selects it (the op that writes a shared buffer in place)
+# "fused": the ort lowering's attention (gqa's over a shared cache), then onnxscript's ort_fusions (fused.py)
 FUSED_OP = {"onnx": ("", "Attention"), "ort": (MS_DOMAIN, "MultiHeadAttention"),
+            "fused": (MS_DOMAIN, "MultiHeadAttention"),
             "gqa": (MS_DOMAIN, "GroupQueryAttention")}
 
 __all__ = ["ATTENTION_OPSET", "FUSED_OP", "LOWERINGS", "MS_DOMAIN", "SELF_CHECK_TOL", "LoweringReport",
@@ -60,10 +62,12 @@ class LoweringReport:
     kv_cache_in_op: bool | None = None  # past/present go through the op (None: decomposed, nothing fused)
     softmax_left: int = 0  # Softmax nodes still in the graph after the rewrite
     op_counts: dict = field(default_factory=dict)
+    fusions: dict = field(default_factory=dict)  # --attention fused: {ort_fusions rule: count} beyond attention
 
     def to_dict(self) -> dict:
-        return {"attention": self.attention, "fused_nodes": self.fused_nodes, "kv_cache_in_op": self.kv_cache_in_op,
-                "softmax_left": self.softmax_left, "op_counts": self.op_counts}
+        out = {"attention": self.attention, "fused_nodes": self.fused_nodes, "kv_cache_in_op": self.kv_cache_in_op,
+               "softmax_left": self.softmax_left, "op_counts": self.op_counts}
+        return {**out, "fusions": self.fusions} if self.attention == "fused" else out
 
 
 def op_counts(model: onnx.ModelProto | ir.Model) -> dict[str, int]:
@@ -99,9 +103,11 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
 
 
 def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_dim: int,
-                       n_kv_heads: int | None = None) -> LoweringReport:
+                       n_kv_heads: int | None = None, shared_fused: bool = False) -> LoweringReport:
     """Rewrite the onnx_ir ``model`` in place so each attention is one fused node of the ``attention`` lowering.
 
+    ``fused``: the ``ort`` lowering's attention, then onnxscript's ort_fusions for the rest (``fused.py``);
+    ``shared_fused``: the same over a shared cache (``gqa``'s attention, then the fusions).
     n_heads / head_dim / n_kv_heads come from the model's contract. Raises ExportError when the graph holds no
     attention this pass recognizes, or when some Softmax is left unmatched (``model`` may then be partly rewritten:
     discard it). Works on tensors as the model holds them (a torch export's ``ONNXProgram.model`` wraps torch's own
@@ -109,6 +115,14 @@ def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_di
     """
     if attention not in LOWERINGS + ("gqa",):
         raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
+    if attention == "fused" or shared_fused:
+        from mhaexport.exporter.lowering.fused import fuse_for_ort
+
+        report = lower_attention_ir(model, "gqa" if shared_fused else "ort", n_heads=n_heads, head_dim=head_dim,
+                                    n_kv_heads=n_kv_heads)
+        report.attention, report.fusions = "fused", fuse_for_ort(model)
+        report.op_counts = op_counts(model)
+        return report
     counts = op_counts(model)
     if attention == "decomposed":
         return _decomposed_report(counts)

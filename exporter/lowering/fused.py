@@ -1,0 +1,80 @@
+"""The ``fused`` lowering's second half: onnxscript's ``rewriter.ort_fusions`` applied around the fused attention.
+
+``--attention fused`` first lowers each attention with our own rules (``rules.py``: com.microsoft
+MultiHeadAttention over a concat cache, GroupQueryAttention over a shared one), then hands the graph to the
+well-kept fusions ONNX Runtime's own tools use (onnxscript's ``ort_fusions``): LayerNormalization + residual Add ->
+SkipLayerNormalization, RMSNorm -> SimplifiedLayerNormalization (+ residual -> SkipSimplifiedLayerNormalization),
+Erf-GELU -> Gelu, bias + Gelu -> BiasGelu, rotary embedding -> RotaryEmbedding (with its cos/sin cache), MatMul +
+Transpose/scale -> FusedMatMul. Its attention fusions (SDPA/MHA/GQA) are not run: our rules already wrote the
+attention op, with the mask and the cache as this project's contract needs them.
+
+One rule beside theirs, :func:`canonical_last_axis`: torch.onnx writes ``nn.RMSNorm``'s mean over the last dim with
+a positive axis (``ReduceMean(x², axes=[2])``), and ort_fusions' RMSNorm pattern asks for ``[-1]``; its
+``MatchingTracer`` said so on the built-in ``tiny-llama`` export::
+
+    Rule: RmsNormFusion2 ... Status: NO_MATCH
+    Graph matching failed: Value mismatch: expected [-1], got [2].
+
+so the axes constant of a ReduceMean over the input's last dim is rewritten to ``[-1]`` (the same op) first.
+
+Torch-free: onnx_ir and onnxscript only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+
+def canonical_last_axis(model: ir.Model) -> int:
+    """Rewrite ``ReduceMean(x, axes=[r - 1])`` (r = rank of x) to ``axes=[-1]``; returns how many were rewritten."""
+    import onnx_ir as ir
+
+    done, last = 0, None
+    for node in model.graph:
+        if node.op_type != "ReduceMean" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        x, axes = node.inputs[0], node.inputs[1]
+        if x is None or axes is None or axes.const_value is None or x.shape is None:
+            continue
+        if axes.const_value.numpy().reshape(-1).tolist() == [len(x.shape) - 1]:
+            if last is None:
+                name = "mhaexport.last_axis"
+                last = ir.Value(name=name, const_value=ir.tensor(np.array([-1], dtype=np.int64), name=name))
+                model.graph.register_initializer(last)
+            node.replace_input_with(1, last)
+            done += 1
+    return done
+
+
+def fuse_for_ort(model: ir.Model) -> dict[str, int]:
+    """Apply ort_fusions' non-attention fusions to ``model`` in place; returns {fusion: count} (zeros left out)."""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass, TopologicalSortPass
+    from onnxscript.optimizer import optimize
+    from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets
+    from onnxscript.rewriter.ort_fusions.bias_gelu import fuse_bias_gelu
+    from onnxscript.rewriter.ort_fusions.cos_sin_cache import fuse_cos_sin_cache
+    from onnxscript.rewriter.ort_fusions.erfgelu import fuse_erfgelu
+    from onnxscript.rewriter.ort_fusions.gelu import fuse_gelu
+    from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
+    from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
+    from onnxscript.rewriter.ort_fusions.skip_normalization import (fuse_skip_layer_normalization,
+                                                                   fuse_skip_rms_normalization)
+
+    ShapeInferencePass()(model)
+    counts = {"canonical_last_axis": canonical_last_axis(model)}
+    for name, fuse in (("erf_gelu", fuse_erfgelu), ("rms_normalization", fuse_rms_normalization),
+                       ("skip_layer_normalization", fuse_skip_layer_normalization),
+                       ("skip_rms_normalization", fuse_skip_rms_normalization),
+                       ("rotary_embedding", fuse_rotary_embedding), ("cos_sin_cache", fuse_cos_sin_cache),
+                       ("gelu", fuse_gelu), ("bias_gelu", fuse_bias_gelu)):
+        counts[name] = fuse(model)
+    counts["fused_matmul"] = fused_matmul_rule_sets.fused_matmul_rule_sets().apply_to_model(model)
+    optimize(model)  # inlines the intermediate functions a fusion left unconsumed (as ort_fusions itself does)
+    RemoveUnusedNodesPass()(model)
+    TopologicalSortPass()(model)
+    return {k: int(v) for k, v in counts.items() if v}
