@@ -725,7 +725,8 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                 from mhaexport.artifact import ExportFolder
                 from mhaexport.models.loading import load_recorded
 
-                loaded = load_recorded(ExportFolder.open(folder, "onnx"))
+                with ExportFolder.open(folder, "onnx") as ef:
+                    loaded = load_recorded(ef)
             found, why = failing_case(folder, loaded, progress=_progress)
             if found is not None:
                 shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),

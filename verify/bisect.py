@@ -580,10 +580,11 @@ def _quantized_scope_hints(ef, entry, proto_nodes) -> tuple[dict[str, list[str]]
         source = ExportFolder.open(Path(ef.path) / src["folder"], "onnx")
     except MhaExportError as e:
         return {}, f"its float source cannot be read ({str(e).splitlines()[0]})"
-    s_entry = source.entry("onnx")
-    if s_entry.files[s_entry.file]["sha256"] != src.get("onnx_sha256"):
-        return {}, f"its float source {source.file('onnx')} is not the file it was quantized from (sha256)"
-    graph = onnx.load(str(source.file("onnx")), load_external_data=False).graph
+    with source:
+        s_entry = source.entry("onnx")
+        if s_entry.files[s_entry.file]["sha256"] != src.get("onnx_sha256"):
+            return {}, f"its float source {source.path} holds another file than it was quantized from (sha256)"
+        graph = onnx.load(str(source.file("onnx")), load_external_data=False).graph
     by_name = {n.name: sc for n in graph.node if (sc := _scopes(n))}
     hints = {}
     for n in proto_nodes:
@@ -612,13 +613,21 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
     Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level, steps_of),
     and ``case_from`` (where the shapes came from) to the report.
     """
-    import onnx
-
     from mhaexport.artifact import ExportFolder
-    from mhaexport.models.loading import check_same_model, load_recorded
 
     case_from = kwargs.pop("case_from", "")
-    ef = ExportFolder.open(folder, "onnx")
+    with ExportFolder.open(folder, "onnx") as ef:  # the snapshot of the checked bytes, removed when done
+        report = _bisect_folder(ef, loaded, case_from, kwargs)
+    report.model = str(ef.path / ef.entry("onnx").file)  # the file as the user knows it, not the snapshot's
+    return report
+
+
+def _bisect_folder(ef, loaded, case_from: str, kwargs: dict) -> BisectReport:
+    """:func:`bisect` on an opened folder: the file's protocol, tolerance and scopes from its manifest entry."""
+    import onnx
+
+    from mhaexport.models.loading import check_same_model, load_recorded
+
     entry = ef.entry("onnx")
     if loaded is None:
         loaded = load_recorded(ef)
@@ -689,9 +698,9 @@ def failing_case(folder: str | Path, loaded, progress=None) -> tuple[Case | None
     from mhaexport.artifact import ExportFolder
 
     folder = Path(folder)
-    ef = ExportFolder.open(folder, "onnx")
-    if ef.entry("onnx").get("quantization"):
-        return None, "a quantized file: no exact parity case"
+    with ExportFolder.open(folder, "onnx", check=False) as ef:
+        if ef.entry("onnx").get("quantization"):
+            return None, "a quantized file: no exact parity case"
     exported = (folder / "manifest.json").stat().st_mtime
     # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)
     reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
