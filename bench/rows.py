@@ -305,13 +305,20 @@ def _ort_loader(ef: ExportFolder, provider: str, cfg: BenchConfig, opt_level: st
 
 def with_quantization(rb: RuntimeBench, ef: ExportFolder, batch: int) -> RuntimeBench:
     """``rb`` with the scheme and weight bytes per token of ``ef``'s ONNX export when it is quantized (counted from
-    its graph at quantize time: packed weights, scales, zero points, gathered rows)."""
+    its graph: packed weights, scales, zero points, gathered rows; at quantize time, or here for an adopted file
+    whose producer quantized it, e.g. onnxruntime-genai's builder's int4 with MatMulNBits and
+    GatherBlockQuantized)."""
     quant = ef.artifacts["onnx"].get("quantization") if ef.has("onnx") else None
     if quant:
         read = quant.get("weights_read") or {}
         rb.quantization, rb.quant_label = quant.get("weights"), quant.get("label")
-        if read:
-            rb.weight_bytes_per_token = int(read["fixed_bytes"] + batch * read["per_row_bytes"])
+        if not read:  # a file another tool quantized (adopted): counted from its graph now, as quantize counts
+            import onnx
+
+            from mhaexport.exporter.quantize import weights_read
+
+            read = weights_read(onnx.load(str(ef.file("onnx")), load_external_data=False))
+        rb.weight_bytes_per_token = int(read["fixed_bytes"] + batch * read["per_row_bytes"])
     return rb
 
 

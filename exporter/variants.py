@@ -13,14 +13,15 @@ from mhaexport.errors import ArtifactError, RuntimeInputError
 
 
 SHARED = "shared"  # in --lowerings: the shared KV cache (GroupQueryAttention writing one buffer in place)
+FUSED_SHARED = "fused-shared"  # --attention fused over the shared KV cache
 
 
 def parse_lowerings(text: str) -> list[tuple[str, str]]:
     """"decomposed,onnx,ort:float16,shared" -> [("decomposed", "float32"), ("onnx", "float32"), ("ort", "float16"),
-    ("shared", "float32")]; RuntimeInputError naming the valid attentions and dtypes for anything else."""
+    ("shared", "float32")] ("fused-shared": --attention fused over the shared cache); RuntimeInputError naming the valid attentions and dtypes for anything else."""
     from mhaexport.exporter.lowering import LOWERINGS
 
-    LOWERINGS = LOWERINGS + (SHARED,)  # noqa: N806 - the names --lowerings takes
+    LOWERINGS = LOWERINGS + (SHARED, FUSED_SHARED)  # noqa: N806 - the names --lowerings takes
     out = []
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -49,7 +50,8 @@ def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir:
         known.setdefault(lowering_of(m), other)
     loaded, out = None, []
     for attention, dtype in wanted:
-        lowering = f"attention=gqa {dtype} kv=shared" if attention == SHARED else f"attention={attention} {dtype}"
+        lowering = {SHARED: f"attention=gqa {dtype} kv=shared", FUSED_SHARED: f"attention=fused {dtype} kv=shared"
+                    }.get(attention, f"attention={attention} {dtype}")
         if lowering in known:
             out.append(known[lowering])
             continue
@@ -69,8 +71,9 @@ def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir:
         from mhaexport.exporter.onnx import export_onnx
 
         say(f"exporting {lowering} -> {sub} ...")
-        if attention == SHARED:
-            export_onnx(loaded, sub, dtype=dtype, kv_cache="shared")
+        if attention in (SHARED, FUSED_SHARED):
+            export_onnx(loaded, sub, dtype=dtype, kv_cache="shared", attention="fused" if attention == FUSED_SHARED
+                        else "decomposed")
         else:
             export_onnx(loaded, sub, attention=attention, dtype=dtype)
         out.append(sub)

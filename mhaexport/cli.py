@@ -214,7 +214,7 @@ def lowering_options(f):
                   show_default=True,
                   help="How attention reaches the graph: MatMul/Softmax/Where as exported, the ONNX Attention op "
                        "(opset 23), ONNX Runtime's com.microsoft MultiHeadAttention, or `fused`: that attention "
-                       "plus onnxscript's ort_fusions (skip/RMS norms, Gelu, RotaryEmbedding, FusedMatMul).")
+                       "plus onnxscript's ort_fusions (skip/RMS norms, Gelu, RotaryEmbedding).")
     @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
                   show_default=True, help="Weights, KV cache and logits in this dtype.")
     @functools.wraps(f)
@@ -511,8 +511,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Another ONNX export of the same model (another --attention or --dtype; repeat): adds ORT rows "
                    "labelled by lowering, timed round-robin with the rest, and a table of the lowerings.")
 @click.option("--lowerings", default=None, metavar="ATTENTION[:DTYPE],..",
-              help="Compare these lowerings, e.g. 'decomposed,onnx,ort,ort:float16,shared' ('shared': the shared KV "
-                   "cache): those that neither FOLDER nor a --compare folder holds are exported (once) to "
+              help="Compare these lowerings, e.g. 'decomposed,onnx,ort,fused,ort:float16,shared' ('shared': the "
+                   "shared KV cache; 'fused-shared': --attention fused over it): those that neither FOLDER nor a --compare folder holds are exported (once) to "
                    "OUTPUT/lowerings/ATTENTION-DTYPE.")
 @click.option("--quantize", "quantize", default=None, metavar="int4,int8",
               help="Time quantized exports of the same model beside the float one: those that neither FOLDER nor a "

@@ -4,9 +4,12 @@
 MultiHeadAttention over a concat cache, GroupQueryAttention over a shared one), then hands the graph to the
 well-kept fusions ONNX Runtime's own tools use (onnxscript's ``ort_fusions``): LayerNormalization + residual Add ->
 SkipLayerNormalization, RMSNorm -> SimplifiedLayerNormalization (+ residual -> SkipSimplifiedLayerNormalization),
-Erf-GELU -> Gelu, bias + Gelu -> BiasGelu, rotary embedding -> RotaryEmbedding (with its cos/sin cache), MatMul +
-Transpose/scale -> FusedMatMul. Its attention fusions (SDPA/MHA/GQA) are not run: our rules already wrote the
-attention op, with the mask and the cache as this project's contract needs them.
+Erf-GELU -> Gelu, bias + Gelu -> BiasGelu, rotary embedding -> RotaryEmbedding (with its cos/sin cache). Its
+attention fusions (SDPA/MHA/GQA) are not run: our rules already wrote the attention op, with the mask and the cache
+as this project's contract needs them. Nor is FusedMatMul: in our graphs the one MatMul it takes is the tied LM
+head's ``MatMul(x, Transpose(embedding))``, a transpose of a constant that ONNX Runtime folds at load anyway, and
+as FusedMatMul the head is out of reach of ``mhaexport quantize`` (which quantizes MatMul weights: "LM head not
+found" on the built-in decoder).
 
 One rule beside theirs, :func:`canonical_last_axis`: torch.onnx writes ``nn.RMSNorm``'s mean over the last dim with
 a positive axis (``ReduceMean(x², axes=[2])``), and ort_fusions' RMSNorm pattern asks for ``[-1]``; its
@@ -55,7 +58,6 @@ def fuse_for_ort(model: ir.Model) -> dict[str, int]:
     """Apply ort_fusions' non-attention fusions to ``model`` in place; returns {fusion: count} (zeros left out)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass, TopologicalSortPass
     from onnxscript.optimizer import optimize
-    from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets
     from onnxscript.rewriter.ort_fusions.bias_gelu import fuse_bias_gelu
     from onnxscript.rewriter.ort_fusions.cos_sin_cache import fuse_cos_sin_cache
     from onnxscript.rewriter.ort_fusions.erfgelu import fuse_erfgelu
@@ -73,7 +75,6 @@ def fuse_for_ort(model: ir.Model) -> dict[str, int]:
                        ("rotary_embedding", fuse_rotary_embedding), ("cos_sin_cache", fuse_cos_sin_cache),
                        ("gelu", fuse_gelu), ("bias_gelu", fuse_bias_gelu)):
         counts[name] = fuse(model)
-    counts["fused_matmul"] = fused_matmul_rule_sets.fused_matmul_rule_sets().apply_to_model(model)
     optimize(model)  # inlines the intermediate functions a fusion left unconsumed (as ort_fusions itself does)
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
