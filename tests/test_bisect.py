@@ -443,3 +443,19 @@ def test_a_quantized_folder_bisects_clean_at_its_schemes_tolerance(tiny_export, 
     shutil.copytree(q, moved)  # its recorded source (a relative path) is not beside it any more
     report = bisect(moved)
     assert report.ok and "float source" in report.notes[-1] and "outputs only" in report.notes[-1]
+
+
+def test_a_clean_fused_graph_has_no_divergence(tiny_export, tiny):
+    """--attention fused: SkipLayerNormalization absorbs each block's residual add (its 4th output, the sum, is not
+    the norm's output), so a block's own last step has no value in its scope: the block is listed as not compared,
+    never matched to its submodule's value (which made a clean file diverge)."""
+    from mhaexport.exporter.lowering import lower_attention
+
+    c = tiny.contract
+    proto = onnx.load(str(tiny_export / "model.onnx"))
+    lower_attention(proto, "fused", n_heads=c.n_heads, head_dim=c.head_dim, n_kv_heads=c.n_kv_heads)
+    report = bisect_onnx(proto, tiny)
+    assert report.ok, report.summary()
+    assert report.unmatched == [f"blocks.{i}" for i in range(c.n_layers)]
+    ln_2 = next(r for r in report.rows if r.module == "blocks.0.ln_2")
+    assert ln_2.op.startswith("SkipLayerNormalization") and ln_2.rel < 1e-5

@@ -68,7 +68,7 @@ class BisectReport:
     culprit: TensorDiff | None = None
     block: str | None = None  # the decoder block holding the culprit ("blocks.1"), None outside blocks
     culprit_nodes: list[str] = field(default_factory=list)  # ONNX nodes in the culprit's own scope
-    unmatched: list[str] = field(default_factory=list)  # eager modules with no ONNX value of their output's shape
+    unmatched: list[str] = field(default_factory=list)  # eager modules whose output no ONNX value in scope computes
     # inside attention: when the culprit is an attention module (or ``steps_of`` names one), its steps compared
     steps_module: str | None = None  # the module whose steps were compared
     steps: list[StepDiff] = field(default_factory=list)  # scores, scale, mask fill, softmax, weighted sum, output
@@ -140,7 +140,7 @@ class BisectReport:
         if not self.ok and self.culprit is not None and self.culprit_nodes:
             lines.append(f"  ONNX nodes of {self.culprit.module} itself: {', '.join(self.culprit_nodes)}")
         if self.unmatched:
-            lines.append(f"not compared (no ONNX value of that shape in its scope): {', '.join(self.unmatched)}")
+            lines.append(f"not compared (no ONNX value in its scope computes its output): {', '.join(self.unmatched)}")
         return "\n".join(lines)
 
     def _steps_lines(self) -> list[str]:
@@ -446,12 +446,20 @@ def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict
     unmatched: list[str] = []
     for path, (inp, out) in eager.items():
         in_scope = [i for i, s in enumerate(scopes) if path in _module_paths(s)]
-        cand = [(i, o) for i in in_scope for o in nodes[i].output
-                if o in values and values[o].shape == out.shape]
+        # a fused contrib op's later outputs are not its module's result (SkipLayerNormalization's 4th output is
+        # the residual sum it absorbed, which belongs to the enclosing block)
+        cand = [(i, o) for i in in_scope for k, o in enumerate(nodes[i].output)
+                if o in values and values[o].shape == out.shape and (k == 0 or nodes[i].domain != "com.microsoft")]
+        if cand:
+            idx, name = cand[-1]  # the last value of the output's shape computed inside the module
+            inner = _module_paths(scopes[idx])[-1]
+            if inner != path and inner in eager and not np.array_equal(eager[inner][1], out):
+                # computed by a submodule whose output is not this module's: the module's own last step (a
+                # residual add a fusion absorbed into a later node) is not in its scope
+                cand = []
         if not cand:
             unmatched.append(path)
             continue
-        idx, name = cand[-1]  # the last value of the output's shape computed inside the module
         max_abs, rel = relative_error(values[name], out)
         input_rel = None
         if inp is not None:
