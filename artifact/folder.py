@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mhaexport.artifact.details import OnnxDetails
 from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_free_space, ensure_writable_dir,
                                       file_entries, read_json)
 from mhaexport.artifact.lock import LOCK_FILE, FolderLock
@@ -187,14 +188,13 @@ def lowering_of(ef: ExportFolder) -> str | None:
     for a shared KV cache and the weights' quantization when there is one: "attention=decomposed float32 int4"; an
     adopted file's producer: "onnxruntime-genai float32 kv=shared" (None: no ONNX)."""
     onnx_art = ef.artifacts.get("onnx")
-    if onnx_art is None:
+    if onnx_art is None or not isinstance(d := onnx_art.details, OnnxDetails):
         return None
-    shared = " kv=shared" if onnx_art.get("kv_cache") == "shared" else ""
-    quant = (onnx_art.get("quantization") or {}).get("weights")
-    quant = f" {quant}" if quant else ""
-    if onnx_art.get("producer"):
-        return f"{onnx_art.get('producer')} {onnx_art.dtype}{quant}{shared}"
-    return f"attention={onnx_art.get('attention', 'decomposed')} {onnx_art.dtype}{quant}{shared}"
+    shared = " kv=shared" if d.cache.shared else ""
+    quant = f" {d.quantization.weights}" if d.quantization and d.quantization.weights else ""
+    if d.producer:
+        return f"{d.producer} {onnx_art.dtype}{quant}{shared}"
+    return f"attention={d.attention or 'decomposed'} {onnx_art.dtype}{quant}{shared}"
 
 
 def same_model_folders(folder: str | Path, ef: ExportFolder,

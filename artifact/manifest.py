@@ -10,6 +10,9 @@ Schema ``mhaexport.manifest/2``::
                             "seq_dynamic", "static_sizes", "versions", "export_seconds", "warnings", ...details},
                    "torchscript": {...}}}
 
+``...details`` (opset, attention, kv_cache, quantization, mode, ...) are read into typed records
+(:mod:`mhaexport.artifact.details`) and written back key for key.
+
 ``source`` says how to rebuild the eager model, with file paths relative to the export folder (never an absolute
 path of the exporting machine). Version 1 (mhaexport 0.1: one top-level ``io`` for every artifact) is read and
 upgraded in memory.
@@ -23,9 +26,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mhaexport.artifact import schema
+from mhaexport.artifact.details import Details, details_from_dict
 from mhaexport.errors import ArtifactError
 from mhaexport.iospec import Contract, ModuleContract, contract_from_dict
 
@@ -104,7 +107,9 @@ class ModelRecord:
 @dataclass
 class ArtifactEntry:
     """One artifact (``onnx`` or ``torchscript``) in an export folder: its files, I/O schema and dtype, and how it
-    was made. Format-specific details (opset, attention lowering, precision, trace mode, ...) are in ``details``."""
+    was made. Format-specific details (opset, attention lowering, cache layout, precision, quantization, trace
+    mode, ...) are typed records in ``details``: :class:`~mhaexport.artifact.details.OnnxDetails` or
+    :class:`~mhaexport.artifact.details.TorchScriptDetails`."""
 
     format: str  # "onnx" | "torchscript"
     file: str  # the main file, e.g. "model.onnx"
@@ -116,14 +121,10 @@ class ArtifactEntry:
     versions: dict = field(default_factory=dict)  # tool versions that wrote it
     export_seconds: float | None = None
     warnings: list[str] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+    details: Details = field(default_factory=Details)  # OnnxDetails | TorchScriptDetails
 
     _KNOWN = ("format", "file", "dtype", "io", "files", "seq_dynamic", "static_sizes", "versions", "export_seconds",
               "warnings")
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """A format-specific detail (``opset``, ``attention``, ``lowering``, ``mode``, ``kv_cache``, ...)."""
-        return self.details.get(key, default)
 
     @property
     def fixed_sizes(self) -> tuple[int, int] | None:
@@ -143,17 +144,20 @@ class ArtifactEntry:
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self._KNOWN}
-        return {**out, **self.details}
+        return {**out, **self.details.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> ArtifactEntry:
+    def from_dict(cls, data: dict, where: str = "artifact") -> ArtifactEntry:
+        """Parse one entry; ArtifactError for a missing key or a detail of the wrong type (naming ``where``.key)."""
         try:
-            return cls(format=str(data["format"]), file=str(data["file"]), dtype=str(data.get("dtype", "float32")),
+            fmt = str(data["format"])
+            details = details_from_dict(fmt, {k: v for k, v in data.items() if k not in cls._KNOWN}, where)
+            return cls(format=fmt, file=str(data["file"]), dtype=str(data.get("dtype", "float32")),
                        io=dict(data.get("io") or {}), files=dict(data["files"]),
                        seq_dynamic=bool(data.get("seq_dynamic", True)), static_sizes=data.get("static_sizes"),
                        versions=dict(data.get("versions") or {}), export_seconds=data.get("export_seconds"),
                        warnings=list(data.get("warnings") or []),
-                       details={k: v for k, v in data.items() if k not in cls._KNOWN})
+                       details=details)
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactError(f"an artifact entry of the manifest is incomplete: {type(e).__name__}: {e}") from None
 
@@ -180,7 +184,8 @@ class Manifest:
             raise ArtifactError(f"{what} has no model record or artifacts map")
         model = ModelRecord.from_dict(data["model"])
         model.legacy = version == 1
-        return cls(model=model, artifacts={k: ArtifactEntry.from_dict(v) for k, v in arts.items()}, version=version)
+        return cls(model=model, version=version,
+                   artifacts={k: ArtifactEntry.from_dict(v, f"{what}: artifacts.{k}") for k, v in arts.items()})
 
     def with_artifact(self, name: str, entry: ArtifactEntry | None) -> Manifest:
         """A copy with ``name``'s entry replaced (or removed when ``entry`` is None)."""

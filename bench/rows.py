@@ -27,6 +27,7 @@ import numpy as np
 
 from mhaexport import dtypes, iospec
 from mhaexport.artifact import ExportFolder, lowering_of
+from mhaexport.artifact.details import WeightsRead
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTIMES, BenchConfig
 from mhaexport.bench.result import RuntimeBench
 from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
@@ -193,11 +194,11 @@ class BareRow(Row):
         B, P = prompt.shape
         layers = c.n_layers
         res = GenerationResult([[] for _ in range(B)], "max_new_tokens", "", [P] * B)
-        shared = self.entry.get("kv_cache") == "shared"
+        shared = self.entry.details.cache.shared
         if shared:
             import onnxruntime as ort
 
-            shape = (B, c.n_kv_heads, int(self.entry.get("max_cache")), c.head_dim)
+            shape = (B, c.n_kv_heads, self.entry.details.cache.max_cache, c.head_dim)
             bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in range(2 * layers)]
             io = self.session.io_binding()
             io.bind_output(iospec.LOGITS, "cpu")  # bound first: get_outputs()[0]
@@ -308,17 +309,17 @@ def with_quantization(rb: RuntimeBench, ef: ExportFolder, batch: int) -> Runtime
     its graph: packed weights, scales, zero points, gathered rows; at quantize time, or here for an adopted file
     whose producer quantized it, e.g. onnxruntime-genai's builder's int4 with MatMulNBits and
     GatherBlockQuantized)."""
-    quant = ef.artifacts["onnx"].get("quantization") if ef.has("onnx") else None
+    quant = ef.artifacts["onnx"].details.quantization if ef.has("onnx") else None
     if quant:
-        read = quant.get("weights_read") or {}
-        rb.quantization, rb.quant_label = quant.get("weights"), quant.get("label")
+        read = quant.weights_read
+        rb.quantization, rb.quant_label = quant.weights, quant.label
         if not read:  # a file another tool quantized (adopted): counted from its graph now, as quantize counts
             import onnx
 
             from mhaexport.exporter.quantize import weights_read
 
-            read = weights_read(onnx.load(str(ef.file("onnx")), load_external_data=False))
-        rb.weight_bytes_per_token = int(read["fixed_bytes"] + batch * read["per_row_bytes"])
+            read = WeightsRead.from_dict(weights_read(onnx.load(str(ef.file("onnx")), load_external_data=False)))
+        rb.weight_bytes_per_token = int(read.fixed_bytes + batch * read.per_row_bytes)
     return rb
 
 

@@ -5,7 +5,7 @@ The folder links to the foreign file (and its external data, genai_config.json a
 it: a builder's file may hold gigabytes. Its manifest records the model the file claims to be (``--hf``,
 ``--model``, ``--config``: the eager reference, as for an export), the file's hashes (a file rebuilt since is
 refused like any altered export), and the file's :class:`~mhaexport.runtime.foreign.Layout` under
-``details["layout"]``: the names that stand for the contract's I/O and the producer's cache and padding protocol.
+``details.layout``: the names that stand for the contract's I/O and the producer's cache and padding protocol.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import onnx
 
 from mhaexport import iospec
 from mhaexport.artifact import stage_artifact
+from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError
 from mhaexport.exporter.common import ExportRecord, finish
 from mhaexport.models.loading import LoadedModel
@@ -59,7 +60,7 @@ def _external_files(path: Path) -> list[str]:
     return found
 
 
-def quantization_of(path: Path) -> dict | None:
+def quantization_of(path: Path) -> Quantization | None:
     """What makes the graph's weights lossy, from its ops (None: none of :data:`QUANT_OPS`), as mhaexport's own
     quantization record says it: the scheme (``weights``: int4 / int8, from the first quantized MatMul's bits),
     ``block_size`` and ``accuracy_level`` (4: int8 activations, which verify's self-comparisons allow for), a
@@ -83,7 +84,7 @@ def quantization_of(path: Path) -> dict | None:
         record.update(block_size=int(first.get("block_size", 0)), accuracy_level=int(first.get("accuracy_level", 0)))
     label = QUANT_OPS.get(first.get("op", ""), "quantized")
     record["label"] = label.format(bits=bits, block_size=record.get("block_size", "?"))
-    return record
+    return Quantization.from_dict(record)
 
 
 def _check_sizes(layout: Layout, loaded: LoadedModel, path: Path) -> list[str]:
@@ -136,16 +137,16 @@ def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None
         names.append(GENAI_CONFIG)  # onnxruntime-genai reads the folder as its producer wrote it
     names += [p.name for p in tokenizer_files(path.parent) if p.name not in names]
     quant = quantization_of(path)
-    details = {
-        "producer": layout.producer, "adopted_from": str(path), "layout": layout.to_dict(),
-        "kv_cache": layout.kv_cache, "padding": layout.padding, "attention": "as exported",
-        **({"max_cache": layout.max_positions} if layout.kv_cache == "shared" else {}),
-        **({"quantization": quant} if quant else {}),
-        "opset": next((o.version for o in onnx.load(str(path), load_external_data=False).opset_import
-                       if o.domain in ("", "ai.onnx")), None),
-        "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL],
-        "exporter": f"{layout.producer} (adopted by mhaexport: not exported here)",
-    }
+    details = OnnxDetails(
+        producer=layout.producer, adopted_from=str(path), layout=layout,
+        cache=CacheLayout(layout.kv_cache, layout.max_positions if layout.kv_cache == "shared" else None,
+                          layout.padding),
+        attention="as exported", quantization=quant,
+        opset=next((o.version for o in onnx.load(str(path), load_external_data=False).opset_import
+                    if o.domain in ("", "ai.onnx")), None),
+        dynamic_axes=[iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL],
+        exporter=f"{layout.producer} (adopted by mhaexport: not exported here)",
+    )
     with stage_artifact(out, "onnx", purpose=f"adopt {path.name}") as staged:
         for name in names:
             os.symlink(path.parent / name, staged.dir / name)  # absolute: the staging folder moves the link

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from mhaexport.artifact import ArtifactEntry, Manifest, Staging
+from mhaexport.artifact.details import Details
 from mhaexport.env import tool_versions
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, io_schema
 from mhaexport.models.inputs import make_inputs
@@ -106,17 +107,17 @@ def copy_tokenizer(loaded: LoadedModel, dest: Path) -> list[str]:
 
 
 def finish(loaded: LoadedModel, staged: Staging, *, fmt: str, main_file: str, files: list[str], dtype: str,
-           details: dict, started: float, warns: list[str], seq_dynamic: bool = True,
+           details: Details, started: float, warns: list[str], seq_dynamic: bool = True,
            static_sizes: tuple[int, int] | None = None, owned: tuple[str, ...] = (),
            io: dict | None = None) -> ExportRecord:
     """Publish the staged ``files`` (``main_file`` first) and record the artifact with its own I/O schema (``io``;
-    default: the decoder contract's, ``details["kv_cache"]`` shaping the cache's entries) and dtype."""
+    default: the decoder contract's, ``details.cache`` shaping the cache's entries) and dtype."""
     from mhaexport import iospec
 
     entry = ArtifactEntry(
         format=fmt, file=main_file, dtype=dtype,
         io=io if io is not None else io_schema(loaded.contract, dtype, seq_dynamic=seq_dynamic, sizes=static_sizes,
-                                               kv_cache=details.get("kv_cache", "concat")),
+                                               kv_cache=details.cache.kind or "concat"),
         seq_dynamic=seq_dynamic,
         static_sizes=None if static_sizes is None else {iospec.SEQ: static_sizes[0], iospec.PAST: static_sizes[1],
                                                         iospec.TOTAL: sum(static_sizes)},

@@ -18,6 +18,7 @@ from torch.export import Dim
 
 from mhaexport import iospec
 from mhaexport.artifact import stage_artifact
+from mhaexport.artifact.details import CacheLayout, Details, ExampleSizes, OnnxDetails, TorchScriptDetails
 from mhaexport.errors import ExportError, first_line
 from mhaexport.exporter.common import ExportRecord, captured_warnings, finish
 from mhaexport.exporter.genai import GENAI_CONFIG
@@ -43,10 +44,10 @@ def _contract(loaded: LoadedModel) -> ModuleContract:
     return loaded.contract
 
 
-def _details(loaded: LoadedModel, c: ModuleContract) -> dict:
-    return {"module": c.kind, "mask": c.mask, "weights": weights_note(loaded), "kv_cache": "concat",
-            "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL],
-            "example_sizes": {"batch": EXAMPLE_BATCH, "seq": EXAMPLE_SEQ, "past": EXAMPLE_PAST}}
+def _details(loaded: LoadedModel, c: ModuleContract, kind: type[Details], **more) -> Details:
+    return kind(module=c.kind, mask=c.mask, weights=weights_note(loaded), cache=CacheLayout("concat"),
+                dynamic_axes=[iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL],
+                example_sizes=ExampleSizes(EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST), **more)
 
 
 def _name_output_dims(model: ir.Model) -> None:
@@ -89,8 +90,8 @@ def export_module_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int |
         _name_output_dims(model)
         ir.save(model, staged.dir / ONNX_FILE)
         check_onnx(staged.dir / ONNX_FILE)
-        details = {**_details(loaded, c), "opset": opset, "attention": "decomposed",
-                   "exporter": "torch.onnx.export(dynamo=True)"}
+        details = _details(loaded, c, OnnxDetails, opset=opset, attention="decomposed",
+                           exporter="torch.onnx.export(dynamo=True)")
         # a decoder export in this folder before may have left its genai config and external data: not this one's
         return finish(loaded, staged, fmt="onnx", main_file=ONNX_FILE, files=[ONNX_FILE], dtype=DTYPE,
                       details=details, started=started, warns=list(warns), io=iospec.module_io_schema(c, DTYPE),
@@ -114,7 +115,7 @@ def export_module_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode:
             hint = "; --mode trace works for the block" if mode == "script" else ""
             raise ExportError(f"torch.jit.{mode} of the {c.kind} block failed: {first_line(e)}{hint}") from None
         module.save(str(staged.dir / TS_FILE))
-        details = {**_details(loaded, c), "mode": mode}
+        details = _details(loaded, c, TorchScriptDetails, mode=mode)
         return finish(loaded, staged, fmt="torchscript", main_file=TS_FILE, files=[TS_FILE], dtype=DTYPE,
                       details=details, started=started, warns=_summarize(list(warns)),
                       io=iospec.module_io_schema(c, DTYPE))

@@ -16,6 +16,7 @@ from torch.export import Dim
 
 from mhaexport import dtypes, iospec
 from mhaexport.artifact import TWO_GB, stage_artifact
+from mhaexport.artifact.details import CacheLayout, ExampleSizes, Lowering, OnnxDetails, Precision
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
 from mhaexport.errors import ExportError, first_line
@@ -278,17 +279,18 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
                                             model_config=getattr(loaded.module, "config", None), kv_cache=kv_cache))
         files += copy_tokenizer(loaded, tmp)  # an --hf folder's tokenizer travels with the model
-        details = {
-            "opset": opset, "attention": lowering_name, "kv_cache": kv_cache,
-            **({"max_cache": max_cache, "padding": "right"} if kv_cache == "shared" else {}),
-            "lowering": {**lowering.to_dict(), "self_check_max_abs_diff": checked,
-                         "self_check_not_run": _self_check_not_run(lowering_name, dtype, too_big)},
-            "precision": precision.to_dict(), "external_data": external,
-            "weight_bytes": size,
-            "dynamic_axes": [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],
-            "example_sizes": {"batch": EXAMPLE_BATCH, "seq": seq, "past": past},
-            "exporter": "torch.onnx.export(dynamo=True)",
-        }
+        shared = kv_cache == "shared"
+        details = OnnxDetails(
+            opset=opset, attention=lowering_name,
+            cache=CacheLayout(kv_cache, max_cache if shared else None, "right" if shared else None),
+            lowering=Lowering.from_dict({**lowering.to_dict(), "self_check_max_abs_diff": checked,
+                                         "self_check_not_run": _self_check_not_run(lowering_name, dtype, too_big)}),
+            precision=Precision.from_dict(precision.to_dict()), external_data=external,
+            weight_bytes=size,
+            dynamic_axes=[iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],
+            example_sizes=ExampleSizes(EXAMPLE_BATCH, seq, past),
+            exporter="torch.onnx.export(dynamo=True)",
+        )
         # files an earlier export of another kind (dynamic, external data) left, which this one does not write
         return finish(loaded, staged, fmt="onnx", main_file=ONNX_FILE, files=files, dtype=dtype, details=details,
                       started=started, warns=list(warns), seq_dynamic=seq_dynamic,

@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 
 from mhaexport.artifact import ArtifactEntry, ExportFolder, stage_artifact
+from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
@@ -130,7 +131,7 @@ class QuantizeRecord:
     folder: Path
     files: list[str]
     seconds: float
-    quantization: dict
+    quantization: Quantization
     warnings: list[str] = field(default_factory=list)
 
 
@@ -391,8 +392,10 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
         raise ArtifactError(f"-o {out} is the source folder: write the quantized export to another folder (the float "
                             "export stays the reference bench and verify compare it with)")
     entry = src.entry("onnx")
-    if entry.get("quantization"):
-        raise ExportError(f"{src.path} is already quantized ({entry.get('quantization').get('label')}): quantize "
+    if not isinstance(entry.details, OnnxDetails):
+        raise ArtifactError(f"{src.path}: its onnx entry holds {entry.format} details")
+    if entry.details.quantization:
+        raise ExportError(f"{src.path} is already quantized ({entry.details.quantization.label}): quantize "
                           "the float export it was made from")
     if entry.dtype != "float32":
         raise ExportError(f"{src.path} holds a {entry.dtype} export: quantize reads float32 exports")
@@ -422,16 +425,16 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
             if name in entry.files:
                 shutil.copyfile(src.file("onnx", name), staged.dir / name)
                 files.append(name)
-        details = dict(entry.details)
-        details.update(opset=opset, quantization=done, external_data=DATA_FILE in files,
-                       exporter=f"mhaexport quantize from {details.get('exporter', 'an ONNX export')}")
+        details = dataclasses.replace(entry.details, opset=opset, quantization=Quantization.from_dict(done),
+                                      external_data=DATA_FILE in files,
+                                      exporter=f"mhaexport quantize from {entry.details.exporter or 'an ONNX export'}")
         new = ArtifactEntry(format="onnx", file=ONNX_FILE, dtype=entry.dtype, io=entry.io,
                             seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes, versions=tool_versions(),
                             export_seconds=round(time.perf_counter() - started, 3), warnings=list(warns),
                             details=details)
         staged.publish(src.model.relocated(src.path, out), new, files,
                        owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
-    return QuantizeRecord(out, files, time.perf_counter() - started, done, warns)
+    return QuantizeRecord(out, files, time.perf_counter() - started, details.quantization, warns)
 
 
 def export_quantized(folder: str | Path, schemes: list[str], out_dir: str | Path, have: tuple[str, ...] | list[str] = (),
@@ -447,9 +450,9 @@ def export_quantized(folder: str | Path, schemes: list[str], out_dir: str | Path
     src = ExportFolder.open(folder)
     known: dict[str, Path] = {}
     for other, m in same_model_folders(folder, src, have):
-        q = m.artifacts["onnx"].get("quantization") or {}
-        if q.get("label"):
-            known.setdefault(q["label"], other)
+        q = m.artifacts["onnx"].details.quantization
+        if q and q.label:
+            known.setdefault(q.label, other)
     out = []
     for scheme in schemes:
         cfg = QuantConfig(weights=scheme)
@@ -459,8 +462,8 @@ def export_quantized(folder: str | Path, schemes: list[str], out_dir: str | Path
         sub = Path(out_dir) / "quantized" / scheme
         try:
             m = ExportFolder.open(sub, "onnx")
-            q = m.artifacts["onnx"].get("quantization") or {}
-            if m.model.fingerprint == src.model.fingerprint and q.get("label") == cfg.label():
+            q = m.artifacts["onnx"].details.quantization
+            if m.model.fingerprint == src.model.fingerprint and q and q.label == cfg.label():
                 say(f"reusing {sub} ({cfg.label()})")
                 out.append(sub)
                 continue

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from mhaexport.artifact import stage_artifact
+from mhaexport.artifact.details import ExampleSizes, TorchScriptDetails
 from mhaexport.errors import ExportError
 from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, module_bytes
 from mhaexport.exporter.failures import describe_failure
@@ -54,7 +55,7 @@ def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = 
             hint = "; --mode trace works for any model that follows the contract" if mode == "script" else ""
             raise ExportError(describe_failure(e, f"{loaded.label}: torch.jit.{mode} failed") + hint) from None
         module.save(str(staged.dir / TS_FILE))
-        details = {"mode": mode, "example_sizes": {"batch": args[0].shape[0], "seq": args[0].shape[1],
-                                                   "past": args[2][0][0].shape[2]}}
+        details = TorchScriptDetails(mode=mode, example_sizes=ExampleSizes(args[0].shape[0], args[0].shape[1],
+                                                                           args[2][0][0].shape[2]))
         return finish(loaded, staged, fmt="torchscript", main_file=TS_FILE, files=[TS_FILE], dtype="float32",
                       details=details, started=started, warns=_summarize(list(warns)))

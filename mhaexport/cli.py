@@ -262,6 +262,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     if attention == "onnx" and opset is not None and opset < 23:
         raise click.BadParameter(f"--attention onnx needs opset 23 (the ONNX Attention op), got {opset}",
                                  param_hint="--opset")
+    from mhaexport.artifact.details import Lowering, Precision
     from mhaexport.exporter.onnx import check_cache_options, export_onnx
 
     check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
@@ -275,13 +276,13 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     rec = export_onnx(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                       attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     _show_record(rec)
-    entry = rec.manifest.artifacts["onnx"]
-    low, prec = entry.get("lowering") or {}, entry.get("precision") or {}
-    if entry.get("attention") != "decomposed":
-        click.echo(f"attention {entry.get('attention')}: {low.get('fused_nodes')} fused node(s), KV cache through the op: "
-                   f"{low.get('kv_cache_in_op')}, Softmax left: {low.get('softmax_left')}")
-    if prec.get("cast_by_ort_cpu"):
-        ops = ", ".join(f"{k} x{v}" for k, v in prec["cast_by_ort_cpu"].items())
+    details = rec.manifest.artifacts["onnx"].details
+    low, prec = details.lowering or Lowering(), details.precision or Precision()
+    if details.attention != "decomposed":
+        click.echo(f"attention {details.attention}: {low.fused_nodes} fused node(s), KV cache through the op: "
+                   f"{low.kv_cache_in_op}, Softmax left: {low.softmax_left}")
+    if prec.cast_by_ort_cpu:
+        ops = ", ".join(f"{k} x{v}" for k, v in prec.cast_by_ort_cpu.items())
         click.echo(f"{dtype}: ONNX Runtime CPU computes these in float32 (it casts them): {ops}")
 
 
@@ -360,11 +361,11 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
         click.secho(f"warning: {w}", fg="yellow", err=True)
     q = rec.quantization
     files = ", ".join(f"{rec.folder / f} ({_size(rec.folder / f)})" for f in rec.files)
-    read = q["weights_read"]["fixed_bytes"] + q["weights_read"]["per_row_bytes"]
-    src = q["source"]["weights_read"]["fixed_bytes"] + q["source"]["weights_read"]["per_row_bytes"]
-    nodes = ", ".join(f"{k} x{v}" for k, v in q["nodes"].items())
+    read = q.weights_read.fixed_bytes + q.weights_read.per_row_bytes
+    src = q.source.weights_read.fixed_bytes + q.source.weights_read.per_row_bytes
+    nodes = ", ".join(f"{k} x{v}" for k, v in q.nodes.items())
     click.echo(f"wrote {files} and {rec.folder / 'manifest.json'} in {rec.seconds:.1f} s")
-    click.echo(f"{q['label']}: {nodes}; LM head {q['lm_head']}; weights read per token {read / 1e6:.2f} MB "
+    click.echo(f"{q.label}: {nodes}; LM head {q.lm_head}; weights read per token {read / 1e6:.2f} MB "
                f"(float: {src / 1e6:.2f} MB, x{read / src:.3f})")
     click.echo(f"next: mhaexport verify {rec.folder}   (quality against eager fp32)", err=True)
 
@@ -567,7 +568,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
 def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
     """("1e-4", "logits=1e-3") -> {None: 1e-4, "logits": 1e-3}; None when not given."""
-    from mhaexport.verify.checks import OUTPUT_KINDS
+    from mhaexport.verify.compare import OUTPUT_KINDS
 
     out: dict = {}
     for v in values:
@@ -792,9 +793,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         _writable(out, "" if output else " (give -o DIR to adopt the file elsewhere)")
         loaded = _load(config, model, checkpoint, hf)
         rec = adopt_onnx(loaded, folder, out)
-        entry = rec.manifest.artifacts["onnx"]
-        click.echo(f"Adopted {folder} ({entry.get('producer')} layout, driven as "
-                   f"{entry.get('layout', {}).get('kv_cache')} cache, {entry.get('padding')} padding) into "
+        details = rec.manifest.artifacts["onnx"].details
+        click.echo(f"Adopted {folder} ({details.producer} layout, driven as "
+                   f"{details.layout.kv_cache} cache, {details.cache.padding} padding) into "
                    f"{rec.folder}", err=True)
         _warn(rec)
         if bisect_:

@@ -35,7 +35,7 @@ def cache_dtype(entry: ArtifactEntry, contract: ModelContract) -> str:
 
 def is_shared_cache(entry: ArtifactEntry) -> bool:
     """Whether the file's past and present are one preallocated buffer per layer (``--kv-cache shared``)."""
-    return entry.get("kv_cache", "concat") == "shared"
+    return entry.details.cache.shared
 
 
 def ort_runner_for(ef: ExportFolder, name: str, config: SessionConfig = SessionConfig(), *,
@@ -54,6 +54,6 @@ def ort_runner_for(ef: ExportFolder, name: str, config: SessionConfig = SessionC
     common = dict(config=config, dtype=cache_dtype(entry, c), layout=layout_of(entry), io_binding=io_binding,
                   optimized_cache=optimized)
     if is_shared_cache(entry):
-        return SharedCacheOrtRunner(name, c, ef.file("onnx"), max_cache=int(entry.get("max_cache")),
+        return SharedCacheOrtRunner(name, c, ef.file("onnx"), max_cache=entry.details.cache.max_cache,
                                     contract_steps=contract_steps, **common)
     return OrtRunner(name, c, ef.file("onnx"), fixed=entry.fixed_sizes, **common)

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mhaexport import dtypes, iospec
+from mhaexport.artifact import ArtifactEntry, read_manifest
+from mhaexport.artifact.details import AdoptedLayout, OnnxDetails
 from mhaexport.errors import ArtifactError
 
 GENAI_CONFIG = "genai_config.json"
@@ -32,48 +33,14 @@ POSITION_IDS = "position_ids"
 PRODUCERS = ("onnxruntime-genai", "optimum", "torch.onnx", "mhaexport")
 
 
-@dataclass
-class Layout:
-    """How a foreign file maps onto the contract and how its producer drives it (recorded in the adopted folder's
-    manifest entry, ``details["layout"]``)."""
-
-    producer: str  # one of PRODUCERS
-    input_ids: str
-    attention_mask: str
-    logits: str
-    past: list[str]  # 2L file input names, contract order: layer 0 key, layer 0 value, layer 1 key, ...
-    present: list[str]  # 2L file output names, same order
-    position_ids: str | None = None  # an input fed cumsum(mask) - 1 over the new tokens
-    kv_cache: str = "concat"  # "concat" | "shared" (one buffer per layer, written in place)
-    padding: str = "left"  # the producer's: "left" (the contract's) | "right" (rows packed from slot 0)
-    dtype: str = "float32"  # the cache's float dtype
-    n_layers: int = 0
-    n_heads: int = 0
-    n_kv_heads: int = 0
-    head_dim: int = 0
-    vocab_size: int = 0
-    max_positions: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Layout:
-        return cls(**data)
-
-    @property
-    def protocol(self) -> str:
-        """The producer's protocol in words (reports)."""
-        cache = "one shared buffer per layer" if self.kv_cache == "shared" else "concat cache"
-        return f"{cache}, {self.padding} padding"
+# How a foreign file maps onto the contract: the record its adopted folder's manifest keeps (``details.layout``)
+Layout = AdoptedLayout
 
 
-def layout_of(entry) -> Layout | None:
-    """The adopted file's layout recorded in a manifest entry (``details["layout"]``); None for mhaexport's own
+def layout_of(entry: ArtifactEntry | None) -> Layout | None:
+    """The adopted file's layout recorded in a manifest entry (``details.layout``); None for mhaexport's own
     exports, whose I/O is the contract's."""
-    data = entry.get("layout") if entry is not None else None
-    return Layout.from_dict(data) if data else None
+    return entry.details.layout if entry is not None and isinstance(entry.details, OnnxDetails) else None
 
 
 def _io(path: Path) -> tuple[list, list]:
@@ -124,7 +91,7 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layo
     if own is not None:
         genai = None  # mhaexport writes a genai_config.json too: its manifest says more
     layout = _from_genai(path, genai, in_names, out_names) if genai else _by_names(in_names, out_names, path)
-    if layout is not None and own is not None and own.get("kv_cache") == "shared":
+    if layout is not None and own is not None and own.details.cache.shared:
         layout.kv_cache, layout.padding = "shared", "right"  # --kv-cache shared: GroupQueryAttention's protocol
     if layout is None:
         layout = _by_position(inputs, outputs)
@@ -195,14 +162,14 @@ def _search(path: Path) -> dict:
         return {}
 
 
-def _own_export(path: Path) -> dict | None:
+def _own_export(path: Path) -> ArtifactEntry | None:
     """The manifest entry when ``path`` is the ONNX file of an mhaexport export folder (its manifest.json lists it,
     not adopted), else None."""
     try:
-        entry = json.loads((path.parent / "manifest.json").read_text())["artifacts"]["onnx"]
-    except (OSError, ValueError, KeyError, TypeError):
+        entry = read_manifest(path.parent).artifacts["onnx"]
+    except (ArtifactError, KeyError):
         return None
-    own = isinstance(entry, dict) and entry.get("file") == path.name and not entry.get("producer")
+    own = entry.file == path.name and isinstance(entry.details, OnnxDetails) and not entry.details.producer
     return entry if own else None
 
 

@@ -4,7 +4,8 @@
 ONNX Runtime returned, bound on the device (IO binding), so between decode steps the cache never crosses to the
 host; only the logits come back. On CPU ``step`` is plain ``session.run`` (numpy in and out, no copy; measured
 faster than IO binding there, see :attr:`OrtRunner.binds`). The deploy runtime's Generator and verify's ort-cpu /
-ort-cuda rows are this one runner.
+ort-cuda rows are this one runner. Its session handling (open, the providers really used, close, the input axes a
+file fixes) is :class:`OrtSessionRunner`, which verify's attention-block runner stands on too.
 """
 
 from __future__ import annotations
@@ -15,15 +16,62 @@ import numpy as np
 import onnxruntime as ort
 
 from mhaexport import dtypes, iospec
-from mhaexport.iospec import ModelContract
+from mhaexport.iospec import Contract, ModelContract
 from mhaexport.runtime.foreign import Layout
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
 from mhaexport.runtime.session import CUDA, SessionConfig, open_session
 
 
-class OrtRunner(Runner):
-    """An InferenceSession over ``path``. ``config.providers`` says where; a provider that does not really run here
-    (``get_providers()``) makes the runner skipped with ONNX Runtime's reason, never silently CPU."""
+class OrtSessionRunner(Runner):
+    """The session handling every ONNX Runtime runner shares, whatever its contract: an InferenceSession over
+    ``path`` from :func:`~mhaexport.runtime.session.open_session`. ``config.providers`` says where; a provider that
+    does not really run here (``get_providers()``) makes the runner skipped with ONNX Runtime's reason, never
+    silently CPU. A contract's runner adds its feed (``run_impl``) and which input axes must stay dynamic
+    (:meth:`fixed_axes`): the decoder's :class:`OrtRunner`, verify's attention-block runner."""
+
+    def __init__(self, name: str, contract: Contract, path: str | Path | bytes, *,
+                 config: SessionConfig = SessionConfig(), dtype: str = "float32", fixed: tuple[int, int] | None = None,
+                 optimized_cache: tuple[Path, str] | None = None) -> None:
+        super().__init__(name, contract, dtype=dtype, fixed=fixed)
+        self.path = path if isinstance(path, bytes) else Path(path)
+        self.config = config
+        self.optimized_cache = optimized_cache
+        self.session: ort.InferenceSession | None = None
+        self.device = "cpu"
+        self.warnings: list[str] = []
+        self.optimized_from_cache = False
+        self._in_shapes: dict[str, list] = {}
+
+    def _adopt(self, session: ort.InferenceSession, warnings: list[str], from_cache: bool) -> None:
+        self.session = session
+        self.providers = list(session.get_providers())
+        self.device = "cuda" if self.providers and self.providers[0] == CUDA else "cpu"
+        self.warnings = list(warnings)
+        self.optimized_from_cache = from_cache
+        self._in_shapes = {i.name: list(i.shape) for i in session.get_inputs()}
+
+    def activate_impl(self) -> None:
+        session, warnings, from_cache = open_session(self.path, self.config, optimized_cache=self.optimized_cache)
+        self._adopt(session, warnings, from_cache)
+
+    def deactivate_impl(self) -> None:
+        self.session = None
+
+    def fixed_axes(self, dynamic: dict[str, dict[int, str]]) -> list[str]:
+        """The axes of ``dynamic`` ({input name in the file: {axis: dim name}}) that the session's inputs declare as
+        fixed numbers: "name axis 1 (sequence_length) = 3"."""
+        baked = []
+        for name, axes in dynamic.items():
+            shape = self._in_shapes.get(name, [])
+            for ax, dim in axes.items():
+                if ax < len(shape) and isinstance(shape[ax], int):
+                    baked.append(f"{name} axis {ax} ({dim}) = {shape[ax]}")
+        return baked
+
+
+class OrtRunner(OrtSessionRunner):
+    """The decoder contract in an ONNX Runtime session (:class:`OrtSessionRunner`): the contract's feed or an
+    adopted file's names (``layout``), the output split, and the decode loop's cache as bound OrtValues."""
 
     padding = "left"  # how the decode loop pads a batch of prompts for this runner (the contract's layout)
 
@@ -31,15 +79,9 @@ class OrtRunner(Runner):
                  config: SessionConfig = SessionConfig(), dtype: str = "float32", fixed: tuple[int, int] | None = None,
                  io_binding: bool | None = None, optimized_cache: tuple[Path, str] | None = None,
                  layout: Layout | None = None) -> None:
-        super().__init__(name, contract, dtype=dtype, fixed=fixed)
-        self.path = path if isinstance(path, bytes) else Path(path)
-        self.config = config
+        super().__init__(name, contract, path, config=config, dtype=dtype, fixed=fixed,
+                         optimized_cache=optimized_cache)
         self.io_binding = io_binding
-        self.optimized_cache = optimized_cache
-        self.session: ort.InferenceSession | None = None
-        self.device = "cpu"
-        self.warnings: list[str] = []
-        self.optimized_from_cache = False
         # the file's names for the contract's inputs and outputs: the contract's own, or a foreign file's layout
         self.layout = layout
         if layout is None:
@@ -79,33 +121,12 @@ class OrtRunner(Runner):
         r.is_active = True
         return r
 
-    def _adopt(self, session: ort.InferenceSession, warnings: list[str], from_cache: bool) -> None:
-        self.session = session
-        self.providers = list(session.get_providers())
-        self.device = "cuda" if self.providers and self.providers[0] == CUDA else "cpu"
-        self.warnings = list(warnings)
-        self.optimized_from_cache = from_cache
-        self._in_shapes = {i.name: list(i.shape) for i in session.get_inputs()}
-
-    def activate_impl(self) -> None:
-        session, warnings, from_cache = open_session(self.path, self.config, optimized_cache=self.optimized_cache)
-        self._adopt(session, warnings, from_cache)
-
-    def deactivate_impl(self) -> None:
-        self.session = None
-
     def baked_axes(self) -> list[str]:
-        baked = []
         contract_past = [n for i in range(self.contract.n_layers) for n in iospec.past_names(i)]
         file_name = {iospec.INPUT_IDS: self.in_ids, iospec.ATTENTION_MASK: self.in_mask,
                      **dict(zip(contract_past, self.past_names))}
-        for name, axes in iospec.dynamic_input_axes(self.contract.n_layers).items():
-            name = file_name.get(name, name)
-            shape = self._in_shapes.get(name, [])
-            for ax, dim in axes.items():
-                if ax < len(shape) and isinstance(shape[ax], int):
-                    baked.append(f"{name} axis {ax} ({dim}) = {shape[ax]}")
-        return baked
+        return self.fixed_axes({file_name.get(name, name): axes
+                                for name, axes in iospec.dynamic_input_axes(self.contract.n_layers).items()})
 
     # ---- numpy in, numpy out ---------------------------------------------------------------------------------
     def _run_plain(self, ids: np.ndarray, mask: np.ndarray, flat_past) -> list:

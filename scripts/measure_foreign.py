@@ -148,25 +148,26 @@ def verify(work: Path, row: dict) -> None:
     if not (out / "report.json").is_file():
         row["verify_error"] = last_error(text)
         return
+    from mhaexport.verify.render import cell
     from mhaexport.verify.report import VerifyReport
 
     data = json.loads((out / "report.json").read_text())
     rep = VerifyReport.from_dict(data)
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = manifest["artifacts"]["onnx"]
-    details = entry.get("details", entry)
-    row["adopted_as"] = f"{details.get('producer')}: {data['artifacts']['onnx'].get('protocol', '?')}"
-    if details.get("quantization"):
-        row["quantization"] = details["quantization"]
+    from mhaexport.artifact import read_manifest
+
+    details = read_manifest(out).artifacts["onnx"].details
+    row["adopted_as"] = f"{details.producer}: {data['artifacts']['onnx'].get('protocol', '?')}"
+    if details.quantization:
+        row["quantization"] = details.quantization.to_dict()
     row["verdict"] = f"{data['verdict']['status']} (exit {data['verdict']['exit_code']})"
     row["counts"] = data["counts"]
-    row["cells"] = {ch: rep._cell(rep.results.get("ort-cpu", {}).get(ch)) for ch in CHECK_COLS}
+    row["cells"] = {ch: cell(rep.results.get("ort-cpu", {}).get(ch)) for ch in CHECK_COLS}
     row["failures"] = {ch: r.message for ch, r in rep.results.get("ort-cpu", {}).items() if r.status is False}
     row["figures"] = {ch: r.figures for ch, r in rep.results.get("ort-cpu", {}).items()}
     other = rep.other_protocol
     if other:
         res = other["results"].get("ort-cpu:plain", {})
-        row["plain_cells"] = {ch: rep._cell(res.get(ch)) for ch in CHECK_COLS}
+        row["plain_cells"] = {ch: cell(res.get(ch)) for ch in CHECK_COLS}
         row["plain_failures"] = {ch: r.message for ch, r in res.items() if r.status is False}
         row["plain_figures"] = {ch: r.figures for ch, r in res.items()}
     print(f"verify {name}: {row['verdict']} in {secs} s", file=sys.stderr, flush=True)

@@ -239,8 +239,8 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
                  "repeat_medians_ms": [round(m * 1e3, 3) for m in medians[r.label]],
                  "folder_mb": folder_bytes(r.folder) / 1e6}
         if isinstance(r, OursRow):
-            q = r.gen.entry.get("quantization")
-            entry["weights_read_mb"] = ((q["weights_read"]["fixed_bytes"] + q["weights_read"]["per_row_bytes"]) / 1e6
+            q = r.gen.entry.details.quantization
+            entry["weights_read_mb"] = ((q.weights_read.fixed_bytes + q.weights_read.per_row_bytes) / 1e6
                                         if q else fp32_bytes / 1e6)
         result["rows"][r.label] = entry
     # per round, each row against the builder's int4 of the same round: the machine's slow drifts cancel out

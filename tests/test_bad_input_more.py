@@ -65,7 +65,7 @@ def test_quantize_refuses_an_attention_block_before_quantizing(cwd, monkeypatch)
 # ---- report merge: a report of the right schema with fields of the wrong type --------------------------------
 
 def _report_dict() -> dict:
-    from mhaexport.verify.checks import CHECKS, CheckResult
+    from mhaexport.verify.results import CHECKS, CheckResult
     from mhaexport.verify.report import RuntimeInfo, VerifyReport
 
     runtimes = {rt: RuntimeInfo(rt, "ran", providers=["CPUExecutionProvider"]) for rt in ("eager", "ort-cpu")}

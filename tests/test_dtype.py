@@ -134,13 +134,13 @@ def test_bfloat16_export_records_what_ort_cpu_can_run(tiny, tmp_path):
     model = onnx.load(str(tmp_path / "model.onnx"))
     types = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.input) + list(model.graph.output)}
     assert types["past_key_values.0.key"] == types["logits"] == onnx.TensorProto.BFLOAT16
-    prec = rec.manifest.artifacts["onnx"].get("precision")
-    assert prec["dtype"] == "bfloat16"
+    prec = rec.manifest.artifacts["onnx"].details.precision
+    assert prec.dtype == "bfloat16"
     try:
         ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
         runs = True
     except Exception:  # noqa: BLE001 - ORT's own exception types
         runs = False
     # the manifest says what a direct attempt finds: a session error and a warning, or a cast report
-    assert (prec["ort_cpu_session_error"] is None) == runs
+    assert (prec.ort_cpu_session_error is None) == runs
     assert any("cannot run this bfloat16 graph" in w for w in rec.warnings) == (not runs)

@@ -82,12 +82,12 @@ def test_manifest_records_both_artifacts_with_hashes(tiny_export):
     ef = ExportFolder.open(tiny_export)
     assert set(ef.artifacts) == {"onnx", "torchscript"}
     onnx_entry = ef.entry("onnx")
-    assert onnx_entry.seq_dynamic is True and onnx_entry.get("opset") == 18
+    assert onnx_entry.seq_dynamic is True and onnx_entry.details.opset == 18
     assert onnx_entry.files["model.onnx"]["sha256"] == sha256_file(tiny_export / "model.onnx")
     assert ef.model.spec == "preset:tiny" and onnx_entry.versions["torch"] == torch.__version__
     for entry in ef.artifacts.values():  # each artifact carries its own I/O schema
         assert entry.io["inputs"]["attention_mask"]["shape"] == ["batch_size", "total_sequence_length"]
-    assert ef.entry("torchscript").get("mode") == "trace"
+    assert ef.entry("torchscript").details.mode == "trace"
 
 
 def test_static_export_fixes_sequence_axes(tiny, tmp_path):

@@ -46,7 +46,7 @@ def _generate(folder: Path, n: int = 6) -> list[int]:
 
 def test_export_writes_external_data_and_the_manifest_hashes_both(external_export, tiny_export):
     entry = ExportFolder.open(external_export, "onnx").entry("onnx")
-    assert entry.file == ONNX_FILE and entry.get("external_data") is True
+    assert entry.file == ONNX_FILE and entry.details.external_data is True
     assert set(entry.files) == {ONNX_FILE, DATA_FILE, "genai_config.json"}
     for name, meta in entry.files.items():
         assert meta["sha256"] == sha256_file(external_export / name)
@@ -56,12 +56,12 @@ def test_export_writes_external_data_and_the_manifest_hashes_both(external_expor
     external = [t for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     assert external and all({e.key: e.value for e in t.external_data}["location"] == DATA_FILE for t in external)
     assert (external_export / DATA_FILE).stat().st_size > (external_export / ONNX_FILE).stat().st_size
-    assert entry.get("weight_bytes") > 0
+    assert entry.details.weight_bytes > 0
     genai = json.loads((external_export / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["filename"] == ONNX_FILE  # onnxruntime-genai finds the .data beside it
     # an export under the threshold stays one file
     inline = ExportFolder.open(tiny_export, "onnx").entry("onnx")
-    assert inline.get("external_data") is False and DATA_FILE not in inline.files
+    assert inline.details.external_data is False and DATA_FILE not in inline.files
     assert not (tiny_export / DATA_FILE).exists()
 
 
@@ -103,9 +103,9 @@ def test_verify_generate_bisect_and_genai_read_external_data(external_export, ti
 def test_a_lowered_export_with_external_data_is_self_checked_from_its_file(tiny_lowered):
     """conftest writes the `ort` lowering with external data: the self-check runs the written file."""
     entry = ExportFolder.open(tiny_lowered["ort"], "onnx").entry("onnx")
-    assert entry.get("external_data") is True and DATA_FILE in entry.files
-    assert entry.get("lowering")["self_check_max_abs_diff"] < 1e-4
-    assert entry.get("lowering")["self_check_not_run"] is None
+    assert entry.details.external_data is True and DATA_FILE in entry.files
+    assert entry.details.lowering.self_check_max_abs_diff < 1e-4
+    assert entry.details.lowering.self_check_not_run is None
 
 
 def test_onnx_reference_is_refused_over_2_gb(external_export, tiny, monkeypatch):
@@ -170,14 +170,14 @@ def _export_and_run_every_verb(config: Path, out: Path, tmp_path: Path) -> None:
                                    "--attention", "ort", "-o", str(out)], cwd=ROOT, env=env)
     assert rc == 0, log
     entry = ExportFolder.open(out, "onnx").entry("onnx")
-    weights = entry.get("weight_bytes")
-    assert weights > TWO_GB and entry.get("external_data") is True
+    weights = entry.details.weight_bytes
+    assert weights > TWO_GB and entry.details.external_data is True
     assert entry.files[DATA_FILE]["bytes"] > TWO_GB and entry.files[ONNX_FILE]["bytes"] < 16 * 1024**2
     assert peak <= 2.5 * weights, f"export peak RSS {peak / 1e9:.2f} GB for {weights / 1e9:.2f} GB of weights"
-    lowering = entry.get("lowering")  # lowered on the IR; the self-check cannot hold the decomposed copy
-    assert lowering["fused_nodes"] == 1 and lowering["self_check_max_abs_diff"] is None
-    assert "do not fit one protobuf" in lowering["self_check_not_run"]
-    assert entry.get("precision")["cast_by_ort_cpu"] == {}  # float32: nothing for ORT CPU to cast
+    lowering = entry.details.lowering  # lowered on the IR; the self-check cannot hold the decomposed copy
+    assert lowering.fused_nodes == 1 and lowering.self_check_max_abs_diff is None
+    assert "do not fit one protobuf" in lowering.self_check_not_run
+    assert entry.details.precision.cast_by_ort_cpu == {}  # float32: nothing for ORT CPU to cast
 
     loaded = load_model(config=str(config))
     report = verify_folder(out, loaded=loaded, runtimes=("ort-cpu",), gen_tokens=4)

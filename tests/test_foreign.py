@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from hf_models import export_plain
 
 from mhaexport import iospec
+from mhaexport.artifact.details import OnnxDetails
 from mhaexport.cli import main
 from mhaexport.errors import ArtifactError
 from mhaexport.exporter.adopt import adopt_onnx, default_folder
@@ -98,8 +99,8 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
     rec = adopt_onnx(loaded, builder_fp32)
     assert rec.folder == builder_fp32.parent / "mhaexport"
     entry = rec.manifest.artifacts["onnx"]
-    assert entry.get("producer") == "onnxruntime-genai"
-    assert (entry.get("kv_cache"), entry.get("padding")) == ("shared", "right")
+    assert entry.details.producer == "onnxruntime-genai"
+    assert (entry.details.cache.kind, entry.details.cache.padding) == ("shared", "right")
     assert {"model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json"} <= set(entry.files)
     assert (rec.folder / "model.onnx").resolve() == builder_fp32.resolve()  # linked, not copied
 
@@ -246,8 +247,8 @@ def test_the_builders_int4_file_is_lossy_and_verified_on_quality(llama, tmp_path
     _, loaded = llama
     path = build_with_genai(llama[0], tmp_path / "int4", "int4")
     rec = adopt_onnx(loaded, path)
-    q = rec.manifest.artifacts["onnx"].get("quantization")
-    assert q["weights"] == "int4" and q["ops"].get("MatMulNBits", 0) > 0 and q["block_size"] == 32
+    q = rec.manifest.artifacts["onnx"].details.quantization
+    assert q.weights == "int4" and q.ops.get("MatMulNBits", 0) > 0 and q.block_size == 32
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES)
     assert report.verdict.code == 0, report.to_markdown()
     ort = report.results["ort-cpu"]
@@ -290,11 +291,20 @@ def test_a_file_with_the_contracts_names_is_optimums_unless_an_mhaexport_manifes
         ("optimum", None, "concat", "left")
     assert layout.n_heads == 0  # the graph shows key/value heads only: adoption takes the query heads from the model
     own = _contract_named_file(tmp_path / "own")
-    (own.parent / "manifest.json").write_text(json.dumps({"artifacts": {"onnx": {"file": "model.onnx"}}}))
+    _write_manifest(own.parent, OnnxDetails())
     assert detect_layout(own).producer == "mhaexport"
-    adopted = {"artifacts": {"onnx": {"file": "model.onnx", "producer": "optimum"}}}  # an adopted folder's own link
-    (own.parent / "manifest.json").write_text(json.dumps(adopted))
+    _write_manifest(own.parent, OnnxDetails(producer="optimum"))  # an adopted folder's own link
     assert detect_layout(own).producer == "optimum"
+
+
+def _write_manifest(folder: Path, details) -> None:
+    """A manifest.json listing folder/model.onnx as its ONNX artifact with ``details``."""
+    from mhaexport.artifact import ArtifactEntry, Manifest, ModelRecord, atomic_write_json
+    from mhaexport.iospec import ModelContract
+
+    record = ModelRecord(spec="config:toy", contract=ModelContract(1, 2, 16, 4, 32), fingerprint="0" * 16)
+    entry = ArtifactEntry(format="onnx", file="model.onnx", dtype="float32", io={}, details=details)
+    atomic_write_json(folder / "manifest.json", Manifest(record, {"onnx": entry}).to_dict())
 
 
 
@@ -315,7 +325,9 @@ class _WrongWherePadded(Runner):
 
 def test_dynamic_shapes_blames_the_padding_not_a_baked_size_when_only_padded_shapes_fail():
     from mhaexport.iospec import ModelContract
-    from mhaexport.verify.checks import Context, Tolerance, check_dynamic_shapes
+    from mhaexport.verify.checks import check_dynamic_shapes
+    from mhaexport.verify.compare import Tolerance
+    from mhaexport.verify.results import Context
     from mhaexport.verify.sweep import build_sweep
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)

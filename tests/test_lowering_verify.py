@@ -63,8 +63,8 @@ def test_gqa_onnx_attention_groups_the_heads_itself_and_takes_the_cache(tiny_lla
     from mhaexport.exporter.lowering import op_counts
 
     rec = export_onnx(tiny_llama, tmp_path, attention="onnx")
-    low = rec.manifest.artifacts["onnx"].get("lowering")
-    assert low["fused_nodes"] == 2 and low["kv_cache_in_op"] is True
+    low = rec.manifest.artifacts["onnx"].details.lowering
+    assert low.fused_nodes == 2 and low.kv_cache_in_op is True
     model = onnx.load(str(tmp_path / "model.onnx"))
     counts = op_counts(model)
     assert counts.get("Attention") == 2 and "Expand" not in counts and "Softmax" not in counts
@@ -82,6 +82,6 @@ def test_gqa_lowerings_and_float16_pass_verify(tiny_llama, tmp_path, attention, 
     (grouped) cache stays outside the op — correct, as verify proves; float16 on every lowering."""
     rec = export_onnx(tiny_llama, tmp_path, attention=attention, dtype=dtype)
     if attention == "ort":
-        assert rec.manifest.artifacts["onnx"].get("lowering")["kv_cache_in_op"] is False
+        assert rec.manifest.artifacts["onnx"].details.lowering.kv_cache_in_op is False
     report = verify_folder(tmp_path, loaded=tiny_llama, runtimes=("ort-cpu",))
     assert report.passed, report.to_markdown()

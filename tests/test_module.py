@@ -23,7 +23,7 @@ from mhaexport.errors import ArtifactError, ExportError, RuntimeInputError
 from mhaexport.exporter.module import export_module_onnx, export_module_torchscript
 from mhaexport.models.block import AttentionBlock, load_block
 from mhaexport.verify import verify_folder
-from mhaexport.verify.checks import MODULE_CHECKS
+from mhaexport.verify.results import MODULE_CHECKS
 from mhaexport.verify.module_runners import TorchMhaRunner, TorchModuleRunner
 from planted.bugs import _AfterSoftmax, _NoMask
 

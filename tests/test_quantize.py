@@ -38,16 +38,16 @@ def test_manifest_records_scheme_source_and_hash(tiny_int4, tiny_export):
     assert set(ef.artifacts) == {"onnx"}  # the float TorchScript artifact is not carried over
     assert ef.model.fingerprint == src.model.fingerprint  # the same model: verify rebuilds eager fp32 from it
     entry = ef.entry("onnx")
-    q = entry.get("quantization")
-    assert (q["weights"], q["bits"], q["block_size"], q["symmetric"], q["accuracy_level"]) == ("int4", 4, 32, True, 4)
-    assert q["keep_float"] == ["embeddings"] and q["int8_blocks"] == 1
-    assert (Path(tiny_int4) / q["source"]["folder"]).resolve() == Path(tiny_export).resolve()
-    assert q["source"]["onnx_sha256"] == sha256_file(Path(tiny_export) / "model.onnx")
-    assert q["lm_head"] == "untied and quantized (int4)"  # the tied head's Transpose(table) became a constant
+    q = entry.details.quantization
+    assert (q.weights, q.bits, q.block_size, q.symmetric, q.accuracy_level) == ("int4", 4, 32, True, 4)
+    assert q.keep_float == ["embeddings"] and q.int8_blocks == 1
+    assert (Path(tiny_int4) / q.source.folder).resolve() == Path(tiny_export).resolve()
+    assert q.source.onnx_sha256 == sha256_file(Path(tiny_export) / "model.onnx")
+    assert q.lm_head == "untied and quantized (int4)"  # the tied head's Transpose(table) became a constant
     # tiny: 2 blocks x 6 MatMuls; block 0 in 8 bits, block 1 and the head in 4; both tables gathered in float
-    assert q["nodes"] == {"Gather (float table)": 2, "MatMulNBits/4": 7, "MatMulNBits/8": 6}
-    read, before = q["weights_read"], q["source"]["weights_read"]
-    assert read["fixed_bytes"] < 0.3 * before["fixed_bytes"]
+    assert q.nodes == {"Gather (float table)": 2, "MatMulNBits/4": 7, "MatMulNBits/8": 6}
+    read, before = q.weights_read, q.source.weights_read
+    assert read.fixed_bytes < 0.3 * before.fixed_bytes
     assert set(entry.files) == {"model.onnx", "genai_config.json"}  # onnxruntime-genai runs the folder as is
     assert entry.io == src.entry("onnx").io  # the contract's I/O, unchanged
 
@@ -79,7 +79,7 @@ def test_a_quantization_planted_too_coarse_fails_verify_naming_the_figure(tiny_e
     out = tmp_path / "coarse"
     res = CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(out), "--weights", "int4"])
     assert res.exit_code == 0, res.output
-    assert ExportFolder.open(out).entry("onnx").get("quantization")["weights"] == "int4"  # the label still says int4
+    assert ExportFolder.open(out).entry("onnx").details.quantization.weights == "int4"  # the label still says int4
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code == 1, res.output
     assert "FAILED: 1 check(s) failed: ort-cpu/quality" in res.output
@@ -197,9 +197,9 @@ def test_quantized_embeddings_and_float_head(small_export, tmp_path):
     out = tmp_path / "q"
     res = CliRunner().invoke(main, ["quantize", str(small_export), "-o", str(out), "--keep-float", "lm_head"])
     assert res.exit_code == 0, res.output
-    q = ExportFolder.open(out).entry("onnx").get("quantization")
-    assert q["nodes"]["GatherBlockQuantized/4"] == 2 and q["nodes"]["MatMul (float weight)"] == 1
-    assert q["lm_head"] == "kept float"
+    q = ExportFolder.open(out).entry("onnx").details.quantization
+    assert q.nodes["GatherBlockQuantized/4"] == 2 and q.nodes["MatMul (float weight)"] == 1
+    assert q.lm_head == "kept float"
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code in (0, 1) and "Quality against eager fp32" in res.output  # judged either way, with figures
 
@@ -242,8 +242,8 @@ def test_asymmetric_float_activation_quantization_keeps_exact_self_tolerance(tin
     res = CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(out), "--asymmetric", "--accuracy-level",
                                     "1", "--block-size", "64", "--int8-blocks", "0"])
     assert res.exit_code == 0, res.output
-    q = ExportFolder.open(out).entry("onnx").get("quantization")
-    assert (q["symmetric"], q["accuracy_level"], q["block_size"], q["int8_blocks"]) == (False, 1, 64, 0)
+    q = ExportFolder.open(out).entry("onnx").details.quantization
+    assert (q.symmetric, q.accuracy_level, q.block_size, q.int8_blocks) == (False, 1, 64, 0)
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code == 0, res.output
     report = json.loads((out / "report-ort-cpu.json").read_text())

@@ -42,10 +42,10 @@ def shared(tmp_path_factory):
 def test_the_graph_writes_one_buffer_in_place_and_the_manifest_says_so(shared):
     loaded, folder, rec = shared
     entry = rec.manifest.artifacts["onnx"]
-    assert (entry.get("kv_cache"), entry.get("max_cache"), entry.get("attention")) == ("shared", 64, "gqa")
+    assert (entry.details.cache.kind, entry.details.cache.max_cache, entry.details.attention) == ("shared", 64, "gqa")
     assert entry.io["inputs"]["past_key_values.0.key"]["shape"] == ["batch_size", 4, "max_cache_length", 16]
     assert entry.io["outputs"]["present.1.value"]["shape"] == ["batch_size", 4, "max_cache_length", 16]
-    assert entry.get("lowering")["self_check_max_abs_diff"] is not None  # checked against the decomposed graph
+    assert entry.details.lowering.self_check_max_abs_diff is not None  # checked against the decomposed graph
     model = onnx.load(str(folder / "model.onnx"))
     gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(gqa) == 2 and {"present.0.key", "present.1.value"} <= {o for n in gqa for o in n.output}

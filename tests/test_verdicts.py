@@ -82,14 +82,15 @@ def test_a_runtime_failing_inside_a_check_is_a_failed_check_but_a_bug_exits_3(ti
     from mhaexport.iospec import ModelContract
     from mhaexport.runtime.runner import Runner
     from mhaexport.verify import checks
+    from mhaexport.verify.compare import Tolerance
+    from mhaexport.verify.results import Context
 
     class Broken(Runner):
         def run_impl(self, ids, mask, past):
             raise ValueError("kernel exploded")
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=16)
-    ctx = checks.Context(contract=c, cases=[], tol=checks.Tolerance(1e-4, 1e-3), eager=Broken("eager", c),
-                         export_sizes=(3, 5))
+    ctx = Context(contract=c, cases=[], tol=Tolerance(1e-4, 1e-3), eager=Broken("eager", c), export_sizes=(3, 5))
     r = checks.run_check("causality", Broken("ort-cpu", c), ctx)
     assert r.status is False and r.message.startswith("RuntimeFailure: ort-cpu failed at batch=2 seq=10 past=0: "
                                                       "ValueError: kernel exploded")

@@ -14,8 +14,9 @@ from mhaexport.errors import RuntimeInputError
 from mhaexport.artifact import ExportFolder
 from mhaexport.models.loading import load_recorded
 from mhaexport.verify import CHECKS, build_sweep, load_report, merge_reports
-from mhaexport.verify.checks import CheckResult, Tolerance, compare
+from mhaexport.verify.compare import Tolerance, compare
 from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.results import CheckResult
 from mhaexport.verify.runners import EagerRunner, Runner, ort_runner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -229,7 +230,8 @@ class _FixedLogits(Runner):
 @pytest.mark.parametrize("flip, want", [(2e-6, True), (0.5, False)])
 def test_generation_reports_a_near_tie_as_a_tie(flip, want):
     from mhaexport.iospec import ModelContract
-    from mhaexport.verify.checks import Context, check_generation
+    from mhaexport.verify.checks import check_generation
+    from mhaexport.verify.results import Context
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
     base = np.array([0.0, 1.0, 1.0 - 1e-6, -1.0])  # eager: token 1 by a 1e-6 margin
@@ -258,7 +260,8 @@ class _StepLogits(_FixedLogits):
 
 def test_a_tie_after_earlier_logit_mismatches_is_a_failure():
     from mhaexport.iospec import ModelContract
-    from mhaexport.verify.checks import Context, check_generation
+    from mhaexport.verify.checks import check_generation
+    from mhaexport.verify.results import Context
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
     base = np.array([0.0, 1.0, 1.0 - 1e-6, -1.0])
@@ -361,7 +364,7 @@ def test_per_output_tolerances_from_the_cli(tiny_export, tmp_path):
 
 
 def test_error_statistics_are_exact_where_they_can_be():
-    from mhaexport.verify.checks import Diff
+    from mhaexport.verify.compare import Diff
 
     e = np.zeros(1000)
     a = np.concatenate([np.full(990, 1e-6), np.full(10, 1e-2)])
@@ -392,9 +395,9 @@ class _Offset(Runner):
 def test_ort_cuda_and_ort_cpu_are_compared_with_each_other(offset, agree):
     """Each provider within tolerance of eager (|±offset| < 1e-4) can still disagree with the other by 2 x offset."""
     from mhaexport.iospec import ModelContract
-    from mhaexport.verify.checks import Context, check_parity
+    from mhaexport.verify.checks import check_parity, cross_provider
     from mhaexport.verify.report import RuntimeInfo
-    from mhaexport.verify.verify import cross_provider
+    from mhaexport.verify.results import Context
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=32)
     runners = [_Offset("eager", c, 0.0), _Offset("ort-cpu", c, offset), _Offset("ort-cuda", c, -offset)]

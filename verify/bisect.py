@@ -28,6 +28,7 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.artifact import TWO_GB
+from mhaexport.artifact.details import OnnxDetails
 from mhaexport.runtime.foreign import Layout, layout_of
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
 from mhaexport.verify.sweep import Case, build_sweep
@@ -557,11 +558,16 @@ def _inside_attention(report: BisectReport, target: str, proto, nodes: list, sco
     report.steps, report.step, report.steps_note = res.steps, res.first, res.note
 
 
+def _quantization(entry):
+    """The ONNX artifact's quantization record (``artifact.details.Quantization``), None for a float one."""
+    return entry.details.quantization if isinstance(entry.details, OnnxDetails) else None
+
+
 def _file_layout(entry, contract) -> Layout | None:
     """How the folder's ONNX file is fed: an adopted file's recorded layout, a shared-cache export's (the
     contract's names, one buffer per layer), or None (the contract's names and concat cache)."""
     layout = layout_of(entry)
-    if layout is None and entry.get("kv_cache") == "shared":
+    if layout is None and entry.details.cache.shared:
         c = contract
         layout = Layout("mhaexport", iospec.INPUT_IDS, iospec.ATTENTION_MASK, iospec.LOGITS,
                         [n for i in range(c.n_layers) for n in iospec.past_names(i)],
@@ -581,16 +587,16 @@ def _quantized_scope_hints(ef, entry, proto_nodes) -> tuple[dict[str, list[str]]
 
     from mhaexport.artifact import ExportFolder
 
-    src = (entry.get("quantization") or {}).get("source") or {}
-    if not src.get("folder"):
+    src = _quantization(entry).source
+    if src is None or isinstance(src, str) or not src.folder:
         return {}, "its float source is not recorded"
     try:
-        source = ExportFolder.open(Path(ef.path) / src["folder"], "onnx")
+        source = ExportFolder.open(Path(ef.path) / src.folder, "onnx")
     except MhaExportError as e:
         return {}, f"its float source cannot be read ({str(e).splitlines()[0]})"
     with source:
         s_entry = source.entry("onnx")
-        if s_entry.files[s_entry.file]["sha256"] != src.get("onnx_sha256"):
+        if s_entry.files[s_entry.file]["sha256"] != src.onnx_sha256:
             return {}, f"its float source {source.path} holds another file than it was quantized from (sha256)"
         graph = onnx.load(str(source.file("onnx")), load_external_data=False).graph
     by_name = {n.name: sc for n in graph.node if (sc := _scopes(n))}
@@ -602,13 +608,13 @@ def _quantized_scope_hints(ef, entry, proto_nodes) -> tuple[dict[str, list[str]]
     return hints, None
 
 
-def quantized_tolerance(quantization: dict) -> tuple[float, str]:
+def quantized_tolerance(quantization) -> tuple[float, str]:
     """The relative error bisect allows a quantized file: its scheme's relative logit error (verify's quality
     threshold, ``verify/quality.py``), and that in words."""
     from mhaexport.verify.quality import thresholds_for
 
-    limits, table = thresholds_for(quantization.get("weights"))
-    return float(limits.logit_err), (f"quantized ({quantization.get('label') or quantization.get('weights')}): "
+    limits, table = thresholds_for(quantization.weights)
+    return float(limits.logit_err), (f"quantized ({quantization.label or quantization.weights}): "
                                      f"tolerance {limits.logit_err:g}, the {table} scheme's relative logit error")
 
 
@@ -657,8 +663,9 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict) -> BisectReport:
         kwargs.setdefault("tol", 1e-2)
     layout = _file_layout(entry, loaded.contract)
     if layout is not None and layout.kv_cache == "shared":
-        kwargs["max_cache"] = int(entry.get("max_cache") or layout.max_positions or loaded.contract.max_positions)
-    quant = entry.get("quantization")
+        kwargs["max_cache"] = int(entry.details.cache.max_cache or layout.max_positions
+                                  or loaded.contract.max_positions)
+    quant = _quantization(entry)
     if quant:
         tol, said = quantized_tolerance(quant)
         kwargs.setdefault("tol", tol)
@@ -707,7 +714,7 @@ def failing_case(folder: str | Path, loaded, progress=None) -> tuple[Case | None
 
     folder = Path(folder)
     with ExportFolder.open(folder, "onnx", check=False) as ef:
-        if ef.entry("onnx").get("quantization"):
+        if _quantization(ef.entry("onnx")):
             return None, "a quantized file: no exact parity case"
     exported = (folder / "manifest.json").stat().st_mtime
     # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)

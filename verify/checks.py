@@ -8,248 +8,22 @@ with eager's (and eager's cached decode with a full recompute).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-from mhaexport import dtypes
 from mhaexport.errors import MhaExportError, first_line
-from mhaexport.iospec import ModelContract
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
-from mhaexport.verify.runners import EAGER, Outputs, RecomputeRunner, Runner
+from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, rounded
+from mhaexport.verify.quality import check_quality
+from mhaexport.verify.results import QUALITY, CheckResult, Context, SweepContext
+from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
-
-CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
-# the checks of an attention-block export (--module attention), in verify/module.py
-MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstration")
-# A lossy (quantized) artifact adds this one: its figures against eager fp32 instead of exact parity
-# (verify/quality.py); verify runs it when an artifact's manifest entry records a quantization.
-QUALITY = "quality"
-ALL_CHECKS = CHECKS + (QUALITY,)
-
-
-OUTPUT_KINDS = ("logits", "present")  # what per-output tolerances and statistics are keyed by
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """An element mismatches when |a - e| > atol + rtol * |e|. Defaults per artifact dtype (mhaexport.dtypes);
-    ``per_output``: overrides for ``logits`` or ``present`` (every present.* output), as (kind, atol, rtol)."""
-
-    atol: float
-    rtol: float
-    per_output: tuple[tuple[str, float, float], ...] = ()
-
-    @classmethod
-    def for_dtype(cls, dtype: str, atol: float | None | dict = None, rtol: float | None | dict = None) -> Tolerance:
-        """The dtype's defaults, overridden by ``atol``/``rtol``: a number (every output) or a dict
-        {None | "logits" | "present": number} (``--atol 1e-4 --atol logits=1e-3``)."""
-        d = dtypes.DTYPES.get(dtype, dtypes.DTYPES["float32"])
-        a_map = atol if isinstance(atol, dict) else {None: atol}
-        r_map = rtol if isinstance(rtol, dict) else {None: rtol}
-        base_a = d.atol if a_map.get(None) is None else a_map[None]
-        base_r = d.rtol if r_map.get(None) is None else r_map[None]
-        per = tuple((k, a_map[k] if a_map.get(k) is not None else base_a,
-                     r_map[k] if r_map.get(k) is not None else base_r)
-                    for k in OUTPUT_KINDS if k in a_map or k in r_map)
-        return cls(base_a, base_r, per)
-
-    def for_output(self, kind: str) -> Tolerance:
-        """The tolerance for ``logits`` or ``present`` outputs."""
-        for k, a, r in self.per_output:
-            if k == kind:
-                return Tolerance(a, r)
-        return Tolerance(self.atol, self.rtol)
-
-    def describe(self) -> str:
-        base = f"atol={self.atol:g} rtol={self.rtol:g}"
-        return base + "".join(f", {k}: atol={a:g} rtol={r:g}" for k, a, r in self.per_output)
-
-
-@dataclass
-class CheckResult:
-    """One check on one runtime. status: True passed, False failed, None not run (skipped, with the reason)."""
-
-    check: str
-    status: bool | None
-    figures: dict = field(default_factory=dict)
-    message: str = ""
-
-    def __bool__(self) -> bool:
-        return self.status is True
-
-    def to_dict(self) -> dict:
-        return {"status": self.status, "figures": self.figures, "message": self.message}
-
-
-# |error| histogram: 20 bins per decade from 1e-12 to 1e3, errors below in the first, inf/NaN in the last; the
-# median and p99 are read off it (the bin's upper edge: within 12 % above the true quantile), the mean and max exact
-HIST_EDGES = 10.0 ** np.arange(-12.0, 3.0001, 0.05)
-
-
-@dataclass
-class Diff:
-    """Element-wise comparison figures over the selected (real, non-padded) positions: max, mean and
-    (histogram) quantiles of |error|, mismatches against the tolerance, and the smallest atol that would pass."""
-
-    max_abs: float = 0.0
-    max_rel: float = 0.0
-    mismatched: int = 0
-    total: int = 0
-    min_atol: float = 0.0  # the smallest atol that would have passed at the given rtol
-    sum_abs: float = 0.0  # finite |errors| summed (for the mean)
-    hist: np.ndarray | None = None  # counts over HIST_EDGES (+ one bin for inf/NaN)
-
-    @property
-    def ok(self) -> bool:
-        return self.mismatched == 0
-
-    @property
-    def mismatch_fraction(self) -> float:
-        return self.mismatched / self.total if self.total else 0.0
-
-    def merge(self, other: Diff) -> Diff:
-        hist = self.hist if other.hist is None else (other.hist if self.hist is None else self.hist + other.hist)
-        return Diff(max(self.max_abs, other.max_abs), max(self.max_rel, other.max_rel),
-                    self.mismatched + other.mismatched, self.total + other.total, max(self.min_atol, other.min_atol),
-                    self.sum_abs + other.sum_abs, hist)
-
-    def quantile(self, q: float) -> float:
-        """|error| at quantile q from the histogram (the bin's upper edge; inf when it falls among inf/NaN)."""
-        if self.hist is None or not self.hist.sum():
-            return 0.0
-        cum = np.cumsum(self.hist)
-        i = int(np.searchsorted(cum, q * cum[-1]))
-        if i == 0:  # below 1e-12: reads 0
-            return 0.0
-        return float("inf") if i >= len(HIST_EDGES) else float(min(HIST_EDGES[i], self.max_abs))
-
-    def stats(self) -> dict:
-        """mean, median, p99 and max of |error|, and the mismatch fraction (per output in the report)."""
-        mean = self.sum_abs / self.total if self.total else 0.0
-        return {"mean": _r(mean), "median": _r(self.quantile(0.5)), "p99": _r(self.quantile(0.99)),
-                "max": _r(self.max_abs), "mismatch_fraction": _r(self.mismatch_fraction), "compared": self.total}
-
-    def figures(self) -> dict:
-        return {"max_abs": _r(self.max_abs), "max_rel": _r(self.max_rel),
-                "mismatch_fraction": _r(self.mismatch_fraction), "min_atol": _r(self.min_atol), "compared": self.total}
-
-
-def _r(x: float) -> float:
-    return float(f"{x:.3g}")
-
-
-def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance, where: np.ndarray | None = None) -> Diff:
-    """Compare two arrays (float64 math); ``where`` selects elements (broadcast to the arrays' shape)."""
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    if a.shape != e.shape:
-        return Diff(float("inf"), float("inf"), max(a.size, e.size, 1), max(a.size, e.size, 1), float("inf"))
-    if where is not None:
-        sel = np.broadcast_to(where, a.shape)
-        a, e = a[sel], e[sel]
-    if a.size == 0:
-        return Diff()
-    err = np.abs(a - e)
-    err = np.where(np.isnan(err), np.inf, err)  # NaN on either side is a mismatch
-    bound = tol.atol + tol.rtol * np.abs(e)
-    rel = err / np.maximum(np.abs(e), 1e-12)
-    need = err - tol.rtol * np.abs(e)
-    finite = np.isfinite(err)
-    hist = np.bincount(np.searchsorted(HIST_EDGES, err[finite]), minlength=len(HIST_EDGES) + 1)
-    hist[-1] += int((~finite).sum())
-    return Diff(float(err.max()), float(rel.max()), int((err > bound).sum()), int(err.size),
-                float(max(need.max(), 0.0)), float(err[finite].sum()), hist)
-
-
-def compare_by_output(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np.ndarray | None,
-                      keys: np.ndarray | None) -> dict[str, Diff]:
-    """{"logits": Diff on real query rows (B, T), "present": Diff over every present.* on real key positions
-    (B, S)}, each against its own tolerance (``tol.for_output``)."""
-    la, pa = actual
-    le, pe = expected
-    out = {"logits": compare(la, le, tol.for_output("logits"), None if rows is None else rows[:, :, None])}
-    if len(pa) != len(pe):
-        out["present"] = Diff(float("inf"), float("inf"), 1, 1, float("inf"))
-        return out
-    kmask = None if keys is None else keys[:, None, :, None]  # (B, 1, S, 1)
-    tp, d = tol.for_output("present"), Diff()
-    for (ka, va), (ke, ve) in zip(pa, pe):
-        d = d.merge(compare(ka, ke, tp, kmask)).merge(compare(va, ve, tp, kmask))
-    out["present"] = d
-    return out
-
-
-def compare_outputs(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np.ndarray | None,
-                    keys: np.ndarray | None) -> Diff:
-    """logits on real query rows (B, T) and present keys/values on real key positions (B, S), merged."""
-    by = compare_by_output(actual, expected, tol, rows, keys)
-    return by["logits"].merge(by["present"])
-
-
-@dataclass
-class Context:
-    """What the checks share: the contract, the sweep, tolerances, and eager's memoized reference outputs."""
-
-    contract: ModelContract
-    cases: list[Case]
-    tol: Tolerance  # the runtime under check's (verify gives each runtime a copy with its dtype's tolerance)
-    eager: Runner
-    export_sizes: tuple[int, int]
-    gen_tokens: int = 8
-    seed: int = 0
-    long_full: bool = True  # long-context kv-consistency token by token to max_positions (small models), else spread
-    tol_override: tuple = (None, None)  # --atol/--rtol as given: numbers or {None|"logits"|"present": number}
-    # the runtime under check's artifact is lossy: its manifest's quantization record (verify sets it per runtime);
-    # exact parity gives way to the quality check, and generation compares it with itself
-    lossy: dict | None = None
-    quality: Any = None  # verify.quality.QualitySettings: thresholds' overrides, the text, greedy prompts
-    tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
-    _ref: dict = field(default_factory=dict)
-    _sweep_out: dict = field(default_factory=dict)
-
-    def inputs(self, case: Case):
-        return case.inputs(self.contract)
-
-    @property
-    def ltol(self) -> Tolerance:
-        """The tolerance for logits (checks that compare logits only)."""
-        return self.tol.for_output("logits")
-
-    def reference(self, case: Case) -> Outputs:
-        if case not in self._ref:
-            self._ref[case] = self.eager.run(*self.inputs(case))
-        return self._ref[case]
-
-    def cases_for(self, runner: Runner) -> list[Case]:
-        """The sweep cases the runner accepts; a static export gets one case at its own sizes."""
-        if runner.fixed is None:
-            return list(self.cases)
-        seq, past = runner.fixed
-        return [Case(2, seq, past, (0, min(2, seq + past - 1)), seed=self.seed)]
-
-    def sweep(self, runner: Runner) -> dict[Case, Outputs | BaseException]:
-        """Run the runner over its cases once (parity, finite and dynamic-shapes share the outcomes)."""
-        if runner.name not in self._sweep_out:
-            self._sweep_out[runner.name] = run_cases(runner, self.cases_for(runner), self.inputs)
-        return self._sweep_out[runner.name]
-
-
-def run_cases(runner, cases, inputs: Callable) -> dict:
-    """``runner.run(*inputs(case))`` for every case (the decoder's and the block's sweeps): case -> outputs, or the
-    MhaExportError it raised — the runtime failing at one shape is a result, not a crash."""
-    out: dict = {}
-    for case in cases:
-        try:
-            out[case] = runner.run(*inputs(case))
-        except MhaExportError as e:
-            out[case] = e
-    return out
 
 
 def _scheme(ctx: Context) -> str:
-    return str((ctx.lossy or {}).get("label") or (ctx.lossy or {}).get("weights") or "quantized")
+    return str((ctx.lossy and (ctx.lossy.label or ctx.lossy.weights)) or "quantized")
 
 
 def _static_reason(runner: Runner) -> str:
@@ -263,9 +37,8 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     if ctx.lossy:
         return CheckResult("parity", None, {"lossy": True},
                            f"n/a: lossy artifact ({_scheme(ctx)}): exact parity does not apply; see quality")
-    return parity_over_sweep(
-        ctx.sweep(runner), OUTPUT_KINDS, ctx.tol,
-        lambda case, out: compare_by_output(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys()))
+    return parity_over_sweep(ctx.sweep(runner), ctx.output_kinds, ctx.tol,
+                             lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol))
 
 
 def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
@@ -280,9 +53,7 @@ def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
             errors.append(f"{case.name}: {first_line(out)}")
             continue
         by = compare_case(case, out)
-        d = Diff()
-        for part in by.values():
-            d = d.merge(part)
+        d = merged(by.values())
         if worst_case is None or d.max_abs > total.max_abs:
             worst_case = case.name
         total = total.merge(d)
@@ -301,15 +72,15 @@ def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
     return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {fig['cases']} cases")
 
 
-def check_finite(runner: Runner, ctx: Context) -> CheckResult:
-    """No NaN or inf in any output, padded rows included."""
+def check_finite(runner: Runner, ctx: SweepContext) -> CheckResult:
+    """No NaN or inf in any output of the sweep (the decoder's padded rows included); the decoder's and the
+    attention block's alike (``ctx.named_outputs``)."""
     ran = [(c, o) for c, o in ctx.sweep(runner).items() if not isinstance(o, BaseException)]
     if not ran:
         return CheckResult("finite", None, {}, "no sweep case ran (see parity)")
     bad = []
-    for case, (logits, present) in ran:
-        arrays = [("logits", logits)] + [(f"present[{i}]", t) for i, kv in enumerate(present) for t in kv]
-        for name, arr in arrays:
+    for case, out in ran:
+        for name, arr in ctx.named_outputs(out):
             n = int((~np.isfinite(arr)).sum())
             if n:
                 bad.append(f"{n} non-finite in {name} at {case.name}")
@@ -369,7 +140,7 @@ def causality_by_perturbation(shapes: list[tuple[int, int]], probe: Callable[[in
         if not d.ok:
             msgs.append(failed.format(k=k, last=seq - 1) + f" (seq={seq} past={past}, max abs {d.max_abs:.3g})")
         worst = worst.merge(d)
-    fig = {"max_abs_earlier": _r(worst.max_abs), "max_abs_later": _r(later)}
+    fig = {"max_abs_earlier": rounded(worst.max_abs), "max_abs_later": rounded(later)}
     if msgs:
         return CheckResult("causality", False, fig, msgs[0])
     return CheckResult("causality", True, fig, passed.format(earlier=worst.max_abs, later=later))
@@ -414,9 +185,9 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     parts["cached decode vs from-scratch recompute"] = rec
     long_label, long_diff, first_bad, long_fig = _long_context(runner, ctx)
     parts[long_label] = long_diff
-    fig = {"decode_max_abs": _r(parts["token-by-token decode"].max_abs),
-           "chunked_max_abs": _r(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
-           "recompute_max_abs": _r(rec.max_abs), **long_fig}
+    fig = {"decode_max_abs": rounded(parts["token-by-token decode"].max_abs),
+           "chunked_max_abs": rounded(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
+           "recompute_max_abs": rounded(rec.max_abs), **long_fig}
     bad = [f"{name} differs from one prefill (max abs {d.max_abs:.3g})" if "recompute" not in name
            else f"{name} differ (max abs {d.max_abs:.3g})" for name, d in parts.items()
            if not d.ok and name != long_label]
@@ -461,7 +232,7 @@ def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, 
         bad = (err > tol.atol + tol.rtol * np.abs(want)).any(axis=-1)
         first = positions[int(np.argmax(bad))]
     return label, d, first, {"long_to": positions[-1], "long_positions": len(positions),
-                             "long_max_abs": _r(d.max_abs), "long_first_bad": first}
+                             "long_max_abs": rounded(d.max_abs), "long_first_bad": first}
 
 
 def check_padding(runner: Runner, ctx: Context) -> CheckResult:
@@ -495,8 +266,8 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
         solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps)
         d_prefill = compare(padded[1:, real], solo[:, :T - p], ctx.ltol)
         d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.ltol)
-        fig[f"{side}_prefill_max_abs"] = _r(d_prefill.max_abs)
-        fig[f"{side}_decode_max_abs"] = _r(d_decode.max_abs)
+        fig[f"{side}_prefill_max_abs"] = rounded(d_prefill.max_abs)
+        fig[f"{side}_decode_max_abs"] = rounded(d_decode.max_abs)
         if not d_prefill.ok:
             return CheckResult("padding", False, fig, f"a row with {p} {side} pads differs from the same tokens "
                                                       f"unpadded (max abs {d_prefill.max_abs:.3g})")
@@ -541,7 +312,7 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
     seqs = sorted({cs.seq for cs in cases})
     pasts = sorted({cs.past for cs in cases})
     fig = {"shapes": len(cases), "seq": f"{seqs[0]}..{seqs[-1]}", "past": f"{pasts[0]}..{pasts[-1]}",
-           "max_abs": _r(worst.max_abs), "failed_shapes": len(problems)}
+           "max_abs": rounded(worst.max_abs), "failed_shapes": len(problems)}
     if problems:
         # wrong only where rows are padded, right at every unpadded shape: the padding, not a size baked in
         padded_only = (len(wrong_values) == len(problems) and all(any(cs.pad) for cs in wrong_values)
@@ -631,7 +402,7 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
     for i in range(upto):
         logit_diff = logit_diff.merge(compare(got.logits[i], ref.logits[i], tol))
     fig = {"tokens": n, "matched": n if div is None else div, "first_divergence": div,
-           "max_abs": _r(logit_diff.max_abs)}
+           "max_abs": rounded(logit_diff.max_abs)}
     if div is None:
         if not logit_diff.ok:
             return CheckResult("generation", False, fig, f"same {n} tokens but step logits differ from {against} "
@@ -639,7 +410,7 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
         return CheckResult("generation", True, fig, f"{n}/{n} greedy tokens match {against}")
     top2 = np.sort(ref.logits[div])[-2:]
     margin = float(top2[1] - top2[0])
-    fig["margin"] = _r(margin)
+    fig["margin"] = rounded(margin)
     tie = margin <= tol.atol + tol.rtol * abs(float(top2[1]))
     if tie and logit_diff.ok:  # every step up to and including the divergence agrees within tolerance
         fig["tie"] = True
@@ -649,12 +420,34 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
                                                  f"(margin {margin:.3g}, logits max abs {logit_diff.max_abs:.3g})")
 
 
-def check_quality(runner: Runner, ctx: Context) -> CheckResult:
-    """A lossy artifact's top-1 agreement, KL, relative logit error, perplexity ratio and greedy agreement against
-    eager fp32, judged by its scheme's thresholds (verify/quality.py)."""
-    from mhaexport.verify.quality import check_quality as quality
+# runtimes of one artifact on different providers: when both ran, they are compared with each other too (eager-cuda
+# against eager is its parity already)
+CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
 
-    return quality(runner, ctx)
+
+def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> list[dict]:
+    """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
+    tolerance: providers can disagree with each other while each is "close to eager". The decoder's and the
+    attention block's alike: ``ctx.compare`` says how two runs of a case compare."""
+    by_name = {r.name: r for r in runners}
+    out = []
+    for a, b in CROSS_PAIRS:
+        if not all(n in by_name and infos.get(n) is not None and infos[n].status == "ran" for n in (a, b)):
+            continue
+        tol = Tolerance.for_dtype(by_name[a].dtype, *ctx.tol_override)
+        runs_a, runs_b = ctx.sweep(by_name[a]), ctx.sweep(by_name[b])
+        total = Diff()
+        for case, out_a in runs_a.items():
+            out_b = runs_b.get(case)
+            if isinstance(out_a, BaseException) or out_b is None or isinstance(out_b, BaseException):
+                continue
+            total = total.merge(merged(ctx.compare(case, out_a, out_b, tol).values()))
+        status = total.ok
+        msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
+               f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
+               f"{total.max_abs:.3g}): the providers disagree with each other")
+        out.append({"a": a, "b": b, "status": status, "figures": total.figures(), "message": msg})
+    return out
 
 
 CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
@@ -669,11 +462,13 @@ CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
 }
 
 
-def run_check(name: str, runner: Runner, ctx: Context) -> CheckResult:
-    """Run one check. The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the model's own
-    code raised; or inputs it refused) is that check's failure, with its first line. Any other exception is a bug
-    in mhaexport and propagates (the CLI exits 3 with the traceback)."""
+def run_check(name: str, runner: Runner, ctx: SweepContext,
+              funcs: dict[str, Callable] | None = None) -> CheckResult:
+    """Run one check, looked up in ``funcs`` (the decoder's CHECK_FUNCS by default; the attention block's
+    ``verify.module.CHECK_FUNCS``). The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the
+    model's own code raised; or inputs it refused) is that check's failure, with its first line. Any other exception
+    is a bug in mhaexport and propagates (the CLI exits 3 with the traceback)."""
     try:
-        return CHECK_FUNCS[name](runner, ctx)
+        return (CHECK_FUNCS if funcs is None else funcs)[name](runner, ctx)
     except MhaExportError as e:
         return CheckResult(name, False, {}, first_line(e))

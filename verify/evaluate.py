@@ -150,6 +150,6 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
             runner.deactivate()
         row.seconds = time.perf_counter() - t0
         rows.append(row)
-    q = (ef.artifacts.get("onnx").get("quantization") or {}) if ef.has("onnx") else {}
-    return EvalReport(str(ef.path), ef.model.spec, q.get("label"), text_source or "the given text", len(text), L, step,
+    q = ef.artifacts["onnx"].details.quantization if ef.has("onnx") else None
+    return EvalReport(str(ef.path), ef.model.spec, q and q.label, text_source or "the given text", len(text), L, step,
                       rows)

@@ -18,21 +18,22 @@ attention with the same weights: the second reference), ``torchscript``, ``ort-c
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import numpy as np
 
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.env import environment, tool_versions
-from mhaexport.errors import ConfigError, MhaExportError, first_line
+from mhaexport.errors import ConfigError
 from mhaexport.iospec import ModuleContract
-from mhaexport.verify.checks import (MODULE_CHECKS, CheckResult, Diff, Tolerance, _r, causality_by_perturbation,
-                                     compare, parity_over_sweep, run_cases)
+from mhaexport.verify.checks import causality_by_perturbation, check_finite, cross_provider, parity_over_sweep
+from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
 from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
                                              module_ort_runner)
 from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.results import MODULE_CHECKS, CheckResult, SweepContext
 from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT, skipped
 from mhaexport.verify.sweep import Case, build_sweep
 
@@ -53,32 +54,25 @@ def module_sweep(contract: ModuleContract, kind: str = "quick", seed: int = 0) -
     return cases
 
 
-@dataclass
-class ModuleContext:
-    """What the module checks share: the contract, the sweep, the tolerance, eager's memoized outputs."""
+@dataclass(kw_only=True)
+class ModuleContext(SweepContext):
+    """The module checks' context: the decoder's machinery (sweep memo, eager's references, one cross-provider
+    comparison) on the block's contract, inputs and outputs."""
 
     contract: ModuleContract
-    cases: list[Case]
-    tol: Tolerance
     eager: ModuleRunner
-    seed: int = 0
-    tol_override: tuple = (None, None)
-    _ref: dict = field(default_factory=dict)
-    _sweep_out: dict = field(default_factory=dict)
+
+    output_kinds: ClassVar[tuple[str, ...]] = OUTPUTS
 
     def inputs(self, case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return iospec.dummy_module_inputs(self.contract, case.batch, case.seq, case.past, seed=case.seed)
 
-    def reference(self, case: Case) -> ModuleOutputs:
-        if case not in self._ref:
-            self._ref[case] = self.eager.run(*self.inputs(case))
-        return self._ref[case]
+    def compare(self, case: Case, actual: ModuleOutputs, expected: ModuleOutputs, tol: Tolerance
+                ) -> dict[str, Diff]:
+        return compare_module(actual, expected, tol)
 
-    def sweep(self, runner: ModuleRunner) -> dict[Case, ModuleOutputs | BaseException]:
-        """The runner over every case, once (parity, finite and the cross-provider comparison share it)."""
-        if runner.name not in self._sweep_out:
-            self._sweep_out[runner.name] = run_cases(runner, self.cases, self.inputs)
-        return self._sweep_out[runner.name]
+    def named_outputs(self, outputs: ModuleOutputs) -> list[tuple[str, np.ndarray]]:
+        return list(zip(iospec.MODULE_OUTPUTS, outputs))
 
 
 def compare_module(actual: ModuleOutputs, expected: ModuleOutputs, tol: Tolerance) -> dict[str, Diff]:
@@ -90,13 +84,6 @@ def compare_module(actual: ModuleOutputs, expected: ModuleOutputs, tol: Toleranc
             "attention_weights": compare(w, we, tol)}
 
 
-def _merged(by: dict[str, Diff]) -> Diff:
-    total = Diff()
-    for d in by.values():
-        total = total.merge(d)
-    return total
-
-
 def check_parity(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
     """Every sweep case against eager: output, present key/value and attention weights."""
     if runner.name == EAGER:
@@ -105,21 +92,8 @@ def check_parity(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
     if baked:
         return CheckResult("parity", False, {"baked_axes": len(baked)},
                            f"the graph fixes dynamic axes to the export's sizes: {'; '.join(baked[:3])}")
-    return parity_over_sweep(ctx.sweep(runner), OUTPUTS, ctx.tol,
-                             lambda case, out: compare_module(out, ctx.reference(case), ctx.tol))
-
-
-def check_finite(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
-    """No NaN or inf in any output of the sweep."""
-    ran = [(c, o) for c, o in ctx.sweep(runner).items() if not isinstance(o, BaseException)]
-    if not ran:
-        return CheckResult("finite", None, {}, "no sweep case ran (see parity)")
-    bad = [f"{int((~np.isfinite(arr)).sum())} non-finite in {name} at {case.name}"
-           for case, outs in ran for name, arr in zip(iospec.MODULE_OUTPUTS, outs) if not np.isfinite(arr).all()]
-    fig = {"cases": len(ran), "non_finite_outputs": len(bad)}
-    if bad:
-        return CheckResult("finite", False, fig, bad[0])
-    return CheckResult("finite", True, fig, f"all outputs finite over {len(ran)} cases")
+    return parity_over_sweep(ctx.sweep(runner), ctx.output_kinds, ctx.tol,
+                             lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol))
 
 
 def check_causality(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
@@ -186,7 +160,7 @@ def check_cache_consistency(runner: ModuleRunner, ctx: ModuleContext) -> CheckRe
         _, (_, k, v, _) = calls[-1]
         tp = ctx.tol.for_output("present")
         parts[label] = d.merge(compare(k, full[1], tp)).merge(compare(v, full[2], tp))
-    fig = {f"{'decode' if i == 0 else 'chunked'}_max_abs": _r(d.max_abs) for i, d in enumerate(parts.values())}
+    fig = {f"{'decode' if i == 0 else 'chunked'}_max_abs": rounded(d.max_abs) for i, d in enumerate(parts.values())}
     fig["tokens"] = N
     bad = [f"{label} with the cache differs from one call over all {N} positions (max abs {d.max_abs:.3g})"
            for label, d in parts.items() if not d.ok]
@@ -209,8 +183,8 @@ def check_demonstration(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult
     worst_sum = float(sums.flat[np.argmax(np.abs(sums - 1.0))])
     row_sum_err = abs(worst_sum - 1.0)
     row = [float(f"{v:.3g}") for v in weights[0, 0, DEMO_QUERY]]
-    fig = {"weight_1_3_max": float(w13.max()), "weight_1_3_min": float(w13.min()), "row_sum_error": _r(row_sum_err),
-           "row_1": row, "mask": c.mask, "pairs": int(w13.size)}
+    fig = {"weight_1_3_max": float(w13.max()), "weight_1_3_min": float(w13.min()),
+           "row_sum_error": rounded(row_sum_err), "row_1": row, "mask": c.mask, "pairs": int(w13.size)}
     shown = "[" + ", ".join(f"{v:.3g}" for v in row) + "]"
     sums_to_1 = row_sum_err <= ctx.tol.atol + ctx.tol.rtol
     if c.causal:
@@ -242,19 +216,11 @@ def check_demonstration(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult
 
 CHECK_FUNCS: dict[str, Callable[[ModuleRunner, ModuleContext], CheckResult]] = {
     "parity": check_parity,
-    "finite": check_finite,
+    "finite": check_finite,  # the decoder's own check, on the block's named outputs
     "causality": check_causality,
     "cache-consistency": check_cache_consistency,
     "demonstration": check_demonstration,
 }
-
-
-def run_module_check(name: str, runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
-    """One check; the runtime failing inside it is that check's failure, anything else a bug (exit 3)."""
-    try:
-        return CHECK_FUNCS[name](runner, ctx)
-    except MhaExportError as e:
-        return CheckResult(name, False, {}, first_line(e))
 
 
 def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None
@@ -274,23 +240,6 @@ def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], th
             runners.append(module_ort_runner(rt, c, ef.file("onnx"), threads=threads) if ef.has("onnx")
                            else skipped(rt, c, f"no ONNX export in {ef.path}"))
     return runners
-
-
-def cross_provider(runners: list, infos: dict, ctx: ModuleContext) -> list[dict]:
-    """ort-cuda against ort-cpu on the sweep, when both ran (providers can disagree while each is close to eager)."""
-    by_name = {r.name: r for r in runners}
-    if not all(n in by_name and infos.get(n) is not None and infos[n].status == "ran" for n in (ORT_CUDA, ORT_CPU)):
-        return []
-    runs_a, runs_b = ctx.sweep(by_name[ORT_CUDA]), ctx.sweep(by_name[ORT_CPU])
-    total = Diff()
-    for case, out_a in runs_a.items():
-        out_b = runs_b.get(case)
-        if not isinstance(out_a, BaseException) and out_b is not None and not isinstance(out_b, BaseException):
-            total = total.merge(_merged(compare_module(out_a, out_b, ctx.tol)))
-    msg = (f"{ORT_CUDA} and {ORT_CPU} agree within {ctx.tol.describe()} (max abs {total.max_abs:.3g})" if total.ok
-           else f"{total.mismatched}/{total.total} values of {ORT_CUDA} differ from {ORT_CPU} beyond "
-                f"{ctx.tol.describe()} (max abs {total.max_abs:.3g}): the providers disagree with each other")
-    return [{"a": ORT_CUDA, "b": ORT_CPU, "status": total.ok, "figures": total.figures(), "message": msg}]
 
 
 def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
@@ -329,7 +278,7 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
     ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,
                         tol_override=(atol, rtol))
     with torch_threads(threads):
-        infos, results = run_all(runners, ctx, checks, say, run=run_module_check)
+        infos, results = run_all(runners, ctx, checks, say, funcs=CHECK_FUNCS)
     cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
     arts = ef.artifacts
     return VerifyReport(
@@ -342,7 +291,8 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
                        "static_sizes": v.static_sizes,
-                       **{kk: v.get(kk) for kk in ("opset", "mode", "module", "mask", "weights") if v.get(kk)}}
+                       **{kk: getattr(v.details, kk, None) for kk in ("opset", "mode", "module", "mask", "weights")
+                          if getattr(v.details, kk, None)}}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks), cross=cross,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)

@@ -10,8 +10,9 @@ activation, timing and skipped-vs-failed stay the base's. Runtimes:
   keys are already projected, which nn.MultiheadAttention cannot take), the causal mask passed explicitly
   (``tril``, never ``is_causal``, never the block's own ``build_causal_mask``);
 - ``torchscript``: the exported ``.pt`` (torch.jit.load);
-- ``ort-cpu`` / ``ort-cuda``: the exported ONNX file in a session from :func:`mhaexport.runtime.session.open_session`
-  (strict: CUDA that does not really run makes ort-cuda skipped, never passed).
+- ``ort-cpu`` / ``ort-cuda``: the exported ONNX file on the deploy runtime's session handling
+  (:class:`~mhaexport.runtime.ort.OrtSessionRunner`, strict as verify's decoder runners: CUDA that does not really
+  run makes ort-cuda skipped, never passed).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import numpy as np
 from mhaexport import dtypes, iospec
 from mhaexport.errors import RuntimeInputError
 from mhaexport.iospec import ModuleContract
+from mhaexport.runtime.ort import OrtSessionRunner
 from mhaexport.runtime.runner import Runner, to_numpy
-from mhaexport.runtime.session import CUDA, SessionConfig, open_session
-from mhaexport.verify.runners import ORT_CUDA, _host
+from mhaexport.verify.runners import _host, session_config
 
 # (output (B, T, d_model), present_key, present_value (B, H_kv, S, D), attention_weights (B, H, T, S))
 ModuleOutputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -150,44 +151,22 @@ class TorchMhaRunner(ModuleRunner):
         return _host(out), _host(keys), _host(values), _host(weights)
 
 
-class OrtModuleRunner(ModuleRunner):
-    """The exported ONNX block in an ONNX Runtime session on one provider (the session from
-    :func:`~mhaexport.runtime.session.open_session`: a provider that does not really run here is a skip)."""
-
-    def __init__(self, name: str, contract: ModuleContract, path: str | Path, *,
-                 config: SessionConfig = SessionConfig()) -> None:
-        super().__init__(name, contract)
-        self.path = Path(path)
-        self.config = config
-        self.session = None
-        self.warnings: list[str] = []
-        self._in_shapes: dict[str, list] = {}
-
-    def activate_impl(self) -> None:
-        self.session, self.warnings, _ = open_session(self.path, self.config)
-        self.providers = list(self.session.get_providers())
-        self._in_shapes = {i.name: list(i.shape) for i in self.session.get_inputs()}
-
-    def deactivate_impl(self) -> None:
-        self.session = None
+class OrtModuleRunner(ModuleRunner, OrtSessionRunner):
+    """The exported ONNX block in an ONNX Runtime session on one provider: the module contract's input checks
+    (:class:`ModuleRunner`) on the deploy runtime's session handling (:class:`~mhaexport.runtime.ort.
+    OrtSessionRunner`: :func:`~mhaexport.runtime.session.open_session`, a provider that does not really run here is a
+    skip); only the block's feed and its dynamic axes are its own."""
 
     def run_impl(self, x: np.ndarray, past_key: np.ndarray, past_value: np.ndarray) -> ModuleOutputs:
         feed = {iospec.X: x, iospec.PAST_KEY: past_key, iospec.PAST_VALUE: past_value}
         return tuple(self.session.run(list(iospec.MODULE_OUTPUTS), feed))
 
     def baked_axes(self) -> list[str]:
-        baked = []
-        for name, axes in iospec.module_dynamic_input_axes().items():
-            shape = self._in_shapes.get(name, [])
-            for ax, dim in axes.items():
-                if ax < len(shape) and isinstance(shape[ax], int):
-                    baked.append(f"{name} axis {ax} ({dim}) = {shape[ax]}")
-        return baked
+        return self.fixed_axes(iospec.module_dynamic_input_axes())
 
 
 def module_ort_runner(name: str, contract: ModuleContract, path: str | Path, *, threads: int | None = None
                       ) -> OrtModuleRunner:
-    """ort-cpu / ort-cuda for the block, as strict as verify's decoder runners (``verify.runners.ort_runner``)."""
-    provider = CUDA if name == ORT_CUDA else "cpu"
-    return OrtModuleRunner(name, contract, path,
-                           config=SessionConfig(providers=(provider,), threads=threads, strict_providers=True))
+    """ort-cpu / ort-cuda for the block, as strict as verify's decoder runners (the same session config:
+    :func:`~mhaexport.verify.runners.session_config`)."""
+    return OrtModuleRunner(name, contract, path, config=session_config(name, threads=threads))

@@ -29,9 +29,12 @@ import numpy as np
 from mhaexport.errors import ConfigError
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.runtime.runner import Runner
+from mhaexport.verify.compare import Tolerance
+from mhaexport.verify.results import CheckResult, Context
+from mhaexport.verify.runners import EAGER
 
 if TYPE_CHECKING:
-    from mhaexport.verify.checks import CheckResult, Context
+    from mhaexport.artifact.details import Quantization
 
 FLAT_ENTROPY = 0.9  # eager's mean entropy above this fraction of log(vocab): flat logits, top-1 is not judged
 ROWS_PER_CHUNK = 256  # positions compared at once (a (256, 32000) float64 array is 65 MB)
@@ -323,14 +326,12 @@ REQUANT_FRACTION = 0.10
 INT8_ACTIVATIONS = 4  # the accuracy level that quantizes activations
 
 
-def self_tolerance(ctx: Context, quant: dict, base):
+def self_tolerance(ctx: Context, quant: Quantization, base):
     """The tolerance a lossy artifact's self-comparisons use: ``base`` (the dtype's) when its activations stay
     float; with int8 activations (accuracy level 4), per output (logits, present) the larger of ``base.atol`` and
     REQUANT_FRACTION x the RMS of eager's outputs over the sweep's real positions (logits with each position's mean
     removed)."""
-    from mhaexport.verify.checks import Tolerance
-
-    if quant.get("accuracy_level") != INT8_ACTIVATIONS:
+    if quant.accuracy_level != INT8_ACTIVATIONS:
         return base
     sq = {"logits": [0.0, 0], "present": [0.0, 0]}
     for case in ctx.cases:
@@ -371,18 +372,15 @@ class QualitySettings:
 def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     """A lossy artifact against eager fp32: the sweep's and the text's figures, greedy agreement, each judged by
     the scheme's thresholds. Exact artifacts and eager are reported as not applicable."""
-    from mhaexport.verify.checks import CheckResult
-    from mhaexport.verify.runners import EAGER
-
     if runner.name == EAGER:
         return CheckResult("quality", None, {"reference": True}, "reference: lossy artifacts are judged against eager")
     if not ctx.lossy:
         return CheckResult("quality", None, {"exact": True}, "exact artifact: judged by parity")
     settings = ctx.quality or QualitySettings()
-    scheme = ctx.lossy.get("weights")
+    scheme = ctx.lossy.weights
     limits, table = thresholds_for(scheme, settings.overrides)
     c = ctx.contract
-    fig: dict = {"scheme": ctx.lossy.get("label") or scheme, "thresholds": limits.to_dict(), "thresholds_of": table}
+    fig: dict = {"scheme": ctx.lossy.label or scheme, "thresholds": limits.to_dict(), "thresholds_of": table}
     # the sweep: every case eager and the artifact ran, real rows only
     sweep = Agreement()
     for case, out in ctx.sweep(runner).items():
@@ -431,8 +429,6 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
 def _verdict(fig: dict, limits: Thresholds) -> CheckResult:
     """Judge every measured figure; top-1 and greedy agreement only where eager's logits are not flat, and top-1 on
     the sweep (random ids and caches, full of near-ties) only where there is no text."""
-    from mhaexport.verify.checks import CheckResult
-
     failures, unjudged = [], []
     parts = [("text", fig.get("text") or {}), ("sweep", fig.get("sweep") or {})]
     has_text = bool(parts[0][1].get("positions"))

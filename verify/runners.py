@@ -34,7 +34,8 @@ REFERENCE_RUNTIMES = (EAGER, TORCH_MHA)  # references: running them alone verifi
 
 __all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
            "ORT_CUDA", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",
-           "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "ort_runner", "skipped"]
+           "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "ort_runner", "session_config",
+           "skipped"]
 
 
 class EagerRunner(Runner):
@@ -162,6 +163,14 @@ class RecomputeRunner(Runner):
         return self.inner.run_impl(ids, mask, past)
 
 
+def session_config(name: str, *, threads: int | None = None, provider: str | None = None, log_severity: int = 3
+                   ) -> SessionConfig:
+    """verify's ONNX Runtime sessions, the decoder's and the attention block's: one provider (default from the name:
+    ort-cuda on CUDA, else CPU), strict (a session that falls back to CPU makes ort-cuda skipped, never passed)."""
+    provider = provider or (CUDA if name == ORT_CUDA else "cpu")
+    return SessionConfig(providers=(provider,), threads=threads, strict_providers=True, log_severity=log_severity)
+
+
 def ort_runner(name: str, contract: ModelContract, path: str | Path, *, dtype: str = "float32",
                fixed: tuple[int, int] | None = None, threads: int | None = None,
                max_cache: int | None = None, layout: Layout | None = None, provider: str | None = None,
@@ -171,8 +180,7 @@ def ort_runner(name: str, contract: ModelContract, path: str | Path, *, dtype: s
     slots — the runner translates the contract's calls into its protocol (every call, decoding included).
     ``layout``: an adopted file's names for the contract's I/O. ``provider``: default from the name.
     ``log_severity``: ONNX Runtime's log level (4: not even its errors, which the checks report themselves)."""
-    provider = provider or (CUDA if name == ORT_CUDA else "cpu")
-    cfg = SessionConfig(providers=(provider,), threads=threads, strict_providers=True, log_severity=log_severity)
+    cfg = session_config(name, threads=threads, provider=provider, log_severity=log_severity)
     if max_cache is not None:
         return SharedCacheOrtRunner(name, contract, path, dtype=dtype, config=cfg, max_cache=max_cache,
                                     contract_steps=True, layout=layout)

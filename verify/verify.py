@@ -16,17 +16,20 @@ from typing import Callable
 
 from mhaexport import iospec
 from mhaexport.artifact import TWO_GB, ExportFolder
+from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.choose import ort_runner_for
-from mhaexport.runtime.session import CUDA, SessionConfig
-from mhaexport.verify.checks import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, Tolerance, run_check
+from mhaexport.runtime.session import CUDA
+from mhaexport.verify.checks import cross_provider, run_check
+from mhaexport.verify.compare import Tolerance
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, Context, SweepContext
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
                                       ONNX_REFERENCE, ORT_CPU, ORT_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
-                                      skipped)
+                                      session_config, skipped)
 from mhaexport.verify.sweep import build_sweep
 
 Progress = Callable[[str], None]
@@ -59,9 +62,9 @@ def torch_threads(n: int | None) -> Iterator[None]:
 def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
     """The (seq, past) the artifacts were traced at (dynamic-shapes runs at others)."""
     for entry in ef.artifacts.values():
-        sizes = entry.get("example_sizes") or entry.get("example_shapes")
+        sizes = entry.details.traced_sizes
         if sizes:
-            return int(sizes["seq"]), int(sizes["past"])
+            return sizes.seq, sizes.past
     return iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST
 
 
@@ -110,8 +113,8 @@ def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None) -
             return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
                                   f"models up to {REFERENCE_MAX_PARAMS:,}")
         return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
-    cfg = SessionConfig(providers=(CUDA if rt == ORT_CUDA else "cpu",), strict_providers=True)
-    return ort_runner_for(ef, rt, cfg, contract=c, contract_steps=True)  # the Generator's choice, contract calls
+    # the Generator's choice of runner, on verify's strict session, driven by contract calls
+    return ort_runner_for(ef, rt, session_config(rt), contract=c, contract_steps=True)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -131,10 +134,10 @@ def other_protocol_runners(ef: ExportFolder, contract, runtimes: tuple[str, ...]
             for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
 
 
-def lossy_artifacts(ef: ExportFolder) -> dict[str, dict]:
+def lossy_artifacts(ef: ExportFolder) -> dict[str, Quantization]:
     """{artifact: its manifest's quantization record} for each lossy (quantized) artifact of the folder."""
-    return {name: dict(entry.get("quantization")) for name, entry in ef.artifacts.items()
-            if entry.get("quantization")}
+    return {name: entry.details.quantization for name, entry in ef.artifacts.items()
+            if isinstance(entry.details, OnnxDetails) and entry.details.quantization}
 
 
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
@@ -244,48 +247,11 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
                        "static_sizes": v.static_sizes,
-                       **{kk: v.get(kk) for kk in ("opset", "mode", "attention", "kv_cache", "producer")
-                          if v.get(kk)},
-                       **({"protocol": layout_of(v).protocol} if layout_of(v) else {}),
-                       **({"quantization": _quant_summary(v.get("quantization"))} if v.get("quantization") else {})}
+                       **_report_details(v.details)}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
         lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
-
-
-# runtimes of one artifact on different providers: when both ran, they are compared with each other too (eager-cuda
-# against eager is its parity already)
-CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
-
-
-def cross_provider(runners: list[Runner], infos: dict, ctx: Context) -> list[dict]:
-    """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
-    tolerance: providers can disagree with each other while each is "close to eager"."""
-    from mhaexport.verify.checks import Diff, compare_by_output
-
-    by_name = {r.name: r for r in runners}
-    out = []
-    for a, b in CROSS_PAIRS:
-        if a not in by_name or b not in by_name:
-            continue
-        if infos.get(a) is None or infos[a].status != "ran" or infos[b].status != "ran":
-            continue
-        tol = Tolerance.for_dtype(by_name[a].dtype, *ctx.tol_override)
-        runs_a, runs_b = ctx.sweep(by_name[a]), ctx.sweep(by_name[b])
-        total = Diff()
-        for case, out_a in runs_a.items():
-            out_b = runs_b.get(case)
-            if isinstance(out_a, BaseException) or out_b is None or isinstance(out_b, BaseException):
-                continue
-            by = compare_by_output(out_a, out_b, tol, case.real_rows(), case.real_keys())
-            total = total.merge(by["logits"]).merge(by["present"])
-        status = total.ok
-        msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
-               f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
-               f"{total.max_abs:.3g}): the providers disagree with each other")
-        out.append({"a": a, "b": b, "status": status, "figures": total.figures(), "message": msg})
-    return out
 
 
 def _artifact_of(runner: Runner) -> str | None:
@@ -294,21 +260,34 @@ def _artifact_of(runner: Runner) -> str | None:
     return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
 
 
-def _quant_summary(q: dict) -> dict:
+def _report_details(d: Details) -> dict:
+    """The details of an artifact the report shows: how it was made, an adopted file's protocol, its quantization."""
+    onnx = d if isinstance(d, OnnxDetails) else None
+    shown = {"opset": onnx and onnx.opset, "mode": isinstance(d, TorchScriptDetails) and d.mode,
+             "attention": onnx and onnx.attention, "kv_cache": d.cache.kind, "producer": onnx and onnx.producer,
+             "protocol": onnx and onnx.layout and onnx.layout.protocol}
+    out = {k: v for k, v in shown.items() if v}
+    if onnx and onnx.quantization:
+        out["quantization"] = _quant_summary(onnx.quantization)
+    return out
+
+
+def _quant_summary(q: Quantization) -> dict:
     """The part of a quantization record the report shows."""
     keys = ("weights", "label", "block_size", "symmetric", "accuracy_level", "keep_float", "int8_blocks", "lm_head",
             "weights_read", "source")
-    return {k: q.get(k) for k in keys if k in q}
+    d = q.to_dict()
+    return {k: d[k] for k in keys if k in d}
 
 
-def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: Progress,
-            run: Callable[[str, Runner, Context], CheckResult] = run_check, skip_first: bool = False,
-            lossy: dict[str, dict] | None = None):
-    """Activate each runner and run every check on it (``run``: the decoder's checks, or the module's with their
-    own context). A runtime that cannot run here is skipped (its checks not run); one that cannot load its artifact
-    is one failure with one message (its checks not run). ``skip_first``: runners[0] (eager, already run) only
-    stays active for the checks' references. A runner whose artifact is in ``lossy`` gets the quality check's
-    context (``Context.lossy``)."""
+def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
+            funcs: dict[str, Callable] | None = None, skip_first: bool = False,
+            lossy: dict[str, Quantization] | None = None):
+    """Activate each runner and run every check on it (``funcs``: the checks by name, the decoder's by default, the
+    attention block's with its context: :func:`~mhaexport.verify.checks.run_check`). A runtime that cannot run here
+    is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
+    not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
+    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     for runner in runners[1:] if skip_first else runners:
@@ -340,7 +319,7 @@ def run_all(runners: list[Runner], ctx: Context, checks: tuple[str, ...], say: P
             info.self_tolerance = tol.describe()
         runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
         for ch in checks:
-            results[runner.name][ch] = run(ch, runner, runner_ctx)
+            results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values()]
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]

@@ -20,6 +20,17 @@ a positive axis (``ReduceMean(x², axes=[2])``), and ort_fusions' RMSNorm patter
 
 so the axes constant of a ReduceMean over the input's last dim is rewritten to ``[-1]`` (the same op) first.
 
+And a second, :func:`outer_product_freqs`: torch.onnx writes Hugging Face's rotary angles
+(``inv_freq[None, :, None].expand(B, -1, 1) @ position_ids[:, None, :]``, then ``.transpose(1, 2)``) as the outer
+product it is, ``Mul(Cast(Unsqueeze(position_ids, [-1])), inv_freq)``, where ort_fusions' cos/sin-cache pattern
+asks for the MatMul and Transpose; on a tiny transformers Llama its tracer said::
+
+    Rule: CosSinCache_const_freqs ... Status: NO_MATCH
+    Graph matching failed: OpType mismatch: expected Transpose, got Mul.
+
+so that Mul is written back as ``Transpose(MatMul(inv_freq[1, D/2, 1], Cast(Unsqueeze(position_ids, [1]))))``:
+one product per element either way, the same numbers.
+
 Torch-free: onnx_ir and onnxscript only.
 """
 
@@ -54,6 +65,37 @@ def canonical_last_axis(model: ir.Model) -> int:
     return done
 
 
+def _outer_product_rule():
+    """Mul(Cast(Unsqueeze(pos, [-1|2]), float), inv_freq[E]) -> Transpose(MatMul(inv_freq[1, E, 1], Cast(Unsqueeze(pos,
+    [1]), float)), [0, 2, 1]) for a (B, T) pos and a constant 1-D inv_freq."""
+    import onnx_ir as ir
+    from onnxscript.rewriter import pattern
+
+    def target(op, pos, axes, inv_freq):
+        return op.Mul(op.Cast(op.Unsqueeze(pos, axes), to=ir.DataType.FLOAT), inv_freq)
+
+    def condition(context, pos, axes, inv_freq, **_):
+        if pos.shape is None or len(pos.shape) != 2 or axes.const_value is None or inv_freq.const_value is None:
+            return False
+        return axes.const_value.numpy().reshape(-1).tolist() in ([-1], [2]) and len(inv_freq.shape or ()) == 1
+
+    def replacement(op, pos, axes, inv_freq, **_):
+        table = inv_freq.const_value.numpy().reshape(1, -1, 1)  # (1, E, 1)
+        inv3 = op.initializer(ir.tensor(table, name=f"{inv_freq.name}_1E1"), name=f"{inv_freq.name}_1E1")
+        one = op.Constant(value_ints=[1])
+        pos3 = op.Cast(op.Unsqueeze(pos, one), to=ir.DataType.FLOAT)  # (B, 1, T)
+        return op.Transpose(op.MatMul(inv3, pos3), perm=[0, 2, 1])  # (B, T, E)
+
+    return pattern.RewriteRule(target, replacement, condition, name="OuterProductFreqsAsMatMul")
+
+
+def outer_product_freqs(model: ir.Model) -> int:
+    """Rewrite rotary angles written as an outer product into the MatMul/Transpose form ort_fusions matches."""
+    from onnxscript.rewriter import pattern
+
+    return pattern.RewriteRuleSet([_outer_product_rule()]).apply_to_model(model)
+
+
 def fuse_for_ort(model: ir.Model) -> dict[str, int]:
     """Apply ort_fusions' non-attention fusions to ``model`` in place; returns {fusion: count} (zeros left out)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass, TopologicalSortPass
@@ -68,7 +110,7 @@ def fuse_for_ort(model: ir.Model) -> dict[str, int]:
                                                                    fuse_skip_rms_normalization)
 
     ShapeInferencePass()(model)
-    counts = {"canonical_last_axis": canonical_last_axis(model)}
+    counts = {"canonical_last_axis": canonical_last_axis(model), "outer_product_freqs": outer_product_freqs(model)}
     for name, fuse in (("erf_gelu", fuse_erfgelu), ("rms_normalization", fuse_rms_normalization),
                        ("skip_layer_normalization", fuse_skip_layer_normalization),
                        ("skip_rms_normalization", fuse_skip_rms_normalization),

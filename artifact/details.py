@@ -1,0 +1,336 @@
+"""The format-specific details of a manifest entry as typed records (the way Optimum's OnnxConfig declares a model
+kind once and every consumer reads it). Torch-free.
+
+On disk they are the entry's keys beside ``format``, ``file``, ``io``, ...: an ONNX entry's ``opset``,
+``attention``, ``kv_cache``, ``max_cache``, ``padding``, ``lowering``, ``precision``, ``quantization``, an adopted
+file's ``producer`` and ``layout``; a TorchScript entry's ``mode``. In memory::
+
+    OnnxDetails(opset=18, attention="gqa", cache=CacheLayout("shared", max_cache=64, padding="right"),
+                lowering=Lowering(...), precision=Precision(...), quantization=Quantization(...) | None,
+                producer=None, layout=AdoptedLayout(...) | None, ...)
+
+Reading checks every known key's type (ArtifactError naming the key: ``artifacts.onnx.max_cache is 'x' (str),
+expected int``); keys this code does not know are kept in ``extra`` and written back. Writing gives back exactly
+the JSON that was read: the keys in their order, an explicit ``null`` as ``null``, an absent key absent (a field
+left None by a writer is not written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from mhaexport.errors import ArtifactError
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclass
+class Record:
+    """A JSON object as a dataclass: one field per key (field metadata ``key`` renames it; ``flat`` marks a record
+    whose keys sit in this object's own). Keys it does not declare stay in ``extra``; ``read_keys`` remembers the
+    keys read, in order, so that writing gives back the same JSON."""
+
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
+    read_keys: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
+
+    # keys written even when None (when not read)
+    WRITE_NONE: ClassVar[tuple[str, ...]] = ()
+    # the order of keys a writer set (keys read keep their order); keys not listed follow in declaration order
+    KEY_ORDER: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def _fields(cls) -> list[tuple[dataclasses.Field, str, Any]]:
+        """(field, JSON key, type) of each declared key."""
+        hints = typing.get_type_hints(cls)
+        return [(f, f.metadata.get("key", f.name), hints[f.name]) for f in dataclasses.fields(cls)
+                if f.name not in ("extra", "read_keys")]
+
+    @classmethod
+    def keys(cls) -> set[str]:
+        """Every JSON key this record reads (a flat record's keys included)."""
+        out: set[str] = set()
+        for f, key, hint in cls._fields():
+            out |= hint.keys() if f.metadata.get("flat") else {key}
+        return out
+
+    @classmethod
+    def from_dict(cls: type[R], data: dict, where: str = "details") -> R:
+        """Parse ``data``; ArtifactError naming ``where``.key when a known key holds a value of the wrong type."""
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{where} is {_shown(data)}, expected an object")
+        kwargs: dict[str, Any] = {}
+        known: set[str] = set()
+        for f, key, hint in cls._fields():
+            if f.metadata.get("flat"):
+                sub = {k: v for k, v in data.items() if k in hint.keys()}
+                kwargs[f.name] = hint.from_dict(sub, where)
+                known |= hint.keys()
+            else:
+                known.add(key)
+                if key in data:
+                    kwargs[f.name] = _parse(data[key], hint, f"{where}.{key}")
+        try:
+            record = cls(**kwargs, extra={k: v for k, v in data.items() if k not in known}, read_keys=tuple(data))
+        except TypeError as e:  # a required key missing
+            raise ArtifactError(f"{where} is incomplete: {e}") from None
+        record.check(where)
+        return record
+
+    def check(self, where: str) -> None:
+        """Checks across fields (ArtifactError); the types are checked by :meth:`from_dict`."""
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {}
+        for f, key, _ in self._fields():
+            value = getattr(self, f.name)
+            if f.metadata.get("flat"):
+                out.update(value.to_dict())
+            elif value is not None or key in self.read_keys or key in self.WRITE_NONE:
+                out[key] = _dump(value)
+        out.update(self.extra)
+        rank = {k: i for i, k in enumerate(self.KEY_ORDER)}
+        fresh = sorted((k for k in out if k not in self.read_keys), key=lambda k: rank.get(k, len(rank)))
+        return {k: out[k] for k in [k for k in self.read_keys if k in out] + fresh}
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _name(hint: Any) -> str:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return " | ".join(_name(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    return hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else str(hint)
+
+
+def _parse(value: Any, hint: Any, where: str) -> Any:
+    """``value`` checked against ``hint`` (records parsed), or ArtifactError naming ``where``."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        arms = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None and len(arms) < len(typing.get_args(hint)):
+            return None
+        if len(arms) == 1:
+            return _parse(value, arms[0], where)
+        for arm in arms:
+            try:
+                return _parse(value, arm, where)
+            except ArtifactError:
+                pass
+        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}")
+    if hint is Any:
+        return value
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_dict(value, where)
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool),
+          list: lambda v: isinstance(v, list), dict: lambda v: isinstance(v, dict)}
+    base = origin or hint
+    if not ok[base](value):
+        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}")
+    args = typing.get_args(hint)
+    if base is list and args:
+        return [_parse(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if base is dict and args:
+        return {k: _parse(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    return value
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+# ---- the records ------------------------------------------------------------------------------------------------
+
+@dataclass
+class CacheLayout(Record):
+    """How the KV cache is held (keys ``kv_cache``, ``max_cache``, ``padding`` of the entry itself)."""
+
+    kind: str | None = field(default=None, metadata={"key": "kv_cache"})  # "concat" | "shared"; None: unstated (concat)
+    max_cache: int | None = None  # shared: the length of each layer's one buffer
+    padding: str | None = None  # the protocol's: "left" (the contract's) | "right" (rows packed from slot 0)
+
+    @property
+    def shared(self) -> bool:
+        """One preallocated buffer per layer, bound as past and present (GroupQueryAttention writes it in place)."""
+        return self.kind == "shared"
+
+    def check(self, where: str) -> None:
+        if self.shared and self.max_cache is None:
+            raise ArtifactError(f"{where}: kv_cache 'shared' without max_cache (the buffers' length)")
+
+
+@dataclass
+class ExampleSizes(Record):
+    """The sizes the export was traced at (``example_sizes``)."""
+
+    batch: int
+    seq: int
+    past: int
+
+
+@dataclass
+class Lowering(Record):
+    """How attention was lowered (``lowering``) and the lowered graph's self-check against the decomposed one."""
+
+    attention: str | None = None
+    fused_nodes: int | None = None
+    kv_cache_in_op: bool | None = None  # the cache goes through the fused op (GroupQueryAttention's past/present)
+    softmax_left: int | None = None
+    op_counts: dict[str, int] | None = None
+    fusions: dict[str, int] | None = None  # --attention fused: onnxscript's ort_fusions rule -> count
+    self_check_max_abs_diff: float | None = None
+    self_check_not_run: str | None = None  # why the self-check did not run
+
+
+@dataclass
+class Precision(Record):
+    """What ONNX Runtime CPU computes in float32 of a float16/bfloat16 graph (``precision``)."""
+
+    dtype: str | None = None
+    cast_by_ort_cpu: dict[str, int] | None = None  # op type -> nodes ORT CPU casts to float32; None: not checked
+    casts_in_graph: int | None = None
+    ort_cpu_session_error: str | None = None
+    not_run: str | None = None
+
+
+@dataclass
+class WeightsRead(Record):
+    """Bytes of weights one decode step reads: fixed, plus per batch row (gathered table rows)."""
+
+    fixed_bytes: int
+    per_row_bytes: int
+
+
+@dataclass
+class QuantSource(Record):
+    """The float export a quantized folder was made from (``quantization.source``)."""
+
+    folder: str | None = None  # relative to the quantized folder
+    onnx_sha256: str | None = None
+    fingerprint: str | None = None
+    weights_read: WeightsRead | None = None
+
+
+@dataclass
+class Quantization(Record):
+    """A lossy artifact's weight quantization (``quantization``): mhaexport's recipe (``mhaexport quantize``), or
+    what an adopted file's quantized ops say (``ops``, ``source`` in words)."""
+
+    weights: str | None = None  # the scheme: "int4" | "int8"
+    block_size: int | None = None
+    symmetric: bool | None = None
+    accuracy_level: int | None = None  # MatMulNBits' compute type: 4 = int8 activations
+    keep_float: list[str] | None = None
+    int8_blocks: int | None = None
+    bits: int | None = None
+    label: str | None = None  # "int4 b32 sym acc4 (block 0 int8; float: embeddings)"
+    method: str | None = None
+    lm_head: str | None = None
+    nodes: dict[str, int] | None = None  # quantized and float nodes by kind
+    ops: dict[str, int] | None = None  # an adopted file's quantized ops
+    weights_read: WeightsRead | None = None
+    source: QuantSource | str | None = None  # mhaexport's source folder, or (adopted) where the record came from
+    onnxruntime: str | None = None  # the quantizer's version
+
+
+@dataclass
+class AdoptedLayout(Record):
+    """How a file another tool exported maps onto the contract and how its producer drives it (``layout`` of an
+    adopted file's entry; :func:`mhaexport.runtime.foreign.detect_layout` finds it)."""
+
+    producer: str  # one of runtime.foreign.PRODUCERS
+    input_ids: str
+    attention_mask: str
+    logits: str
+    past: list[str]  # 2L file input names, contract order: layer 0 key, layer 0 value, layer 1 key, ...
+    present: list[str]  # 2L file output names, same order
+    position_ids: str | None = None  # an input fed cumsum(mask) - 1 over the new tokens
+    kv_cache: str = "concat"  # "concat" | "shared" (one buffer per layer, written in place)
+    padding: str = "left"  # the producer's: "left" (the contract's) | "right" (rows packed from slot 0)
+    dtype: str = "float32"  # the cache's float dtype
+    n_layers: int = 0
+    n_heads: int = 0
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    vocab_size: int = 0
+    max_positions: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    WRITE_NONE = ("position_ids",)
+
+    @property
+    def protocol(self) -> str:
+        """The producer's protocol in words (reports)."""
+        cache = "one shared buffer per layer" if self.kv_cache == "shared" else "concat cache"
+        return f"{cache}, {self.padding} padding"
+
+
+@dataclass
+class Details(Record):
+    """What every format's entry may say: the block exported on its own (``module``, ``mask``, ``weights``), the
+    cache layout, the dynamic axes and the sizes it was traced at, the exporter."""
+
+    module: str | None = None  # "attention": the block on its own (`--module attention`)
+    mask: str | None = None  # the block's mask mode: "causal" | "none"
+    weights: str | None = None  # where the block's weights came from (in words)
+    cache: CacheLayout = field(default_factory=CacheLayout, metadata={"flat": True})
+    dynamic_axes: list[str] | None = None
+    example_sizes: ExampleSizes | None = None
+    example_shapes: ExampleSizes | None = None  # the name mhaexport 0.1 wrote
+    exporter: str | None = None
+
+    @property
+    def traced_sizes(self) -> ExampleSizes | None:
+        """The sizes the export was traced at, under either name."""
+        return self.example_sizes or self.example_shapes
+
+
+@dataclass
+class OnnxDetails(Details):
+    """An ONNX entry's details: opset, how attention is held, precision, quantization, an adopted file's layout."""
+
+    opset: int | None = None
+    attention: str | None = None  # "decomposed" | "onnx" | "ort" | "fused" | "gqa" | "as exported" (adopted)
+    lowering: Lowering | None = None
+    precision: Precision | None = None
+    external_data: bool | None = None
+    weight_bytes: int | None = None
+    producer: str | None = None  # an adopted file's producer ("onnxruntime-genai", ...); None: mhaexport's export
+    adopted_from: str | None = None  # the adopted file's path
+    layout: AdoptedLayout | None = None  # an adopted file's I/O and protocol
+    quantization: Quantization | None = None  # set: the weights are lossy
+
+    KEY_ORDER = ("module", "mask", "weights", "producer", "adopted_from", "layout", "opset", "attention", "kv_cache",
+                 "max_cache", "padding", "lowering", "precision", "external_data", "weight_bytes", "dynamic_axes",
+                 "example_sizes", "exporter", "quantization")
+
+
+@dataclass
+class TorchScriptDetails(Details):
+    """A TorchScript entry's details: how the module was made."""
+
+    mode: str | None = None  # "trace" | "script"
+
+    KEY_ORDER = ("mode", "module", "mask", "weights", "kv_cache", "dynamic_axes", "example_sizes")
+
+
+DETAILS: dict[str, type[Details]] = {"onnx": OnnxDetails, "torchscript": TorchScriptDetails}
+
+
+def details_from_dict(fmt: str, data: dict, where: str = "details") -> Details:
+    """The details record of a ``fmt`` entry (:class:`Details` for a format this code does not know)."""
+    return DETAILS.get(fmt, Details).from_dict(data, where)

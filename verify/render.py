@@ -1,0 +1,280 @@
+"""The verify report as Markdown (report.md): functions of a :class:`~mhaexport.verify.report.VerifyReport`, which
+holds the data, the verdict and the JSON. A runtimes x checks table that reads as a CI job summary, the parity and
+quality figures, the details of what failed or was skipped, the plain protocol's findings, provider against
+provider, and the lint findings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mhaexport.verify.results import QUALITY, CheckResult
+
+if TYPE_CHECKING:  # the report's types only: report.py imports this module, not the other way
+    from mhaexport.verify.report import RuntimeInfo, VerifyReport
+
+ICONS = {True: "✅", False: "❌", None: "⏭"}
+
+
+def markdown(report: VerifyReport) -> str:
+    """The report as Markdown: the verdict and what was verified, the runtimes x checks table, the figures (parity by
+    output; quality, or the block's demonstration), the details of what failed or was skipped, then the plain
+    protocol's findings, provider against provider, the lint findings and where it ran."""
+    cols = report.all_checks
+    lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
+    lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)
+    lines += _details(report, cols)
+    lines += _other_protocol_lines(report, cols)
+    if report.cross:
+        lines += ["### Provider against provider", ""]
+        lines += [f"- {ICONS[c['status']]} **{c['a']} vs {c['b']}**: {c['message']}" for c in report.cross]
+        lines.append("")
+    if report.lint is not None:
+        from mhaexport.verify.lint import LintReport
+
+        lines += [LintReport.from_dict(report.lint).to_markdown("###")]
+    env = report.environment
+    vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    lines.append(f"<sub>{env.get('host', '?')} · {env.get('platform', '?')} · {env.get('cpus', '?')} CPUs · "
+                 f"{vers} · {report.seconds:.1f} s · {report.created}</sub>")
+    return "\n".join(lines) + "\n"
+
+
+def _header(report: VerifyReport) -> list[str]:
+    """The verdict, the model (or block) and its artifacts, the sweep, the tolerance and the counts."""
+    c = report.counts
+    verdict = {"passed": "✅ PASSED", "failed": "❌ FAILED"}.get(report.verdict.status, "⏭ NOT VERIFIED")
+    spec = report.model.get("spec", "?")
+    source = report.model.get("source") or {}
+    if report.model.get("checkpoint"):
+        ckpt = f"weights {report.model['checkpoint']}"
+    elif source.get("kind") == "hf":
+        ckpt = f"{source.get('architecture', 'Hugging Face model')}, weights of its folder"
+    else:
+        ckpt = "seeded random weights"
+    arts = []
+    for name, a in report.artifacts.items():
+        how = [f"opset {a['opset']}"] if a.get("opset") else ([a["mode"]] if a.get("mode") else [])
+        if a.get("producer"):
+            how.append(f"made by {a['producer']}, adopted; its protocol: {a.get('protocol', '?')}")
+        if a.get("attention"):
+            how.append(f"attention {a['attention']}")
+        how.append(a.get("dtype", "float32"))
+        if a.get("quantization"):
+            how.append(f"**{a['quantization'].get('label') or a['quantization'].get('weights')} weights, lossy**")
+        sizes = a.get("static_sizes") or {}
+        static = "static " + " ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items() if "total" not in k)
+        how.append("dynamic axes" if a.get("seq_dynamic", True) else static)
+        arts.append(f"{name} ({', '.join(how)})")
+    what = f"**Model** `{spec}` ({ckpt})"
+    if report.module:
+        mask = (report.model.get("contract") or {}).get("mask", "?")
+        what = (f"**Module** {report.module} block on its own, mask `{mask}`"
+                f"{'' if mask == 'causal' else ' (bidirectional)'} · **weights** `{spec}` ({ckpt})")
+    lines = [f"## mhaexport verify: {verdict}", "",
+             f"{what} · **artifacts** {', '.join(arts) or 'none'} · "
+             f"**sweep** {report.sweep.get('kind')} "
+             f"({report.sweep.get('cases')} shapes, seed {report.sweep.get('seed')}) · **tolerance** "
+             f"atol={report.tolerance.get('atol'):g} rtol={report.tolerance.get('rtol'):g}"
+             + "".join(f" ({k}: atol={v['atol']:g} rtol={v['rtol']:g})"
+                       for k, v in (report.tolerance.get("per_output") or {}).items()) + " · "
+             f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
+    if report.sources:
+        lines += ["Merged from: " + "; ".join(report.sources) + " (sweep and tolerance above: the first report's)", ""]
+    return lines
+
+
+def _parity_lines(report: VerifyReport) -> list[str]:
+    """Parity's |error| statistics per runtime and output kind."""
+    stats = [(rt, kind, v) for rt, checks in report.results.items()
+             for kind, v in ((checks.get("parity").figures.get("per_output") or {}).items()
+                             if checks.get("parity") else [])]
+    if not stats:
+        return []
+    lines = ["", f"Parity by output (|artifact − eager| over the sweep's {'' if report.module else 'real '}"
+                 "positions; median and p99 read "
+                 "off a 20-bins-per-decade histogram):", "",
+             "| runtime | output | mean | median | p99 | max | mismatched | atol | rtol |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    return lines + [f"| {rt} | {kind} | {v['mean']:.1e} | {v['median']:.1e} | {v['p99']:.1e} | {v['max']:.1e} | "
+                    f"{v['mismatch_fraction']:.1%} | {v['atol']:g} | {v['rtol']:g} |" for rt, kind, v in stats]
+
+
+def _module_lines(report: VerifyReport) -> list[str]:
+    """The attention block's legend and the demonstration's line per runtime."""
+    lines = ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
+                 "worst max abs difference (parity: output, present K/V and attention weights vs eager; "
+                 "torch-mha is torch's own attention with the same weights; causality: earlier outputs, "
+                 "weights and cache after changing later x; cache-consistency: fed with the cache vs one "
+                 "call over the whole sequence); demonstration: weights[b, h, 1, 3], position 1's weight on "
+                 "position 3 (causal: exactly 0; bidirectional: its smallest value, > 0).", ""]
+    demo = [(rt, checks["demonstration"]) for rt, checks in report.results.items() if "demonstration" in checks]
+    if demo:
+        lines += ["Demonstration (the article's: does position 1 attend to position 3?):", ""]
+        lines += [f"- {ICONS[r.status]} {rt}: {r.message}" for rt, r in demo]
+        lines.append("")
+    return lines
+
+
+def _decoder_legend(cols: tuple[str, ...]) -> list[str]:
+    return ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
+                "worst max abs difference (parity: vs eager; causality: earlier outputs after changing "
+                "later tokens; kv-consistency: decode/chunked/recompute vs prefill, and cached decode out to "
+                "the position shown; padding: padded vs unpadded); generation: matched greedy tokens after "
+                "a short prompt and after a long one (its length shown)"
+            + ("; quality: top-1 agreement and perplexity ratio on text (or the sweep's relative logit "
+               "error); a lossy artifact's parity is n/a and its generation compares cached decode with its "
+               "own recompute" if QUALITY in cols else "") + ".", ""]
+
+
+def _details(report: VerifyReport, cols: tuple[str, ...]) -> list[str]:
+    """Why the verdict is not passed, each runtime that did not run, each failed check, each check not run."""
+    v = report.verdict
+    notes = [f"- **verdict**: {v.message}"] if v.status != "passed" else []
+    for rt, info in report.runtimes.items():
+        if info.status == "error":
+            notes.append(f"- ❌ **{rt}** cannot load its artifact: {info.reason}")
+        elif info.status != "ran":
+            notes.append(f"- **{rt}** {info.status}: {info.reason}")
+    for rt, checks in report.results.items():
+        for ch in cols:
+            r = checks.get(ch)
+            if r is not None and r.status is False:
+                notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
+    for rt, checks in report.results.items():
+        if report.runtimes.get(rt) and report.runtimes[rt].status != "ran":
+            continue
+        for ch in cols:
+            r = checks.get(ch)
+            if r is not None and r.status is None and ch not in ("parity", QUALITY):
+                notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
+    return ["### Details", ""] + notes + [""] if notes else []
+
+
+def _table(runtimes: dict[str, RuntimeInfo], results: dict[str, dict[str, CheckResult]],
+           cols: tuple[str, ...]) -> list[str]:
+    """The runtimes x checks table's lines."""
+    lines = ["| runtime | providers | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for rt, info in runtimes.items():
+        if info.status == "ran":
+            cells = [cell(results.get(rt, {}).get(ch)) for ch in cols]
+        else:  # one cell says why; the checks did not run
+            cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(cols) - 1)
+        prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
+        if info.status == "skipped" and info.providers:
+            prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
+        lines.append(f"| {rt} | {prov} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _other_protocol_lines(report: VerifyReport, cols: tuple[str, ...]) -> list[str]:
+    """An adopted file driven in the plain protocol as well as its producer's: a table of findings."""
+    o = report.other_protocol
+    if not o:
+        return []
+    lines = [f"### Under the plain protocol ({o['protocol']}): findings, not in the verdict", "",
+             f"The file's producer drives it as {o['producer_protocol']}; the verdict above is on that protocol. "
+             f"Here the same checks drive it as {o['protocol']}, as the contract and Optimum-style loops do: "
+             "a failure says the file is correct only under its producer's protocol.", ""]
+    lines += _table(o["runtimes"], o["results"], cols)
+    notes = []
+    for rt, info in o["runtimes"].items():
+        if info.status != "ran":
+            notes.append(f"- **{rt}** {info.status}: {info.reason}")
+        for ch in cols:
+            r = o["results"].get(rt, {}).get(ch)
+            if r is not None and r.status is False:
+                notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
+    return lines + ([""] + notes if notes else []) + [""]
+
+
+def _quality_lines(report: VerifyReport) -> list[str]:
+    """The quality figures of each lossy runtime: sweep and text side by side with the thresholds."""
+    rows = [(rt, checks[QUALITY]) for rt, checks in report.results.items()
+            if QUALITY in checks and checks[QUALITY].status is not None]
+    if not rows:
+        return []
+    from mhaexport.verify.quality import LABELS
+
+    out = ["", "Quality against eager fp32 (lossy artifact; sweep: the verify sweep's real positions; text: "
+               "sliding windows over real text; greedy: tokens until the first that differs):", "",
+           "| runtime | scheme | figure | sweep | text | threshold |", "|---|---|---|---:|---:|---:|"]
+    for rt, r in rows:
+        f = r.figures
+        sweep, text, lim = f.get("sweep") or {}, f.get("text") or {}, f.get("thresholds") or {}
+        for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
+            at_least = name == "top1"
+            limit = lim.get(name)
+            shown = "—" if limit is None else f"{'≥' if at_least else '≤'} {limit:g}"
+            out.append(f"| {rt} | {f.get('scheme', '')} | {LABELS[name]} | {_fig(sweep.get(name))} | "
+                       f"{_fig(text.get(name))} | {shown} |")
+        if text.get("perplexity") is not None:
+            bpb = (f" ({text['bits_per_byte']:.3f} vs {text['eager_bits_per_byte']:.3f} bits/byte)"
+                   if text.get("bits_per_byte") is not None else "")
+            out.append(f"| {rt} | | perplexity (eager) | | {text['perplexity']:.4g} ({text['eager_perplexity']:.4g})"
+                       f"{bpb} | |")
+        g = f.get("greedy") or {}
+        if g:
+            limit = lim.get("greedy")
+            shown = "—" if limit is None else f"≥ {limit:g} x {g['tokens']}"
+            out.append(f"| {rt} | | greedy agreement (mean, min of {g['prompts']} prompts) | | {g['mean']:.3g}, "
+                       f"{g['min']} of {g['tokens']} | {shown} |")
+        if text.get("skipped"):
+            out.append(f"| {rt} | | text | | {text['skipped']} | |")
+        for why in f.get("not_judged") or []:
+            out.append(f"| {rt} | | not judged | | {why} | |")
+    return out
+
+
+def cell(r: CheckResult | None) -> str:
+    """One check's table cell: its icon and the figure that says most (``ref``, ``n/a (lossy)`` where not run)."""
+    if r is None:
+        return "—"
+    icon = ICONS[r.status]
+    f = r.figures
+    if r.status is None:
+        if f.get("reference"):
+            return "ref"
+        if f.get("lossy"):
+            return "n/a (lossy)"
+        if f.get("exact"):
+            return "n/a (exact)"
+        return f"{icon} {'static' if f.get('static') else 'n/a' if f.get('not_applicable') else 'skipped'}"
+    figure = ""
+    if r.check == "parity":
+        figure = f"{f['errors']} errors" if f.get("errors") else f"{f.get('max_abs', 0):.1e}"
+    elif r.check == "finite":
+        figure = f"{f.get('cases', '')} shapes"
+    elif r.check == "causality":
+        figure = f"{f.get('max_abs_earlier', 0):.1e}"
+    elif r.check == "cache-consistency":
+        figure = f"{max(v for k, v in f.items() if k.endswith('_max_abs')):.1e}"
+    elif r.check == "demonstration":
+        figure = (f"w[1,3]={f['weight_1_3_max']:g}" if f.get("mask") == "causal"
+                  else f"w[1,3]≥{f['weight_1_3_min']:.2g}")
+    elif r.check == "kv-consistency":
+        worst = max(f.get("decode_max_abs", 0), f.get("chunked_max_abs", 0), f.get("recompute_max_abs", 0),
+                    f.get("long_max_abs", 0) or 0)
+        figure = f"{worst:.1e}" + (f" to {f['long_to']}" if f.get("long_to") is not None else "")
+    elif r.check == "padding":
+        figure = f"{max((v for k, v in f.items() if k.endswith('_max_abs')), default=0):.1e}"
+    elif r.check == "dynamic-shapes" and "baked_axes" in f:
+        figure = "baked"
+    elif r.check == "dynamic-shapes":
+        figure = f"{f.get('shapes', 0) - f.get('failed_shapes', 0)}/{f.get('shapes', 0)} shapes"
+    elif r.check == QUALITY:
+        t, sw = f.get("text") or {}, f.get("sweep") or {}
+        if t.get("positions"):
+            figure = f"top-1 {t['top1']:.3f}, ppl x{t['ppl_ratio']:.4g}"
+        elif sw.get("positions"):
+            figure = f"logit err {sw['logit_err']:.2g}"
+    elif r.check == "generation":
+        figure = f"{f.get('matched', 0)}/{f.get('tokens', 0)} tokens" + (" (tie)" if f.get("tie") else "")
+        if "long_prompt" in f:
+            figure += f", {f.get('long_matched', 0)}/{f.get('long_tokens', 0)} after {f['long_prompt']}"
+    if not f and r.message:
+        figure = "error"
+    return f"{icon} {figure}".strip()
+
+
+def _fig(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"

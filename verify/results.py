@@ -1,0 +1,143 @@
+"""What checks are called and what they return: the check names, :class:`CheckResult` (data, not text), and the
+context the checks of one export share (:class:`SweepContext`; the decoder's :class:`Context`).
+
+The report reads the names and results; the checks (verify/checks.py, verify/module.py, verify/quality.py) fill
+them in. Nothing here runs a check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from mhaexport.artifact.details import Quantization
+from mhaexport.errors import MhaExportError
+from mhaexport.iospec import ModelContract
+from mhaexport.runtime.runner import Outputs, Runner
+from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare_by_output
+from mhaexport.verify.sweep import Case
+
+CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
+# the checks of an attention-block export (--module attention), in verify/module.py
+MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstration")
+# A lossy (quantized) artifact adds this one: its figures against eager fp32 instead of exact parity
+# (verify/quality.py); verify runs it when an artifact's manifest entry records a quantization.
+QUALITY = "quality"
+ALL_CHECKS = CHECKS + (QUALITY,)
+
+
+@dataclass
+class CheckResult:
+    """One check on one runtime. status: True passed, False failed, None not run (skipped, with the reason)."""
+
+    check: str
+    status: bool | None
+    figures: dict = field(default_factory=dict)
+    message: str = ""
+
+    def __bool__(self) -> bool:
+        return self.status is True
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "figures": self.figures, "message": self.message}
+
+
+@dataclass(kw_only=True)
+class SweepContext:
+    """What the checks of one export share, whatever its contract: the sweep, the tolerance of the runtime under
+    check (verify gives each runtime a copy with its own), eager's memoized outputs, and each runtime's run over
+    the sweep, done once (parity, finite, dynamic-shapes and the cross-provider comparison share it).
+
+    A contract's context says how a case becomes inputs (:meth:`inputs`), how two runs of a case compare, per
+    output kind (:meth:`compare`, kinds :attr:`output_kinds`), and what its outputs are called
+    (:meth:`named_outputs`): the decoder's :class:`Context`, the attention block's ``verify.module.ModuleContext``.
+    """
+
+    contract: Any
+    cases: list[Case]
+    tol: Tolerance
+    eager: Runner
+    seed: int = 0
+    tol_override: tuple = (None, None)  # --atol/--rtol as given: numbers or {None|"logits"|"present": number}
+    _ref: dict = field(default_factory=dict)
+    _sweep_out: dict = field(default_factory=dict)
+
+    output_kinds: ClassVar[tuple[str, ...]] = OUTPUT_KINDS  # parity's figures per kind
+
+    def inputs(self, case: Case) -> tuple:
+        raise NotImplementedError
+
+    def compare(self, case: Case, actual: Any, expected: Any, tol: Tolerance) -> dict[str, Diff]:
+        """{kind: Diff} of two runs of ``case`` (a runtime's against eager's, or provider against provider)."""
+        raise NotImplementedError
+
+    def named_outputs(self, outputs: Any) -> list[tuple[str, np.ndarray]]:
+        """Every output array of one run, with the name a message gives it."""
+        raise NotImplementedError
+
+    def reference(self, case: Case) -> Any:
+        if case not in self._ref:
+            self._ref[case] = self.eager.run(*self.inputs(case))
+        return self._ref[case]
+
+    def cases_for(self, runner: Runner) -> list[Case]:
+        """The sweep cases the runner accepts."""
+        return list(self.cases)
+
+    def sweep(self, runner: Runner) -> dict[Case, Any]:
+        """Run the runner over its cases once: case -> outputs, or the MhaExportError it raised."""
+        if runner.name not in self._sweep_out:
+            self._sweep_out[runner.name] = run_cases(runner, self.cases_for(runner), self.inputs)
+        return self._sweep_out[runner.name]
+
+
+@dataclass(kw_only=True)
+class Context(SweepContext):
+    """The decoder's checks' context: its contract, the export's traced sizes, generation and quality settings."""
+
+    contract: ModelContract
+    export_sizes: tuple[int, int]
+    gen_tokens: int = 8
+    long_full: bool = True  # long-context kv-consistency token by token to max_positions (small models), else spread
+    # the runtime under check's artifact is lossy: its manifest's quantization record (verify sets it per runtime);
+    # exact parity gives way to the quality check, and generation compares it with itself
+    lossy: Quantization | None = None
+    quality: Any = None  # verify.quality.QualitySettings: thresholds' overrides, the text, greedy prompts
+    tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
+
+    def inputs(self, case: Case):
+        return case.inputs(self.contract)
+
+    def compare(self, case: Case, actual: Outputs, expected: Outputs, tol: Tolerance) -> dict[str, Diff]:
+        """logits on the case's real query rows, present keys/values on its real key positions."""
+        return compare_by_output(actual, expected, tol, case.real_rows(), case.real_keys())
+
+    def named_outputs(self, outputs: Outputs) -> list[tuple[str, np.ndarray]]:
+        logits, present = outputs
+        return [("logits", logits)] + [(f"present[{i}]", t) for i, kv in enumerate(present) for t in kv]
+
+    @property
+    def ltol(self) -> Tolerance:
+        """The tolerance for logits (checks that compare logits only)."""
+        return self.tol.for_output("logits")
+
+    def cases_for(self, runner: Runner) -> list[Case]:
+        """The sweep cases the runner accepts; a static export gets one case at its own sizes."""
+        if runner.fixed is None:
+            return list(self.cases)
+        seq, past = runner.fixed
+        return [Case(2, seq, past, (0, min(2, seq + past - 1)), seed=self.seed)]
+
+
+def run_cases(runner, cases, inputs: Callable) -> dict:
+    """``runner.run(*inputs(case))`` for every case (the decoder's and the block's sweeps): case -> outputs, or the
+    MhaExportError it raised — the runtime failing at one shape is a result, not a crash."""
+    out: dict = {}
+    for case in cases:
+        try:
+            out[case] = runner.run(*inputs(case))
+        except MhaExportError as e:
+            out[case] = e
+    return out
