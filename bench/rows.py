@@ -27,7 +27,6 @@ import numpy as np
 
 from mhaexport import dtypes, iospec
 from mhaexport.artifact import ExportFolder, lowering_of
-from mhaexport.artifact.details import WeightsRead
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTIMES, BenchConfig
 from mhaexport.bench.result import RuntimeBench
 from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
@@ -306,20 +305,18 @@ def _ort_loader(ef: ExportFolder, provider: str, cfg: BenchConfig, opt_level: st
 
 def with_quantization(rb: RuntimeBench, ef: ExportFolder, batch: int) -> RuntimeBench:
     """``rb`` with the scheme and weight bytes per token of ``ef``'s ONNX export when it is quantized (counted from
-    its graph: packed weights, scales, zero points, gathered rows; at quantize time, or here for an adopted file
-    whose producer quantized it, e.g. onnxruntime-genai's builder's int4 with MatMulNBits and
-    GatherBlockQuantized)."""
+    its graph at quantize time, or at adoption for a file another tool quantized, e.g. onnxruntime-genai's builder's
+    int4 with MatMulNBits and GatherBlockQuantized: packed weights, scales, zero points, gathered rows). A folder
+    adopted before mhaexport recorded them has none: the row says so and counts the float model's bytes."""
     quant = ef.artifacts["onnx"].details.quantization if ef.has("onnx") else None
     if quant:
         read = quant.weights_read
         rb.quantization, rb.quant_label = quant.weights, quant.label
-        if not read:  # a file another tool quantized (adopted): counted from its graph now, as quantize counts
-            import onnx
-
-            from mhaexport.exporter.quantize import weights_read
-
-            read = WeightsRead.from_dict(weights_read(onnx.load(str(ef.file("onnx")), load_external_data=False)))
-        rb.weight_bytes_per_token = int(read.fixed_bytes + batch * read.per_row_bytes)
+        if read:
+            rb.weight_bytes_per_token = int(read.fixed_bytes + batch * read.per_row_bytes)
+        else:
+            rb.notes.append("weight bytes per token not recorded (adopted before mhaexport counted them: adopt the "
+                            "file again); the float model's bytes are shown")
     return rb
 
 

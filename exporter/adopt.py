@@ -21,6 +21,7 @@ from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError
 from mhaexport.exporter.common import ExportRecord, finish
+from mhaexport.exporter.quantize import weights_read
 from mhaexport.models.loading import LoadedModel
 from mhaexport.runtime.foreign import GENAI_CONFIG, Layout, detect_layout
 from mhaexport.runtime.tokenizer import tokenizer_files
@@ -64,7 +65,8 @@ def quantization_of(path: Path) -> Quantization | None:
     """What makes the graph's weights lossy, from its ops (None: none of :data:`QUANT_OPS`), as mhaexport's own
     quantization record says it: the scheme (``weights``: int4 / int8, from the first quantized MatMul's bits),
     ``block_size`` and ``accuracy_level`` (4: int8 activations, which verify's self-comparisons allow for), a
-    label, and the op counts. verify then judges the file by quality against eager fp32, not exact parity."""
+    label, the op counts and the weight bytes a decode step reads (``weights_read``, as quantize records its own).
+    verify then judges the file by quality against eager fp32, not exact parity."""
     model = onnx.load(str(path), load_external_data=False)
     counts: dict[str, int] = {}
     first: dict | None = None
@@ -79,7 +81,8 @@ def quantization_of(path: Path) -> Quantization | None:
         return None
     first = first or {}
     bits = int(first.get("bits", 8 if first.get("op") not in (None, "MatMulNBits") else 4))
-    record = {"weights": f"int{bits}", "ops": counts, "source": "the graph's quantized ops (adopted file)"}
+    record = {"weights": f"int{bits}", "ops": counts, "source": "the graph's quantized ops (adopted file)",
+              "weights_read": weights_read(model)}  # bench's bytes per token: packed weights, scales, zero points
     if first.get("op") == "MatMulNBits":
         record.update(block_size=int(first.get("block_size", 0)), accuracy_level=int(first.get("accuracy_level", 0)))
     label = QUANT_OPS.get(first.get("op", ""), "quantized")

@@ -534,6 +534,7 @@ def test_cli_lowerings_reuses_exports_and_rejects_unknown(tiny_export, ort_expor
 def test_bare_loop_and_genai_rows_generate_the_runtimes_tokens(tiny_export):
     """The bare session.run loop and onnxruntime-genai's loop decode the same greedy tokens as the runtime's loop:
     their timings compare like with like."""
+    from mhaexport.artifact import ExportFolder
     from mhaexport.bench.rows import BareRow, GenAIRow
     from mhaexport.runtime import GenerationConfig, Generator
 

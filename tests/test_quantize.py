@@ -119,7 +119,7 @@ def test_quantize_refuses_its_own_source_and_a_quantized_folder(tiny_export, tin
 def test_eval_reports_perplexity_and_bits_per_byte(tiny_int4, tmp_path):
     res = CliRunner().invoke(main, ["eval", str(tiny_int4), "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)  # progress lines go to stderr
     row = out["runtimes"][0]
     assert row["runtime"] == "ort-cpu" and row["status"] == "ran" and row["tokens"] == 1376
     assert 200 < row["perplexity"] < 300 and row["bits_per_byte"] == pytest.approx(np.log2(row["perplexity"]), 1e-3)

@@ -9,7 +9,7 @@ with eager's (and eager's cached decode with a full recompute).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
