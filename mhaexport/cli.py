@@ -726,28 +726,63 @@ def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", 
     _warn(export_torchscript(loaded, folder))
 
 
-def _run_bisect(folder, config, model, checkpoint, hf, seed) -> None:
-    """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does."""
+def _parse_case(ctx, param, value):
+    """--case B,S,P: batch, new tokens, cached tokens."""
+    if value is None:
+        return None
+    parts = value.split(",")
+    try:
+        b, s, p = (int(x) for x in parts)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected B,S,P (batch, sequence, past), e.g. 1,121,7") from None
+    if b < 1 or s < 1 or p < 0:
+        raise click.BadParameter(f"{value!r}: batch and sequence must be >= 1, past >= 0")
+    return b, s, p
+
+
+def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None) -> None:
+    """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does. It runs
+    at ``case`` (B, S, P) when given, else at the case parity failed at (the folder's report, or a parity run now),
+    else at bisect's default shapes."""
     import tempfile
 
-    from mhaexport.verify.bisect import bisect
+    from mhaexport.verify.bisect import bisect, failing_case
 
     with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
-        loaded = None
         if folder is None:
             from mhaexport.exporter.onnx import export_onnx
 
             loaded = _load(config, model, checkpoint, hf)
             click.echo(f"Exporting {loaded.spec} to ONNX in a temporary folder ...", err=True)
             export_onnx(loaded, tmp)
+        elif loaded is None and (config or model or checkpoint or hf):
+            loaded = _load(config, model, checkpoint, hf)
+        shapes: dict = {"seed": seed}
+        if case is not None:
+            shapes.update(batch=case[0], seq=case[1], past=case[2], case_from="--case")
+        elif folder is not None:
+            if loaded is None:
+                from mhaexport.artifact import ExportFolder
+                from mhaexport.models.loading import load_recorded
+
+                with ExportFolder.open(folder, "onnx") as ef:
+                    loaded = load_recorded(ef)
+            found, why = failing_case(folder, loaded, progress=_progress)
+            if found is not None:
+                shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
+                              seed=found.seed, case_from=f"{found.name}: {why}")
+            else:
+                shapes["case_from"] = f"default case: {why}"
         click.echo(f"Bisecting {folder or loaded.spec} against eager PyTorch ...", err=True)
-        report = bisect(folder or tmp, loaded, seed=seed)
+        report = bisect(folder or tmp, loaded, **shapes)
     click.echo(report.summary())
     if not report.ok:
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
+        s = report.shapes
         raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module} "
-                                 f"({where.onnx_value}, rel err {where.rel:.1e}){step}")
+                                 f"({where.onnx_value}, rel err {where.rel:.1e}){step} at batch={s['batch']} "
+                                 f"seq={s['seq']} past={s['past']}")
 
 
 @main.command("verify")
@@ -760,9 +795,12 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed) -> None:
                    "not written). For FILE.onnx: the folder it is adopted into (default: FILE's folder/mhaexport).")
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
-                   "by module, and name the first block and tensor that diverge (exit 1 when one does).")
+                   "by module, and name the first block and tensor that diverge (exit 1 when one does). Runs at the "
+                   "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says.")
+@click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
+              help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
-               quality_text, output, bisect_=False) -> None:
+               quality_text, output, bisect_=False, case=None) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
@@ -782,10 +820,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 
     settings = _quality_settings(quality, quality_text)
 
+    if case is not None and not bisect_:
+        raise click.UsageError("--case is for --bisect (verify itself runs its sweep)")
     if folder is not None and not Path(folder).is_dir() and (folder.endswith(".onnx") or Path(folder).is_file()):
-        if bisect_:
-            raise click.UsageError("--bisect reads mhaexport's own exports (module scopes in the graph); verify "
-                                   f"{folder} without it")
         if not (config or model or checkpoint or hf):
             raise click.UsageError(f"{folder} is a file: say which model it claims to be with --hf DIR, --model "
                                    "SPEC or --config NAME (verify compares it with that model in eager PyTorch)")
@@ -800,6 +837,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
                    f"{details.layout.kv_cache} cache, {details.cache.padding} padding) into "
                    f"{rec.folder}", err=True)
         _warn(rec)
+        if bisect_:
+            _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded)
+            return
         click.echo(f"Verifying {rec.folder} ...", err=True)
         _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings)
         return
@@ -807,7 +847,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
                                  param_hint="FOLDER")
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed)
+        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case)
         return
     if folder is not None:
         out = output or folder

@@ -292,3 +292,171 @@ def test_attention_steps_of_hf_models(hf_dir, tmp_path, arch, attn):
     report = bisect_onnx(proto, loaded)
     assert report.culprit.module == attn and report.step.step == "scale", report.summary()
     assert "ONNX/eager = 0.5 everywhere" in report.step.note
+
+
+# ---------------------------------------------------------------- every layout, at the failing case
+
+def plant_weight_bug(proto: onnx.ModelProto, module: str) -> str:
+    """Change one input feature's row of one Linear's weight in the ONNX graph only (a constant added to every
+    weight would vanish after a LayerNorm); the weight gets its own copy. Returns the MatMul's name."""
+    inits = {i.name: i for i in proto.graph.initializer}
+    for node in proto.graph.node:
+        paths = _module_paths(_scopes(node))
+        if paths and paths[-1] == module and node.op_type in ("MatMul", "Gemm"):
+            name = next(x for x in node.input if x in inits)
+            w = numpy_helper.to_array(inits[name]).copy()
+            w[0] += 0.5
+            proto.graph.initializer.append(numpy_helper.from_array(w, f"{name}_planted"))
+            node.input[list(node.input).index(name)] = f"{name}_planted"
+            return node.name
+    pytest.fail(f"no MatMul with an initializer inside {module}")
+
+
+def plant_position_row(proto: onnx.ModelProto, row: int = 100) -> None:
+    """Corrupt one row of the learned position table (half its features: a shift of all would vanish in LayerNorm):
+    damage only a case reaching that position can show."""
+    init = next((i for i in proto.graph.initializer if i.name == "pos_emb.weight"), None)
+    assert init is not None, "no pos_emb.weight initializer: the tiny preset's positions changed"
+    w = numpy_helper.to_array(init).copy()
+    w[row, ::2] += 0.5
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+
+
+@pytest.fixture(scope="module")
+def tiny_shared(tiny, tmp_path_factory):
+    """The tiny model exported with --kv-cache shared (GroupQueryAttention, one buffer per layer)."""
+    from mhaexport.exporter.onnx import export_onnx
+
+    folder = tmp_path_factory.mktemp("tiny_shared")
+    export_onnx(tiny, folder, kv_cache="shared", max_cache=64)
+    return folder
+
+
+def test_a_clean_shared_cache_folder_bisects_in_its_protocol(tiny_shared, tiny):
+    """GroupQueryAttention takes new tokens with a past one row at a time: bisect feeds each row alone, its real
+    tokens packed from slot 0 (it crashed, exit 3, feeding the batch in the plain protocol)."""
+    res = CliRunner().invoke(main, ["verify", str(tiny_shared), "--bisect"])
+    assert res.exit_code == 0, res.output
+    assert "no divergence" in res.stdout and "(default case: parity passes on ort-cpu)" in res.stdout
+    assert "fed in the file's protocol: one shared buffer per layer (64 slots), each row alone" in res.stdout
+    # a padded batch with a past (padding reaching into the new tokens): every row agrees, caches included
+    report = bisect(tiny_shared, tiny, batch=3, seq=11, past=6, pad=[0, 2, 9])
+    assert report.ok and report.rows_run == 3 and not report.unmatched, report.summary()
+    assert {"output present.0.key", "output present.1.value", "output logits"} <= {r.module for r in report.rows}
+    assert max(r.rel for r in report.rows) < 1e-5
+
+
+def test_a_weight_planted_in_a_shared_cache_file_is_found_in_its_protocol(tiny_shared, tmp_path):
+    bad = rehashed_copy(tiny_shared, tmp_path / "bad", lambda p: plant_weight_bug(p, "blocks.1.attn.W_v"))
+    res = CliRunner().invoke(main, ["verify", str(bad), "--bisect", "--case", "2,5,9"])
+    assert res.exit_code == 1, res.output
+    assert "at batch=2 seq=5 past=9 (--case)" in res.stdout
+    assert "the table: row 0, the first that diverges" in res.stdout
+    assert "culprit in block blocks.1: blocks.1.attn.W_v: input agrees" in res.stdout
+    assert "ONNX nodes of blocks.1.attn.W_v itself: MatMul node_linear_8" in res.stdout
+    assert "diverges from eager PyTorch at blocks.1.attn.W_v" in res.stderr
+
+
+def test_damage_at_high_positions_is_bisected_at_the_case_verify_failed(tiny_export, tmp_path):
+    """A corrupted row 100 of the position table: verify fails (only its seq=128 case reaches it); bisect's default
+    shapes (seq 4, past 3) see nothing, and bisect without --case runs at the case parity failed at — from the
+    folder's report, or from a parity run of its own — and names the position table and position 100."""
+    bad = rehashed_copy(tiny_export, tmp_path / "bad", plant_position_row)
+    runner = CliRunner()
+    res = runner.invoke(main, ["verify", str(bad), "--bisect", "--case", "2,4,3"])
+    assert res.exit_code == 0 and "no divergence" in res.stdout, res.output  # the low positions agree
+
+    res = runner.invoke(main, ["verify", str(bad), "--bisect"])  # no report yet: parity runs first
+    assert res.exit_code == 1, res.output
+    assert "at batch=1 seq=128 past=0 (b=1 seq=128 past=0: ort-cpu's worst parity case, run now)" in res.stdout
+    assert "culprit: pos_emb: output differs" in res.stdout
+    assert "pos_emb first differs at token position 100 (positions 0-99 of this case agree)" in res.stdout
+
+    res = runner.invoke(main, ["verify", str(bad), "--runtime", "ort-cpu"])
+    assert res.exit_code == 1 and "worst at b=1 seq=128 past=0" in res.output, res.output
+    res = runner.invoke(main, ["verify", str(bad), "--bisect"])
+    assert res.exit_code == 1, res.output
+    assert "(b=1 seq=128 past=0: ort-cpu's worst parity case in report-ort-cpu.json)" in res.stdout
+    assert "pos_emb first differs at token position 100" in res.stdout
+
+
+def _renamed_io(src, dst) -> None:
+    """The export with its I/O renamed as a plain torch.onnx.export might name them (mapped by position)."""
+    proto = onnx.load(str(src))
+    ren = {"input_ids": "tokens", "attention_mask": "mask", "logits": "scores"}
+    ren.update({v.name: f"cache_in_{i}" for i, v in enumerate(proto.graph.input[2:])})
+    ren.update({v.name: f"cache_out_{i}" for i, v in enumerate(proto.graph.output[1:])})
+    for vi in list(proto.graph.input) + list(proto.graph.output):
+        vi.name = ren.get(vi.name, vi.name)
+    for n in proto.graph.node:
+        n.input[:] = [ren.get(x, x) for x in n.input]
+        n.output[:] = [ren.get(x, x) for x in n.output]
+    dst.parent.mkdir(parents=True)
+    onnx.save(proto, str(dst))
+
+
+def test_an_adopted_file_bisects_under_its_own_names(tiny_export, tiny, tmp_path):
+    """A file another tool made, adopted: fed under its own names (the layout the adoption recorded); one without
+    module scopes is compared on its outputs, by layer."""
+    from mhaexport.exporter.adopt import adopt_onnx
+
+    _renamed_io(tiny_export / "model.onnx", tmp_path / "plain" / "model.onnx")
+    folder = adopt_onnx(tiny, tmp_path / "plain" / "model.onnx", tmp_path / "adopted").folder
+    report = bisect(folder, tiny, batch=2, seq=5, past=2, pad=[0, 3])
+    assert report.ok and not report.unmatched and not report.notes, report.summary()
+    logits = next(r for r in report.rows if r.module == "output logits")
+    assert logits.onnx_value == "scores" and logits.rel < 1e-5
+    assert {"blocks.1.attn", "output present.1.value"} <= {r.module for r in report.rows}
+    # the CLI: verify FILE.onnx --bisect adopts the file (it used to refuse any file but its own exports)
+    res = CliRunner().invoke(main, ["verify", str(tmp_path / "plain" / "model.onnx"), "--config", "tiny", "--bisect",
+                                    "--case", "2,3,1", "-o", str(tmp_path / "cli")])
+    assert res.exit_code == 0, res.output
+    assert "Adopted" in res.output and "no divergence" in res.stdout
+
+    bare = onnx.load(str(tmp_path / "plain" / "model.onnx"))
+    for node in bare.graph.node:
+        del node.metadata_props[:]
+    (tmp_path / "bare").mkdir()
+    onnx.save(bare, str(tmp_path / "bare" / "model.onnx"))
+    folder = adopt_onnx(tiny, tmp_path / "bare" / "model.onnx", tmp_path / "bare-adopted").folder
+    res = CliRunner().invoke(main, ["verify", str(folder), "--bisect", "--case", "1,3,2"])
+    assert res.exit_code == 0, res.output
+    assert "carries no module scopes: compared on its outputs only" in res.stdout
+    assert "no divergence: all 5 compared tensors" in res.stdout
+
+
+def test_a_quantized_folder_bisects_clean_at_its_schemes_tolerance(tiny_export, tmp_path):
+    """int4 weights are not exact: bisect holds each tensor to the scheme's relative logit error, and the module
+    scopes the quantizer dropped from its MatMulNBits nodes are read from the float source (its sha256 checked)."""
+    q = tmp_path / "int4"
+    res = CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(q), "--weights", "int4"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["verify", str(q), "--bisect"])
+    assert res.exit_code == 0, res.output
+    assert "tolerance 0.3, the int4 scheme's relative logit error" in res.stdout
+    assert "no divergence" in res.stdout and "not compared" not in res.stdout  # every Linear found by its scope
+    assert "MatMulNBits node_linear_" in res.stdout and "(default case: a quantized file: no exact parity case)" \
+        in res.stdout
+
+    import shutil
+
+    moved = tmp_path / "elsewhere" / "int4"
+    shutil.copytree(q, moved)  # its recorded source (a relative path) is not beside it any more
+    report = bisect(moved)
+    assert report.ok and "float source" in report.notes[-1] and "outputs only" in report.notes[-1]
+
+
+def test_a_clean_fused_graph_has_no_divergence(tiny_export, tiny):
+    """--attention fused: SkipLayerNormalization absorbs each block's residual add (its 4th output, the sum, is not
+    the norm's output), so a block's own last step has no value in its scope: the block is listed as not compared,
+    never matched to its submodule's value (which made a clean file diverge)."""
+    from mhaexport.exporter.lowering import lower_attention
+
+    c = tiny.contract
+    proto = onnx.load(str(tiny_export / "model.onnx"))
+    lower_attention(proto, "fused", n_heads=c.n_heads, head_dim=c.head_dim, n_kv_heads=c.n_kv_heads)
+    report = bisect_onnx(proto, tiny)
+    assert report.ok, report.summary()
+    assert report.unmatched == [f"blocks.{i}" for i in range(c.n_layers)]
+    ln_2 = next(r for r in report.rows if r.module == "blocks.0.ln_2")
+    assert ln_2.op.startswith("SkipLayerNormalization") and ln_2.rel < 1e-5

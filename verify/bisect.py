@@ -29,7 +29,10 @@ from mhaexport import iospec
 from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.artifact import TWO_GB
 from mhaexport.graph import SCOPES_KEY, GraphIndex, name_scopes
+from mhaexport.artifact.details import OnnxDetails
+from mhaexport.runtime.foreign import Layout, layout_of
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
+from mhaexport.verify.sweep import Case, build_sweep
 from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
                                               relative_error, trace_module)
 
@@ -50,6 +53,7 @@ class TensorDiff:
     rel: float  # max|onnx - eager| / max|eager|; inf where ONNX is non-finite and eager is not
     input_rel: float | None = None  # the same for the module's input, where it was found in the graph
     depth: int = 0  # module nesting depth (children sort before parents at the same position)
+    first_position: int | None = None  # a (batch, seq, ...) value beyond tolerance: the lowest token position there
 
 
 @dataclass
@@ -65,12 +69,19 @@ class BisectReport:
     culprit: TensorDiff | None = None
     block: str | None = None  # the decoder block holding the culprit ("blocks.1"), None outside blocks
     culprit_nodes: list[str] = field(default_factory=list)  # ONNX nodes in the culprit's own scope
-    unmatched: list[str] = field(default_factory=list)  # eager modules with no ONNX value of their output's shape
+    unmatched: list[str] = field(default_factory=list)  # eager modules whose output no ONNX value in scope computes
     # inside attention: when the culprit is an attention module (or ``steps_of`` names one), its steps compared
     steps_module: str | None = None  # the module whose steps were compared
     steps: list[StepDiff] = field(default_factory=list)  # scores, scale, mask fill, softmax, weighted sum, output
     step: StepDiff | None = None  # the first step that diverges
     steps_note: str = ""  # what the first divergent step's values say, or why no step was compared
+    pad: list[int] = field(default_factory=list)  # left padding per row over past + seq (the case's positions)
+    case_from: str = ""  # where the case came from: "--case", "b=1 seq=128 past=0: ort-cpu's worst parity case ..."
+    protocol: str = "concat cache, left padding"  # how the file was fed
+    row: int | None = None  # a shared cache, fed one row per call: the row this report is of
+    rows_run: int = 1  # calls made (rows, for a shared cache); the report is the first that diverged, else the last
+    notes: list[str] = field(default_factory=list)  # what was compared differently (outputs only, tolerance)
+    positions: tuple[int, int] = (0, 0)  # the lowest and highest token position the (shown) call computed
 
     @property
     def ok(self) -> bool:
@@ -85,9 +96,18 @@ class BisectReport:
     def summary(self, all_rows: bool = False) -> str:
         """Text for the CLI: the table (divergent rows and their neighbours unless ``all_rows``), then the verdict."""
         s = self.shapes
-        lines = [f"bisect {self.model} on {self.provider} at batch={s['batch']} seq={s['seq']} past={s['past']}: "
-                 f"relative error = max|onnx - eager| / max|eager|, tolerance {self.tol:.0e}",
-                 f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}"]
+        pad = f" pad={self.pad}" if any(self.pad) else ""
+        source = f" ({self.case_from})" if self.case_from else ""
+        lines = [f"bisect {self.model} on {self.provider} at batch={s['batch']} seq={s['seq']} past={s['past']}{pad}"
+                 f"{source}: relative error = max|onnx - eager| / max|eager|, tolerance {self.tol:.0e}"]
+        if self.protocol != "concat cache, left padding":
+            row = ""
+            if self.row is not None:
+                row = (f"; rows compared: {self.rows_run}, all agree (the table: row {self.row})" if self.ok
+                       else f"; the table: row {self.row}, the first that diverges")
+            lines.append(f"  fed in the file's protocol: {self.protocol}{row}")
+        lines += [f"  {note}" for note in self.notes]
+        lines.append(f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}")
         show = self.rows
         if not all_rows and self.first_divergent is not None:
             i = self.rows.index(self.first_divergent)
@@ -109,6 +129,10 @@ class BisectReport:
                 lines.append(f"first divergence: {c.module} at step '{st.step}' ({val}{rel}): {st.note}")
             else:
                 lines.append(f"first divergence: {f.module} ({f.onnx_value}, {f.op}): rel err {f.rel:.1e}")
+            if f.first_position is not None:
+                lines.append(f"  {f.module} first differs at token position {f.first_position}"
+                             + (f" (positions {self.positions[0]}-{f.first_position - 1} of this case agree)"
+                                if f.first_position > self.positions[0] else ""))
             if c is not None:
                 where = f" in block {self.block}" if self.block else ""
                 inp = f"input agrees ({c.input_rel:.1e}), " if c.input_rel is not None else ""
@@ -117,7 +141,7 @@ class BisectReport:
         if not self.ok and self.culprit is not None and self.culprit_nodes:
             lines.append(f"  ONNX nodes of {self.culprit.module} itself: {', '.join(self.culprit_nodes)}")
         if self.unmatched:
-            lines.append(f"not compared (no ONNX value of that shape in its scope): {', '.join(self.unmatched)}")
+            lines.append(f"not compared (no ONNX value in its scope computes its output): {', '.join(self.unmatched)}")
         return "\n".join(lines)
 
     def _steps_lines(self) -> list[str]:
@@ -216,10 +240,53 @@ def _expose_all(proto) -> tuple[Any, list[str]]:
     return model, added
 
 
+def _calls(layout: Layout | None, ids, mask, cache) -> list[tuple[int | None, tuple]]:
+    """The calls that feed the case in the file's protocol: [(row or None, (ids, mask, cache))] as torch tensors.
+
+    The contract's concat cache (mhaexport's own exports, adopted concat files): the whole batch in one call, its
+    left padding as it is. A shared buffer (``--kv-cache shared``, onnxruntime-genai's builder): GroupQueryAttention
+    takes new tokens with a past only one row at a time and packs each row's tokens from slot 0, so each row is
+    one call holding its real tokens only — the same positions as in the padded batch (positions count real
+    tokens), the row's real past in the buffer's first slots."""
+    if layout is None or layout.kv_cache != "shared":
+        return [(None, (ids, mask, cache))]
+    P = mask.shape[1] - ids.shape[1]
+    calls = []
+    for b in range(ids.shape[0]):
+        real_past, real_new = mask[b, :P].nonzero().flatten(), mask[b, P:].nonzero().flatten()
+        if not len(real_new):
+            continue  # an all-padding row: the protocol runs nothing for it
+        row_cache = tuple((k[b:b + 1, :, real_past], v[b:b + 1, :, real_past]) for k, v in cache)  # (1, H_kv, p, D)
+        row_mask = mask.new_ones((1, len(real_past) + len(real_new)))
+        calls.append((b, (ids[b:b + 1, real_new], row_mask, row_cache)))
+    return calls
+
+
+def _feed(layout: Layout | None, names: dict, ids, mask, cache, kv_dtype, slots: int | None) -> dict:
+    """One call's feed under the file's own names (an adopted file's layout maps them; position_ids from the
+    mask); a shared cache's past is its buffer of ``slots`` slots, the real past in the first ones."""
+    ids_np, mask_np = ids.numpy(), mask.numpy()
+    feed = {names["input_ids"]: ids_np, names["attention_mask"]: mask_np}
+    if layout is not None and layout.position_ids:
+        pos = np.maximum(np.cumsum(mask_np, axis=-1) - 1, 0)[:, -ids_np.shape[1]:]  # (B, T), as the runner feeds
+        feed[layout.position_ids] = np.ascontiguousarray(pos, dtype=np.int64)
+    flat = [t.numpy().astype(kv_dtype) for kv in cache for t in kv]  # (B, H_kv, past, D) each
+    if slots is not None:
+        bufs = []
+        for t in flat:
+            buf = np.zeros(t.shape[:2] + (max(slots, mask_np.shape[1]),) + t.shape[3:], kv_dtype)  # (B, H_kv, S, D)
+            buf[:, :, :t.shape[2]] = t
+            bufs.append(buf)
+        flat = bufs
+    feed.update(zip(names["past"], flat))
+    return feed
+
+
 def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: int = 4, past: int = 3,
                 pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
                 provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL,
-                steps_of: str | None = None) -> BisectReport:
+                steps_of: str | None = None, layout: Layout | None = None, max_cache: int | None = None,
+                scope_hints: dict[str, list[str]] | None = None, outputs_only: str | None = None) -> BisectReport:
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
 
     When the culprit is an attention module (a Softmax among its own ONNX nodes), its steps are compared too
@@ -230,8 +297,15 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     A path may keep its weights in external data (models over 2 GB): the graph is read without them and ONNX Runtime
     reads them from beside the file. A ModelProto must hold its weights inline (under 2 GB).
 
-    Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``. ``tol`` is the relative
-    error above which a tensor counts as divergent (1e-3 suits float32; use 1e-2 for float16 exports).
+    Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``, fed in the file's protocol:
+    ``layout`` (an adopted file's, or a shared-cache export's) names the file's I/O and its cache; a shared cache
+    (``layout.kv_cache == "shared"``, buffers of ``max_cache`` slots) is fed one row per call (:func:`_calls`), and
+    the report is the first row that diverges (else the last row's). A file another tool made that carries no
+    module scopes is compared on its outputs only (logits, each layer's key and value), as is any file when
+    ``outputs_only`` says why. ``scope_hints``: module scopes for nodes that lost theirs, by node name (a quantized
+    file's MatMulNBits, from its float source).
+    ``tol`` is the relative error above which a tensor counts as divergent (1e-3 suits float32; use 1e-2 for float16
+    exports, a quantized scheme's relative logit error for quantized ones).
     """
     import onnx
     import onnxruntime as ort
@@ -249,22 +323,33 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
     index = GraphIndex(proto.graph)
     nodes = index.nodes
-    scopes = [name_scopes(n) for n in nodes]
-    if not any(scopes):
-        raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
-                             "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
+    scopes = [name_scopes(n) or (scope_hints or {}).get(n.name) for n in nodes]
+    notes: list[str] = [f"{outputs_only}: compared on its outputs only (logits, each layer's key and value)"] \
+        if outputs_only else []
+    if not any(scopes) and not notes:
+        if layout is None or layout.producer == "mhaexport":
+            raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
+                                 "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
+        notes.append(f"the file ({layout.producer}) carries no module scopes: compared on its outputs only "
+                     "(logits, each layer's key and value)")
     c = loaded.contract
     if seq < 1 or batch < 1 or past < 0 or past + seq > c.max_positions:
         raise MhaExportError(f"bisect shapes batch={batch} seq={seq} past={past}: need batch, seq >= 1, past >= 0 "
                              f"and past + seq <= max_positions={c.max_positions}")
+    if pad is not None and (len(pad) > batch or any(p < 0 or p >= past + seq for p in pad)):
+        raise MhaExportError(f"bisect padding {list(pad)} at batch={batch} seq={seq} past={past}: one count per row "
+                             f"at most, each below past + seq = {past + seq}")
     ids, mask, cache = make_inputs(c, batch=batch, seq=seq, past=past, seed=seed, pad=pad)
-
-    # eager: every submodule's first input and output
-    eager, (logits, present) = _eager_values(loaded.module, ids, mask, cache)
-    expected_out = {iospec.LOGITS: logits.float().numpy()}
-    for i, (k, v) in enumerate(present):
-        kn, vn = iospec.present_names(i)
-        expected_out[kn], expected_out[vn] = k.float().numpy(), v.float().numpy()
+    if layout is None:
+        names = {"input_ids": iospec.INPUT_IDS, "attention_mask": iospec.ATTENTION_MASK, "logits": iospec.LOGITS,
+                 "past": [n for i in range(c.n_layers) for n in iospec.past_names(i)],
+                 "present": [n for i in range(c.n_layers) for n in iospec.present_names(i)]}
+    else:
+        names = {"input_ids": layout.input_ids, "attention_mask": layout.attention_mask, "logits": layout.logits,
+                 "past": list(layout.past), "present": list(layout.present)}
+    shared = layout is not None and layout.kv_cache == "shared"
+    protocol = (f"one shared buffer per layer ({max_cache} slots), each row alone, packed from slot 0"
+                if shared else "concat cache, left padding")
 
     # ONNX: every float value
     exposed, _ = _expose_all(proto)
@@ -283,14 +368,65 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     sess, missing = start_session(exposed.SerializeToString(), resolve_providers([provider]), so)
     if missing:
         raise ProviderUnavailable(missing)
-    kv_type = {i.name: i.type for i in sess.get_inputs()}.get(iospec.past_names(0)[0], "tensor(float)")
+    kv_type = {i.name: i.type for i in sess.get_inputs()}.get(names["past"][0], "tensor(float)")
     kv_dtype = np.float16 if kv_type == "tensor(float16)" else np.float32  # the graph's cache dtype (fp16 exports)
-    feed = iospec.make_feed(ids.numpy(), mask.numpy(),
-                            [(k.numpy().astype(kv_dtype), v.numpy().astype(kv_dtype)) for k, v in cache])
-    names = [o.name for o in sess.get_outputs()]
-    values = {n: v for n, v in zip(names, sess.run(names, feed))
-              if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
+    out_names = [o.name for o in sess.get_outputs()]
     producer = index.producer_index
+    # the file's output names for the contract's
+    file_name = {iospec.LOGITS: names["logits"],
+                 **dict(zip([n for i in range(c.n_layers) for n in iospec.present_names(i)], names["present"]))}
+
+    report = None
+    calls = _calls(layout, ids, mask, cache)
+    for row, call in calls:
+        # eager: every submodule's first input and output
+        eager, (logits, present) = _eager_values(loaded.module, *call)
+        if notes:
+            eager = {}  # no scopes: the outputs only
+        expected_out = {iospec.LOGITS: logits.float().numpy()}
+        for i, (k, v) in enumerate(present):
+            kn, vn = iospec.present_names(i)
+            expected_out[kn], expected_out[vn] = k.float().numpy(), v.float().numpy()
+        feed = _feed(layout, names, *call, kv_dtype, max_cache if shared else None)
+        values = {n: v for n, v in zip(out_names, sess.run(out_names, feed))
+                  if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
+        call_mask = call[1].numpy()
+        positions = np.maximum(np.cumsum(call_mask, axis=-1) - 1, 0)[:, -call[0].shape[1]:]  # (B, T), as the model's
+        report = _compare(label, nodes, scopes, values, producer, eager, expected_out, file_name, tol, positions)
+        report.shapes = {"batch": batch, "seq": seq, "past": past}
+        report.positions = (int(positions.min()), int(positions.max()))
+        report.pad = list(pad or [])
+        report.provider = sess.get_providers()[0]
+        report.protocol, report.notes = protocol, list(notes)
+        if shared:
+            report.row = row
+            report.rows_run = len(calls)
+        if not report.ok:
+            break
+    target = steps_of or (report.culprit.module if report.culprit is not None
+                          and not report.culprit.module.startswith("output ") else None)
+    if target is not None:
+        _inside_attention(report, target, proto, index, scopes, values, loaded.module, call,
+                          explicit=steps_of is not None)
+    return report
+
+
+def _first_position(actual: np.ndarray, expected: np.ndarray, positions: np.ndarray, tol: float) -> int | None:
+    """For a value laid out (batch, seq, ...) like the call's tokens: the lowest token position (positions count
+    real tokens, as the model's do) whose values differ beyond ``tol`` relative to max|eager|; None otherwise."""
+    if actual.shape != expected.shape or actual.shape[:2] != positions.shape:
+        return None
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    diff = np.where(np.isnan(diff), np.inf, diff).reshape(positions.shape + (-1,)).max(axis=-1)  # (B, T)
+    scale = max(float(np.abs(expected[np.isfinite(expected)]).max(initial=0.0)), 1e-12)
+    bad = diff > tol * scale
+    return int(positions[bad].min()) if bad.any() else None
+
+
+def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict, eager: dict,
+             expected_out: dict, file_name: dict, tol: float, positions: np.ndarray) -> BisectReport:
+    """One call's rows: each eager module's output against its ONNX value, then the graph outputs; the first
+    divergent row, the culprit and its own nodes. ``positions``: (B, T) the call's token positions."""
 
     def op_of(idx: int) -> str:
         return f"{nodes[idx].op_type} {nodes[idx].name}"
@@ -299,12 +435,20 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     unmatched: list[str] = []
     for path, (inp, out) in eager.items():
         in_scope = [i for i, s in enumerate(scopes) if path in _module_paths(s)]
-        cand = [(i, o) for i in in_scope for o in nodes[i].output
-                if o in values and values[o].shape == out.shape]
+        # a fused contrib op's later outputs are not its module's result (SkipLayerNormalization's 4th output is
+        # the residual sum it absorbed, which belongs to the enclosing block)
+        cand = [(i, o) for i in in_scope for k, o in enumerate(nodes[i].output)
+                if o in values and values[o].shape == out.shape and (k == 0 or nodes[i].domain != "com.microsoft")]
+        if cand:
+            idx, name = cand[-1]  # the last value of the output's shape computed inside the module
+            inner = _module_paths(scopes[idx])[-1]
+            if inner != path and inner in eager and not np.array_equal(eager[inner][1], out):
+                # computed by a submodule whose output is not this module's: the module's own last step (a
+                # residual add a fusion absorbed into a later node) is not in its scope
+                cand = []
         if not cand:
             unmatched.append(path)
             continue
-        idx, name = cand[-1]  # the last value of the output's shape computed inside the module
         max_abs, rel = relative_error(values[name], out)
         input_rel = None
         if inp is not None:
@@ -316,16 +460,23 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
                     input_rel = relative_error(values[src[0]], inp)[1]
                     break
         rows.append(TensorDiff(path, name, op_of(idx), idx, tuple(out.shape), max_abs, rel, input_rel,
-                               depth=path.count(".") + 1))
-    for name, exp in expected_out.items():
+                               depth=path.count(".") + 1,
+                               first_position=_first_position(values[name], out, positions, tol)
+                               if not rel <= tol else None))
+    for contract_name, exp in expected_out.items():
+        name = file_name.get(contract_name, contract_name)
         if name in values and name in producer:
-            max_abs, rel = relative_error(values[name], exp)
-            rows.append(TensorDiff(f"output {name}", name, op_of(producer[name]), producer[name],
-                                   tuple(exp.shape), max_abs, rel, depth=0))
+            got = values[name]
+            if got.ndim == 4 and exp.ndim == 4 and got.shape[2] > exp.shape[2]:
+                got = got[:, :, :exp.shape[2]]  # a shared buffer: the slots written so far
+            max_abs, rel = relative_error(got, exp)
+            first = _first_position(got, exp, positions, tol) if contract_name == iospec.LOGITS and not rel <= tol \
+                else None
+            rows.append(TensorDiff(f"output {contract_name}", name, op_of(producer[name]), producer[name],
+                                   tuple(exp.shape), max_abs, rel, depth=0, first_position=first))
     rows.sort(key=lambda r: (r.position, -r.depth))
 
-    report = BisectReport(model=label, shapes={"batch": batch, "seq": seq, "past": past}, tol=tol,
-                          provider=sess.get_providers()[0], rows=rows, unmatched=sorted(unmatched))
+    report = BisectReport(model=label, shapes={}, tol=tol, provider="", rows=rows, unmatched=sorted(unmatched))
     bad = [r for r in rows if not r.rel <= tol]  # NaN counts as bad
     if bad:
         report.first_divergent = bad[0]
@@ -340,11 +491,6 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         report.culprit_nodes = [op_of(i) + ("" if s else " (no scope)") for i, s in enumerate(scopes)
                                 if (s and _module_paths(s) and _module_paths(s)[-1] == own)
                                 or (not s and lo < i < hi)]
-    target = steps_of or (report.culprit.module if report.culprit is not None
-                          and not report.culprit.module.startswith("output ") else None)
-    if target is not None:
-        _inside_attention(report, target, proto, index, scopes, values, loaded.module, (ids, mask, cache),
-                          explicit=steps_of is not None)
     return report
 
 
@@ -400,24 +546,182 @@ def _inside_attention(report: BisectReport, target: str, proto, index: GraphInde
     report.steps, report.step, report.steps_note = res.steps, res.first, res.note
 
 
+def _quantization(entry):
+    """The ONNX artifact's quantization record (``artifact.details.Quantization``), None for a float one."""
+    return entry.details.quantization if isinstance(entry.details, OnnxDetails) else None
+
+
+def _file_layout(entry, contract) -> Layout | None:
+    """How the folder's ONNX file is fed: an adopted file's recorded layout, a shared-cache export's (the
+    contract's names, one buffer per layer), or None (the contract's names and concat cache)."""
+    layout = layout_of(entry)
+    if layout is None and entry.details.cache.shared:
+        c = contract
+        layout = Layout("mhaexport", iospec.INPUT_IDS, iospec.ATTENTION_MASK, iospec.LOGITS,
+                        [n for i in range(c.n_layers) for n in iospec.past_names(i)],
+                        [n for i in range(c.n_layers) for n in iospec.present_names(i)],
+                        kv_cache="shared", padding="right", dtype=entry.dtype)
+    return layout
+
+
+QUANT_NODE_RE = re.compile(r"^(.*)_Q\d+$")  # MatMulNBitsQuantizer names its node after the MatMul: node_linear_Q4
+
+
+def _quantized_scope_hints(ef, entry, proto_nodes) -> tuple[dict[str, list[str]], str | None]:
+    """Module scopes for a quantized file's scope-less nodes (the quantizer drops node metadata), read from its
+    float source (the folder the manifest records, its hashes checked and its ONNX file the one quantized):
+    {node name: scopes}, or ({}, why not)."""
+    import onnx
+
+    from mhaexport.artifact import ExportFolder
+
+    src = _quantization(entry).source
+    if src is None or isinstance(src, str) or not src.folder:
+        return {}, "its float source is not recorded"
+    try:
+        source = ExportFolder.open(Path(ef.path) / src.folder, "onnx")
+    except MhaExportError as e:
+        return {}, f"its float source cannot be read ({str(e).splitlines()[0]})"
+    with source:
+        s_entry = source.entry("onnx")
+        if s_entry.files[s_entry.file]["sha256"] != src.onnx_sha256:
+            return {}, f"its float source {source.path} holds another file than it was quantized from (sha256)"
+        graph = onnx.load(str(source.file("onnx")), load_external_data=False).graph
+    by_name = {n.name: sc for n in graph.node if (sc := name_scopes(n))}
+    hints = {}
+    for n in proto_nodes:
+        m = QUANT_NODE_RE.match(n.name)
+        if m and not name_scopes(n) and m.group(1) in by_name:
+            hints[n.name] = by_name[m.group(1)]
+    return hints, None
+
+
+def quantized_tolerance(quantization) -> tuple[float, str]:
+    """The relative error bisect allows a quantized file: its scheme's relative logit error (verify's quality
+    threshold, ``verify/quality.py``), and that in words."""
+    from mhaexport.verify.quality import thresholds_for
+
+    limits, table = thresholds_for(quantization.weights)
+    return float(limits.logit_err), (f"quantized ({quantization.label or quantization.weights}): "
+                                     f"tolerance {limits.logit_err:g}, the {table} scheme's relative logit error")
+
+
 def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
-    """Bisect an export folder's ONNX model (hashes checked first) against eager PyTorch.
+    """Bisect an export folder's ONNX model (hashes checked first) against eager PyTorch, fed in the file's own
+    protocol: a shared cache one row per call, an adopted file under its own names, a quantized file with its
+    scheme's tolerance (and the module scopes its quantizer dropped read from its float source).
 
     ``loaded``: the eager model; by default it is rebuilt from the manifest's model spec (as ``verify`` does).
-    Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level).
+    Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level, steps_of),
+    and ``case_from`` (where the shapes came from) to the report.
     """
     from mhaexport.artifact import ExportFolder
+
+    case_from = kwargs.pop("case_from", "")
+    with ExportFolder.open(folder, "onnx") as ef:  # the snapshot of the checked bytes, removed when done
+        report = _bisect_folder(ef, loaded, case_from, kwargs)
+    report.model = str(ef.path / ef.entry("onnx").file)  # the file as the user knows it, not the snapshot's
+    return report
+
+
+def _bisect_folder(ef, loaded, case_from: str, kwargs: dict) -> BisectReport:
+    """:func:`bisect` on an opened folder: the file's protocol, tolerance and scopes from its manifest entry."""
+    import onnx
+
     from mhaexport.models.loading import check_same_model, load_recorded
 
-    ef = ExportFolder.open(folder, "onnx")
     entry = ef.entry("onnx")
     if loaded is None:
         loaded = load_recorded(ef)
     else:
         check_same_model(loaded, ef.model)
-    if entry.fixed_sizes is not None:
-        kwargs.setdefault("seq", entry.fixed_sizes[0])
-        kwargs.setdefault("past", entry.fixed_sizes[1])
+    notes = []
+    if entry.fixed_sizes is not None:  # a static export runs at its own sizes only
+        fixed = {"seq": entry.fixed_sizes[0], "past": entry.fixed_sizes[1]}
+        if any(k in kwargs and kwargs[k] != v for k, v in fixed.items()):
+            if case_from == "--case":
+                raise ConfigError(f"{ef.path} is a static export: it runs at seq={fixed['seq']} "
+                                  f"past={fixed['past']} only, not at --case")
+            notes.append(f"a static export: bisected at its own seq={fixed['seq']} past={fixed['past']}, not at "
+                         f"the case asked for ({case_from or 'seq=' + str(kwargs.get('seq'))})")
+            case_from = ""
+            kwargs.pop("pad", None)
+        kwargs.update(fixed)
     if entry.dtype != "float32":
         kwargs.setdefault("tol", 1e-2)
-    return bisect_onnx(ef.file("onnx"), loaded, **kwargs)
+    layout = _file_layout(entry, loaded.contract)
+    if layout is not None and layout.kv_cache == "shared":
+        kwargs["max_cache"] = int(entry.details.cache.max_cache or layout.max_positions
+                                  or loaded.contract.max_positions)
+    quant = _quantization(entry)
+    if quant:
+        tol, said = quantized_tolerance(quant)
+        kwargs.setdefault("tol", tol)
+        notes.append(said)
+        if layout is None or layout.producer == "mhaexport":
+            nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
+            hints, why = _quantized_scope_hints(ef, entry, nodes)
+            if why:  # a module's last value in its scope would not be its output: outputs only
+                kwargs["outputs_only"] = f"its quantized nodes carry no module scopes and {why}"
+            kwargs["scope_hints"] = hints
+    report = bisect_onnx(ef.file("onnx"), loaded, layout=layout, **kwargs)
+    report.case_from = case_from
+    report.notes = notes + report.notes
+    return report
+
+
+def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
+    """The case parity failed at worst in a verify report (report.json): an ONNX Runtime runner's parity, ort-cpu
+    first; None when parity failed nowhere (or the report names no case)."""
+    from mhaexport.verify.report import load_report
+
+    report = load_report(path)
+    shapes = {s.get("name"): s for s in report.sweep.get("shapes", []) if isinstance(s, dict)}
+    order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
+    for rt in order:
+        res = report.results[rt].get("parity")
+        if rt == "torchscript" or res is None or res.status is not False:
+            continue
+        shape = shapes.get(res.figures.get("worst_case"))
+        try:
+            case = Case(int(shape["batch"]), int(shape["seq"]), int(shape["past"]),
+                        tuple(int(p) for p in shape.get("pad") or ()), int(shape.get("seed", 0)))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # no such case in the report's sweep, or not one bisect can read
+        if case.batch >= 1 and case.seq >= 1 and case.past >= 0 and case.seq + case.past <= contract.max_positions:
+            return case, f"{rt}'s worst parity case in {Path(path).name}"
+    return None
+
+
+def failing_case(folder: str | Path, loaded, progress=None) -> tuple[Case | None, str]:
+    """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json (or a
+    ``--runtime`` run's report-*.json) when written after the folder's last export (its manifest), else from a
+    parity run now (ort-cpu, the quick sweep). (None, why) when parity passes there, or for a quantized file
+    (parity does not apply): bisect's default case."""
+    from mhaexport.artifact import ExportFolder
+
+    folder = Path(folder)
+    with ExportFolder.open(folder, "onnx", check=False) as ef:
+        if _quantization(ef.entry("onnx")):
+            return None, "a quantized file: no exact parity case"
+    exported = (folder / "manifest.json").stat().st_mtime
+    # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)
+    reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for report in reports:
+        try:
+            found = case_of_report(report, loaded.contract)
+        except MhaExportError:
+            continue  # an unreadable report: the next one, or parity is run below
+        return found if found is not None else (None, f"parity passed in {report.name}")
+    from mhaexport.verify.verify import verify_folder
+
+    if progress:
+        progress("looking for the failing case: parity on ort-cpu, quick sweep")
+    run = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=("parity",))
+    res = run.results.get("ort-cpu", {}).get("parity")
+    if res is None or res.status is not False:
+        return None, "parity passes on ort-cpu"
+    by_name = {cs.name: cs for cs in build_sweep(loaded.contract, "quick", 0)}
+    case = by_name.get(res.figures.get("worst_case"))
+    return (case, "ort-cpu's worst parity case, run now") if case else (None, "parity failed at no one case")
