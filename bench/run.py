@@ -26,6 +26,7 @@ from mhaexport.bench.stats import token_spread, window_median
 from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import MhaExportError, RuntimeInputError
+from mhaexport.progress import Step
 from mhaexport.verify.runners import ORT_CPU
 from mhaexport.verify.threads import torch_threads
 
@@ -90,10 +91,9 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
 
     # Load and warm up every row in table order; the timed repeats come after, round-robin.
     rows = plan_rows(folder, ef, cfg, names, others, eager, no_eager)
-    for row in rows:
-        if not row.ok:
-            continue
-        say(f"loading and warming up {row.record.label} ...")
+    loading = [row for row in rows if row.ok]
+    for k, row in enumerate(loading):
+        say(Step(f"loading and warming up {row.record.label} ...", k, len(loading)))
         setup(row, ids, cfg)
         if row.ok and not row.record.steady:
             notes.append(f"{row.record.label} did not settle in {row.record.warmups} warm-ups (median step "
@@ -174,7 +174,8 @@ def run_rounds(rows: list[Row], prompt: np.ndarray, new_tokens: int, say: Progre
     marked skipped with the first line of why and leaves the rounds."""
     rounds = max((r.repeats for r in rows), default=0)
     for i in range(rounds):
-        say(f"timed round {i + 1}/{rounds}: {', '.join(r.record.label for r in rows if i < r.repeats)} ...")
+        say(Step(f"timed round {i + 1}/{rounds}: {', '.join(r.record.label for r in rows if i < r.repeats)} ...",
+                 i, rounds))
         for r in rows:
             if i < r.repeats and r.ok:
                 try:
@@ -221,7 +222,8 @@ def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int
         for i, r in enumerate(rows):
             if not r.ok:
                 continue
-            say(f"long run {k + 1}/{repeats}: {r.record.label} from position {prompt_len} to {long_to} ...")
+            say(Step(f"long run {k + 1}/{repeats}: {r.record.label} from position {prompt_len} to {long_to} ...",
+                     k * len(rows) + i, repeats * len(rows)))
             try:
                 runs[i].append(r.generate(prompt, long_to - prompt_len + 1))  # feeds positions up to long_to - 1
             except MhaExportError as e:

@@ -41,11 +41,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from mhaexport.artifact import ArtifactEntry, ExportFolder, stage_artifact
+from mhaexport.artifact import ArtifactEntry, ExportFolder, shown_path, stage_artifact
 from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
+from mhaexport.progress import Step
 from mhaexport.graph import GraphIndex, name_scopes, weights_read
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
@@ -358,10 +359,10 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
                           "the float export it was made from")
     if entry.dtype != "float32":
         raise ExportError(f"{src.path} holds a {entry.dtype} export: quantize reads float32 exports")
-    say(f"reading {src.file('onnx')} ...")
+    say(Step(f"reading {shown_path(src.file('onnx'))} ...", 0, 3))
     model = onnx.load(str(src.file("onnx")))
     source_read = weights_read(model)
-    say(f"quantizing ({cfg.label()}) with onnxruntime's MatMulNBitsQuantizer ...")
+    say(Step(f"quantizing ({cfg.label()}) with onnxruntime's MatMulNBitsQuantizer ...", 1, 3))
     model, done, warns = quantize_model(model, cfg)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     done.update(weights_read=weights_read(model),
@@ -378,7 +379,7 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
             files.append(DATA_FILE)
         else:
             onnx.save_model(model, staged.dir / ONNX_FILE)
-        say("checking that ONNX Runtime runs it ...")
+        say(Step("checking that ONNX Runtime runs it ...", 2, 3))
         _smoke_run(staged.dir / ONNX_FILE, src.contract)
         for name in (GENAI_CONFIG, *TOKENIZER_FILES):  # an --hf export's tokenizer travels with the model
             if name in entry.files:

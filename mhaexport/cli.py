@@ -214,11 +214,69 @@ def _show_record(rec) -> None:
     click.echo(f"wrote {files} and {rec.folder / 'manifest.json'} in {rec.seconds:.1f} s")
 
 
+def _set_quiet(ctx: click.Context, _param, value: bool) -> None:
+    if value:
+        ctx.meta[QUIET] = True
+
+
+QUIET = "mhaexport.quiet"
+# --quiet on the group (`mhaexport -q verify ...`) or on a long verb (`mhaexport verify ... --quiet`)
+quiet_option = click.option("--quiet", "-q", is_flag=True, expose_value=False, is_eager=True, callback=_set_quiet,
+                            help="No progress lines (the report, the verdict and errors are still printed).")
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mhaexport")
+@quiet_option
 def main() -> None:
     """Export a causal multi-head-attention decoder to ONNX and TorchScript with dynamic sequence axes,
     and prove the export against eager PyTorch."""
+
+
+class Reporter:
+    """The CLI's progress lines (library code reports, never prints): each message on stderr; a counted step
+    (:class:`mhaexport.progress.Step`) with where the work is — step k of n, the time since the phase began and an
+    estimate of what is left (the mean time per finished step). On a terminal the counted steps of a phase share one
+    line with a bar, rewritten in place; elsewhere (CI logs, pipes) each is a plain line. Silent with --quiet."""
+
+    def __init__(self, quiet: bool | None = None, tty: bool | None = None, clock=None) -> None:
+        import time
+
+        ctx = click.get_current_context(silent=True)
+        self.quiet = bool(ctx is not None and ctx.meta.get(QUIET)) if quiet is None else quiet
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.clock = clock or time.monotonic
+        self.t0, self.total, self.open_line = 0.0, None, False
+
+    def line(self, msg: str) -> str:
+        done, total = getattr(msg, "done", None), getattr(msg, "total", None)
+        if not total:
+            return str(msg)
+        if done == 0 or total != self.total:  # a new phase: its own clock
+            self.t0, self.total = self.clock(), total
+        elapsed = self.clock() - self.t0
+        left = f", ~{elapsed / done * (total - done):.0f} s left" if done else ""
+        where = f"[{min(done + 1, total)}/{total}]"
+        if self.tty:
+            filled = int(20 * done / total)
+            where = f"[{'#' * filled}{'.' * (20 - filled)}] {min(done + 1, total)}/{total}"
+        return f"{where} {msg} ({elapsed:.0f} s{left})"
+
+    def __call__(self, msg: str) -> None:
+        if self.quiet:
+            return
+        text = self.line(msg)
+        if self.tty and getattr(msg, "total", None):
+            click.echo("\r\033[K  " + text, nl=False, err=True)
+            self.open_line = True
+            return
+        self.close()
+        click.echo(f"  {text}", err=True)
+
+    def close(self) -> None:
+        if self.open_line:
+            click.echo(err=True)
+            self.open_line = False
 
 
 def lowering_options(f):
@@ -241,6 +299,7 @@ def lowering_options(f):
 
 
 @main.command("onnx")
+@quiet_option
 @model_options
 @module_options
 @click.option("--seq-dynamic/--seq-static", default=True, show_default=True,
@@ -269,8 +328,8 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)
-        click.echo(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to ONNX (opset "
-                   f"{_default_opset('decomposed', opset)}, dynamic axes, mask {loaded.contract.mask}) ...", err=True)
+        _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to ONNX (opset "
+                   f"{_default_opset('decomposed', opset)}, dynamic axes, mask {loaded.contract.mask}) ...")
         _show_record(export_module_onnx(loaded, output, opset=opset))
         return
     if not seq_dynamic and seq_len is None:
@@ -287,8 +346,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
     shown = _default_opset(attention, opset)
     cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
-    click.echo(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...",
-               err=True)
+    _progress(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
     rec = export_onnx(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                       attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     _show_record(rec)
@@ -303,6 +361,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
 
 
 @main.command("torchscript")
+@quiet_option
 @model_options
 @module_options
 @click.option("--mode", type=click.Choice(["trace", "script"]), default="trace", show_default=True,
@@ -320,13 +379,13 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)
-        click.echo(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to TorchScript "
-                   f"(torch.jit.{mode}, mask {loaded.contract.mask}) ...", err=True)
+        _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to TorchScript "
+                   f"(torch.jit.{mode}, mask {loaded.contract.mask}) ...")
         _show_record(export_module_torchscript(loaded, output, mode=mode))
         return
     _writable(output)
     loaded = _load(config, model, checkpoint, hf)
-    click.echo(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...", err=True)
+    _progress(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
     _show_record(export_torchscript(loaded, output, mode=mode))
 
 
@@ -346,6 +405,7 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
 
 
 @main.command("quantize")
+@quiet_option
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
               help="The quantized export folder (another folder: the float one stays verify's and bench's reference).")
@@ -372,7 +432,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
     cfg = QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
                       keep_float=keep_float, int8_blocks=int8_blocks).check()
     _writable(output)
-    rec = quantize_folder(folder, output, cfg, progress=lambda m: click.echo(m, err=True))
+    rec = quantize_folder(folder, output, cfg, progress=_progress)
     for w in rec.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     q = rec.quantization
@@ -387,6 +447,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 
 
 @main.command("eval")
+@quiet_option
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
               help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
@@ -502,6 +563,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 
 
 @main.command("bench")
+@quiet_option
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--prompt-len", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
@@ -543,9 +605,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
     from mhaexport import bench
 
-    def say(msg: str) -> None:
-        click.echo(msg, err=True)
-
+    say = _progress
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
     cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
                             runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
@@ -683,7 +743,13 @@ def verify_options(f):
 
 
 def _progress(msg: str) -> None:
-    click.echo(f"  {msg}", err=True)
+    """One progress message through the current command's Reporter (made on first use)."""
+    ctx = click.get_current_context()
+    reporter = ctx.meta.get("mhaexport.reporter")
+    if reporter is None:
+        reporter = ctx.meta["mhaexport.reporter"] = Reporter()
+        ctx.call_on_close(reporter.close)
+    reporter(msg)
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
@@ -695,6 +761,9 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                            runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
                            progress=None if quiet else _progress)
+    reporter = click.get_current_context().meta.get("mhaexport.reporter")
+    if reporter is not None:
+        reporter.close()  # the report starts on a line of its own
     markdown = report.to_markdown()
     click.echo(markdown)
     if out is not None:
@@ -718,7 +787,7 @@ def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", 
     from mhaexport.exporter.onnx import export_onnx
     from mhaexport.exporter.torchscript import export_torchscript
 
-    say = step or (lambda m: click.echo(m, err=True))
+    say = step or _progress
     say(f"export ONNX (opset {_default_opset(attention, opset)}, dynamic axes, attention {attention}, {dtype}) -> "
         f"{folder}")
     _warn(export_onnx(loaded, folder, opset=opset, attention=attention, dtype=dtype))
@@ -753,7 +822,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
             from mhaexport.exporter.onnx import export_onnx
 
             loaded = _load(config, model, checkpoint, hf)
-            click.echo(f"Exporting {loaded.spec} to ONNX in a temporary folder ...", err=True)
+            _progress(f"Exporting {loaded.spec} to ONNX in a temporary folder ...")
             export_onnx(loaded, tmp)
         elif loaded is None and (config or model or checkpoint or hf):
             loaded = _load(config, model, checkpoint, hf)
@@ -786,6 +855,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 
 
 @main.command("verify")
+@quiet_option
 @click.argument("folder", required=False, type=click.Path())
 @model_options
 @verify_options
@@ -865,13 +935,14 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         lock_timeout()
     loaded = _load(config, model, checkpoint, hf)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
-        click.echo(f"Exporting {loaded.spec} to a temporary folder ...", err=True)
+        _progress(f"Exporting {loaded.spec} to a temporary folder ...")
         _export_both(loaded, tmp)
-        click.echo(f"Verifying {loaded.spec} ...", err=True)
+        _progress(f"Verifying {loaded.spec} ...")
         _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
 @main.command("all")
+@quiet_option
 @model_options
 @verify_options
 @lowering_options
@@ -886,7 +957,8 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
 
     def step(msg: str) -> None:
         state["i"] += 1
-        click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
+        if not click.get_current_context().meta.get(QUIET):
+            click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
 
     _writable(output)
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")

@@ -31,8 +31,9 @@ class Generator:
     """
 
     def __init__(self, folder: str | Path | ExportFolder, providers: Sequence[str] | str = ("cpu",), *,
-                 threads: int | None = None, opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True, io_binding: bool | None = None,
-                 cache_optimized: bool = False, profile_prefix: str | None = None) -> None:
+                 threads: int | None = None, opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True,
+                 io_binding: bool | None = None, cache_optimized: bool = False,
+                 profile_prefix: str | None = None) -> None:
         if isinstance(providers, str):
             providers = (providers,)
         cfg = SessionConfig(providers=tuple(providers), threads=threads, opt_level=opt_level,

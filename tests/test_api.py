@@ -84,7 +84,10 @@ def test_generate_bench_quantize_and_torchscript(tiny, tiny_export, tmp_path):
     assert result.tokens == direct.tokens and result.stop_reason == "max_new_tokens"
     timing = mhaexport.bench(tiny_export, output=tmp_path / "bench", runtimes=["ort-cpu"], prompt_len=4,
                              new_tokens=4, repeats=1, long_to=0)
-    assert "ort-cpu" in timing.summary() and (tmp_path / "bench" / "bench.json").is_file()
+    assert timing.get("ort-cpu").token_p50_ms > 0 and (tmp_path / "bench" / "bench.json").is_file()
+    from mhaexport.bench import markdown_body
+
+    assert "\n| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in markdown_body(timing)
     q = mhaexport.quantize(tiny_export, tmp_path / "int8", weights="int8")
     manifest = json.loads((q.folder / "manifest.json").read_text())
     assert manifest["artifacts"]["onnx"]["quantization"]["label"].startswith("int8")

@@ -140,7 +140,8 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
                          f"{L} tokens")
             try:
                 with torch_threads(_threads_for(ef, name)):
-                    row.score, _, _ = score_text(runner, ids, window=L, stride=step, byte_level=byte_level)
+                    row.score, _, _ = score_text(runner, ids, window=L, stride=step, byte_level=byte_level,
+                                                 progress=progress)
                 row.providers = list(runner.providers)
             except MhaExportError as e:
                 row.status, row.reason = "error", str(e).splitlines()[0]

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from mhaexport.errors import ConfigError
+from mhaexport.progress import Step
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
@@ -180,17 +181,22 @@ def text_tokens(text: bytes, contract, tokenizer=None) -> tuple[np.ndarray, bool
 
 
 def score_text(runner: Runner, ids: np.ndarray, *, window: int | None = None, stride: int | None = None,
-               byte_level: bool = False, reference: Runner | None = None, memo: dict | None = None
+               byte_level: bool = False, reference: Runner | None = None, memo: dict | None = None,
+               progress: Callable[[str], None] | None = None
                ) -> tuple[TextScore, TextScore | None, Agreement | None]:
     """Perplexity of ``runner`` on token ids (sliding windows of ``window`` tokens, default max_positions, advancing
     by ``stride``, default half a window); with ``reference`` also eager's perplexity and the per-position
-    :class:`Agreement` of the two. ``memo`` keeps ``reference``'s window logits between calls."""
+    :class:`Agreement` of the two. ``memo`` keeps ``reference``'s window logits between calls. ``progress``: told
+    each window as a counted :class:`~mhaexport.progress.Step`."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     L = window or runner.contract.max_positions
     got = TextScore(0, 0.0, byte_level)
     ref = TextScore(0, 0.0, byte_level) if reference is not None else None
     agreement = Agreement() if reference is not None else None
-    for start, end, first in windows(len(ids), L, stride):
+    spans = list(windows(len(ids), L, stride))
+    for k, (start, end, first) in enumerate(spans):
+        if progress is not None:
+            progress(Step(f"{runner.name}: window {k + 1} of {len(spans)} (tokens {start}..{end - 1})", k, len(spans)))
         w = ids[start:end]
         targets = w[first + 1:]
         logits = _window_logits(runner, w)[first:len(w) - 1]  # (N, V): predictions of targets

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from mhaexport.errors import MhaExportError, ProviderUnavailable
+from mhaexport.progress import Step
 from mhaexport.verify.checks import run_check
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.quality import self_tolerance
@@ -40,7 +41,9 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
     runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
-    for runner in runners[1:] if skip_first else runners:
+    todo = runners[1:] if skip_first else runners
+    done, total = 0, len(todo) * len(checks)  # the counted steps: one check on one runtime
+    for runner in todo:
         info = RuntimeInfo(name=runner.name, status="ran", artifact=_artifact_of(runner))
         infos[runner.name] = info
         results[runner.name] = {}
@@ -55,7 +58,8 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         if not runner.available:
             info.status, info.reason = "skipped", runner.skip_reason or ""
         if info.status != "ran":
-            say(f"{runner.name}: {info.status} ({info.reason})")
+            total -= len(checks)  # nothing to wait for there
+            say(Step(f"{runner.name}: {info.status} ({info.reason})", done, total))
             continue
         t0 = time.perf_counter()
         # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
@@ -67,7 +71,9 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
             info.self_tolerance = tol.describe()
         runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
         for ch in checks:
+            say(Step(f"{runner.name}: {ch} ...", done, total))
             results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
+            done += 1
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values()]
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]

@@ -1,0 +1,37 @@
+"""Progress of long work, as library code reports it (it never prints): a message that may say how far along it is.
+
+A :class:`Step` is a ``str`` (every ``progress`` callback that takes text keeps working) that also carries ``done``
+and ``total``: the steps of the work finished before this one and how many there are in all, so whoever shows it
+(the CLI: a line with the time elapsed and an estimate of what is left) can say where the work is. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Step(str):
+    """A progress message; ``done`` of ``total`` steps finished when it was said (None: not counted)."""
+
+    done: int | None
+    total: int | None
+
+    def __new__(cls, message: str, done: int | None = None, total: int | None = None) -> Step:
+        obj = super().__new__(cls, message)
+        obj.done, obj.total = done, total
+        return obj
+
+
+Progress = Callable[[str], None]
+
+
+def counted(say: Progress | None, total: int) -> Callable[[str], None]:
+    """A function that says each message as the next of ``total`` counted steps (the first is step 0 done)."""
+    box = [0]
+
+    def step(message: str) -> None:
+        if say is not None:
+            say(Step(message, min(box[0], total), total))
+        box[0] += 1
+
+    return step
