@@ -910,7 +910,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         if bisect_:
             _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded)
             return
-        click.echo(f"Verifying {rec.folder} ...", err=True)
+        _progress(f"Verifying {rec.folder} ...")
         _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings)
         return
     if folder is not None and not Path(folder).is_dir():
@@ -923,7 +923,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         out = output or folder
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
-        click.echo(f"Verifying {folder} ...", err=True)
+        _progress(f"Verifying {folder} ...")
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
                     name="report" if output else None, quality=settings)
         return

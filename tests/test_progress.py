@@ -1,0 +1,72 @@
+"""Progress on long work: library code reports counted steps (mhaexport.progress.Step); the CLI shows where the
+work is and an estimate of what is left, plain lines off a terminal, one rewritten line on one; --quiet silences
+it."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mhaexport.cli import Reporter, main
+from mhaexport.progress import Step, counted
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_step_is_a_string_that_knows_where_it_is():
+    s = Step("ort-cpu: parity ...", 3, 14)
+    assert s == "ort-cpu: parity ..." and isinstance(s, str) and (s.done, s.total) == (3, 14)
+    said = []
+    step = counted(said.append, 2)
+    step("a")
+    step("b")
+    assert [(m, m.done, m.total) for m in said] == [("a", 0, 2), ("b", 1, 2)]
+
+
+def test_the_estimate_is_the_mean_time_per_finished_step(capsys):
+    clock = Clock()
+    r = Reporter(quiet=False, tty=False, clock=clock)
+    assert r.line(Step("first", 0, 4)) == "[1/4] first (0 s)"
+    clock.t += 10
+    assert r.line(Step("second", 1, 4)) == "[2/4] second (10 s, ~30 s left)"  # 10 s a step, 3 to go
+    clock.t += 30
+    assert r.line(Step("fourth", 3, 4)) == "[4/4] fourth (40 s, ~13 s left)"
+    assert r.line("a plain message") == "a plain message"
+    assert r.line(Step("next phase", 0, 2)) == "[1/2] next phase (0 s)"  # a new phase: its own clock
+
+
+def test_plain_lines_off_a_terminal_and_one_line_rewritten_on_one(capsys):
+    Reporter(quiet=False, tty=False, clock=Clock())(Step("x", 0, 2))
+    assert capsys.readouterr().err == "  [1/2] x (0 s)\n"
+    r = Reporter(quiet=False, tty=True, clock=Clock())
+    r(Step("x", 0, 2))
+    r(Step("y", 1, 2))
+    r("done")
+    err = capsys.readouterr().err.replace("\x1b[K", "")  # click drops the erase code when stderr is no terminal
+    assert err.startswith("\r  [....................] 1/2 x (0 s)\r  [##########..........] 2/2 y")
+    assert err.endswith("\n  done\n")  # the bar's line is ended before a plain line
+
+
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]])
+def test_verify_shows_counted_progress_unless_quiet(tiny_export, tmp_path, quiet):
+    res = CliRunner().invoke(main, ["verify", str(tiny_export), "--runtime", "ort-cpu", "-o", str(tmp_path), *quiet])
+    assert res.exit_code == 0, res.output
+    steps = [ln for ln in res.stderr.splitlines() if ln.lstrip().startswith("[")]
+    if quiet:
+        assert not steps and "Verifying" not in res.stderr
+        assert "verify passed" in res.stderr  # the verdict is not progress
+    else:
+        assert steps[0].strip().startswith("[1/14] eager: parity ...") and steps[-1].strip().startswith("[14/14]")
+        assert any("s left)" in ln for ln in steps)
+
+
+def test_the_group_option_silences_any_verb(tiny_export, tmp_path):
+    res = CliRunner().invoke(main, ["-q", "quantize", str(tiny_export), "-o", str(tmp_path / "q")])
+    assert res.exit_code == 0, res.output
+    assert "quantizing" not in res.output and "reading" not in res.output and "wrote" in res.output
