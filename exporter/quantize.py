@@ -336,6 +336,29 @@ def _smoke_run(path: Path, contract) -> None:
         raise ExportError("the quantized model computes non-finite logits")
 
 
+def load_with_data(path: Path) -> onnx.ModelProto:
+    """The ONNX file with its external data read into the tensors. Not ``onnx.load``: its loader refuses a data
+    file with more than one hard link ("a potential hardlink attack"), and a reader's snapshot of an export folder
+    is hard links (artifact/folder.py); the data file named by each tensor must lie beside the model file."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        if Path(info.location).name != info.location:
+            raise ArtifactError(f"{shown_path(path)}: tensor {t.name} names external data {info.location!r} outside "
+                                "the model's folder")
+        with open(path.parent / info.location, "rb") as f:
+            f.seek(int(info.offset or 0))
+            t.raw_data = f.read(int(info.length)) if info.length else f.read()
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
+    return model
+
+
 def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = QuantConfig(),
                     progress: Callable[[str], None] | None = None) -> QuantizeRecord:
     """Quantize ``folder``'s float32 ONNX export into ``out_dir`` (a new export folder of the same model).
@@ -360,7 +383,7 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
     if entry.dtype != "float32":
         raise ExportError(f"{src.path} holds a {entry.dtype} export: quantize reads float32 exports")
     say(Step(f"reading {shown_path(src.file('onnx'))} ...", 0, 3))
-    model = onnx.load(str(src.file("onnx")))
+    model = load_with_data(src.file("onnx"))
     source_read = weights_read(model)
     say(Step(f"quantizing ({cfg.label()}) with onnxruntime's MatMulNBitsQuantizer ...", 1, 3))
     model, done, warns = quantize_model(model, cfg)

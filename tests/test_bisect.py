@@ -301,7 +301,7 @@ def plant_weight_bug(proto: onnx.ModelProto, module: str) -> str:
     weight would vanish after a LayerNorm); the weight gets its own copy. Returns the MatMul's name."""
     inits = {i.name: i for i in proto.graph.initializer}
     for node in proto.graph.node:
-        paths = _module_paths(_scopes(node))
+        paths = _module_paths(name_scopes(node))
         if paths and paths[-1] == module and node.op_type in ("MatMul", "Gemm"):
             name = next(x for x in node.input if x in inits)
             w = numpy_helper.to_array(inits[name]).copy()

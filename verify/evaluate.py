@@ -149,5 +149,6 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
         row.seconds = time.perf_counter() - t0
         rows.append(row)
     q = ef.artifacts["onnx"].details.quantization if ef.has("onnx") else None
+    ef.close()  # the runners are done with its files
     return EvalReport(str(ef.path), ef.model.spec, q and q.label, text_source or "the given text", len(text), L, step,
                       rows)
