@@ -100,14 +100,16 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
            hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
            runtimes: Sequence[str] | None = None, sweep: str = "quick", seed: int = 0,
            atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
-           output: str | Path | None = None, junit: str | Path | None = None,
+           output: str | Path | None = None, junit: str | Path | None = None, quality: Any = None,
            progress: Progress | None = None) -> VerifyReport:
     """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
 
     The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
     must be the exported model — same fingerprint — which re-points a folder whose source moved). ``runtimes``: None
     for the defaults (one that cannot run here is skipped without failing); named ones must run (else the verdict is
-    "not verified"). ``output``: also write report.json + report.md there; ``junit``: also write JUnit XML.
+    "not verified"). ``output``: also write report.json + report.md there; ``junit``: also write JUnit XML;
+    ``quality``: a :class:`mhaexport.verify.quality.QualitySettings` for a quantized folder (threshold overrides,
+    the text).
 
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
@@ -119,7 +121,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     if model is not None or config is not None or hf is not None or checkpoint is not None:
         loaded = _model(model, config, hf, checkpoint, revision, False)
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                           runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens, progress=progress)
+                           runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens, quality=quality,
+                           progress=progress)
     if output is not None:
         report.write(output, "report")
     if junit is not None:
@@ -166,8 +169,8 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
           **config: Any) -> BenchResult:
     """``mhaexport bench``: time the KV-cache decode loop of an export folder on each runtime. ``config``: fields
     of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to,
-    ...). ``output``: also write bench.json / bench.md / bench.png there. Returns the BenchResult
-    (``.summary()``, rows per runtime)."""
+    ...). ``output``: also write bench.json / bench.md / bench.png there. Returns the BenchResult (``.get(name)``:
+    a row; ``mhaexport.bench.markdown_body(result)``: bench.md's tables)."""
     from mhaexport import bench as _bench
 
     if "runtimes" in config and config["runtimes"] is not None:

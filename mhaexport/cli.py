@@ -338,7 +338,8 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
         raise click.BadParameter(f"--attention onnx needs opset 23 (the ONNX Attention op), got {opset}",
                                  param_hint="--opset")
     from mhaexport.artifact.details import Lowering, Precision
-    from mhaexport.exporter.onnx import check_cache_options, export_onnx
+    from mhaexport import api
+    from mhaexport.exporter.onnx import check_cache_options
 
     check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
     _writable(output)
@@ -347,8 +348,8 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     shown = _default_opset(attention, opset)
     cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
     _progress(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
-    rec = export_onnx(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
-                      attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+    rec = api.export_onnx(output, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
+                          past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     _show_record(rec)
     details = rec.manifest.artifacts["onnx"].details
     low, prec = details.lowering or Lowering(), details.precision or Precision()
@@ -371,8 +372,6 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
 def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -> None:
     """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values) — or, with --module
     attention, the MHA block on its own, called as m(x, past_key, past_value)."""
-    from mhaexport.exporter.torchscript import export_torchscript
-
     _check_module_args(module, mask, model or hf)
     if module is not None:
         from mhaexport.exporter.module import export_module_torchscript
@@ -386,7 +385,9 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
     _writable(output)
     loaded = _load(config, model, checkpoint, hf)
     _progress(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
-    _show_record(export_torchscript(loaded, output, mode=mode))
+    from mhaexport import api
+
+    _show_record(api.export_torchscript(output, model=loaded, mode=mode))
 
 
 def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
@@ -427,12 +428,15 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
     """Quantize the weights of FOLDER's float ONNX export into a new export folder, with ONNX Runtime's
     MatMulNBitsQuantizer. The tied LM head is untied and quantized too. `mhaexport verify OUTPUT` then judges its
     quality against eager fp32; generate, eval, bench and onnxruntime-genai run it as any export."""
-    from mhaexport.exporter.quantize import QuantConfig, quantize_folder
+    from mhaexport import api
+    from mhaexport.exporter.quantize import QuantConfig
 
-    cfg = QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
-                      keep_float=keep_float, int8_blocks=int8_blocks).check()
+    QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
+                keep_float=keep_float, int8_blocks=int8_blocks).check()  # a bad option fails before any work
     _writable(output)
-    rec = quantize_folder(folder, output, cfg, progress=_progress)
+    rec = api.quantize(folder, output, weights=weights, block_size=block_size, symmetric=symmetric,
+                       accuracy_level=accuracy_level, keep_float=keep_float, int8_blocks=int8_blocks,
+                       progress=_progress)
     for w in rec.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     q = rec.quantization
@@ -634,7 +638,9 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
         found = export_quantized(folder, schemes, output or folder, have=cfg.compare, progress=say)
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
-    result = bench.run_bench(folder, cfg, progress=say)
+    from mhaexport import api
+
+    result = api.bench(folder, progress=say, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     written = bench.write_bench(result, output or folder)
     click.echo(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
@@ -756,11 +762,11 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
                 quality=None):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
-    from mhaexport.verify import verify_folder
+    from mhaexport import api
 
-    report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                           runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
-                           progress=None if quiet else _progress)
+    report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                        runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
+                        progress=None if quiet else _progress)
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
