@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 
 from mhaexport.artifact import ArtifactEntry, ExportFolder, shown_path, stage_artifact
-from mhaexport.artifact.details import OnnxDetails, Quantization
+from mhaexport.artifact.details import OnnxDetails, QuantSource, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
@@ -357,6 +357,37 @@ def load_with_data(path: Path) -> onnx.ModelProto:
         t.data_location = onnx.TensorProto.DEFAULT
         del t.external_data[:]
     return model
+
+
+def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto, onnx.ModelProto, str] | str:
+    """Re-run the quantize recipe ``ef``'s manifest records on the float source it records: (the shipped model, the
+    rebuilt one, a note on the versions) — or, when that cannot be done, one line saying why (no recipe: another
+    tool quantized the file; the source folder gone; its file is not the one quantized, by sha256)."""
+    entry = ef.entry("onnx")
+    q = entry.details.quantization
+    if q is None:
+        return "not quantized"
+    if not isinstance(q.source, QuantSource) or not q.source.folder:
+        return f"quantized by another tool ({q.source or 'no recipe recorded'}): no recipe to re-run"
+    src_dir = (ef.path / q.source.folder).resolve()
+    try:
+        src = ExportFolder.open(src_dir, "onnx")
+    except ArtifactError as e:
+        return f"its float source {src_dir} cannot be read ({e})"
+    with src:
+        s_entry = src.entry("onnx")
+        if s_entry.files[s_entry.file]["sha256"] != q.source.onnx_sha256:
+            return (f"its float source {src_dir} holds another model.onnx than the one quantized (sha256 "
+                    f"{s_entry.files[s_entry.file]['sha256'][:12]}…, recorded {str(q.source.onnx_sha256)[:12]}…)")
+        cfg = QuantConfig(weights=q.weights or "int4", block_size=q.block_size or 32,
+                          symmetric=bool(q.symmetric) if q.symmetric is not None else True,
+                          accuracy_level=q.accuracy_level if q.accuracy_level is not None else 4,
+                          keep_float=tuple(q.keep_float or ()), int8_blocks=q.int8_blocks)
+        rebuilt, _, _ = quantize_model(load_with_data(src.file("onnx")), cfg)
+    here = tool_versions().get("onnxruntime")
+    note = "" if q.onnxruntime in (None, here) else (f"quantized with onnxruntime {q.onnxruntime}, re-run with "
+                                                     f"{here}")
+    return load_with_data(ef.file("onnx")), rebuilt, note
 
 
 def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = QuantConfig(),

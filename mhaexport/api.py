@@ -120,9 +120,11 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
         loaded = _model(model, config, hf, checkpoint, revision, False)
+    from mhaexport.exporter.quantize import reproduce
+
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                            runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens, quality=quality,
-                           progress=progress)
+                           reproduce=reproduce, progress=progress)
     if output is not None:
         report.write(output, "report")
     if junit is not None:

@@ -17,7 +17,7 @@ from mhaexport.errors import MhaExportError, first_line
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, rounded
 from mhaexport.verify.quality import check_quality
-from mhaexport.verify.results import QUALITY, CheckResult, Context, SweepContext
+from mhaexport.verify.results import QUALITY, WEIGHTS, CheckResult, Context, SweepContext
 from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 
@@ -561,6 +561,20 @@ def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> lis
     return out
 
 
+def check_weights(runner: Runner, ctx: Context) -> CheckResult:
+    """A lossy ONNX artifact's quantized weights against its recorded recipe (verify/weights.py): one result for the
+    file, shown on each ONNX Runtime row that runs it."""
+    if runner.name == EAGER:
+        return CheckResult(WEIGHTS, None, {"reference": True}, "reference: the weights of the files are checked")
+    if not ctx.lossy:
+        return CheckResult(WEIGHTS, None, {"exact": True}, "exact artifact: judged by parity")
+    if ctx.weights is None:
+        return CheckResult(WEIGHTS, None, {}, "not run: this runtime's artifact has no quantized weights")
+    if WEIGHTS not in ctx._ref:
+        ctx._ref[WEIGHTS] = ctx.weights()
+    return ctx._ref[WEIGHTS]
+
+
 CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
     "parity": check_parity,
     "finite": check_finite,
@@ -570,6 +584,7 @@ CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
     "dynamic-shapes": check_dynamic_shapes,
     "generation": check_generation,
     QUALITY: check_quality,
+    WEIGHTS: check_weights,
 }
 
 

@@ -25,7 +25,9 @@ MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstr
 # A lossy (quantized) artifact adds this one: its figures against eager fp32 instead of exact parity
 # (verify/quality.py); verify runs it when an artifact's manifest entry records a quantization.
 QUALITY = "quality"
-ALL_CHECKS = CHECKS + (QUALITY,)
+# ... and this one: its quantized weights against the recipe its manifest records (verify/weights.py)
+WEIGHTS = "weights"
+ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS)
 
 
 @dataclass
@@ -106,6 +108,7 @@ class Context(SweepContext):
     lossy: Quantization | None = None
     quality: Any = None  # verify.quality.QualitySettings: thresholds' overrides, the text, greedy prompts
     tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
+    weights: Callable[[], CheckResult] | None = None  # a lossy folder's weights check (verify/weights.py), run once
 
     def inputs(self, case: Case):
         return case.inputs(self.contract)

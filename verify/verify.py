@@ -29,6 +29,7 @@ from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAG
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
                                       session_config, skipped)
 from mhaexport.verify.sweep import build_sweep
+from mhaexport.verify.weights import check_weights
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 Progress = Callable[[str], None]
@@ -119,7 +120,7 @@ def lossy_artifacts(ef: ExportFolder) -> dict[str, Quantization]:
 def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
                   atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
-                  gen_tokens: int | None = None, threads: int | None = None, quality=None,
+                  gen_tokens: int | None = None, threads: int | None = None, quality=None, reproduce=None,
                   progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager. A folder of the attention block on its own
     (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
@@ -131,7 +132,9 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     manifest records a quantization: exact parity does not apply, the quality check judges it against eager fp32,
     the invariants hold it to itself). ``quality``: a :class:`~mhaexport.verify.quality.QualitySettings` (threshold
     overrides, the text). ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up to
-    ONE_THREAD_MAX_PARAMS). Raises ArtifactError for a bad folder; check failures are in the report."""
+    ONE_THREAD_MAX_PARAMS). ``reproduce``: re-runs a quantized folder's recorded recipe
+    (``mhaexport.exporter.quantize.reproduce``; the CLI and the Python API pass it) for the ``weights`` check; without
+    it that check is not run. Raises ArtifactError for a bad folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
@@ -184,6 +187,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
                   quality=quality, tokenizer=tokenizer,
+                  weights=(lambda: check_weights(ef, reproduce)) if "onnx" in lossy else None,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small)
     lint = None
     if ef.has("onnx"):  # static findings first: they often say why a check below fails

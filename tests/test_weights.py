@@ -1,0 +1,97 @@
+"""A quantized folder's weights against the recipe its manifest records (the ``weights`` check): the recipe re-run on
+the recorded float source gives the shipped tensors bit for bit; damage inside the quantized weights that stays
+within the quality gate (a block's scale, zero points) is named by tensor, role and block."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+from mhaexport.artifact import ExportFolder
+from mhaexport.cli import main
+from mhaexport.exporter.quantize import reproduce
+from mhaexport.verify.weights import check_weights
+from planted.edit import rehash
+
+
+def _quantize(src, out, *args):
+    res = CliRunner().invoke(main, ["-q", "quantize", str(src), "-o", str(out), *args])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _check(folder):
+    with ExportFolder.open(folder) as ef:
+        return check_weights(ef, reproduce)
+
+
+def _plant(folder, role_input: int, change) -> str:
+    """Change one quantized tensor of the first 4-bit MatMulNBits in place (input 2: scales, 3: zero points), then
+    re-hash the folder as a pipeline re-recording it would. Returns the tensor's name."""
+    path = folder / "model.onnx"
+    model = onnx.load(str(path))
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits" and len(n.input) > role_input
+                and any(a.name == "bits" and a.i == 4 for a in n.attribute))
+    name = node.input[role_input]
+    t = next(i for i in model.graph.initializer if i.name == name)
+    arr = numpy_helper.to_array(t).copy()
+    change(arr)
+    t.CopyFrom(numpy_helper.from_array(arr, name))
+    onnx.save_model(model, path)
+    rehash(folder)
+    return name
+
+
+def test_a_quantized_folder_matches_its_recipe_bit_for_bit(tiny_export, tmp_path):
+    res = _check(_quantize(tiny_export, tmp_path / "q"))
+    assert res.status is True, res.message
+    assert "bit for bit" in res.message and res.figures["quantized_tensors"] > 0
+
+
+def test_a_corrupted_block_scale_is_named_by_tensor_and_block(tiny_export, tmp_path):
+    q = _quantize(tiny_export, tmp_path / "q")
+    name = _plant(q, 2, lambda a: a.reshape(-1).__setitem__(5, a.reshape(-1)[5] * 1.5))
+    res = _check(q)
+    assert res.status is False
+    # scale 5 of a K=64 layer in blocks of 32: two blocks per output row, so row 2, block 1
+    assert f"{name} (scales of MatMulNBits" in res.message and "at row 2, block 1: 1 of" in res.message, res.message
+
+
+def test_shifted_zero_points_are_named(tiny_export, tmp_path):
+    q = _quantize(tiny_export, tmp_path / "q", "--asymmetric")
+    name = _plant(q, 3, lambda a: a.reshape(-1).__setitem__(0, np.uint8((int(a.reshape(-1)[0]) + 1) % 256)))
+    res = _check(q)
+    assert res.status is False and f"{name} (zero points of MatMulNBits" in res.message, res.message
+
+
+def test_the_weights_check_is_in_verify_and_fails_it(tiny_export, tmp_path):
+    q = _quantize(tiny_export, tmp_path / "q")
+    res = CliRunner().invoke(main, ["-q", "verify", str(q), "--runtime", "ort-cpu"])
+    assert res.exit_code == 0 and "| quality | weights |" in res.output, res.output  # a column of the table
+    _plant(q, 2, lambda a: a.reshape(-1).__setitem__(0, a.reshape(-1)[0] * 1.1))
+    res = CliRunner().invoke(main, ["-q", "verify", str(q), "--runtime", "ort-cpu"])
+    assert res.exit_code == 1, res.output
+    assert "ort-cpu/weights" in res.output and "differ from the recorded recipe" in res.output
+
+
+def test_without_its_source_the_check_says_why_and_does_not_pass(tiny_export, tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_export, src, ignore=shutil.ignore_patterns(".snapshot-*", ".staging-*"))
+    q = _quantize(src, tmp_path / "q")
+    shutil.rmtree(src)
+    res = _check(q)
+    assert res.status is None and "cannot be read" in res.message, res.message
+
+
+@pytest.mark.parametrize("flag", [[], ["--asymmetric"]])
+def test_reproduce_returns_the_shipped_and_the_rebuilt_models(tiny_export, tmp_path, flag):
+    q = _quantize(tiny_export, tmp_path / "q", *flag)
+    with ExportFolder.open(q) as ef:
+        shipped, rebuilt, note = reproduce(ef)
+    assert note == ""  # the same onnxruntime here
+    assert {t.name for t in shipped.graph.initializer} == {t.name for t in rebuilt.graph.initializer}
