@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mhaexport import iospec
 from mhaexport.errors import MhaExportError, first_line
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, rounded
@@ -37,12 +38,86 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     if ctx.lossy:
         return CheckResult("parity", None, {"lossy": True},
                            f"n/a: lossy artifact ({_scheme(ctx)}): exact parity does not apply; see quality")
-    return parity_over_sweep(ctx.sweep(runner), ctx.output_kinds, ctx.tol,
-                             lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol))
+    outputs = ctx.sweep(runner)
+    scale = max((float(np.abs(ctx.reference(case)[0]).max()) for case, out in outputs.items()
+                 if not isinstance(out, BaseException)), default=0.0)  # max |eager logits|
+    dtype = runner.dtype if runner.dtype in _EPS else "float32"
+    res = parity_over_sweep(outputs, ctx.output_kinds, ctx.tol,
+                            lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol),
+                            rounding=(dtype, _EPS[dtype] * scale) if scale else None)
+    present = res.figures.get("per_output", {}).get("present", {})
+    if res.status is True and dtype == "float32" and scale:  # within tolerance: but float32 all through?
+        lost = _precision_lost(runner, ctx)
+        if lost:
+            res.status, res.message = False, lost
+            return res
+    if res.status is False and present.get("mismatch_fraction"):  # name the layer and key/value that differ
+        names = _present_by_name(runner, ctx)
+        bad = [(n, d) for n, d in names.items() if not d.ok]
+        if bad:
+            res.figures["present_failing"] = {n: rounded(d.max_abs) for n, d in bad}
+            shown = ", ".join(f"{n} (max abs {d.max_abs:.3g})" for n, d in bad[:4])
+            more = f" (+{len(bad) - 4} more)" if len(bad) > 4 else ""
+            res.message += (f"; present differs at {shown}{more}, the others agree" if len(bad) < len(names) else
+                            "; present differs at every layer's key and value")
+    return res
+
+
+# A float32 file's output whose error against eager is this many float32 epsilons of its own scale has passed
+# through a lower precision: ORT against eager differs by at most a few tens on the presets (accumulated float32
+# rounding), a float16 round trip by ~4,000 (2^-11 / 2^-23), bfloat16 by ~65,000
+PRECISION_EPSILONS = 1000.0
+
+
+def _precision_lost(runner: Runner, ctx: Context) -> str | None:
+    """For a float32 artifact that passed parity: one cache output (present.i.key/value) whose error is far beyond
+    float32 rounding at its own scale — precision lost in that layer's cache (a float16 round trip), which stays
+    under the tolerance on most values and so passes a sweep of a few cases — named, else None."""
+    eps = _EPS["float32"]
+    worst: dict[str, tuple[float, float]] = {}  # name -> (max abs error, max |eager|)
+    for case, got in ctx.sweep(runner).items():
+        if isinstance(got, BaseException):
+            continue
+        keys = case.real_keys()
+        for i, (pair_a, pair_e) in enumerate(zip(got[1], ctx.reference(case)[1])):
+            for name, a, e in zip(iospec.present_names(i), pair_a, pair_e):
+                sel = np.broadcast_to(keys[:, None, :, None], e.shape) if keys is not None else slice(None)
+                err = float(np.abs(a.astype(np.float64) - e.astype(np.float64))[sel].max(initial=0.0))
+                big = float(np.abs(e)[sel].max(initial=0.0))
+                old = worst.get(name, (0.0, 0.0))
+                worst[name] = (max(old[0], err), max(old[1], big))
+    ratio = {n: (err / (eps * big) if big else 0.0) for n, (err, big) in worst.items()}
+    lost = sorted((n for n, r in ratio.items() if r > PRECISION_EPSILONS), key=lambda n: -ratio[n])
+    if not lost or len(lost) == len(ratio):  # every output alike: the computation's own rounding, not one cache
+        return None
+    n = lost[0]
+    fine = max((r for m, r in ratio.items() if m not in lost), default=0.0)
+    return (f"precision lost in {n}{f' (and {len(lost) - 1} more)' if len(lost) > 1 else ''}: max abs "
+            f"{worst[n][0]:.3g} is {ratio[n]:,.0f} x float32's epsilon at its scale while the other outputs stay within "
+            f"{fine:.2g}: a float32 file whose cache passed through a lower precision (within the tolerance on "
+            "most values, so a few cases can pass it)")
+
+
+def _present_by_name(runner: Runner, ctx: Context) -> dict[str, Diff]:
+    """{present.i.key|value: Diff over the sweep's real keys} of the cases that ran."""
+    c = ctx.contract
+    out: dict[str, Diff] = {n: Diff() for i in range(c.n_layers) for n in iospec.present_names(i)}
+    tp = ctx.tol.for_output("present")
+    for case, got in ctx.sweep(runner).items():
+        if isinstance(got, BaseException):
+            continue
+        keys = case.real_keys()
+        kmask = None if keys is None else keys[:, None, :, None]  # (B, 1, S, 1)
+        for i, ((ka, va), (ke, ve)) in enumerate(zip(got[1], ctx.reference(case)[1])):
+            kn, vn = iospec.present_names(i)
+            out[kn] = out[kn].merge(compare(ka, ke, tp, kmask))
+            out[vn] = out[vn].merge(compare(va, ve, tp, kmask))
+    return out
 
 
 def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
-                      compare_case: Callable[[Case, Any], dict[str, Diff]]) -> CheckResult:
+                      compare_case: Callable[[Case, Any], dict[str, Diff]],
+                      rounding: tuple[str, float] | None = None) -> CheckResult:
     """The parity result of a sweep (``outputs``: {case: a runtime's outputs, or the exception it raised}):
     ``compare_case`` gives each case's {kind: Diff} against eager; figures overall and per kind, the worst case,
     and one message (the first case that failed to run, or which kinds differ and the atol that would pass)."""
@@ -61,15 +136,43 @@ def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
     fig = {**total.figures(), "cases": len(outputs), "worst_case": worst_case, "errors": len(errors),
            "per_output": {k: {**v.stats(), "atol": tol.for_output(k).atol, "rtol": tol.for_output(k).rtol}
                           for k, v in by_kind.items()}}
-    if errors:
-        return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}")
+    differ = ""
     if not total.ok:
         bad = ", ".join(f"{k} {v.mismatched}/{v.total} (max abs {v.max_abs:.3g})" for k, v in by_kind.items()
                         if not v.ok)
-        return CheckResult("parity", False, fig,
-                           f"{total.mismatched}/{total.total} values differ from eager beyond {tol.describe()}: "
-                           f"{bad}; worst at {worst_case}; atol {total.min_atol:.3g} would pass")
+        differ = (f"{total.mismatched}/{total.total} values differ from eager beyond {tol.describe()}: "
+                  f"{bad}; worst at {worst_case}; {_tolerance_hint(total, rounding)}")
+    if errors:  # the cases that ran still count: a failure to run must not hide what they show
+        ran = (f"; in the {len(outputs) - len(errors)} case(s) that ran, {differ}" if differ else
+               f"; the {len(outputs) - len(errors)} case(s) that ran agree (max abs {total.max_abs:.3g})"
+               if len(outputs) > len(errors) else "")
+        return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}{ran}")
+    if differ:
+        return CheckResult("parity", False, fig, differ)
     return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {fig['cases']} cases")
+
+
+# A difference reads as the dtype's rounding when its max abs is at most this many epsilons of the outputs' scale
+# (max |eager logits|): ORT against eager in float32 differs by well under one such epsilon on the presets; a real
+# edit of a weight by hundreds to thousands
+ROUNDING_EPSILONS = 100.0
+_EPS = {"float32": float(np.finfo(np.float32).eps), "float16": float(np.finfo(np.float16).eps),
+        "bfloat16": 2.0 ** -7}
+
+
+def _tolerance_hint(total: Diff, rounding: tuple[str, float] | None) -> str:
+    """"atol X would pass" only where the difference is the size of the dtype's rounding at the outputs' scale
+    (``rounding``: (dtype, eps x scale)); otherwise say that it is not, so nobody loosens a tolerance over a real
+    change. Without a scale (the attention block), the plain hint."""
+    if rounding is None:
+        return f"atol {total.min_atol:.3g} would pass"
+    dtype, unit = rounding
+    times = total.max_abs / unit if unit else float("inf")
+    if times <= ROUNDING_EPSILONS:
+        return f"atol {total.min_atol:.3g} would pass (the size of {dtype} rounding at this scale)"
+    return (f"not rounding: max abs {total.max_abs:.3g} is {times:,.0f} x {dtype}'s epsilon at this scale "
+            f"(eps x max |eager| = {unit:.3g}), over {total.mismatch_fraction:.1%} of the values: a real change, "
+            "not a tolerance to loosen")
 
 
 def check_finite(runner: Runner, ctx: SweepContext) -> CheckResult:
@@ -392,7 +495,9 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
         padded_only = (len(wrong_values) == len(problems) and all(any(cs.pad) for cs in wrong_values)
                        and any(not any(cs.pad) for cs in cases))
         why = ("; every shape that failed has padded rows and the unpadded shapes are right: the padding, not the "
-               "shapes (see padding and parity)") if padded_only else _diagnose_sizes(runner, ctx)
+               "shapes (see padding and parity)") if padded_only else _diagnose_sizes(runner, ctx, wrong_values)
+        if first := _first_bad_position(runner, ctx, wrong_values):
+            fig["first_bad_position"] = first
         return CheckResult("dynamic-shapes", False, fig,
                            f"{len(problems)}/{len(cases)} unseen shapes: {problems[0]}{why}")
     values = "; values judged by quality (lossy)" if ctx.lossy else ""
@@ -400,9 +505,11 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
                        f"{len(cases)} unseen shapes (seq {fig['seq']}, past {fig['past']}){values}")
 
 
-def _diagnose_sizes(runner: Runner, ctx: Context) -> str:
-    """Whether wrong values at unseen shapes point at a size baked in: only if the artifact is right at the
-    export's own sizes. Wrong there too means the values are wrong everywhere (a weight, an op), not the shapes."""
+def _diagnose_sizes(runner: Runner, ctx: Context, wrong: list[Case]) -> str:
+    """Why values are wrong at unseen shapes. "A size baked in" only with evidence in the graph: right at the
+    export's own sizes *and* a constant equal to one of them feeding a shape (Reshape, Expand, Range, Slice, Tile,
+    ConstantOfShape). Right there without such a constant: damage that depends on position or length, named with
+    the first position where it appears. Wrong there too: the values are wrong at every size."""
     seq, past = ctx.export_sizes
     if seq + past > ctx.contract.max_positions:
         return ""
@@ -412,11 +519,75 @@ def _diagnose_sizes(runner: Runner, ctx: Context) -> str:
                             case.real_keys())
     except MhaExportError:
         return ""
-    if d.ok:
-        return (f"; right at the export's own sizes (seq={seq} past={past}, max abs {d.max_abs:.3g}): a size baked "
-                "in at export")
-    return (f"; wrong at the export's own sizes too (seq={seq} past={past}, max abs {d.max_abs:.3g}): the values "
-            "are wrong at every size, not a size baked in (see parity)")
+    if not d.ok:
+        return (f"; wrong at the export's own sizes too (seq={seq} past={past}, max abs {d.max_abs:.3g}): the "
+                "values are wrong at every size, not a size baked in (see parity)")
+    right = f"right at the export's own sizes (seq={seq} past={past}, max abs {d.max_abs:.3g})"
+    if evidence := _size_constant(runner, {"seq": seq, "past": past, "total": seq + past}):
+        return f"; {right} and {evidence}: a size baked in at export"
+    first = _first_bad_position(runner, ctx, wrong)
+    where = f", first at position {first}" if first is not None else ""
+    return (f"; {right}, and no constant of those sizes feeds a shape in the graph: damage that depends on position "
+            f"or length{where} (a row of a position or rotary table, precision lost in the cache), not a size baked "
+            "in")
+
+
+SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "Range": (0, 1), "Slice": (1, 2), "Tile": (1,),
+                "ConstantOfShape": (0,)}
+
+
+def _size_constant(runner: Runner, sizes: dict[str, int]) -> str | None:
+    """A constant (initializer or Constant node) of exactly one of ``sizes`` feeding a shape input, in the ONNX file
+    the runner runs: the evidence that a size was baked in; None without a file or such a constant."""
+    path = getattr(runner, "path", None)
+    if path is None or isinstance(path, bytes) or not str(path).endswith(".onnx"):
+        return None
+    import onnx
+    from onnx import numpy_helper
+
+    from mhaexport.graph import GraphIndex
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - unreadable here: no evidence either way
+        return None
+    index = GraphIndex(model.graph)
+    consts: dict[str, list] = {}
+    for t in model.graph.initializer:
+        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(t.dims) <= 1 and \
+                (not t.dims or t.dims[0] <= 8):
+            consts[t.name] = numpy_helper.to_array(t).reshape(-1).tolist()
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value" and a.t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) \
+                        and len(a.t.dims) <= 1:
+                    consts[n.output[0]] = numpy_helper.to_array(a.t).reshape(-1).tolist()
+    for n in index.nodes:
+        for k in SHAPE_INPUTS.get(n.op_type, ()):
+            if k < len(n.input) and n.input[k] in consts:
+                for what, size in sizes.items():
+                    if size > 1 and size in consts[n.input[k]]:
+                        return (f"a constant {consts[n.input[k]]} holding the export's {what} length {size} feeds "
+                                f"{n.op_type} {n.name}")
+    return None
+
+
+def _first_bad_position(runner: Runner, ctx: Context, cases: list[Case]) -> int | None:
+    """The lowest token position (past + index in the call) whose logits differ from eager's in ``cases``."""
+    first = None
+    for case in cases:
+        out = ctx.sweep(runner).get(case)
+        if out is None or isinstance(out, BaseException):
+            continue
+        got, want = out[0].astype(np.float64), ctx.reference(case)[0].astype(np.float64)  # (B, T, V)
+        tl = ctx.tol.for_output("logits")
+        bad = (np.abs(got - want) > tl.atol + tl.rtol * np.abs(want)).any(axis=-1) & case.real_rows()  # (B, T)
+        pads = list(case.pad) + [0] * (case.batch - len(case.pad))
+        for b, t in np.argwhere(bad):  # a row's positions count its real tokens (left padding excluded)
+            pos = case.past + int(t) - int(pads[b])
+            first = pos if first is None else min(first, pos)
+    return first
 
 
 @dataclass
