@@ -119,7 +119,7 @@ def test_the_action_and_the_workflows_match_github_schemas(tmp_path):
     of action.yml must fail, so the check checks."""
     exe = shutil.which("check-jsonschema") or shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
     if exe is None:
-        pytest.skip("check-jsonschema is not installed (the ci extra; CI installs it)")
+        pytest.skip("check-jsonschema is not installed (the test extra installs it)")
     ok = subprocess.run([exe, "--builtin-schema", "vendor.github-actions", str(ROOT / "action.yml")],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
