@@ -25,19 +25,26 @@ EXTERNAL_DATA_BYTES = TWO_GB - GRAPH_HEADROOM
 EXTERNAL_DATA_ENV = "MHAEXPORT_EXTERNAL_DATA_BYTES"
 
 
+def env_number(name: str, default: float, parse: type = float, expected: str = "a number >= 0") -> float:
+    """The environment variable ``name`` read with ``parse`` (int or float), ``default`` when unset or blank;
+    ConfigError naming it and ``expected`` for a value that is not a finite number >= 0. Validated like an option:
+    the verbs call the readers before any work."""
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        n = parse(value)
+    except ValueError:
+        n = -1
+    if not 0 <= n < float("inf"):
+        raise ConfigError(f"{name}={value!r}: expected {expected}")
+    return n
+
+
 def external_data_threshold() -> int:
     """Initializer bytes above which an ONNX file is written with external data (the export and quantize alike):
     ``MHAEXPORT_EXTERNAL_DATA_BYTES`` when set, else :data:`EXTERNAL_DATA_BYTES`."""
-    value = os.environ.get(EXTERNAL_DATA_ENV)
-    if value is None or not value.strip():
-        return EXTERNAL_DATA_BYTES
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ConfigError(f"{EXTERNAL_DATA_ENV}={value!r}: expected a number of bytes (an integer >= 0)")
-    return n
+    return int(env_number(EXTERNAL_DATA_ENV, EXTERNAL_DATA_BYTES, int, "a number of bytes (an integer >= 0)"))
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

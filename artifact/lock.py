@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from mhaexport.errors import ArtifactError, ConfigError
+from mhaexport.artifact.files import env_number
+from mhaexport.errors import ArtifactError
 
 LOCK_FILE = ".mhaexport.lock"
 # how long a writer waits for another one to finish its critical section (seconds); MHAEXPORT_LOCK_TIMEOUT overrides
@@ -26,16 +27,8 @@ LOCK_TIMEOUT_ENV = "MHAEXPORT_LOCK_TIMEOUT"
 def lock_timeout() -> float:
     """Seconds a writer waits for the lock: ``MHAEXPORT_LOCK_TIMEOUT`` when set, else :data:`DEFAULT_TIMEOUT`;
     ConfigError for a value that is not a finite number >= 0 (writing verbs call this before any work)."""
-    value = os.environ.get(LOCK_TIMEOUT_ENV)
-    if value is None or not value.strip():
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise ConfigError(f"{LOCK_TIMEOUT_ENV}={value!r}: expected seconds to wait for another writer (a number >= 0)")
-    return seconds
+    return env_number(LOCK_TIMEOUT_ENV, DEFAULT_TIMEOUT, float,
+                      "seconds to wait for another writer (a number >= 0)")
 
 
 def _holder_line(path: Path) -> str:

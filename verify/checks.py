@@ -281,14 +281,19 @@ def _ragged_prompts(ctx: Context, n_new: int, seed: int) -> list[np.ndarray]:
                                                                            dtype=np.int64)]
 
 
+def _deploy_run(runner: Runner, ctx: Context, n_new: int, seed: int):
+    """The deploy loop (the runner's deploy twin) generating n_new greedy tokens for a ragged batch of two prompts,
+    keeping each step's logits: (the prompts, the GenerationResult)."""
+    prompts = _ragged_prompts(ctx, n_new, seed)
+    return prompts, DecodeLoop(runner.deploy_runner()).generate(
+        [p.tolist() for p in prompts], GenerationConfig(max_new_tokens=n_new), keep_logits=True)
+
+
 def _deploy_steps(runner: Runner, ctx: Context, n_new: int) -> tuple[Diff, dict, list[np.ndarray], list[list[int]]]:
     """The deploy loop over a ragged batch, greedy for n_new tokens (prefill, then n_new - 1 steps reusing the
     buffers in place), judged position by position against eager fed the same tokens one row at a time. Returns the
     Diff of the logits, its figures, the prompts and each row's tokens."""
-    twin = runner.deploy_runner()
-    prompts = _ragged_prompts(ctx, n_new, ctx.seed + 43)
-    res = DecodeLoop(twin).generate([p.tolist() for p in prompts], GenerationConfig(max_new_tokens=n_new),
-                                    keep_logits=True)
+    prompts, res = _deploy_run(runner, ctx, n_new, ctx.seed + 43)
     d = Diff()
     for b, p in enumerate(prompts):
         seq = np.concatenate([p, np.array(res.tokens[b][:-1], dtype=np.int64)])[None]  # (1, P + n - 1)
@@ -437,9 +442,7 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
         worst = max(worst, d_prefill.max_abs, d_decode.max_abs)
     fig["protocol"] = _protocols(runner)
     if (twin := runner.deploy_runner()) is not None:  # the file's own padding: ragged rows right-padded, in place
-        prompts = _ragged_prompts(ctx, steps, ctx.seed + 53)
-        batch = DecodeLoop(twin).generate([q.tolist() for q in prompts], GenerationConfig(max_new_tokens=steps),
-                                          keep_logits=True)
+        prompts, batch = _deploy_run(runner, ctx, steps, ctx.seed + 53)
         d = Diff()
         for b, q in enumerate(prompts):
             alone = DecodeLoop(twin).generate([q.tolist()], GenerationConfig(max_new_tokens=steps), keep_logits=True)
@@ -642,10 +645,7 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
 def _deploy_generation(runner: Runner, ctx: Context, n: int) -> CheckResult:
     """Greedy tokens of the deploy loop over a ragged batch against eager's greedy tokens for each prompt alone; at a
     divergence, eager's margin there (a near-tie within tolerance passes, as for the other generations)."""
-    twin = runner.deploy_runner()
-    prompts = _ragged_prompts(ctx, n, ctx.seed + 59)
-    res = DecodeLoop(twin).generate([p.tolist() for p in prompts], GenerationConfig(max_new_tokens=n),
-                                    keep_logits=True)
+    prompts, res = _deploy_run(runner, ctx, n, ctx.seed + 59)
     worst = Diff()
     for b, p in enumerate(prompts):
         ref = greedy(ctx.eager, p[None], n)
