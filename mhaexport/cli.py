@@ -600,10 +600,14 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--quantize", "quantize", default=None, metavar="int4,int8",
               help="Time quantized exports of the same model beside the float one: those that neither FOLDER nor a "
                    "--compare folder holds are quantized (once, default settings) to OUTPUT/quantized/SCHEME.")
+@click.option("--builder", default=None, metavar="fp32,int4",
+              help="Also time onnxruntime-genai's model builder's files of the same Hugging Face model (FOLDER an "
+                   "--hf export; onnxruntime-genai installed): built once to OUTPUT/builder/PRECISION, adopted, and "
+                   "timed in the same run, rows labelled by producer.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, output) -> None:
+              profile, compare, lowerings, quantize, builder, output) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -626,6 +630,13 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         from mhaexport.exporter.variants import parse_lowerings
 
         wanted_lowerings = parse_lowerings(lowerings)
+    if builder:
+        from mhaexport.artifact import ExportFolder
+        from mhaexport.exporter.peer import check_precisions, hf_source
+
+        precisions = check_precisions(builder)
+        with ExportFolder.open(folder, check=False) as ef:
+            hf_source(ef)  # an --hf folder, its Hugging Face folder still there: else one line, before any work
     _writable(output or folder, "" if output else " (give -o DIR to write the bench results elsewhere)")
     if lowerings:
         from mhaexport.exporter.variants import export_lowerings
@@ -637,6 +648,11 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         from mhaexport.exporter.quantize import export_quantized
 
         found = export_quantized(folder, schemes, output or folder, have=cfg.compare, progress=say)
+        cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
+    if builder:
+        from mhaexport.exporter.peer import export_builder
+
+        found = export_builder(folder, precisions, output or folder, progress=say)
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     from mhaexport import api
 
