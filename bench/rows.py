@@ -34,7 +34,8 @@ from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, EagerRunner,
-                                      RecomputeRunner, TorchScriptRunner)
+                                      RecomputeRunner)
+from mhaexport.verify.verify import artifact_runner
 
 
 def _ms(x: float) -> float:
@@ -351,7 +352,7 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
             if not ef.has("torchscript"):
                 add(skipped_row(name, f"no TorchScript export in {folder}"))
             else:
-                add(Row(RuntimeBench(name), TorchScriptRunner(TORCHSCRIPT, c, ef.file("torchscript")).activate,
+                add(Row(RuntimeBench(name), artifact_runner(ef, TORCHSCRIPT, c).activate,
                         cfg.repeats))
         elif name in ORT_RUNTIMES:
             provider = "cpu" if name == ORT_CPU else "cuda"
