@@ -66,6 +66,7 @@ class HFCausalLM(nn.Module):
         self.config = config
         self._cache_kw = cache_kw  # "cache" (transformers 5.x) or "past_key_values"
         self._cache_cls = cache_cls  # transformers.DynamicCache
+        self.eval()  # inference only: the wrapped model is in eval mode, and so is its wrapper (torch.onnx warns else)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 past_key_values: tuple | None = None) -> tuple[torch.Tensor, tuple]:
