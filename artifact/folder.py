@@ -274,7 +274,8 @@ def _recover(folder: Path) -> None:
     then every dead scratch folder is removed. Live writers' and readers' folders are left alone."""
     for scratch in [*folder.glob(f"{STAGING_PREFIX}*"), *folder.glob(f"{SNAPSHOT_PREFIX}*")]:
         pid = _scratch_pid(scratch)
-        if pid == os.getpid() and scratch.name.startswith(SNAPSHOT_PREFIX) and scratch not in _live_snapshots:
+        if pid == os.getpid() and scratch.name.startswith(SNAPSHOT_PREFIX) and \
+                scratch.resolve() not in {s.resolve() for s in _live_snapshots}:
             shutil.rmtree(scratch, ignore_errors=True)  # named for this process but not one of its own: a copy
             continue
         if pid is not None and (pid == os.getpid() or _pid_alive(pid)):
