@@ -113,15 +113,6 @@ class OrtRunner(OrtSessionRunner):
             feed[self.in_positions] = np.ascontiguousarray(pos, dtype=np.int64)
         return feed
 
-    @classmethod
-    def from_session(cls, name: str, contract: ModelContract, loaded, *, dtype: str, io_binding: bool | None = None,
-                     **kwargs) -> OrtRunner:
-        """A runner around a session :func:`~mhaexport.runtime.session.create_session` made (the deploy path)."""
-        r = cls(name, contract, loaded.model_path, dtype=dtype, io_binding=io_binding, **kwargs)
-        r._adopt(loaded.session, loaded.warnings, loaded.optimized_from_cache)
-        r.is_active = True
-        return r
-
     def baked_axes(self) -> list[str]:
         contract_past = [n for i in range(self.contract.n_layers) for n in iospec.past_names(i)]
         file_name = {iospec.INPUT_IDS: self.in_ids, iospec.ATTENTION_MASK: self.in_mask,
