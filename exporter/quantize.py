@@ -359,26 +359,29 @@ def load_with_data(path: Path) -> onnx.ModelProto:
     return model
 
 
-def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto, onnx.ModelProto, str] | str:
+def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto | None, onnx.ModelProto | None, str]:
     """Re-run the quantize recipe ``ef``'s manifest records on the float source it records: (the shipped model, the
-    rebuilt one, a note on the versions) — or, when that cannot be done, one line saying why (no recipe: another
-    tool quantized the file; the source folder gone; its file is not the one quantized, by sha256)."""
+    rebuilt one, a note on the versions). When the recipe cannot be re-run the rebuilt model is None and the note
+    says why (another tool quantized the file; the source folder gone; its file not the one quantized, by sha256):
+    the shipped model then goes to the check against the reference model's weights."""
     entry = ef.entry("onnx")
     q = entry.details.quantization
     if q is None:
-        return "not quantized"
+        return None, None, "not quantized"
+    shipped = load_with_data(ef.file("onnx"))
     if not isinstance(q.source, QuantSource) or not q.source.folder:
-        return f"quantized by another tool ({q.source or 'no recipe recorded'}): no recipe to re-run"
+        return shipped, None, f"quantized by another tool ({q.source or 'no recipe recorded'}): no recipe to re-run"
     src_dir = (ef.path / q.source.folder).resolve()
     try:
         src = ExportFolder.open(src_dir, "onnx")
     except ArtifactError as e:
-        return f"its float source {src_dir} cannot be read ({e})"
+        return shipped, None, f"its float source {src_dir} cannot be read ({e})"
     with src:
         s_entry = src.entry("onnx")
         if s_entry.files[s_entry.file]["sha256"] != q.source.onnx_sha256:
-            return (f"its float source {src_dir} holds another model.onnx than the one quantized (sha256 "
-                    f"{s_entry.files[s_entry.file]['sha256'][:12]}…, recorded {str(q.source.onnx_sha256)[:12]}…)")
+            return shipped, None, (f"its float source {src_dir} holds another model.onnx than the one quantized "
+                                   f"(sha256 {s_entry.files[s_entry.file]['sha256'][:12]}…, recorded "
+                                   f"{str(q.source.onnx_sha256)[:12]}…)")
         cfg = QuantConfig(weights=q.weights or "int4", block_size=q.block_size or 32,
                           symmetric=bool(q.symmetric) if q.symmetric is not None else True,
                           accuracy_level=q.accuracy_level if q.accuracy_level is not None else 4,
@@ -387,7 +390,7 @@ def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto, onnx.ModelProto, str] 
     here = tool_versions().get("onnxruntime")
     note = "" if q.onnxruntime in (None, here) else (f"quantized with onnxruntime {q.onnxruntime}, re-run with "
                                                      f"{here}")
-    return load_with_data(ef.file("onnx")), rebuilt, note
+    return shipped, rebuilt, note
 
 
 def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = QuantConfig(),

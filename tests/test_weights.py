@@ -77,15 +77,40 @@ def test_the_weights_check_is_in_verify_and_fails_it(tiny_export, tmp_path):
     assert "ort-cpu/weights" in res.output and "differ from the recorded recipe" in res.output
 
 
-def test_without_its_source_the_check_says_why_and_does_not_pass(tiny_export, tmp_path):
+def _source_gone(tiny_export, tmp_path, *flags):
     import shutil
 
     src = tmp_path / "src"
     shutil.copytree(tiny_export, src, ignore=shutil.ignore_patterns(".snapshot-*", ".staging-*"))
-    q = _quantize(src, tmp_path / "q")
+    q = _quantize(src, tmp_path / "q", *flags)
     shutil.rmtree(src)
-    res = _check(q)
-    assert res.status is None and "cannot be read" in res.message, res.message
+    return q
+
+
+def _reference(tiny):
+    return lambda: {n: p.detach().numpy() for n, p in tiny.module.named_parameters() if p.dim() == 2}
+
+
+def test_without_its_source_the_weights_are_checked_against_the_reference_model(tiny, tiny_export, tmp_path):
+    q = _source_gone(tiny_export, tmp_path)
+    with ExportFolder.open(q) as ef:
+        no_ref = check_weights(ef, reproduce)
+        res = check_weights(ef, reproduce, _reference(tiny))
+    assert no_ref.status is None and "cannot be read" in no_ref.message  # nothing to compare with: not passed
+    assert res.status is True, res.message
+    assert "within its blocks' rounding" in res.message and res.figures["checked_against_reference"] >= 13
+
+
+@pytest.mark.parametrize("flags", [[], ["--asymmetric"]])
+def test_a_corrupted_scale_is_found_against_the_reference_when_the_recipe_cannot_run(tiny, tiny_export, tmp_path,
+                                                                                     flags):
+    q = _source_gone(tiny_export, tmp_path, *flags)
+    name = _plant(q, 2, lambda a: a.reshape(-1).__setitem__(5, a.reshape(-1)[5] * 1.5))
+    with ExportFolder.open(q) as ef:
+        res = check_weights(ef, reproduce, _reference(tiny))
+    assert res.status is False, res.message
+    assert "against the reference model's weights" in res.message and "row 2, block 1" in res.message
+    assert "of its block's step (round to nearest, the range's edge clamped: at most 1)" in res.message
 
 
 @pytest.mark.parametrize("flag", [[], ["--asymmetric"]])

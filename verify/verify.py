@@ -187,7 +187,8 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
                   quality=quality, tokenizer=tokenizer,
-                  weights=(lambda: check_weights(ef, reproduce)) if "onnx" in lossy else None,
+                  weights=(lambda: check_weights(ef, reproduce, lambda: _linear_weights(loaded.module)))
+                  if "onnx" in lossy else None,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small)
     lint = None
     if ef.has("onnx"):  # static findings first: they often say why a check below fails
@@ -245,6 +246,12 @@ def _report_details(d: Details) -> dict:
     if onnx and onnx.quantization:
         out["quantization"] = _quant_summary(onnx.quantization)
     return out
+
+
+def _linear_weights(module) -> dict[str, object]:
+    """The eager model's 2-D weights as float numpy arrays (N, K): what a quantized MatMul's weight is checked
+    against when its recipe cannot be re-run (embeddings included: a tied head quantizes the embedding table)."""
+    return {name: p.detach().float().cpu().numpy() for name, p in module.named_parameters() if p.dim() == 2}
 
 
 def _quant_summary(q: Quantization) -> dict:

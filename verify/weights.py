@@ -20,8 +20,8 @@ from onnx import numpy_helper
 
 from mhaexport.verify.results import WEIGHTS, CheckResult
 
-# Re-runs a folder's recipe: (shipped ModelProto, rebuilt ModelProto, a note) or why it cannot (a line)
-Reproduce = Callable[[Any], "tuple[Any, Any, str] | str"]
+# Re-runs a folder's recipe: (shipped ModelProto, rebuilt ModelProto or None, a note: why not, or the versions)
+Reproduce = Callable[[Any], "tuple[Any, Any, str]"]
 
 _ROLES = {"MatMulNBits": {1: "packed weights", 2: "scales", 3: "zero points"},
           "GatherBlockQuantized": {0: "packed table", 2: "scales", 3: "zero points"}}
@@ -87,15 +87,97 @@ def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, dict]:
     return first, fig
 
 
-def check_weights(folder: Any, reproduce: Reproduce | None) -> CheckResult:
-    """The ``weights`` check of an export folder's quantized ONNX artifact (``folder``: an opened ExportFolder)."""
+def dequantize(node: Any, inits: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A MatMulNBits node's weight as floats, (N, K), and the scale of the block of each value, (N, K): (q - zero
+    point) x scale per block of ``block_size`` along K, 4-bit values two to a byte (low nibble first); None when an
+    input is not a constant."""
+    attrs = {a.name: a.i for a in node.attribute}
+    K, N, bits, bs = attrs.get("K"), attrs.get("N"), attrs.get("bits", 4), attrs.get("block_size")
+    names = list(node.input) + [""] * 4
+    if not (K and N and bs) or names[1] not in inits or names[2] not in inits:
+        return None
+    packed = numpy_helper.to_array(inits[names[1]]).astype(np.uint8).reshape(N, -1)  # (N, n_blocks * blob)
+    n_blocks = -(-K // bs)
+    if bits == 4:
+        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(N, -1)  # (N, n_blocks * bs)
+    else:
+        q = packed
+    q = q[:, :n_blocks * bs].astype(np.float64).reshape(N, n_blocks, bs)
+    scales = numpy_helper.to_array(inits[names[2]]).astype(np.float64).reshape(N, n_blocks, 1)
+    if names[3] and names[3] in inits:
+        zp = numpy_helper.to_array(inits[names[3]]).astype(np.uint8).reshape(N, -1)
+        if bits == 4:
+            zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(N, -1)
+        zp = zp[:, :n_blocks].astype(np.float64).reshape(N, n_blocks, 1)
+    else:
+        zp = np.full((N, n_blocks, 1), 2.0 ** (bits - 1))
+    w = ((q - zp) * scales).reshape(N, -1)[:, :K]
+    return w, np.broadcast_to(np.abs(scales), (N, n_blocks, bs)).reshape(N, -1)[:, :K]
+
+
+# how far (in steps of its block's scale) a quantized value may lie from the weight it quantizes: half a step by
+# rounding, one at the clamped edge of the range; and float slack
+STEP_SLACK = 1.0 + 1e-3
+
+
+def against_reference(shipped: Any, reference: dict[str, np.ndarray]) -> tuple[str | None, dict]:
+    """Each MatMulNBits weight of ``shipped`` against the reference model's weights (``reference``: name -> (N, K)
+    array, e.g. its Linear weights): the candidate of its shape that it is closest to, and per block an error
+    beyond what the block's own scale explains names the tensor and block: round to nearest is off by at most half
+    a step, and a value at the clamped edge of the range (symmetric int4 maps the block's largest magnitude to -8,
+    so a positive one clamps to 7) by at most one: |error| <= STEP_SLACK x scale. A weight no reference matches in shape is counted,
+    not judged (e.g. packed QKV)."""
+    inits = {t.name: t for t in shipped.graph.initializer}
+    by_shape: dict[tuple, list[tuple[str, np.ndarray]]] = {}
+    for name, w in reference.items():
+        by_shape.setdefault(tuple(w.shape), []).append((name, np.asarray(w, dtype=np.float64)))
+    checked, unmatched, first = 0, 0, None
+    for node in shipped.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        got = dequantize(node, inits)
+        if got is None:
+            continue
+        w, scale = got
+        cands = by_shape.get(tuple(w.shape), [])
+        if not cands:
+            unmatched += 1
+            continue
+        checked += 1
+        ratio = {n: np.abs(w - ref) / np.maximum(scale, 1e-30) for n, ref in cands}  # errors in steps
+        best = min(ratio, key=lambda n: float(np.median(ratio[n])))
+        bad = np.argwhere(ratio[best] > STEP_SLACK)
+        if len(bad) and first is None:
+            attrs = {a.name: a.i for a in node.attribute}
+            n, k = (int(i) for i in bad[0])
+            first = (f"{node.input[1]} (MatMulNBits {node.name}, against the reference's {best}) at row {n}, block "
+                     f"{k // attrs.get('block_size', 1)}: off by {ratio[best][n, k]:.2f} of its block's step "
+                     f"(round to nearest, the range's edge clamped: at most 1), {len(bad)} value(s) so")
+    return first, {"checked_against_reference": checked, "not_matched": unmatched}
+
+
+def check_weights(folder: Any, reproduce: Reproduce | None, reference: Callable[[], dict] | None = None
+                  ) -> CheckResult:
+    """The ``weights`` check of an export folder's quantized ONNX artifact (``folder``: an opened ExportFolder):
+    the recipe re-run bit for bit; where it cannot be re-run (another tool's file, the source gone), each quantized
+    weight against ``reference()`` (the eager model's weights) within its block's rounding."""
     if reproduce is None:
         return CheckResult(WEIGHTS, None, {}, "not run: no recipe runner given (the CLI and mhaexport.verify pass "
                                               "the exporter's)")
-    got = reproduce(folder)
-    if isinstance(got, str):
-        return CheckResult(WEIGHTS, None, {"reason": got}, f"not run: {got}; quality judges the file")
-    shipped, rebuilt, note = got
+    shipped, rebuilt, note = reproduce(folder)
+    if rebuilt is None:
+        if shipped is None or reference is None:
+            return CheckResult(WEIGHTS, None, {"reason": note}, f"not run: {note}; quality judges the file")
+        first, fig = against_reference(shipped, reference())
+        fig["recipe"] = note
+        if not fig["checked_against_reference"]:
+            return CheckResult(WEIGHTS, None, fig, f"not run: {note}, and no quantized weight matches a reference "
+                                                   "weight's shape; quality judges the file")
+        if first is not None:
+            return CheckResult(WEIGHTS, False, fig, f"{note}; against the reference model's weights: {first}")
+        unmatched = f" ({fig['not_matched']} not matched by shape)" if fig["not_matched"] else ""
+        return CheckResult(WEIGHTS, True, fig, f"{note}; each of {fig['checked_against_reference']} quantized weight(s)"
+                                               f" is the reference model's within its blocks' rounding{unmatched}")
     first, fig = first_difference(shipped, rebuilt)
     versions = f" ({note})" if note else ""
     if first is None:
