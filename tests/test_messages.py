@@ -4,51 +4,22 @@ size baked in)."""
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from mhaexport.verify import verify_folder
 from mhaexport.verify.checks import parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance
 from mhaexport.verify.sweep import Case
 from planted.edit import rehashed_copy
+from planted.file_bugs import fp16_cache, position_row, weight_column
 
 
 def _verify(folder, loaded, *checks):
     return verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=checks).results["ort-cpu"]
 
 
-def _weight_column(proto: onnx.ModelProto) -> None:
-    """Scale one output column of a MatMul weight by 1.2: a real edit of a weight (not rounding)."""
-    inits = {t.name: t for t in proto.graph.initializer}
-    node = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits][5]
-    t = inits[node.input[1]]
-    a = numpy_helper.to_array(t).copy()
-    a[:, 3] *= 1.2
-    t.CopyFrom(numpy_helper.from_array(a, t.name))
-
-
-def _position_row(proto: onnx.ModelProto) -> None:
-    """Damage one row of the learned position table, high up (position 100): only long sequences reach it."""
-    t = next(t for t in proto.graph.initializer if t.name == "pos_emb.weight")
-    a = numpy_helper.to_array(t).copy()
-    a[100, ::2] += 0.5
-    t.CopyFrom(numpy_helper.from_array(a, t.name))
-
-
-def _fp16_cache(proto: onnx.ModelProto) -> None:
-    """Layer 1's key cache through float16 and back: precision lost in one layer's cache of a float32 file."""
-    g = proto.graph
-    node = next(n for n in g.node if "present.1.key" in n.output)
-    node.output[list(node.output).index("present.1.key")] = "k1_f32"
-    g.node.extend([helper.make_node("Cast", ["k1_f32"], ["k1_f16"], to=TensorProto.FLOAT16),
-                   helper.make_node("Cast", ["k1_f16"], ["present.1.key"], to=TensorProto.FLOAT)])
-
-
 def test_a_real_weight_edit_is_not_offered_a_looser_tolerance_and_names_the_cache_layer(tiny, tiny_export, tmp_path):
-    folder = rehashed_copy(tiny_export, tmp_path / "w", _weight_column)
+    folder = rehashed_copy(tiny_export, tmp_path / "w", weight_column)
     parity = _verify(folder, tiny, "parity")["parity"]
     assert parity.status is False
     assert "not rounding" in parity.message and "not a tolerance to loosen" in parity.message
@@ -68,7 +39,7 @@ def test_rounding_is_offered_the_atol_that_would_pass(tiny, tiny_export):
 
 def test_damage_high_in_the_position_table_is_named_with_its_position_not_a_baked_size(tiny, tiny_export,
                                                                                          tmp_path):
-    folder = rehashed_copy(tiny_export, tmp_path / "p", _position_row)
+    folder = rehashed_copy(tiny_export, tmp_path / "p", position_row)
     res = _verify(folder, tiny, "parity", "dynamic-shapes")
     dyn = res["dynamic-shapes"]
     assert dyn.status is False and "baked in at export" not in dyn.message
@@ -79,7 +50,7 @@ def test_damage_high_in_the_position_table_is_named_with_its_position_not_a_bake
 def test_precision_lost_in_one_layers_cache_fails_the_default_sweep(tiny, tiny_export, tmp_path):
     """It stays within the tolerance on nearly every value (the full sweep found 3 of 1.7 M): the default quick
     sweep fails it by the error's size against float32 rounding, per cache output."""
-    folder = rehashed_copy(tiny_export, tmp_path / "c", _fp16_cache)
+    folder = rehashed_copy(tiny_export, tmp_path / "c", fp16_cache)
     parity = _verify(folder, tiny, "parity")["parity"]
     assert parity.status is False
     assert parity.message.startswith("precision lost in present.1.key: max abs")

@@ -1,0 +1,39 @@
+"""Bugs planted in the shipped ONNX file only (the PyTorch model is right): each function edits a ModelProto in
+place; ``planted.edit.rehashed_copy`` writes it into a copy of an export folder and re-hashes it, as a pipeline that
+re-records a file would. One per class of damage verify must name (tests/test_messages.py, tests/test_sweeps.py)."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def weight_column(proto: onnx.ModelProto) -> None:
+    """Scale one output column of a MatMul weight (block 0's MLP) by 1.2: a real edit of a weight, not rounding."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    node = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits][5]
+    t = inits[node.input[1]]
+    a = numpy_helper.to_array(t).copy()
+    a[:, 3] *= 1.2
+    t.CopyFrom(numpy_helper.from_array(a, t.name))
+
+
+def position_row(proto: onnx.ModelProto, position: int = 100) -> None:
+    """Damage one row of the learned position table, high up: only sequences that long reach it."""
+    t = next(t for t in proto.graph.initializer if t.name == "pos_emb.weight")
+    a = numpy_helper.to_array(t).copy()
+    a[position, ::2] += 0.5
+    t.CopyFrom(numpy_helper.from_array(a, t.name))
+
+
+def fp16_cache(proto: onnx.ModelProto, layer: int = 1) -> None:
+    """One layer's key cache through float16 and back: precision lost in one cache output of a float32 file."""
+    g = proto.graph
+    name = f"present.{layer}.key"
+    node = next(n for n in g.node if name in n.output)
+    node.output[list(node.output).index(name)] = f"{name}_f32"
+    g.node.extend([helper.make_node("Cast", [f"{name}_f32"], [f"{name}_f16"], to=TensorProto.FLOAT16),
+                   helper.make_node("Cast", [f"{name}_f16"], [name], to=TensorProto.FLOAT)])
+
+
+FILE_BUGS = {"weight_column": weight_column, "position_row": position_row, "fp16_cache": fp16_cache}
