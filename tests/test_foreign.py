@@ -249,10 +249,15 @@ def test_the_builders_int4_file_is_lossy_and_verified_on_quality(llama, tmp_path
     rec = adopt_onnx(loaded, path)
     q = rec.manifest.artifacts["onnx"].details.quantization
     assert q.weights == "int4" and q.ops.get("MatMulNBits", 0) > 0 and q.block_size == 32
-    report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES)
+    from mhaexport.exporter.quantize import reproduce
+
+    report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES, reproduce=reproduce)
     assert report.verdict.code == 0, report.to_markdown()
     ort = report.results["ort-cpu"]
     assert ort["parity"].status is None and ort["parity"].figures.get("lossy")  # exact parity does not apply
+    # no recipe to re-run: each int4 weight (its packed QKV too) against the model's own, within its block's step
+    assert ort["weights"].status is True and "quantized by another tool" in ort["weights"].message
+    assert ort["weights"].figures["not_matched"] == 0 and ort["weights"].figures["checked_against_reference"] > 0
     assert ort["quality"].status is True
     text = ort["quality"].figures["text"]  # the held-out text, read with the folder's tokenizer.json
     assert text["positions"] > 100 and 0.9 < text["ppl_ratio"] < 1.1 and text["bits_per_byte"] is None

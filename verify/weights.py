@@ -120,16 +120,32 @@ def dequantize(node: Any, inits: dict[str, Any]) -> tuple[np.ndarray, np.ndarray
 STEP_SLACK = 1.0 + 1e-3
 
 
+def _with_packed(reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The reference weights, and packed ones as producers write them: runs of 2 or 3 sibling weights (one parent
+    module, one input size K, in the model's order: q, k, v; gate, up) stacked along the output axis."""
+    out = dict(reference)
+    siblings: dict[str, list[str]] = {}
+    for name in reference:
+        siblings.setdefault(name.rsplit(".", 2)[0] if name.count(".") >= 2 else "", []).append(name)
+    for names in siblings.values():
+        for n in (2, 3):
+            for i in range(len(names) - n + 1):
+                run = names[i:i + n]
+                if len({reference[x].shape[1] for x in run}) == 1:
+                    out[" + ".join(run)] = np.concatenate([reference[x] for x in run], axis=0)
+    return out
+
+
 def against_reference(shipped: Any, reference: dict[str, np.ndarray]) -> tuple[str | None, dict]:
     """Each MatMulNBits weight of ``shipped`` against the reference model's weights (``reference``: name -> (N, K)
     array, e.g. its Linear weights): the candidate of its shape that it is closest to, and per block an error
     beyond what the block's own scale explains names the tensor and block: round to nearest is off by at most half
     a step, and a value at the clamped edge of the range (symmetric int4 maps the block's largest magnitude to -8,
-    so a positive one clamps to 7) by at most one: |error| <= STEP_SLACK x scale. A weight no reference matches in shape is counted,
-    not judged (e.g. packed QKV)."""
+    so a positive one clamps to 7) by at most one: |error| <= STEP_SLACK x scale. Packed weights (QKV, gate + up)
+    are matched against sibling weights stacked; a weight no candidate matches in shape is counted, not judged."""
     inits = {t.name: t for t in shipped.graph.initializer}
     by_shape: dict[tuple, list[tuple[str, np.ndarray]]] = {}
-    for name, w in reference.items():
+    for name, w in _with_packed(reference).items():
         by_shape.setdefault(tuple(w.shape), []).append((name, np.asarray(w, dtype=np.float64)))
     checked, unmatched, first = 0, 0, None
     for node in shipped.graph.node:
