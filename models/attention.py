@@ -63,9 +63,8 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: tor
     cos/sin-cache fusion turns into one com.microsoft RotaryEmbedding per use (``--attention fused``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
                                 / head_dim))  # (D/2,)
-    inv = inv_freq[None, :, None].expand(positions.shape[0], -1, 1)  # (B, D/2, 1)
     pos = positions[:, None, :].to(torch.float32)  # (B, 1, T)
-    freqs = (inv @ pos).transpose(1, 2)  # (B, T, D/2)
+    freqs = (inv_freq[None, :, None] @ pos).transpose(1, 2)  # (1, D/2, 1) @ (B, 1, T) -> (B, T, D/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (B, T, D)
     return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)  # (B, 1, T, D) each
 
