@@ -28,15 +28,20 @@ def name_scopes(node: Any) -> list[str]:
     ``['', 'blocks.1', 'blocks.1.attn', 'div_1']``; [] when it has none or they cannot be read.
 
     torch.onnx writes ``repr(list_of_str)``, so the value is read back as a Python literal (a scope holding a comma
-    or a quote survives; splitting the text on commas would cut it)."""
-    for p in node.metadata_props:
-        if p.key == SCOPES_KEY:
-            try:
-                val = ast.literal_eval(p.value)
-            except (ValueError, SyntaxError):
-                return []
-            return [str(v) for v in val] if isinstance(val, (list, tuple)) else []
-    return []
+    or a quote survives; splitting the text on commas would cut it). ``node``: a protobuf NodeProto (its
+    metadata_props a list of entries) or an onnx_ir Node (a mapping)."""
+    props = node.metadata_props
+    if hasattr(props, "get"):  # onnx_ir: a mapping
+        text = props.get(SCOPES_KEY)
+    else:
+        text = next((p.value for p in props if p.key == SCOPES_KEY), None)
+    if text is None:
+        return []
+    try:
+        val = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(v) for v in val] if isinstance(val, (list, tuple)) else []
 
 
 class GraphIndex:

@@ -96,6 +96,52 @@ def outer_product_freqs(model: ir.Model) -> int:
     return pattern.RewriteRuleSet([_outer_product_rule()]).apply_to_model(model)
 
 
+def pack_projections(model: ir.Model) -> int:
+    """MatMuls that read one value with constant (K, N_i) weights — a block's Q, K and V projections; SwiGLU's gate
+    and up — become one MatMul of the weights side by side and a Split: one weight to read per step, and one
+    MatMulNBits after ``mhaexport quantize`` (the builder's packed QKV). The packed node keeps the scopes the group
+    shares (its block), so quantize's ``--int8-blocks`` and bisect still place it. Returns the groups packed."""
+    import onnx_ir as ir
+
+    from mhaexport.graph import SCOPES_KEY, name_scopes
+
+    packed = 0
+    for value in list(model.graph.inputs) + [o for n in list(model.graph) for o in n.outputs]:
+        group = [u for u, _ in value.uses() if u.op_type == "MatMul" and u.domain in ("", "ai.onnx")
+                 and u.inputs[0] is value and u.inputs[1] is not None and u.inputs[1].const_value is not None
+                 and u.inputs[1].is_initializer() and len(u.inputs[1].const_value.shape) == 2]
+        group = list({id(u): u for u in group}.values())
+        if len(group) < 2 or len({u.inputs[1].const_value.numpy().dtype for u in group}) != 1:
+            continue
+        weights = [u.inputs[1].const_value.numpy() for u in group]  # (K, N_i) each
+        if len({w.shape[0] for w in weights}) != 1:
+            continue
+        first = group[0]
+        name = f"{first.name}_packed"
+        w = ir.Value(name=f"{name}.weight", const_value=ir.tensor(np.concatenate(weights, axis=1),
+                                                                 name=f"{name}.weight"))
+        model.graph.register_initializer(w)
+        sizes = ir.Value(name=f"{name}.sizes", const_value=ir.tensor(
+            np.array([x.shape[1] for x in weights], dtype=np.int64), name=f"{name}.sizes"))
+        model.graph.register_initializer(sizes)
+        mm = ir.Node("", "MatMul", [value, w], num_outputs=1, name=name)
+        split = ir.Node("", "Split", [mm.outputs[0], sizes], attributes=[ir.AttrInt64("axis", -1)],
+                        num_outputs=len(group), name=f"{name}_split")
+        scopes = [name_scopes(u) for u in group]
+        common = [x for i, x in enumerate(scopes[0]) if all(len(sc) > i and sc[i] == x for sc in scopes)]
+        for node in (mm, split):
+            node.metadata_props[SCOPES_KEY] = repr(common)
+        model.graph.insert_before(first, [mm, split])
+        for u, out in zip(group, split.outputs):
+            out.shape, out.dtype = u.outputs[0].shape, u.outputs[0].dtype
+            u.outputs[0].replace_all_uses_with(out)
+            if u.outputs[0].is_graph_output():
+                raise AssertionError("a projection is a graph output")  # never in a decoder
+            model.graph.remove(u, safe=True)
+        packed += 1
+    return packed
+
+
 def fuse_for_ort(model: ir.Model) -> dict[str, int]:
     """Apply ort_fusions' non-attention fusions to ``model`` in place; returns {fusion: count} (zeros left out)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass, TopologicalSortPass
@@ -118,6 +164,7 @@ def fuse_for_ort(model: ir.Model) -> dict[str, int]:
                        ("gelu", fuse_gelu), ("bias_gelu", fuse_bias_gelu)):
         counts[name] = fuse(model)
     optimize(model)  # inlines the intermediate functions a fusion left unconsumed (as ort_fusions itself does)
+    counts["packed_projections"] = pack_projections(model)
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
     return {k: int(v) for k, v in counts.items() if v}
