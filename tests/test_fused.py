@@ -36,6 +36,7 @@ def test_the_default_decoder_fuses_norms_gelu_and_attention_and_computes_the_sam
     assert counts.get("com.microsoft.SkipLayerNormalization") == 2 * c.n_layers
     assert counts.get("com.microsoft.BiasGelu") == c.n_layers and "Erf" not in counts
     assert "com.microsoft.FusedMatMul" not in counts  # the tied head stays a MatMul: quantize finds it
+    assert counts.get("Split") == c.n_layers and report.fusions["packed_projections"] == c.n_layers  # Q, K, V as one
     assert report.fusions["skip_layer_normalization"] == 2 * c.n_layers
     assert json.loads(json.dumps(report.to_dict()))["fusions"] == report.fusions  # recorded in the manifest
     for batch, seq, past in [(1, 1, 0), (2, 7, 0), (1, 1, 13), (3, 5, 4)]:  # lengths never seen at export

@@ -4,7 +4,8 @@
 MultiHeadAttention over a concat cache, GroupQueryAttention over a shared one), then hands the graph to the
 well-kept fusions ONNX Runtime's own tools use (onnxscript's ``ort_fusions``): LayerNormalization + residual Add ->
 SkipLayerNormalization, RMSNorm -> SimplifiedLayerNormalization (+ residual -> SkipSimplifiedLayerNormalization),
-Erf-GELU -> Gelu, bias + Gelu -> BiasGelu, rotary embedding -> RotaryEmbedding (with its cos/sin cache). Its
+Erf-GELU -> Gelu, bias + Gelu -> BiasGelu, rotary embedding -> RotaryEmbedding (with its cos/sin cache); and one
+rule of ours, :func:`pack_projections`: Q, K and V (and SwiGLU's gate and up) as one MatMul and a Split. Its
 attention fusions (SDPA/MHA/GQA) are not run: our rules already wrote the attention op, with the mask and the cache
 as this project's contract needs them. Nor is FusedMatMul: in our graphs the one MatMul it takes is the tied LM
 head's ``MatMul(x, Transpose(embedding))``, a transpose of a constant that ONNX Runtime folds at load anyway, and
