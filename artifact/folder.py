@@ -90,7 +90,6 @@ class ExportFolder:
     path: Path
     manifest: Manifest
     root: Path | None = None
-    snapshot: Path | None = field(default=None, repr=False)  # the scratch folder to remove on close
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -113,7 +112,7 @@ class ExportFolder:
             names = [artifact] if artifact else list(manifest.artifacts)
             files = sorted({f for n in names for f in ef.entry(n).files})
             if files:
-                ef.root, ef.snapshot = _snapshot(folder, files)
+                ef.root = _snapshot(folder, files)
         if check:
             try:
                 ef.check(artifact)
@@ -123,11 +122,11 @@ class ExportFolder:
         return ef
 
     def close(self) -> None:
-        """Remove the snapshot (the files stay readable by whoever already opened them)."""
-        if self.snapshot is not None:
-            shutil.rmtree(self.snapshot, ignore_errors=True)
-            _live_snapshots.discard(self.snapshot)
-            self.snapshot = None
+        """Remove the snapshot (the files stay readable by whoever already opened them; :meth:`file` then names
+        files that are gone, never the folder's unchecked ones)."""
+        if self.root in _live_snapshots:
+            shutil.rmtree(self.root, ignore_errors=True)
+            _live_snapshots.discard(self.root)
 
     def __enter__(self) -> ExportFolder:
         return self
@@ -177,10 +176,6 @@ class ExportFolder:
     def file(self, artifact: str, name: str | None = None) -> Path:
         """The path of ``artifact``'s main file (or of its file ``name``) as checked: in the snapshot."""
         return self.root / (name or self.entry(artifact).file)
-
-    def has_file(self, name: str) -> bool:
-        """Whether the snapshot holds a file ``name`` (one an artifact lists, so checked)."""
-        return (self.root / name).is_file()
 
 
 def lowering_of(ef: ExportFolder) -> str | None:
@@ -311,8 +306,8 @@ def _reader_lock(folder: Path) -> Iterator[bool]:
         lock.__exit__(None, None, None)
 
 
-def _snapshot(folder: Path, files: list[str]) -> tuple[Path, Path]:
-    """(root, scratch folder): the ``files`` of ``folder`` as hard links in a new ``.snapshot-<pid>-*`` folder, or
+def _snapshot(folder: Path, files: list[str]) -> Path:
+    """A new scratch folder holding the ``files`` of ``folder`` as hard links in a new ``.snapshot-<pid>-*`` folder, or
     copies where a link is refused (another file system, a read-only folder: then in the system's temp folder).
     A listed file that is missing is left out: the hash check names it."""
     try:
@@ -334,7 +329,7 @@ def _snapshot(folder: Path, files: list[str]) -> tuple[Path, Path]:
         shutil.rmtree(snap, ignore_errors=True)
         _live_snapshots.discard(snap)
         raise
-    return snap, snap
+    return snap
 
 
 @dataclass
