@@ -44,6 +44,7 @@ class DecodeState:
 
     cache: Any
     attention_mask: np.ndarray  # int64 (B, S)
+    capacity: int | None = None  # the most positions the cache was made for (None: the runner's max_length)
 
     @property
     def length(self) -> int:
@@ -120,8 +121,11 @@ class DecodeLoop:
         self.clock = clock
 
     # ---- feeding tokens --------------------------------------------------------------------------------------
-    def empty(self, batch: int) -> DecodeState:
-        return DecodeState(self.runner.empty_cache(batch), np.zeros((batch, 0), dtype=np.int64))
+    def empty(self, batch: int, positions: int | None = None) -> DecodeState:
+        """An empty state; ``positions``: the most positions it will hold (a runner with preallocated buffers sizes
+        them to it, and feeding past it is refused)."""
+        cap = min(positions, self.runner.max_length) if positions else None
+        return DecodeState(self.runner.empty_cache(batch, cap), np.zeros((batch, 0), dtype=np.int64), cap)
 
     def feed(self, input_ids: np.ndarray, state: DecodeState,
              mask: np.ndarray | None = None) -> tuple[np.ndarray, DecodeState]:
@@ -133,14 +137,19 @@ class DecodeLoop:
         if full.shape[1] > self.runner.max_length:
             raise RuntimeInputError(f"cannot feed past {self.runner.limit_text()}: the cache holds {state.length} "
                                     f"positions and {T} more were given")
+        if state.capacity is not None and full.shape[1] > state.capacity:
+            raise RuntimeInputError(f"cannot feed past the {state.capacity} positions this cache was made for: it "
+                                    f"holds {state.length} and {T} more were given")
         logits, cache = self.runner.step(np.ascontiguousarray(input_ids, dtype=np.int64), full, state.cache)
-        return logits, DecodeState(cache, full)
+        return logits, DecodeState(cache, full, state.capacity)
 
-    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, DecodeState]:
+    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                positions: int | None = None) -> tuple[np.ndarray, DecodeState]:
         """Run the whole prompt once: each row's (B, V) logits at its last real token (the last position, or with
-        right padding the last one the mask marks) and the cache it leaves."""
+        right padding the last one the mask marks) and the cache it leaves. ``positions``: the most positions the
+        cache will hold (prompt + new tokens; None: the most the runner takes)."""
         ids, mask = self.runner.check_ids_mask(input_ids, attention_mask, 0)
-        logits, state = self.feed(ids, self.empty(ids.shape[0]), mask)
+        logits, state = self.feed(ids, self.empty(ids.shape[0], positions), mask)
         last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1] > 0, axis=1)  # (B,)
         return logits[np.arange(len(last)), last, :], state
 
@@ -191,7 +200,8 @@ class DecodeLoop:
                                   providers=list(self.runner.providers))
         done = np.zeros(len(lengths), dtype=bool)
         t0 = self.clock()
-        logits, state = self.prefill(ids, mask)
+        # the cache sized for this generation (prompt + new tokens), as onnxruntime-genai sizes its own
+        logits, state = self.prefill(ids, mask, ids.shape[1] + config.max_new_tokens)
         result.prefill_s = self.clock() - t0
         token = next_tokens(logits, config.sampling, rng)
         result.first_token_s = self.clock() - t0

@@ -189,8 +189,9 @@ class Runner:
         (a shared cache's contract translation); None when the two are the same code."""
         return None
 
-    def empty_cache(self, batch: int) -> Cache:
-        """An empty cache (past length 0) in this runner's own form."""
+    def empty_cache(self, batch: int, positions: int | None = None) -> Cache:
+        """An empty cache (past length 0) in this runner's own form. ``positions``: the most positions it will hold
+        (a hint: a runner with preallocated buffers sizes them to it; None: the most the runner takes)."""
         return self.check_past(None, batch, 0)
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:

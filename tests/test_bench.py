@@ -283,7 +283,7 @@ class FakeRunner(Runner):
         self.calls: list[str] = []
         self.generation = 0
 
-    def empty_cache(self, batch: int) -> int:
+    def empty_cache(self, batch: int, positions: int | None = None) -> int:
         return 0
 
     def step_impl(self, ids: np.ndarray, mask: np.ndarray, cache: int) -> tuple[np.ndarray, int]:

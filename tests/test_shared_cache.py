@@ -11,6 +11,7 @@ import onnx
 import pytest
 import torch
 
+from mhaexport.errors import RuntimeInputError
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.runtime import GenerationConfig, Generator
 from mhaexport.verify import verify_folder
@@ -73,6 +74,34 @@ def test_the_runtime_binds_one_buffer_and_generates_eagers_tokens(shared):
     long = gen.generate([[1] * 60], GenerationConfig(max_new_tokens=20))  # the buffer has 64 slots
     assert long.stop_reason == "max_positions" and len(long.tokens[0]) == 5
     assert "the shared cache's 64 slots (--max-cache)" in long.message
+
+
+def test_a_generation_sizes_its_buffers_and_every_steps_logits_stay_its_own(shared):
+    """generate sizes the buffers to prompt + new tokens (as onnxruntime-genai does); the loop's IOBinding is made
+    once per cache and reused, and each step's logits are an array of their own: keeping them across steps (as
+    verify does) must not see a later step's values."""
+    loaded, folder, _ = shared
+    gen = Generator(folder, threads=1)
+    loop = gen.loop
+    ids, mask, _ = gen.pad_prompts(PROMPTS[:1])
+    logits, state = loop.prefill(ids, mask, positions=ids.shape[1] + 3)
+    assert state.capacity == ids.shape[1] + 3 and state.cache[0].shape() == [1, 4, ids.shape[1] + 3, 16]
+    io = state.cache.io
+    kept = [logits]
+    for _ in range(3):
+        logits, state = loop.decode_one_token(kept[-1].argmax(-1), state)
+        kept.append(logits)
+    assert state.cache.io is io  # bound once, reused by every step
+    assert len({id(x) for x in kept}) == 4 and len({x.ctypes.data for x in kept}) == 4
+    # the kept logits are what a fresh full run gives at each position
+    seq = ids[0].tolist() + [int(x.argmax(-1)[0]) for x in kept[:3]]
+    full = gen.forward(np.array([seq]), np.ones((1, len(seq)), np.int64))[0]  # (1, S, V)
+    for k, x in enumerate(kept):
+        np.testing.assert_allclose(x[0], full[0, ids.shape[1] - 1 + k], atol=1e-4)
+    with pytest.raises(RuntimeInputError, match="the 8 positions this cache was made for"):
+        loop.decode_one_token(kept[-1].argmax(-1), state)  # a ninth position: past what it was made for
+    res = gen.generate(PROMPTS[:1], GenerationConfig(max_new_tokens=12))  # sized to 5 + 12, never refused
+    assert res.tokens == [eager_greedy(loaded.module, PROMPTS[0], 12)]
 
 
 def test_verify_translates_the_contract_and_every_check_passes(shared):

@@ -79,7 +79,7 @@ class EagerRunner(Runner):
         logits, present = self._call(ids, mask, self._torch_past(past))
         return _host(logits), tuple((_host(k), _host(v)) for k, v in present)
 
-    def empty_cache(self, batch: int) -> Cache:
+    def empty_cache(self, batch: int, positions: int | None = None) -> Cache:
         return self._torch_past(self.check_past(None, batch, 0))
 
     def cache_from_numpy(self, past: KVPairs) -> Cache:
@@ -151,7 +151,7 @@ class RecomputeRunner(Runner):
             raise ProviderUnavailable(self.inner.skip_reason)
         self.providers = [f"{', '.join(self.inner.providers)}, no KV cache: whole sequence each step"]
 
-    def empty_cache(self, batch: int) -> Cache:
+    def empty_cache(self, batch: int, positions: int | None = None) -> Cache:
         return np.zeros((batch, 0), dtype=np.int64)
 
     def step_impl(self, ids: np.ndarray, mask: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
