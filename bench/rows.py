@@ -198,7 +198,8 @@ class BareRow(Row):
         if shared:
             import onnxruntime as ort
 
-            shape = (B, c.n_kv_heads, self.entry.details.cache.max_cache, c.head_dim)
+            # sized to the generation, as the decode loop and onnxruntime-genai size theirs
+            shape = (B, c.n_kv_heads, min(self.entry.details.cache.max_cache, P + n), c.head_dim)
             bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in range(2 * layers)]
             io = self.session.io_binding()
             io.bind_output(iospec.LOGITS, "cpu")  # bound first: get_outputs()[0]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE
+from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI
 from mhaexport.bench.result import BenchResult
 from mhaexport.verify.runners import EAGER, ORT_CPU
 
@@ -25,6 +25,8 @@ AT_MOST, AT_LEAST = "at most", "at least"
 # model's spec, the others are BenchConfig fields.
 BENCH_PRESET: Mapping[str, object] = MappingProxyType(
     {"spec": "preset:bench", "batch": 1, "prompt_len": 32, "new_tokens": 128, "threads": 2})
+# The peer targets (issue 20) hold for any model the builder converts: the same run conditions, no preset.
+PEER_RUN: Mapping[str, object] = MappingProxyType({"batch": 1, "prompt_len": 32, "new_tokens": 128, "threads": 2})
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,26 @@ class QuantRowFigure:
                   and x.name.split(" [")[0] == ORT_CPU), None)
         value = getattr(r, self.field) if r is not None else None
         return None if value is None else Reading(value, r.label, r.token_spread)
+
+
+@dataclass(frozen=True)
+class ProducerFigure:
+    """The fastest ORT CPU row (not an --opt-levels variant) of files mhaexport exported (``ours``: lowering
+    "attention=...") or of files another tool made and mhaexport adopted (onnxruntime-genai's builder's: lowering
+    "onnxruntime-genai ..."), with weights ``scheme`` (None: float; "int4")."""
+
+    ours: bool
+    scheme: str | None = None
+    field: str = "token_p50_ms"
+
+    def read(self, res: BenchResult) -> Reading | None:
+        rows = [x for x in res.runtimes if x.ran and x.lowering and x.opt_level is None and getattr(x, self.field)
+                and x.name.split(" [")[0] == ORT_CPU and x.quantization == self.scheme
+                and x.lowering.startswith("attention=") == self.ours]
+        if not rows:
+            return None
+        best = min(rows, key=lambda x: getattr(x, self.field))
+        return Reading(getattr(best, self.field), best.label, best.token_spread)
 
 
 @dataclass(frozen=True)
@@ -218,6 +240,15 @@ TARGETS: tuple[Target, ...] = (
            LongRunFigure(ORT_CPU), 1.5, needs="needs --long >= 1008 on a model with max_positions >= 1008"),
     Target("ORT CPU int4 per-token p50 / float weight-bandwidth floor", QuantRowFigure("int4"), FloorFigure(), 0.5,
            needs="needs an int4 export: --quantize int4 or --compare DIR"),
+    Target("ORT CPU per-token p50 / onnxruntime-genai's loop p50 (same file)", RowFigure(ORT_CPU, "token_p50_ms"),
+           RowFigure(ORT_GENAI, "token_p50_ms"), 1.03, needs="needs ort-cpu and ort-genai (onnxruntime-genai)",
+           conditions=PEER_RUN),
+    Target("mhaexport's fastest float export / the builder's float file (ORT CPU per-token p50)",
+           ProducerFigure(True), ProducerFigure(False), 1.0, conditions=PEER_RUN,
+           needs="needs the builder's float file: --builder fp32 on an --hf folder"),
+    Target("mhaexport's fastest int4 export / the builder's int4 file (ORT CPU per-token p50)",
+           ProducerFigure(True, "int4"), ProducerFigure(False, "int4"), 1.0, conditions=PEER_RUN,
+           needs="needs an int4 export (--quantize int4) and the builder's int4 file (--builder int4)"),
     Target("recompute / cached decode time at {new_tokens} new tokens (eager)",
            RowFigure(EAGER_NOCACHE, "decode_total_ms"), RowFigure(EAGER, "decode_total_ms"), 5.0,
            direction=AT_LEAST, needs="needs eager and eager-nocache"),
@@ -232,7 +263,8 @@ def evaluate(res: BenchResult, max_spread: float = 1.5, targets: tuple[Target, .
 def describe_conditions(conditions: Mapping[str, object]) -> str:
     """``BENCH_PRESET`` -> "the `bench` preset at batch 1, prompt 32, 128 new tokens, 2 threads"."""
     spec = str(conditions.get("spec", ""))
-    model = f"the `{spec.removeprefix('preset:')}` preset" if spec.startswith("preset:") else f"`{spec}`"
+    model = (f"the `{spec.removeprefix('preset:')}` preset" if spec.startswith("preset:") else f"`{spec}`" if spec
+             else "any model")
     parts = [f"batch {conditions['batch']}" if "batch" in conditions else "",
              f"prompt {conditions['prompt_len']}" if "prompt_len" in conditions else "",
              f"{conditions['new_tokens']} new tokens" if "new_tokens" in conditions else "",

@@ -90,7 +90,9 @@ def test_long_run_bandwidth_floor_and_targets(result, tiny_export):
     per_position = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4  # float32 keys and values, batch 1
     assert lr["bytes_at"]["31"] - lr["bytes_at"]["8"] == 23 * per_position
     assert lr["bytes_at"]["8"] == result.get("ort-cpu").weight_bytes_per_token + 9 * per_position
-    assert len(result.targets) == 9  # every target listed, measured or not
+    assert len(result.targets) == 12  # every target listed, measured or not
+    peer = [t for t in result.targets if "the builder's" in t["target"]]
+    assert len(peer) == 2 and all(t["verdict"] == "not measured" and t["met"] is None for t in peer)  # no builder rows
     int4 = next(t for t in result.targets if "int4" in t["target"])
     assert int4["verdict"] == "not measured" and int4["met"] is None  # no quantized export in this run
     at1000 = next(t for t in result.targets if "position 1000" in t["target"])
@@ -125,7 +127,8 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     md = (tmp_path / "bench.md").read_text()
     assert "| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in md and "Weight-bandwidth floor" in md
     assert "(set by the gemv probe on 1 thread)" in md
-    assert "this run differs, so read them as figures, not as a verdict" in md  # the targets are for `bench`
+    # the preset's targets are for `bench` at 2 threads: the tiny run's figures are shown, never as verdicts
+    assert "(other run conditions: a figure, not a verdict)" in md or "| yes |" not in md
     assert "| spread | repeats apart |" in md
     once = report.read_text()
     write_bench(result, tmp_path)
@@ -395,7 +398,7 @@ def test_verdict_only_where_the_spread_allows():
     res.targets = evaluate(res, max_spread=1.5)
     table = targets_table(res)
     assert "| spread too wide (3.0 on eager): no verdict |" in table and "| yes |" in table
-    assert "this run differs" not in table  # the bench preset's conditions: a verdict proper
+    assert "a figure, not a verdict" not in table  # the bench preset's conditions: a verdict proper
     assert "a verdict only where every timed row a target reads has spread <= 1.5" in table
 
 
@@ -623,3 +626,34 @@ def test_a_bad_quantize_or_lowering_is_refused_before_anything_is_written(tiny_e
         assert bad.exit_code == 2, bad.output
         assert not out.exists()  # refused before the output folder, any export (the lowering too) or any timing
     assert "int3" in CliRunner().invoke(main, ["bench", str(tiny_export), "--quantize", "int3"]).output
+
+
+def test_peer_targets_read_the_fastest_of_ours_against_the_builders_file_per_scheme():
+    from mhaexport.bench.targets import TARGETS
+
+    def row(name, lowering, p50, quant=None, spread=1.1):
+        return RuntimeBench(name, ran=True, lowering=lowering, token_p50_ms=p50, token_spread=spread,
+                            quantization=quant, providers=["CPUExecutionProvider"])
+
+    rows = [row("ort-cpu", "attention=fused float32 kv=shared", 7.0),
+            row("ort-cpu [attention=decomposed float32]", "attention=decomposed float32", 7.7),
+            row("ort-cpu [attention=fused float32 int4 kv=shared]", "attention=fused float32 int4 kv=shared", 1.9,
+                "int4"),
+            row("ort-cpu [onnxruntime-genai float32 kv=shared]", "onnxruntime-genai float32 kv=shared", 7.4),
+            row("ort-cpu [onnxruntime-genai float32 int4 kv=shared]", "onnxruntime-genai float32 int4 kv=shared", 1.5,
+                "int4"),
+            row("ort-genai", "attention=fused float32 kv=shared", 6.9)]
+    res = BenchResult("x", {**SMALL, "prompt_len": 32, "new_tokens": 128, "batch": 1, "threads": 2},
+                      {"spec": "hf:/tmp/llama"}, {}, 10.0, fake_probe(2).to_dict(), 50_000_000, 5.0, rows)
+    got = {t["target"].split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
+    fp32 = got["mhaexport's fastest float export / the builder's float file"]
+    assert fp32["measured"] == pytest.approx(7.0 / 7.4, abs=1e-3) and fp32["met"] is True and fp32["applies"]
+    assert "attention=fused float32 kv=shared" in fp32["detail"]  # the fastest of ours, named
+    int4 = got["mhaexport's fastest int4 export / the builder's int4 file"]
+    assert int4["measured"] == pytest.approx(1.9 / 1.5, abs=1e-3) and int4["met"] is False
+    loop = got["ORT CPU per-token p50 / onnxruntime-genai's loop p50"]
+    assert loop["measured"] == pytest.approx(7.0 / 6.9, abs=1e-3) and loop["met"] is True  # 1.014 <= 1.03
+    assert got["ORT CPU per-token p50 / weight-bandwidth floor"]["applies"] is False  # set for the bench preset
+    res.runtimes[3].token_spread = 1.8  # a noisy builder row: no verdict on the targets that read it
+    got = {t["target"].split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
+    assert got["mhaexport's fastest float export / the builder's float file"]["met"] is None
