@@ -10,16 +10,20 @@ weight-bandwidth floor are measured in the same run; the speed targets are judge
     result = run_bench("artifacts/default", BenchConfig(new_tokens=64))
     write_bench(result, "artifacts/default")   # bench.json, bench.md, bench.png, report.md's bench section
 
+``BenchConfig(batches=(1, 4, 16), prompts=(32, 512, 2048))`` adds how cost grows (``result.scaling``: per-token
+latency and tokens/s per batch, TTFT per prompt length, on the ONNX Runtime rows; bench-scaling.png).
+
 Modules: ``config`` (BenchConfig), ``probes`` (bandwidth probes, weight bytes), ``stats`` (percentiles, spread,
 steadiness), ``rows`` (one timed row per runtime), ``lowerings`` (--compare folders, the lowerings table),
-``targets`` (the speed targets as data), ``render`` (bench.md, bench.png, report.md, terminal), ``run``
-(orchestration). This package imports neither the exporter nor the CLI.
+``targets`` (the speed targets as data), ``scaling`` (how cost grows with the batch and the prompt), ``render``
+(bench.md, bench.png, bench-scaling.png, report.md, terminal), ``run`` (orchestration). This package imports
+neither the exporter nor the CLI.
 """
 
 from __future__ import annotations
 
 from mhaexport import _callable_package
-from mhaexport.bench.config import ALL_RUNTIMES, EAGER_NOCACHE, BenchConfig, check_config
+from mhaexport.bench.config import ALL_RUNTIMES, EAGER_NOCACHE, BenchConfig, check_config, parse_points
 from mhaexport.bench.probes import Bandwidth, Probe, measure_bandwidth, weight_bytes_per_token
 from mhaexport.bench.render import REPORT_BEGIN, REPORT_END, markdown_body, update_report, write_bench
 from mhaexport.bench.result import BenchResult, RuntimeBench
@@ -28,6 +32,6 @@ from mhaexport.bench.targets import TARGETS, Target
 
 __all__ = ["ALL_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", "REPORT_END", "TARGETS", "Bandwidth", "BenchConfig",
            "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body", "measure_bandwidth",
-           "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
+           "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
 
 _callable_package(__name__)  # mhaexport.bench(...) is also the Python API's function (mhaexport/api.py)

@@ -3,6 +3,8 @@ pass before anything is exported or timed."""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mhaexport.errors import ConfigError, RuntimeInputError
@@ -16,6 +18,7 @@ ORT_GENAI = "ort-genai"
 ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA)
 TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)
 ORT_RUNTIMES = (ORT_CPU, ORT_CUDA)
+_EXAMPLE = {"batches": "1,4,16", "prompts": "32,512,2048"}  # the issue's points, as the errors' example
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class BenchConfig:
     # Verdicts: a target says yes/no only when every row it reads has a spread (max(p90 / p50, p50 / p10) of
     # per-token latency, the steady growth with position taken out) of at most max_spread; else "no verdict".
     max_spread: float = 1.5
+    # How cost grows (bench.scaling), after the main rounds and the long runs, on the ONNX Runtime rows: per-token
+    # latency and tokens/s at each of these batch sizes (prompt_len-token prompts, new_tokens new tokens), and the
+    # time to first token at batch 1 for each of these prompt lengths. Empty: no scaling phase (the default).
+    batches: tuple[int, ...] = ()
+    prompts: tuple[int, ...] = ()
 
 
 def check_config(cfg: BenchConfig) -> tuple[str, ...]:
@@ -66,6 +74,37 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
         raise ConfigError(f"steady_within={cfg.steady_within}: a fraction in (0, 1), e.g. 0.10 for 10 %")
     if cfg.max_spread < 1:
         raise ConfigError(f"max_spread={cfg.max_spread}: a spread is never below 1")
+    for option, values, unit in (("batches", cfg.batches, "prompt"), ("prompts", cfg.prompts, "token")):
+        bad = _not_positive(values)
+        if bad:
+            raise ConfigError(f"{option}={tuple(values)}: {bad[0]!r} is not a positive integer (each point holds at "
+                              f"least 1 {unit}; e.g. --{option} {_EXAMPLE[option]})")
     if cfg.new_tokens < 2:
         raise RuntimeInputError(f"new_tokens={cfg.new_tokens}: at least 2 (one prefill token and one decode step)")
     return tuple(names)
+
+
+def _not_positive(values) -> list:
+    """The values that are not positive integers (a bool is not one; numpy's integers are)."""
+    return [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1]
+
+
+def parse_points(value: str | Sequence[int] | None, option: str) -> tuple[int, ...]:
+    """``--batches 1,4,16`` / ``--prompts 32,512,2048`` (or a sequence of ints, the API's form) -> the points,
+    ascending, each once; None or "" -> () (off). ConfigError in one line for anything but positive integers."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        parts = [x.strip() for x in value.split(",") if x.strip()]
+        try:
+            points = [int(x) for x in parts]
+        except ValueError:
+            raise ConfigError(f"--{option} {value!r}: expected comma-separated positive integers, e.g. "
+                              f"--{option} {_EXAMPLE[option]}") from None
+    else:
+        points = list(value)
+    bad = _not_positive(points)
+    if bad:
+        raise ConfigError(f"--{option} {value if isinstance(value, str) else ','.join(map(str, points))}: {bad[0]!r} "
+                          f"is not a positive integer; e.g. --{option} {_EXAMPLE[option]}")
+    return tuple(sorted({int(v) for v in points}))

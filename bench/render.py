@@ -1,5 +1,5 @@
-"""A bench result on paper: bench.json, bench.md, bench.png (matplotlib optional), the delimited section of the
-export folder's report.md, and the terminal summary. Nothing here measures or prints."""
+"""A bench result on paper: bench.json, bench.md, bench.png and bench-scaling.png (matplotlib optional), the
+delimited section of the export folder's report.md, and the terminal summary. Nothing here measures or prints."""
 
 from __future__ import annotations
 
@@ -80,6 +80,57 @@ def quantized_table(res: BenchResult) -> str:
     return "\n".join(out)
 
 
+def _ratio(x: float | None, base: float | None) -> str:
+    return f" (x {x / base:.2f})" if x is not None and base else ""
+
+
+def scaling_tables(res: BenchResult) -> str:
+    """How cost grows: per ONNX Runtime row, per-token p50 and tokens/s at each batch (x: tokens/s / at the
+    smallest batch) and TTFT at each prompt length (x: TTFT / at the shortest prompt); a point a row could not take
+    says why."""
+    cfg = res.config
+    threads = f"{cfg['threads']} thread{'s' if cfg['threads'] != 1 else ''}"
+    out = [(f"How cost grows (ONNX Runtime rows of this run, after the main rounds; per point one untimed "
+            f"generation of every row, then {cfg['repeats']} timed round(s) round-robin, medians; {threads}, "
+            "greedy):")]
+
+    def table(key: str, x: str, intro: str, cell) -> list[str]:
+        points = [pt[x] for pt in res.scaling[0][key]]
+        # a point every row skipped for one reason (the model's limit) is said once, under the table
+        common = {}
+        for j, at in enumerate(points):
+            reasons = {entry[key][j]["reason"] for entry in res.scaling}
+            if len(reasons) == 1 and None not in reasons:
+                common[at] = reasons.pop()
+        lines = ["", intro, "", "| row | " + " | ".join(f"{x} {at}" for at in points) + " |",
+                 "| --- |" + " ---: |" * len(points)]
+        for entry in res.scaling:
+            base = entry[key][0]
+            cells = [("skipped" if pt[x] in common else f"skipped: {pt['reason']}") if pt["reason"] else
+                     cell(pt, None if pt is base or base["reason"] else base) for pt in entry[key]]
+            lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
+        for why in dict.fromkeys(common.values()):
+            lines.append(f"\n{', '.join(f'{x} {at}' for at, w in common.items() if w == why)}: skipped for every "
+                         f"row, {why}.")
+        return lines
+
+    if res.scaling and res.scaling[0]["batches"]:
+        b0 = res.scaling[0]["batches"][0]["batch"]
+        out += table("batches", "batch", (
+            f"Per-token latency (p50 of every decode step, ms) and tokens/s (batch x {cfg['new_tokens']} new tokens "
+            f"/ (TTFT + decode)) at each batch of {cfg['prompt_len']}-token prompts; x batch {b0} = tokens/s / "
+            f"tokens/s at batch {b0}:"),
+            lambda pt, base: (f"{_f(pt['token_p50_ms'])} ms, {_f(pt['tokens_per_s'], 1)} tokens/s"
+                              + (_ratio(pt["tokens_per_s"], base["tokens_per_s"]) if base else "")))
+    if res.scaling and res.scaling[0]["prompts"]:
+        p0 = res.scaling[0]["prompts"][0]["prompt"]
+        out += table("prompts", "prompt", (
+            f"Time to first token (prefill + choosing it, ms) at batch 1 for each prompt length; x prompt {p0} = "
+            f"TTFT / TTFT at prompt {p0}:"),
+            lambda pt, base: f"{_f(pt['ttft_ms'])} ms" + (_ratio(pt["ttft_ms"], base["ttft_ms"]) if base else ""))
+    return "\n".join(out)
+
+
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
@@ -109,8 +160,9 @@ def targets_table(res: BenchResult) -> str:
     return "\n".join(rows)
 
 
-def markdown_body(res: BenchResult, plot_note: str | None = None) -> str:
-    """The bench section in markdown; ``plot_note`` (the bench.png link, or why there is none) ends it."""
+def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: str | None = None) -> str:
+    """The bench section in markdown; ``plot_note`` (the bench.png link, or why there is none) ends it;
+    ``scaling_note`` (the bench-scaling.png link) follows the how-cost-grows tables."""
     parts = [runtimes_table(res), "", floor_text(res)]
     for lr in res.long_runs:
         at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr["at"].items())
@@ -125,6 +177,10 @@ def markdown_body(res: BenchResult, plot_note: str | None = None) -> str:
         parts += ["", lowerings_table(res)]
     if any(r.quantization for r in res.runtimes):
         parts += ["", quantized_table(res)]
+    if res.scaling:
+        parts += ["", scaling_tables(res)]
+        if scaling_note:
+            parts.append(f"\n{scaling_note}")
     parts += ["", targets_table(res)]
     if res.profile:
         ops = ", ".join(f"{o['op']} {o['share'] * 100:.0f}%" for o in res.profile["ops"][:8])
@@ -164,34 +220,90 @@ def plot(res: BenchResult, path: Path) -> str | None:
     return str(path)
 
 
+SCALING_PNG = "bench-scaling.png"
+
+
+def plot_scaling(res: BenchResult, path: Path) -> str | None:
+    """bench-scaling.png: per-token latency and tokens/s against the batch, TTFT against the prompt's length, one
+    line per row (log x axes; a panel only where its points were asked). None if no matplotlib or nothing to draw."""
+    batches = bool(res.scaling and res.scaling[0]["batches"])
+    prompts = bool(res.scaling and res.scaling[0]["prompts"])
+    if not (batches or prompts):
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import ScalarFormatter
+    except ImportError:
+        return None
+    panels = [(k, x, y, label) for k, x, y, label, on in (
+        ("batches", "batch", "token_p50_ms", "ms per token (p50)", batches),
+        ("batches", "batch", "tokens_per_s", "tokens/s", batches),
+        ("prompts", "prompt", "ttft_ms", "time to first token, ms (batch 1)", prompts)) if on]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (key, x, y, ylabel) in zip(axes[0], panels):
+        ticks = set()  # the points some row measured (a point skipped for every row widens nothing)
+        for entry in res.scaling:
+            pts = [(pt[x], pt[y]) for pt in entry[key] if pt[y] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", linewidth=1, label=entry["label"])
+                ticks.update(p for p, _ in pts)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
+        ax.minorticks_off()
+        ax.set_xlabel("batch size" if x == "batch" else "prompt length (tokens)")
+        ax.set_ylabel(ylabel)
+        if y != "tokens_per_s":  # latencies: log, in plain numbers
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"how cost grows: {res.model['spec']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def write_bench(res: BenchResult, out_dir: str | Path) -> list[Path]:
-    """bench.json, bench.md, bench.png (when matplotlib is installed); refresh the bench section of report.md
-    when the folder has one. Returns the paths written."""
+    """bench.json, bench.md, bench.png and, when the run timed how cost grows, bench-scaling.png (both when
+    matplotlib is installed); refresh the bench section of report.md when the folder has one. Returns the paths
+    written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     png = plot(res, out_dir / "bench.png")
     note = ("![per-token latency against position](bench.png)" if png else
             "No plot: matplotlib is not installed (`pip install 'mhaexport[plot]'`).")
+    scaling_png = plot_scaling(res, out_dir / SCALING_PNG)
+    scaling_note = (f"![how cost grows: per-token latency and tokens/s against the batch, TTFT against the prompt]"
+                    f"({SCALING_PNG})" if scaling_png else None)
     atomic_write_json(out_dir / "bench.json", res.to_dict())
     written.append(out_dir / "bench.json")
     md = f"# Bench: {res.model['spec']}\n\n{res.environment['date']}, {res.environment.get('cpu')}\n\n" \
-         f"{markdown_body(res, note)}\n"
+         f"{markdown_body(res, note, scaling_note)}\n"
     atomic_write_bytes(out_dir / "bench.md", md.encode())
     written.append(out_dir / "bench.md")
     if png:
         written.append(Path(png))
+    if scaling_png:
+        written.append(Path(scaling_png))
     report = out_dir / "report.md"
     if report.is_file():
-        update_report(report, res, note)
+        update_report(report, res, note, scaling_note)
         written.append(report)
     return written
 
 
-def update_report(report: Path, res: BenchResult, plot_note: str | None = None) -> None:
+def update_report(report: Path, res: BenchResult, plot_note: str | None = None,
+                  scaling_note: str | None = None) -> None:
     """Replace (or append) the bench section between the markers; running it again changes only that section.
-    ``plot_note``: the bench.png link (bench.png sits next to report.md), or why there is none."""
-    section = f"{REPORT_BEGIN}\n## Bench\n\n{markdown_body(res, plot_note)}\n{REPORT_END}"
+    ``plot_note``: the bench.png link (bench.png sits next to report.md), or why there is none; ``scaling_note``:
+    the bench-scaling.png link."""
+    section = f"{REPORT_BEGIN}\n## Bench\n\n{markdown_body(res, plot_note, scaling_note)}\n{REPORT_END}"
     text = report.read_text()
     pattern = re.compile(re.escape(REPORT_BEGIN) + r".*?" + re.escape(REPORT_END), re.DOTALL)
     if pattern.search(text):

@@ -70,6 +70,10 @@ class BenchResult:
     profile: dict | None = None
     notes: list[str] = field(default_factory=list)
     versions: dict = field(default_factory=dict)  # mhaexport.env.tool_versions()
+    # how cost grows (--batches / --prompts; bench.scaling): one per ONNX Runtime row, {"name", "label", "lowering",
+    # "providers", "batches": [{"batch", "token_p50_ms", "tokens_per_s", "ttft_ms", "repeats", "reason"}],
+    # "prompts": [{"prompt", "ttft_ms", "prefill_ms", "repeats", "reason"}]}; a point skipped has its reason
+    scaling: list[dict] = field(default_factory=list)
 
     def get(self, name: str) -> RuntimeBench | None:
         """The row named ``name``, or None."""
@@ -78,6 +82,10 @@ class BenchResult:
     def long_run(self, name: str = "ort-cpu") -> dict | None:
         """The long run of row ``name`` (default: the folder's own ORT CPU export), or None."""
         return next((lr for lr in self.long_runs if lr["name"] == name), None)
+
+    def scaling_of(self, name: str = "ort-cpu") -> dict | None:
+        """How cost grows for row ``name`` (default: the folder's own ORT CPU export), or None."""
+        return next((s for s in self.scaling if s["name"] == name), None)
 
     @property
     def floor_probe(self) -> str:

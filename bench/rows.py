@@ -101,6 +101,15 @@ class Row:
                                     f"tokens: {r.message}")
         return r
 
+    def too_long(self, prompt_len: int, n: int) -> str | None:
+        """Why this row cannot generate ``n`` tokens after a ``prompt_len``-token prompt, or None when it can: the
+        decode loop feeds prompt_len + n - 1 positions, at most its runner's ``max_length`` (the model's
+        max_positions, or a shared cache's slots)."""
+        need = prompt_len + n - 1
+        if self.runner is not None and need > self.runner.max_length:
+            return f"{need} positions pass {self.runner.limit_text()}"
+        return None
+
     def warm_up(self, prompt: np.ndarray, n: int, within: float, most: int) -> bool:
         """Untimed generations of ``n`` tokens until two in a row agree on the median step latency within
         ``within`` (0.10 = 10 % of the smaller), at most ``most``; records how many ran, each one's median and
@@ -251,7 +260,8 @@ class GenAIRow(Row):
         self.ef, self.threads = ef, cfg.threads
 
     def _load(self) -> Runner:
-        from mhaexport.runtime.genai import genai_model, import_og
+        from mhaexport.artifact import read_json
+        from mhaexport.runtime.genai import GENAI_CONFIG, genai_model, import_og
         from mhaexport.runtime.runner import skipped
 
         og = import_og()
@@ -259,7 +269,17 @@ class GenAIRow(Row):
         if "genai_config.json" not in ef.entry("onnx").files:
             return skipped(self.record.name, ef.contract, f"{ef.path} has no genai_config.json")
         self.model = genai_model(ef.root, self.threads)  # --threads, as every other row
+        config = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
+        self.context_length = int(config.get("context_length") or ef.contract.max_positions)
         return _own_loop(self.record.name, ef.contract, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()])
+
+    def too_long(self, prompt_len: int, n: int) -> str | None:
+        """onnxruntime-genai refuses a max_length (prompt + new tokens, the last one never fed) past the config's
+        context_length, one position short of what the decode loop feeds."""
+        if prompt_len + n > self.context_length:
+            return (f"onnxruntime-genai's max_length {prompt_len + n} (prompt + new tokens) passes its "
+                    f"context_length={self.context_length}")
+        return None
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
         from mhaexport.runtime.genai import genai_generate

@@ -1,7 +1,8 @@
 """A whole bench run: read the folder, probe the memory bandwidth, plan the rows, load and warm up every row until
 it is steady, then the timed repeats round-robin (one generation of each row per round, so the drift and noise of
-a shared machine fall on every row alike), the long runs (interleaved the same way), the profile, and the
-targets. Returns a :class:`~mhaexport.bench.result.BenchResult`; writing it out is :mod:`mhaexport.bench.render`'s.
+a shared machine fall on every row alike), the long runs (interleaved the same way), how cost grows with the batch
+and the prompt (``--batches`` / ``--prompts``, :mod:`mhaexport.bench.scaling`), the profile, and the targets.
+Returns a :class:`~mhaexport.bench.result.BenchResult`; writing it out is :mod:`mhaexport.bench.render`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +19,12 @@ import numpy as np
 from mhaexport import dtypes
 from mhaexport.artifact import ExportFolder, same_model_folders
 from mhaexport.bench import probes
-from mhaexport.bench.config import EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig, check_config
+from mhaexport.bench.config import (EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig, check_config,
+                                    parse_points)
 from mhaexport.bench.lowerings import compare_lowerings
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.rows import EagerModel, Row, plan_rows
+from mhaexport.bench.scaling import scaling_rows, scaling_runs, seeded_prompt
 from mhaexport.bench.stats import token_spread, window_median
 from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
@@ -40,9 +43,12 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
 
     ``probe(threads) -> Bandwidth`` measures the memory bandwidth for the floor (default:
     :func:`mhaexport.bench.probes.default_probe`, 256 MiB read three ways). Raises RuntimeInputError for an unknown
-    runtime and ConfigError for an unknown --opt-levels level, before anything runs. torch's thread count is
+    runtime and ConfigError for an unknown --opt-levels level or a --batches / --prompts point that is not a
+    positive integer, before anything runs. torch's thread count is
     ``cfg.threads`` during the run and restored afterwards."""
     names = check_config(cfg)
+    # the points as bench.json records them: ascending, each once, plain ints
+    cfg = replace(cfg, batches=parse_points(cfg.batches, "batches"), prompts=parse_points(cfg.prompts, "prompts"))
     with torch_threads(cfg.threads):
         return _run_bench(Path(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe)
 
@@ -76,7 +82,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
                                 "nor ort-cuda")
     long_to = cfg.long_to if cfg.long_to is not None else (c.max_positions if c.max_positions <= 1024 else 0)
     long_to = min(long_to, c.max_positions)
-    ids = np.random.default_rng(cfg.seed).integers(0, c.vocab_size, (cfg.batch, cfg.prompt_len), dtype=np.int64)
+    ids = seeded_prompt(cfg.seed, c.vocab_size, cfg.batch, cfg.prompt_len)
 
     say(f"measuring memory bandwidth ({cfg.threads} thread{'s' if cfg.threads != 1 else ''}) ...")
     bandwidth = probe(cfg.threads)
@@ -115,6 +121,13 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     long_rows = [r for r in timed if r.ok and r.record.ran and r.record.name.split(" [")[0] == ORT_CPU]
     if long_rows and long_to > cfg.prompt_len + 1:
         res.long_runs = long_runs(long_rows, ids, long_to, cfg.prompt_len, cfg.long_repeats, say)
+    # How cost grows: after the main rounds and the long runs, so those are timed as in a run without it
+    if cfg.batches or cfg.prompts:
+        scaled = scaling_rows(timed)
+        if scaled:
+            res.scaling = scaling_runs(scaled, cfg, c.max_positions, c.vocab_size, say)
+        else:
+            notes.append("how cost grows (--batches / --prompts) not timed: no ONNX Runtime row ran")
     own = res.get(ORT_CPU)
     if own is not None and own.ran and cfg.profile:
         say(f"profiling {ORT_CPU} ...")

@@ -171,12 +171,16 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
           **config: Any) -> BenchResult:
     """``mhaexport bench``: time the KV-cache decode loop of an export folder on each runtime. ``config``: fields
     of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to,
-    ...). ``output``: also write bench.json / bench.md / bench.png there. Returns the BenchResult (``.get(name)``:
-    a row; ``mhaexport.bench.markdown_body(result)``: bench.md's tables)."""
+    ...; ``batches=[1, 4, 16]`` / ``prompts=[32, 512, 2048]``, or the CLI's "1,4,16": how cost grows). ``output``:
+    also write bench.json / bench.md / bench.png (bench-scaling.png) there. Returns the BenchResult (``.get(name)``:
+    a row; ``.scaling``: how cost grows; ``mhaexport.bench.markdown_body(result)``: bench.md's tables)."""
     from mhaexport import bench as _bench
 
     if "runtimes" in config and config["runtimes"] is not None:
         config["runtimes"] = tuple(config["runtimes"])
+    for key in ("batches", "prompts"):  # ConfigError in one line for anything but positive integers
+        if key in config:
+            config[key] = _bench.parse_points(config[key], key)
     cfg = _bench.BenchConfig(**config)
     _bench.check_config(cfg)
     result = _bench.run_bench(folder, cfg, progress=progress)

@@ -604,10 +604,17 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Also time onnxruntime-genai's model builder's files of the same Hugging Face model (FOLDER an "
                    "--hf export; onnxruntime-genai installed): built once to OUTPUT/builder/PRECISION, adopted, and "
                    "timed in the same run, rows labelled by producer.")
+@click.option("--batches", default=None, metavar="1,4,16",
+              help="Also time how cost grows with the batch: per-token latency and tokens/s of every ONNX Runtime row "
+                   "(and ort-genai) at each batch size (--prompt-len prompts, --new-tokens tokens), after the main "
+                   "rounds; a table in bench.md and bench-scaling.png. Default: off.")
+@click.option("--prompts", default=None, metavar="32,512,2048",
+              help="Also time the time to first token of every ONNX Runtime row (and ort-genai) at batch 1 for each "
+                   "prompt length (one the model cannot hold is a skipped point with its reason). Default: off.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, output) -> None:
+              profile, compare, lowerings, quantize, builder, batches, prompts, output) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -618,7 +625,9 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
     cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
                             runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
-                            compare=tuple(compare), long_repeats=long_repeats)
+                            compare=tuple(compare), long_repeats=long_repeats,
+                            batches=bench.parse_points(batches, "batches"),
+                            prompts=bench.parse_points(prompts, "prompts"))
     bench.check_config(cfg)  # a typo in --runtimes / --opt-levels / --lowerings / --quantize fails before any export
     schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip())) if quantize else []
     if schemes:

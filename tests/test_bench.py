@@ -7,6 +7,7 @@ on 8 MiB."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from mhaexport.cli import main
 from mhaexport.errors import ArtifactError, ConfigError, RuntimeFailure, RuntimeInputError
 from mhaexport.exporter.variants import export_lowerings, parse_lowerings
 from mhaexport.iospec import ModelContract
+from mhaexport.progress import Step
 from mhaexport.runtime.runner import Runner
 
 SMALL = dict(prompt_len=8, new_tokens=6, repeats=2, threads=1, long_to=40)
@@ -657,3 +659,183 @@ def test_peer_targets_read_the_fastest_of_ours_against_the_builders_file_per_sch
     res.runtimes[3].token_spread = 1.8  # a noisy builder row: no verdict on the targets that read it
     got = {t["target"].split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
     assert got["mhaexport's fastest float export / the builder's float file"]["met"] is None
+
+
+# ---- how cost grows: --batches / --prompts --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def scaled(tiny_export, ort_export, tmp_path_factory):
+    """One CLI run with the scaling phase: two ORT CPU lowerings and onnxruntime-genai (when installed) beside eager,
+    batches 1 and 3, prompts up to and past the tiny model's 128 positions."""
+    out = tmp_path_factory.mktemp("bench_scaling")
+    r = CliRunner().invoke(main, ["bench", str(tiny_export), "--compare", str(ort_export), "--runtimes",
+                                  "eager,ort-cpu,ort-genai", "--prompt-len", "8", "--new-tokens", "4", "--repeats", "2",
+                                  "--threads", "1", "--long", "0", "--batches", "3,1", "--prompts", "2048,8,127,128",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return out, r.output
+
+
+def test_scaling_holds_every_point_for_every_ort_row(scaled):
+    out, output = scaled
+    data = json.loads((out / "bench.json").read_text())
+    assert (data["config"]["batches"], data["config"]["prompts"]) == ([1, 3], [8, 127, 128, 2048])  # sorted
+    genai = data["runtimes"][-1]["ran"] is True  # ort-genai: skipped with the reason where not installed
+    want = ["ort-cpu", ORT_LABEL] + (["ort-genai"] if genai else [])
+    assert [s["name"] for s in data["scaling"]] == want  # the ONNX Runtime rows; not eager
+    md = (out / "bench.md").read_text()
+    for s in data["scaling"]:
+        assert [p["batch"] for p in s["batches"]] == [1, 3]
+        for p in s["batches"]:
+            assert p["reason"] is None and p["repeats"] == 2 and p["token_p50_ms"] > 0 and p["tokens_per_s"] > 0
+        assert [p["prompt"] for p in s["prompts"]] == [8, 127, 128, 2048]
+        p8, p127, p128, p2048 = s["prompts"]
+        assert p8["reason"] is None and p8["ttft_ms"] >= p8["prefill_ms"] > 0 and p8["repeats"] == 2
+        if s["name"] == "ort-genai":  # onnxruntime-genai's max_length counts the last token: one position short
+            assert p127["ttft_ms"] is None and "passes its context_length=128" in p127["reason"]
+        else:
+            assert p127["reason"] is None and p127["ttft_ms"] > 0  # 127 + 1 positions: the model's last
+        for p in (p128, p2048):  # past the model: a skipped point with the reason, not a crash
+            assert p["ttft_ms"] is None and p["reason"] == "the model allows 128 positions"
+        label = next(r["label"] for r in data["runtimes"] if r["name"] == s["name"])
+        assert s["label"] == label and f"| {label} | " in md.split("How cost grows")[1]
+    assert "| row | batch 1 | batch 3 |" in md and "| row | prompt 8 | prompt 127 | prompt 128 | prompt 2048 |" in md
+    assert "prompt 128, prompt 2048: skipped for every row, the model allows 128 positions." in md
+    assert "How cost grows" in output  # the terminal summary holds the tables too
+    lines = output.splitlines()
+    last_round = max(i for i, m in enumerate(lines) if "timed round 2/2: " in m)
+    assert min(i for i, m in enumerate(lines) if "how cost grows, batch 1" in m) > last_round  # after the rounds
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "bench-scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "![how cost grows" in md
+
+
+class ScaleRunner(Runner):
+    """Timings that follow the shape, on ``clock``: a prefill of (B, T) takes T * B * 0.1 ms, a decode step B * 1 ms,
+    each times the generation's factor (cycling through ``factors``); ``log`` gets the name at each prefill.
+    ``limit``: the runner's max_length (a shared cache's slots); ``fail_batch``: a batch whose prefill raises."""
+
+    def __init__(self, name: str, clock: FakeClock, log: list[str], factors: list[float] = (5.0, 1.0, 3.0, 2.0),
+                 limit: int | None = None, fail_batch: int | None = None) -> None:
+        super().__init__(name, CONTRACT)
+        self.clock, self.log, self.factors, self.limit, self.fail_batch = clock, log, list(factors), limit, fail_batch
+        self.generation = -1
+
+    @property
+    def max_length(self) -> int:
+        return self.limit or CONTRACT.max_positions
+
+    def empty_cache(self, batch: int, positions: int | None = None) -> int:
+        return 0
+
+    def step_impl(self, ids: np.ndarray, mask: np.ndarray, cache: int) -> tuple[np.ndarray, int]:
+        B, T = ids.shape
+        if T > 1 or cache == 0:  # a prefill starts a generation
+            self.generation += 1
+            self.log.append(self.name)
+            if B == self.fail_batch:
+                raise RuntimeFailure(f"{self.name} broke at batch {B}\nsecond line")
+        f = self.factors[self.generation % len(self.factors)]
+        self.clock.t += (T * B * 1e-4 if cache == 0 else B * 1e-3) * f
+        return np.zeros((B, T, CONTRACT.vocab_size), dtype=np.float32), cache + T
+
+
+def scale_row(name: str, log: list[str], **kw) -> Row:
+    clock = FakeClock()
+    runner = ScaleRunner(name, clock, log, **kw)
+    row = Row(RuntimeBench(name, lowering="attention=fake float32", ran=True), lambda: runner, 3, clock=clock)
+    row.activate()
+    return row
+
+
+def test_scaling_timings_come_from_the_decode_loop():
+    """Per point an untimed generation (factor 5, left out), then three timed ones round-robin (factors 1, 3, 2):
+    every figure is the decode loop's timing, medians over the repeats."""
+    from mhaexport.bench.scaling import scaling_runs
+
+    log: list[str] = []
+    rows = [scale_row("a", log), scale_row("b", log)]
+    said: list[str] = []
+    cfg = BenchConfig(prompt_len=3, new_tokens=4, repeats=3, batches=(4, 1), prompts=(10,))
+    got = scaling_runs(rows, cfg, CONTRACT.max_positions, CONTRACT.vocab_size, said.append)
+    assert log == ["a", "b"] * 4 * 3  # round-robin: four rounds (one untimed) at each of three points
+    for entry in got:
+        assert [p["batch"] for p in entry["batches"]] == [1, 4]
+        for p in entry["batches"]:
+            B = p["batch"]
+            # steps B * {1, 3, 2} ms, three per generation: p50 over all of them is B * 2 ms
+            assert p["token_p50_ms"] == 2.0 * B and p["repeats"] == 3 and p["reason"] is None
+            # tokens/s = B * 4 / (prefill + 3 steps), the median repeat (factor 2): 4 / (2 * (0.3 + 3) ms)
+            assert p["tokens_per_s"] == round(4 / (2 * 3.3e-3), 2)
+            assert p["ttft_ms"] == round(2 * 3 * B * 0.1, 4)  # prefill of 3 tokens, factor 2
+        (p10,) = entry["prompts"]
+        assert (p10["prompt"], p10["ttft_ms"], p10["prefill_ms"], p10["repeats"]) == (10, 2.0, 2.0, 3)
+    counted = [m for m in said if isinstance(m, Step)]
+    assert len(counted) == len(said) == 12 and [m.done for m in counted] == list(range(12))
+    assert all(m.total == 12 for m in counted)
+    assert said[1] == ("how cost grows, batch 1 (3-token prompts, 4 new tokens), round 1/3: "
+                       "a [attention=fake float32], b [attention=fake float32] ...")
+
+
+def test_scaling_skips_a_point_per_row_and_the_others_go_on(tmp_path, monkeypatch):
+    """A prompt past the model: skipped for every row with the model's limit; past one row's cache (a shared
+    cache's slots): skipped for that row; a row failing at a batch: that point says why, its other points run."""
+    from mhaexport.bench.scaling import scaling_runs
+
+    log: list[str] = []
+    rows = [scale_row("fine", log), scale_row("short", log, limit=12), scale_row("broken", log, fail_batch=4)]
+    cfg = BenchConfig(prompt_len=3, new_tokens=4, repeats=1, batches=(1, 4), prompts=(11, 12, 63, 64))
+    got = {e["name"]: e for e in scaling_runs(rows, cfg, CONTRACT.max_positions, CONTRACT.vocab_size,
+                                              lambda m: None)}
+    assert got["broken"]["batches"][1]["reason"] == "broken broke at batch 4"  # first line, that point only
+    assert got["broken"]["batches"][1]["tokens_per_s"] is None and got["broken"]["batches"][0]["reason"] is None
+    assert [p["reason"] for p in got["broken"]["prompts"]][:3] == [None] * 3
+    assert log.count("broken") == 2 + 1 + 3 * 2  # batch 1: untimed + timed; batch 4: the failing one; 3 prompts
+    short = [p["reason"] for p in got["short"]["prompts"]]
+    assert short[0] is None and short[1] == short[2].replace("64", "13") == "13 positions pass max_positions=12"
+    for e in got.values():
+        assert e["prompts"][3] == {"prompt": 64, "ttft_ms": None, "prefill_ms": None, "repeats": 0,
+                                   "reason": "the model allows 64 positions"}
+        assert e["name"] == "short" or e["prompts"][2]["ttft_ms"] > 0  # 63 + 1 positions: the model's last
+    res = fabricated(1.1, 1.1)
+    res.config, res.scaling = {**res.config, **cfg.__dict__}, list(got.values())
+    md = markdown_body(res)
+    # batch 1's one timed repeat has factor 1: 1 ms steps, 4 / (0.3 + 3) ms = 1212.1 tokens/s
+    assert "| broken [attention=fake float32] | 1.00 ms, 1212.1 tokens/s | skipped: broken broke at batch 4 |" in md
+    assert "| short [attention=fake float32] | 1.10 ms | skipped: 13 positions pass max_positions=12 |" in md
+    assert "\nprompt 64: skipped for every row, the model allows 64 positions." in md
+    assert "| fine [attention=fake float32] | 1.10 ms | 2.40 ms (x 2.18) | 6.30 ms (x 5.73) | skipped |" in md
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # without matplotlib: the tables stay, only the plot goes
+    written = write_bench(res, tmp_path)
+    assert not (tmp_path / "bench-scaling.png").exists() and len(written) == 2
+    assert "How cost grows" in (tmp_path / "bench.md").read_text()
+    assert json.loads((tmp_path / "bench.json").read_text())["scaling"][0]["name"] == "fine"
+
+
+@pytest.mark.parametrize("opt", [["--batches", "0"], ["--batches", "1,x"], ["--prompts", "-3"],
+                                 ["--prompts", "32,1.5"], ["--batches", "1", "--prompts", "0,32"]])
+def test_cli_bench_bad_scaling_points_exit_2_in_one_line(tiny_export, tmp_path, nothing_timed, opt):
+    r = CliRunner().invoke(main, ["bench", str(tiny_export), *opt, "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(f"Error: {opt[-2]} "), r.output
+    assert ("is not a positive integer" in r.output or "expected comma-separated positive integers" in r.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_api_bench_checks_scaling_points_and_defaults_to_none(nothing_timed, tiny_export):
+    import mhaexport
+
+    with pytest.raises(ConfigError, match="--batches 1,0: 0 is not a positive integer"):
+        mhaexport.bench(tiny_export, batches=[1, 0])
+    with pytest.raises(ConfigError, match=r"prompts=\(32, -1\): -1 is not a positive integer"):
+        bench.check_config(BenchConfig(prompts=(32, -1)))
+    assert bench.parse_points(" 16, 1,4,4 ", "batches") == (1, 4, 16) and bench.parse_points(None, "prompts") == ()
+    assert (BenchConfig().batches, BenchConfig().prompts) == ((), ())
+
+
+def test_default_run_has_no_scaling_phase(result, compared, tmp_path):
+    assert result.scaling == [] and result.scaling_of() is None
+    assert not any("how cost grows" in m for m in compared[1])  # no progress line either
+    write_bench(result, tmp_path)
+    assert not (tmp_path / "bench-scaling.png").exists() and "How cost grows" not in (tmp_path / "bench.md").read_text()
+    assert json.loads((tmp_path / "bench.json").read_text())["scaling"] == []
