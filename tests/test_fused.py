@@ -75,11 +75,18 @@ def test_llama_fused_export_passes_verify(tmp_path, kv_cache):
     res = CliRunner().invoke(main, ["onnx", "--config", "tiny-llama", "--attention", "fused", "--kv-cache", kv_cache,
                                     "-o", str(out)])
     assert res.exit_code == 0, res.output
-    counts = op_counts(onnx.load(str(out / "model.onnx")))
+    model = onnx.load(str(out / "model.onnx"))
+    counts = op_counts(model)
     attention = "GroupQueryAttention" if kv_cache == "shared" else "MultiHeadAttention"
     assert counts.get(f"com.microsoft.{attention}") == 2
-    assert counts.get("com.microsoft.RotaryEmbedding") == 4  # q and k of each layer, cos/sin from a cache
     assert counts.get("com.microsoft.SkipSimplifiedLayerNormalization") == 4
+    if kv_cache == "shared":  # the builder's attention: packed Q | K | V in, the rotary inside, nothing around it
+        assert "com.microsoft.RotaryEmbedding" not in counts and "Split" not in counts and "Transpose" not in counts
+        for gqa in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+            assert attrs["do_rotary"] == 1 and list(gqa.input[1:3]) == ["", ""] and gqa.input[7] and gqa.input[8]
+    else:
+        assert counts.get("com.microsoft.RotaryEmbedding") == 4  # q and k of each layer, cos/sin from a cache
     entry = json.loads((out / "manifest.json").read_text())["artifacts"]["onnx"]
     assert entry["attention"] == "fused" and entry["lowering"]["self_check_max_abs_diff"] < 1e-4
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])

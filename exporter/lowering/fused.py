@@ -5,9 +5,10 @@ MultiHeadAttention over a concat cache, GroupQueryAttention over a shared one), 
 well-kept fusions ONNX Runtime's own tools use (onnxscript's ``ort_fusions``): LayerNormalization + residual Add ->
 SkipLayerNormalization, RMSNorm -> SimplifiedLayerNormalization (+ residual -> SkipSimplifiedLayerNormalization),
 Erf-GELU -> Gelu, bias + Gelu -> BiasGelu, rotary embedding -> RotaryEmbedding (with its cos/sin cache); and one
-rule of ours, :func:`pack_projections`: Q, K and V (and SwiGLU's gate and up) as one MatMul and a Split. Its
-attention fusions (SDPA/MHA/GQA) are not run: our rules already wrote the attention op, with the mask and the cache
-as this project's contract needs them. Nor is FusedMatMul: in our graphs the one MatMul it takes is the tied LM
+rule of ours over a shared cache, :func:`gqa_takes_projections`: GroupQueryAttention takes the packed Q | K | V
+projection and applies the rotary itself (the builder's attention); over a concat cache, :func:`pack_projections`:
+Q, K and V (and SwiGLU's gate and up) as one MatMul and a Split. Their attention fusions (SDPA/MHA/GQA) are not
+run: our rules already wrote the attention op, with the mask and the cache as this project's contract needs them. Nor is FusedMatMul: in our graphs the one MatMul it takes is the tied LM
 head's ``MatMul(x, Transpose(embedding))``, a transpose of a constant that ONNX Runtime folds at load anyway, and
 as FusedMatMul the head is out of reach of ``mhaexport quantize`` (which quantizes MatMul weights: "LM head not
 found" on the built-in decoder).
@@ -97,42 +98,61 @@ def outer_product_freqs(model: ir.Model) -> int:
     return pattern.RewriteRuleSet([_outer_product_rule()]).apply_to_model(model)
 
 
-def pack_projections(model: ir.Model) -> int:
-    """MatMuls that read one value with constant (K, N_i) weights — a block's Q, K and V projections; SwiGLU's gate
-    and up — become one MatMul of the weights side by side and a Split: one weight to read per step, and one
-    MatMulNBits after ``mhaexport quantize`` (the builder's packed QKV). The packed node keeps the scopes the group
-    shares (its block), so quantize's ``--int8-blocks`` and bisect still place it. Returns the groups packed."""
+def _packable(group: list) -> bool:
+    """MatMuls reading one value with constant 2-D initializer weights of one dtype and one K."""
+    if len(group) < 2 or any(u.op_type != "MatMul" or u.domain not in ("", "ai.onnx") or u.inputs[1] is None
+                             or u.inputs[1].const_value is None or not u.inputs[1].is_initializer()
+                             or len(u.inputs[1].const_value.shape) != 2 or u.inputs[0] is not group[0].inputs[0]
+                             for u in group):
+        return False
+    weights = [u.inputs[1].const_value for u in group]
+    return len({w.dtype for w in weights}) == 1 and len({w.shape[0] for w in weights}) == 1
+
+
+def _packed_matmul(model: ir.Model, group: list) -> ir.Node:
+    """One MatMul of ``group``'s weights side by side (in group order), inserted before the first; it keeps the
+    scopes the group shares (its block), so quantize's ``--int8-blocks`` and bisect still place it."""
     import onnx_ir as ir
 
     from mhaexport.graph import SCOPES_KEY, name_scopes
 
+    first = group[0]
+    name = f"{first.name}_packed"
+    w = ir.Value(name=f"{name}.weight", const_value=ir.tensor(
+        np.concatenate([u.inputs[1].const_value.numpy() for u in group], axis=1), name=f"{name}.weight"))
+    model.graph.register_initializer(w)
+    mm = ir.Node("", "MatMul", [first.inputs[0], w], num_outputs=1, name=name)
+    scopes = [name_scopes(u) for u in group]
+    mm.metadata_props[SCOPES_KEY] = repr([x for i, x in enumerate(scopes[0])
+                                          if all(len(sc) > i and sc[i] == x for sc in scopes)])
+    model.graph.insert_before(first, mm)
+    return mm
+
+
+def pack_projections(model: ir.Model) -> int:
+    """MatMuls that read one value with constant (K, N_i) weights — a block's Q, K and V projections; SwiGLU's gate
+    and up — become one MatMul of the weights side by side and a Split: one weight to read per step, and one
+    MatMulNBits after ``mhaexport quantize``. Used where the attention cannot take the packed tensor itself
+    (MultiHeadAttention over a concat cache); GroupQueryAttention takes it whole (:func:`gqa_takes_projections`).
+    Returns the groups packed."""
+    import onnx_ir as ir
+
+    from mhaexport.graph import SCOPES_KEY
+
     packed = 0
     for value in list(model.graph.inputs) + [o for n in list(model.graph) for o in n.outputs]:
-        group = [u for u, _ in value.uses() if u.op_type == "MatMul" and u.domain in ("", "ai.onnx")
-                 and u.inputs[0] is value and u.inputs[1] is not None and u.inputs[1].const_value is not None
-                 and u.inputs[1].is_initializer() and len(u.inputs[1].const_value.shape) == 2]
+        group = [u for u, _ in value.uses() if u.op_type == "MatMul" and u.inputs[0] is value]
         group = list({id(u): u for u in group}.values())
-        if len(group) < 2 or len({u.inputs[1].const_value.numpy().dtype for u in group}) != 1:
+        if not _packable(group):
             continue
-        weights = [u.inputs[1].const_value.numpy() for u in group]  # (K, N_i) each
-        if len({w.shape[0] for w in weights}) != 1:
-            continue
-        first = group[0]
-        name = f"{first.name}_packed"
-        w = ir.Value(name=f"{name}.weight", const_value=ir.tensor(np.concatenate(weights, axis=1),
-                                                                 name=f"{name}.weight"))
-        model.graph.register_initializer(w)
-        sizes = ir.Value(name=f"{name}.sizes", const_value=ir.tensor(
-            np.array([x.shape[1] for x in weights], dtype=np.int64), name=f"{name}.sizes"))
+        mm = _packed_matmul(model, group)
+        sizes = ir.Value(name=f"{mm.name}.sizes", const_value=ir.tensor(
+            np.array([u.inputs[1].const_value.shape[1] for u in group], dtype=np.int64), name=f"{mm.name}.sizes"))
         model.graph.register_initializer(sizes)
-        mm = ir.Node("", "MatMul", [value, w], num_outputs=1, name=name)
         split = ir.Node("", "Split", [mm.outputs[0], sizes], attributes=[ir.AttrInt64("axis", -1)],
-                        num_outputs=len(group), name=f"{name}_split")
-        scopes = [name_scopes(u) for u in group]
-        common = [x for i, x in enumerate(scopes[0]) if all(len(sc) > i and sc[i] == x for sc in scopes)]
-        for node in (mm, split):
-            node.metadata_props[SCOPES_KEY] = repr(common)
-        model.graph.insert_before(first, [mm, split])
+                        num_outputs=len(group), name=f"{mm.name}_split")
+        split.metadata_props[SCOPES_KEY] = mm.metadata_props[SCOPES_KEY]
+        model.graph.insert_after(mm, split)
         for u, out in zip(group, split.outputs):
             out.shape, out.dtype = u.outputs[0].shape, u.outputs[0].dtype
             u.outputs[0].replace_all_uses_with(out)
@@ -141,6 +161,127 @@ def pack_projections(model: ir.Model) -> int:
             model.graph.remove(u, safe=True)
         packed += 1
     return packed
+
+
+HEADS_PERM = [0, 2, 1, 3]  # (B, T, H, D) <-> (B, H, T, D)
+
+
+def _head_moves(value: ir.Value) -> tuple[ir.Value, ir.Node | None, int] | None:
+    """Walk back from a GroupQueryAttention input through what only moves heads around — Reshape, Transpose with
+    perm [0, 2, 1, 3] — and at most one RotaryEmbedding: (the value it starts from, the RotaryEmbedding or None,
+    the Transposes between it and the attention). None when the walk meets a RotaryEmbedding twice."""
+    rotary, transposes, after_rotary = None, 0, 0
+    while (n := value.producer()) is not None:
+        if n.op_type == "Reshape" and n.domain in ("", "ai.onnx"):
+            pass
+        elif n.op_type == "Transpose" and n.domain in ("", "ai.onnx") and "perm" in n.attributes \
+                and list(n.attributes["perm"].value) == HEADS_PERM:
+            transposes += 1
+            after_rotary += rotary is None
+        elif n.op_type == "RotaryEmbedding" and n.domain == "com.microsoft":
+            if rotary is not None:
+                return None
+            rotary = n
+        else:
+            break
+        value = n.inputs[0]
+    return value, rotary, (after_rotary if rotary is not None else transposes)
+
+
+def _int_attr(node: ir.Node, name: str, default: int = 0) -> int:
+    a = node.attributes.get(name)
+    return int(a.value) if a is not None else default
+
+
+def gqa_takes_projections(model: ir.Model) -> int:
+    """GroupQueryAttention nodes whose Q and K come through a RotaryEmbedding between head-moving Reshapes and
+    Transposes (and V through such moves alone; or all three through moves alone, a model without rotary) read the
+    projections themselves, with the rotary inside (``do_rotary=1``, the same cos/sin caches) — and, when Q, K and V are MatMuls of one value by constant weights,
+    one MatMul of the three weights side by side (Q | K | V), key and value left out: onnxruntime-genai's builder's
+    attention (one MatMulNBits after ``mhaexport quantize``). The attention's output then goes straight to the
+    output projection (:func:`_skip_head_reshapes`). On the bench-size Llama this took the optimized graph from 228
+    to 105 nodes (per layer: the two RotaryEmbeddings, the Split, 4 Transposes and 8 Reshapes). Returns the
+    attentions rewritten.
+
+    ort_fusions' own GQA rule (``ort_fusions.gqa``) would do this from a concat-cache SDPA with the causal mask it
+    knows; ours writes GroupQueryAttention over the shared buffer first (its sequence lengths from the attention
+    mask), so the rotary is folded in here. The same numbers: GroupQueryAttention rotates each new token at its row's
+    slot (past length + i), and in its protocol (rows packed from slot 0) that is the position the RotaryEmbedding
+    was fed, cumsum(mask) - 1 — the export's self-check compares both graphs, left padding and a past included."""
+    import onnx_ir as ir
+
+    done = 0
+    for node in list(model.graph):
+        if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft" or _int_attr(node, "do_rotary"):
+            continue
+        ins = list(node.inputs)
+        if len(ins) < 7 or any(x is None for x in ins[:7]) or any(x is not None for x in ins[7:]):
+            continue
+        H, Hkv = _int_attr(node, "num_heads"), _int_attr(node, "kv_num_heads")
+        walks = [_head_moves(x) for x in ins[:3]]
+        if any(w is None for w in walks):
+            continue
+        (q, rq, tq), (k, rk, tk), (v, rv, tv) = walks
+        if (rq is None) != (rk is None) or rv is not None or tv % 2:
+            continue
+        rotary = rq is not None
+        if rotary and (any(len(r.inputs) < 4 or r.inputs[2] is None for r in (rq, rk)) or
+                       rq.inputs[2] is not rk.inputs[2] or rq.inputs[3] is not rk.inputs[3] or
+                       _int_attr(rq, "interleaved") != _int_attr(rk, "interleaved") or
+                       any(_int_attr(r, "rotary_embedding_dim") or _int_attr(r, "is_packed_batching")
+                           for r in (rq, rk))):
+            continue
+        # each rotary between its transposes as the layout needs: a 4-D input is (B, H, T, D) (an odd count of
+        # Transposes after it), a 3-D one (B, T, H*D) (an even count); without one, an even count: heads moved back
+        if rotary and any(r.inputs[0].shape is None or (len(r.inputs[0].shape) == 4) != (t % 2 == 1)
+                          for r, t in ((rq, tq), (rk, tk))):
+            continue
+        if not rotary and (tq % 2 or tk % 2):
+            continue
+        shapes = [x.shape for x in (q, k, v)]
+        if any(sh is None or len(sh) != 3 or not isinstance(sh[2], int) for sh in shapes):
+            continue
+        if shapes[0][2] % H or shapes[1][2] != shapes[2][2] or shapes[1][2] % Hkv:
+            continue
+        D = shapes[0][2] // H
+        if shapes[1][2] // Hkv != D:
+            continue
+        if rotary and (rq.inputs[2].shape is None or rq.inputs[2].shape[-1] != D // 2):
+            continue  # full-width rotary only: GroupQueryAttention's cos/sin caches are (positions, D/2)
+        new_in = [q, k, v]
+        projections = [x.producer() for x in (q, k, v)]
+        if all(projections) and _packable(projections) and all(len(list(x.uses())) == 1 for x in (q, k, v)):
+            packed = _packed_matmul(model, projections).outputs[0]  # (B, T, (H + 2 Hkv) D): Q | K | V
+            packed.shape, packed.dtype = ir.Shape([q.shape[0], q.shape[1], (H + 2 * Hkv) * D]), q.dtype
+            new_in = [packed, None, None]
+        for i, x in enumerate(new_in):
+            node.replace_input_with(i, x)
+        if rotary:
+            node.resize_inputs(9)
+            node.replace_input_with(7, rq.inputs[2])  # cos_cache
+            node.replace_input_with(8, rq.inputs[3])  # sin_cache
+            node.attributes["do_rotary"] = ir.AttrInt64("do_rotary", 1)
+            node.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", _int_attr(rq, "interleaved"))
+        _skip_head_reshapes(node, ir.Shape([q.shape[0], q.shape[1], H * D]))
+        done += 1
+    return done
+
+
+def _skip_head_reshapes(node: ir.Node, out_shape: ir.Shape) -> None:
+    """The attention's output (B, T, H*D) reshaped to heads and back to (B, T, H*D) by the next Reshape (the model's
+    own, its shape computed at run time): the consumers of that second Reshape read the output itself, when shape
+    inference says the second one's shape is the output's."""
+    y = node.outputs[0]
+    uses = list(y.uses())
+    if len(uses) != 1 or uses[0][0].op_type != "Reshape":
+        return
+    nxt = list(uses[0][0].outputs[0].uses())
+    if len(nxt) != 1 or nxt[0][0].op_type != "Reshape":
+        return
+    back = nxt[0][0].outputs[0]
+    if back.shape is not None and back.shape == out_shape and not back.is_graph_output():
+        y.shape = out_shape
+        back.replace_all_uses_with(y)
 
 
 def fuse_for_ort(model: ir.Model) -> dict[str, int]:
@@ -165,7 +306,9 @@ def fuse_for_ort(model: ir.Model) -> dict[str, int]:
                        ("gelu", fuse_gelu), ("bias_gelu", fuse_bias_gelu)):
         counts[name] = fuse(model)
     optimize(model)  # inlines the intermediate functions a fusion left unconsumed (as ort_fusions itself does)
-    counts["packed_projections"] = pack_projections(model)
+    counts["gqa_takes_projections"] = gqa_takes_projections(model)
+    if not counts["gqa_takes_projections"]:  # MultiHeadAttention takes no packed Q/K/V with a cache: MatMul + Split
+        counts["packed_projections"] = pack_projections(model)
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
     return {k: int(v) for k, v in counts.items() if v}
