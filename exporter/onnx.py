@@ -251,7 +251,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if lowering_name != "decomposed" and too_big is None:
             decomposed = ir.serde.serialize_model(model).SerializeToString()
         lowering = lower_attention_ir(model, lowering_name, n_heads=c.n_heads, head_dim=c.head_dim,
-                                      n_kv_heads=c.n_kv_heads,
+                                      n_kv_heads=c.n_kv_heads, max_positions=c.max_positions,
                                       shared_fused=kv_cache == "shared" and attention == "fused")
         if kv_cache == "shared":
             _name_cache_dims(model)

@@ -7,11 +7,11 @@ SkipLayerNormalization, RMSNorm -> SimplifiedLayerNormalization (+ residual -> S
 Erf-GELU -> Gelu, bias + Gelu -> BiasGelu, rotary embedding -> RotaryEmbedding (with its cos/sin cache); and one
 rule of ours over a shared cache, :func:`gqa_takes_projections`: GroupQueryAttention takes the packed Q | K | V
 projection and applies the rotary itself (the builder's attention); over a concat cache, :func:`pack_projections`:
-Q, K and V (and SwiGLU's gate and up) as one MatMul and a Split. Their attention fusions (SDPA/MHA/GQA) are not
-run: our rules already wrote the attention op, with the mask and the cache as this project's contract needs them. Nor is FusedMatMul: in our graphs the one MatMul it takes is the tied LM
-head's ``MatMul(x, Transpose(embedding))``, a transpose of a constant that ONNX Runtime folds at load anyway, and
-as FusedMatMul the head is out of reach of ``mhaexport quantize`` (which quantizes MatMul weights: "LM head not
-found" on the built-in decoder).
+Q, K and V (and SwiGLU's gate and up) as one MatMul and a Split. Their attention fusions (SDPA/MHA/GQA) are not run:
+our rules already wrote the attention op, with the mask and the cache as this project's contract needs them. Nor is
+FusedMatMul: in our graphs the one MatMul it takes is the tied LM head's ``MatMul(x, Transpose(embedding))``, a
+transpose of a constant that ONNX Runtime folds at load anyway, and as FusedMatMul the head is out of reach of
+``mhaexport quantize`` (which quantizes MatMul weights: "LM head not found" on the built-in decoder).
 
 One rule beside theirs, :func:`canonical_last_axis`: torch.onnx writes ``nn.RMSNorm``'s mean over the last dim with
 a positive axis (``ReduceMean(x², axes=[2])``), and ort_fusions' RMSNorm pattern asks for ``[-1]``; its
@@ -196,12 +196,13 @@ def _int_attr(node: ir.Node, name: str, default: int = 0) -> int:
 def gqa_takes_projections(model: ir.Model) -> int:
     """GroupQueryAttention nodes whose Q and K come through a RotaryEmbedding between head-moving Reshapes and
     Transposes (and V through such moves alone; or all three through moves alone, a model without rotary) read the
-    projections themselves, with the rotary inside (``do_rotary=1``, the same cos/sin caches) — and, when Q, K and V are MatMuls of one value by constant weights,
-    one MatMul of the three weights side by side (Q | K | V), key and value left out: onnxruntime-genai's builder's
-    attention (one MatMulNBits after ``mhaexport quantize``). The attention's output then goes straight to the
-    output projection (:func:`_skip_head_reshapes`). On the bench-size Llama this took the optimized graph from 228
-    to 105 nodes (per layer: the two RotaryEmbeddings, the Split, 4 Transposes and 8 Reshapes). Returns the
-    attentions rewritten.
+    projections themselves, with the rotary inside (``do_rotary=1``, the same cos/sin caches) — and, when Q, K and V
+    are MatMuls of one value by constant weights, one MatMul of the three weights side by side (Q | K | V), key and
+    value left out: onnxruntime-genai's builder's attention (one MatMulNBits after ``mhaexport quantize``). The
+    attention's output then goes straight to the output projection (:func:`_skip_head_reshapes`). On the bench-size
+    Llama this took the optimized graph from 228 to 105 nodes (per layer: the two RotaryEmbeddings, the Split, 4
+    Transposes and 8 Reshapes; with constant rotary tables, :func:`fixed_cos_sin_cache`, 89: the builder's graph,
+    op for op). Returns the attentions rewritten.
 
     ort_fusions' own GQA rule (``ort_fusions.gqa``) would do this from a concat-cache SDPA with the causal mask it
     knows; ours writes GroupQueryAttention over the shared buffer first (its sequence lengths from the attention
@@ -284,12 +285,37 @@ def _skip_head_reshapes(node: ir.Node, out_shape: ir.Shape) -> None:
         back.replace_all_uses_with(y)
 
 
-def fuse_for_ort(model: ir.Model) -> dict[str, int]:
-    """Apply ort_fusions' non-attention fusions to ``model`` in place; returns {fusion: count} (zeros left out)."""
+# the largest cos + sin tables (bytes) written as constants; a model with more positions keeps computing its rows
+CONST_ROTARY_TABLES_AT_MOST = 64 << 20
+
+
+def fixed_cos_sin_cache(max_positions: int | None):
+    """ort_fusions' cos/sin-cache fusion; with ``max_positions``, its rules set to the model's positions (their
+    ``max_pos_id``), so the caches are constant tables of max_positions rows, as the builder writes them, instead
+    of rows computed on every call up to the largest position id (Range, MatMul, Cos, Sin and the mask's cumsum
+    before them: ~10 small ops a decode step ran). None: their default (computed)."""
+    from onnxscript.rewriter import _fusion_utils, pattern
+    from onnxscript.rewriter.ort_fusions.cos_sin_cache import CosSinCacheFusion, fuse_cos_sin_cache
+
+    if max_positions is None:
+        return fuse_cos_sin_cache
+
+    class Fixed(CosSinCacheFusion):
+        def __init__(self, name: str, **kwargs) -> None:
+            super().__init__(name, **kwargs)
+            self.max_pos_id = max_positions - 1  # their tables hold max_pos_id + 1 rows
+
+    rules = [Fixed.rule("CosSinCache_cast_fixed", cast=True), Fixed.rule("CosSinCache_fixed", cast=False)]
+    return _fusion_utils.apply_fusion_rules(pattern.RewriteRuleSet(rules))
+
+
+def fuse_for_ort(model: ir.Model, max_positions: int | None = None, head_dim: int | None = None) -> dict[str, int]:
+    """Apply ort_fusions' non-attention fusions to ``model`` in place; returns {fusion: count} (zeros left out).
+    ``max_positions`` / ``head_dim``: the model's, for constant rotary tables (:func:`fixed_cos_sin_cache`) where
+    they stay under CONST_ROTARY_TABLES_AT_MOST."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass, TopologicalSortPass
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions.bias_gelu import fuse_bias_gelu
-    from onnxscript.rewriter.ort_fusions.cos_sin_cache import fuse_cos_sin_cache
     from onnxscript.rewriter.ort_fusions.erfgelu import fuse_erfgelu
     from onnxscript.rewriter.ort_fusions.gelu import fuse_gelu
     from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
@@ -297,12 +323,15 @@ def fuse_for_ort(model: ir.Model) -> dict[str, int]:
     from onnxscript.rewriter.ort_fusions.skip_normalization import (fuse_skip_layer_normalization,
                                                                    fuse_skip_rms_normalization)
 
+    fixed = (max_positions if max_positions and head_dim and max_positions * head_dim * 4 <= CONST_ROTARY_TABLES_AT_MOST
+             else None)  # cos and sin: (max_positions, D/2) float32 each
+    cos_sin = fixed_cos_sin_cache(fixed)
     ShapeInferencePass()(model)
     counts = {"canonical_last_axis": canonical_last_axis(model), "outer_product_freqs": outer_product_freqs(model)}
     for name, fuse in (("erf_gelu", fuse_erfgelu), ("rms_normalization", fuse_rms_normalization),
                        ("skip_layer_normalization", fuse_skip_layer_normalization),
                        ("skip_rms_normalization", fuse_skip_rms_normalization),
-                       ("rotary_embedding", fuse_rotary_embedding), ("cos_sin_cache", fuse_cos_sin_cache),
+                       ("rotary_embedding", fuse_rotary_embedding), ("cos_sin_cache", cos_sin),
                        ("gelu", fuse_gelu), ("bias_gelu", fuse_bias_gelu)):
         counts[name] = fuse(model)
     optimize(model)  # inlines the intermediate functions a fusion left unconsumed (as ort_fusions itself does)
