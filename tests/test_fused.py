@@ -80,8 +80,9 @@ def test_llama_fused_export_passes_verify(tmp_path, kv_cache):
     attention = "GroupQueryAttention" if kv_cache == "shared" else "MultiHeadAttention"
     assert counts.get(f"com.microsoft.{attention}") == 2
     assert counts.get("com.microsoft.SkipSimplifiedLayerNormalization") == 4
+    assert not {"Cos", "Sin"} & set(counts)  # rotary tables: constants, not computed per call
     if kv_cache == "shared":  # the builder's attention: packed Q | K | V in, the rotary inside, nothing around it
-        assert "com.microsoft.RotaryEmbedding" not in counts and "Split" not in counts and "Transpose" not in counts
+        assert not {"com.microsoft.RotaryEmbedding", "Split", "Transpose", "CumSum"} & set(counts)  # nor positions
         for gqa in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
             assert attrs["do_rotary"] == 1 and list(gqa.input[1:3]) == ["", ""] and gqa.input[7] and gqa.input[8]
