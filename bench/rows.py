@@ -349,12 +349,13 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
 
     def add(row: Row) -> None:
         rows.append(row)
-        taken.add(row.record.name)
+        taken.update((row.record.name, row.record.label))
 
     def ort_record(name: str, row_folder: Path, lowering: str | None, row_ef: ExportFolder = ef) -> RuntimeBench:
         label = name if lowering is None else f"{name} [{lowering}]"
         row_name = name if row_folder == folder else label
-        if row_name in taken:  # two folders with one lowering: tell them apart by folder
+        if row_name in taken or (row_folder != folder and label in taken):
+            # two folders with one lowering (e.g. two int4 schemes): tell them apart by folder
             row_name = label = f"{name} [{lowering}, {row_folder}]"
         return with_quantization(RuntimeBench(row_name, label=label, lowering=lowering, folder=str(row_folder)),
                                  row_ef, cfg.batch)

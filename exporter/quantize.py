@@ -58,6 +58,12 @@ WEIGHTS = tuple(BITS)
 FLOAT_GROUPS = ("embeddings", "lm_head")  # what keep_float may name
 # the block sizes ONNX Runtime's MatMulNBits quantizer takes (MLAS MlasQuantizeBlockwise refuses any other, 512 too)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
+# The default block: the fastest that passes verify's quality gate on the trained default model. Measured
+# (docs/measurements/fused-quantize-2026-12-01.md): on the bench-size Llama's fused export, per-token p50 against
+# the builder's int4 (blocks of 32) in one run: b32 1.03 x, b64 0.94 x, b128 0.87-0.91 x, b256 0.84 x; b128 with
+# no int8 block fails the gate (top-1 0.834 < 0.85), b256 passes but pads every K below 256 to a whole block (the
+# default model's 128-wide layers: 1.6 x the bytes of b128).
+DEFAULT_BLOCK_SIZE = 128
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations
 # int4's default: the first decoder block in 8 bits. On the trained default model (held-out text) all-int4 agrees
 # with eager's top-1 at 0.876 (KL mean 0.055); with block 0 in int8, 0.909 (KL 0.021), for ~5 % more weight bytes
@@ -70,7 +76,7 @@ class QuantConfig:
     """How to quantize. ``int8_blocks`` None means the scheme's default (1 for int4, 0 for int8)."""
 
     weights: str = "int4"  # "int4" | "int8"
-    block_size: int = 32  # weights per scale, along K: one of BLOCK_SIZES
+    block_size: int = DEFAULT_BLOCK_SIZE  # weights per scale, along K: one of BLOCK_SIZES
     symmetric: bool = True  # no zero points (int4: values -8..7 times the block's scale)
     accuracy_level: int = 4  # MatMulNBits' compute type on CPU: 4 = int8 activations (fastest), 0/1 = float
     keep_float: tuple[str, ...] = ("embeddings",)  # gathered tables stay float: a decode step reads one row
@@ -261,6 +267,27 @@ def _quantizer_class():
     return MatMulNBitsQuantizer
 
 
+def block_for(k: int, block: int) -> int:
+    """The block of a weight whose quantized axis holds ``k`` values: ``block``, or where ``k`` is smaller the largest
+    block MatMulNBits takes that fits (a block longer than the axis is padded: the tiny preset's 64-wide layers in
+    blocks of 128 read 1.9 x the bytes of blocks of 64)."""
+    fits = [b for b in BLOCK_SIZES if b <= k] or [min(BLOCK_SIZES)]
+    return block if k >= block else max(fits)
+
+
+def _run_pass(model: onnx.ModelProto, bits: int, cfg: QuantConfig, names: set[str], sizes: dict[str, int],
+              ops: tuple[str, ...]) -> onnx.ModelProto:
+    """ORT's quantizer on the nodes ``names`` (MatMuls, and Gathers where ``ops`` has them) at ``bits``, once per
+    block size :func:`block_for` gives them (``sizes``: each weight node's length along its quantized axis)."""
+    groups: dict[int, set[str]] = {}
+    for name in names:
+        groups.setdefault(block_for(sizes[name], cfg.block_size), set()).add(name)
+    for block, group in sorted(groups.items()):
+        model = _run_quantizer(model, bits, dataclasses.replace(cfg, block_size=block),
+                               sorted(set(sizes) - group), ops)
+    return model
+
+
 def _run_quantizer(model: onnx.ModelProto, bits: int, cfg: QuantConfig, exclude: list[str],
                    ops: tuple[str, ...]) -> onnx.ModelProto:
     q = _quantizer_class()(model, bits=bits, block_size=cfg.block_size, is_symmetric=cfg.symmetric,
@@ -299,15 +326,17 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
         eight = {name for name, b in blocks.items()
                  if b is not None and b < cfg.first_int8_blocks and name not in float_names}
     rest = {n.name for n in weight_mm if n.name not in float_names and n.name not in eight}
-    all_mm = {n.name for n in weight_mm}
-    table_names = [n.name for n in tables]
+    shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    # each weight node's length along its quantized axis: K of a MatMul's (K, N) weight, a gathered row's width
+    sizes = {n.name: shapes[n.input[1]][0] for n in weight_mm}
+    sizes.update({n.name: shapes[n.input[0]][-1] for n in tables})
     with _quantizer_logs() as logs:
         if eight:
-            model = _run_quantizer(model, 8, cfg, sorted(all_mm - eight) + table_names, ("MatMul",))
+            model = _run_pass(model, 8, cfg, eight, sizes, ("MatMul",))
         if rest or not keep_tables:
             ops = ("MatMul",) if keep_tables else ("MatMul", "Gather")
-            model = _run_quantizer(model, cfg.bits, cfg, sorted(all_mm - rest) + (table_names if keep_tables else []),
-                                   ops)
+            model = _run_pass(model, cfg.bits, cfg, rest | (set() if keep_tables else {n.name for n in tables}),
+                              sizes, ops)
     warns += [w for w in logs if "opset" not in w]  # the int4-type opset bump is expected and checked below
     done = {
         **dataclasses.asdict(cfg), "keep_float": list(cfg.keep_float),

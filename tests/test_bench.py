@@ -495,10 +495,15 @@ def test_long_runs_and_lowering_table_per_lowering(compared, tmp_path):
 def test_two_folders_with_one_lowering_get_distinct_rows(tiny_export, ort_export, tmp_path):
     twin = tmp_path / "twin"
     shutil.copytree(ort_export, twin)
+    own_twin = tmp_path / "own_twin"  # the folder's own lowering again (e.g. two int4 schemes): its label differs too
+    shutil.copytree(tiny_export, own_twin, ignore=shutil.ignore_patterns(".snapshot-*", ".staging-*"))
     res = run_bench(tiny_export, BenchConfig(prompt_len=4, new_tokens=3, repeats=1, threads=1, long_to=0,
-                                             runtimes=("ort-cpu",), compare=(str(ort_export), str(twin))),
+                                             runtimes=("ort-cpu",), compare=(str(ort_export), str(twin),
+                                                                             str(own_twin))),
                     probe=fake_probe)
-    assert [r.name for r in res.runtimes] == ["ort-cpu", ORT_LABEL, f"ort-cpu [attention=ort float32, {twin}]"]
+    assert [r.name for r in res.runtimes] == ["ort-cpu", ORT_LABEL, f"ort-cpu [attention=ort float32, {twin}]",
+                                              f"ort-cpu [attention=decomposed float32, {own_twin}]"]
+    assert len({r.label for r in res.runtimes}) == 4  # every row told apart in the tables
     assert all(r.ran for r in res.runtimes) and res.long_runs == []
 
 

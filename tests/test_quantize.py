@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from click.testing import CliRunner
 
@@ -25,11 +26,27 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tiny_int4(tiny_export, tmp_path_factory):
-    """The tiny export quantized with the defaults (int4 b32 sym acc4, block 0 int8, embeddings float)."""
+    """The tiny export quantized with the defaults (int4 b128 sym acc4, block 0 int8, embeddings float)."""
     out = tmp_path_factory.mktemp("tiny_int4")
     res = CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(out), "--weights", "int4"])
     assert res.exit_code == 0, res.output
     return out
+
+
+def test_each_weight_gets_the_default_block_or_the_largest_that_fits_its_k(tiny_int4):
+    """Blocks of 128 along K, but a layer whose K is shorter gets the largest block that fits (a padded block
+    would read more bytes than the weights): the tiny preset's K=64 layers in blocks of 64, its FFN-out (K=256) in
+    blocks of 128."""
+    from mhaexport.exporter.quantize import block_for
+
+    assert [block_for(k, 128) for k in (8, 16, 48, 64, 100, 128, 512, 1376)] == [16, 16, 32, 64, 64, 128, 128, 128]
+    model = onnx.load(str(tiny_int4 / "model.onnx"))
+    blocks = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits":
+            a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
+            blocks.setdefault(a["K"], set()).add(a["block_size"])
+    assert blocks == {64: {64}, 256: {128}}, blocks
 
 
 def test_manifest_records_scheme_source_and_hash(tiny_int4, tiny_export):
@@ -39,7 +56,7 @@ def test_manifest_records_scheme_source_and_hash(tiny_int4, tiny_export):
     assert ef.model.fingerprint == src.model.fingerprint  # the same model: verify rebuilds eager fp32 from it
     entry = ef.entry("onnx")
     q = entry.details.quantization
-    assert (q.weights, q.bits, q.block_size, q.symmetric, q.accuracy_level) == ("int4", 4, 32, True, 4)
+    assert (q.weights, q.bits, q.block_size, q.symmetric, q.accuracy_level) == ("int4", 4, 128, True, 4)
     assert q.keep_float == ["embeddings"] and q.int8_blocks == 1
     assert (Path(tiny_int4) / q.source.folder).resolve() == Path(tiny_export).resolve()
     assert q.source.onnx_sha256 == sha256_file(Path(tiny_export) / "model.onnx")

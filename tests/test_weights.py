@@ -52,7 +52,7 @@ def test_a_quantized_folder_matches_its_recipe_bit_for_bit(tiny_export, tmp_path
 
 
 def test_a_corrupted_block_scale_is_named_by_tensor_and_block(tiny_export, tmp_path):
-    q = _quantize(tiny_export, tmp_path / "q")
+    q = _quantize(tiny_export, tmp_path / "q", "--block-size", "32")  # two blocks per row of a K=64 weight
     name = _plant(q, 2, lambda a: a.reshape(-1).__setitem__(5, a.reshape(-1)[5] * 1.5))
     res = _check(q)
     assert res.status is False
@@ -104,7 +104,7 @@ def test_without_its_source_the_weights_are_checked_against_the_reference_model(
 @pytest.mark.parametrize("flags", [[], ["--asymmetric"]])
 def test_a_corrupted_scale_is_found_against_the_reference_when_the_recipe_cannot_run(tiny, tiny_export, tmp_path,
                                                                                      flags):
-    q = _source_gone(tiny_export, tmp_path, *flags)
+    q = _source_gone(tiny_export, tmp_path, "--block-size", "32", *flags)  # two blocks per row of a K=64 weight
     name = _plant(q, 2, lambda a: a.reshape(-1).__setitem__(5, a.reshape(-1)[5] * 1.5))
     with ExportFolder.open(q) as ef:
         res = check_weights(ef, reproduce, _reference(tiny))
