@@ -58,12 +58,13 @@ WEIGHTS = tuple(BITS)
 FLOAT_GROUPS = ("embeddings", "lm_head")  # what keep_float may name
 # the block sizes ONNX Runtime's MatMulNBits quantizer takes (MLAS MlasQuantizeBlockwise refuses any other, 512 too)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-# The default block: the fastest that passes verify's quality gate on the trained default model. Measured
-# (docs/measurements/fused-quantize-2026-12-01.md): on the bench-size Llama's fused export, per-token p50 against
-# the builder's int4 (blocks of 32) in one run: b32 1.03 x, b64 0.94 x, b128 0.87-0.91 x, b256 0.84 x; b128 with
-# no int8 block fails the gate (top-1 0.834 < 0.85), b256 passes but pads every K below 256 to a whole block (the
-# default model's 128-wide layers: 1.6 x the bytes of b128).
-DEFAULT_BLOCK_SIZE = 128
+# The default block per scheme: the fastest that passes verify's quality gate on the trained default model.
+# Measured (docs/measurements/fused-2026-12-01.md): int4 on the bench-size Llama's fused export, per-token p50
+# against the builder's int4 (blocks of 32) in one run: b32 1.03 x, b64 0.94 x, b128 0.87-0.91 x, b256 0.84-0.87 x
+# (b128 and b256 within noise of each other; b128 kept: the finer blocks, the wider gate margin, top-1 0.892 vs
+# 0.889); b128 without the int8 first block fails the gate (top-1 0.834 < 0.85). int8 in blocks of 128 fails the
+# int8 gate (greedy agreement 13.4 of 32 < 16), in blocks of 32 it passes (23.1): int8 keeps 32.
+DEFAULT_BLOCK_SIZE = {"int4": 128, "int8": 32}
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations
 # int4's default: the first decoder block in 8 bits. On the trained default model (held-out text) all-int4 agrees
 # with eager's top-1 at 0.876 (KL mean 0.055); with block 0 in int8, 0.909 (KL 0.021), for ~5 % more weight bytes
@@ -76,11 +77,15 @@ class QuantConfig:
     """How to quantize. ``int8_blocks`` None means the scheme's default (1 for int4, 0 for int8)."""
 
     weights: str = "int4"  # "int4" | "int8"
-    block_size: int = DEFAULT_BLOCK_SIZE  # weights per scale, along K: one of BLOCK_SIZES
+    block_size: int | None = None  # weights per scale, along K: one of BLOCK_SIZES; None: the scheme's default
     symmetric: bool = True  # no zero points (int4: values -8..7 times the block's scale)
     accuracy_level: int = 4  # MatMulNBits' compute type on CPU: 4 = int8 activations (fastest), 0/1 = float
     keep_float: tuple[str, ...] = ("embeddings",)  # gathered tables stay float: a decode step reads one row
     int8_blocks: int | None = None  # int4: the first N decoder blocks get 8-bit weights
+
+    def __post_init__(self) -> None:
+        if self.block_size is None and self.weights in DEFAULT_BLOCK_SIZE:
+            object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.weights])
 
     @property
     def bits(self) -> int:

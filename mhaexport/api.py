@@ -189,7 +189,7 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
     return result
 
 
-def quantize(folder: str | Path, output: str | Path, *, weights: str = "int4", block_size: int = 128,
+def quantize(folder: str | Path, output: str | Path, *, weights: str = "int4", block_size: int | None = None,
              symmetric: bool = True, accuracy_level: int = 4, keep_float: Sequence[str] = ("embeddings",),
              int8_blocks: int | None = None, progress: Progress | None = None) -> QuantizeRecord:
     """``mhaexport quantize``: the weights of ``folder``'s float ONNX export to int4/int8 into a new folder

@@ -412,8 +412,9 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
               help="The quantized export folder (another folder: the float one stays verify's and bench's reference).")
 @click.option("--weights", type=click.Choice(["int4", "int8"]), default="int4", show_default=True,
               help="Bits per weight of every MatMul with a constant weight (MatMulNBits).")
-@click.option("--block-size", type=int, default=128, show_default=True,
-              help="Weights per scale, along K: 16, 32, 64, 128 or 256 (what ONNX Runtime's MatMulNBits takes).")
+@click.option("--block-size", type=int, default=None,
+              help="Weights per scale, along K: 16, 32, 64, 128 or 256 (what ONNX Runtime's MatMulNBits takes); "
+                   "a layer with a shorter K gets the largest block that fits.  [default: 128 for int4, 32 for int8]")
 @click.option("--symmetric/--asymmetric", default=True, show_default=True,
               help="Symmetric blocks (no zero points) or asymmetric ones (a zero point per block).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,

@@ -37,8 +37,11 @@ def test_each_weight_gets_the_default_block_or_the_largest_that_fits_its_k(tiny_
     """Blocks of 128 along K, but a layer whose K is shorter gets the largest block that fits (a padded block
     would read more bytes than the weights): the tiny preset's K=64 layers in blocks of 64, its FFN-out (K=256) in
     blocks of 128."""
-    from mhaexport.exporter.quantize import block_for
+    from mhaexport.exporter.quantize import QuantConfig, block_for
 
+    # each scheme's default: int4 in 128s (fastest through the gate), int8 in 32s (in 128s it fails its gate)
+    assert (QuantConfig().block_size, QuantConfig(weights="int8").block_size) == (128, 32)
+    assert QuantConfig(weights="int8", block_size=64).block_size == 64
     assert [block_for(k, 128) for k in (8, 16, 48, 64, 100, 128, 512, 1376)] == [16, 16, 32, 64, 64, 128, 128, 128]
     model = onnx.load(str(tiny_int4 / "model.onnx"))
     blocks = {}
