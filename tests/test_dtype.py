@@ -21,7 +21,8 @@ SHAPES = [(1, 1, 0, None), (2, 7, 0, None), (1, 1, 13, None), (3, 5, 4, None), (
           (3, 5, 4, [0, 3, 6]), (2, 1, 6, [0, 4])]
 PADDED = (3, 5, 4, [0, 3, 6])  # row 2: its first two query rows see no key at all
 ATOL, RTOL = 1e-2, 1e-2  # float16 against the float32 eager reference: |a - e| <= ATOL + RTOL * |e|
-FUSED = {"decomposed": "Softmax", "onnx": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
+FUSED = {"decomposed": "Softmax", "onnx": "Attention", "ort": "com.microsoft.MultiHeadAttention",
+         "fused": "com.microsoft.MultiHeadAttention"}
 
 
 class _Exports(dict):
@@ -45,7 +46,8 @@ def fp16(tiny, tmp_path_factory):
 
 
 # ~6 s per fused float16 export: the fused lowerings' float16 graphs are proved in the slow set
-LOWERINGS = ["decomposed", pytest.param("onnx", marks=pytest.mark.slow), pytest.param("ort", marks=pytest.mark.slow)]
+LOWERINGS = ["decomposed", pytest.param("onnx", marks=pytest.mark.slow), pytest.param("ort", marks=pytest.mark.slow),
+             pytest.param("fused", marks=pytest.mark.slow)]
 
 
 def _real(batch: int, seq: int, past: int, pad: list[int] | None) -> tuple[np.ndarray, np.ndarray]:

@@ -66,20 +66,27 @@ def test_reduce_mean_over_the_last_axis_is_written_as_minus_one():
     assert middle.inputs[1].const_value.numpy().tolist() == [1]  # not the last axis: left alone
 
 
-@pytest.mark.slow  # two tiny-llama exports (~25 s each on 2 cores) and their verify
+@pytest.mark.slow  # tiny-llama exports (~10-25 s each on 2 cores) and their verify
 @pytest.mark.parametrize("kv_cache", ["concat", "shared"])
-def test_llama_fused_export_passes_verify(tmp_path, kv_cache):
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_llama_fused_export_passes_verify(tmp_path, kv_cache, dtype):
+    """float16: the norms compute in float32 (an upcast), so their residual Adds stay unfused (ort_fusions' skip
+    fusion would bind a float16 and a float32 input in one node, which ONNX Runtime refuses to load)."""
     from mhaexport.cli import main
 
     out = tmp_path / kv_cache
     res = CliRunner().invoke(main, ["onnx", "--config", "tiny-llama", "--attention", "fused", "--kv-cache", kv_cache,
-                                    "-o", str(out)])
+                                    "--dtype", dtype, "-o", str(out)])
     assert res.exit_code == 0, res.output
     model = onnx.load(str(out / "model.onnx"))
     counts = op_counts(model)
     attention = "GroupQueryAttention" if kv_cache == "shared" else "MultiHeadAttention"
     assert counts.get(f"com.microsoft.{attention}") == 2
-    assert counts.get("com.microsoft.SkipSimplifiedLayerNormalization") == 4
+    if dtype == "float32":
+        assert counts.get("com.microsoft.SkipSimplifiedLayerNormalization") == 4
+    else:
+        assert counts.get("SimplifiedLayerNormalization") == 5 and "com.microsoft.SkipSimplifiedLayerNormalization" \
+            not in counts
     assert not {"Cos", "Sin"} & set(counts)  # rotary tables: constants, not computed per call
     if kv_cache == "shared":  # the builder's attention: packed Q | K | V in, the rotary inside, nothing around it
         assert not {"com.microsoft.RotaryEmbedding", "Split", "Transpose", "CumSum"} & set(counts)  # nor positions
@@ -89,6 +96,6 @@ def test_llama_fused_export_passes_verify(tmp_path, kv_cache):
     else:
         assert counts.get("com.microsoft.RotaryEmbedding") == 4  # q and k of each layer, cos/sin from a cache
     entry = json.loads((out / "manifest.json").read_text())["artifacts"]["onnx"]
-    assert entry["attention"] == "fused" and entry["lowering"]["self_check_max_abs_diff"] < 1e-4
+    assert entry["attention"] == "fused" and entry["lowering"]["self_check_max_abs_diff"] < (1e-4 if dtype == "float32" else 1e-2)
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code == 0, res.output

@@ -281,7 +281,7 @@ def _skip_head_reshapes(node: ir.Node, out_shape: ir.Shape) -> None:
         return
     back = nxt[0][0].outputs[0]
     if back.shape is not None and back.shape == out_shape and not back.is_graph_output():
-        y.shape = out_shape
+        y.shape, y.dtype = out_shape, back.dtype
         back.replace_all_uses_with(y)
 
 
@@ -309,6 +309,14 @@ def fixed_cos_sin_cache(max_positions: int | None):
     return _fusion_utils.apply_fusion_rules(pattern.RewriteRuleSet(rules))
 
 
+def _low_precision(model: ir.Model) -> bool:
+    """Whether the graph's float inputs (the cache) are float16 or bfloat16."""
+    import onnx_ir as ir
+
+    floats = [v.dtype for v in model.graph.inputs if v.dtype is not None and v.dtype.is_floating_point()]
+    return any(d in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) for d in floats)
+
+
 def fuse_for_ort(model: ir.Model, max_positions: int | None = None, head_dim: int | None = None) -> dict[str, int]:
     """Apply ort_fusions' non-attention fusions to ``model`` in place; returns {fusion: count} (zeros left out).
     ``max_positions`` / ``head_dim``: the model's, for constant rotary tables (:func:`fixed_cos_sin_cache`) where
@@ -328,12 +336,19 @@ def fuse_for_ort(model: ir.Model, max_positions: int | None = None, head_dim: in
     cos_sin = fixed_cos_sin_cache(fixed)
     ShapeInferencePass()(model)
     counts = {"canonical_last_axis": canonical_last_axis(model), "outer_product_freqs": outer_product_freqs(model)}
+    # float16 / bfloat16 exports compute their norms in float32 (torch's autocast-style upcast: the residual sum in
+    # the low precision, Cast, the norm in float32): ort_fusions' skip fusions then bind the residual and the Cast
+    # sum into one Skip*Normalization of two types, which ONNX Runtime refuses to load ("Type parameter (T) of
+    # SkipSimplifiedLayerNormalization bound to different types (tensor(float16) and tensor(float))" on tiny-llama);
+    # there the norms are fused without their residual Add
+    skip = not _low_precision(model)
     for name, fuse in (("erf_gelu", fuse_erfgelu), ("rms_normalization", fuse_rms_normalization),
-                       ("skip_layer_normalization", fuse_skip_layer_normalization),
-                       ("skip_rms_normalization", fuse_skip_rms_normalization),
+                       ("skip_layer_normalization", fuse_skip_layer_normalization if skip else None),
+                       ("skip_rms_normalization", fuse_skip_rms_normalization if skip else None),
                        ("rotary_embedding", fuse_rotary_embedding), ("cos_sin_cache", cos_sin),
                        ("gelu", fuse_gelu), ("bias_gelu", fuse_bias_gelu)):
-        counts[name] = fuse(model)
+        if fuse is not None:
+            counts[name] = fuse(model)
     optimize(model)  # inlines the intermediate functions a fusion left unconsumed (as ort_fusions itself does)
     counts["gqa_takes_projections"] = gqa_takes_projections(model)
     if not counts["gqa_takes_projections"]:  # MultiHeadAttention takes no packed Q/K/V with a cache: MatMul + Split
