@@ -104,6 +104,19 @@ def test_a_generation_sizes_its_buffers_and_every_steps_logits_stay_its_own(shar
     assert res.tokens == [eager_greedy(loaded.module, PROMPTS[0], 12)]
 
 
+def test_logits_the_loop_cannot_hand_in_are_allocated_by_onnx_runtime_instead(shared):
+    """A file whose logits do not fit the array the loop hands ONNX Runtime (here: a wrong dtype planted) still
+    decodes, with ONNX Runtime allocating them from then on; a call that is bad in itself still raises."""
+    loaded, folder, _ = shared
+    gen = Generator(folder, threads=1)
+    want = gen.generate(PROMPTS[:1], GenerationConfig(max_new_tokens=6)).tokens
+    gen.runner._into, gen.runner._into_for = np.dtype(np.float64), gen.runner.session  # ORT refuses to write there
+    assert gen.generate(PROMPTS[:1], GenerationConfig(max_new_tokens=6)).tokens == want
+    assert gen.runner._into is None
+    with pytest.raises(Exception):
+        gen.runner._run_shared(np.array([[1]]), np.ones((1, 1000), np.int64), gen.runner.buffers(1, 8))
+
+
 def test_verify_translates_the_contract_and_every_check_passes(shared):
     loaded, folder, _ = shared
     report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",))
