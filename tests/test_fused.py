@@ -99,3 +99,25 @@ def test_llama_fused_export_passes_verify(tmp_path, kv_cache, dtype):
     assert entry["attention"] == "fused" and entry["lowering"]["self_check_max_abs_diff"] < (1e-4 if dtype == "float32" else 1e-2)
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.slow  # one tiny export (~6 s) and its verify
+def test_the_default_decoder_over_a_shared_cache_feeds_the_packed_projection_to_the_attention(tmp_path):
+    """No rotary in the built-in decoder: GroupQueryAttention still reads the packed Q | K | V projection (nothing
+    between them) and no rotary attribute is set; verify passes."""
+    from mhaexport.cli import main
+
+    out = tmp_path / "fs"
+    res = CliRunner().invoke(main, ["onnx", "--config", "tiny", "--attention", "fused", "--kv-cache", "shared",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    model = onnx.load(str(out / "model.onnx"))
+    counts = op_counts(model)
+    assert not {"Split", "com.microsoft.RotaryEmbedding"} & set(counts)
+    weights = {i.name for i in model.graph.initializer}
+    assert all(n.input[0] in weights for n in model.graph.node if n.op_type == "Transpose")  # the tied head's only
+    for gqa in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+        assert list(gqa.input[1:3]) == ["", ""] and "do_rotary" not in attrs and len(gqa.input) == 7
+    res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
+    assert res.exit_code == 0, res.output

@@ -169,7 +169,8 @@ HEADS_PERM = [0, 2, 1, 3]  # (B, T, H, D) <-> (B, H, T, D)
 def _head_moves(value: ir.Value) -> tuple[ir.Value, ir.Node | None, int] | None:
     """Walk back from a GroupQueryAttention input through what only moves heads around — Reshape, Transpose with
     perm [0, 2, 1, 3] — and at most one RotaryEmbedding: (the value it starts from, the RotaryEmbedding or None,
-    the Transposes between it and the attention). None when the walk meets a RotaryEmbedding twice."""
+    the Transposes between the RotaryEmbedding and the attention). None when the walk meets a RotaryEmbedding twice
+    or an odd count of Transposes in all (the heads not moved back: the value is not the attention's layout)."""
     rotary, transposes, after_rotary = None, 0, 0
     while (n := value.producer()) is not None:
         if n.op_type == "Reshape" and n.domain in ("", "ai.onnx"):
@@ -185,7 +186,9 @@ def _head_moves(value: ir.Value) -> tuple[ir.Value, ir.Node | None, int] | None:
         else:
             break
         value = n.inputs[0]
-    return value, rotary, (after_rotary if rotary is not None else transposes)
+    if transposes % 2:
+        return None
+    return value, rotary, after_rotary
 
 
 def _int_attr(node: ir.Node, name: str, default: int = 0) -> int:
@@ -222,8 +225,8 @@ def gqa_takes_projections(model: ir.Model) -> int:
         walks = [_head_moves(x) for x in ins[:3]]
         if any(w is None for w in walks):
             continue
-        (q, rq, tq), (k, rk, tk), (v, rv, tv) = walks
-        if (rq is None) != (rk is None) or rv is not None or tv % 2:
+        (q, rq, tq), (k, rk, tk), (v, rv, _) = walks
+        if (rq is None) != (rk is None) or rv is not None:
             continue
         rotary = rq is not None
         if rotary and (any(len(r.inputs) < 4 or r.inputs[2] is None for r in (rq, rk)) or
@@ -233,11 +236,9 @@ def gqa_takes_projections(model: ir.Model) -> int:
                            for r in (rq, rk))):
             continue
         # each rotary between its transposes as the layout needs: a 4-D input is (B, H, T, D) (an odd count of
-        # Transposes after it), a 3-D one (B, T, H*D) (an even count); without one, an even count: heads moved back
+        # Transposes after it), a 3-D one (B, T, H*D) (an even count)
         if rotary and any(r.inputs[0].shape is None or (len(r.inputs[0].shape) == 4) != (t % 2 == 1)
                           for r, t in ((rq, tq), (rk, tk))):
-            continue
-        if not rotary and (tq % 2 or tk % 2):
             continue
         shapes = [x.shape for x in (q, k, v)]
         if any(sh is None or len(sh) != 3 or not isinstance(sh[2], int) for sh in shapes):
