@@ -120,3 +120,17 @@ def test_reproduce_returns_the_shipped_and_the_rebuilt_models(tiny_export, tmp_p
         shipped, rebuilt, note = reproduce(ef)
     assert note == ""  # the same onnxruntime here
     assert {t.name for t in shipped.graph.initializer} == {t.name for t in rebuilt.graph.initializer}
+
+
+def test_a_tensor_the_recipe_does_not_make_fails_the_check_and_names_it(tiny_export, tmp_path):
+    """A shipped file with an initializer the recipe does not write (or without one it does) is a difference too:
+    named, counted — not a crash of the check (it raised KeyError, exit 3, before)."""
+    q = _quantize(tiny_export, tmp_path / "q")
+    path = q / "model.onnx"
+    model = onnx.load(str(path))
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(3, np.float32), "planted_extra"))
+    onnx.save_model(model, path)
+    rehash(q)
+    res = _check(q)
+    assert res.status is False and res.figures["differing_tensors"] == 1
+    assert "holds 1 tensor(s) the recipe does not make (first: planted_extra)" in res.message, res.message

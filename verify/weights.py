@@ -60,8 +60,10 @@ def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, dict]:
     quantized = [n for n in a if n in roles]
     fig = {"tensors": len(a), "quantized_tensors": len(quantized)}
     if missing := sorted(set(b) - set(a)):
+        fig["differing_tensors"] = len(missing)
         return f"the shipped file lacks {len(missing)} tensor(s) the recipe makes (first: {missing[0]})", fig
     if extra := sorted(set(a) - set(b)):
+        fig["differing_tensors"] = len(extra)
         return f"the shipped file holds {len(extra)} tensor(s) the recipe does not make (first: {extra[0]})", fig
     differ = 0
     first = None
