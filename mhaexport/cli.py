@@ -424,7 +424,8 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
               metavar="embeddings,lm_head|none",
               help="What stays in float: the gathered token/position tables (one row read per token), the LM head.")
 @click.option("--int8-blocks", type=click.IntRange(min=0), default=None,
-              help="With int4: the first N decoder blocks get 8-bit weights (default 1: the most sensitive block).")
+              help="With int4: the first N decoder blocks get 8-bit weights (default 2, at most all blocks but one: the "
+                   "most sensitive ones).")
 def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level, keep_float, int8_blocks) -> None:
     """Quantize the weights of FOLDER's float ONNX export into a new export folder, with ONNX Runtime's
     MatMulNBitsQuantizer. The tied LM head is untied and quantized too. `mhaexport verify OUTPUT` then judges its
