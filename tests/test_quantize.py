@@ -11,6 +11,7 @@ quantization, onnxruntime-genai on a quantized folder, and bench's quantized row
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -196,7 +197,9 @@ def test_small_planted_too_coarse_fails_on_top1_and_kl(small_export, tmp_path, m
     assert CliRunner().invoke(main, ["quantize", str(small_export), "-o", str(out)]).exit_code == 0
     res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
     assert res.exit_code == 1, res.output
-    assert "top-1 agreement 0.6" in res.output and "< 0.85 (text)" in res.output and "KL mean" in res.output
+    # 2-bit blocks (0.71 with the default's two int8 blocks, 0.69 with one) against int4's 0.85
+    top1 = re.search(r"top-1 agreement (0\.\d+) < 0\.85 \(text\)", res.output)
+    assert top1 and float(top1.group(1)) < 0.8 and "KL mean" in res.output, res.output
 
 
 @pytest.mark.slow
