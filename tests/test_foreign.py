@@ -160,6 +160,7 @@ def test_a_file_rebuilt_after_adoption_is_refused(llama, builder_fp32, tmp_path)
         verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES)
 
 
+@pytest.mark.slow  # ~10 s: an Optimum-layout export of the tiny HF Llama and its verify
 def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     loaded = load_model(hf=hf_dir("llama-small"))  # no GroupQueryAttention here: the smallest Llama will do
     (tmp_path / "optimum").mkdir()

@@ -118,6 +118,7 @@ def test_ctrl_c_exits_130_not_1(tiny_export, monkeypatch):
     assert res.exit_code == 130 and "interrupted" in res.output
 
 
+@pytest.mark.slow  # ~8 s: a float16 ONNX export and a float32 TorchScript one in one folder
 def test_generate_on_a_float16_folder_with_a_float32_torchscript(tiny, tmp_path):
     """`all --dtype float16` then generate: the ONNX file's cache is float16 while TorchScript's is float32; each
     artifact records its own I/O dtype and the runtime feeds the ONNX file's."""
