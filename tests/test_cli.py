@@ -27,6 +27,7 @@ def test_help_lists_verbs(runner):
         assert sub.exit_code == 0 and "--config" in sub.output and "--model" in sub.output
 
 
+@pytest.mark.slow  # ~6 s: both exports through the CLI into one folder
 def test_onnx_and_torchscript_into_one_folder(runner, tmp_path):
     out = tmp_path / "exp"
     r1 = runner.invoke(main, ["onnx", "--config", "tiny", "--seq-dynamic", "-o", str(out)])

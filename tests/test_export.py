@@ -90,6 +90,7 @@ def test_manifest_records_both_artifacts_with_hashes(tiny_export):
     assert ef.entry("torchscript").details.mode == "trace"
 
 
+@pytest.mark.slow  # ~5 s: a static export and its checks
 def test_static_export_fixes_sequence_axes(tiny, tmp_path):
     export_onnx(tiny, tmp_path, seq_dynamic=False, seq_len=4)
     entry = json.loads((tmp_path / "manifest.json").read_text())["artifacts"]["onnx"]
@@ -105,6 +106,7 @@ def test_static_export_fixes_sequence_axes(tiny, tmp_path):
         _run_ort(sess, ids5, am5, past5)
 
 
+@pytest.mark.slow  # ~6 s: a user factory's model exported and compared
 def test_user_factory_exports_and_matches(tmp_path):
     from mhaexport.models.loading import load_model
 
