@@ -38,6 +38,13 @@ from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORC
 from mhaexport.verify.verify import artifact_runner
 
 
+def why(e: BaseException | str) -> str:
+    """The first line of a reason or an error's message (its type's name when it has none): a row's or a point's
+    skip reason."""
+    text = e if isinstance(e, str) else str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _ms(x: float) -> float:
     return round(x * 1000.0, 4)
 
@@ -72,9 +79,8 @@ class Row:
 
     def skip(self, e: BaseException | str) -> None:
         """Mark the row skipped with the first line of why; it leaves the timed rounds."""
-        text = e if isinstance(e, str) else str(e).strip()
         self.record.ran = None
-        self.record.reason = text.splitlines()[0] if text else type(e).__name__
+        self.record.reason = why(e)
 
     def activate(self) -> None:
         """Load the runner (timed: ``load_ms``); a runtime that cannot run or load leaves the row skipped."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mhaexport.bench.config import ORT_GENAI, ORT_RUNTIMES, BenchConfig
-from mhaexport.bench.rows import Row
+from mhaexport.bench.rows import Row, why
 from mhaexport.bench.stats import percentile
 from mhaexport.errors import MhaExportError
 from mhaexport.progress import Step
@@ -77,11 +77,6 @@ def skipped_prompt(prompt: int, reason: str) -> dict:
     return {"prompt": prompt, "ttft_ms": None, "prefill_ms": None, "repeats": 0, "reason": reason}
 
 
-def _first_line(e: MhaExportError) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def _point(rows: list[Row], prompt: np.ndarray, n: int, repeats: int, failed: dict[int, str],
            say: Callable[[str, int], None]) -> list[list[GenerationResult]]:
     """One point: an untimed round, then ``repeats`` timed rounds, each one generation of every row (row order) not
@@ -94,7 +89,7 @@ def _point(rows: list[Row], prompt: np.ndarray, n: int, repeats: int, failed: di
             try:
                 r = rows[i].generate(prompt, n)
             except MhaExportError as e:
-                failed[i] = _first_line(e)
+                failed[i] = why(e)
                 continue
             if k:
                 runs[i].append(r)

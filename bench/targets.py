@@ -64,6 +64,12 @@ class RowFigure:
                                                    r.token_spread)
 
 
+def _ort_cpu_rows(res: BenchResult) -> list:
+    """The ORT CPU rows that ran (the folder's own and the --compare / --builder ones; not the --opt-levels
+    variants), in table order."""
+    return [r for r in res.runtimes if r.ran and r.opt_level is None and r.name.split(" [")[0] == ORT_CPU]
+
+
 @dataclass(frozen=True)
 class QuantRowFigure:
     """A field of the first ORT CPU row whose export is quantized with ``scheme`` ("int4")."""
@@ -72,8 +78,7 @@ class QuantRowFigure:
     field: str = "token_p50_ms"
 
     def read(self, res: BenchResult) -> Reading | None:
-        r = next((x for x in res.runtimes if x.ran and x.quantization == self.scheme and x.opt_level is None
-                  and x.name.split(" [")[0] == ORT_CPU), None)
+        r = next((x for x in _ort_cpu_rows(res) if x.quantization == self.scheme), None)
         value = getattr(r, self.field) if r is not None else None
         return None if value is None else Reading(value, r.label, r.token_spread)
 
@@ -89,9 +94,8 @@ class ProducerFigure:
     field: str = "token_p50_ms"
 
     def read(self, res: BenchResult) -> Reading | None:
-        rows = [x for x in res.runtimes if x.ran and x.lowering and x.opt_level is None and getattr(x, self.field)
-                and x.name.split(" [")[0] == ORT_CPU and x.quantization == self.scheme
-                and x.lowering.startswith("attention=") == self.ours]
+        rows = [x for x in _ort_cpu_rows(res) if x.lowering and getattr(x, self.field)
+                and x.quantization == self.scheme and x.lowering.startswith("attention=") == self.ours]
         if not rows:
             return None
         best = min(rows, key=lambda x: getattr(x, self.field))
@@ -123,11 +127,7 @@ class LongRunFigure:
 def _cache_row(res: BenchResult, shared: bool):
     """The ORT CPU row (the folder's own or a --compare one, not an --opt-levels variant) whose export has a shared
     KV cache (``shared``) or a concat one; the folder's own row first."""
-    for r in res.runtimes:
-        if r.ran and r.lowering and r.opt_level is None and r.name.split(" [")[0] == ORT_CPU and \
-                ("kv=shared" in r.lowering) == shared:
-            return r
-    return None
+    return next((r for r in _ort_cpu_rows(res) if r.lowering and ("kv=shared" in r.lowering) == shared), None)
 
 
 @dataclass(frozen=True)

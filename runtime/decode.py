@@ -134,12 +134,11 @@ class DecodeLoop:
         B, T = input_ids.shape
         new = np.ones((B, T), dtype=np.int64) if mask is None else np.asarray(mask, dtype=np.int64)
         full = np.concatenate([state.attention_mask, new], axis=1) if state.length else new  # (B, S + T)
-        if full.shape[1] > self.runner.max_length:
-            raise RuntimeInputError(f"cannot feed past {self.runner.limit_text()}: the cache holds {state.length} "
-                                    f"positions and {T} more were given")
-        if state.capacity is not None and full.shape[1] > state.capacity:
-            raise RuntimeInputError(f"cannot feed past the {state.capacity} positions this cache was made for: it "
-                                    f"holds {state.length} and {T} more were given")
+        if full.shape[1] > (state.capacity or self.runner.max_length):  # capacity: at most max_length (empty)
+            limit = (f"the {state.capacity} positions this cache was made for" if state.capacity
+                     else self.runner.limit_text())
+            raise RuntimeInputError(f"cannot feed past {limit}: the cache holds {state.length} positions and {T} "
+                                    "more were given")
         logits, cache = self.runner.step(np.ascontiguousarray(input_ids, dtype=np.int64), full, state.cache)
         return logits, DecodeState(cache, full, state.capacity)
 

@@ -195,7 +195,8 @@ class SharedCacheOrtRunner(OrtRunner):
     def __init__(self, *args, max_cache: int, contract_steps: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.max_cache = max_cache
-        self._into, self._into_for = None, None  # _logits_into's decision and the session it was made for
+        # the numpy dtype the decode loop hands ONNX Runtime the logits in (set with the session; None: ORT allocates)
+        self._into: np.dtype | None = None
         self.contract_steps = contract_steps
         if contract_steps:
             self.padding = "left"
@@ -233,18 +234,14 @@ class SharedCacheOrtRunner(OrtRunner):
         return BoundBuffers(ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np_dtype), self.device, 0)
                             for _ in self.past_names)
 
-    def _logits_into(self) -> np.dtype | None:
-        """The numpy dtype of the file's logits when the decode loop can hand ONNX Runtime the array to write them
-        into (CPU, a dtype numpy holds, and not refused before); None: ONNX Runtime allocates them and they are
-        read back. Decided once per session."""
-        if self.device != "cpu" or self.session is None:
-            return None
-        if self._into_for is not self.session:
-            out = next((o for o in self.session.get_outputs() if o.name == self.out_logits), None)
-            name = dtypes.from_ort_type(out.type) if out is not None else None
-            self._into = dtypes.numpy_dtype(name) if name in ("float32", "float16") else None
-            self._into_for = self.session
-        return self._into
+    def _adopt(self, session: ort.InferenceSession, warnings: list[str], from_cache: bool) -> None:
+        """The session, and whether the decode loop can hand it the array to write the logits into: on CPU, for a
+        dtype numpy holds (else ONNX Runtime allocates them and they are read back)."""
+        super()._adopt(session, warnings, from_cache)
+        out = next((o for o in session.get_outputs() if o.name == self.out_logits), None)
+        name = dtypes.from_ort_type(out.type) if out is not None else None
+        self._into = (dtypes.numpy_dtype(name) if self.device == "cpu" and name in ("float32", "float16")
+                      else None)
 
     def _run_shared(self, ids: np.ndarray, mask: np.ndarray, bufs: list) -> np.ndarray:
         """One call in the file's protocol: each buffer bound as its layer's past and present; returns the logits.
@@ -266,7 +263,7 @@ class SharedCacheOrtRunner(OrtRunner):
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         for name, value in self._host_inputs(ids, np.ascontiguousarray(mask, dtype=np.int64)).items():
             io.bind_cpu_input(name, value)
-        into = self._logits_into()
+        into = self._into
         if into is not None:
             logits = np.empty((*ids.shape, self.contract.vocab_size), dtype=into)  # (B, T, V)
             io.bind_ortvalue_output(self.out_logits, ort.OrtValue.ortvalue_from_numpy(logits))
