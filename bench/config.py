@@ -52,6 +52,9 @@ class BenchConfig:
     # time to first token at batch 1 for each of these prompt lengths. Empty: no scaling phase (the default).
     batches: tuple[int, ...] = ()
     prompts: tuple[int, ...] = ()
+    # rebuild the eager model (eager rows) from a manifest source that is code (a factory file or module): only when
+    # the user says so (--trust-code), as verify (docs/DESIGN.md, "Folders from elsewhere")
+    trust_code: bool = False
 
 
 def check_config(cfg: BenchConfig) -> tuple[str, ...]:

@@ -53,7 +53,7 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
         return _run_bench(Path(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe)
 
 
-def _load_eager(ef: ExportFolder) -> tuple[EagerModel | None, str | None]:
+def _load_eager(ef: ExportFolder, trust_code: bool = False) -> tuple[EagerModel | None, str | None]:
     """The eager model rebuilt from the manifest (eager rows, weight bytes), or None and why not."""
     try:
         import torch  # noqa: F401  # its thread count is set by run_bench
@@ -63,7 +63,7 @@ def _load_eager(ef: ExportFolder) -> tuple[EagerModel | None, str | None]:
         return None, f"torch is not importable: {e}"
     t0 = time.perf_counter()
     try:
-        loaded = load_recorded(ef)
+        loaded = load_recorded(ef, trust_code=trust_code)
     except MhaExportError as e:
         return None, f"cannot rebuild the eager model from the manifest: {e}"
     return EagerModel(loaded.module.eval(), time.perf_counter() - t0), None
@@ -87,7 +87,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     say(f"measuring memory bandwidth ({cfg.threads} thread{'s' if cfg.threads != 1 else ''}) ...")
     bandwidth = probe(cfg.threads)
     notes: list[str] = []
-    eager, no_eager = _load_eager(ef)
+    eager, no_eager = _load_eager(ef, cfg.trust_code)
     if eager is not None:
         wbytes = probes.weight_bytes_per_token(eager.module, cfg.batch)
     else:  # no eager model: count the ONNX file's bytes (an upper bound: embeddings counted whole)

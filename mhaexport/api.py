@@ -101,7 +101,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
            runtimes: Sequence[str] | None = None, sweep: str = "quick", seed: int = 0,
            atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
            output: str | Path | None = None, junit: str | Path | None = None, quality: Any = None,
-           progress: Progress | None = None) -> VerifyReport:
+           trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
     """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
 
     The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
@@ -109,7 +109,9 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     for the defaults (one that cannot run here is skipped without failing); named ones must run (else the verdict is
     "not verified"). ``output``: also write report.json + report.md there; ``junit``: also write JUnit XML;
     ``quality``: a :class:`mhaexport.verify.quality.QualitySettings` for a quantized folder (threshold overrides,
-    the text).
+    the text). ``trust_code``: the folder is yours — rebuild its eager model from a manifest source that is code
+    (a factory file or module); without it such a folder raises UntrustedCode unless ``model`` names the model
+    (nothing runs because a folder says so).
 
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
@@ -124,7 +126,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
 
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                            runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens, quality=quality,
-                           reproduce=reproduce, progress=progress)
+                           reproduce=reproduce, trust_code=trust_code, progress=progress)
     if output is not None:
         report.write(output, "report")
     if junit is not None:

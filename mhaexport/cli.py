@@ -225,6 +225,13 @@ quiet_option = click.option("--quiet", "-q", is_flag=True, expose_value=False, i
                             help="No progress lines (the report, the verdict and errors are still printed).")
 
 
+trust_code_option = click.option(
+    "--trust-code", "trust_code", is_flag=True, default=False,
+    help="The folder is yours: rebuild its eager model from a manifest source that is code (a factory file or "
+         "module), importing and running it. Without it such a folder is refused (name the model with --model "
+         "instead): nothing runs because a folder says so.")
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mhaexport")
 @quiet_option
@@ -468,7 +475,8 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 @click.option("--max-bytes", type=click.IntRange(min=2), default=TEXT_MAX_BYTES, show_default=True,
               help="Refuse a --text file larger than this (it is scored token by token: 1 MiB takes minutes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json) -> None:
+@trust_code_option
+def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, trust_code) -> None:
     """Perplexity (and bits per byte) of an export FOLDER on text, on any runtime. Exit 0 when every runtime asked
     for ran, 1 when one failed, 4 when one could not run here."""
     import json
@@ -477,7 +485,7 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json) ->
 
     text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
     report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
-                             window=window, stride=stride, progress=_progress)
+                             window=window, stride=stride, trust_code=trust_code, progress=_progress)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.to_markdown())
     failed = [r for r in report.rows if r.status == "error"]
     if failed:
@@ -615,8 +623,9 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
                    "prompt length (one the model cannot hold is a skipped point with its reason). Default: off.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
+@trust_code_option
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, batches, prompts, output) -> None:
+              profile, compare, lowerings, quantize, builder, batches, prompts, output, trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -629,7 +638,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                             compare=tuple(compare), long_repeats=long_repeats,
                             batches=bench.parse_points(batches, "batches"),
-                            prompts=bench.parse_points(prompts, "prompts"))
+                            prompts=bench.parse_points(prompts, "prompts"), trust_code=trust_code)
     bench.check_config(cfg)  # a typo in --runtimes / --opt-levels / --lowerings / --quantize fails before any export
     schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip())) if quantize else []
     if schemes:
@@ -652,7 +661,8 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
     if lowerings:
         from mhaexport.exporter.variants import export_lowerings
 
-        found = export_lowerings(folder, wanted_lowerings, output or folder, have=cfg.compare, progress=say)
+        found = export_lowerings(folder, wanted_lowerings, output or folder, have=cfg.compare, progress=say,
+                                 trust_code=trust_code)
         # run_bench drops FOLDER itself and repeats
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     if schemes:
@@ -663,7 +673,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
     if builder:
         from mhaexport.exporter.peer import export_builder
 
-        found = export_builder(folder, precisions, output or folder, progress=say)
+        found = export_builder(folder, precisions, output or folder, progress=say, trust_code=trust_code)
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     from mhaexport import api
 
@@ -786,14 +796,14 @@ def _progress(msg: str) -> None:
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None):
+                quality=None, trust_code=False):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
     from mhaexport import api
 
     report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                         runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
-                        progress=None if quiet else _progress)
+                        trust_code=trust_code, progress=None if quiet else _progress)
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
@@ -842,7 +852,7 @@ def _parse_case(ctx, param, value):
     return b, s, p
 
 
-def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None) -> None:
+def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False) -> None:
     """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does. It runs
     at ``case`` (B, S, P) when given, else at the case parity failed at (the folder's report, or a parity run now),
     else at bisect's default shapes."""
@@ -868,7 +878,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                 from mhaexport.models.loading import load_recorded
 
                 with ExportFolder.open(folder, "onnx") as ef:
-                    loaded = load_recorded(ef)
+                    loaded = load_recorded(ef, trust_code=trust_code)
             found, why = failing_case(folder, loaded, progress=_progress)
             if found is not None:
                 shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
@@ -902,8 +912,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                    "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says.")
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
+@trust_code_option
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
-               quality_text, output, bisect_=False, case=None) -> None:
+               quality_text, output, bisect_=False, case=None, trust_code=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
@@ -950,7 +961,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
                                  param_hint="FOLDER")
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case)
+        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code)
         return
     if folder is not None:
         out = output or folder
@@ -958,7 +969,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
-                    name="report" if output else None, quality=settings)
+                    name="report" if output else None, quality=settings, trust_code=trust_code)
         return
     if output:
         _writable(output)

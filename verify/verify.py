@@ -121,7 +121,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                   atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
                   gen_tokens: int | None = None, threads: int | None = None, quality=None, reproduce=None,
-                  progress: Progress | None = None) -> VerifyReport:
+                  trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager. A folder of the attention block on its own
     (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
 
@@ -134,7 +134,9 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     overrides, the text). ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up to
     ONE_THREAD_MAX_PARAMS). ``reproduce``: re-runs a quantized folder's recorded recipe
     (``mhaexport.exporter.quantize.reproduce``; the CLI and the Python API pass it) for the ``weights`` check; without
-    it that check is not run. Raises ArtifactError for a bad folder; check failures are in the report."""
+    it that check is not run. ``trust_code``: rebuild the eager model from a manifest source that is code (a factory
+    file or module) — the user's ``--trust-code``; without it such a folder is refused (UntrustedCode) unless
+    ``loaded`` names the model. Raises ArtifactError for a bad folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
@@ -174,7 +176,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
 
     if loaded is None:
         say(f"rebuilding the eager reference from {ef.model.spec}")
-        loaded = load_recorded(ef)
+        loaded = load_recorded(ef, trust_code=trust_code)
     else:
         check_same_model(loaded, ef.model)
     c = loaded.contract
