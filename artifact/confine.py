@@ -25,7 +25,7 @@ LOCK_FILE = ".mhaexport.lock"
 SCRATCH_PREFIXES = (".staging-", ".snapshot-")
 # onnxruntime-genai's config: the ONNX file it names must be one of the artifact's hashed files
 GENAI_CONFIG = "genai_config.json"
-_CHUNK = 1 << 20
+_CHUNK = 8 << 20
 
 
 class MissingFile(ArtifactError):
@@ -105,24 +105,35 @@ def _kind(mode: int) -> str:
 
 
 def copy_hashed(fd: int, dst: str | Path) -> tuple[str, int]:
-    """Copy the open file ``fd`` (closed afterwards) to a new file ``dst`` (mode 0400, created exclusively) and
-    return the sha256 and size of the bytes written: the copy is private, so these are the bytes a reader then
-    loads, whatever any other process does to the source meanwhile."""
-    h = hashlib.sha256()
-    n = 0
+    """Copy the open file ``fd`` (closed afterwards) to a new file ``dst`` (created exclusively, mode 0400 in the
+    caller's private folder) and return the sha256 and size of the copy: the copy is private, so these are the bytes
+    a reader then loads, whatever any other process does to the source meanwhile. The kernel copies
+    (``copy_file_range``; a read/write loop where it cannot), then the copy is hashed from the page cache."""
     try:
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
-            while True:
-                block = os.read(fd, _CHUNK)
-                if not block:
-                    break
+            size = os.fstat(fd).st_size
+            done = 0
+            try:
+                while True:  # to the end of the file, whatever its size when stat'ed
+                    n = os.copy_file_range(fd, out, max(size - done, _CHUNK))
+                    if n == 0:
+                        break
+                    done += n
+            except (AttributeError, OSError):  # no copy_file_range here: copy by hand from where it stopped
+                os.lseek(fd, done, os.SEEK_SET)
+                os.lseek(out, done, os.SEEK_SET)
+                while block := os.read(fd, _CHUNK):
+                    view = memoryview(block)
+                    while view:
+                        view = view[os.write(out, view):]
+            os.fchmod(out, 0o400)
+            h = hashlib.sha256()
+            n = 0
+            os.lseek(out, 0, os.SEEK_SET)
+            while block := os.read(out, _CHUNK):
                 h.update(block)
                 n += len(block)
-                view = memoryview(block)
-                while view:
-                    view = view[os.write(out, view):]
-            os.fchmod(out, 0o400)
         finally:
             os.close(out)
     finally:
