@@ -149,19 +149,3 @@ def read_inside(root: str | Path, name: str, where: str, max_bytes: int = 64 << 
     if len(data) > max_bytes:
         raise UnsafeFolder(f"{where}: {name} holds more than {max_bytes} bytes: refused")
     return data
-
-
-def external_data_names(onnx_path: str | Path) -> list[str]:
-    """The external-data locations an ONNX file names (initializers and tensor attributes, subgraphs included), in
-    first-reference order; the file is parsed without its data."""
-    import onnx
-    from onnx.external_data_helper import _get_all_tensors
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    found: list[str] = []
-    for t in _get_all_tensors(model):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in t.external_data if e.key == "location"), "")
-            if loc not in found:
-                found.append(loc)
-    return found

@@ -47,8 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhaexport.artifact.confine import (GENAI_CONFIG, MissingFile, check_name, copy_hashed, external_data_names,
-                                        open_inside)
+from mhaexport.artifact.confine import GENAI_CONFIG, MissingFile, check_name, copy_hashed, open_inside
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_free_space, ensure_writable_dir,
                                       file_entries, read_json)
@@ -154,24 +153,15 @@ class ExportFolder:
         return ef
 
     def _check_names(self, names: list[str]) -> None:
-        """The names the files themselves supply, confined like the manifest's: an ONNX file's external-data
-        locations and genai_config.json's decoder filename must each be one of the artifact's own (hashed) files."""
+        """The names the files themselves supply, confined like the manifest's: genai_config.json's decoder filename
+        must be one of the artifact's own (hashed) files. (External-data locations need onnx's parser:
+        :func:`mhaexport.verify.external_data.check_external_data`, which verify and lint call; the deploy path,
+        torch- and onnx-free, relies on the snapshot holding only hashed files and on ONNX Runtime refusing a
+        location that leaves the model's folder or is absolute.)"""
         for name in names:
             entry = self.entry(name)
             where = f"{self.path / FILENAME}: artifacts.{name}"
             for fname in entry.files:
-                if fname.endswith(".onnx") and fname in self._copied:
-                    try:
-                        locations = external_data_names(self.root / fname)
-                    except Exception as e:  # noqa: BLE001 - onnx's parse errors: the runtimes report an unreadable file
-                        if isinstance(e, UnsafeFolder):
-                            raise
-                        continue
-                    for loc in locations:
-                        check_name(loc, f"{self.path / fname}: external data")
-                        if loc not in entry.files:
-                            raise UnsafeFolder(f"{self.path / fname}: external data {loc!r} is not one of the "
-                                               f"files {where} hashes: refused")
                 if Path(fname).name == GENAI_CONFIG and fname in self._copied:
                     self._check_genai_config(fname, entry, where)
 

@@ -18,6 +18,7 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.choose import ort_runner_for
+from mhaexport.verify.external_data import check_external_data
 from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
@@ -149,6 +150,11 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
                           f"block: {', '.join(MODULE_CHECKS)})")
     ef = ExportFolder.open(folder)
+    try:
+        check_external_data(ef)
+    except BaseException:
+        ef.close()
+        raise
     if not ef.artifacts:
         raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
     if ef.module is not None:
