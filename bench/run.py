@@ -142,7 +142,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     notes += [f"{r.label}: {n}" for r in res.runtimes for n in r.notes]
     res.lowerings = compare_lowerings(res)
     res.targets = evaluate(res, cfg.max_spread)
-    for opened in [ef] + [m for _, m in others]:  # every row has run: the snapshots' hard links go now
+    for opened in [ef] + [m for _, m in others]:  # every row has run: the snapshots' copies go now
         opened.close()
     return res
 

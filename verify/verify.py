@@ -222,7 +222,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
-    ef.close()  # every runner has loaded its files: the snapshot's hard links go now, not at exit
+    ef.close()  # every runner has loaded its files: the snapshot's copies go now, not at exit
     return VerifyReport(
         model=ef.model.to_dict(), folder=str(ef.path),
         sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
