@@ -390,6 +390,34 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
     _show_record(api.export_torchscript(output, model=loaded, mode=mode))
 
 
+@main.command("pt2")
+@quiet_option
+@model_options
+@module_options
+@click.option("--aoti", is_flag=True, default=False,
+              help="Also compile the program with AOTInductor for CPU into model.aoti.pt2 (needs a C++ compiler; "
+                   "about a minute for tiny-llama). Its compile time is recorded in the manifest.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/pt2", show_default=True,
+              help="Export folder (model.pt2 [+ model.aoti.pt2] + manifest.json).")
+def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
+    """Export with torch.export (an ExportedProgram saved as model.pt2, dynamic batch/sequence/past axes, the causal
+    mask built at run time), and with --aoti compile it with AOTInductor — the decoder, or with --module attention
+    the MHA block on its own. Both files are code: verify and bench load them from a folder only with --trust-code
+    (or right after exporting them, in `mhaexport all --pt2`)."""
+    _check_module_args(module, mask, model or hf)
+    _writable(output)
+    loaded = _load_block(mask, config, checkpoint) if module else _load(config, model, checkpoint, hf)
+    what = f"the {module} block of {loaded.spec.rsplit(' ', 1)[0]}" if module else loaded.spec
+    _progress(f"Exporting {what} with torch.export (dynamic axes) ...")
+    from mhaexport import api
+
+    for rec in api.export_pt2(output, model=loaded, aoti=aoti, progress=_progress):
+        _show_record(rec)
+        compiled = getattr(rec.manifest.artifacts[rec.artifact].details, "compile_seconds", None)
+        if compiled is not None:
+            click.echo(f"AOTInductor compile: {compiled:.1f} s")
+
+
 def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
     """"embeddings,lm_head" -> ("embeddings", "lm_head"); "none" or "" -> ()."""
     from mhaexport.exporter.quantize import FLOAT_GROUPS
@@ -578,8 +606,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
 @click.option("--runtimes", default=None, metavar="A,B,..",
               help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
-                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda. "
-                   "Default: all.")
+                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda, pt2, "
+                   "aoti (with --trust-code). Default: all (pt2/aoti where the folder holds them).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
@@ -615,8 +643,11 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
                    "prompt length (one the model cannot hold is a skipped point with its reason). Default: off.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
+@click.option("--trust-code", "trust_code", is_flag=True, default=False,
+              help="Time the folder's torch.export program and AOTInductor package (rows pt2, aoti): code, loaded "
+                   "only with this flag (without it: rows skipped with the reason; refused when named in --runtimes).")
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, batches, prompts, output) -> None:
+              profile, compare, lowerings, quantize, builder, batches, prompts, output, trust_code=False) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -629,7 +660,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                             compare=tuple(compare), long_repeats=long_repeats,
                             batches=bench.parse_points(batches, "batches"),
-                            prompts=bench.parse_points(prompts, "prompts"))
+                            prompts=bench.parse_points(prompts, "prompts"), trust_code=trust_code)
     bench.check_config(cfg)  # a typo in --runtimes / --opt-levels / --lowerings / --quantize fails before any export
     schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip())) if quantize else []
     if schemes:
@@ -755,7 +786,9 @@ def verify_options(f):
                   help="Relative tolerance, likewise (default by dtype: float32 1e-3, float16 1e-2).")
     @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
                   help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, and on request "
-                       "eager-cuda, onnx-reference. Default: eager, torchscript, ort-cpu, ort-cuda. An attention "
+                       "eager-cuda, onnx-reference; pt2 and aoti (torch.export, AOTInductor: with --trust-code on "
+                       "`verify`). Default: eager, torchscript, ort-cpu, ort-cuda, and pt2/aoti where the folder "
+                       "holds them. An attention "
                        "block (--module attention) adds torch-mha: torch's own attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
@@ -786,14 +819,14 @@ def _progress(msg: str) -> None:
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None):
+                quality=None, trust_code=False):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
     from mhaexport import api
 
     report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                         runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
-                        progress=None if quiet else _progress)
+                        progress=None if quiet else _progress, trust_code=trust_code)
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
@@ -902,8 +935,12 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                    "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says.")
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
+@click.option("--trust-code", "trust_code", is_flag=True, default=False,
+              help="Load what in FOLDER is code: its torch.export program (model.pt2, unpickled) and AOTInductor "
+                   "package (model.aoti.pt2, a native library). Without it they are skipped with the reason "
+                   "(refused, exit 2, when named with --runtime).")
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
-               quality_text, output, bisect_=False, case=None) -> None:
+               quality_text, output, bisect_=False, case=None, trust_code=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
@@ -958,7 +995,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
-                    name="report" if output else None, quality=settings)
+                    name="report" if output else None, quality=settings, trust_code=trust_code)
         return
     if output:
         _writable(output)
@@ -979,12 +1016,17 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 @model_options
 @verify_options
 @lowering_options
+@click.option("--pt2", "pt2", is_flag=True, default=False,
+              help="Also export with torch.export (model.pt2) and verify it as runtime pt2.")
+@click.option("--aoti", "aoti", is_flag=True, default=False,
+              help="Also export with torch.export and compile it with AOTInductor for CPU (model.pt2 and "
+                   "model.aoti.pt2), verified as runtimes pt2 and aoti.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
-    steps = ["load", "export ONNX", "export TorchScript", "verify"]
+    steps = ["load", "export ONNX", "export TorchScript"] + (["export pt2"] if pt2 or aoti else []) + ["verify"]
     n = len(steps)
     state = {"i": 0}
 
@@ -997,6 +1039,12 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
     loaded = _load(config, model, checkpoint, hf)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
+    if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
+        from mhaexport.exporter.pt2 import export_pt2
+
+        step(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
+        for rec in export_pt2(loaded, output, aoti=aoti):
+            _warn(rec)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
