@@ -106,15 +106,18 @@ def _io(loaded: LoadedModel) -> dict | None:
 
 
 def compiler_name() -> str | None:
-    """The C++ compiler inductor builds with, as it reports itself ("g++ (Debian 12.2.0-14) 12.2.0"), or None."""
+    """The C++ compiler inductor builds with and its version ("g++: gcc version 12.2.0"), or None."""
+    import re
+
     try:
         from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
 
         cc = get_cpp_compiler()
-        info = get_compiler_version_info(cc).strip().splitlines()
-        return info[0] if info else cc
+        info = get_compiler_version_info(cc)  # `cc -v` with newlines as "_"
     except Exception:  # an introspection helper of torch's private API: absent is fine
         return None
+    found = re.search(r"([A-Za-z]+ version [0-9][\w.+-]*)", info or "")
+    return f"{cc.rsplit('/', 1)[-1]}: {found.group(1)}" if found else cc
 
 
 def export_pt2(loaded: LoadedModel, out_dir: str | Path, *, aoti: bool = False,
