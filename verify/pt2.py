@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.trust import AOTI, CODE_ARTIFACTS, PT2, refusal
 from mhaexport.errors import ConfigError
@@ -33,8 +35,18 @@ def load_code(runtime: str, path: str | Path):
     return torch._inductor.aoti_load_package(str(path)), ["AOTInductor (cpu)"]
 
 
+def _dense(t):
+    """``t`` (numpy or torch) as a contiguous torch tensor: an AOTInductor package indexes its inputs with the strides
+    it was compiled at (contiguous) and checks none of them unless AOTI_RUNTIME_CHECK_INPUTS=1 — a strided view, such
+    as the decode loop's slice of a prompt batch, gives wrong logits without an error (measured on the small preset:
+    max abs 3.6). No copy for what is already contiguous."""
+    import torch
+
+    return (torch.from_numpy(np.ascontiguousarray(t)) if isinstance(t, np.ndarray) else t.contiguous())
+
+
 class CodeRunner(EagerRunner):
-    """The decoder's ``model.pt2`` or ``model.aoti.pt2``, loaded from the folder's snapshot."""
+    """The decoder's ``model.pt2`` or ``model.aoti.pt2``, loaded from the folder's snapshot, fed contiguous tensors."""
 
     def __init__(self, name: str, contract, path: str | Path) -> None:
         super().__init__(name, contract, None)
@@ -49,6 +61,12 @@ class CodeRunner(EagerRunner):
         self.source = self.module
         self.load_s = time.perf_counter() - t0
 
+    def _call(self, ids: np.ndarray, mask: np.ndarray, past):
+        import torch
+
+        with torch.inference_mode():
+            return self.module(_dense(ids), _dense(mask), tuple((_dense(k), _dense(v)) for k, v in past))
+
 
 class CodeBlockRunner(TorchModuleRunner):
     """The attention block's ``model.pt2`` or ``model.aoti.pt2`` (``--module attention``), called as m(x, past_key,
@@ -59,6 +77,9 @@ class CodeBlockRunner(TorchModuleRunner):
 
     def activate_impl(self) -> None:
         self.module, self.providers = load_code(self.name, self.path)
+
+    def run_impl(self, x: np.ndarray, past_key: np.ndarray, past_value: np.ndarray):
+        return super().run_impl(*(np.ascontiguousarray(a) for a in (x, past_key, past_value)))
 
 
 def code_runner(ef: ExportFolder, rt: str, c, *, trust_code: bool = False, module: bool = False) -> Runner:
