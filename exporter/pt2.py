@@ -73,23 +73,103 @@ def explain_failure(e: BaseException, label: str) -> str:
     text = " ".join(str(x) for x in exception_chain(e))
     if {"GuardOnDataDependentSymNode", "DataDependentOutputException"} & names or "data-dependent" in text:
         return f"{label}: torch.export cannot take it: {DATA_DEPENDENT_HINT}. {first_line(e)[:200]}"
-    for axis in (iospec.SEQ, iospec.PAST, iospec.TOTAL, iospec.BATCH):
+    violated = violated_axes(e)
+    # the longest names first: sequence_length is part of past_sequence_length and total_sequence_length
+    for axis in (violated[:1] or sorted(AXES, key=len, reverse=True)):
         if axis in text and ("Constraints violated" in text or "specializ" in text or "guard" in text.lower()):
             return (f"{label}: torch.export cannot keep the dynamic axis {axis!r}: {GUARD_HINT}. "
                     f"{first_line(e)[:200]}")
     return describe_failure(e, f"{label}: torch.export.export failed")
 
 
+def violated_axes(e: BaseException) -> list[str]:
+    """The dynamic axes a torch.export ``Constraints violated (a, b)!`` error names, in its order ([] for others)."""
+    import re
+
+    found = re.search(r"Constraints violated \(([^)]*)\)", str(e))
+    return [a.strip() for a in found.group(1).split(",")] if found else []
+
+
+def _probe_inputs(loaded: LoadedModel) -> list[tuple]:
+    """Inputs at contract shapes the export never saw — seq=1 with an empty cache, a longer prompt, a longer cache,
+    a wider batch — within max_positions: where a guard the export deferred to run time must hold."""
+    c = loaded.contract
+    limit = c.max_positions
+    shapes = [(1, 1, 0), (1, EXAMPLE_SEQ + 4, 0), (1, 1, EXAMPLE_PAST + 6), (3, 2, 1)]
+    shapes = [(b, s, p) for b, s, p in shapes if s + p <= limit]
+    if isinstance(c, ModuleContract):
+        from mhaexport.exporter.module import example_module_inputs
+
+        return [example_module_inputs(c, seq=s, past=p, batch=b) for b, s, p in shapes]
+    return [example_inputs(c, seq=s, past=p, batch=b) for b, s, p in shapes]
+
+
+def _raised_minimums(old: tuple, new: tuple) -> dict[str, int] | None:
+    """{axis: new minimum} when torch's suggested fixes (``new``) only raise some Dims' minimums of ``old``; None
+    when they do anything else (fix an axis to a number, lower a maximum, relate two axes)."""
+    flat_old, flat_new = torch.utils._pytree.tree_leaves(old), torch.utils._pytree.tree_leaves(new)
+    if len(flat_old) != len(flat_new):
+        return None
+    raised = {}
+    for a, b in zip(flat_old, flat_new):
+        if not (hasattr(b, "__name__") and hasattr(b, "min") and a.__name__ == b.__name__ and a.max == b.max):
+            return None
+        if b.min != a.min:
+            raised[b.__name__] = int(b.min)
+    return raised
+
+
+def _refined_export(loaded: LoadedModel, args: tuple, dynamic: tuple, error: BaseException
+                    ) -> tuple[torch.export.ExportedProgram, dict[str, int]]:
+    """The export again with torch's suggested fixes applied (what torch.onnx's exporter does), accepted only when
+    they raise minimums and the program then agrees with eager at :func:`_probe_inputs`' shapes at or above them.
+    transformers' mask code guards total >= past + seq, which torch.export, reasoning with every length >= 2, turns
+    into total_sequence_length >= 4: the program then refuses a shorter mask at run time (recorded, and verify
+    reports the shapes it refuses)."""
+    new = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(getattr(error, "msg", str(error)),
+                                                                                 dynamic)
+    raised = _raised_minimums(dynamic, new)
+    if not raised:
+        raise error
+    with torch.no_grad():
+        program = torch.export.export(loaded.module, args, dynamic_shapes=new, strict=False)
+        module = program.module()
+        for inputs in _probe_inputs(loaded):
+            if inputs[1].shape[-1] < raised.get(iospec.TOTAL, 0):
+                continue
+            try:
+                got = module(*inputs)[0]
+            except Exception as e:  # a guard the program checks at run time: one program cannot serve the contract
+                where = f"batch={inputs[0].shape[0]} seq={inputs[0].shape[1]} past={inputs[1].shape[1] - inputs[0].shape[1]}"
+                raise ExportError(f"{loaded.label}: torch.export cannot keep the dynamic axes: the program it makes "
+                                  f"checks '{first_line(e).split(': ', 2)[-1]}' and refuses {where} (one program "
+                                  "cannot serve the empty-cache prefill and the decode step)") from None
+            torch.testing.assert_close(got, loaded.module(*inputs)[0], atol=1e-3, rtol=1e-3)
+    return program, raised
+
+
 def export_program(loaded: LoadedModel) -> tuple[torch.export.ExportedProgram, tuple, list[str]]:
     """``torch.export.export`` of ``loaded`` (decoder or block) with the contract's dynamic axes: (program, the
-    example args, the warnings worth showing). ExportError in one line when torch.export cannot take the model."""
+    example args, the warnings worth showing). Where torch.export's guards violate the axes' ranges, the export is
+    tried once more with those guards as run-time asserts (:func:`_deferred_export`). ExportError in one line when
+    torch.export cannot take the model."""
     args, dynamic, _ = _spec(loaded)
     with captured_warnings() as warns:
         try:
             with torch.no_grad():
                 program = torch.export.export(loaded.module, args, dynamic_shapes=dynamic, strict=False)
         except Exception as e:
-            raise ExportError(explain_failure(e, loaded.label)) from None
+            if not violated_axes(e):
+                raise ExportError(explain_failure(e, loaded.label)) from None
+            try:
+                program, raised = _refined_export(loaded, args, dynamic, e)
+            except ExportError:
+                raise
+            except Exception:
+                raise ExportError(explain_failure(e, loaded.label)) from None
+            shown = ", ".join(f"{k} >= {v}" for k, v in raised.items())
+            warns.append(f"torch.export narrowed the dynamic axes to {shown} (its guards on this model, which it "
+                         "reasons about with every length >= 2); the program refuses shorter inputs at run time")
     return program, args, list(warns)
 
 
