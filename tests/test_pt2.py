@@ -120,6 +120,44 @@ def test_bench_times_the_program_beside_ort(pt2_folder, stranger, monkeypatch):
     assert untrusted.get("aoti") is None  # the folder holds no package: not a row of the default run
 
 
+def test_the_code_runner_feeds_contiguous_tensors(tiny):
+    """An AOTInductor package reads its inputs at the strides it was compiled at and checks none (a strided view gave
+    max abs 3.6 on the small preset): the runner hands the program contiguous tensors, whatever the loop passes."""
+    import numpy as np
+
+    from mhaexport.verify.pt2 import CodeRunner
+
+    c = tiny.contract
+    seen = []
+
+    def program(ids, mask, past):
+        seen.extend(t.is_contiguous() for t in (ids, mask, *[x for kv in past for x in kv]))
+        return tiny.module(ids, mask, past)
+
+    runner = CodeRunner("aoti", c, "unused.pt2")
+    runner.module, runner.is_active = program, True
+    prompts = np.arange(24, dtype=np.int64).reshape(2, 12) % c.vocab_size
+    ids = prompts[:, 4:8]  # the decode loop's slice of a batch: not contiguous
+    assert not ids.flags.c_contiguous
+    k = torch.zeros(2, c.n_kv_heads, 6, c.head_dim).transpose(2, 3).contiguous().transpose(2, 3)  # strided
+    cache = tuple((k, k) for _ in range(c.n_layers))
+    runner.step(ids, np.ones((2, 10), dtype=np.int64), cache)
+    assert seen and all(seen)
+
+
+def test_details_are_typed_records():
+    from mhaexport.artifact.manifest import ArtifactEntry
+    from mhaexport.errors import ArtifactError
+
+    entry = {"format": "aoti", "file": AOTI_FILE, "files": {}, "device": "cpu", "compile_seconds": 42.9,
+             "program_sha256": "ab", "compiler": "g++: gcc version 12.2.0"}
+    read = ArtifactEntry.from_dict(entry)
+    assert isinstance(read.details, AotiDetails) and read.details.compile_seconds == 42.9
+    assert read.to_dict()["compile_seconds"] == 42.9 and read.to_dict()["device"] == "cpu"
+    with pytest.raises(ArtifactError, match=r"compile_seconds is '42\.9' \(str\), expected float"):
+        ArtifactEntry.from_dict({**entry, "compile_seconds": "42.9"})
+
+
 USER_MODELS = textwrap.dedent("""
     import dataclasses
     from mhaexport.models.config import PRESETS
