@@ -90,7 +90,7 @@ def violated_axes(e: BaseException) -> list[str]:
     return [a.strip() for a in found.group(1).split(",")] if found else []
 
 
-def _probe_inputs(loaded: LoadedModel) -> list[tuple]:
+def _probe_inputs(loaded: LoadedModel) -> list[tuple[tuple[int, int, int], tuple]]:
     """Inputs at contract shapes the export never saw — seq=1 with an empty cache, a longer prompt, a longer cache,
     a wider batch — within max_positions: where a guard the export deferred to run time must hold."""
     c = loaded.contract
@@ -100,8 +100,8 @@ def _probe_inputs(loaded: LoadedModel) -> list[tuple]:
     if isinstance(c, ModuleContract):
         from mhaexport.exporter.module import example_module_inputs
 
-        return [example_module_inputs(c, seq=s, past=p, batch=b) for b, s, p in shapes]
-    return [example_inputs(c, seq=s, past=p, batch=b) for b, s, p in shapes]
+        return [((b, s, p), example_module_inputs(c, seq=s, past=p, batch=b)) for b, s, p in shapes]
+    return [((b, s, p), example_inputs(c, seq=s, past=p, batch=b)) for b, s, p in shapes]
 
 
 def _raised_minimums(old: tuple, new: tuple) -> dict[str, int] | None:
@@ -134,13 +134,13 @@ def _refined_export(loaded: LoadedModel, args: tuple, dynamic: tuple, error: Bas
     with torch.no_grad():
         program = torch.export.export(loaded.module, args, dynamic_shapes=new, strict=False)
         module = program.module()
-        for inputs in _probe_inputs(loaded):
-            if inputs[1].shape[-1] < raised.get(iospec.TOTAL, 0):
-                continue
+        for (b, s, p), inputs in _probe_inputs(loaded):
+            if s + p < raised.get(iospec.TOTAL, 0) or s < raised.get(iospec.SEQ, 0) or p < raised.get(iospec.PAST, 0):
+                continue  # below the narrowed range: refused by the program's own input check, as recorded
             try:
                 got = module(*inputs)[0]
             except Exception as e:  # a guard the program checks at run time: one program cannot serve the contract
-                where = f"batch={inputs[0].shape[0]} seq={inputs[0].shape[1]} past={inputs[1].shape[1] - inputs[0].shape[1]}"
+                where = f"batch={b} seq={s} past={p}"
                 raise ExportError(f"{loaded.label}: torch.export cannot keep the dynamic axes: the program it makes "
                                   f"checks '{first_line(e).split(': ', 2)[-1]}' and refuses {where} (one program "
                                   "cannot serve the empty-cache prefill and the decode step)") from None
