@@ -30,6 +30,7 @@ from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.progress import Step
+from mhaexport.verify.pt2 import refuse_untrusted
 from mhaexport.verify.runners import ORT_CPU
 from mhaexport.verify.threads import torch_threads
 
@@ -72,6 +73,7 @@ def _load_eager(ef: ExportFolder, trust_code: bool = False) -> tuple[EagerModel 
 def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Progress,
                probe: probes.Probe) -> BenchResult:
     ef = ExportFolder.open(folder)
+    refuse_untrusted(ef, cfg.runtimes, cfg.trust_code, option="--runtimes")  # code named without --trust-code
     c = ef.contract
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "

@@ -227,9 +227,11 @@ quiet_option = click.option("--quiet", "-q", is_flag=True, expose_value=False, i
 
 trust_code_option = click.option(
     "--trust-code", "trust_code", is_flag=True, default=False,
-    help="The folder is yours: rebuild its eager model from a manifest source that is code (a factory file or "
-         "module), importing and running it. Without it such a folder is refused (name the model with --model "
-         "instead): nothing runs because a folder says so.")
+    help="The folder is yours: run the code it holds — rebuild its eager model from a manifest source that is code "
+         "(a factory file or module) and load its torch.export program (model.pt2, unpickled) and AOTInductor "
+         "package (model.aoti.pt2, a native library). Without it such a model source is refused (name the model "
+         "with --model instead) and pt2/aoti are skipped with the reason (refused when named): nothing runs because "
+         "a folder says so.")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -395,6 +397,34 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
     from mhaexport import api
 
     _show_record(api.export_torchscript(output, model=loaded, mode=mode))
+
+
+@main.command("pt2")
+@quiet_option
+@model_options
+@module_options
+@click.option("--aoti", is_flag=True, default=False,
+              help="Also compile the program with AOTInductor for CPU into model.aoti.pt2 (needs a C++ compiler; "
+                   "about a minute for tiny-llama). Its compile time is recorded in the manifest.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/pt2", show_default=True,
+              help="Export folder (model.pt2 [+ model.aoti.pt2] + manifest.json).")
+def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
+    """Export with torch.export (an ExportedProgram saved as model.pt2, dynamic batch/sequence/past axes, the causal
+    mask built at run time), and with --aoti compile it with AOTInductor — the decoder, or with --module attention
+    the MHA block on its own. Both files are code: verify and bench load them from a folder only with --trust-code
+    (or right after exporting them, in `mhaexport all --pt2`)."""
+    _check_module_args(module, mask, model or hf)
+    _writable(output)
+    loaded = _load_block(mask, config, checkpoint) if module else _load(config, model, checkpoint, hf)
+    what = f"the {module} block of {loaded.spec.rsplit(' ', 1)[0]}" if module else loaded.spec
+    _progress(f"Exporting {what} with torch.export (dynamic axes) ...")
+    from mhaexport import api
+
+    for rec in api.export_pt2(output, model=loaded, aoti=aoti, progress=_progress):
+        _show_record(rec)
+        compiled = getattr(rec.manifest.artifacts[rec.artifact].details, "compile_seconds", None)
+        if compiled is not None:
+            click.echo(f"AOTInductor compile: {compiled:.1f} s")
 
 
 def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
@@ -586,8 +616,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
 @click.option("--runtimes", default=None, metavar="A,B,..",
               help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
-                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda. "
-                   "Default: all.")
+                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda, pt2, "
+                   "aoti (with --trust-code). Default: all (pt2/aoti where the folder holds them).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
@@ -765,7 +795,9 @@ def verify_options(f):
                   help="Relative tolerance, likewise (default by dtype: float32 1e-3, float16 1e-2).")
     @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
                   help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, and on request "
-                       "eager-cuda, onnx-reference. Default: eager, torchscript, ort-cpu, ort-cuda. An attention "
+                       "eager-cuda, onnx-reference; pt2 and aoti (torch.export, AOTInductor: with --trust-code on "
+                       "`verify`). Default: eager, torchscript, ort-cpu, ort-cuda, and pt2/aoti where the folder "
+                       "holds them. An attention "
                        "block (--module attention) adds torch-mha: torch's own attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
@@ -990,12 +1022,17 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 @model_options
 @verify_options
 @lowering_options
+@click.option("--pt2", "pt2", is_flag=True, default=False,
+              help="Also export with torch.export (model.pt2) and verify it as runtime pt2.")
+@click.option("--aoti", "aoti", is_flag=True, default=False,
+              help="Also export with torch.export and compile it with AOTInductor for CPU (model.pt2 and "
+                   "model.aoti.pt2), verified as runtimes pt2 and aoti.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
-    steps = ["load", "export ONNX", "export TorchScript", "verify"]
+    steps = ["load", "export ONNX", "export TorchScript"] + (["export pt2"] if pt2 or aoti else []) + ["verify"]
     n = len(steps)
     state = {"i": 0}
 
@@ -1008,6 +1045,12 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
     loaded = _load(config, model, checkpoint, hf)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
+    if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
+        from mhaexport.exporter.pt2 import export_pt2
+
+        step(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
+        for rec in export_pt2(loaded, output, aoti=aoti):
+            _warn(rec)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
