@@ -149,7 +149,8 @@ def test_details_are_typed_records():
     from mhaexport.artifact.manifest import ArtifactEntry
     from mhaexport.errors import ArtifactError
 
-    entry = {"format": "aoti", "file": AOTI_FILE, "files": {}, "device": "cpu", "compile_seconds": 42.9,
+    files = {AOTI_FILE: {"sha256": "0" * 64, "bytes": 1}}
+    entry = {"format": "aoti", "file": AOTI_FILE, "files": files, "device": "cpu", "compile_seconds": 42.9,
              "program_sha256": "ab", "compiler": "g++: gcc version 12.2.0"}
     read = ArtifactEntry.from_dict(entry)
     assert isinstance(read.details, AotiDetails) and read.details.compile_seconds == 42.9
