@@ -38,9 +38,80 @@ def disk_full(e: BaseException) -> OSError | None:
     return None
 
 
+def interrupted(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised while handling, a Ctrl-C (a library that wraps every exception of a call, as
+    torch.onnx.export does, must not turn an interrupt into "export failed")."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (KeyboardInterrupt, click.exceptions.Abort)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class _Forgiving:
+    """sys.stdout / sys.stderr for the CLI: output nobody reads (a closed pipe: ``verify … | head -1``, a closed
+    descriptor: ``>&-``) is dropped instead of raising, so the verdict's exit code and the reports stand."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _lost(self, e: OSError) -> None:
+        import errno
+
+        if e.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL, errno.ECONNRESET):
+            raise e
+        try:  # the interpreter flushes the real stream at exit: point its descriptor at /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        self._stream = open(os.devnull, "w", encoding="utf-8")
+
+    def write(self, text):
+        if isinstance(text, (bytes, bytearray)):  # click probes for a binary stream with write(b"")
+            raise TypeError("a text stream")
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            self._lost(e)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._lost(e)
+
+    def isatty(self) -> bool:
+        try:
+            return self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class Group(click.Group):
     """Turns the library's errors into the CLI's exit codes: VerificationFailed 1 (NotVerified 4), MhaExportError 2,
-    Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check)."""
+    Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check).
+    A closed or broken stdout/stderr never changes the exit code (:class:`_Forgiving`)."""
+
+    def main(self, *args, **kwargs):
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = (_Forgiving(s if s is not None else open(os.devnull, "w", encoding="utf-8"))
+                                  for s in saved)
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                sys.stdout, sys.stderr = saved
 
     def invoke(self, ctx: click.Context):
         try:
@@ -49,14 +120,20 @@ class Group(click.Group):
             label = "NOT VERIFIED" if isinstance(e, NotVerified) else "FAILED"
             click.echo(f"{label}: {e}", err=True)
             ctx.exit(e.exit_code)
-        except MhaExportError as e:
-            raise BadInput(str(e)) from None
         except (KeyboardInterrupt, click.exceptions.Abort):
             click.echo("interrupted", err=True)
             ctx.exit(INTERRUPTED)
+        except MhaExportError as e:
+            if interrupted(e):
+                click.echo("interrupted", err=True)
+                ctx.exit(INTERRUPTED)
+            raise BadInput(str(e)) from None
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
         except Exception as e:
+            if interrupted(e):
+                click.echo("interrupted", err=True)
+                ctx.exit(INTERRUPTED)
             if (full := disk_full(e)) is not None:  # not a bug: the machine's disk; the folder is as it was
                 raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
                                f" ({full.strerror}): free some space and run again; an export folder keeps "
@@ -832,30 +909,65 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
     from mhaexport import api
+    from mhaexport.verify.report import refused_report
 
-    report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                        runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
-                        trust_code=trust_code, progress=None if quiet else _progress)
+    try:
+        report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                            runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
+                            trust_code=trust_code, progress=None if quiet else _progress)
+    except VerificationFailed:
+        raise
+    except MhaExportError as e:  # a folder refused (a hash that does not match, a name leaving it...): a verdict
+        if interrupted(e):
+            raise
+        report = refused_report(folder, str(e), requested=list(runtimes) or None, sweep=sweep, seed=seed)
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
     markdown = report.to_markdown()
+    try:
+        written = _write_reports(report, out, name, markdown)  # before any print: a closed stdout loses none
+    except BadInput as e:
+        if report.refused is None:
+            raise
+        raise BadInput(f"{report.refused}; {e.message}") from None
     click.echo(markdown)
-    if out is not None:
-        js, md = report.write(out, name)
-        click.echo(f"wrote {js} and {md}", err=True)
-    junit = click.get_current_context().meta.get("mhaexport.junit")
-    if junit:
-        from mhaexport.verify.junit import write_junit
-
-        click.echo(f"wrote {write_junit(report, junit, markdown)}", err=True)
+    for line in written:
+        click.echo(line, err=True)
     v = report.verdict
+    if report.refused is not None:
+        raise BadInput(report.refused)
     if v.code == 1:
         raise VerificationFailed(v.message)
     if v.code == 4:
         raise NotVerified(v.message)
     click.echo(f"verify passed in {report.seconds:.1f} s: {v.message}", err=True)
     return report
+
+
+def _write_reports(report, out, name, markdown: str) -> list[str]:
+    """Write report.json/.md into ``out`` (when given) and the --junit file (when asked); the "wrote ..." lines to
+    print. A path that cannot be written is bad input (exit 2), after whatever else could be written."""
+    lines, failed = [], []
+    if out is not None:
+        try:
+            js, md = report.write(out, name)
+            lines.append(f"wrote {js} and {md}")
+        except (OSError, MhaExportError) as e:
+            failed.append(f"cannot write the report into {out}: {getattr(e, 'strerror', None) or e}")
+    junit = click.get_current_context().meta.get("mhaexport.junit")
+    if junit:
+        from mhaexport.verify.junit import write_junit
+
+        try:
+            lines.append(f"wrote {write_junit(report, junit, markdown)}")
+        except (OSError, MhaExportError) as e:
+            failed.append(f"--junit {junit}: {getattr(e, 'strerror', None) or e}")
+    if failed:
+        for line in lines:
+            click.echo(line, err=True)
+        raise BadInput("; ".join(failed))
+    return lines
 
 
 def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32") -> None:
@@ -964,6 +1076,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     import tempfile
 
+    if folder is None and not (config or model or checkpoint or hf):
+        raise BadInput("verify needs the export FOLDER to verify (or --config/--model/--hf/--checkpoint to export a "
+                               "model to a temporary folder and verify that): nothing was verified")
     settings = _quality_settings(quality, quality_text)
 
     if case is not None and not bisect_:
