@@ -156,13 +156,13 @@ def _remember(ctx: click.Context, param: click.Parameter, value):
 def model_options(f):
     """--config / --model / --checkpoint / --hf: which model a command works on."""
 
-    @click.option("--config", "config", metavar="NAME|FILE.json", default=None,
+    @click.option("--config", "config", metavar="NAME|FILE.json", default=None, callback=_regular_file,
                   help="Built-in model: a preset (tiny, small, bench, llama, tiny-llama) or a JSON file of DecoderConfig fields. "
                        "Default: small.")
-    @click.option("--model", "model", metavar="MODULE:FACTORY", default=None,
+    @click.option("--model", "model", metavar="MODULE:FACTORY", default=None, callback=_regular_file,
                   help="User model: 'package.module:factory' or 'file.py:factory', a zero-argument callable "
                        "returning a module under the decoder contract. This imports and runs that code.")
-    @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+    @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
                   help="State dict to load (torch.load weights_only=True: tensors only).")
     @click.option("--hf", "hf", metavar="DIR|ORG/NAME", type=click.Path(file_okay=False), default=None,
                   help="A Hugging Face causal LM: a save_pretrained folder, or a Hub model id read from the Hugging "
@@ -248,6 +248,62 @@ def _writable(folder: str | Path, hint: str = "") -> Path:
         raise ArtifactError(f"{e}{hint}") from None
 
 
+def _check_outputs(outputs: dict, reading=(), writing=(), reports=None) -> None:
+    """Outputs never clobber inputs (mhaexport/outputs.py), before any work: exit 2 naming the option and the file."""
+    from mhaexport.outputs import check_outputs
+
+    check_outputs(outputs, reading=reading, writing=writing, reports=reports)
+
+
+replace_option = click.option(
+    "--replace", is_flag=True, default=False,
+    help="The -o folder holds another model's export (or the attention block where a decoder goes, or the other way "
+         "round): replace it; that model's files, genai_config.json, reports and bench results go. Without it such "
+         "an export is refused (one folder, one model).")
+
+
+def _check_replace(output, loaded, replace: bool):
+    from mhaexport.exporter.common import check_replace
+
+    return check_replace(output, loaded, replace)
+
+
+def _drop_replaced(output, prev) -> None:
+    """After an export with --replace: remove what the replaced model left (files, reports), and say so."""
+    from mhaexport.exporter.common import drop_replaced
+
+    removed = drop_replaced(output, prev)
+    if prev is not None:
+        click.echo(f"replaced {prev.what} {prev.spec} in {output}" + (f" (removed {', '.join(removed)})"
+                                                                        if removed else ""), err=True)
+
+
+def _regular_file(ctx: click.Context, param: click.Parameter, value):
+    """A file the user names for reading (--text, --checkpoint, a --config/--model file) must be a regular file: a
+    FIFO or a device would hang the read in open() (one line, exit 2, before anything opens it)."""
+    import stat
+
+    for v in (value if isinstance(value, tuple) else (value,)):
+        if not v:
+            continue
+        path = v
+        if param.name == "model" and ":" in v:  # file.py:factory (a module:callable names no file)
+            path = v.rsplit(":", 1)[0]
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            continue  # missing: the option's own check says so
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise click.BadParameter(f"{path} is not a regular file (a FIFO, socket or device would block the read)",
+                                     param_hint=param.opts[0] if param.opts else param.name)
+        if stat.S_ISDIR(mode) and param.name in ("checkpoint", "quality_text", "text_file"):
+            raise click.BadParameter(f"{path} is a folder, not a file", param_hint=param.opts[0])
+    return value
+
+
+SEED = click.IntRange(0, 2**32 - 1)  # numpy's and torch's seeds alike: a negative one is bad input, not a crash
+
+
 def _default_opset(attention: str, opset: int | None) -> int:
     from mhaexport.exporter.lowering import ATTENTION_OPSET
 
@@ -260,12 +316,25 @@ TEXT_MAX_BYTES = 1 << 20  # --text files are read whole and scored token by toke
 def _read_text(path: str, max_bytes: int = TEXT_MAX_BYTES, option: str = "") -> bytes:
     """The bytes of --text ``path``, read with a bounded read (a device or a pipe that never ends cannot hang it);
     BadInput when it holds more than ``max_bytes`` (``option``: the option that raises the cap, if any)."""
+    import stat
+
+    try:  # O_NONBLOCK: opening a FIFO nobody writes returns at once (a plain open() waits for a writer forever)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise BadInput(f"--text {path}: {e.strerror or e}") from None
     try:
-        with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadInput(f"--text {path} is not a regular file (a FIFO, socket or device): give a text file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
             data = f.read(max_bytes + 1)
             size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise BadInput(f"--text {path}: {e.strerror or e}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(data) > max_bytes:
         cap = f" ({option})" if option else ""
         fix = f"give a shorter text or raise {option}" if option else "give a shorter text"
@@ -402,8 +471,9 @@ def lowering_options(f):
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
+@replace_option
 def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
-             kv_cache, max_cache, output) -> None:
+             kv_cache, max_cache, output, replace=False) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter (the decoder, or with --module attention the MHA block on
     its own)."""
     _check_module_args(module, mask, model or hf, **{"--seq-static": (not seq_dynamic, False),
@@ -414,9 +484,11 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)
+        prev = _check_replace(output, loaded, replace)
         _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to ONNX (opset "
                    f"{_default_opset('decomposed', opset)}, dynamic axes, mask {loaded.contract.mask}) ...")
         _show_record(export_module_onnx(loaded, output, opset=opset))
+        _drop_replaced(output, prev)
         return
     if not seq_dynamic and seq_len is None:
         raise click.BadParameter("--seq-static needs --seq-len N", param_hint="--seq-len")
@@ -430,6 +502,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
     _writable(output)
     loaded = _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
     shown = _default_opset(attention, opset)
     cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
@@ -437,6 +510,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     rec = api.export_onnx(output, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
                           past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     _show_record(rec)
+    _drop_replaced(output, prev)
     details = rec.manifest.artifacts["onnx"].details
     low, prec = details.lowering or Lowering(), details.precision or Precision()
     if details.attention != "decomposed":
@@ -455,7 +529,8 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
               help="torch.jit.trace (any model under the contract) or torch.jit.script (where the model allows).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/torchscript",
               show_default=True, help="Export folder (model.pt + manifest.json).")
-def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -> None:
+@replace_option
+def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output, replace=False) -> None:
     """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values) — or, with --module
     attention, the MHA block on its own, called as m(x, past_key, past_value)."""
     _check_module_args(module, mask, model or hf)
@@ -464,16 +539,20 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)
+        prev = _check_replace(output, loaded, replace)
         _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to TorchScript "
                    f"(torch.jit.{mode}, mask {loaded.contract.mask}) ...")
         _show_record(export_module_torchscript(loaded, output, mode=mode))
+        _drop_replaced(output, prev)
         return
     _writable(output)
     loaded = _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     _progress(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
     from mhaexport import api
 
     _show_record(api.export_torchscript(output, model=loaded, mode=mode))
+    _drop_replaced(output, prev)
 
 
 @main.command("pt2")
@@ -549,6 +628,9 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 
     QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
                 keep_float=keep_float, int8_blocks=int8_blocks).check()  # a bad option fails before any work
+    from mhaexport.outputs import check_export_into
+
+    check_export_into(output, [folder])
     _writable(output)
     rec = api.quantize(folder, output, weights=weights, block_size=block_size, symmetric=symmetric,
                        accuracy_level=accuracy_level, keep_float=keep_float, int8_blocks=int8_blocks,
@@ -569,7 +651,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 @main.command("eval")
 @quiet_option
 @click.argument("folder", type=click.Path(file_okay=False))
-@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
               help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
                    "weights (models/weights/small-heldout.txt), which they never trained on.")
 @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
@@ -634,7 +716,7 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
               help="Sample among the smallest set of tokens whose probability reaches p.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the sampler (0 to 2**32-1).")
 @click.option("--eos-id", type=click.IntRange(min=0), default=None,
               help="Stop a row when it produces this id. Default: the model config's eos id for a folder with a "
                    "tokenizer.json (an --hf export), none otherwise.")
@@ -764,6 +846,8 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         precisions = check_precisions(builder)
         with ExportFolder.open(folder, check=False) as ef:
             hf_source(ef)  # an --hf folder, its Hugging Face folder still there: else one line, before any work
+    _check_outputs({f"-o (its {n})": Path(output or folder) / n for n in ("bench.json", "bench.md", "bench.png")},
+                   reading=[folder, *compare])
     _writable(output or folder, "" if output else " (give -o DIR to write the bench results elsewhere)")
     if lowerings:
         from mhaexport.exporter.variants import export_lowerings
@@ -849,11 +933,18 @@ def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | Non
     """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
     its path must be writable folders); kept in ctx.meta for _run_verify."""
     if value is not None:
-        import os
-
-        parent = Path(value).resolve().parent
-        while not parent.exists():
-            parent = parent.parent
+        try:
+            path = Path(value).resolve()
+            longest = max(len(os.fsencode(part)) for part in path.parts)
+            name_max = os.pathconf("/", "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+            if longest > name_max:
+                raise click.BadParameter(f"{value}: a name in the path is {longest} bytes long, longer than the file "
+                                         f"system takes ({name_max})", param_hint="--junit")
+            parent = path.parent
+            while not parent.exists():
+                parent = parent.parent
+        except OSError as e:  # a name or path too long, a symlink loop, a folder we may not search
+            raise click.BadParameter(f"{value}: {e.strerror or e}", param_hint="--junit") from None
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise click.BadParameter(f"{value}: {parent} is not a writable folder", param_hint="--junit")
     return _remember(ctx, param, value)
@@ -864,7 +955,7 @@ def verify_options(f):
 
     @click.option("--sweep", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
                   help="Input shapes: quick (9 shapes, seconds) or full (57 shapes incl. random ones).")
-    @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input sweep.")
+    @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the input sweep (0 to 2**32-1).")
     @click.option("--atol", multiple=True, metavar="[OUTPUT=]X", callback=_parse_tolerance,
                   help="Absolute tolerance, for every output or per output: --atol 1e-4 --atol logits=1e-3 "
                        "(OUTPUT: logits or present; default by dtype: float32 1e-4, float16 1e-2).")
@@ -881,7 +972,7 @@ def verify_options(f):
     @click.option("--quality", "quality", multiple=True, metavar="FIGURE=X", callback=_parse_quality,
                   help="Override a lossy artifact's threshold (repeat): top1, greedy (at least), kl_mean, kl_p99, "
                        "logit_err, ppl_ratio (at most), e.g. --quality top1=0.9. Defaults per scheme (README).")
-    @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None,
+    @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
                   help="Real text for a lossy artifact's quality figures (UTF-8 bytes; byte-level models). Default: "
                        "the held-out text of the shipped weights.")
     @click.option("--junit", metavar="FILE.xml", type=click.Path(dir_okay=False), default=None, expose_value=False,
@@ -1076,6 +1167,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     import tempfile
 
+    junit = click.get_current_context().meta.get("mhaexport.junit")
     if folder is None and not (config or model or checkpoint or hf):
         raise BadInput("verify needs the export FOLDER to verify (or --config/--model/--hf/--checkpoint to export a "
                                "model to a temporary folder and verify that): nothing was verified")
@@ -1090,6 +1182,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         from mhaexport.exporter.adopt import adopt_onnx, default_folder
 
         out = Path(output) if output else default_folder(folder)
+        _check_outputs({"--junit": junit}, reading=[Path(folder).parent], writing=[out], reports=out)
         _writable(out, "" if output else " (give -o DIR to adopt the file elsewhere)")
         loaded = _load(config, model, checkpoint, hf)
         rec = adopt_onnx(loaded, folder, out)
@@ -1112,12 +1205,15 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         return
     if folder is not None:
         out = output or folder
+        _check_outputs({"--junit": junit, **{f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md")}},
+                       reading=[folder], reports=out)
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
                     name="report" if output else None, quality=settings, trust_code=trust_code)
         return
+    _check_outputs({"--junit": junit}, reports=output)
     if output:
         _writable(output)
     else:  # the temporary export below is written under the lock too
@@ -1144,8 +1240,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
                    "model.aoti.pt2), verified as runtimes pt2 and aoti.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
+@replace_option
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output, pt2=False, aoti=False) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False, replace=False) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
     steps = ["load", "export ONNX", "export TorchScript"] + (["export pt2"] if pt2 or aoti else []) + ["verify"]
     n = len(steps)
@@ -1156,9 +1253,12 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
         if not click.get_current_context().meta.get(QUIET):
             click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
 
+    _check_outputs({"--junit": click.get_current_context().meta.get("mhaexport.junit")}, writing=[output],
+                   reports=output)
     _writable(output)
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
     loaded = _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
     if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
         from mhaexport.exporter.pt2 import export_pt2
@@ -1166,12 +1266,13 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
         step(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
         for rec in export_pt2(loaded, output, aoti=aoti):
             _warn(rec)
+    _drop_replaced(output, prev)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
 @main.command("lint")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=click.Path(exists=True), callback=_regular_file)
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
 def lint_cmd(path, as_json) -> None:
     """Static findings on a decoder's ONNX graph (a FILE.onnx, ours or another tool's, or an export DIR), each with
@@ -1196,7 +1297,7 @@ def report_group() -> None:
 
 
 @report_group.command("merge")
-@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True), callback=_regular_file)
 @click.option("--name", "names", multiple=True, metavar="LABEL",
               help="A label per report (repeat, in order), e.g. cpu, gpu. Default: each report's host.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
@@ -1208,6 +1309,9 @@ def report_merge_cmd(reports, names, output) -> None:
 
     if names and len(names) != len(reports):
         raise click.UsageError(f"--name given {len(names)} times for {len(reports)} reports")
+    from mhaexport.outputs import check_reports_out
+
+    check_reports_out(output, reports, ("report.json", "report.md"))
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
     js, md = merged.write(output, "report")
