@@ -1205,8 +1205,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         return
     if folder is not None:
         out = output or folder
-        _check_outputs({"--junit": junit, **{f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md")}},
-                       reading=[folder], reports=out)
+        _check_outputs({"--junit": junit}, reading=[folder], reports=out)
+        _check_outputs({f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md")}, reading=[folder])
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
