@@ -1175,6 +1175,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 
     if case is not None and not bisect_:
         raise click.UsageError("--case is for --bisect (verify itself runs its sweep)")
+    if folder is not None and Path(folder).exists() and not Path(folder).is_dir() and not Path(folder).is_file():
+        raise click.BadParameter(f"{folder} is neither a folder nor a regular file (a FIFO, socket or device)",
+                                 param_hint="FOLDER")
     if folder is not None and not Path(folder).is_dir() and (folder.endswith(".onnx") or Path(folder).is_file()):
         if not (config or model or checkpoint or hf):
             raise click.UsageError(f"{folder} is a file: say which model it claims to be with --hf DIR, --model "

@@ -57,15 +57,13 @@ def protected(folder: str | Path, writing: bool = False) -> set[Path]:
     genai_config.json, the tokenizer, the lock, and every other file it holds but earlier reports; for an export
     being written (``writing``) also the files the export will write."""
     root = Path(folder)
-    if not root.is_dir():
-        return set()
-    names = set(_listed(root)) | {FILENAME, GENAI_CONFIG, LOCK_FILE, *TOKENIZER_FILES}
-    if writing:
-        names |= set(EXPORT_FILES)
-    try:
-        names |= {p.name for p in root.iterdir() if not REPLACEABLE.match(p.name) and not p.is_dir()}
-    except OSError:
-        pass
+    names = set(EXPORT_FILES) if writing else set()  # a folder being written may not exist yet
+    if root.is_dir():
+        names |= set(_listed(root)) | {FILENAME, GENAI_CONFIG, LOCK_FILE, *TOKENIZER_FILES}
+        try:
+            names |= {p.name for p in root.iterdir() if not REPLACEABLE.match(p.name) and not p.is_dir()}
+        except OSError:
+            pass
     return {resolved(root / n) for n in names}
 
 
