@@ -996,9 +996,11 @@ def _progress(msg: str) -> None:
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None, trust_code=False):
+                quality=None, out_is_folder=False, trust_code=False):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
-    subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
+    subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says. A folder
+    refused before any check is a verdict too (exit 2) with its report and JUnit, except that nothing is written into
+    the refused folder itself (``out_is_folder``: -o was not given)."""
     from mhaexport import api
     from mhaexport.verify.report import refused_report
 
@@ -1016,6 +1018,8 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
     markdown = report.to_markdown()
+    if report.refused is not None and out_is_folder:
+        out = None  # a folder that was refused gets nothing written into it: -o DIR says where its report goes
     try:
         written = _write_reports(report, out, name, markdown)  # before any print: a closed stdout loses none
     except BadInput as e:
@@ -1213,7 +1217,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
-        _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
+        _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, out_is_folder=not output,
                     name="report" if output else None, quality=settings, trust_code=trust_code)
         return
     _check_outputs({"--junit": junit}, reports=output)

@@ -100,6 +100,9 @@ def test_a_refused_folder_is_a_verdict_with_its_report_and_junit(export_copy, tm
     junit = (out / "j.xml").read_text()
     assert 'errors="1"' in junit and '<testcase classname="mhaexport" name="folder">' in junit
     assert '<error message="refused: ' in junit
+    # without -o the report would go into the refused folder: nothing is written there, the JUnit file still is
+    res = CliRunner().invoke(main, ["verify", str(folder), "--junit", str(tmp_path / "j2.xml"), "--runtime", "ort-cpu"])
+    assert res.exit_code == 2 and (tmp_path / "j2.xml").is_file(), res.output
     assert digest(folder) == before  # the refused folder is as it was
 
 
