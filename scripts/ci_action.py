@@ -105,8 +105,8 @@ def build_command(folder: str, model: str, runtimes: list[str], sweep: str, args
     cli = [sys.executable, "-m", "mhaexport"]
     rts = [a for rt in runtimes for a in ("--runtime", rt)]
     common = ["--sweep", sweep, *rts, "--junit", str(junit), *shlex.split(args)]
-    if folder:
-        return [*cli, "verify", folder, "-o", str(out / "verify"), *common], Path(folder), out / "verify"
+    if folder:  # after "--": a folder input such as "--help" or "-o x" is a folder name, never an option
+        return [*cli, "verify", "-o", str(out / "verify"), *common, "--", folder], Path(folder), out / "verify"
     export = out / "export"
     return [*cli, "all", *shlex.split(model), "-o", str(export), *common], export, export
 

@@ -123,6 +123,8 @@ def test_the_export_command_when_no_folder_is_given():
                        "--sweep", "quick", "--runtime", "ort-cpu", "--runtime", "torchscript",
                        "--junit", "out/reports/j.xml", "--atol", "1e-3"]
     assert verified == reports == Path("out/export")
+    cmd, verified, _ = ci_action.build_command("--help", "", [], "quick", "", Path("out"), Path("j.xml"))
+    assert cmd[-2:] == ["--", "--help"] and verified == Path("--help")  # a folder input is never an option
 
 
 def test_the_actions_inputs_match_the_script_and_the_workflows_uses():
