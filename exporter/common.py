@@ -167,12 +167,13 @@ def previous_model(folder: str | Path) -> PreviousModel | None:
         return None
 
 
-def check_replace(folder: str | Path, loaded: LoadedModel, replace: bool) -> PreviousModel | None:
-    """Before any export into ``folder``: ExportError (one line naming both) when it holds another model, or the
-    block where a decoder goes (or the other way round), unless ``replace``. Returns that other model (its files go
-    after the new export is published: :func:`drop_replaced`), or None when the folder holds this model or none."""
+def check_replace(folder: str | Path, loaded: LoadedModel | PreviousModel, replace: bool) -> PreviousModel | None:
+    """Before any export into ``folder`` of ``loaded`` (a model, or the model record of the folder a quantized export
+    is made from): ExportError (one line naming both) when ``folder`` holds another model, or the block where a
+    decoder goes (or the other way round), unless ``replace``. Returns that other model (its files go after the new
+    export is published: :func:`drop_replaced`), or None when the folder holds this model or none."""
     prev = previous_model(folder)
-    module = getattr(loaded.contract, "kind", None)
+    module = loaded.module if isinstance(loaded, PreviousModel) else getattr(loaded.contract, "kind", None)
     if prev is None or (prev.fingerprint == loaded.fingerprint and prev.module == module):
         return None
     new = f"the {module} block" if module else "a decoder"

@@ -619,7 +619,9 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
 @click.option("--int8-blocks", type=click.IntRange(min=0), default=None,
               help="With int4: the first N decoder blocks get 8-bit weights (default 2, at most all blocks but one: the "
                    "most sensitive ones).")
-def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level, keep_float, int8_blocks) -> None:
+@replace_option
+def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level, keep_float, int8_blocks,
+                 replace=False) -> None:
     """Quantize the weights of FOLDER's float ONNX export into a new export folder, with ONNX Runtime's
     MatMulNBitsQuantizer. The tied LM head is untied and quantized too. `mhaexport verify OUTPUT` then judges its
     quality against eager fp32; generate, eval, bench and onnxruntime-genai run it as any export."""
@@ -632,9 +634,14 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 
     check_export_into(output, [folder])
     _writable(output)
+    from mhaexport.exporter.common import previous_model
+
+    source = previous_model(folder)  # (a folder that is no export is refused by api.quantize itself)
+    prev = _check_replace(output, source, replace) if source is not None else None
     rec = api.quantize(folder, output, weights=weights, block_size=block_size, symmetric=symmetric,
                        accuracy_level=accuracy_level, keep_float=keep_float, int8_blocks=int8_blocks,
                        progress=_progress)
+    _drop_replaced(output, prev)
     for w in rec.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     q = rec.quantization

@@ -185,6 +185,11 @@ def test_another_model_or_module_goes_into_a_folder_only_with_replace(export_cop
     assert left == ["manifest.json", "model.pt"]  # no model.onnx, genai_config.json, stale report
     manifest = json.loads((folder / "manifest.json").read_text())
     assert list(manifest["artifacts"]) == ["torchscript"] and manifest["model"]["contract"]["kind"] == "attention"
+    # quantize into a folder that holds another model (now the block): refused before any work, naming both
+    before = digest(folder)
+    msg = cli_error(["quantize", str(export_copy), "-o", str(folder)])
+    assert f"{folder} holds the attention block" in msg and "this export is a decoder" in msg, msg
+    assert digest(folder) == before
 
 
 # ---- no exit 3 on user input ----------------------------------------------------------------------------------------
