@@ -1162,7 +1162,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
                quality_text, output, bisect_=False, case=None, trust_code=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
-    --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
+    --config/--model/--hf only, export both formats to a temporary folder first and verify that (one of the two is
+    required: verify alone verifies nothing and exits 2). A folder refused before any check (a file that does not
+    match its manifest, a name leaving it) is a verdict too: exit 2, with its report in -o and the --junit file. FOLDER with
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
     fingerprints of contract and weights match).
 
