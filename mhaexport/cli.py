@@ -25,6 +25,20 @@ INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, report
 INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (click's "Aborted!" would exit 1: "a check failed")
 
 
+def bad_path(e: BaseException) -> OSError | None:
+    """The OSError "file name too long" or "too many levels of symbolic links" that ``e`` is or was raised from, else
+    None: a path the user gave (or one made from it) that no file system takes: bad input, whichever verb met it."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def disk_full(e: BaseException) -> OSError | None:
     """The OSError "no space left on device" (or a quota exceeded) that ``e`` is or was raised from, else None."""
     import errno
@@ -134,6 +148,12 @@ class Group(click.Group):
             if interrupted(e):
                 click.echo("interrupted", err=True)
                 ctx.exit(INTERRUPTED)
+            if (bad := bad_path(e)) is not None:
+                name = str(bad.filename or "a path")
+                shown = name if len(name) <= 80 else f"{name[:40]}…{name[-30:]} ({len(name)} characters)"
+                raise BadInput(f"{shown}: {bad.strerror}: give a shorter path (each name at most 255 bytes)"
+                               if bad.errno == __import__("errno").ENAMETOOLONG else f"{shown}: {bad.strerror}") \
+                    from None
             if (full := disk_full(e)) is not None:  # not a bug: the machine's disk; the folder is as it was
                 raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
                                f" ({full.strerror}): free some space and run again; an export folder keeps "

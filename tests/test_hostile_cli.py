@@ -292,3 +292,18 @@ def test_ctrl_c_inside_torch_onnx_export_exits_130_not_export_failed(cwd, monkey
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.stderr and "export failed" not in res.output.lower()
     assert not (cwd / "out" / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["verify", "{F}", "-o", "{L}"], ["all", "--config", "tiny", "-o", "{L}"], ["quantize", "{F}", "-o", "{L}"],
+    ["report", "merge", "old.json", "-o", "{L}"], ["onnx", "--config", "{L}.json", "-o", "x"],
+    ["onnx", "--config", "tiny", "--checkpoint", "{L}", "-o", "x"], ["verify", "{L}"], ["eval", "{L}"],
+    ["generate", "{L}", "--prompt-ids", "1"], ["verify", "loop/x", "--config", "tiny"], ["eval", "loop"],
+])
+def test_a_path_no_file_system_takes_is_bad_input_whichever_verb(export_copy, cwd, args):
+    """ENAMETOOLONG (a 300-byte name) and ELOOP (a symlink to itself), wherever a verb meets them: exit 2, one line."""
+    (cwd / "old.json").write_text("{}")
+    (cwd / "loop").symlink_to("loop")
+    msg = cli_error([a.replace("{F}", str(export_copy)).replace("{L}", "y" * 300) for a in args])
+    assert "File name too long" in msg or "Too many levels of symbolic links" in msg or "loop" in msg, msg
+    assert not (cwd / "x").exists()
