@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from mhaexport import __version__
-from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed
+from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line
 
 
 class BadInput(click.ClickException):
@@ -148,6 +148,9 @@ class Group(click.Group):
             if interrupted(e):
                 click.echo("interrupted", err=True)
                 ctx.exit(INTERRUPTED)
+            if isinstance(e, MemoryError):  # a size asked for that no machine holds (--batches 1,1e12): not a bug
+                raise BadInput(f"out of memory ({first_line(e)}): the sizes asked for (batch, length, tokens, the "
+                               "model's config) need more memory than this machine has; give smaller ones") from None
             if (bad := bad_path(e)) is not None:
                 name = str(bad.filename or "a path")
                 shown = name if len(name) <= 80 else f"{name[:40]}…{name[-30:]} ({len(name)} characters)"
@@ -688,7 +691,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
               help="Tokens per window (default: the model's max_positions).")
 @click.option("--stride", type=click.IntRange(min=1), default=None,
               help="Tokens a window advances (default: half a window; = window: consecutive windows).")
-@click.option("--max-bytes", type=click.IntRange(min=2), default=TEXT_MAX_BYTES, show_default=True,
+@click.option("--max-bytes", type=click.IntRange(min=2, max=1 << 30), default=TEXT_MAX_BYTES, show_default=True,
               help="Refuse a --text file larger than this (it is scored token by token: 1 MiB takes minutes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @trust_code_option

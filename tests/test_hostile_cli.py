@@ -307,3 +307,19 @@ def test_a_path_no_file_system_takes_is_bad_input_whichever_verb(export_copy, cw
     msg = cli_error([a.replace("{F}", str(export_copy)).replace("{L}", "y" * 300) for a in args])
     assert "File name too long" in msg or "Too many levels of symbolic links" in msg or "loop" in msg, msg
     assert not (cwd / "x").exists()
+
+
+def test_a_size_no_machine_holds_is_bad_input(export_copy, cwd, monkeypatch):
+    """eval --max-bytes above 1 GiB is refused by its range; a MemoryError a huge option causes deeper down (numpy's
+    "Unable to allocate 233 TiB" for bench --batches 1,1e12) is exit 2 with one line, not a bug's exit 3."""
+    msg = cli_error(["eval", str(export_copy), "--max-bytes", str(10**12), "--text", "t.txt"])
+    assert "--max-bytes" in msg and "1073741824" in msg
+
+    def huge(*args, **kwargs):
+        raise MemoryError("Unable to allocate 233. TiB for an array with shape (1000000000000, 32)")
+
+    import mhaexport.verify.evaluate
+
+    monkeypatch.setattr(mhaexport.verify.evaluate, "evaluate_folder", huge)
+    msg = cli_error(["eval", str(export_copy)])
+    assert msg.startswith("Error: out of memory (MemoryError: Unable to allocate 233. TiB") and "smaller" in msg
