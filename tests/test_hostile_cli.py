@@ -323,3 +323,13 @@ def test_a_size_no_machine_holds_is_bad_input(export_copy, cwd, monkeypatch):
     monkeypatch.setattr(mhaexport.verify.evaluate, "evaluate_folder", huge)
     msg = cli_error(["eval", str(export_copy)])
     assert msg.startswith("Error: out of memory (MemoryError: Unable to allocate 233. TiB") and "smaller" in msg
+
+
+def test_the_api_writes_a_refused_folders_report_where_asked(altered_export, tmp_path):
+    import mhaexport
+    from mhaexport.errors import ArtifactError
+
+    with pytest.raises(ArtifactError, match="does not match the manifest"):
+        mhaexport.verify(altered_export, runtimes=["ort-cpu"], output=tmp_path / "r", junit=tmp_path / "j.xml")
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["verdict"]["status"] == "refused" and 'errors="1"' in (tmp_path / "j.xml").read_text()
