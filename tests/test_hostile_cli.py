@@ -333,3 +333,27 @@ def test_the_api_writes_a_refused_folders_report_where_asked(altered_export, tmp
         mhaexport.verify(altered_export, runtimes=["ort-cpu"], output=tmp_path / "r", junit=tmp_path / "j.xml")
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["verdict"]["status"] == "refused" and 'errors="1"' in (tmp_path / "j.xml").read_text()
+
+
+@pytest.mark.parametrize("path,value,said", [
+    (("model", "contract"), "x", "manifest field model.contract: expected an object, found 'x'"),
+    (("model", "contract", "n_layers"), "2", "manifest field model.contract.n_layers: expected an integer, found '2'"),
+    (("model", "source", "name"), 5, "manifest field model.source.name: expected a string or null, found 5"),
+    (("model", "spec"), [], "manifest field model.spec: expected a string, found an array"),
+    (("artifacts", "onnx", "static_sizes"), "x", "artifacts.onnx.static_sizes: expected an object or null, found 'x'"),
+    (("artifacts", "onnx", "seq_dynamic"), "yes", "artifacts.onnx.seq_dynamic: expected true or false, found 'yes'"),
+    (("artifacts", "torchscript", "format"), 5, "artifacts.torchscript.format: expected a string, found 5"),
+])
+def test_a_wrongly_typed_manifest_field_is_named_not_a_crash(export_copy, tmp_path, path, value, said):
+    folder = tmp_path / "f"
+    shutil.copytree(export_copy, folder)
+
+    def edit(d):
+        for key in path[:-1]:
+            d = d[key]
+        d[path[-1]] = value
+
+    manifest_edit(folder, edit)
+    msg = cli_error(["verify", str(folder), "-o", str(tmp_path / "r"), "--runtime", "ort-cpu"])
+    assert said in msg, msg
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["verdict"]["status"] == "refused"
