@@ -587,7 +587,8 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output, r
                    "about a minute for tiny-llama). Its compile time is recorded in the manifest.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/pt2", show_default=True,
               help="Export folder (model.pt2 [+ model.aoti.pt2] + manifest.json).")
-def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
+@replace_option
+def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output, replace=False) -> None:
     """Export with torch.export (an ExportedProgram saved as model.pt2, dynamic batch/sequence/past axes, the causal
     mask built at run time), and with --aoti compile it with AOTInductor — the decoder, or with --module attention
     the MHA block on its own. Both files are code: verify and bench load them from a folder only with --trust-code
@@ -595,6 +596,7 @@ def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
     _check_module_args(module, mask, model or hf)
     _writable(output)
     loaded = _load_block(mask, config, checkpoint) if module else _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     what = f"the {module} block of {loaded.spec.rsplit(' ', 1)[0]}" if module else loaded.spec
     _progress(f"Exporting {what} with torch.export (dynamic axes) ...")
     from mhaexport import api
@@ -604,6 +606,7 @@ def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
         compiled = getattr(rec.manifest.artifacts[rec.artifact].details, "compile_seconds", None)
         if compiled is not None:
             click.echo(f"AOTInductor compile: {compiled:.1f} s")
+    _drop_replaced(output, prev)
 
 
 def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:

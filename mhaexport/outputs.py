@@ -16,7 +16,8 @@ from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
 # what an export writes into its folder (whichever formats): never an output's name there
-EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.pt", FILENAME, GENAI_CONFIG, LOCK_FILE, *TOKENIZER_FILES)
+EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.pt", "model.pt2", "model.aoti.pt2", FILENAME, GENAI_CONFIG,
+                LOCK_FILE, *TOKENIZER_FILES)
 # files a command's outputs may replace in a folder it reads: its own earlier outputs (reports, bench, JUnit)
 REPLACEABLE = re.compile(r"^(report|bench)[\w.+@-]*\.(json|md|png)$|^[\w.+@-]+\.xml$")
 RUN_REPORT = re.compile(r"^report[\w.+@-]*\.(json|md)$")

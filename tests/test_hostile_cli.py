@@ -173,7 +173,7 @@ def test_another_model_or_module_goes_into_a_folder_only_with_replace(export_cop
     (folder / "report.md").write_text("## mhaexport verify: ✅ PASSED\n")  # a stale verdict of the decoder
     before = digest(folder)
     for args in (["onnx", "--config", "tiny", "--module", "attention"], ["torchscript", "--config", "tiny-llama"],
-                 ["all", "--config", "tiny-llama"]):
+                 ["all", "--config", "tiny-llama"], ["pt2", "--config", "tiny", "--module", "attention"]):
         msg = cli_error([*args, "-o", str(folder)])
         assert f"{folder} holds a decoder" in msg and "give --replace" in msg, msg
     assert digest(folder) == before
