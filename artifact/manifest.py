@@ -53,6 +53,47 @@ def legacy_fingerprint(spec: str, contract: dict, config: dict | None, checkpoin
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# The JSON types of the manifest's fields that code reads as such (issue 25: a crafted manifest is bad input named by
+# its field, never a TypeError deep inside a verb). (type, ...): the types allowed; None among them: null allowed.
+_STR, _INT, _OPT_STR, _OPT_DICT = (str,), (int,), (str, None), (dict, None)
+_RECORD_TYPES = {"spec": _STR, "fingerprint": _STR, "contract": (dict,), "source": _OPT_DICT, "config": _OPT_DICT,
+                 "checkpoint": _OPT_STR, "checkpoint_sha256": _OPT_STR, "weights_sha256": _OPT_STR}
+_CONTRACT_TYPES = {"n_layers": _INT, "n_heads": _INT, "head_dim": _INT, "vocab_size": _INT, "max_positions": _INT,
+                   "n_kv_heads": (int, None)}
+_MODULE_TYPES = {"kind": _STR, "mask": _STR, "d_model": _INT, "n_heads": _INT, "n_kv_heads": _INT,
+                 "max_positions": _INT}
+_SOURCE_TYPES = {k: _OPT_STR for k in ("kind", "name", "file", "module", "callable", "path", "checkpoint", "repo_id",
+                                       "commit", "revision")}
+_ENTRY_TYPES = {"format": _STR, "file": _STR, "dtype": _STR, "files": (dict,), "io": _OPT_DICT,
+                "seq_dynamic": (bool,), "static_sizes": _OPT_DICT, "versions": _OPT_DICT,
+                "export_seconds": (int, float, None), "warnings": (list, None)}
+_JSON = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
+         bool: "true or false", None: "null"}
+
+
+def check_types(data: object, types: dict[str, tuple], where: str) -> None:
+    """ArtifactError naming ``where``.field when ``data`` is not an object or one of its ``types`` fields holds
+    another JSON type (a missing field is left to the reader's own check). Integers are not booleans."""
+    if not isinstance(data, dict):
+        raise ArtifactError(f"manifest field {where}: expected an object, found {_shown(data)}")
+    for key, allowed in types.items():
+        if key not in data:
+            continue
+        value = data[key]
+        ok = (value is None and None in allowed) or any(
+            t is not None and isinstance(value, t) and (t is bool or not isinstance(value, bool)) for t in allowed)
+        if not ok:
+            raise ArtifactError(f"manifest field {where}.{key}: expected "
+                                f"{' or '.join(_JSON[t] for t in allowed)}, found {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, (dict, list)) or value is None:
+        return _JSON[type(value) if value is not None else None]
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 @dataclass
 class ModelRecord:
     """The model an export folder was made from."""
@@ -95,6 +136,10 @@ class ModelRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelRecord:
+        check_types(data, _RECORD_TYPES, "model")
+        if isinstance(contract := data.get("contract"), dict):
+            check_types(contract, _MODULE_TYPES if "kind" in contract else _CONTRACT_TYPES, "model.contract")
+        check_types(data.get("source") or {}, _SOURCE_TYPES, "model.source")
         try:
             contract = contract_from_dict(data["contract"])
             return cls(spec=str(data["spec"]), contract=contract, fingerprint=str(data["fingerprint"]),
@@ -151,6 +196,9 @@ class ArtifactEntry:
     @classmethod
     def from_dict(cls, data: dict, where: str = "artifact") -> ArtifactEntry:
         """Parse one entry; ArtifactError for a missing key or a detail of the wrong type (naming ``where``.key)."""
+        check_types(data, _ENTRY_TYPES, where)
+        for key, value in (data.get("static_sizes") or {}).items():
+            check_types({key: value}, {key: (int,)}, f"{where}.static_sizes")
         try:
             fmt = str(data["format"])
             files = _files(data["files"], where)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import torch
 from mhaexport.artifact import ArtifactEntry, Manifest, Staging
 from mhaexport.artifact.details import Details
 from mhaexport.env import tool_versions
+from mhaexport.errors import ExportError
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, io_schema
 from mhaexport.models.inputs import make_inputs
 from mhaexport.models.loading import LoadedModel
@@ -126,3 +128,82 @@ def finish(loaded: LoadedModel, staged: Staging, *, fmt: str, main_file: str, fi
     ordered = [main_file] + [f for f in files if f != main_file]
     manifest = staged.publish(loaded.record(staged.folder), entry, ordered, owned=owned)
     return ExportRecord(fmt, staged.folder, ordered, time.perf_counter() - started, list(warns), manifest)
+
+
+# --- one folder, one model: replacing another model's export (--replace) -----------------------------------------
+
+@dataclass
+class PreviousModel:
+    """The model an export folder held before this export (read leniently from its manifest.json)."""
+
+    spec: str
+    fingerprint: str
+    module: str | None  # "attention" for a block on its own, None for a decoder
+    files: list[str]  # every file its manifest lists
+
+    @property
+    def what(self) -> str:
+        return f"the {self.module} block" if self.module else "a decoder"
+
+
+def previous_model(folder: str | Path) -> PreviousModel | None:
+    """The model ``folder``'s manifest.json records, or None (no folder, no manifest, a manifest not ours)."""
+    import json
+
+    from mhaexport.artifact.manifest import FILENAME
+
+    try:
+        data = json.loads((Path(folder) / FILENAME).read_text())
+        model = data["model"]
+        contract = model.get("contract") or {}
+        files = []
+        for entry in (data.get("artifacts") or {}).values():
+            files += [entry["file"]] if isinstance(entry.get("file"), str) else []
+            files += [n for n in (entry.get("files") or {}) if isinstance(n, str)]
+        return PreviousModel(spec=str(model.get("spec")), fingerprint=str(model.get("fingerprint")),
+                             module=contract.get("kind") if isinstance(contract, dict) else None,
+                             files=list(dict.fromkeys(files)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def check_replace(folder: str | Path, loaded: LoadedModel | PreviousModel, replace: bool) -> PreviousModel | None:
+    """Before any export into ``folder`` of ``loaded`` (a model, or the model record of the folder a quantized export
+    is made from): ExportError (one line naming both) when ``folder`` holds another model, or the block where a
+    decoder goes (or the other way round), unless ``replace``. Returns that other model (its files go after the new
+    export is published: :func:`drop_replaced`), or None when the folder holds this model or none."""
+    prev = previous_model(folder)
+    module = loaded.module if isinstance(loaded, PreviousModel) else getattr(loaded.contract, "kind", None)
+    if prev is None or (prev.fingerprint == loaded.fingerprint and prev.module == module):
+        return None
+    new = f"the {module} block" if module else "a decoder"
+    if not replace:
+        raise ExportError(f"{folder} holds {prev.what}, {prev.spec} (fingerprint {prev.fingerprint}); this export is "
+                          f"{new}, {loaded.spec} (fingerprint {loaded.fingerprint}): give --replace to replace it "
+                          "(its files and reports go), or another -o folder")
+    return prev
+
+
+STALE_OUTPUTS = ("report*.json", "report*.md", "bench*.json", "bench*.md", "bench*.png", "genai_config.json")
+
+
+def drop_replaced(folder: str | Path, prev: PreviousModel | None) -> list[str]:
+    """After an export replaced ``prev`` in ``folder`` (--replace): remove the files its manifest listed that the
+    new manifest does not, and the reports and bench results that judged it (and its genai_config.json unless the
+    new export wrote one). Names that leave the folder are left alone. Returns the names removed."""
+    if prev is None:
+        return []
+    from mhaexport.artifact.manifest import FILENAME
+
+    root = Path(folder).resolve()
+    now = previous_model(folder)
+    keep = set(now.files if now is not None else []) | {FILENAME}
+    names = set(prev.files) | {p.name for pattern in STALE_OUTPUTS for p in root.glob(pattern)}
+    removed = []
+    for name in sorted(names - keep):
+        path = Path(os.path.normpath(root / name))
+        if path == root or not path.is_relative_to(root) or not (path.is_symlink() or path.is_file()):
+            continue  # outside the folder, or not a file: not this folder's to remove
+        path.unlink()
+        removed.append(name)
+    return removed

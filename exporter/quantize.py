@@ -385,7 +385,12 @@ def load_with_data(path: Path) -> onnx.ModelProto:
     from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
     path = Path(path)
-    model = onnx.load(str(path), load_external_data=False)
+    try:  # a file whose hashes match its manifest can still be no model (re-hashed after it was broken)
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, onnx's own, OSError
+        raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+    if not model.graph.node:
+        raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph")
     for t in _get_all_tensors(model):
         if not uses_external_data(t):
             continue

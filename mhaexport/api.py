@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mhaexport.errors import MhaExportError
+
 if TYPE_CHECKING:  # pragma: no cover
     from mhaexport.bench import BenchResult
     from mhaexport.exporter.common import ExportRecord
@@ -133,7 +135,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
     ``report.verdict`` says which (``.code`` 1 or 4, ``.message``). Raises ArtifactError / ConfigError for bad
-    input."""
+    input; a folder refused that way still gets its report (verdict "refused") in ``output`` and ``junit``."""
     from mhaexport.verify import verify_folder
 
     loaded = None
@@ -141,14 +143,26 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
         loaded = _model(model, config, hf, checkpoint, revision, False)
     from mhaexport.exporter.quantize import reproduce
 
-    report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                           runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens, quality=quality,
-                           reproduce=reproduce, trust_code=trust_code, progress=progress)
+    from mhaexport.verify.junit import write_junit
+
+    try:
+        report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                               runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens,
+                               quality=quality, reproduce=reproduce, trust_code=trust_code, progress=progress)
+    except MhaExportError as e:  # a refused folder: its report (verdict "refused") where asked, then the error
+        if output is not None or junit is not None:
+            from mhaexport.verify.report import refused_report
+
+            refused = refused_report(folder, str(e), requested=list(runtimes) if runtimes else None, sweep=sweep,
+                                     seed=seed)
+            if output is not None and Path(output).resolve() != Path(folder).resolve():
+                refused.write(output, "report")
+            if junit is not None:
+                write_junit(refused, junit)
+        raise
     if output is not None:
         report.write(output, "report")
     if junit is not None:
-        from mhaexport.verify.junit import write_junit
-
         write_junit(report, junit)
     return report
 

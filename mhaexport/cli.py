@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from mhaexport import __version__
-from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed
+from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line
 
 
 class BadInput(click.ClickException):
@@ -23,6 +23,20 @@ class BadInput(click.ClickException):
 
 INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, reported with its traceback
 INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (click's "Aborted!" would exit 1: "a check failed")
+
+
+def bad_path(e: BaseException) -> OSError | None:
+    """The OSError "file name too long" or "too many levels of symbolic links" that ``e`` is or was raised from, else
+    None: a path the user gave (or one made from it) that no file system takes: bad input, whichever verb met it."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def disk_full(e: BaseException) -> OSError | None:
@@ -38,9 +52,80 @@ def disk_full(e: BaseException) -> OSError | None:
     return None
 
 
+def interrupted(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised while handling, a Ctrl-C (a library that wraps every exception of a call, as
+    torch.onnx.export does, must not turn an interrupt into "export failed")."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (KeyboardInterrupt, click.exceptions.Abort)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class _Forgiving:
+    """sys.stdout / sys.stderr for the CLI: output nobody reads (a closed pipe: ``verify … | head -1``, a closed
+    descriptor: ``>&-``) is dropped instead of raising, so the verdict's exit code and the reports stand."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _lost(self, e: OSError) -> None:
+        import errno
+
+        if e.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL, errno.ECONNRESET):
+            raise e
+        try:  # the interpreter flushes the real stream at exit: point its descriptor at /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        self._stream = open(os.devnull, "w", encoding="utf-8")
+
+    def write(self, text):
+        if isinstance(text, (bytes, bytearray)):  # click probes for a binary stream with write(b"")
+            raise TypeError("a text stream")
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            self._lost(e)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._lost(e)
+
+    def isatty(self) -> bool:
+        try:
+            return self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class Group(click.Group):
     """Turns the library's errors into the CLI's exit codes: VerificationFailed 1 (NotVerified 4), MhaExportError 2,
-    Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check)."""
+    Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check).
+    A closed or broken stdout/stderr never changes the exit code (:class:`_Forgiving`)."""
+
+    def main(self, *args, **kwargs):
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = (_Forgiving(s if s is not None else open(os.devnull, "w", encoding="utf-8"))
+                                  for s in saved)
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                sys.stdout, sys.stderr = saved
 
     def invoke(self, ctx: click.Context):
         try:
@@ -49,14 +134,29 @@ class Group(click.Group):
             label = "NOT VERIFIED" if isinstance(e, NotVerified) else "FAILED"
             click.echo(f"{label}: {e}", err=True)
             ctx.exit(e.exit_code)
-        except MhaExportError as e:
-            raise BadInput(str(e)) from None
         except (KeyboardInterrupt, click.exceptions.Abort):
             click.echo("interrupted", err=True)
             ctx.exit(INTERRUPTED)
+        except MhaExportError as e:
+            if interrupted(e):
+                click.echo("interrupted", err=True)
+                ctx.exit(INTERRUPTED)
+            raise BadInput(str(e)) from None
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
         except Exception as e:
+            if interrupted(e):
+                click.echo("interrupted", err=True)
+                ctx.exit(INTERRUPTED)
+            if isinstance(e, MemoryError):  # a size asked for that no machine holds (--batches 1,1e12): not a bug
+                raise BadInput(f"out of memory ({first_line(e)}): the sizes asked for (batch, length, tokens, the "
+                               "model's config) need more memory than this machine has; give smaller ones") from None
+            if (bad := bad_path(e)) is not None:
+                name = str(bad.filename or "a path")
+                shown = name if len(name) <= 80 else f"{name[:40]}…{name[-30:]} ({len(name)} characters)"
+                raise BadInput(f"{shown}: {bad.strerror}: give a shorter path (each name at most 255 bytes)"
+                               if bad.errno == __import__("errno").ENAMETOOLONG else f"{shown}: {bad.strerror}") \
+                    from None
             if (full := disk_full(e)) is not None:  # not a bug: the machine's disk; the folder is as it was
                 raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
                                f" ({full.strerror}): free some space and run again; an export folder keeps "
@@ -79,13 +179,13 @@ def _remember(ctx: click.Context, param: click.Parameter, value):
 def model_options(f):
     """--config / --model / --checkpoint / --hf: which model a command works on."""
 
-    @click.option("--config", "config", metavar="NAME|FILE.json", default=None,
+    @click.option("--config", "config", metavar="NAME|FILE.json", default=None, callback=_regular_file,
                   help="Built-in model: a preset (tiny, small, bench, llama, tiny-llama) or a JSON file of DecoderConfig fields. "
                        "Default: small.")
-    @click.option("--model", "model", metavar="MODULE:FACTORY", default=None,
+    @click.option("--model", "model", metavar="MODULE:FACTORY", default=None, callback=_regular_file,
                   help="User model: 'package.module:factory' or 'file.py:factory', a zero-argument callable "
                        "returning a module under the decoder contract. This imports and runs that code.")
-    @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+    @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
                   help="State dict to load (torch.load weights_only=True: tensors only).")
     @click.option("--hf", "hf", metavar="DIR|ORG/NAME", type=click.Path(file_okay=False), default=None,
                   help="A Hugging Face causal LM: a save_pretrained folder, or a Hub model id read from the Hugging "
@@ -171,6 +271,62 @@ def _writable(folder: str | Path, hint: str = "") -> Path:
         raise ArtifactError(f"{e}{hint}") from None
 
 
+def _check_outputs(outputs: dict, reading=(), writing=(), reports=None) -> None:
+    """Outputs never clobber inputs (mhaexport/outputs.py), before any work: exit 2 naming the option and the file."""
+    from mhaexport.outputs import check_outputs
+
+    check_outputs(outputs, reading=reading, writing=writing, reports=reports)
+
+
+replace_option = click.option(
+    "--replace", is_flag=True, default=False,
+    help="The -o folder holds another model's export (or the attention block where a decoder goes, or the other way "
+         "round): replace it; that model's files, genai_config.json, reports and bench results go. Without it such "
+         "an export is refused (one folder, one model).")
+
+
+def _check_replace(output, loaded, replace: bool):
+    from mhaexport.exporter.common import check_replace
+
+    return check_replace(output, loaded, replace)
+
+
+def _drop_replaced(output, prev) -> None:
+    """After an export with --replace: remove what the replaced model left (files, reports), and say so."""
+    from mhaexport.exporter.common import drop_replaced
+
+    removed = drop_replaced(output, prev)
+    if prev is not None:
+        click.echo(f"replaced {prev.what} {prev.spec} in {output}" + (f" (removed {', '.join(removed)})"
+                                                                        if removed else ""), err=True)
+
+
+def _regular_file(ctx: click.Context, param: click.Parameter, value):
+    """A file the user names for reading (--text, --checkpoint, a --config/--model file) must be a regular file: a
+    FIFO or a device would hang the read in open() (one line, exit 2, before anything opens it)."""
+    import stat
+
+    for v in (value if isinstance(value, tuple) else (value,)):
+        if not v:
+            continue
+        path = v
+        if param.name == "model" and ":" in v:  # file.py:factory (a module:callable names no file)
+            path = v.rsplit(":", 1)[0]
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            continue  # missing: the option's own check says so
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise click.BadParameter(f"{path} is not a regular file (a FIFO, socket or device would block the read)",
+                                     param_hint=param.opts[0] if param.opts else param.name)
+        if stat.S_ISDIR(mode) and param.name in ("checkpoint", "quality_text", "text_file"):
+            raise click.BadParameter(f"{path} is a folder, not a file", param_hint=param.opts[0])
+    return value
+
+
+SEED = click.IntRange(0, 2**32 - 1)  # numpy's and torch's seeds alike: a negative one is bad input, not a crash
+
+
 def _default_opset(attention: str, opset: int | None) -> int:
     from mhaexport.exporter.lowering import ATTENTION_OPSET
 
@@ -183,12 +339,25 @@ TEXT_MAX_BYTES = 1 << 20  # --text files are read whole and scored token by toke
 def _read_text(path: str, max_bytes: int = TEXT_MAX_BYTES, option: str = "") -> bytes:
     """The bytes of --text ``path``, read with a bounded read (a device or a pipe that never ends cannot hang it);
     BadInput when it holds more than ``max_bytes`` (``option``: the option that raises the cap, if any)."""
+    import stat
+
+    try:  # O_NONBLOCK: opening a FIFO nobody writes returns at once (a plain open() waits for a writer forever)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise BadInput(f"--text {path}: {e.strerror or e}") from None
     try:
-        with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadInput(f"--text {path} is not a regular file (a FIFO, socket or device): give a text file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
             data = f.read(max_bytes + 1)
             size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise BadInput(f"--text {path}: {e.strerror or e}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(data) > max_bytes:
         cap = f" ({option})" if option else ""
         fix = f"give a shorter text or raise {option}" if option else "give a shorter text"
@@ -325,8 +494,9 @@ def lowering_options(f):
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
+@replace_option
 def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
-             kv_cache, max_cache, output) -> None:
+             kv_cache, max_cache, output, replace=False) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter (the decoder, or with --module attention the MHA block on
     its own)."""
     _check_module_args(module, mask, model or hf, **{"--seq-static": (not seq_dynamic, False),
@@ -337,9 +507,11 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)
+        prev = _check_replace(output, loaded, replace)
         _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to ONNX (opset "
                    f"{_default_opset('decomposed', opset)}, dynamic axes, mask {loaded.contract.mask}) ...")
         _show_record(export_module_onnx(loaded, output, opset=opset))
+        _drop_replaced(output, prev)
         return
     if not seq_dynamic and seq_len is None:
         raise click.BadParameter("--seq-static needs --seq-len N", param_hint="--seq-len")
@@ -353,6 +525,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
     _writable(output)
     loaded = _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
     shown = _default_opset(attention, opset)
     cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
@@ -360,6 +533,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     rec = api.export_onnx(output, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
                           past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     _show_record(rec)
+    _drop_replaced(output, prev)
     details = rec.manifest.artifacts["onnx"].details
     low, prec = details.lowering or Lowering(), details.precision or Precision()
     if details.attention != "decomposed":
@@ -378,7 +552,8 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
               help="torch.jit.trace (any model under the contract) or torch.jit.script (where the model allows).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/torchscript",
               show_default=True, help="Export folder (model.pt + manifest.json).")
-def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -> None:
+@replace_option
+def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output, replace=False) -> None:
     """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values) — or, with --module
     attention, the MHA block on its own, called as m(x, past_key, past_value)."""
     _check_module_args(module, mask, model or hf)
@@ -387,16 +562,20 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)
+        prev = _check_replace(output, loaded, replace)
         _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to TorchScript "
                    f"(torch.jit.{mode}, mask {loaded.contract.mask}) ...")
         _show_record(export_module_torchscript(loaded, output, mode=mode))
+        _drop_replaced(output, prev)
         return
     _writable(output)
     loaded = _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     _progress(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
     from mhaexport import api
 
     _show_record(api.export_torchscript(output, model=loaded, mode=mode))
+    _drop_replaced(output, prev)
 
 
 @main.command("pt2")
@@ -408,7 +587,8 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
                    "about a minute for tiny-llama). Its compile time is recorded in the manifest.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/pt2", show_default=True,
               help="Export folder (model.pt2 [+ model.aoti.pt2] + manifest.json).")
-def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
+@replace_option
+def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output, replace=False) -> None:
     """Export with torch.export (an ExportedProgram saved as model.pt2, dynamic batch/sequence/past axes, the causal
     mask built at run time), and with --aoti compile it with AOTInductor — the decoder, or with --module attention
     the MHA block on its own. Both files are code: verify and bench load them from a folder only with --trust-code
@@ -416,6 +596,7 @@ def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
     _check_module_args(module, mask, model or hf)
     _writable(output)
     loaded = _load_block(mask, config, checkpoint) if module else _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     what = f"the {module} block of {loaded.spec.rsplit(' ', 1)[0]}" if module else loaded.spec
     _progress(f"Exporting {what} with torch.export (dynamic axes) ...")
     from mhaexport import api
@@ -425,6 +606,7 @@ def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
         compiled = getattr(rec.manifest.artifacts[rec.artifact].details, "compile_seconds", None)
         if compiled is not None:
             click.echo(f"AOTInductor compile: {compiled:.1f} s")
+    _drop_replaced(output, prev)
 
 
 def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
@@ -463,7 +645,9 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
 @click.option("--int8-blocks", type=click.IntRange(min=0), default=None,
               help="With int4: the first N decoder blocks get 8-bit weights (default 2, at most all blocks but one: the "
                    "most sensitive ones).")
-def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level, keep_float, int8_blocks) -> None:
+@replace_option
+def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level, keep_float, int8_blocks,
+                 replace=False) -> None:
     """Quantize the weights of FOLDER's float ONNX export into a new export folder, with ONNX Runtime's
     MatMulNBitsQuantizer. The tied LM head is untied and quantized too. `mhaexport verify OUTPUT` then judges its
     quality against eager fp32; generate, eval, bench and onnxruntime-genai run it as any export."""
@@ -472,10 +656,18 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 
     QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
                 keep_float=keep_float, int8_blocks=int8_blocks).check()  # a bad option fails before any work
+    from mhaexport.outputs import check_export_into
+
+    check_export_into(output, [folder])
     _writable(output)
+    from mhaexport.exporter.common import previous_model
+
+    source = previous_model(folder)  # (a folder that is no export is refused by api.quantize itself)
+    prev = _check_replace(output, source, replace) if source is not None else None
     rec = api.quantize(folder, output, weights=weights, block_size=block_size, symmetric=symmetric,
                        accuracy_level=accuracy_level, keep_float=keep_float, int8_blocks=int8_blocks,
                        progress=_progress)
+    _drop_replaced(output, prev)
     for w in rec.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     q = rec.quantization
@@ -492,7 +684,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 @main.command("eval")
 @quiet_option
 @click.argument("folder", type=click.Path(file_okay=False))
-@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
               help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
                    "weights (models/weights/small-heldout.txt), which they never trained on.")
 @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
@@ -502,7 +694,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
               help="Tokens per window (default: the model's max_positions).")
 @click.option("--stride", type=click.IntRange(min=1), default=None,
               help="Tokens a window advances (default: half a window; = window: consecutive windows).")
-@click.option("--max-bytes", type=click.IntRange(min=2), default=TEXT_MAX_BYTES, show_default=True,
+@click.option("--max-bytes", type=click.IntRange(min=2, max=1 << 30), default=TEXT_MAX_BYTES, show_default=True,
               help="Refuse a --text file larger than this (it is scored token by token: 1 MiB takes minutes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @trust_code_option
@@ -557,7 +749,7 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
               help="Sample among the smallest set of tokens whose probability reaches p.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the sampler (0 to 2**32-1).")
 @click.option("--eos-id", type=click.IntRange(min=0), default=None,
               help="Stop a row when it produces this id. Default: the model config's eos id for a folder with a "
                    "tokenizer.json (an --hf export), none otherwise.")
@@ -687,6 +879,8 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         precisions = check_precisions(builder)
         with ExportFolder.open(folder, check=False) as ef:
             hf_source(ef)  # an --hf folder, its Hugging Face folder still there: else one line, before any work
+    _check_outputs({f"-o (its {n})": Path(output or folder) / n for n in ("bench.json", "bench.md", "bench.png")},
+                   reading=[folder, *compare])
     _writable(output or folder, "" if output else " (give -o DIR to write the bench results elsewhere)")
     if lowerings:
         from mhaexport.exporter.variants import export_lowerings
@@ -772,11 +966,18 @@ def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | Non
     """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
     its path must be writable folders); kept in ctx.meta for _run_verify."""
     if value is not None:
-        import os
-
-        parent = Path(value).resolve().parent
-        while not parent.exists():
-            parent = parent.parent
+        try:
+            path = Path(value).resolve()
+            longest = max(len(os.fsencode(part)) for part in path.parts)
+            name_max = os.pathconf("/", "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+            if longest > name_max:
+                raise click.BadParameter(f"{value}: a name in the path is {longest} bytes long, longer than the file "
+                                         f"system takes ({name_max})", param_hint="--junit")
+            parent = path.parent
+            while not parent.exists():
+                parent = parent.parent
+        except OSError as e:  # a name or path too long, a symlink loop, a folder we may not search
+            raise click.BadParameter(f"{value}: {e.strerror or e}", param_hint="--junit") from None
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise click.BadParameter(f"{value}: {parent} is not a writable folder", param_hint="--junit")
     return _remember(ctx, param, value)
@@ -787,7 +988,7 @@ def verify_options(f):
 
     @click.option("--sweep", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
                   help="Input shapes: quick (9 shapes, seconds) or full (57 shapes incl. random ones).")
-    @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input sweep.")
+    @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the input sweep (0 to 2**32-1).")
     @click.option("--atol", multiple=True, metavar="[OUTPUT=]X", callback=_parse_tolerance,
                   help="Absolute tolerance, for every output or per output: --atol 1e-4 --atol logits=1e-3 "
                        "(OUTPUT: logits or present; default by dtype: float32 1e-4, float16 1e-2).")
@@ -804,7 +1005,7 @@ def verify_options(f):
     @click.option("--quality", "quality", multiple=True, metavar="FIGURE=X", callback=_parse_quality,
                   help="Override a lossy artifact's threshold (repeat): top1, greedy (at least), kl_mean, kl_p99, "
                        "logit_err, ppl_ratio (at most), e.g. --quality top1=0.9. Defaults per scheme (README).")
-    @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None,
+    @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
                   help="Real text for a lossy artifact's quality figures (UTF-8 bytes; byte-level models). Default: "
                        "the held-out text of the shipped weights.")
     @click.option("--junit", metavar="FILE.xml", type=click.Path(dir_okay=False), default=None, expose_value=False,
@@ -828,34 +1029,73 @@ def _progress(msg: str) -> None:
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None, trust_code=False):
+                quality=None, out_is_folder=False, trust_code=False):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
-    subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
+    subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says. A folder
+    refused before any check is a verdict too (exit 2) with its report and JUnit, except that nothing is written into
+    the refused folder itself (``out_is_folder``: -o was not given)."""
     from mhaexport import api
+    from mhaexport.verify.report import refused_report
 
-    report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                        runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
-                        trust_code=trust_code, progress=None if quiet else _progress)
+    try:
+        report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                            runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
+                            trust_code=trust_code, progress=None if quiet else _progress)
+    except VerificationFailed:
+        raise
+    except MhaExportError as e:  # a folder refused (a hash that does not match, a name leaving it...): a verdict
+        if interrupted(e):
+            raise
+        report = refused_report(folder, str(e), requested=list(runtimes) or None, sweep=sweep, seed=seed)
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
     markdown = report.to_markdown()
+    if report.refused is not None and out_is_folder:
+        out = None  # a folder that was refused gets nothing written into it: -o DIR says where its report goes
+    try:
+        written = _write_reports(report, out, name, markdown)  # before any print: a closed stdout loses none
+    except BadInput as e:
+        if report.refused is None:
+            raise
+        raise BadInput(f"{report.refused}; {e.message}") from None
     click.echo(markdown)
-    if out is not None:
-        js, md = report.write(out, name)
-        click.echo(f"wrote {js} and {md}", err=True)
-    junit = click.get_current_context().meta.get("mhaexport.junit")
-    if junit:
-        from mhaexport.verify.junit import write_junit
-
-        click.echo(f"wrote {write_junit(report, junit, markdown)}", err=True)
+    for line in written:
+        click.echo(line, err=True)
     v = report.verdict
+    if report.refused is not None:
+        raise BadInput(report.refused)
     if v.code == 1:
         raise VerificationFailed(v.message)
     if v.code == 4:
         raise NotVerified(v.message)
     click.echo(f"verify passed in {report.seconds:.1f} s: {v.message}", err=True)
     return report
+
+
+def _write_reports(report, out, name, markdown: str) -> list[str]:
+    """Write report.json/.md into ``out`` (when given) and the --junit file (when asked); the "wrote ..." lines to
+    print. A path that cannot be written is bad input (exit 2), after whatever else could be written."""
+    lines, failed = [], []
+    if out is not None:
+        try:
+            js, md = report.write(out, name)
+            lines.append(f"wrote {js} and {md}")
+        except (OSError, MhaExportError) as e:
+            failed.append(f"cannot write the report into {out}: {getattr(e, 'strerror', None) or e}")
+    junit = click.get_current_context().meta.get("mhaexport.junit")
+    if junit:
+        from mhaexport.verify.junit import write_junit
+
+        try:
+            lines.append(f"wrote {write_junit(report, junit, markdown)}")
+        except (OSError, MhaExportError) as e:
+            failed.append(f"--junit {junit}: {getattr(e, 'strerror', None) or e}")
+    if failed:
+        for line in lines:
+            click.echo(line, err=True)
+        raise BadInput("; ".join(failed))
+    return lines
 
 
 def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32") -> None:
@@ -948,7 +1188,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
                quality_text, output, bisect_=False, case=None, trust_code=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
-    --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
+    --config/--model/--hf only, export both formats to a temporary folder first and verify that (one of the two is
+    required: verify alone verifies nothing and exits 2). A folder refused before any check (a file that does not
+    match its manifest, a name leaving it) is a verdict too: exit 2, with its report in -o and the --junit file. FOLDER with
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
     fingerprints of contract and weights match).
 
@@ -964,10 +1206,17 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     import tempfile
 
+    junit = click.get_current_context().meta.get("mhaexport.junit")
+    if folder is None and not (config or model or checkpoint or hf):
+        raise BadInput("verify needs the export FOLDER to verify (or --config/--model/--hf/--checkpoint to export a "
+                               "model to a temporary folder and verify that): nothing was verified")
     settings = _quality_settings(quality, quality_text)
 
     if case is not None and not bisect_:
         raise click.UsageError("--case is for --bisect (verify itself runs its sweep)")
+    if folder is not None and Path(folder).exists() and not Path(folder).is_dir() and not Path(folder).is_file():
+        raise click.BadParameter(f"{folder} is neither a folder nor a regular file (a FIFO, socket or device)",
+                                 param_hint="FOLDER")
     if folder is not None and not Path(folder).is_dir() and (folder.endswith(".onnx") or Path(folder).is_file()):
         if not (config or model or checkpoint or hf):
             raise click.UsageError(f"{folder} is a file: say which model it claims to be with --hf DIR, --model "
@@ -975,6 +1224,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         from mhaexport.exporter.adopt import adopt_onnx, default_folder
 
         out = Path(output) if output else default_folder(folder)
+        _check_outputs({"--junit": junit}, reading=[Path(folder).parent], writing=[out], reports=out)
         _writable(out, "" if output else " (give -o DIR to adopt the file elsewhere)")
         loaded = _load(config, model, checkpoint, hf)
         rec = adopt_onnx(loaded, folder, out)
@@ -997,12 +1247,15 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         return
     if folder is not None:
         out = output or folder
+        _check_outputs({"--junit": junit}, reading=[folder], reports=out)
+        _check_outputs({f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md")}, reading=[folder])
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
-        _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
+        _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, out_is_folder=not output,
                     name="report" if output else None, quality=settings, trust_code=trust_code)
         return
+    _check_outputs({"--junit": junit}, reports=output)
     if output:
         _writable(output)
     else:  # the temporary export below is written under the lock too
@@ -1029,8 +1282,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
                    "model.aoti.pt2), verified as runtimes pt2 and aoti.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
+@replace_option
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output, pt2=False, aoti=False) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False, replace=False) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
     steps = ["load", "export ONNX", "export TorchScript"] + (["export pt2"] if pt2 or aoti else []) + ["verify"]
     n = len(steps)
@@ -1041,9 +1295,12 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
         if not click.get_current_context().meta.get(QUIET):
             click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
 
+    _check_outputs({"--junit": click.get_current_context().meta.get("mhaexport.junit")}, writing=[output],
+                   reports=output)
     _writable(output)
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
     loaded = _load(config, model, checkpoint, hf)
+    prev = _check_replace(output, loaded, replace)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
     if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
         from mhaexport.exporter.pt2 import export_pt2
@@ -1051,12 +1308,13 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
         step(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
         for rec in export_pt2(loaded, output, aoti=aoti):
             _warn(rec)
+    _drop_replaced(output, prev)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
 @main.command("lint")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=click.Path(exists=True), callback=_regular_file)
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
 def lint_cmd(path, as_json) -> None:
     """Static findings on a decoder's ONNX graph (a FILE.onnx, ours or another tool's, or an export DIR), each with
@@ -1081,7 +1339,7 @@ def report_group() -> None:
 
 
 @report_group.command("merge")
-@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True), callback=_regular_file)
 @click.option("--name", "names", multiple=True, metavar="LABEL",
               help="A label per report (repeat, in order), e.g. cpu, gpu. Default: each report's host.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
@@ -1093,6 +1351,9 @@ def report_merge_cmd(reports, names, output) -> None:
 
     if names and len(names) != len(reports):
         raise click.UsageError(f"--name given {len(names)} times for {len(reports)} reports")
+    from mhaexport.outputs import check_reports_out
+
+    check_reports_out(output, reports, ("report.json", "report.md"))
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
     js, md = merged.write(output, "report")

@@ -11,8 +11,8 @@ fails the test with verify's one-line verdict, and attaches report.md to the tes
 
 The fixture returns the :class:`~mhaexport.verify.report.VerifyReport` when the verdict passed (exit 0); a failed
 check (1) or a runtime asked for that could not run (4, not verified: skipped never counts as passed) fails the test
-with ``pytest.fail``; bad input (a missing folder, an unknown runtime: :class:`~mhaexport.errors.MhaExportError`)
-is raised as it is. report.md goes into a "mhaexport report" section of the test's report (shown with the failure,
+with ``pytest.fail``; so does bad input (a missing folder, an unknown runtime, a folder refused because a file does not
+match its manifest: :class:`~mhaexport.errors.MhaExportError`), in one line "REFUSED: why" without a traceback. report.md goes into a "mhaexport report" section of the test's report (shown with the failure,
 or for passed tests with ``-rA``), and the verdict into ``record_property`` (JUnit XML ``<property>`` entries).
 
 This module imports only pytest at load time: every pytest session of an environment holding mhaexport loads it.
@@ -41,15 +41,22 @@ def mhaexport_verify(request: pytest.FixtureRequest, record_property: Callable[[
                hf: str | None = None, runtimes: Sequence[str] | None = None, sweep: str = "quick",
                **verify_args: Any):
         from mhaexport import api
+        from mhaexport.errors import MhaExportError
 
-        loaded = None
-        if folder is None or model is not None or config is not None or hf is not None:
-            loaded = api.load(model=model, config=config, hf=hf)  # once, for the exports and verify alike
-        if folder is None:
-            folder = tmp_path_factory.mktemp("mhaexport-verify")
-            api.export_onnx(folder, model=loaded)
-            api.export_torchscript(folder, model=loaded)
-        report = api.verify(folder, model=loaded, runtimes=runtimes, sweep=sweep, **verify_args)
+        what = folder if folder is not None else (model or config or hf)
+        try:
+            loaded = None
+            if folder is None or model is not None or config is not None or hf is not None:
+                loaded = api.load(model=model, config=config, hf=hf)  # once, for the exports and verify alike
+            if folder is None:
+                folder = tmp_path_factory.mktemp("mhaexport-verify")
+                api.export_onnx(folder, model=loaded)
+                api.export_torchscript(folder, model=loaded)
+            report = api.verify(folder, model=loaded, runtimes=runtimes, sweep=sweep, **verify_args)
+        except MhaExportError as e:  # bad input or a refused folder: one line, not a traceback through mhaexport
+            record_property("mhaexport_verdict", "refused")
+            record_property("mhaexport_exit_code", 2)
+            pytest.fail(f"mhaexport verify {what}: REFUSED: {e}", pytrace=False)
         markdown = report.to_markdown()
         request.node.add_report_section("call", SECTION, markdown)
         v = report.verdict

@@ -15,6 +15,12 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
 MIN_POSITIONS = EXAMPLE_SEQ + EXAMPLE_PAST  # the example the export traces must fit
+# Upper bounds of the integer fields: far above any model this toolkit builds (Llama-3-405B: d_model 16384, 126
+# layers, d_ff 53248, vocab 128256, 131072 positions), low enough that a typo (1e12) is one line, not an allocation
+# that takes the machine down
+MAX_FIELD = {"vocab_size": 1 << 22, "d_model": 1 << 16, "n_heads": 1 << 10, "n_layers": 1 << 10, "d_ff": 1 << 18,
+             "max_positions": 1 << 22, "n_kv_heads": 1 << 10, "seed": (1 << 32) - 1}
+MAX_PARAMETERS = 1 << 36  # ~69e9 parameters (275 GB of float32): the built-in model is built in memory
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,19 @@ class DecoderConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"config field {f!r} must be a positive integer, got {v!r}")
+            if v > MAX_FIELD[f]:
+                raise ConfigError(f"config field {f!r} is {v}, above the most this toolkit builds ({MAX_FIELD[f]})")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_FIELD["seed"]:
+            raise ConfigError(f"config field 'seed' must be an integer from 0 to {MAX_FIELD['seed']}, got "
+                              f"{self.seed!r}")
+        for f in ("layer_norm_eps", "rope_theta"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf"):
+                raise ConfigError(f"config field {f!r} must be a finite positive number, got {v!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(f"config field 'tie_embeddings' must be true or false, got {self.tie_embeddings!r}")
+        if not isinstance(self.name, str):
+            raise ConfigError(f"config field 'name' must be a string, got {self.name!r}")
         if self.max_positions < MIN_POSITIONS:
             raise ConfigError(f"max_positions={self.max_positions}: at least {MIN_POSITIONS} (the export traces "
                               f"{EXAMPLE_SEQ} new tokens after a cache of {EXAMPLE_PAST})")
@@ -57,10 +76,22 @@ class DecoderConfig:
                 raise ConfigError(f"config field {f!r} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
         if self.positions == "rope" and self.head_dim % 2:
             raise ConfigError(f"positions='rope' needs an even head_dim, got {self.head_dim}")
+        if self.parameters > MAX_PARAMETERS:
+            raise ConfigError(f"this config has ~{self.parameters:.2e} parameters, above the most this toolkit "
+                              f"builds ({MAX_PARAMETERS:.2e}): check its sizes")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def parameters(self) -> int:
+        """About how many weights the model has (embeddings, blocks, an untied LM head): for the size limit."""
+        d, kv = self.d_model, (self.n_kv_heads or self.n_heads) * self.head_dim
+        block = 2 * d * d + 2 * d * kv + (3 if self.mlp == "swiglu" else 2) * d * self.d_ff
+        table = self.max_positions * d if self.positions == "learned" else 0
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + table + self.n_layers * block + head
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -110,7 +141,7 @@ def load_config(spec: str | None) -> DecoderConfig:
     path = Path(spec)
     if spec.endswith(".json") or path.exists():
         if not path.is_file():
-            raise ConfigError(f"config file {spec} does not exist")
+            raise ConfigError(f"config file {spec} {'is not a regular file' if path.exists() else 'does not exist'}")
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError) as e:

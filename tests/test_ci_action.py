@@ -30,8 +30,26 @@ def run_action(tmp_path: Path, **inputs: str) -> tuple[subprocess.CompletedProce
     env.update({f"INPUT_{k.upper()}": v for k, v in inputs.items()})
     p = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=300)
-    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines()) if output.exists() else {}
-    return p, outputs, summary.read_text() if summary.exists() else ""
+    return p, read_outputs(output), summary.read_text() if summary.exists() else ""
+
+
+def read_outputs(path: Path) -> dict:
+    """$GITHUB_OUTPUT as GitHub's runner reads it: ``key=value`` lines and ``key<<DELIMITER`` ... ``DELIMITER``."""
+    out: dict = {}
+    lines = path.read_text().splitlines() if path.exists() else []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            key, delimiter = line.split("<<", 1)
+            end = lines.index(delimiter, i + 1)
+            out[key] = "\n".join(lines[i + 1:end])
+            i = end + 1
+        else:
+            key, value = line.split("=", 1)
+            out[key] = value
+            i += 1
+    return out
 
 
 def test_a_folder_verified_on_a_runtime_passes_with_summary_outputs_and_reports(tiny_export, tmp_path):
@@ -54,7 +72,7 @@ def test_a_failed_verdict_sets_the_outputs_and_fails_the_step_unless_told_not_to
     assert p.returncode == 0, p.stdout + p.stderr  # fail: false
     assert out["verdict"] == "failed" and out["exit-code"] == "1"
     assert "## mhaexport · mhaexport: ❌ failed" in summary and "ort-cpu/parity" in summary
-    assert re.search(r"^::warning title=mhaexport mhaexport: failed::.*ort-cpu/parity", p.stdout, re.M)
+    assert re.search(r"^::warning title=mhaexport mhaexport%3A failed::.*ort-cpu/parity", p.stdout, re.M)
     assert (Path(out["reports"]) / "junit.xml").is_file()
 
 
@@ -62,9 +80,35 @@ def test_bad_input_fails_with_the_line_in_the_summary(tmp_path):
     p, out, summary = run_action(tmp_path, folder=str(tmp_path / "missing"), fail="false")
     assert p.returncode == 2 and out["verdict"] == "bad input", p.stdout
     assert "No report" in summary and "missing" in summary
-    assert re.search(r"^::error title=mhaexport mhaexport: bad input::", p.stdout, re.M)
+    assert re.search(r"^::error title=mhaexport mhaexport%3A bad input::", p.stdout, re.M)
     p, out, _ = run_action(tmp_path, folder="a", model="--config tiny")
     assert p.returncode == 2 and "folder or model, not both" in p.stdout
+
+
+def test_an_input_cannot_forge_outputs_and_bad_inputs_are_one_line(tmp_path):
+    """A line break in an input cannot add keys to $GITHUB_OUTPUT; an unbalanced quote, an output that is a file,
+    and neither folder nor model: exit 2 with one ::error line, never a traceback."""
+    p, out, _ = run_action(tmp_path, folder=f"{tmp_path / 'x'}\nverdict=passed")
+    assert p.returncode == 2 and out["verdict"] == "bad input" and list(out) == ["verdict", "exit-code"], p.stdout
+    assert re.search(r"^::error title=mhaexport::input folder holds a line break", p.stdout, re.M)
+    assert "\nverdict=passed" not in (tmp_path / "output.txt").read_text()
+    for inputs, said in (({"model": "--config 'tiny"}, "input model is not a valid command line"),
+                         ({"model": "--config tiny", "args": '--atol "1e-3'}, "input args is not a valid command"),
+                         ({"model": "--config tiny", "output": str(tmp_path / "a-file")}, "cannot make the folder"),
+                         ({}, "both are empty")):
+        (tmp_path / "a-file").write_text("x")
+        (tmp_path / "output.txt").unlink(missing_ok=True)
+        p, out, _ = run_action(tmp_path, **inputs)
+        assert p.returncode == 2 and out["exit-code"] == "2", (inputs, p.stdout, p.stderr)
+        assert said in p.stdout and "Traceback" not in p.stdout + p.stderr, (inputs, p.stdout, p.stderr)
+
+
+def test_a_refused_folder_has_reports_to_upload(altered_export, tmp_path):
+    p, out, summary = run_action(tmp_path, folder=str(altered_export), runtimes="ort-cpu")
+    assert p.returncode == 2 and out["verdict"] == "bad input", p.stdout
+    reports = Path(out["reports"])
+    assert {f.name for f in reports.iterdir()} == {"report.json", "report.md", "junit.xml"}
+    assert "REFUSED" in summary and "does not match the manifest" in summary
 
 
 def test_the_export_command_when_no_folder_is_given():
@@ -79,6 +123,8 @@ def test_the_export_command_when_no_folder_is_given():
                        "--sweep", "quick", "--runtime", "ort-cpu", "--runtime", "torchscript",
                        "--junit", "out/reports/j.xml", "--atol", "1e-3"]
     assert verified == reports == Path("out/export")
+    cmd, verified, _ = ci_action.build_command("--help", "", [], "quick", "", Path("out"), Path("j.xml"))
+    assert cmd[-2:] == ["--", "--help"] and verified == Path("--help")  # a folder input is never an option
 
 
 def test_the_actions_inputs_match_the_script_and_the_workflows_uses():

@@ -60,16 +60,21 @@ def test_a_runtime_that_cannot_run_is_not_verified_not_passed(pytester, tiny_exp
     result.stdout.fnmatch_lines(["*NOT VERIFIED: nothing requested was verified: ort-cuda skipped*"])
 
 
-def test_bad_input_raises_the_packages_exception(pytester, tmp_path):
+def test_bad_input_and_a_refused_folder_fail_in_one_line(pytester, tmp_path, altered_export):
+    """A missing folder, or one whose model.onnx no longer matches its manifest: the test fails with one line
+    saying why (REFUSED), not a traceback through mhaexport's files."""
     pytester.makepyfile(f"""
-        import pytest
-        from mhaexport.errors import ArtifactError
+        def test_missing(mhaexport_verify):
+            mhaexport_verify(r"{tmp_path / 'missing'}")
 
-        def test_export(mhaexport_verify):
-            with pytest.raises(ArtifactError):
-                mhaexport_verify(r"{tmp_path / 'missing'}")
+        def test_altered(mhaexport_verify):
+            mhaexport_verify(r"{altered_export}", runtimes=["ort-cpu"])
     """)
-    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*mhaexport verify *missing: REFUSED: *",
+                                 "*mhaexport verify *: REFUSED: *model.onnx sha256 * does not match the manifest*"])
+    result.stdout.no_fnmatch_line("*mhaexport/*.py:*")  # no traceback into the package
 
 
 def readme_block(marker: str) -> str:

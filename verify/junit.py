@@ -10,6 +10,7 @@ Layout (the Jenkins xunit plugin's ``junit-10.xsd`` rules; ``tests/data/junit.xs
           <skipped message="<reason>"/>                          skipped (a check, or a whole runtime)
           <failure message="<check> on <runtime>: <message>" type="mhaexport.<check>">figures</failure>
         </testcase>
+        <testcase classname="mhaexport" name="folder"><error/>   only when the folder was refused before any check
         <testcase classname="mhaexport" name="verdict">           fails unless the verdict passed
         <system-out> report.md </system-out>
       </testsuite>
@@ -91,7 +92,12 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
                         *((f"version.{k}", val) for k, val in sorted(report.versions.items()))):
         if value is not None:
             ET.SubElement(props, "property", {"name": name, "value": _text(value)})
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    if report.refused is not None:  # the folder was refused before any check: one error case saying why
+        case = _case(suite, "mhaexport", "folder")
+        ET.SubElement(case, "error", {"message": _text(f"refused: {report.refused}"),
+                                      "type": "mhaexport.refused"}).text = _text(report.refused)
+        counts["errors"] += 1
     cols = report.all_checks
     for failure_rt, r in report.failures():  # lint errors first, as the verdict lists them
         if failure_rt == "lint":
@@ -125,7 +131,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
     if markdown:
         ET.SubElement(suite, "system-out").text = _text(markdown)
     tests = sum(counts.values())
-    figures = {"tests": str(tests), "failures": str(counts["failed"]), "errors": "0",
+    figures = {"tests": str(tests), "failures": str(counts["failed"]), "errors": str(counts["errors"]),
                "skipped": str(counts["skipped"]), "time": f"{report.seconds:.3f}"}
     suite.attrib.update(figures)
     if report.created:

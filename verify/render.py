@@ -19,6 +19,11 @@ def markdown(report: VerifyReport) -> str:
     """The report as Markdown: the verdict and what was verified, the runtimes x checks table, the figures (parity by
     output; quality, or the block's demonstration), the details of what failed or was skipped, then the plain
     protocol's findings, provider against provider, the lint findings and where it ran."""
+    if report.refused is not None:  # nothing ran: the reason, and where
+        env = report.environment
+        return (f"## mhaexport verify: ⛔ REFUSED\n\n**Folder** `{report.folder}` was refused before any check ran; "
+                f"nothing was verified.\n\n**Why:** {report.refused}\n\n<sub>{env.get('host', '?')} · "
+                f"{env.get('platform', '?')} · {report.created}</sub>\n")
     cols = report.all_checks
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
     lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)

@@ -128,6 +128,7 @@ def check_report_fields(data: dict, what: str = "verify report") -> None:
     f.strs("requested", data.get("requested"), optional=True)
     f.strs("checks", data.get("checks"), optional=True)
     f.is_a("module", data.get("module"), (str, type(None)), "a string or null")
+    f.is_a("refused", data.get("refused"), (str, type(None)), "a string or null")
     lint = f.obj("lint", data.get("lint"), optional=True)
     f.strs("lint.rules", lint.get("rules", []))
     if not isinstance(lint.get("findings", []), list):
@@ -173,8 +174,8 @@ def _other_from_dict(data: dict | None) -> dict | None:
             "results": _results_from_dict(data["results"])}
 
 
-# Exit codes of verify (and of every verb that verifies): docs/DESIGN.md "Verdicts"
-EXIT_PASSED, EXIT_FAILED, EXIT_NOT_VERIFIED = 0, 1, 4
+# Exit codes of verify (and of every verb that verifies): docs/DESIGN.md "Verdicts"; a refused folder is bad input
+EXIT_PASSED, EXIT_FAILED, EXIT_REFUSED, EXIT_NOT_VERIFIED = 0, 1, 2, 4
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class Verdict:
     """What a report amounts to: ``code`` is the exit code (0 passed, 1 failed, 4 not verified), ``message`` one
     line saying why."""
 
-    status: str  # "passed" | "failed" | "not verified"
+    status: str  # "passed" | "failed" | "not verified" | "refused"
     code: int
     message: str
 
@@ -233,6 +234,9 @@ class VerifyReport:
     # "producer_protocol", "runtimes": {name: RuntimeInfo}, "results": {name: {check: CheckResult}}}. Findings:
     # never in the verdict, the counts or the main table
     other_protocol: dict | None = None
+    # why the folder was refused before any check ran (a hash that does not match the manifest, a name leaving the
+    # folder, ...): the verdict is "refused", exit 2, and the report says why (CI has a report to show)
+    refused: str | None = None
 
     @property
     def all_checks(self) -> tuple[str, ...]:
@@ -263,7 +267,9 @@ class VerifyReport:
     def verdict(self) -> Verdict:
         """docs/DESIGN.md's rules: failed (1) when a check failed or a runtime could not load its artifact; not
         verified (4) when a runtime asked for by name was skipped entirely, or no runtime besides eager ran; else
-        passed (0). Skipped is never passed."""
+        passed (0). Skipped is never passed. A folder refused before any check: refused (2)."""
+        if self.refused is not None:
+            return Verdict("refused", EXIT_REFUSED, self.refused)
         fails = self.failures()
         if fails:
             which = ", ".join(f"{rt}/{r.check}" for rt, r in fails)
@@ -329,6 +335,7 @@ class VerifyReport:
             "seconds": round(self.seconds, 2), "sources": self.sources,
             "runtimes": {k: v.to_dict() for k, v in self.runtimes.items()},
             "results": {rt: {c: r.to_dict() for c, r in checks.items()} for rt, checks in self.results.items()},
+            "refused": self.refused,
             "other_protocol": None if self.other_protocol is None else {
                 **self.other_protocol, "runtimes": {k: v.to_dict() for k, v in self.other_protocol["runtimes"].items()},
                 "results": {rt: {c: r.to_dict() for c, r in checks.items()}
@@ -348,7 +355,7 @@ class VerifyReport:
             seconds=data.get("seconds", 0.0), sources=data.get("sources", []), requested=data.get("requested"),
             checks=data.get("checks") or list(MODULE_CHECKS if data.get("module") else CHECKS), lint=data.get("lint"),
             cross=data.get("cross") or [], module=data.get("module"),
-            other_protocol=_other_from_dict(data.get("other_protocol")))
+            other_protocol=_other_from_dict(data.get("other_protocol")), refused=data.get("refused"))
 
     def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
         """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
@@ -370,6 +377,15 @@ class VerifyReport:
         return markdown(self)
 
 
+def refused_report(folder: str | Path, reason: str, requested: list[str] | None = None, sweep: str = "quick",
+                   seed: int = 0) -> VerifyReport:
+    """The report of a folder refused before any check ran (``reason``: the refusal's one line): verdict "refused",
+    exit 2, no runtime run; written like any report so CI shows why."""
+    return VerifyReport(model={"spec": None}, folder=str(folder), sweep={"name": sweep, "seed": seed},
+                        tolerance={"atol": 0.0, "rtol": 0.0}, runtimes={}, results={}, requested=requested,
+                        refused=reason)
+
+
 def load_report(path: str | Path) -> VerifyReport:
     path = Path(path)
     if path.is_dir():
@@ -384,6 +400,10 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
     """
     if not reports:
         raise ArtifactError("report merge needs at least one report")
+    for r in reports:
+        if r.refused is not None:
+            raise ArtifactError(f"report merge: the report of {r.folder} verified nothing (the folder was refused: "
+                                f"{r.refused})")
     fps = {r.model.get("fingerprint") or r.model.get("spec") for r in reports}
     if len(fps) > 1:
         specs = ", ".join(sorted({str(r.model.get("spec")) for r in reports}))
