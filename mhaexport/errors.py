@@ -15,18 +15,18 @@ class ConfigError(MhaExportError):
     """A config preset, JSON file or field is wrong."""
 
 
-class ExportOptionError(ConfigError, ExportError):
-    """An export option's value is wrong or contradicts another (``attention``, ``dtype``, ``opset``, ``kv_cache``,
-    ``max_cache``, the static lengths, the TorchScript ``mode``): a ConfigError like every bad argument, and an
-    ExportError as before, so either ``except`` catches it."""
-
-
 class ModelLoadError(MhaExportError):
     """A user model spec, factory or checkpoint could not be loaded or is off-contract."""
 
 
 class ExportError(MhaExportError):
     """torch.onnx / torch.jit could not export the model, or the result failed its checks."""
+
+
+class ExportOptionError(ConfigError, ExportError):
+    """An export option's value is wrong or contradicts another (``attention``, ``dtype``, ``opset``, ``kv_cache``,
+    ``max_cache``, the static lengths, the TorchScript ``mode``): a ConfigError like every bad argument, and an
+    ExportError as before, so either ``except`` catches it."""
 
 
 class ArtifactError(MhaExportError):
