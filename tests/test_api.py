@@ -83,7 +83,7 @@ def test_generate_bench_quantize_and_torchscript(tiny, tiny_export, tmp_path):
     direct = Generator(tiny_export).generate([[5, 17, 42]], GenerationConfig(max_new_tokens=4))
     assert result.tokens == direct.tokens and result.stop_reason == "max_new_tokens"
     timing = mhaexport.bench(tiny_export, output=tmp_path / "bench", runtimes=["ort-cpu"], prompt_len=4,
-                             new_tokens=4, repeats=1, long_to=0)
+                             new_tokens=4, repeats=1, long=0)
     assert timing.get("ort-cpu").token_p50_ms > 0 and (tmp_path / "bench" / "bench.json").is_file()
     from mhaexport.bench import markdown_body
 
