@@ -164,15 +164,18 @@ def check_onnx(path: Path) -> None:
 
 def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool = True,
                         attention: str = "decomposed") -> None:
-    """ExportOptionError (a ConfigError and an ExportError) for a cache layout the other options contradict; needs no model (the CLI asks before loading)."""
+    """ExportOptionError (a ConfigError and an ExportError) for a cache layout the other options contradict; needs
+    no model (the CLI asks before loading)."""
     if kv_cache not in iospec.KV_CACHES:
         raise ExportOptionError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
     if kv_cache == "shared":
         if not seq_dynamic:
-            raise ExportOptionError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): drop --seq-static")
+            raise ExportOptionError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): "
+                                    "drop --seq-static")
         if attention == "onnx":
-            raise ExportOptionError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared buffer is "
-                              "written by com.microsoft GroupQueryAttention (--attention ort, fused or the default)")
+            raise ExportOptionError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared "
+                                    "buffer is written by com.microsoft GroupQueryAttention (--attention ort, fused "
+                                    "or the default)")
     elif max_cache is not None:
         raise ExportOptionError("--max-cache sizes a shared cache: give it with --kv-cache shared")
 
@@ -199,7 +202,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         lowering_name = "fused" if attention == "fused" else "gqa"
         max_cache = loaded.contract.max_positions if max_cache is None else max_cache
         if not 1 <= max_cache <= loaded.contract.max_positions:
-            raise ExportOptionError(f"--max-cache {max_cache}: expected 1..max_positions={loaded.contract.max_positions}")
+            raise ExportOptionError(f"--max-cache {max_cache}: expected "
+                                    f"1..max_positions={loaded.contract.max_positions}")
     if dtype not in dtypes.NAMES:
         raise ExportOptionError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
     if opset is None:
@@ -207,7 +211,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ExportOptionError(f"--opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
     if attention == "onnx" and opset < ATTENTION_OPSET:
-        raise ExportOptionError(f"--attention onnx needs --opset {ATTENTION_OPSET} (the ONNX Attention op), got {opset}")
+        raise ExportOptionError(f"--attention onnx needs --opset {ATTENTION_OPSET} (the ONNX Attention op), "
+                                f"got {opset}")
     c = loaded.contract
     if seq_dynamic:
         seq, past = EXAMPLE_SEQ, EXAMPLE_PAST

@@ -190,7 +190,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
            runtimes: Sequence[str] | None = None, sweep: str = "quick", seed: int = 0,
            atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
            output: str | Path | None = None, junit: str | Path | None = None, quality: Any = None,
-           trust_code: bool = False, progress: Progress | None = None, tokens: int | None = None) -> VerifyReport:
+           trust_code: bool = False, progress: Progress | None = None, tokens: int | None = None,
+           allow_download: bool = False) -> VerifyReport:
     """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
 
     The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
@@ -204,7 +205,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     reason, or refused when named in ``runtimes``). Nothing runs because a folder says so.
 
     ``tokens``: greedy tokens for the generation check (``--tokens``; default 8 quick, 32 full; ``gen_tokens`` is its
-    deprecated alias).
+    deprecated alias). ``allow_download``: with ``hf`` a Hub id, let huggingface_hub download what the cache lacks.
 
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
@@ -220,7 +221,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     runtimes = _names(runtimes, "runtimes")
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
-        loaded = _model(model, config, hf, checkpoint, revision, False)
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download)
     from mhaexport.exporter.quantize import reproduce
 
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
