@@ -7,7 +7,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mhaexport.errors import ConfigError, RuntimeInputError
+from mhaexport.errors import ConfigError, RuntimeOptionError
 from mhaexport.verify.runners import AOTI, EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, PT2, TORCHSCRIPT
 
 # bench's own rows besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner), a bare
@@ -61,15 +61,15 @@ class BenchConfig:
 
 
 def check_config(cfg: BenchConfig) -> tuple[str, ...]:
-    """The runtimes ``cfg`` asks for; RuntimeInputError for an unknown runtime, ConfigError for an unknown
-    --opt-levels level or a warm-up / spread setting out of range (one line naming what is valid). Cheap: the CLI
-    calls it before exporting or timing anything."""
+    """The runtimes ``cfg`` asks for; RuntimeOptionError (a ConfigError) for an unknown runtime, ConfigError for an
+    unknown --opt-levels level, a count or length out of range, or a warm-up / spread setting out of range (one line
+    naming what is valid). Cheap: the CLI calls it before exporting or timing anything."""
     from mhaexport.runtime.session import OPT_LEVELS
 
     names = cfg.runtimes or ALL_RUNTIMES
     unknown = [n for n in names if n not in ALL_RUNTIMES]
     if unknown:
-        raise RuntimeInputError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
+        raise RuntimeOptionError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
     bad_levels = [x for x in cfg.opt_levels if x not in OPT_LEVELS]
     if bad_levels:
         raise ConfigError(f"--opt-levels: unknown graph optimization level(s) {', '.join(bad_levels)}; "
@@ -86,7 +86,14 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
             raise ConfigError(f"{option}={tuple(values)}: {bad[0]!r} is not a positive integer (each point holds at "
                               f"least 1 {unit}; e.g. --{option} {_EXAMPLE[option]})")
     if cfg.new_tokens < 2:
-        raise RuntimeInputError(f"new_tokens={cfg.new_tokens}: at least 2 (one prefill token and one decode step)")
+        raise RuntimeOptionError(f"new_tokens={cfg.new_tokens}: at least 2 (one prefill token and one decode step)")
+    # the command line's ranges (click.IntRange), for the API's callers too
+    for field, value, least in (("prompt_len", cfg.prompt_len, 1), ("batch", cfg.batch, 1),
+                                ("threads", cfg.threads, 1), ("repeats", cfg.repeats, 1),
+                                ("nocache_repeats", cfg.nocache_repeats, 1), ("long_repeats", cfg.long_repeats, 1),
+                                ("long_to", 0 if cfg.long_to is None else cfg.long_to, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ConfigError(f"{field}={value!r}: expected an integer >= {least}")
     return tuple(names)
 
 

@@ -28,7 +28,7 @@ from mhaexport.bench.scaling import scaling_rows, scaling_runs, seeded_prompt
 from mhaexport.bench.stats import token_spread, window_median
 from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
-from mhaexport.errors import MhaExportError, RuntimeInputError
+from mhaexport.errors import MhaExportError, RuntimeOptionError
 from mhaexport.progress import Step
 from mhaexport.verify.pt2 import refuse_untrusted
 from mhaexport.verify.runners import ORT_CPU
@@ -43,7 +43,7 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
     model, other lowerings) on ONNX Runtime; runtimes that cannot run are skipped with why.
 
     ``probe(threads) -> Bandwidth`` measures the memory bandwidth for the floor (default:
-    :func:`mhaexport.bench.probes.default_probe`, 256 MiB read three ways). Raises RuntimeInputError for an unknown
+    :func:`mhaexport.bench.probes.default_probe`, 256 MiB read three ways). Raises RuntimeOptionError for an unknown
     runtime and ConfigError for an unknown --opt-levels level or a --batches / --prompts point that is not a
     positive integer, before anything runs. torch's thread count is
     ``cfg.threads`` during the run and restored afterwards."""
@@ -76,12 +76,12 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     refuse_untrusted(ef, cfg.runtimes, cfg.trust_code, option="--runtimes")  # code named without --trust-code
     c = ef.contract
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
-        raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
-                                f"max_positions={c.max_positions}")
+        raise RuntimeOptionError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
+                                 f"max_positions={c.max_positions}")
     others = same_model_folders(folder, ef, cfg.compare)  # hash-checked, each holding this folder's model
     if others and not set(ORT_RUNTIMES) & set(names):
-        raise RuntimeInputError("--compare times ONNX exports on ONNX Runtime, but --runtimes has neither ort-cpu "
-                                "nor ort-cuda")
+        raise RuntimeOptionError("--compare times ONNX exports on ONNX Runtime, but --runtimes has neither ort-cpu "
+                                 "nor ort-cuda")
     long_to = cfg.long_to if cfg.long_to is not None else (c.max_positions if c.max_positions <= 1024 else 0)
     long_to = min(long_to, c.max_positions)
     ids = seeded_prompt(cfg.seed, c.vocab_size, cfg.batch, cfg.prompt_len)

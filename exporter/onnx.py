@@ -19,7 +19,7 @@ from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.artifact.details import CacheLayout, ExampleSizes, Lowering, OnnxDetails, Precision
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
-from mhaexport.errors import ExportError, first_line
+from mhaexport.errors import ExportError, ExportOptionError, first_line
 from mhaexport.exporter.common import (ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish,
                                        module_bytes)
 from mhaexport.exporter.failures import describe_failure
@@ -164,17 +164,20 @@ def check_onnx(path: Path) -> None:
 
 def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool = True,
                         attention: str = "decomposed") -> None:
-    """ExportError for a cache layout the other options contradict; needs no model (the CLI asks before loading)."""
+    """ExportOptionError (a ConfigError and an ExportError) for a cache layout the other options contradict; needs
+    no model (the CLI asks before loading)."""
     if kv_cache not in iospec.KV_CACHES:
-        raise ExportError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
+        raise ExportOptionError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
     if kv_cache == "shared":
         if not seq_dynamic:
-            raise ExportError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): drop --seq-static")
+            raise ExportOptionError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): "
+                                    "drop --seq-static")
         if attention == "onnx":
-            raise ExportError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared buffer is "
-                              "written by com.microsoft GroupQueryAttention (--attention ort, fused or the default)")
+            raise ExportOptionError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared "
+                                    "buffer is written by com.microsoft GroupQueryAttention (--attention ort, fused "
+                                    "or the default)")
     elif max_cache is not None:
-        raise ExportError("--max-cache sizes a shared cache: give it with --kv-cache shared")
+        raise ExportOptionError("--max-cache sizes a shared cache: give it with --kv-cache shared")
 
 
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
@@ -192,31 +195,35 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     slots, default max_positions, written in place by com.microsoft GroupQueryAttention; rows packed from slot 0).
     """
     if attention not in LOWERINGS:
-        raise ExportError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
+        raise ExportOptionError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
     check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
     lowering_name = attention
     if kv_cache == "shared":
         lowering_name = "fused" if attention == "fused" else "gqa"
         max_cache = loaded.contract.max_positions if max_cache is None else max_cache
         if not 1 <= max_cache <= loaded.contract.max_positions:
-            raise ExportError(f"--max-cache {max_cache}: expected 1..max_positions={loaded.contract.max_positions}")
+            raise ExportOptionError(f"--max-cache {max_cache}: expected "
+                                    f"1..max_positions={loaded.contract.max_positions}")
     if dtype not in dtypes.NAMES:
-        raise ExportError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
+        raise ExportOptionError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
     if opset is None:
         opset = ATTENTION_OPSET if attention == "onnx" else DEFAULT_OPSET
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ExportError(f"--opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+        raise ExportOptionError(f"--opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
     if attention == "onnx" and opset < ATTENTION_OPSET:
-        raise ExportError(f"--attention onnx needs --opset {ATTENTION_OPSET} (the ONNX Attention op), got {opset}")
+        raise ExportOptionError(f"--attention onnx needs --opset {ATTENTION_OPSET} (the ONNX Attention op), "
+                                f"got {opset}")
     c = loaded.contract
     if seq_dynamic:
         seq, past = EXAMPLE_SEQ, EXAMPLE_PAST
     else:
         if seq_len is None or seq_len < 1:
-            raise ExportError("--seq-static needs --seq-len N (N >= 1)")
+            raise ExportOptionError("--seq-static needs --seq-len N (N >= 1)")
         seq, past = seq_len, past_len
+        if past < 0:
+            raise ExportOptionError(f"--past-len {past}: a length, >= 0")
     if seq + past > c.max_positions:
-        raise ExportError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
+        raise ExportOptionError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)
     torch_dtype = models_torch_dtype(dtype)
     module = loaded.module if dtype == "float32" else copy.deepcopy(loaded.module).to(torch_dtype)

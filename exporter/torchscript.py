@@ -13,7 +13,7 @@ import torch
 
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import ExampleSizes, TorchScriptDetails
-from mhaexport.errors import ExportError
+from mhaexport.errors import ExportError, ExportOptionError
 from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, module_bytes
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.models.loading import LoadedModel
@@ -39,7 +39,7 @@ def _summarize(warns: list[str]) -> list[str]:
 def export_torchscript(loaded: LoadedModel, out_dir: str | Path, *, mode: str = "trace") -> ExportRecord:
     """Trace or script ``loaded`` to out_dir/model.pt, called as m(input_ids, attention_mask, past_key_values)."""
     if mode not in MODES:
-        raise ExportError(f"--mode {mode!r}: expected one of {', '.join(MODES)}")
+        raise ExportOptionError(f"--mode {mode!r}: expected one of {', '.join(MODES)}")
     out_dir = Path(out_dir)
     started = time.perf_counter()
     args = example_inputs(loaded.contract)

@@ -11,12 +11,31 @@ import sys as _sys
 from pathlib import Path as _Path
 from types import ModuleType as _ModuleType
 
-# In a source checkout the subpackages live in top-level folders (models/, exporter/, verify/, runtime/) that
+# In a source checkout the subpackages live in top-level folders (models/, exporter/, verify/, ...) that
 # pyproject.toml maps into this namespace. When Python finds this folder through the current directory (the repo
-# root) rather than the installed mapping, let it find those folders too.
+# root) rather than the installed mapping, let it find those folders too -- only those: the checkout's other folders
+# (tests/, scripts/, docs/) are not mhaexport.tests or mhaexport.scripts.
+_MAPPED = ("artifact", "models", "exporter", "verify", "runtime", "bench")  # pyproject.toml's package-dir
 _root = _Path(__file__).resolve().parent.parent
+
+
+class _CheckoutFinder:
+    """Finds ``mhaexport.<name>`` for the mapped folders of a source checkout, and nothing else."""
+
+    @staticmethod
+    def find_spec(fullname: str, path=None, target=None):
+        head, _, name = fullname.partition(".")
+        if head != "mhaexport" or name not in _MAPPED:
+            return None
+        from importlib.util import spec_from_file_location
+
+        init = _root / name / "__init__.py"
+        return spec_from_file_location(fullname, init, submodule_search_locations=[str(init.parent)])
+
+
 if (_root / "pyproject.toml").is_file() and (_root / "models" / "attention.py").is_file():
-    __path__.append(str(_root))  # type: ignore[name-defined]  # noqa: F821
+    if not any(isinstance(f, type) and f.__name__ == "_CheckoutFinder" for f in _sys.meta_path):
+        _sys.meta_path.append(_CheckoutFinder)
 
 from mhaexport.errors import MhaExportError  # noqa: E402
 
@@ -44,11 +63,74 @@ def _callable_package(name: str) -> None:
     _sys.modules[name].__class__ = _CallablePackage
 
 
+class ApiFunction:
+    """``mhaexport.verify`` / ``mhaexport.bench``: the API function of that name (called, and to ``help()``,
+    ``inspect.signature`` and ``__doc__``), whose other attributes are the subpackage's (``mhaexport.verify.
+    verify_folder``, ``mhaexport.bench.BenchConfig``; set and deleted there too, so monkeypatch works).
+
+    A module object cannot be both: ``help()`` documents any module as a module. So the subpackage stays a module in
+    ``sys.modules`` and the package attribute is this view of it (:class:`_Package` puts it there whenever the import
+    system sets the attribute). mhaexport.api is imported only when the function is called or looked at."""
+
+    __slots__ = ("_name", "_package")
+
+    def __init__(self, name: str, package: _ModuleType) -> None:
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_package", package)
+
+    def _function(self):
+        from mhaexport import api
+
+        return getattr(api, self._name)
+
+    def __call__(self, *args, **kwargs):
+        return self._function()(*args, **kwargs)
+
+    def __get__(self, obj, objtype=None):  # a routine to inspect and pydoc: help() documents it as the function
+        return self
+
+    # what help(), inspect.signature (through __wrapped__) and typing tools read: the function's own
+    __doc__ = property(lambda self: self._function().__doc__)  # type: ignore[assignment]
+    __wrapped__ = property(lambda self: self._function())
+    __signature__ = property(lambda self: __import__("inspect").signature(self._function()))
+    __name__ = property(lambda self: self._name)  # type: ignore[assignment]
+    __annotations__ = property(lambda self: self._function().__annotations__)  # type: ignore[assignment]
+
+    def __getattr__(self, attr: str):
+        return getattr(self._package, attr)
+
+    def __setattr__(self, attr: str, value) -> None:
+        setattr(self._package, attr, value)
+
+    def __delattr__(self, attr: str) -> None:
+        delattr(self._package, attr)
+
+    def __dir__(self) -> list[str]:
+        return dir(self._package)
+
+    def __repr__(self) -> str:
+        return f"<function mhaexport.{self._name} (API; attributes: package {self._package.__name__})>"
+
+
+class _Package(_ModuleType):
+    """mhaexport itself: importing a subpackage sets the parent's attribute to the module; for verify and bench the
+    attribute becomes the :class:`ApiFunction` view of it instead."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _PACKAGES and isinstance(value, _ModuleType):
+            value = ApiFunction(name, value)
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
+
+
 def __getattr__(name: str):
     if name in _PACKAGES:
         import importlib
 
-        return importlib.import_module(f"mhaexport.{name}")  # the callable subpackage
+        importlib.import_module(f"mhaexport.{name}")  # sets the attribute (to the ApiFunction view)
+        return globals()[name]
     if name in _API:
         from mhaexport import api
 

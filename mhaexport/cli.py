@@ -901,7 +901,8 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     from mhaexport import api
 
-    result = api.bench(folder, progress=say, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    result = api.bench(folder, progress=say, **{"long" if f.name == "long_to" else f.name: getattr(cfg, f.name)
+                                                for f in dataclasses.fields(cfg)})
     written = bench.write_bench(result, output or folder)
     click.echo(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
@@ -1039,7 +1040,7 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
 
     try:
         report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                            runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
+                            runtimes=tuple(runtimes) or None, tokens=gen_tokens, quality=quality,
                             trust_code=trust_code, progress=None if quiet else _progress)
     except VerificationFailed:
         raise

@@ -23,6 +23,12 @@ class ExportError(MhaExportError):
     """torch.onnx / torch.jit could not export the model, or the result failed its checks."""
 
 
+class ExportOptionError(ConfigError, ExportError):
+    """An export option's value is wrong or contradicts another (``attention``, ``dtype``, ``opset``, ``kv_cache``,
+    ``max_cache``, the static lengths, the TorchScript ``mode``): a ConfigError like every bad argument, and an
+    ExportError as before, so either ``except`` catches it."""
+
+
 class ArtifactError(MhaExportError):
     """An export folder is missing files, has an unreadable manifest, or a hash does not match."""
 
@@ -40,6 +46,12 @@ class UntrustedCode(ArtifactError):
 
 class RuntimeInputError(MhaExportError):
     """Inputs given to a runner or the deploy runtime do not fit the model (ids, shapes, lengths)."""
+
+
+class RuntimeOptionError(ConfigError, RuntimeInputError):
+    """A decode or bench setting is wrong (no prompt, ``max_new_tokens``, ``temperature``, ``top_k``/``top_p``, an
+    unknown bench runtime, lengths past the model's ``max_positions``): a ConfigError like every bad argument, and a
+    RuntimeInputError as before, so either ``except`` catches it."""
 
 
 class ProviderUnavailable(MhaExportError):

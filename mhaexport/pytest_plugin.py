@@ -34,7 +34,7 @@ def mhaexport_verify(request: pytest.FixtureRequest, record_property: Callable[[
                      tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
     """A function ``(folder=None, *, model=None, config=None, hf=None, runtimes=None, sweep="quick", **verify_args)
     -> VerifyReport`` that verifies ``folder`` (or exports ``model``/``config``/``hf`` to a temporary folder first)
-    and fails the test unless the verdict passed. ``verify_args``: seed, atol, rtol, gen_tokens (as
+    and fails the test unless the verdict passed. ``verify_args``: seed, atol, rtol, tokens (as
     :func:`mhaexport.verify`)."""
 
     def verify(folder: str | Path | None = None, *, model: str | None = None, config: str | None = None,

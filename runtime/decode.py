@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.errors import RuntimeInputError
+from mhaexport.errors import RuntimeInputError, RuntimeOptionError
 from mhaexport.runtime.runner import Runner
 from mhaexport.runtime.sampling import SamplingConfig, next_tokens
 
@@ -190,7 +190,7 @@ class DecodeLoop:
         """Generate up to ``config.max_new_tokens`` tokens after each prompt (a batch, left-padded).
         ``keep_logits``: also keep the (B, V) logits each token was chosen from (verify's margins)."""
         if config.max_new_tokens < 1:
-            raise RuntimeInputError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
+            raise RuntimeOptionError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
         c = self.contract
         ids, mask, lengths = pad_prompts(prompts, c.vocab_size, c.max_positions, config.pad_token_id,
                                          side=getattr(self.runner, "padding", "left"))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mhaexport.errors import RuntimeInputError
+from mhaexport.errors import RuntimeOptionError
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,11 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise RuntimeInputError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise RuntimeOptionError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
-            raise RuntimeInputError(f"top_k must be >= 1, got {self.top_k}")
+            raise RuntimeOptionError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise RuntimeInputError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RuntimeOptionError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:

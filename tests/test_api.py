@@ -83,7 +83,7 @@ def test_generate_bench_quantize_and_torchscript(tiny, tiny_export, tmp_path):
     direct = Generator(tiny_export).generate([[5, 17, 42]], GenerationConfig(max_new_tokens=4))
     assert result.tokens == direct.tokens and result.stop_reason == "max_new_tokens"
     timing = mhaexport.bench(tiny_export, output=tmp_path / "bench", runtimes=["ort-cpu"], prompt_len=4,
-                             new_tokens=4, repeats=1, long_to=0)
+                             new_tokens=4, repeats=1, long=0)
     assert timing.get("ort-cpu").token_p50_ms > 0 and (tmp_path / "bench" / "bench.json").is_file()
     from mhaexport.bench import markdown_body
 
@@ -108,3 +108,183 @@ def test_the_readmes_python_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "max abs" in out and "max_new_tokens" in out
     assert (tmp_path / "out-int4" / "manifest.json").is_file()
+
+
+# --- issue 26, "the Python API surprises": what help() shows, the CLI's names, list arguments, one error family ---
+
+def test_help_and_signature_are_the_api_functions_not_the_subpackages(monkeypatch):
+    import inspect
+    import pydoc
+
+    from mhaexport import api
+
+    for name in ("verify", "bench"):
+        view, function = getattr(mhaexport, name), getattr(api, name)
+        assert inspect.signature(view) == inspect.signature(function) != inspect.signature(lambda *a, **k: None)
+        assert view.__doc__ == function.__doc__ and view.__wrapped__ is function and view.__name__ == name
+        text = pydoc.render_doc(view, renderer=pydoc.plaintext)
+        assert f"{name}(folder: 'str | Path'" in text and "PACKAGE CONTENTS" not in text, text[:400]
+    assert "``mhaexport verify FOLDER``" in pydoc.render_doc(mhaexport.verify, renderer=pydoc.plaintext)
+    # the subpackage's attributes stay reachable through the same name, and patching them patches the subpackage
+    package = sys.modules["mhaexport.verify"]
+    assert mhaexport.verify.verify_folder is package.verify_folder and mhaexport.verify.report is package.report
+    monkeypatch.setattr(mhaexport.verify, "verify_folder", "patched")
+    assert package.verify_folder == "patched"
+
+
+def test_import_mhaexport_resolves_only_the_mapped_subpackages():
+    mapped = ("artifact", "models", "exporter", "verify", "runtime", "bench")
+    code = ("import importlib.util as u, sys\n"
+            f"for name in {mapped!r}:\n"
+            "    spec = u.find_spec('mhaexport.' + name)\n"
+            "    assert spec and spec.origin.endswith(name + '/__init__.py'), (name, spec)\n"
+            "for name in ('tests', 'scripts', 'docs', 'examples'):\n"
+            "    assert u.find_spec('mhaexport.' + name) is None, name\n"
+            "try:\n    import mhaexport.tests\nexcept ModuleNotFoundError:\n    pass\n"
+            "else:\n    sys.exit('mhaexport.tests imported')\n")
+    # from the repo root: with the editable install's finder, and (-S: no site-packages) through the checkout alone
+    for flags in ([], ["-S"]):
+        r = subprocess.run([sys.executable, *flags, "-c", code], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, (flags, r.stderr[-2000:])
+
+
+def _cli_option(param) -> str:
+    return max(param.opts, key=len).lstrip("-").replace("-", "_")
+
+
+# a repeated CLI option (--runtime X --runtime Y) is one list argument in the plural
+PLURAL = {"runtime": "runtimes", "provider": "providers", "prompt": "prompts"}
+# options with no argument of that name in the API, and why: -q (the API takes progress=), --json (printing),
+# --module/--mask (the attention block is not exported by the API yet), --text (in quality=QualitySettings),
+# --bisect/--case (a diagnosis verb of its own), bench's export steps (--lowerings/--quantize/--builder)
+CLI_ONLY = {"quiet", "json", "module", "mask", "text", "bisect", "case", "lowerings", "quantize", "builder"}
+
+
+@pytest.mark.parametrize("verb, function", [("onnx", "export_onnx"), ("torchscript", "export_torchscript"),
+                                             ("pt2", "export_pt2"), ("verify", "verify"), ("generate", "generate"),
+                                             ("bench", "bench"), ("quantize", "quantize")])
+def test_every_cli_option_has_its_name_in_the_api(verb, function):
+    import dataclasses
+    import inspect
+
+    import click
+
+    from mhaexport import api
+    from mhaexport.bench import BenchConfig
+
+    params = set(inspect.signature(getattr(api, function)).parameters)
+    if verb == "bench":  # its keywords are BenchConfig's fields, long_to under the CLI's name
+        params |= {f.name for f in dataclasses.fields(BenchConfig)} - {"long_to"} | {"long"}
+    options = [_cli_option(p) for p in main.commands[verb].params if isinstance(p, click.Option)]
+    missing = [o for o in options if PLURAL.get(o, o) not in params and o not in CLI_ONLY]
+    assert not missing, f"mhaexport {verb} options the API calls otherwise or lacks: {missing}"
+
+
+def test_old_names_are_deprecated_aliases_and_both_names_are_a_config_error(tiny_export, monkeypatch):
+    import warnings
+
+    seen = []
+    monkeypatch.setattr(mhaexport.verify, "verify_folder", lambda folder, **kw: seen.append(kw) or "report")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the CLI's names warn nothing
+        mhaexport.verify(tiny_export, tokens=3, runtimes="ort-cpu")
+    with pytest.warns(DeprecationWarning, match=r"gen_tokens= is deprecated: use tokens= \(the CLI's --tokens\)"):
+        mhaexport.verify(tiny_export, gen_tokens=5)
+    assert [kw["gen_tokens"] for kw in seen] == [3, 5] and seen[0]["runtimes"] == ("ort-cpu",)
+    with pytest.raises(ConfigError, match="give tokens= or its deprecated alias gen_tokens=, not both"):
+        mhaexport.verify(tiny_export, tokens=3, gen_tokens=3)
+
+    configs = []
+    monkeypatch.setattr(mhaexport.bench, "run_bench", lambda folder, cfg, progress=None: configs.append(cfg))
+    mhaexport.bench(tiny_export, long=0, runtimes="ort-cpu", compare=tiny_export, opt_levels="basic")
+    with pytest.warns(DeprecationWarning, match="long_to= is deprecated: use long="):
+        mhaexport.bench(tiny_export, long_to=40)
+    assert [c.long_to for c in configs] == [0, 40]
+    assert (configs[0].runtimes, configs[0].compare, configs[0].opt_levels) == (("ort-cpu",), (tiny_export,),
+                                                                               ("basic",))
+    with pytest.raises(ConfigError, match="give long= or its deprecated alias long_to=, not both"):
+        mhaexport.bench(tiny_export, long=0, long_to=0)
+
+
+def test_a_bare_string_in_a_list_argument_is_one_item(tiny_export, tmp_path, monkeypatch):
+    from mhaexport.exporter import quantize as quantize_module
+
+    # one runtime name, not its characters (they were: "unknown runtime(s) o, r, t, -, c, p, u")
+    with pytest.raises(ConfigError, match=r"unknown runtime\(s\) ort-tpu;"):
+        mhaexport.verify(tiny_export, runtimes="ort-tpu")
+    with pytest.raises(ConfigError, match=r"unknown runtime\(s\) ort-tpu;"):
+        mhaexport.bench(tiny_export, runtimes="ort-tpu")
+    one = mhaexport.generate(tiny_export, "hi", max_new_tokens=2, providers="cpu")
+    assert one.tokens == mhaexport.generate(tiny_export, ["hi"], max_new_tokens=2).tokens and len(one.tokens) == 1
+    # prompt_ids: one flat list of ids is one prompt; a string is not ids
+    flat = mhaexport.generate(tiny_export, prompt_ids=[5, 17, 42], max_new_tokens=2)
+    assert flat.tokens == mhaexport.generate(tiny_export, prompt_ids=[[5, 17, 42]], max_new_tokens=2).tokens
+    with pytest.raises(ConfigError, match=r"prompt_ids='5,17': expected lists of token ids"):
+        mhaexport.generate(tiny_export, prompt_ids="5,17")
+    with pytest.raises(ConfigError, match=r"prompt_ids: 'ab' is not a list of token ids"):
+        mhaexport.generate(tiny_export, prompt_ids=[[1], "ab"])
+    seen = []
+    monkeypatch.setattr(quantize_module, "quantize_folder", lambda src, out, cfg, progress=None: seen.append(cfg))
+    mhaexport.quantize(tiny_export, tmp_path / "q", keep_float="lm_head")
+    assert seen[0].keep_float == ("lm_head",)
+    with pytest.raises(ConfigError, match="keep_float: 1 is not a name"):
+        mhaexport.quantize(tiny_export, tmp_path / "q", keep_float=[1])
+    with pytest.raises(ConfigError, match="runtimes=3: expected a list of names"):
+        mhaexport.verify(tiny_export, runtimes=3)
+
+
+def _bad_arguments(folder, out):
+    m = mhaexport
+    return [
+        (lambda: m.load(config="no-such-preset"), "unknown config 'no-such-preset'"),
+        (lambda: m.export_onnx(out, config="tiny", attention="flash"), "--attention 'flash': expected one of"),
+        (lambda: m.export_onnx(out, config="tiny", dtype="float8"), "--dtype 'float8'"),
+        (lambda: m.export_onnx(out, config="tiny", opset=3), "outside the supported range"),
+        (lambda: m.export_onnx(out, config="tiny", kv_cache="ring"), "--kv-cache 'ring'"),
+        (lambda: m.export_onnx(out, config="tiny", seq_dynamic=False, seq_len=4, past_len=-1), "--past-len -1"),
+        (lambda: m.export_torchscript(out, config="tiny", mode="compile"), "--mode 'compile'"),
+        (lambda: m.verify(folder, sweep="huge"), "sweep 'huge': expected one of quick, full"),
+        (lambda: m.verify(folder, tokens=0), "tokens=0: expected an integer >= 1"),
+        (lambda: m.verify(folder, atol=-1.0), "atol: -1.0 is not a tolerance"),
+        (lambda: m.verify(folder, rtol={"hidden": 1e-3}), "rtol: output 'hidden' is not one of logits, present"),
+        (lambda: m.generate(folder), "give prompts"),
+        (lambda: m.generate(folder, prompt_ids=[[1]], max_new_tokens=0), "max_new_tokens must be >= 1"),
+        (lambda: m.generate(folder, prompt_ids=[[1]], top_p=2.0), "top_p must be in"),
+        (lambda: m.generate(folder, prompt_ids=[[1]], eos_id=-1), "eos_id=-1"),
+        (lambda: m.generate(folder, prompt_ids=[[1]], threads=0), "threads=0"),
+        (lambda: m.bench(folder, runtimes=["ort-tpu"]), "unknown runtime"),
+        (lambda: m.bench(folder, new_tokens=1), "new_tokens=1: at least 2"),
+        (lambda: m.bench(folder, prompt_len=0), "prompt_len=0: expected an integer >= 1"),
+        (lambda: m.bench(folder, repeats=0), "repeats=0"),
+        (lambda: m.bench(folder, runtimes=["ort-cpu"], prompt_len=100), "exceeds the model's max_positions"),
+        (lambda: m.quantize(folder, out, weights="int3"), "--weights 'int3'"),
+    ]
+
+
+def test_every_bad_argument_is_a_config_error(tiny_export, tmp_path):
+    from mhaexport.errors import ExportError
+
+    for call, match in _bad_arguments(tiny_export, tmp_path / "out"):
+        with pytest.raises(ConfigError, match=re.escape(match)):
+            call()
+    # the classes they had before still catch them
+    with pytest.raises(ExportError):
+        mhaexport.export_onnx(tmp_path / "out", config="tiny", attention="flash")
+    with pytest.raises(RuntimeInputError):
+        mhaexport.generate(tiny_export)
+
+
+def test_py_typed_ships_in_the_wheel(tmp_path):
+    import tomllib
+    import zipfile
+
+    pytest.importorskip("setuptools")
+    assert (ROOT / "mhaexport" / "py.typed").is_file()
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in data["mhaexport"]
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+                        "-w", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = tmp_path.glob("mhaexport-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mhaexport/py.typed" in names and "mhaexport/verify/__init__.py" in names

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from mhaexport.errors import ConfigError
 from mhaexport.iospec import ModelContract, dummy_inputs
 
 SWEEPS = ("quick", "full")
@@ -56,7 +57,7 @@ def build_sweep(contract: ModelContract, kind: str = "quick", seed: int = 0) -> 
     """The cases for ``kind`` ("quick" or "full"), clipped to max_positions, deduplicated, in a stable order.
     None uses the exporter's (seq=3, past=5), so every case runs at lengths never seen at export."""
     if kind not in SWEEPS:
-        raise ValueError(f"sweep {kind!r}: expected one of {', '.join(SWEEPS)}")
+        raise ConfigError(f"sweep {kind!r}: expected one of {', '.join(SWEEPS)}")
     M = contract.max_positions
     specs: list[tuple[int, int, int, tuple[int, ...]]] = [
         (1, 1, 0, ()),          # one token, empty cache
