@@ -44,10 +44,11 @@ A model is named as on the command line, by exactly one of ``config`` (a preset 
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,47 +143,65 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
                 hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
                 allow_download: bool = False, opset: int | None = None, attention: str = "decomposed",
                 dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None,
-                seq_dynamic: bool = True, seq_len: int | None = None, past_len: int = 0) -> ExportRecord:
+                seq_dynamic: bool = True, seq_len: int | None = None, past_len: int = 0,
+                replace: bool = False) -> ExportRecord:
     """``mhaexport onnx``: export the model to ONNX into folder ``output`` (model.onnx + manifest.json; other
-    artifacts already there stay). Returns the ExportRecord (folder, files, seconds, warnings, manifest). Raises
-    ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    artifacts already there stay). ``replace``: ``output`` may hold another model (or the attention block where a
+    decoder goes): it is replaced, its files and reports removed — without it that is an ExportError before any
+    work. Returns the ExportRecord (folder, files, seconds, warnings, manifest). Raises ConfigError /
+    ModelLoadError / ExportError / ArtifactError."""
     from mhaexport.artifact.files import probe_writable
     from mhaexport.exporter.onnx import export_onnx as _export
 
     probe_writable(output)
     loaded = _model(model, config, hf, checkpoint, revision, allow_download)
-    return _export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
-                   attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+    with _replacing(output, loaded, replace):
+        return _export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
+                       attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+
+
+@contextlib.contextmanager
+def _replacing(output: str | Path, loaded: Any, replace: bool) -> Iterator[None]:
+    """An export into ``output``: refused before any work when it holds another model unless ``replace`` (then
+    what that model left goes once the new export is published). ``loaded``: a LoadedModel, or a quantize source's
+    recorded model."""
+    from mhaexport.exporter.common import check_replace, drop_replaced
+
+    prev = check_replace(output, loaded, replace) if loaded is not None else None
+    yield
+    drop_replaced(output, prev)
 
 
 def export_torchscript(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
                        hf: str | Path | None = None, checkpoint: str | Path | None = None,
                        revision: str | None = None, allow_download: bool = False,
-                       mode: str = "trace") -> ExportRecord:
-    """``mhaexport torchscript``: export the model to TorchScript (``mode`` trace or script) into ``output``.
-    Returns the ExportRecord."""
+                       mode: str = "trace", replace: bool = False) -> ExportRecord:
+    """``mhaexport torchscript``: export the model to TorchScript (``mode`` trace or script) into ``output``
+    (``replace`` as :func:`export_onnx`). Returns the ExportRecord."""
     from mhaexport.artifact.files import probe_writable
     from mhaexport.exporter.torchscript import export_torchscript as _export
 
     probe_writable(output)
     loaded = _model(model, config, hf, checkpoint, revision, allow_download)
-    return _export(loaded, output, mode=mode)
+    with _replacing(output, loaded, replace):
+        return _export(loaded, output, mode=mode)
 
 
 def export_pt2(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
                hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
-               allow_download: bool = False, aoti: bool = False,
+               allow_download: bool = False, aoti: bool = False, replace: bool = False,
                progress: Progress | None = None) -> list[ExportRecord]:
     """``mhaexport pt2``: export the model with torch.export into ``output`` (model.pt2) and, with ``aoti``,
     compile it with AOTInductor for CPU (model.aoti.pt2). Returns the ExportRecords, pt2 first. Both files are code:
     ``verify``/``bench`` of the folder load them only with ``trust_code=True`` (or in this same process). Raises
-    ExportError in one line for a model torch.export cannot take."""
+    ExportError in one line for a model torch.export cannot take. ``replace`` as :func:`export_onnx`."""
     from mhaexport.artifact.files import probe_writable
     from mhaexport.exporter.pt2 import export_pt2 as _export
 
     probe_writable(output)
     loaded = _model(model, config, hf, checkpoint, revision, allow_download)
-    return _export(loaded, output, aoti=aoti, progress=progress)
+    with _replacing(output, loaded, replace):
+        return _export(loaded, output, aoti=aoti, progress=progress)
 
 
 def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
@@ -342,13 +361,17 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
 
 def quantize(folder: str | Path, output: str | Path, *, weights: str = "int4", block_size: int | None = None,
              symmetric: bool = True, accuracy_level: int = 4, keep_float: Sequence[str] = ("embeddings",),
-             int8_blocks: int | None = None, progress: Progress | None = None) -> QuantizeRecord:
+             int8_blocks: int | None = None, replace: bool = False,
+             progress: Progress | None = None) -> QuantizeRecord:
     """``mhaexport quantize``: the weights of ``folder``'s float ONNX export to int4/int8 into a new folder
-    ``output`` (then ``verify(output)`` judges its quality against eager fp32). Returns the QuantizeRecord."""
+    ``output`` (then ``verify(output)`` judges its quality against eager fp32; ``replace`` as :func:`export_onnx`).
+    Returns the QuantizeRecord."""
     from mhaexport.artifact.files import probe_writable
+    from mhaexport.exporter.common import previous_model
     from mhaexport.exporter.quantize import QuantConfig, quantize_folder
 
     cfg = QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
                       keep_float=_names(keep_float, "keep_float") or (), int8_blocks=int8_blocks).check()
     probe_writable(output)
-    return quantize_folder(folder, output, cfg, progress=progress)
+    with _replacing(output, previous_model(folder), replace):
+        return quantize_folder(folder, output, cfg, progress=progress)

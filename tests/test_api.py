@@ -288,3 +288,17 @@ def test_py_typed_ships_in_the_wheel(tmp_path):
     (wheel,) = tmp_path.glob("mhaexport-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "mhaexport/py.typed" in names and "mhaexport/verify/__init__.py" in names
+
+
+def test_an_export_over_another_model_needs_replace_in_the_api_too(tmp_path):
+    """The API refuses what the CLI refuses (issue 25: outputs never clobber inputs) and takes the CLI's --replace."""
+    from mhaexport.artifact import read_manifest
+    from mhaexport.errors import ExportError
+
+    out = tmp_path / "out"
+    mhaexport.export_torchscript(out, config="tiny")
+    with pytest.raises(ExportError, match="--replace"):
+        mhaexport.export_torchscript(out, config="tiny-llama")
+    assert read_manifest(out).model.spec == "preset:tiny"
+    mhaexport.export_torchscript(out, config="tiny-llama", replace=True)
+    assert read_manifest(out).model.spec == "preset:tiny-llama"
