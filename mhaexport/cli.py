@@ -23,6 +23,8 @@ class BadInput(click.ClickException):
 
 INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, reported with its traceback
 INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (click's "Aborted!" would exit 1: "a check failed")
+ORT_MISSING = ("ONNX Runtime is not installed: pip install -e '.[cpu]' (onnxruntime, CPU only) or -e '.[gpu]' "
+               "(onnxruntime-gpu: CUDA and CPU) in the mhaexport checkout")
 
 
 def disk_full(e: BaseException) -> OSError | None:
@@ -61,6 +63,8 @@ class Group(click.Group):
                 raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
                                f" ({full.strerror}): free some space and run again; an export folder keeps "
                                "what it held before") from None
+            if isinstance(e, ModuleNotFoundError) and e.name == "onnxruntime":  # installed without [cpu] / [gpu]
+                raise BadInput(ORT_MISSING) from None
             import traceback
 
             traceback.print_exc()
