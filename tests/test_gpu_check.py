@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mhaexport.env import no_cuda_device
+from mhaexport.devices import no_cuda_device
 from mhaexport.runtime.session import provider_unavailable
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"

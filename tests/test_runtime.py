@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhaexport.env import no_cuda_device
+from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, Generator, SamplingConfig,
                                filtered_probs, next_tokens)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mhaexport.env import no_cuda_device
+from mhaexport.devices import no_cuda_device
 from mhaexport.cli import main
 from mhaexport.errors import RuntimeInputError
 from mhaexport.artifact import ExportFolder

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mhaexport import iospec
-from mhaexport.env import no_cuda_device
+from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ProviderUnavailable
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.foreign import Layout
