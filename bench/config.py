@@ -16,6 +16,9 @@ EAGER_NOCACHE = "eager-nocache"
 ORT_BARE = "ort-bare"
 ORT_GENAI = "ort-genai"
 ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA)
+# what a run times unless told: every runtime but eager-nocache (recompute is O(n^2): on the default model it took
+# more time than every other row together), which is opt-in by name
+DEFAULT_RUNTIMES = tuple(r for r in ALL_RUNTIMES if r != EAGER_NOCACHE)
 TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)
 ORT_RUNTIMES = (ORT_CPU, ORT_CUDA)
 _EXAMPLE = {"batches": "1,4,16", "prompts": "32,512,2048"}  # the issue's points, as the errors' example
@@ -29,14 +32,15 @@ class BenchConfig:
     new_tokens: int = 128
     batch: int = 1
     threads: int = 2  # torch's intra-op threads, ONNX Runtime's intra-op threads and the bandwidth probes'
-    runtimes: tuple[str, ...] | None = None  # None: all of ALL_RUNTIMES (absent ones are reported skipped)
+    runtimes: tuple[str, ...] | None = None  # None: DEFAULT_RUNTIMES (absent ones are reported skipped)
     repeats: int = 3  # timed generations per row, round-robin over the rows
     nocache_repeats: int = 1  # recompute is slow (O(n^2)); it is timed this many times
-    # ORT CPU runs (each lowering) out to this position; None: max_positions if <= 1024; 0: off
-    long_to: int | None = None
+    # ORT CPU runs (each lowering) out to this position; 0: off (the default: a long run is opt-in); None:
+    # max_positions if <= 1024
+    long_to: int | None = 0
     opt_levels: tuple[str, ...] = ()  # extra ORT CPU runs at these graph optimization levels ("ort-cpu@basic")
     profile: bool = False  # write ONNX Runtime's profile of one ORT CPU generation and summarize it
-    profile_dir: str | None = None  # where the profile goes (default: the export folder)
+    profile_dir: str | None = None  # where the profile goes (never the export folder; None: summed up, not kept)
     seed: int = 0  # the prompt's token ids
     compare: tuple[str, ...] = ()  # more export folders of the same model: ORT rows labelled by their lowering
     long_repeats: int = 1  # long runs per ORT CPU row, round-robin over the rows; per position, the median
@@ -52,6 +56,8 @@ class BenchConfig:
     # time to first token at batch 1 for each of these prompt lengths. Empty: no scaling phase (the default).
     batches: tuple[int, ...] = ()
     prompts: tuple[int, ...] = ()
+    # the project's own speed targets (bench.targets) judged and shown: a project benchmark, off in a user's report
+    targets: bool = False
 
 
 def check_config(cfg: BenchConfig) -> tuple[str, ...]:
@@ -60,7 +66,7 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
     calls it before exporting or timing anything."""
     from mhaexport.runtime.session import OPT_LEVELS
 
-    names = cfg.runtimes or ALL_RUNTIMES
+    names = cfg.runtimes or DEFAULT_RUNTIMES
     unknown = [n for n in names if n not in ALL_RUNTIMES]
     if unknown:
         raise RuntimeInputError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")

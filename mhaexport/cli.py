@@ -260,6 +260,9 @@ class Reporter:
             self.t0, self.total = self.clock(), total
         elapsed = self.clock() - self.t0
         left = f", ~{elapsed / done * (total - done):.0f} s left" if done else ""
+        if hasattr(msg, "left_s"):  # a progress.Estimate: the sender's own clock and estimate
+            elapsed = msg.elapsed_s
+            left = ", estimating what is left" if msg.left_s is None else f", ~{msg.left_s:.0f} s left"
         where = f"[{min(done + 1, total)}/{total}]"
         if self.tty:
             filled = int(20 * done / total)
@@ -582,14 +585,14 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
 @click.option("--runtimes", default=None, metavar="A,B,..",
               help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
-                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda. "
-                   "Default: all.")
+                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda, or "
+                   "'all'. Default: all but eager-nocache (recompute, O(n^2): slow; ask for it by name).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
-@click.option("--long", "long_to", type=click.IntRange(min=0), default=None, metavar="POSITION",
+@click.option("--long", "long_to", type=click.IntRange(min=0), default=0, metavar="POSITION",
               help="Also time one ORT CPU generation per lowering from the prompt up to this position (per-token "
-                   "latency against position; default: max_positions for models of up to 1024 positions, 0 = off).")
+                   "latency against position). Default: 0, off.")
 @click.option("--long-repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Long runs per lowering, round-robin; per position, the median.")
 @click.option("--opt-levels", default="", metavar="basic,extended,all",
@@ -617,10 +620,15 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--prompts", default=None, metavar="32,512,2048",
               help="Also time the time to first token of every ONNX Runtime row (and ort-genai) at batch 1 for each "
                    "prompt length (one the model cannot hold is a skipped point with its reason). Default: off.")
+@click.option("--targets", is_flag=True,
+              help="Also judge the project's own speed targets (a project benchmark: set for the bench preset and "
+                   "the peer comparison) and add their table.")
+@click.option("--json", "as_json", is_flag=True, help="Print bench.json's content as one JSON object on stdout.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
+              help="Where bench.json/bench.md/bench.png (and --profile's trace) go. Default: the export folder (the "
+                   "trace is then summed up and not kept).")
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, batches, prompts, output) -> None:
+              profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -628,8 +636,11 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
     say = _progress
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
+    if names == ("all",):
+        names = bench.ALL_RUNTIMES
     cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
                             runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
+                            targets=targets,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                             compare=tuple(compare), long_repeats=long_repeats,
                             batches=bench.parse_points(batches, "batches"),
@@ -673,7 +684,13 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
     result = api.bench(folder, progress=say, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     written = bench.write_bench(result, output or folder)
-    click.echo(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
+    _progress_done()
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.to_dict()))
+    else:
+        click.echo(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
 
 
@@ -777,6 +794,13 @@ def verify_options(f):
         return f(*args, **kwargs)
 
     return wrapper
+
+
+def _progress_done() -> None:
+    """End the progress line being rewritten in place (if any), so what is printed next starts on its own line."""
+    reporter = click.get_current_context().meta.get("mhaexport.reporter")
+    if reporter is not None:
+        reporter.close()
 
 
 def _progress(msg: str) -> None:
