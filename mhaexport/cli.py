@@ -485,7 +485,10 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json) ->
     text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
     report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
                              window=window, stride=stride, progress=_progress)
-    click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.to_markdown())
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        _show(report.to_markdown())
     failed = [r for r in report.rows if r.status == "error"]
     if failed:
         raise VerificationFailed("; ".join(f"{r.runtime}: {r.reason}" for r in failed))
@@ -690,7 +693,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
         click.echo(json.dumps(result.to_dict()))
     else:
-        click.echo(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
+        _show(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
 
 
@@ -749,6 +752,34 @@ def _quality_settings(quality: dict | None, text_file: str | None):
     return QualitySettings(overrides=quality, text=_read_text(text_file), text_source=text_file)
 
 
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--json: kept in ctx.meta for the verb's printing (_run_verify, report merge)."""
+    if value:
+        ctx.meta[JSON] = True
+
+
+JSON = "mhaexport.json"
+
+
+def _show(markdown: str) -> None:
+    """A report's Markdown on stdout: on a terminal as terminal text (aligned tables, no ``**`` / ``|`` /
+    ``<sub>``; bold unless NO_COLOR), elsewhere (a pipe, a CI log, a file) the Markdown itself, as report.md has
+    it. Scripts take --json."""
+    if _stdout_is_tty():
+        from mhaexport.terminal import to_terminal, wants_style
+
+        click.echo(to_terminal(markdown, style=wants_style(True)))
+    else:
+        click.echo(markdown)
+
+
+def _stdout_is_tty() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (ValueError, AttributeError):  # closed or replaced stdout
+        return False
+
+
 def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | None):
     """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
     its path must be writable folders); kept in ctx.meta for _run_verify."""
@@ -789,6 +820,9 @@ def verify_options(f):
     @click.option("--junit", metavar="FILE.xml", type=click.Path(dir_okay=False), default=None, expose_value=False,
                   callback=_remember_junit,
                   help="Also write the verdict as JUnit XML (one test case per runtime x check) for CI test reports.")
+    @click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_remember_json,
+                  help="Print the report (report.json's content) as one JSON object on stdout instead of its table; "
+                       "progress and the verdict line stay on stderr, the exit code is the verdict's.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
@@ -826,7 +860,12 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
     markdown = report.to_markdown()
-    click.echo(markdown)
+    if click.get_current_context().meta.get(JSON):
+        import json
+
+        click.echo(json.dumps(report.to_dict()))
+    else:
+        _show(markdown)
     if out is not None:
         js, md = report.write(out, name)
         click.echo(f"wrote {js} and {md}", err=True)
@@ -1043,7 +1082,7 @@ def lint_cmd(path, as_json) -> None:
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(report.to_markdown("##"))
+        _show(report.to_markdown("##"))
     if report.errors:
         raise VerificationFailed(f"lint found {len(report.errors)} error(s): "
                                  + "; ".join(f"{f.rule} at {f.node}" for f in report.errors[:3]))
@@ -1060,7 +1099,8 @@ def report_group() -> None:
               help="A label per report (repeat, in order), e.g. cpu, gpu. Default: each report's host.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
               help="Folder for the merged report.json and report.md.")
-def report_merge_cmd(reports, names, output) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the merged report.json's content as one JSON object.")
+def report_merge_cmd(reports, names, output, as_json=False) -> None:
     """Merge report.json files (or folders holding one) from different machines into one table.
     Exit 1 when any merged check failed."""
     from mhaexport.verify.report import load_report, merge_reports
@@ -1070,7 +1110,12 @@ def report_merge_cmd(reports, names, output) -> None:
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
     js, md = merged.write(output, "report")
-    click.echo(merged.to_markdown())
+    if as_json:
+        import json
+
+        click.echo(json.dumps(merged.to_dict()))
+    else:
+        _show(merged.to_markdown())
     click.echo(f"wrote {js} and {md}", err=True)
     v = merged.verdict  # the same rules as verify
     if v.code == 1:
