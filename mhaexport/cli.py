@@ -124,6 +124,21 @@ def module_options(f):
     return wrapper
 
 
+def _apply_target(target: str, **given: str) -> tuple[str, str, str, str | None]:
+    """--target NAME: the (attention, kv_cache, dtype, weights) it sets; an option given on the command line that
+    contradicts it is refused (exit 2) rather than one of the two silently winning."""
+    from mhaexport.exporter.targets import conflicts, deploy_target
+
+    t = deploy_target(target)
+    ctx = click.get_current_context()
+    typed = {k: v for k, v in given.items()
+             if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+    bad = conflicts(t, typed)
+    if bad:
+        raise click.UsageError(f"--target {target} and {', '.join(bad)}: give one or the other")
+    return t.attention, t.kv_cache, t.dtype, t.weights
+
+
 def _check_module_args(module: str | None, mask: str | None, model: str | None, **refused) -> None:
     """Usage errors of --module / --mask, before any work: --mask needs --module; a module is the built-in block
     (no --model), exported with dynamic axes, decomposed attention, float32 (``refused``: option -> (value, its
@@ -321,15 +336,26 @@ def lowering_options(f):
                    "(onnxruntime-genai's past_present_share_buffer; prompts right-padded).")
 @click.option("--max-cache", "max_cache", type=click.IntRange(min=1), default=None,
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
+@click.option("--target", type=click.Choice(["portable", "ort-cpu", "ort-cuda"]), default=None,
+              help="The runtime the file is for; it picks --attention, --kv-cache, --dtype and the weights: "
+                   "portable (the default: decomposed, concat, float32, any ONNX runtime), ort-cpu (fused, shared, "
+                   "int4 weights: ONNX Runtime / onnxruntime-genai on CPU; the float export it is quantized from "
+                   "goes to OUTPUT-float32), ort-cuda (fused, shared, float16).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
 def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
-             kv_cache, max_cache, output) -> None:
+             kv_cache, max_cache, output, target=None) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter (the decoder, or with --module attention the MHA block on
     its own)."""
-    _check_module_args(module, mask, model or hf, **{"--seq-static": (not seq_dynamic, False),
-                                               "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
-                                               "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)})
+    weights = None
+    if target is not None and module is None:
+        attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, kv_cache=kv_cache,
+                                                            dtype=dtype)
+    _check_module_args(module, mask, model or hf, **{"--target": (target, None),
+                                                     "--seq-static": (not seq_dynamic, False),
+                                                     "--attention": (attention, "decomposed"),
+                                                     "--dtype": (dtype, "float32"),
+                                                     "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)})
     if module is not None:
         from mhaexport.exporter.module import export_module_onnx
 
@@ -354,8 +380,11 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
     shown = _default_opset(attention, opset)
     cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
+    float_out = Path(f"{Path(output)}-{dtype}") if weights else output  # the float export int4 is made from
+    if weights:
+        _writable(float_out)
     _progress(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
-    rec = api.export_onnx(output, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
+    rec = api.export_onnx(float_out, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
                           past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     _show_record(rec)
     details = rec.manifest.artifacts["onnx"].details
@@ -366,6 +395,12 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     if prec.cast_by_ort_cpu:
         ops = ", ".join(f"{k} x{v}" for k, v in prec.cast_by_ort_cpu.items())
         click.echo(f"{dtype}: ONNX Runtime CPU computes these in float32 (it casts them): {ops}")
+    if weights:
+        q = api.quantize(float_out, output, weights=weights, progress=_progress)
+        _warn(q)
+        files = ", ".join(f"{q.folder / f} ({_size(q.folder / f)})" for f in q.files)
+        click.echo(f"wrote {files} and {q.folder / 'manifest.json'} ({q.quantization.label}) in {q.seconds:.1f} s: "
+                   f"the --target {target} file; its float source stays in {float_out}")
 
 
 @main.command("torchscript")
@@ -883,14 +918,24 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     return report
 
 
-def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32") -> None:
+def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32", kv_cache="concat",
+                 weights=None) -> None:
+    """ONNX and TorchScript into ``folder``; ``weights`` (a --target's int4): the ONNX export goes to FOLDER-DTYPE
+    and its quantized copy into ``folder``."""
     from mhaexport.exporter.onnx import export_onnx
     from mhaexport.exporter.torchscript import export_torchscript
 
     say = step or _progress
-    say(f"export ONNX (opset {_default_opset(attention, opset)}, dynamic axes, attention {attention}, {dtype}) -> "
-        f"{folder}")
-    _warn(export_onnx(loaded, folder, opset=opset, attention=attention, dtype=dtype))
+    onnx_folder = Path(f"{Path(folder)}-{dtype}") if weights else folder
+    cache = "" if kv_cache == "concat" else f", {kv_cache} KV cache"
+    say(f"export ONNX (opset {_default_opset(attention, opset)}, dynamic axes, attention {attention}, {dtype}{cache}) "
+        f"-> {onnx_folder}")
+    _warn(export_onnx(loaded, onnx_folder, opset=opset, attention=attention, dtype=dtype, kv_cache=kv_cache))
+    if weights:
+        from mhaexport import api
+
+        say(f"quantize ONNX ({weights}) -> {folder}")
+        _warn(api.quantize(onnx_folder, folder, weights=weights))
     say(f"export TorchScript (trace) -> {folder}")
     _warn(export_torchscript(loaded, folder))
 
@@ -1046,12 +1091,19 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 @model_options
 @verify_options
 @lowering_options
+@click.option("--target", type=click.Choice(["portable", "ort-cpu", "ort-cuda"]), default=None,
+              help="The runtime the ONNX file is for (as `mhaexport onnx --target`): portable (the default), ort-cpu "
+                   "(fused, shared cache, int4; its float source in OUTPUT-float32), ort-cuda (fused, shared, "
+                   "float16).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output) -> None:
+            opset, attention, dtype, output, target=None) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
-    steps = ["load", "export ONNX", "export TorchScript", "verify"]
+    kv_cache, weights = "concat", None
+    if target is not None:
+        attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, dtype=dtype)
+    steps = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript", "verify"]
     n = len(steps)
     state = {"i": 0}
 
@@ -1063,7 +1115,8 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     _writable(output)
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
     loaded = _load(config, model, checkpoint, hf)
-    _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
+    _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype, kv_cache=kv_cache,
+                 weights=weights)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
