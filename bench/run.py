@@ -146,7 +146,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     if own is not None and own.ran and cfg.profile:
         say(f"profiling {ORT_CPU} ...")
         res.profile = profile_ort_cpu(ef, cfg, ids)
-    if EAGER_NOCACHE not in names:
+    if cfg.runtimes is None:  # the default set: say what it leaves out and how to add it
         notes.append(f"{EAGER_NOCACHE} (eager recomputing the whole sequence every step) not timed: it is slow "
                      f"(O(n^2)); ask for it with --runtimes {','.join((*names, EAGER_NOCACHE))}")
     if eager is None and set(TORCH_RUNTIMES) & set(names):
