@@ -31,7 +31,8 @@ from mhaexport.bench.result import BenchResult, RuntimeBench
 from mhaexport.bench.run import run_bench
 from mhaexport.bench.targets import TARGETS, Target
 
-__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", "REPORT_END", "TARGETS", "Bandwidth", "BenchConfig",
+__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", "REPORT_END", "TARGETS", "Bandwidth",
+           "BenchConfig",
            "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body", "measure_bandwidth",
            "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
 

@@ -30,7 +30,8 @@ class DeployTarget:
 
 TARGETS: dict[str, DeployTarget] = {t.name: t for t in (
     DeployTarget("portable", "decomposed", "concat", "float32", None,
-                 "any ONNX runtime: standard opset-18 ops (MatMul/Softmax/Where), concat cache, float32 — the default"),
+                 "any ONNX runtime: standard opset-18 ops (MatMul/Softmax/Where), concat cache, float32 (the "
+                 "default)"),
     DeployTarget("ort-cpu", "fused", "shared", "float32", "int4",
                  "ONNX Runtime on CPU (and onnxruntime-genai): fused attention over a shared cache, int4 weights "
                  "(MatMulNBits, the quantize defaults); verify judges it by the quality gate"),

@@ -355,7 +355,8 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
                                                      "--seq-static": (not seq_dynamic, False),
                                                      "--attention": (attention, "decomposed"),
                                                      "--dtype": (dtype, "float32"),
-                                                     "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)})
+                                                     "--kv-cache": (kv_cache, "concat"),
+                                                     "--max-cache": (max_cache, None)})
     if module is not None:
         from mhaexport.exporter.module import export_module_onnx
 

@@ -884,7 +884,8 @@ def test_a_default_run_is_the_quick_one_and_reads_only_the_folder(tiny_export):
 def test_cli_profile_goes_to_the_output_folder_and_json_is_one_object(tiny_export, tmp_path):
     out = tmp_path / "b"
     r = CliRunner().invoke(main, ["bench", str(tiny_export), "--prompt-len", "4", "--new-tokens", "3", "--repeats",
-                                  "1", "--threads", "1", "--runtimes", "ort-cpu", "--profile", "--json", "-o", str(out)])
+                                  "1", "--threads", "1", "--runtimes", "ort-cpu", "--profile", "--json", "-o",
+                                  str(out)])
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["schema"] == "mhaexport.bench/1" and [x["name"] for x in data["runtimes"]] == ["ort-cpu"]
