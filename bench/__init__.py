@@ -32,8 +32,7 @@ from mhaexport.bench.run import run_bench
 from mhaexport.bench.targets import TARGETS, Target
 
 __all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", "REPORT_END", "TARGETS", "Bandwidth",
-           "BenchConfig",
-           "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body", "measure_bandwidth",
-           "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
+           "BenchConfig", "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body",
+           "measure_bandwidth", "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
 
 _callable_package(__name__)  # mhaexport.bench(...) is also the Python API's function (mhaexport/api.py)
