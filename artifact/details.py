@@ -328,7 +328,30 @@ class TorchScriptDetails(Details):
     KEY_ORDER = ("mode", "module", "mask", "weights", "kv_cache", "dynamic_axes", "example_sizes")
 
 
-DETAILS: dict[str, type[Details]] = {"onnx": OnnxDetails, "torchscript": TorchScriptDetails}
+@dataclass
+class Pt2Details(Details):
+    """A torch.export entry's details (``mhaexport pt2``): the program saved with torch.export.save."""
+
+    strict: bool | None = None  # torch.export.export(strict=...): False traces the Python code as it runs
+
+    KEY_ORDER = ("module", "mask", "weights", "kv_cache", "dynamic_axes", "example_sizes", "exporter", "strict")
+
+
+@dataclass
+class AotiDetails(Details):
+    """An AOTInductor package's details (``mhaexport pt2 --aoti``): compiled from the folder's pt2 program."""
+
+    device: str | None = None  # "cpu" | "cuda": what the package's kernels run on
+    compile_seconds: float | None = None  # aoti_compile_and_package alone (the export before it not counted)
+    program_sha256: str | None = None  # the sha256 of the pt2 program it was compiled from
+    compiler: str | None = None  # the C++ compiler inductor used, as it reports itself
+
+    KEY_ORDER = ("module", "mask", "weights", "kv_cache", "dynamic_axes", "example_sizes", "exporter", "device",
+                 "compile_seconds", "program_sha256", "compiler")
+
+
+DETAILS: dict[str, type[Details]] = {"onnx": OnnxDetails, "torchscript": TorchScriptDetails, "pt2": Pt2Details,
+                                     "aoti": AotiDetails}
 
 
 def details_from_dict(fmt: str, data: dict, where: str = "details") -> Details:

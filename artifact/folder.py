@@ -19,13 +19,17 @@ itself; killed (SIGKILL, power), the next process that takes the lock (writer or
 dead writer and rolls back when manifest.json is still the one the journal names (else the publish had committed
 and only the scratch folder is removed). So a folder is either as it was before the command or as after it.
 
-**Readers run exactly the bytes they checked.** :meth:`ExportFolder.open` reads manifest.json and takes a
-*snapshot* of the artifact's files under the same lock: hard links in a ``.snapshot-<pid>-*`` folder (a copy
-where hard links are refused). Writers only ever replace files by rename, never write into them, so a snapshot's
-files keep the bytes they had when the manifest was read. The hashes are checked on the snapshot, and every reader
-(verify, generate, bench, eval, lint, bisect, the runtime, onnxruntime-genai) loads the files from it
-(:meth:`ExportFolder.file`, :attr:`ExportFolder.root`). The snapshot is removed by :meth:`ExportFolder.close`, at
-process exit, or, after a kill, by the next process that takes the lock.
+**Readers run exactly the bytes they checked, and write nothing.** :meth:`ExportFolder.open` reads manifest.json
+and, under the readers' shared lock (so no publish happens in between; a folder without a lock file, or a read-only
+one, is read without it), copies the artifact's files into a private *snapshot* in the system's temporary folder,
+hashing the bytes as it copies them. Every name is confined to the folder (:mod:`mhaexport.artifact.confine`: no
+``..``, no absolute path, no symlink, regular files only; an ONNX file's external data and genai_config.json's decoder
+file must be among the hashed files). Every reader (verify, generate, bench, eval, lint, bisect, the runtime,
+onnxruntime-genai) loads the files from the snapshot (:meth:`ExportFolder.file`, :attr:`ExportFolder.root`): they
+are the bytes that were hashed, whatever another process writes into the folder afterwards, in place or not. The
+snapshot is removed by :meth:`ExportFolder.close`, at process exit, or, after a kill, by the next reader. A reader
+never rolls back a dead writer's publish (that would be writing): it refuses the folder until the next writer
+does.
 
 Several writers may work on one folder at once; none removes another's live staging folder.
 """
@@ -43,12 +47,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mhaexport.artifact.confine import GENAI_CONFIG, MissingFile, check_name, copy_hashed, open_inside
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_free_space, ensure_writable_dir,
                                       file_entries, read_json)
-from mhaexport.artifact.lock import LOCK_FILE, FolderLock
+from mhaexport.artifact.lock import FolderLock, reader_lock
 from mhaexport.artifact.manifest import FILENAME, ArtifactEntry, Manifest, ModelRecord
-from mhaexport.errors import ArtifactError
+from mhaexport.errors import ArtifactError, UnsafeFolder
 from mhaexport.iospec import ModelContract
 
 STAGING_PREFIX = ".staging-"
@@ -68,8 +73,8 @@ def read_manifest(folder: str | Path) -> Manifest:
     return Manifest.from_dict(read_json(path, "manifest"), what=str(path))
 
 
-# snapshots this process made and has not closed yet: removed at exit
-_live_snapshots: set[Path] = set()
+# snapshots this process made and has not closed yet (snapshot -> the folder it copies): removed at exit
+_live_snapshots: dict[Path, Path] = {}
 
 
 @atexit.register
@@ -77,6 +82,28 @@ def _remove_live_snapshots() -> None:
     for snap in list(_live_snapshots):
         shutil.rmtree(snap, ignore_errors=True)
     _live_snapshots.clear()
+
+
+def snapshot_dir() -> Path:
+    """Where readers' private snapshots go: the system's temporary folder (``TMPDIR``), never the export folder."""
+    return Path(tempfile.gettempdir())
+
+
+def _remove_dead_snapshots() -> None:
+    """Snapshots of reader processes that died (SIGKILL) before removing theirs: ``mhaexport.snapshot-<pid>-*`` in
+    :func:`snapshot_dir` whose pid is gone. Only this naming, only folders this user owns."""
+    try:
+        found = list(snapshot_dir().glob(f"mhaexport{SNAPSHOT_PREFIX}*"))
+    except OSError:
+        return
+    for snap in found:
+        pid = _scratch_pid(snap)
+        try:
+            mine = snap.is_dir() and not snap.is_symlink() and snap.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid is not None and pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(snap, ignore_errors=True)
 
 
 @dataclass
@@ -90,6 +117,7 @@ class ExportFolder:
     path: Path
     manifest: Manifest
     root: Path | None = None
+    _copied: dict[str, tuple[str, int]] = field(default_factory=dict, repr=False)  # name -> (sha256, bytes) copied
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -98,35 +126,63 @@ class ExportFolder:
 
     @classmethod
     def open(cls, folder: str | Path, artifact: str | None = None, *, check: bool = True) -> ExportFolder:
-        """Read ``folder``'s manifest and snapshot the files of ``artifact`` (every artifact when None) under the
-        folder lock; with ``check``, their sizes and sha256 are then checked on the snapshot (ArtifactError naming
-        the file in ``folder`` otherwise)."""
+        """Read ``folder``'s manifest and copy the files of ``artifact`` (every artifact when None) into a private
+        snapshot, hashing the bytes as they are copied, under the readers' shared lock; with ``check``, their sizes
+        and sha256 must be the manifest's (ArtifactError naming the file in ``folder`` otherwise). Every name the
+        folder supplies is confined to it (:mod:`mhaexport.artifact.confine`: UnsafeFolder naming the entry); a
+        reader writes nothing into the folder."""
         folder = Path(folder)
         if not folder.is_dir():
             raise ArtifactError(f"export folder {folder} does not exist")
-        with _reader_lock(folder) as locked:
-            if locked:
-                _recover(folder)
+        _remove_dead_snapshots()
+        with reader_lock(folder):
+            _refuse_unfinished_publish(folder)
             manifest = read_manifest(folder)
             ef = cls(folder, manifest)
             names = [artifact] if artifact else list(manifest.artifacts)
             files = sorted({f for n in names for f in ef.entry(n).files})
             if files:
-                ef.root = _snapshot(folder, files)
-        if check:
-            try:
+                ef.root, ef._copied = _snapshot(folder, files, manifest)
+        try:
+            ef._check_names(names)
+            if check:
                 ef.check(artifact)
-            except BaseException:
-                ef.close()
-                raise
+        except BaseException:
+            ef.close()
+            raise
         return ef
+
+    def _check_names(self, names: list[str]) -> None:
+        """The names the files themselves supply, confined like the manifest's: genai_config.json's decoder filename
+        must be one of the artifact's own (hashed) files. (External-data locations need onnx's parser:
+        :func:`mhaexport.verify.external_data.check_external_data`, which verify and lint call; the deploy path,
+        torch- and onnx-free, relies on the snapshot holding only hashed files and on ONNX Runtime refusing a
+        location that leaves the model's folder or is absolute.)"""
+        for name in names:
+            entry = self.entry(name)
+            where = f"{self.path / FILENAME}: artifacts.{name}"
+            for fname in entry.files:
+                if Path(fname).name == GENAI_CONFIG and fname in self._copied:
+                    self._check_genai_config(fname, entry, where)
+
+    def _check_genai_config(self, fname: str, entry: ArtifactEntry, where: str) -> None:
+        try:
+            config = json.loads((self.root / fname).read_bytes())
+            filename = config["model"]["decoder"]["filename"]
+        except (ValueError, KeyError, TypeError):
+            return  # not a config onnxruntime-genai could read: the genai runtime and lint report it
+        check_name(filename, f"{self.path / fname}: model.decoder.filename")
+        base = str(Path(fname).parent)
+        if (filename if base == "." else f"{base}/{filename}") not in entry.files:
+            raise UnsafeFolder(f"{self.path / fname}: model.decoder.filename {filename!r} is not one of the files "
+                               f"{where} hashes: onnxruntime-genai would load a file verify never checked; refused")
 
     def close(self) -> None:
         """Remove the snapshot (the files stay readable by whoever already opened them; :meth:`file` then names
         files that are gone, never the folder's unchecked ones)."""
         if self.root in _live_snapshots:
             shutil.rmtree(self.root, ignore_errors=True)
-            _live_snapshots.discard(self.root)
+            _live_snapshots.pop(self.root, None)
 
     def __enter__(self) -> ExportFolder:
         return self
@@ -135,9 +191,24 @@ class ExportFolder:
         self.close()
 
     def check(self, artifact: str | None = None) -> None:
-        """Every file of ``artifact`` (or of all) exists with its recorded size and sha256; else ArtifactError."""
+        """Every file of ``artifact`` (or of all) exists with its recorded size and sha256 — the digests taken while
+        the snapshot copied them, so the bytes judged are the bytes loaded; else ArtifactError."""
         for name in ([artifact] if artifact else list(self.manifest.artifacts)):
-            check_files(self.root, self.entry(name).files, name, shown=self.path)
+            if self.root == self.path:  # made without open(): nothing copied, read the folder
+                check_files(self.root, self.entry(name).files, name, shown=self.path)
+                continue
+            for fname, meta in self.entry(name).files.items():
+                got = self._copied.get(fname)
+                shown = self.path / fname
+                if got is None:
+                    raise ArtifactError(f"{shown} is missing: the manifest lists it for the {name} export")
+                digest, size = got
+                if size != meta["bytes"]:
+                    raise ArtifactError(f"{shown} has {size} bytes, the manifest recorded {meta['bytes']}: "
+                                        "truncated or altered, re-export it")
+                if digest != meta["sha256"]:
+                    raise ArtifactError(f"{shown} sha256 {digest[:12]}… does not match the manifest's "
+                                        f"{meta['sha256'][:12]}…: altered after export, re-export it")
 
     @property
     def model(self) -> ModelRecord:
@@ -217,6 +288,9 @@ def same_model_folders(folder: str | Path, ef: ExportFolder,
 def shown_path(path: str | Path) -> Path:
     """A file as the user knows it: a path inside a reader's snapshot named by its export folder's path."""
     path = Path(path)
+    for snap, folder in _live_snapshots.items():
+        if path == snap or snap in path.parents:
+            return folder / path.relative_to(snap)
     parts = path.parts
     for i, part in enumerate(parts):
         if part.startswith(SNAPSHOT_PREFIX) or part.startswith(f"mhaexport{SNAPSHOT_PREFIX}"):
@@ -235,8 +309,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _scratch_pid(path: Path) -> int | None:
-    """The pid in a ``.staging-<artifact>-<pid>-*`` or ``.snapshot-<pid>-*`` folder's name."""
-    name = path.name
+    """The pid in a ``.staging-<artifact>-<pid>-*`` or ``[mhaexport].snapshot-<pid>-*`` folder's name."""
+    name = path.name.removeprefix("mhaexport")
     for prefix in (STAGING_PREFIX, SNAPSHOT_PREFIX):
         if name.startswith(prefix):
             name = name[len(prefix):]
@@ -253,83 +327,122 @@ def _sha256_or_none(path: Path) -> str | None:
         return None
 
 
+def _journal_names(journal: dict, key: str, where: str) -> list[str]:
+    """A publish journal's list of file names, each confined to the folder (a journal is the folder's content too:
+    a crafted one must not make a writer's roll-back write or remove anything outside)."""
+    names = journal.get(key, [])
+    if not isinstance(names, list):
+        raise UnsafeFolder(f"{where}: {key} is not a list of file names: refused")
+    return [check_name(n, f"{where}: {key}") for n in names]
+
+
 def _roll_back(folder: Path, staging: Path, journal: dict) -> None:
-    """Undo an uncommitted publish: the replaced and removed files back from their hard links, the new ones gone."""
+    """Undo an uncommitted publish: the replaced and removed files back from their hard links, the new ones gone.
+    Every name is the journal's, confined to the folder; nothing is followed through a symlink."""
     backup = staging / _BACKUP
-    for name in journal.get("created", []):
-        (folder / name).unlink(missing_ok=True)
-    for name in journal.get("backed_up", []):
-        if (backup / name).exists():
-            os.replace(backup / name, folder / name)
+    where = str(staging / JOURNAL)
+    created = _journal_names(journal, "created", where)
+    backed_up = _journal_names(journal, "backed_up", where)
+    for name in created + backed_up:
+        if any(p.is_symlink() for p in (folder / name).parents if folder in p.parents):
+            raise UnsafeFolder(f"{where}: {name} lies under a symlink: refused")
+    for name in created:
+        (folder / name).unlink(missing_ok=True)  # unlink removes a link itself, never its target
+    for name in backed_up:
+        src = backup / name
+        if src.is_file() and not src.is_symlink():
+            os.replace(src, folder / name)
+
+
+def _dead_scratch(folder: Path) -> list[Path]:
+    """Staging folders of writer processes that are gone (the folder's own ``.staging-*`` folders, not links)."""
+    out = []
+    for scratch in folder.glob(f"{STAGING_PREFIX}*"):
+        if scratch.is_symlink() or not scratch.is_dir():
+            continue
+        pid = _scratch_pid(scratch)
+        if pid is not None and pid != os.getpid() and not _pid_alive(pid):
+            out.append(scratch)
+    return out
+
+
+def _uncommitted(folder: Path, scratch: Path) -> dict | None:
+    """The publish journal a dead writer left in ``scratch`` when manifest.json is still the one it names (the
+    publish did not reach its commit point), else None."""
+    journal_path = scratch / JOURNAL
+    if journal_path.is_symlink() or not journal_path.is_file():
+        return None
+    try:
+        journal = json.loads(journal_path.read_text())
+    except (OSError, ValueError):
+        return None  # written atomically: a torn journal was never in force
+    if isinstance(journal, dict) and _sha256_or_none(folder / FILENAME) == journal.get("manifest_sha256"):
+        return journal
+    return None
 
 
 def _recover(folder: Path) -> None:
-    """(Caller holds the lock.) Scratch folders of processes that are gone: a staging folder with a publish journal
-    is rolled back when manifest.json is still the one the journal names (the writer died before its commit point);
-    then every dead scratch folder is removed. Live writers' and readers' folders are left alone."""
-    for scratch in [*folder.glob(f"{STAGING_PREFIX}*"), *folder.glob(f"{SNAPSHOT_PREFIX}*")]:
-        pid = _scratch_pid(scratch)
-        if pid == os.getpid() and scratch.name.startswith(SNAPSHOT_PREFIX) and \
-                scratch.resolve() not in {s.resolve() for s in _live_snapshots}:
-            shutil.rmtree(scratch, ignore_errors=True)  # named for this process but not one of its own: a copy
-            continue
-        if pid is not None and (pid == os.getpid() or _pid_alive(pid)):
-            continue
-        journal_path = scratch / JOURNAL
-        if journal_path.is_file():
-            try:
-                journal = json.loads(journal_path.read_text())
-            except (OSError, ValueError):
-                journal = None  # written atomically: a torn journal was never in force
-            if journal is not None and _sha256_or_none(folder / FILENAME) == journal.get("manifest_sha256"):
-                _roll_back(folder, scratch, journal)
+    """(A writer, holding the lock.) Scratch folders of processes that are gone: a staging folder with a publish
+    journal is rolled back when manifest.json is still the one the journal names (the writer died before its commit
+    point); then every dead staging folder is removed. Live writers' folders are left alone. Readers never do this:
+    a reader writes nothing into a folder (see :func:`_refuse_unfinished_publish`)."""
+    for scratch in _dead_scratch(folder):
+        journal = _uncommitted(folder, scratch)
+        if journal is not None:
+            _roll_back(folder, scratch, journal)
         shutil.rmtree(scratch, ignore_errors=True)
+    for old in folder.glob(f"{SNAPSHOT_PREFIX}*"):  # readers of earlier versions snapshotted inside the folder
+        pid = _scratch_pid(old)
+        if old.is_dir() and not old.is_symlink() and pid is not None and pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(old, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _reader_lock(folder: Path) -> Iterator[bool]:
-    """The folder lock for a reader's snapshot (held for the time hard links take). Yields whether it is held: a
-    folder this process cannot write has no lock to take (nobody here can publish into it either), and then the
-    snapshot is a copy whose hashes are checked like any other."""
-    if not os.access(folder, os.W_OK) and not (folder / LOCK_FILE).exists():
-        yield False
-        return
+def _refuse_unfinished_publish(folder: Path) -> None:
+    """(A reader.) ArtifactError when a writer died in the middle of a publish into ``folder`` (its journal is in
+    force): the folder mixes old and new files until a writer rolls it back, which a reader does not do."""
+    for scratch in _dead_scratch(folder):
+        if _uncommitted(folder, scratch) is not None:
+            raise ArtifactError(f"an export into {folder} was interrupted in the middle of its publish (process "
+                                f"{_scratch_pid(scratch)} is gone; {scratch.name}/{JOURNAL}): the next export into "
+                                "the folder rolls it back — run the export again")
+
+
+def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path, dict[str, tuple[str, int]]]:
+    """A private copy of ``folder``'s ``files`` in a new ``mhaexport.snapshot-<pid>-*`` folder of
+    :func:`snapshot_dir` (mode 0700), each read through :func:`~mhaexport.artifact.confine.open_inside` (no symlink,
+    regular files only) and hashed while it is copied: (the snapshot, {name: (sha256, bytes)}). The copy is the
+    reader's own, so what it loads is what it hashed whatever another process writes into the folder. A listed file
+    that is missing is left out: the hash check names it. ArtifactError (before copying) when the snapshot's file
+    system lacks room for the copy."""
+    where = f"{folder / FILENAME}: files"
+    sizes = {name: int(meta["bytes"]) for entry in manifest.artifacts.values() for name, meta in entry.files.items()}
+    need = sum(sizes.get(name, 0) for name in files)
+    base = snapshot_dir()
     try:
-        lock = FolderLock(folder, "read (snapshot)")
-        lock.__enter__()
-    except PermissionError:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        lock.__exit__(None, None, None)
-
-
-def _snapshot(folder: Path, files: list[str]) -> Path:
-    """A new scratch folder holding the ``files`` of ``folder`` as hard links in a new ``.snapshot-<pid>-*`` folder, or
-    copies where a link is refused (another file system, a read-only folder: then in the system's temp folder).
-    A listed file that is missing is left out: the hash check names it."""
-    try:
-        snap = Path(tempfile.mkdtemp(dir=folder, prefix=f"{SNAPSHOT_PREFIX}{os.getpid()}-"))
+        free = shutil.disk_usage(base).free
     except OSError:
-        snap = Path(tempfile.mkdtemp(prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))
-    _live_snapshots.add(snap)
+        free = None
+    if free is not None and free < need + (64 << 20):
+        raise ArtifactError(f"a reader copies the files it checks into a private snapshot: {folder}'s files need "
+                            f"about {need / 1e9:.1f} GB in {base}, {free / 1e9:.1f} GB free (set TMPDIR to a folder "
+                            "with room)")
+    snap = Path(tempfile.mkdtemp(dir=base, prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))
+    _live_snapshots[snap] = folder
+    copied: dict[str, tuple[str, int]] = {}
     try:
         for name in files:
-            src, dst = folder / name, snap / name
-            if not src.is_file():
-                continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copyfile(src, dst)
+                fd = open_inside(folder, name, where)
+            except MissingFile:
+                continue
+            dst = snap / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            copied[name] = copy_hashed(fd, dst)
     except BaseException:
         shutil.rmtree(snap, ignore_errors=True)
-        _live_snapshots.discard(snap)
+        _live_snapshots.pop(snap, None)
         raise
-    return snap
+    return snap, copied
 
 
 @dataclass

@@ -24,10 +24,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mhaexport.artifact import schema
+from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.details import Details, details_from_dict
 from mhaexport.errors import ArtifactError
 from mhaexport.iospec import Contract, ModuleContract, contract_from_dict
@@ -151,15 +153,43 @@ class ArtifactEntry:
         """Parse one entry; ArtifactError for a missing key or a detail of the wrong type (naming ``where``.key)."""
         try:
             fmt = str(data["format"])
+            files = _files(data["files"], where)
+            main = check_name(data["file"], f"{where}.file")
+            if main not in files:
+                raise ArtifactError(f"{where}.file: {main!r} is not one of the files it lists ({', '.join(files)})")
             details = details_from_dict(fmt, {k: v for k, v in data.items() if k not in cls._KNOWN}, where)
-            return cls(format=fmt, file=str(data["file"]), dtype=str(data.get("dtype", "float32")),
-                       io=dict(data.get("io") or {}), files=dict(data["files"]),
+            return cls(format=fmt, file=main, dtype=str(data.get("dtype", "float32")),
+                       io=dict(data.get("io") or {}), files=files,
                        seq_dynamic=bool(data.get("seq_dynamic", True)), static_sizes=data.get("static_sizes"),
                        versions=dict(data.get("versions") or {}), export_seconds=data.get("export_seconds"),
                        warnings=list(data.get("warnings") or []),
                        details=details)
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactError(f"an artifact entry of the manifest is incomplete: {type(e).__name__}: {e}") from None
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _files(files: object, where: str) -> dict[str, dict]:
+    """An entry's ``files`` map checked: every name a plain relative name inside the folder (UnsafeFolder
+    otherwise), every record a sha256 (64 hex digits) and a byte count (ArtifactError naming the field)."""
+    if not isinstance(files, dict) or not files:
+        raise ArtifactError(f"{where}.files: expected a map of file name -> {{sha256, bytes}}, found "
+                            f"{type(files).__name__ if files else 'nothing'}")
+    out = {}
+    for name, meta in files.items():
+        check_name(name, f"{where}.files")
+        field_ = f"{where}.files[{name!r}]"
+        if not isinstance(meta, dict):
+            raise ArtifactError(f"{field_}: expected {{sha256, bytes}}, found {type(meta).__name__}")
+        sha, size = meta.get("sha256"), meta.get("bytes")
+        if not isinstance(sha, str) or not _SHA256.match(sha):
+            raise ArtifactError(f"{field_}.sha256: expected 64 hex digits, found {sha!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ArtifactError(f"{field_}.bytes: expected a byte count, found {size!r}")
+        out[name] = dict(meta)
+    return out
 
 
 @dataclass

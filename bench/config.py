@@ -8,14 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mhaexport.errors import ConfigError, RuntimeInputError
-from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
+from mhaexport.verify.runners import AOTI, EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, PT2, TORCHSCRIPT
 
 # bench's own rows besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner), a bare
 # session.run loop over the folder's ONNX file (what the runtime's loop costs), onnxruntime-genai's generator loop
 EAGER_NOCACHE = "eager-nocache"
 ORT_BARE = "ort-bare"
 ORT_GENAI = "ort-genai"
-ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA)
+# pt2 / aoti: the torch.export program and AOTInductor package, code loaded only on trust (``trust_code``); in the
+# default run only where the folder holds them
+ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA, PT2, AOTI)
 # what a run times unless told: every runtime but eager-nocache (recompute is O(n^2): on the default model it took
 # more time than every other row together), which is opt-in by name
 DEFAULT_RUNTIMES = tuple(r for r in ALL_RUNTIMES if r != EAGER_NOCACHE)
@@ -56,6 +58,10 @@ class BenchConfig:
     # time to first token at batch 1 for each of these prompt lengths. Empty: no scaling phase (the default).
     batches: tuple[int, ...] = ()
     prompts: tuple[int, ...] = ()
+    # the folder's code runs only when the user says so (--trust-code; docs/DESIGN.md, "Folders from elsewhere"):
+    # the eager rows' model rebuilt from a manifest source that is code (a factory file or module), and the folder's
+    # pt2 program / AOTInductor package (artifact/trust.py)
+    trust_code: bool = False
     # the project's own speed targets (bench.targets) judged and shown: a project benchmark, off in a user's report
     targets: bool = False
 

@@ -13,6 +13,16 @@ from mhaexport.bench.targets import TARGETS, describe_conditions
 REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
 
 
+
+def _save_png(fig, path) -> None:
+    """The figure as a PNG written atomically (a temporary file renamed over ``path``: a link there is replaced,
+    never written through)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    atomic_write_bytes(path, buf.getvalue())
+
 def _f(x: float | None, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -266,7 +276,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
     fig.legend(handles, names, loc="lower center", ncol=min(3, max(1, len(names))), fontsize=7, frameon=False)
     rows_of_legend = -(-len(names) // 3)
     fig.tight_layout(rect=(0, 0.04 + 0.035 * rows_of_legend, 1, 1), w_pad=3)
-    fig.savefig(path, dpi=110)
+    _save_png(fig, path)
     plt.close(fig)
     return str(path)
 
@@ -314,7 +324,7 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"how cost grows: {res.model['spec']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save_png(fig, path)
     plt.close(fig)
     return str(path)
 

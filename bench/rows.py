@@ -35,7 +35,17 @@ from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationRes
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, EagerRunner,
                                       RecomputeRunner)
+from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
 from mhaexport.verify.verify import artifact_runner
+
+
+def code_record(ef: ExportFolder, name: str) -> RuntimeBench:
+    """A pt2 / aoti row's record: the AOTInductor compile time (from the manifest) as a note, apart from load."""
+    rb = RuntimeBench(name)
+    seconds = getattr(ef.entry(name).details, "compile_seconds", None)
+    if seconds is not None:
+        rb.notes.append(f"compiled once at export in {seconds:.1f} s (AOTInductor, CPU), not in its load time")
+    return rb
 
 
 def why(e: BaseException | str) -> str:
@@ -391,6 +401,11 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
             else:
                 add(Row(RuntimeBench(name), artifact_runner(ef, TORCHSCRIPT, c).activate,
                         cfg.repeats))
+        elif name in CODE_RUNTIMES:  # torch.export / AOTInductor: load time is the row's; compile time apart
+            if ef.has(name) or cfg.runtimes is not None:
+                runner = code_runner(ef, name, c, trust_code=cfg.trust_code)
+                add(Row(code_record(ef, name), runner.activate, cfg.repeats) if runner.available
+                    else skipped_row(name, runner.skip_reason))
         elif name in ORT_RUNTIMES:
             provider = "cpu" if name == ORT_CPU else "cuda"
             why = provider_unavailable(provider) if name == ORT_CUDA else None

@@ -32,6 +32,7 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.progress import Step
 from mhaexport.runtime.decode import GenerationResult
+from mhaexport.verify.pt2 import refuse_untrusted
 from mhaexport.verify.runners import ORT_CPU
 from mhaexport.verify.threads import torch_threads
 
@@ -55,7 +56,7 @@ def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Pr
         return _run_bench(Path(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe)
 
 
-def _load_eager(ef: ExportFolder) -> tuple[EagerModel | None, str | None]:
+def _load_eager(ef: ExportFolder, trust_code: bool = False) -> tuple[EagerModel | None, str | None]:
     """The eager model rebuilt from the manifest (eager rows, weight bytes), or None and why not."""
     try:
         import torch  # noqa: F401  # its thread count is set by run_bench
@@ -65,7 +66,7 @@ def _load_eager(ef: ExportFolder) -> tuple[EagerModel | None, str | None]:
         return None, f"torch is not importable: {e}"
     t0 = time.perf_counter()
     try:
-        loaded = load_recorded(ef)
+        loaded = load_recorded(ef, trust_code=trust_code)
     except MhaExportError as e:
         return None, f"cannot rebuild the eager model from the manifest: {e}"
     return EagerModel(loaded.module.eval(), time.perf_counter() - t0), None
@@ -74,6 +75,7 @@ def _load_eager(ef: ExportFolder) -> tuple[EagerModel | None, str | None]:
 def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Progress,
                probe: probes.Probe) -> BenchResult:
     ef = ExportFolder.open(folder)
+    refuse_untrusted(ef, cfg.runtimes, cfg.trust_code, option="--runtimes")  # code named without --trust-code
     c = ef.contract
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeInputError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
@@ -89,7 +91,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     say(f"measuring memory bandwidth ({cfg.threads} thread{'s' if cfg.threads != 1 else ''}) ...")
     bandwidth = probe(cfg.threads)
     notes: list[str] = []
-    eager, no_eager = _load_eager(ef)
+    eager, no_eager = _load_eager(ef, cfg.trust_code)
     if eager is not None:
         wbytes = probes.weight_bytes_per_token(eager.module, cfg.batch)
     else:  # no eager model: count the ONNX file's bytes (an upper bound: embeddings counted whole)
@@ -148,7 +150,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
         res.profile = profile_ort_cpu(ef, cfg, ids)
     if cfg.runtimes is None:  # the default set: say what it leaves out and how to add it
         notes.append(f"{EAGER_NOCACHE} (eager recomputing the whole sequence every step) not timed: it is slow "
-                     f"(O(n^2)); ask for it with --runtimes {','.join((*names, EAGER_NOCACHE))}")
+                     "(O(n^2)); add it with --runtimes all, or name it in --runtimes")
     if eager is None and set(TORCH_RUNTIMES) & set(names):
         notes.append(f"eager runtimes skipped: {no_eager}")
     if EAGER_NOCACHE in names and cfg.nocache_repeats < cfg.repeats:
@@ -160,7 +162,7 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     res.lowerings = compare_lowerings(res)
     if cfg.targets:  # the project's own speed targets: opt-in, not every user's report
         res.targets = evaluate(res, cfg.max_spread)
-    for opened in [ef] + [m for _, m in others]:  # every row has run: the snapshots' hard links go now
+    for opened in [ef] + [m for _, m in others]:  # every row has run: the snapshots' copies go now
         opened.close()
     return res
 

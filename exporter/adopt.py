@@ -1,8 +1,8 @@
 """Adopt an ONNX decoder exported by another tool (onnxruntime-genai's model builder, Optimum, a plain
 torch.onnx.export) into an export folder, so verify, generate and bench run on it as on mhaexport's own exports.
 
-The folder links to the foreign file (and its external data, genai_config.json and tokenizer) instead of copying
-it: a builder's file may hold gigabytes. Its manifest records the model the file claims to be (``--hf``,
+The folder hard-links the foreign file (and its external data, genai_config.json and tokenizer) instead of copying
+it where the file system allows (a builder's file may hold gigabytes), and copies it elsewhere; never a symlink. Its manifest records the model the file claims to be (``--hf``,
 ``--model``, ``--config``: the eager reference, as for an export), the file's hashes (a file rebuilt since is
 refused like any altered export), and the file's :class:`~mhaexport.runtime.foreign.Layout` under
 ``details.layout``: the names that stand for the contract's I/O and the producer's cache and padding protocol.
@@ -11,6 +11,7 @@ refused like any altered export), and the file's :class:`~mhaexport.runtime.fore
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -119,9 +120,20 @@ def _check_sizes(layout: Layout, loaded: LoadedModel, path: Path) -> list[str]:
     return notes
 
 
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link of ``src`` (free on the same file system: a builder's file may hold gigabytes), else a
+    copy — never a symlink: a folder's files are its own, and readers refuse a symlink (docs/DESIGN.md, "Folders from
+    elsewhere"). Readers copy what they hash, so sharing the inode cannot change what they judge."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
 def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None = None) -> ExportRecord:
     """Record the ONNX file ``path`` (made by another tool) in ``out_dir`` (default :func:`default_folder`) as the
-    ONNX artifact of ``loaded``: links to the file and its companions, its layout and hashes in the manifest.
+    ONNX artifact of ``loaded``: hard links to (or copies of) the file and its companions, its layout and hashes in
+    the manifest.
 
     ArtifactError (one line) when the file cannot be mapped onto the contract or is not an export of ``loaded``
     (another number of layers, heads, head size or vocabulary)."""
@@ -152,7 +164,7 @@ def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None
     )
     with stage_artifact(out, "onnx", purpose=f"adopt {path.name}") as staged:
         for name in names:
-            os.symlink(path.parent / name, staged.dir / name)  # absolute: the staging folder moves the link
+            _link_or_copy(path.parent / name, staged.dir / name)
         return finish(loaded, staged, fmt="onnx", main_file=path.name, files=names, dtype=layout.dtype,
                       details=details, started=started, warns=notes, seq_dynamic=True)
 

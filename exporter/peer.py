@@ -49,7 +49,7 @@ def hf_source(ef: ExportFolder) -> Path:
 
 
 def export_builder(folder: str | Path, precisions: list[str], out_dir: str | Path,
-                   progress: Callable[[str], None] | None = None) -> list[Path]:
+                   progress: Callable[[str], None] | None = None, trust_code: bool = False) -> list[Path]:
     """The adopted folders of the builder's file at each precision for ``folder``'s Hugging Face model, built into
     out_dir/builder/PRECISION unless an adopted folder of the same model is there. Raises ConfigError (not an --hf
     folder, onnxruntime-genai missing) or ExportError (the builder failed: its last lines)."""
@@ -83,7 +83,7 @@ def export_builder(folder: str | Path, precisions: list[str], out_dir: str | Pat
                 tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
                 raise ExportError(f"onnxruntime-genai's builder failed on {hf} ({precision}): {tail}")
             if loaded is None:
-                loaded = load_recorded(ef)
+                loaded = load_recorded(ef, trust_code=trust_code)
             adopt_onnx(loaded, build / "raw" / "model.onnx", adopted)
             out.append(adopted)
     return out

@@ -380,8 +380,8 @@ def _smoke_run(path: Path, contract) -> None:
 
 def load_with_data(path: Path) -> onnx.ModelProto:
     """The ONNX file with its external data read into the tensors. Not ``onnx.load``: its loader refuses a data
-    file with more than one hard link ("a potential hardlink attack"), and a reader's snapshot of an export folder
-    is hard links (artifact/folder.py); the data file named by each tensor must lie beside the model file."""
+    file with more than one hard link ("a potential hardlink attack"), which an adopted folder's files may have (they
+    hard-link the producer's); the data file named by each tensor must lie beside the model file."""
     from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
     path = Path(path)

@@ -38,7 +38,7 @@ def parse_lowerings(text: str) -> list[tuple[str, str]]:
 
 def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir: str | Path,
                      have: tuple[str, ...] | list[str] = (),
-                     progress: Callable[[str], None] | None = None) -> list[Path]:
+                     progress: Callable[[str], None] | None = None, trust_code: bool = False) -> list[Path]:
     """The export folders holding each (attention, dtype) of ``wanted`` for ``folder``'s model: ``folder`` or one of
     ``have`` when it already holds that lowering, else out_dir/lowerings/ATTENTION-DTYPE, exported there unless
     a hash-checked export of the same model and lowering is already there. Returns them in ``wanted``'s order."""
@@ -67,7 +67,7 @@ def export_lowerings(folder: str | Path, wanted: list[tuple[str, str]], out_dir:
         if loaded is None:
             from mhaexport.models.loading import load_recorded
 
-            loaded = load_recorded(manifest)
+            loaded = load_recorded(manifest, trust_code=trust_code)
         from mhaexport.exporter.onnx import export_onnx
 
         say(f"exporting {lowering} -> {sub} ...")

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Progress = Callable[[str], None]
 
-__all__ = ["bench", "export_onnx", "export_torchscript", "generate", "load", "quantize", "verify"]
+__all__ = ["bench", "export_onnx", "export_pt2", "export_torchscript", "generate", "load", "quantize", "verify"]
 
 
 def load(*, model: str | LoadedModel | None = None, config: str | None = None, hf: str | Path | None = None,
@@ -96,12 +96,28 @@ def export_torchscript(output: str | Path, *, model: str | LoadedModel | None = 
     return _export(loaded, output, mode=mode)
 
 
+def export_pt2(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
+               hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
+               allow_download: bool = False, aoti: bool = False,
+               progress: Progress | None = None) -> list[ExportRecord]:
+    """``mhaexport pt2``: export the model with torch.export into ``output`` (model.pt2) and, with ``aoti``,
+    compile it with AOTInductor for CPU (model.aoti.pt2). Returns the ExportRecords, pt2 first. Both files are code:
+    ``verify``/``bench`` of the folder load them only with ``trust_code=True`` (or in this same process). Raises
+    ExportError in one line for a model torch.export cannot take."""
+    from mhaexport.artifact.files import probe_writable
+    from mhaexport.exporter.pt2 import export_pt2 as _export
+
+    probe_writable(output)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
+    return _export(loaded, output, aoti=aoti, progress=progress)
+
+
 def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
            hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
            runtimes: Sequence[str] | None = None, sweep: str = "quick", seed: int = 0,
            atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
            output: str | Path | None = None, junit: str | Path | None = None, quality: Any = None,
-           progress: Progress | None = None) -> VerifyReport:
+           trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
     """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
 
     The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
@@ -109,7 +125,10 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     for the defaults (one that cannot run here is skipped without failing); named ones must run (else the verdict is
     "not verified"). ``output``: also write report.json + report.md there; ``junit``: also write JUnit XML;
     ``quality``: a :class:`mhaexport.verify.quality.QualitySettings` for a quantized folder (threshold overrides,
-    the text).
+    the text). ``trust_code``: the folder is yours — run the code it holds: rebuild its eager model from a manifest
+    source that is code (a factory file or module; without it such a folder raises UntrustedCode unless ``model``
+    names the model) and load its torch.export program / AOTInductor package (without it they are skipped with the
+    reason, or refused when named in ``runtimes``). Nothing runs because a folder says so.
 
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
@@ -124,7 +143,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
 
     report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                            runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens, quality=quality,
-                           reproduce=reproduce, progress=progress)
+                           reproduce=reproduce, trust_code=trust_code, progress=progress)
     if output is not None:
         report.write(output, "report")
     if junit is not None:

@@ -244,6 +244,15 @@ quiet_option = click.option("--quiet", "-q", is_flag=True, expose_value=False, i
                             help="No progress lines (the report, the verdict and errors are still printed).")
 
 
+trust_code_option = click.option(
+    "--trust-code", "trust_code", is_flag=True, default=False,
+    help="The folder is yours: run the code it holds — rebuild its eager model from a manifest source that is code "
+         "(a factory file or module) and load its torch.export program (model.pt2, unpickled) and AOTInductor "
+         "package (model.aoti.pt2, a native library). Without it such a model source is refused (name the model "
+         "with --model instead) and pt2/aoti are skipped with the reason (refused when named): nothing runs because "
+         "a folder says so.")
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mhaexport")
 @quiet_option
@@ -433,6 +442,34 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output) -
     _show_record(api.export_torchscript(output, model=loaded, mode=mode))
 
 
+@main.command("pt2")
+@quiet_option
+@model_options
+@module_options
+@click.option("--aoti", is_flag=True, default=False,
+              help="Also compile the program with AOTInductor for CPU into model.aoti.pt2 (needs a C++ compiler; "
+                   "about a minute for tiny-llama). Its compile time is recorded in the manifest.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/pt2", show_default=True,
+              help="Export folder (model.pt2 [+ model.aoti.pt2] + manifest.json).")
+def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output) -> None:
+    """Export with torch.export (an ExportedProgram saved as model.pt2, dynamic batch/sequence/past axes, the causal
+    mask built at run time), and with --aoti compile it with AOTInductor — the decoder, or with --module attention
+    the MHA block on its own. Both files are code: verify and bench load them from a folder only with --trust-code
+    (or right after exporting them, in `mhaexport all --pt2`)."""
+    _check_module_args(module, mask, model or hf)
+    _writable(output)
+    loaded = _load_block(mask, config, checkpoint) if module else _load(config, model, checkpoint, hf)
+    what = f"the {module} block of {loaded.spec.rsplit(' ', 1)[0]}" if module else loaded.spec
+    _progress(f"Exporting {what} with torch.export (dynamic axes) ...")
+    from mhaexport import api
+
+    for rec in api.export_pt2(output, model=loaded, aoti=aoti, progress=_progress):
+        _show_record(rec)
+        compiled = getattr(rec.manifest.artifacts[rec.artifact].details, "compile_seconds", None)
+        if compiled is not None:
+            click.echo(f"AOTInductor compile: {compiled:.1f} s")
+
+
 def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
     """"embeddings,lm_head" -> ("embeddings", "lm_head"); "none" or "" -> ()."""
     from mhaexport.exporter.quantize import FLOAT_GROUPS
@@ -511,7 +548,8 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 @click.option("--max-bytes", type=click.IntRange(min=2), default=TEXT_MAX_BYTES, show_default=True,
               help="Refuse a --text file larger than this (it is scored token by token: 1 MiB takes minutes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json) -> None:
+@trust_code_option
+def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, trust_code) -> None:
     """Perplexity (and bits per byte) of an export FOLDER on text, on any runtime. Exit 0 when every runtime asked
     for ran, 1 when one failed, 4 when one could not run here."""
     import json
@@ -520,7 +558,7 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json) ->
 
     text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
     report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
-                             window=window, stride=stride, progress=_progress)
+                             window=window, stride=stride, trust_code=trust_code, progress=_progress)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
@@ -624,8 +662,9 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
 @click.option("--runtimes", default=None, metavar="A,B,..",
               help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
-                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda, or "
-                   "'all'. Default: all but eager-nocache (recompute, O(n^2): slow; ask for it by name).")
+                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda, pt2, "
+                   "aoti (with --trust-code), or 'all'. Default: all but eager-nocache (recompute, O(n^2): slow; ask "
+                   "for it by name); pt2/aoti where the folder holds them.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
@@ -666,8 +705,10 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where bench.json/bench.md/bench.png (and --profile's trace) go. Default: the export folder (the "
                    "trace is then summed up and not kept).")
+@trust_code_option
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output) -> None:
+              profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
+              trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -675,15 +716,17 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
     say = _progress
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
-    if names == ("all",):
-        names = bench.ALL_RUNTIMES
+    if names == ("all",):  # every runtime; the code runtimes (pt2, aoti) only with --trust-code
+        from mhaexport.bench.config import AOTI, PT2
+
+        names = tuple(r for r in bench.ALL_RUNTIMES if trust_code or r not in (PT2, AOTI))
     cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
                             runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
                             targets=targets,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                             compare=tuple(compare), long_repeats=long_repeats,
                             batches=bench.parse_points(batches, "batches"),
-                            prompts=bench.parse_points(prompts, "prompts"))
+                            prompts=bench.parse_points(prompts, "prompts"), trust_code=trust_code)
     bench.check_config(cfg)  # a typo in --runtimes / --opt-levels / --lowerings / --quantize fails before any export
     schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip())) if quantize else []
     if schemes:
@@ -706,7 +749,8 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
     if lowerings:
         from mhaexport.exporter.variants import export_lowerings
 
-        found = export_lowerings(folder, wanted_lowerings, output or folder, have=cfg.compare, progress=say)
+        found = export_lowerings(folder, wanted_lowerings, output or folder, have=cfg.compare, progress=say,
+                                 trust_code=trust_code)
         # run_bench drops FOLDER itself and repeats
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     if schemes:
@@ -717,7 +761,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
     if builder:
         from mhaexport.exporter.peer import export_builder
 
-        found = export_builder(folder, precisions, output or folder, progress=say)
+        found = export_builder(folder, precisions, output or folder, progress=say, trust_code=trust_code)
         cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
     from mhaexport import api
 
@@ -843,7 +887,9 @@ def verify_options(f):
                   help="Relative tolerance, likewise (default by dtype: float32 1e-3, float16 1e-2).")
     @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
                   help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, and on request "
-                       "eager-cuda, onnx-reference. Default: eager, torchscript, ort-cpu, ort-cuda. An attention "
+                       "eager-cuda, onnx-reference; pt2 and aoti (torch.export, AOTInductor: with --trust-code on "
+                       "`verify`). Default: eager, torchscript, ort-cpu, ort-cuda, and pt2/aoti where the folder "
+                       "holds them. An attention "
                        "block (--module attention) adds torch-mha: torch's own attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
@@ -884,14 +930,14 @@ def _progress(msg: str) -> None:
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None):
+                quality=None, trust_code=False):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says."""
     from mhaexport import api
 
     report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                         runtimes=tuple(runtimes) or None, gen_tokens=gen_tokens, quality=quality,
-                        progress=None if quiet else _progress)
+                        trust_code=trust_code, progress=None if quiet else _progress)
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
@@ -955,7 +1001,7 @@ def _parse_case(ctx, param, value):
     return b, s, p
 
 
-def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None) -> None:
+def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False) -> None:
     """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does. It runs
     at ``case`` (B, S, P) when given, else at the case parity failed at (the folder's report, or a parity run now),
     else at bisect's default shapes."""
@@ -981,7 +1027,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                 from mhaexport.models.loading import load_recorded
 
                 with ExportFolder.open(folder, "onnx") as ef:
-                    loaded = load_recorded(ef)
+                    loaded = load_recorded(ef, trust_code=trust_code)
             found, why = failing_case(folder, loaded, progress=_progress)
             if found is not None:
                 shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
@@ -1015,8 +1061,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                    "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says.")
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
+@trust_code_option
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
-               quality_text, output, bisect_=False, case=None) -> None:
+               quality_text, output, bisect_=False, case=None, trust_code=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that. FOLDER with
     --model/--config/--checkpoint/--hf re-points the folder at its model (accepted when it is the same model: the
@@ -1063,7 +1110,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
                                  param_hint="FOLDER")
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case)
+        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code)
         return
     if folder is not None:
         out = output or folder
@@ -1071,7 +1118,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens,
-                    name="report" if output else None, quality=settings)
+                    name="report" if output else None, quality=settings, trust_code=trust_code)
         return
     if output:
         _writable(output)
@@ -1096,15 +1143,21 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
               help="The runtime the ONNX file is for (as `mhaexport onnx --target`): portable (the default), ort-cpu "
                    "(fused, shared cache, int4; its float source in OUTPUT-float32), ort-cuda (fused, shared, "
                    "float16).")
+@click.option("--pt2", "pt2", is_flag=True, default=False,
+              help="Also export with torch.export (model.pt2) and verify it as runtime pt2.")
+@click.option("--aoti", "aoti", is_flag=True, default=False,
+              help="Also export with torch.export and compile it with AOTInductor for CPU (model.pt2 and "
+                   "model.aoti.pt2), verified as runtimes pt2 and aoti.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/default", show_default=True,
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output, target=None) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False, target=None) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
     kv_cache, weights = "concat", None
     if target is not None:
         attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, dtype=dtype)
-    steps = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript", "verify"]
+    steps = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript",
+             *(["export pt2"] if pt2 or aoti else []), "verify"]
     n = len(steps)
     state = {"i": 0}
 
@@ -1118,6 +1171,12 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     loaded = _load(config, model, checkpoint, hf)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype, kv_cache=kv_cache,
                  weights=weights)
+    if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
+        from mhaexport.exporter.pt2 import export_pt2
+
+        step(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
+        for rec in export_pt2(loaded, output, aoti=aoti):
+            _warn(rec)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 

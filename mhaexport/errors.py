@@ -27,6 +27,17 @@ class ArtifactError(MhaExportError):
     """An export folder is missing files, has an unreadable manifest, or a hash does not match."""
 
 
+class UnsafeFolder(ArtifactError):
+    """A folder names something outside itself (a path that leaves it, a symlink, a non-regular file): refused before
+    any work (docs/DESIGN.md, "Folders from elsewhere")."""
+
+
+class UntrustedCode(ArtifactError):
+    """Loading what a folder names would run code (a manifest's model source that is a factory file or module, a
+    compiled or pickled artifact) and the user did not ask for it (``--trust-code`` / ``trust_code=True``, or naming
+    the model with ``--model``)."""
+
+
 class RuntimeInputError(MhaExportError):
     """Inputs given to a runner or the deploy runtime do not fit the model (ids, shapes, lengths)."""
 

@@ -18,11 +18,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mhaexport.errors import ModelLoadError, first_line
+from mhaexport.errors import ModelLoadError, UnsafeFolder, first_line
 
 # org/name as the Hub spells it (one slash; letters, digits, '-', '_', '.'); a bare "name" is taken as a folder
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# a branch, tag or commit as --revision or a manifest may name one: git ref characters, no ".." and no leading "/"
+REVISION = re.compile(r"^(?!.*\.\.)(?!/)[A-Za-z0-9][\w./-]{0,199}$")
 # what a download fetches: configs, weights and tokenizer files; never other runtimes' exports or training state
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.tiktoken"]
 IGNORE_PATTERNS = ["onnx/*", "*.onnx", "*.onnx_data", "*.gguf", "original/*", "*.msgpack", "*.h5", "tf_model*",
@@ -83,6 +85,8 @@ def resolve(repo_id: str, revision: str | None = None, *, allow_download: bool =
     lacks. Raises ModelLoadError with one line naming the id, the cache searched and how to allow the download."""
     if not REPO_ID.match(repo_id):
         raise ModelLoadError(f"--hf {repo_id}: neither a folder nor a Hub model id (org/name)")
+    if revision is not None and not REVISION.match(revision):
+        raise ModelLoadError(f"--hf {repo_id} --revision {revision!r}: not a branch, tag or commit name")
     try:
         import huggingface_hub
         from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
@@ -117,4 +121,22 @@ def resolve(repo_id: str, revision: str | None = None, *, allow_download: bool =
     if not COMMIT.match(commit):  # not a snapshots/<commit> folder: a layout mhaexport does not know
         raise ModelLoadError(f"--hf {repo_id}{at}: huggingface_hub returned {folder}, not a snapshots/<commit> "
                              "folder of the cache")
+    confine_snapshot(cache, repo_id, folder)
     return HubSource(repo_id=repo_id, revision=revision, commit=commit, folder=folder)
+
+
+def confine_snapshot(cache: Path, repo_id: str, folder: Path) -> None:
+    """UnsafeFolder unless ``folder`` is a ``snapshots/<commit>`` folder of ``repo_id``'s own folder in ``cache``
+    and every file in it resolves inside that repo folder (the cache's snapshot files are symlinks into its
+    ``blobs/``; a ``refs/main`` holding ``../../…`` or a snapshot linking elsewhere is refused)."""
+    repo_dir = (cache / f"models--{repo_id.replace('/', '--')}").resolve()
+    snapshots = repo_dir / "snapshots"
+    where = f"the Hugging Face cache's {repo_id}"
+    real = folder.resolve()
+    if real.parent != snapshots or not COMMIT.match(real.name):
+        raise UnsafeFolder(f"{where}: its snapshot {folder} resolves to {real}, outside {snapshots}: refused")
+    for path in real.rglob("*"):
+        target = path.resolve()
+        if repo_dir not in target.parents:
+            raise UnsafeFolder(f"{where}: {path.relative_to(real)} in snapshot {real.name} leads to {target}, "
+                               f"outside {repo_dir}: refused")

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from mhaexport.artifact import ExportFolder, ModelRecord, fingerprint_of, legacy_fingerprint, sha256_file
-from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ModelLoadError, first_line
+from mhaexport.errors import (ArtifactError, ConfigError, MhaExportError, ModelLoadError, UntrustedCode,
+                              first_line)
 from mhaexport.iospec import ModelContract, ModuleContract
 from mhaexport.models.config import PRESETS, DecoderConfig, load_config
 from mhaexport.models.decoder import DecoderLM
@@ -358,11 +359,36 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     return loaded
 
 
-def load_recorded(folder: ExportFolder) -> LoadedModel:
+def code_source(record: ModelRecord) -> str | None:
+    """What code rebuilding ``record``'s model would import and run ("the factory file ../net.py:build"), or None
+    when its source is data only (a built-in preset or config, a Hugging Face folder or Hub model, which transformers
+    loads without remote code)."""
+    src = record.source
+    if record.legacy:
+        kind = record.spec.partition(":")[0]
+        rebuild = src.get("v1_rebuild") or {}
+        return None if kind in ("preset", "config") else f"the schema-1 model {rebuild.get('model', record.spec)!r}"
+    if src.get("kind") == "factory":
+        if src.get("file"):
+            return f"the factory file {src['file']}:{src.get('callable')}"
+        return f"the module {src.get('module')}:{src.get('callable')}"
+    return None
+
+
+def load_recorded(folder: ExportFolder, *, trust_code: bool = False) -> LoadedModel:
     """Rebuild the eager model an export folder was made from (its recorded source and checkpoint, paths relative
     to the folder) and check that it is the same model (fingerprint). ArtifactError says how to re-point it
-    (``--model`` / ``--config`` / ``--checkpoint`` / ``--hf``) when the source cannot be found or no longer matches."""
+    (``--model`` / ``--config`` / ``--checkpoint`` / ``--hf``) when the source cannot be found or no longer matches.
+
+    A source that is code (a factory file or module: :func:`code_source`) is a name the folder supplies: it is
+    imported only with ``trust_code`` (the user's ``--trust-code``), else UntrustedCode says how to allow it or name
+    the model instead — nothing runs because a folder says so."""
     record = folder.model
+    code = code_source(record)
+    if code is not None and not trust_code:
+        raise UntrustedCode(f"{folder.path}'s model ({record.spec}) is rebuilt by running {code}, which the folder "
+                            "names: mhaexport runs a folder's code only when you ask — pass --trust-code if the "
+                            "folder is yours, or name the model with --model SPEC (API: trust_code=True / model=)")
     if record.module is not None:  # the block on its own: models.block.load_recorded_block rebuilds it
         raise ArtifactError(f"{folder.path} holds the {record.module} block on its own (`--module "
                             f"{record.module}`), not a decoder: only `mhaexport verify` reads such a folder")

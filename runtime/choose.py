@@ -49,8 +49,8 @@ def ort_runner_for(ef: ExportFolder, name: str, config: SessionConfig = SessionC
     optimized = None
     if config.cache_optimized:
         provider = resolve_providers(config.providers)[0]
-        optimized = (optimized_path(ef.path, entry.file, config.opt_level, provider),
-                     entry.files[entry.file]["sha256"])
+        sha = entry.files[entry.file]["sha256"]
+        optimized = (optimized_path(sha, entry.file, config.opt_level, provider), sha)
     common = dict(config=config, dtype=cache_dtype(entry, c), layout=layout_of(entry), io_binding=io_binding,
                   optimized_cache=optimized)
     if is_shared_cache(entry):

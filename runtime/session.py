@@ -39,7 +39,7 @@ class SessionConfig:
     providers: tuple[str, ...] = ("cpu",)
     threads: int | None = None  # intra-op threads; None lets ONNX Runtime choose (one per core)
     opt_level: str = DEFAULT_OPT_LEVEL  # disable | basic | extended | all
-    cache_optimized: bool = False  # write/read the optimized graph next to the export (see ``optimized_path``)
+    cache_optimized: bool = False  # write/read the optimized graph in this user's cache (see ``optimized_path``)
     strict_providers: bool = True  # raise ProviderUnavailable when a requested provider is not used
     profile_prefix: str | None = None  # enable ONNX Runtime's profiler, writing a JSON trace with this prefix
     log_severity: int = 3  # 0 verbose .. 4 fatal; 3 keeps ONNX Runtime quiet but for errors
@@ -76,10 +76,25 @@ def resolve_providers(names: tuple[str, ...] | list[str] | str) -> list[str]:
     return out
 
 
-def optimized_path(folder: Path, model_file: str, opt_level: str, provider: str) -> Path:
-    """Where the cached optimized graph of ``model_file`` lives: keyed by level, provider and ORT version."""
+CACHE_ENV = "MHAEXPORT_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """This user's cache of optimized graphs: ``MHAEXPORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/mhaexport``, else
+    ``~/.cache/mhaexport``. Never inside an export folder: a folder someone else made must not supply the graph a
+    reader runs (the cache is keyed by the sha256 of the file the reader hashed) nor be written by a reader."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "mhaexport"
+
+
+def optimized_path(source_sha256: str, model_file: str, opt_level: str, provider: str) -> Path:
+    """Where the cached optimized graph of the file whose sha256 is ``source_sha256`` lives (in :func:`cache_root`):
+    keyed by that hash, level, provider and ORT version."""
     tag = f"{opt_level}-{provider.replace('ExecutionProvider', '').lower()}-ort{ort.__version__}"
-    return folder / ".ort-cache" / f"{Path(model_file).stem}.{tag}.onnx"
+    return cache_root() / "ort" / source_sha256[:32] / f"{Path(model_file).stem}.{tag}.onnx"
 
 
 def _cache_data(cache: Path) -> Path:
@@ -234,7 +249,7 @@ def open_session(model_path: str | Path | bytes, cfg: SessionConfig = SessionCon
             source, from_cache = cache, True
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
         else:
-            cache.parent.mkdir(exist_ok=True)
+            cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             so.optimized_model_filepath = str(cache)
             # the optimized graph keeps its weights in a file beside it, as a model past 2 GB must
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
@@ -271,7 +286,8 @@ def create_session(folder: str | Path | ExportFolder, cfg: SessionConfig = Sessi
     requested = resolve_providers(cfg.providers)
     cache = None
     if cfg.cache_optimized:
-        cache = (optimized_path(ef.path, entry.file, cfg.opt_level, requested[0]), entry.files[entry.file]["sha256"])
+        sha = entry.files[entry.file]["sha256"]
+        cache = (optimized_path(sha, entry.file, cfg.opt_level, requested[0]), sha)
     session, warnings, from_cache = open_session(model_path, cfg, optimized_cache=cache)
     used = list(session.get_providers())
     device = "cuda" if used and used[0] == CUDA else "cpu"

@@ -205,7 +205,7 @@ def speed(out: Path, threads: int, repeats: int, prompt_len: int, new_tokens: in
     hf = build_llama(out)
     g32, g4 = build_genai(hf, out, "fp32", threads), build_genai(hf, out, "int4", threads)
 
-    fp32_bytes = weight_bytes_per_token(load_recorded(ExportFolder.open(bench)).module)
+    fp32_bytes = weight_bytes_per_token(load_recorded(ExportFolder.open(bench), trust_code=True).module)
     rows = [OursRow("mhaexport fp32", bench, threads), OursRow("mhaexport int4", out / "bench-int4", threads),
             OursRow("mhaexport int8", out / "bench-int8", threads),
             OursRow("mhaexport int4, attention=ort", out / "bench-ort-int4", threads),

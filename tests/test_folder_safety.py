@@ -87,15 +87,24 @@ def test_publish_completes_and_is_trusted(folder):
 
 @pytest.mark.parametrize("kill_at", range(8))
 def test_a_writer_killed_anywhere_in_its_publish_leaves_the_old_or_the_new_folder(folder, kill_at):
-    """SIGKILL at each rename/unlink of the publish (the journal, the three files, the manifest): the next process
-    that opens the folder finds it exactly as before (rolled back from the journal) or exactly as after, and
-    trusted either way: never half."""
+    """SIGKILL at each rename/unlink of the publish (the journal, the three files, the manifest): a reader refuses
+    a folder left mid-publish and changes nothing (a reader writes nothing); the next writer finds it and rolls back
+    from the journal, so the folder is exactly as before or exactly as after, and trusted either way: never half."""
+    from mhaexport.artifact import stage_artifact
+
     old = _state(folder)
     old_manifest = read_json(folder / "manifest.json", "manifest")
     proc = _publish(folder, KILL_AT=kill_at)
     killed = proc.returncode == -9
-    ef = ExportFolder.open(folder)  # takes the lock: recovers what the dead writer left, then checks every hash
-    ef.close()
+    left = _state(folder)
+    try:
+        ExportFolder.open(folder).close()
+    except ArtifactError as e:
+        assert killed and "interrupted in the middle of its publish" in str(e), str(e)
+    assert _state(folder) == left  # the reader wrote nothing
+    with stage_artifact(folder, "onnx"):  # a writer: recovers what the dead writer left
+        pass
+    ExportFolder.open(folder).close()  # then every hash checks
     now = _state(folder)
     manifest = read_json(folder / "manifest.json", "manifest")
     if manifest == old_manifest:
@@ -156,7 +165,7 @@ def test_a_reader_runs_the_bytes_it_checked_while_a_publisher_replaces_them(fold
     assert mine == ef.entry("onnx").files["model.onnx"]["sha256"]
     assert mine != hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()  # the folder moved on
     snap = ef.root
-    assert snap != folder and snap.parent == folder
+    assert snap != folder and folder not in snap.parents  # a private copy, outside the folder
     ef.close()
     assert not snap.exists()
 
@@ -182,25 +191,37 @@ def test_readers_racing_a_publisher_never_see_unhashed_bytes(folder):
 
 
 def test_a_killed_readers_snapshot_is_removed_by_the_next_process(folder):
+    from mhaexport.artifact.folder import snapshot_dir
+
     code = ("import os, signal, sys\nfrom mhaexport.artifact import ExportFolder\n"
-            "ef = ExportFolder.open(sys.argv[1])\nos.kill(os.getpid(), signal.SIGKILL)\n")
-    subprocess.run([sys.executable, "-c", code, str(folder)], timeout=60)
-    assert list(folder.glob(".snapshot-*"))
+            "ef = ExportFolder.open(sys.argv[1])\nprint(ef.root, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], timeout=60, capture_output=True, text=True)
+    snap = Path(proc.stdout.strip())
+    assert snap.is_dir() and snap.parent == snapshot_dir() and not list(folder.glob(".snapshot-*"))
     ExportFolder.open(folder).close()
-    assert not list(folder.glob(".snapshot-*"))
+    assert not snap.exists()
 
 
-def test_a_read_only_folder_is_read_through_a_copy(folder, tmp_path):
-    """A folder this process cannot write (a mounted CI artifact): no lock, the snapshot is a copy elsewhere."""
-    if os.geteuid() == 0:
-        pytest.skip("root writes into a read-only folder: the copy path needs an unprivileged user")
-    folder.chmod(0o555)
-    try:
-        with ExportFolder.open(folder) as ef:
-            assert ef.root.parent != folder
-            assert ef.file("onnx").read_bytes() == (folder / "model.onnx").read_bytes()
-    finally:
-        folder.chmod(0o755)
+def test_a_read_only_folder_with_a_lock_file_is_read(folder, monkeypatch):
+    """A read-only mount of a folder a writer used (a CI artifact: it holds .mhaexport.lock): the reader opens the
+    lock read-only and writes nothing, so EROFS on any write cannot stop it."""
+    import errno as errno_
+
+    from mhaexport.artifact import lock
+
+    assert (folder / ".mhaexport.lock").is_file()
+    real = os.open
+
+    def read_only_fs(path, flags, *a, **k):
+        inside = k.get("dir_fd") is not None or Path(path).parent == folder
+        if inside and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno_.EROFS, "Read-only file system", str(path))
+        return real(path, flags, *a, **k)
+
+    monkeypatch.setattr(lock.os, "open", read_only_fs)  # os itself: every open of the process
+    with ExportFolder.open(folder) as ef:
+        assert folder not in ef.root.parents
+        assert ef.file("onnx").read_bytes() == (folder / "model.onnx").read_bytes()
 
 
 def test_messages_name_the_users_folder_not_the_snapshot(altered_export):

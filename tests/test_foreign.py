@@ -5,6 +5,7 @@ onnxruntime-genai's model builder (fp32; int4 in the slow set), a graph with Opt
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,7 +103,8 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
     assert entry.details.producer == "onnxruntime-genai"
     assert (entry.details.cache.kind, entry.details.cache.padding) == ("shared", "right")
     assert {"model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json"} <= set(entry.files)
-    assert (rec.folder / "model.onnx").resolve() == builder_fp32.resolve()  # linked, not copied
+    assert os.path.samefile(rec.folder / "model.onnx", builder_fp32)  # hard-linked, not copied
+    assert not (rec.folder / "model.onnx").is_symlink()  # never a symlink: readers refuse one
 
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES)
     assert report.verdict.code == 0, report.to_markdown()
@@ -308,8 +310,11 @@ def _write_manifest(folder: Path, details) -> None:
     from mhaexport.artifact import ArtifactEntry, Manifest, ModelRecord, atomic_write_json
     from mhaexport.iospec import ModelContract
 
+    from mhaexport.artifact.files import file_entries
+
     record = ModelRecord(spec="config:toy", contract=ModelContract(1, 2, 16, 4, 32), fingerprint="0" * 16)
-    entry = ArtifactEntry(format="onnx", file="model.onnx", dtype="float32", io={}, details=details)
+    entry = ArtifactEntry(format="onnx", file="model.onnx", dtype="float32", io={}, details=details,
+                          files=file_entries(folder, ["model.onnx"]))
     atomic_write_json(folder / "manifest.json", Manifest(record, {"onnx": entry}).to_dict())
 
 

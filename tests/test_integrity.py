@@ -68,12 +68,13 @@ def test_export_killed_while_staging_keeps_the_previous_export(tiny, tiny_export
     ef = ExportFolder.open(folder)  # every hash still checks
     assert ef.manifest.to_dict() == before
     ef.close()
-    assert not _staging_dirs(folder)  # ... which the next process to take the lock (here a reader) removed
+    assert _staging_dirs(folder)  # a reader writes nothing, not even to tidy up
 
-    # the folder takes a normal export, which is then trusted in full
+    # the folder takes a normal export (whose writer removes the dead one's scratch folder), then trusted in full
     from mhaexport.exporter.onnx import export_onnx
 
     export_onnx(tiny, folder)
+    assert not _staging_dirs(folder)
     assert "model.onnx" in ExportFolder.open(folder).entry("onnx").files
     assert not list(folder.glob(".snapshot-*")) or all(  # only this process's live snapshots
         str(os.getpid()) in p.name for p in folder.glob(".snapshot-*"))

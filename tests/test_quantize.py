@@ -210,7 +210,7 @@ def test_the_invariants_still_catch_a_cache_bug_in_a_quantized_export(tmp_path):
     src, out = tmp_path / "bug", tmp_path / "bug-int4"
     assert CliRunner().invoke(main, ["onnx", "--model", f"{bugs}:no_past_offset", "-o", str(src)]).exit_code == 0
     assert CliRunner().invoke(main, ["quantize", str(src), "-o", str(out)]).exit_code == 0
-    res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu"])
+    res = CliRunner().invoke(main, ["verify", str(out), "--runtime", "ort-cpu", "--trust-code"])
     assert res.exit_code == 1, res.output
     assert "ort-cpu/kv-consistency" in res.output and "ort-cpu/quality" not in res.output
 

@@ -220,12 +220,18 @@ def test_cuda_request_reports_the_providers_really_used(tiny_export):
         assert g.providers[0] == "CUDAExecutionProvider" and g.device == "cuda"
 
 
-def test_optimized_model_cache(tiny_export, tmp_path):
+def test_optimized_model_cache(tiny_export, tmp_path, monkeypatch):
+    """The optimized graph is cached in the user's cache (keyed by the hashed file), never in the export folder: a
+    folder cannot supply the graph a reader runs, and a reader writes nothing into it."""
+    monkeypatch.setenv("MHAEXPORT_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "copy"
     shutil.copytree(tiny_export, folder)
+    before = sorted(p.name for p in folder.iterdir())
     first = Generator(folder, cache_optimized=True)
     second = Generator(folder, cache_optimized=True)
     assert not first.optimized_from_cache and second.optimized_from_cache
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert list((tmp_path / "cache" / "ort").rglob("*.onnx"))
     prompts = [[5, 17, 42]]
     assert first.generate(prompts).tokens == second.generate(prompts).tokens
 

@@ -346,7 +346,7 @@ def test_verify_dir_rebuilds_a_file_factory_and_checkpoint_from_another_folder(t
                                     "-o", "out"])
     assert res.exit_code == 0, res.output
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(main, ["verify", "proj/out"])
+    res = CliRunner().invoke(main, ["verify", "proj/out", "--trust-code"])  # the folder is ours: its factory runs
     assert res.exit_code == 0, res.output
     assert json.loads((src / "out" / "report.json").read_text())["model"]["spec"] == "factory:sub/user_decoder.py:build"
 

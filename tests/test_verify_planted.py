@@ -48,7 +48,7 @@ def test_verify_catches_bug_wrong_in_eager(bug, tmp_path):
     folder = tmp_path / bug
     res = CliRunner().invoke(main, ["torchscript", "--model", f"{BUGS}:{bug}", "-o", str(folder)])
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["verify", str(folder)])
+    res = CliRunner().invoke(main, ["verify", str(folder), "--trust-code"])
     assert res.exit_code == 1, res.output
     failed = _failed_checks(res.output)
     for check in CAUGHT_IN_EAGER[bug]:
@@ -82,7 +82,7 @@ def test_fixed_size_mask_is_refused_by_onnx_export_and_fails_torchscript_dynamic
     folder = tmp_path / "ts"
     res = CliRunner().invoke(main, ["torchscript", "--model", f"{BUGS}:fixed_size_mask", "-o", str(folder)])
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["verify", str(folder)])
+    res = CliRunner().invoke(main, ["verify", str(folder), "--trust-code"])
     assert res.exit_code == 1, res.output
     failed = _failed_checks(res.output)
     assert not any(f.startswith("eager/") for f in failed)  # eager is right at every length
@@ -95,7 +95,7 @@ def test_padding_check_covers_right_padding(tmp_path):
     folder = tmp_path / "leftonly"
     res = CliRunner().invoke(main, ["torchscript", "--model", f"{BUGS}:left_padding_only", "-o", str(folder)])
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["verify", str(folder)])
+    res = CliRunner().invoke(main, ["verify", str(folder), "--trust-code"])
     assert res.exit_code == 1, res.output
     assert {"eager/padding", "torchscript/padding"} <= _failed_checks(res.output)
     padding = json.loads((folder / "report.json").read_text())["results"]["eager"]["padding"]

@@ -613,18 +613,20 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
 
     ``loaded``: the eager model; by default it is rebuilt from the manifest's model spec (as ``verify`` does).
     Keyword arguments go to :func:`bisect_onnx` (batch, seq, past, pad, seed, tol, provider, opt_level, steps_of),
-    and ``case_from`` (where the shapes came from) to the report.
+    and ``case_from`` (where the shapes came from) to the report; ``trust_code``: rebuild the eager model from a
+    manifest source that is code (``--trust-code``).
     """
     from mhaexport.artifact import ExportFolder
 
     case_from = kwargs.pop("case_from", "")
+    trust_code = kwargs.pop("trust_code", False)
     with ExportFolder.open(folder, "onnx") as ef:  # the snapshot of the checked bytes, removed when done
-        report = _bisect_folder(ef, loaded, case_from, kwargs)
+        report = _bisect_folder(ef, loaded, case_from, kwargs, trust_code)
     report.model = str(ef.path / ef.entry("onnx").file)  # the file as the user knows it, not the snapshot's
     return report
 
 
-def _bisect_folder(ef, loaded, case_from: str, kwargs: dict) -> BisectReport:
+def _bisect_folder(ef, loaded, case_from: str, kwargs: dict, trust_code: bool = False) -> BisectReport:
     """:func:`bisect` on an opened folder: the file's protocol, tolerance and scopes from its manifest entry."""
     import onnx
 
@@ -632,7 +634,7 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict) -> BisectReport:
 
     entry = ef.entry("onnx")
     if loaded is None:
-        loaded = load_recorded(ef)
+        loaded = load_recorded(ef, trust_code=trust_code)
     else:
         check_same_model(loaded, ef.model)
     notes = []

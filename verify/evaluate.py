@@ -81,7 +81,7 @@ def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
         if "loaded" not in loaded_box:
             from mhaexport.models.loading import load_recorded
 
-            loaded_box["loaded"] = load_recorded(ef)
+            loaded_box["loaded"] = load_recorded(ef, trust_code=loaded_box.get("trust_code", False))
         return EagerRunner(name, c, loaded_box["loaded"].module, device="cuda" if name == EAGER_CUDA else "cpu")
     return artifact_runner(ef, name, c)  # as verify drives it: a shared cache, an adopted file's layout
 
@@ -97,11 +97,13 @@ def _threads_for(ef: ExportFolder, name: str) -> int | None:
 
 def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
                     runtimes: tuple[str, ...] = (ORT_CPU,), window: int | None = None,
-                    stride: int | None = None, progress: Callable[[str], None] | None = None) -> EvalReport:
+                    stride: int | None = None, trust_code: bool = False,
+                    progress: Callable[[str], None] | None = None) -> EvalReport:
     """Perplexity of ``folder``'s artifacts on ``text`` (default: the held-out text of the shipped weights) on each
     of ``runtimes``. ConfigError for an unknown runtime, RuntimeInputError for text the model cannot read (not
     byte-level, too short) or a static export; a runtime that cannot run or fails is a row saying why. ``progress``
-    hears one line per runtime before it scores."""
+    hears one line per runtime before it scores. ``trust_code``: the eager runtime may rebuild the model from a
+    manifest source that is code (``--trust-code``)."""
     from mhaexport.models.text import heldout_text
     from mhaexport.runtime.tokenizer import for_folder
     from mhaexport.verify.quality import text_tokens
@@ -118,7 +120,7 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
         raise ConfigError(f"--window {window}: at least 2 tokens")
     L = min(window or c.max_positions, c.max_positions)
     step = max(1, min(stride or L // 2, L))
-    rows, box = [], {}
+    rows, box = [], {"trust_code": trust_code}
     for name in dict.fromkeys(runtimes):
         runner = _runner(name, ef, box)
         row = EvalRow(name, "ran")

@@ -446,11 +446,17 @@ def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions:
 def lint_path(path: str | Path | ExportFolder) -> LintReport:
     """Lint an ONNX file, or the ONNX artifact of an export folder (a path: opened and hash-checked here; an opened
     :class:`ExportFolder`: its checked snapshot; its contract and static sizes inform the rules)."""
+    if not isinstance(path, ExportFolder) and Path(path).is_dir():
+        with ExportFolder.open(path, "onnx") as ef:  # the snapshot removed when the lint is done
+            return lint_path(ef)
     max_positions, static, layout = None, False, None
-    if isinstance(path, ExportFolder) or Path(path).is_dir():
+    if isinstance(path, ExportFolder):
         from mhaexport.runtime.foreign import layout_of
 
-        ef = path if isinstance(path, ExportFolder) else ExportFolder.open(path, "onnx")
+        from mhaexport.verify.external_data import check_external_data
+
+        ef = path
+        check_external_data(ef)
         entry = ef.entry("onnx")
         max_positions, static, layout = ef.contract.max_positions, not entry.seq_dynamic, layout_of(entry)
         path = ef.file("onnx")

@@ -35,6 +35,7 @@ from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchM
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.results import MODULE_CHECKS, CheckResult, SweepContext
 from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT, skipped
+from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner, present_code_runtimes
 from mhaexport.verify.sweep import Case, build_sweep
 
 Progress = Callable[[str], None]
@@ -223,8 +224,8 @@ CHECK_FUNCS: dict[str, Callable[[ModuleRunner, ModuleContext], CheckResult]] = {
 }
 
 
-def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None
-                         ) -> list[ModuleRunner]:
+def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None,
+                         trust_code: bool = False) -> list[ModuleRunner]:
     """Eager first, then one runner per requested runtime; an artifact that is absent makes its runtime skipped."""
     c = loaded.contract
     runners: list = [TorchModuleRunner(EAGER, c, loaded.module)]
@@ -236,6 +237,8 @@ def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], th
         elif rt == TORCHSCRIPT:
             runners.append(TorchModuleRunner(rt, c, path=ef.file(TORCHSCRIPT)) if ef.has(TORCHSCRIPT)
                            else skipped(rt, c, f"no TorchScript export in {ef.path}"))
+        elif rt in CODE_RUNTIMES:
+            runners.append(code_runner(ef, rt, c, trust_code=trust_code, module=True))
         elif rt in (ORT_CPU, ORT_CUDA):
             runners.append(module_ort_runner(rt, c, ef.file("onnx"), threads=threads) if ef.has("onnx")
                            else skipped(rt, c, f"no ONNX export in {ef.path}"))
@@ -245,7 +248,8 @@ def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], th
 def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
                   atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
-                  threads: int | None = None, progress: Progress | None = None) -> VerifyReport:
+                  threads: int | None = None, progress: Progress | None = None, trust_code: bool = False
+                  ) -> VerifyReport:
     """Verify every artifact of an attention-block export folder (``ef``, hashes checked) against eager.
 
     ``loaded``: the block (or the built-in decoder to take it from: re-pointing with --config/--checkpoint); rebuilt
@@ -258,8 +262,8 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
 
     started = time.perf_counter()
     say = progress or (lambda _m: None)
-    wanted = tuple(runtimes) if runtimes else MODULE_RUNTIMES
-    if off := [r for r in wanted if r not in MODULE_RUNTIMES]:
+    wanted = tuple(runtimes) if runtimes else MODULE_RUNTIMES + present_code_runtimes(ef)
+    if off := [r for r in wanted if r not in MODULE_RUNTIMES + CODE_RUNTIMES]:
         raise ConfigError(f"runtime(s) {', '.join(off)} do not run an attention-block export; its runtimes: "
                           f"{', '.join(MODULE_RUNTIMES)}")
     checks = tuple(checks) if checks else MODULE_CHECKS
@@ -275,7 +279,7 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
     tol = Tolerance.for_dtype("float32", atol, rtol)
     if threads is None and loaded.n_params <= ONE_THREAD_MAX_PARAMS:
         threads = 1
-    runners = build_module_runners(ef, loaded, wanted, threads)
+    runners = build_module_runners(ef, loaded, wanted, threads, trust_code)
     ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,
                         tol_override=(atol, rtol))
     with torch_threads(threads):

@@ -28,7 +28,7 @@ Progress = Callable[[str], None]
 def _artifact_of(runner: Runner) -> str | None:
     if runner.name in (EAGER_CUDA,) + REFERENCE_RUNTIMES:
         return None
-    return TORCHSCRIPT if runner.name == TORCHSCRIPT else "onnx"
+    return runner.name if runner.name in (TORCHSCRIPT, "pt2", "aoti") else "onnx"
 
 
 def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from mhaexport import iospec
+from mhaexport.artifact.trust import AOTI, PT2
 from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ProviderUnavailable
 from mhaexport.iospec import ModelContract
@@ -25,7 +26,9 @@ from mhaexport.runtime.session import CUDA, SessionConfig
 
 EAGER, EAGER_CUDA, TORCHSCRIPT = "eager", "eager-cuda", "torchscript"
 ORT_CPU, ORT_CUDA, ONNX_REFERENCE = "ort-cpu", "ort-cuda", "onnx-reference"
-ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE)
+# pt2 / aoti (torch.export, AOTInductor): code, loaded from a folder only on trust (verify/pt2.py); the default list
+# gains them where the folder holds them
+ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE, PT2, AOTI)
 DEFAULT_RUNTIMES = (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 # an attention-block export (--module attention): torch's own attention with the block's weights is a second
 # reference beside eager (verify/module.py)

@@ -18,6 +18,7 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError
 from mhaexport.runtime.foreign import layout_of
 from mhaexport.runtime.choose import ort_runner_for
+from mhaexport.verify.external_data import check_external_data
 from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
@@ -28,6 +29,7 @@ from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAG
                                       ONNX_REFERENCE, ORT_CPU, ORT_CUDA, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
                                       session_config, skipped)
+from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner, present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
@@ -49,7 +51,7 @@ def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
     return iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST
 
 
-def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[Runner]:
+def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_code: bool = False) -> list[Runner]:
     """Eager first, then one runner per requested runtime; a runtime whose artifact is absent is skipped with why."""
     c = loaded.contract
     runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
@@ -60,16 +62,18 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
         if rt == EAGER_CUDA:
             runners.append(EagerRunner(EAGER_CUDA, c, loaded.module, device="cuda"))
         else:
-            runners.append(artifact_runner(ef, rt, c, n_params=n_params))
+            runners.append(artifact_runner(ef, rt, c, n_params=n_params, trust_code=trust_code))
     return runners
 
 
-def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None) -> Runner:
+def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None, trust_code: bool = False) -> Runner:
     """The runner of an exported artifact for runtime ``rt`` (torchscript, ort-cpu, ort-cuda, onnx-reference), as
     the folder's manifest says to drive it (a shared cache, an adopted file's layout); skipped with why where the
     artifact is absent or the reference evaluator cannot take it (an adopted file, past 2 GB, past
     ``REFERENCE_MAX_PARAMS`` when ``n_params`` is known). verify and eval build their runners here."""
     onnx = ef.artifacts.get("onnx")
+    if rt in CODE_RUNTIMES:  # torch.export / AOTInductor: code, loaded only on trust (verify/pt2.py)
+        return code_runner(ef, rt, c, trust_code=trust_code)
     if rt == TORCHSCRIPT:
         if not ef.has(TORCHSCRIPT):
             return skipped(rt, c, f"no TorchScript export in {ef.path}")
@@ -121,7 +125,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                   atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
                   gen_tokens: int | None = None, threads: int | None = None, quality=None, reproduce=None,
-                  progress: Progress | None = None) -> VerifyReport:
+                  trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager. A folder of the attention block on its own
     (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
 
@@ -134,7 +138,12 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     overrides, the text). ``threads``: torch intra-op threads for eager/TorchScript (default: 1 for models up to
     ONE_THREAD_MAX_PARAMS). ``reproduce``: re-runs a quantized folder's recorded recipe
     (``mhaexport.exporter.quantize.reproduce``; the CLI and the Python API pass it) for the ``weights`` check; without
-    it that check is not run. Raises ArtifactError for a bad folder; check failures are in the report."""
+    it that check is not run. ``trust_code``: the user's ``--trust-code`` — rebuild the eager model from a manifest
+    source that is code (a factory file or module; without it such a folder is refused with UntrustedCode unless
+    ``loaded`` names the model), and load the folder's torch.export program and AOTInductor package (code:
+    :mod:`mhaexport.artifact.trust`) even though this process did not export them (without it they are skipped with
+    the reason when in the default list, and refused when named in ``runtimes``). Raises ArtifactError for a bad
+    folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
@@ -147,13 +156,21 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
                           f"block: {', '.join(MODULE_CHECKS)})")
     ef = ExportFolder.open(folder)
+    try:
+        check_external_data(ef)
+    except BaseException:
+        ef.close()
+        raise
     if not ef.artifacts:
         raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
+    refuse_untrusted(ef, runtimes, trust_code)
+    if not runtimes:
+        wanted += present_code_runtimes(ef)
     if ef.module is not None:
         from mhaexport.verify.module import verify_module
 
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
-                             checks=checks, threads=threads, progress=progress)
+                             checks=checks, threads=threads, progress=progress, trust_code=trust_code)
     lossy = lossy_artifacts(ef)
     checks = tuple(checks) if checks else (ALL_CHECKS if lossy else CHECKS)
     if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in ALL_CHECKS]:
@@ -174,7 +191,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
 
     if loaded is None:
         say(f"rebuilding the eager reference from {ef.model.spec}")
-        loaded = load_recorded(ef)
+        loaded = load_recorded(ef, trust_code=trust_code)
     else:
         check_same_model(loaded, ef.model)
     c = loaded.contract
@@ -182,7 +199,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     dtype = next((d for d in ("float16", "bfloat16") if any(a.dtype == d for a in arts.values())), "float32")
     tol = Tolerance.for_dtype(dtype, atol, rtol)
     cases = build_sweep(c, sweep, seed)
-    runners = build_runners(ef, loaded, wanted)
+    runners = build_runners(ef, loaded, wanted, trust_code)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
@@ -214,7 +231,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
-    ef.close()  # every runner has loaded its files: the snapshot's hard links go now, not at exit
+    ef.close()  # every runner has loaded its files: the snapshot's copies go now, not at exit
     return VerifyReport(
         model=ef.model.to_dict(), folder=str(ef.path),
         sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
@@ -240,6 +257,7 @@ def _report_details(d: Details) -> dict:
     """The details of an artifact the report shows: how it was made, an adopted file's protocol, its quantization."""
     onnx = d if isinstance(d, OnnxDetails) else None
     shown = {"opset": onnx and onnx.opset, "mode": isinstance(d, TorchScriptDetails) and d.mode,
+             "compile_seconds": getattr(d, "compile_seconds", None),
              "attention": onnx and onnx.attention, "kv_cache": d.cache.kind, "producer": onnx and onnx.producer,
              "protocol": onnx and onnx.layout and onnx.layout.protocol}
     out = {k: v for k, v in shown.items() if v}

@@ -1,0 +1,50 @@
+"""An ONNX file's external-data locations, confined to the files its artifact hashes (docs/DESIGN.md, "Folders from
+elsewhere"): ONNX Runtime would read weights from wherever a location leads, and onnx has had path-traversal CVEs
+here. The reader's snapshot holds only hashed files and ONNX Runtime refuses an absolute location or one that leaves
+the model's folder; this check names the entry in one line before any runtime loads the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx.external_data_helper import _get_all_tensors
+
+from mhaexport.artifact import ExportFolder
+from mhaexport.artifact.confine import check_name
+from mhaexport.artifact.manifest import FILENAME
+from mhaexport.errors import UnsafeFolder
+
+
+def external_data_names(onnx_path: str | Path) -> list[str]:
+    """The external-data locations an ONNX file names (initializers and tensor attributes, subgraphs included), in
+    first-reference order; the file is parsed without its data."""
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    found: list[str] = []
+    for t in _get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            if loc not in found:
+                found.append(loc)
+    return found
+
+
+def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
+    """UnsafeFolder unless every external-data location of each ONNX file of ``ef``'s ``artifact`` is one of the
+    artifact's hashed files. A file onnx cannot parse is left to the runtimes, which report it."""
+    if not ef.has(artifact):
+        return
+    entry = ef.entry(artifact)
+    where = f"{ef.path / FILENAME}: artifacts.{artifact}"
+    for fname in entry.files:
+        if not fname.endswith(".onnx") or not ef.file(artifact, fname).is_file():
+            continue
+        try:
+            locations = external_data_names(ef.file(artifact, fname))
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends: an unreadable file, reported later
+            continue
+        for loc in locations:
+            check_name(loc, f"{ef.path / fname}: external data")
+            if loc not in entry.files:
+                raise UnsafeFolder(f"{ef.path / fname}: external data {loc!r} is not one of the files {where} "
+                                   "hashes: refused")
