@@ -45,6 +45,10 @@ class Group(click.Group):
     Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check)."""
 
     def invoke(self, ctx: click.Context):
+        from mhaexport.env import onnxruntime_clash
+
+        if (clash := onnxruntime_clash()) is not None:  # a verb is about to run (--help/--version exited already)
+            click.secho(f"warning: {clash}", fg="yellow", err=True)
         try:
             return super().invoke(ctx)
         except VerificationFailed as e:

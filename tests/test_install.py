@@ -46,3 +46,17 @@ def test_without_onnx_runtime_the_cli_says_how_to_install_it(monkeypatch, tmp_pa
     r = CliRunner().invoke(main, ["bench", str(tmp_path), "--runtimes", "ort-cpu"])
     assert r.exit_code == 2, r.output
     assert "ONNX Runtime is not installed: pip install -e '.[cpu]'" in r.output and "Traceback" not in r.output
+
+
+def test_both_onnx_runtimes_installed_is_warned_about(monkeypatch, tmp_path):
+    import importlib.metadata
+
+    from mhaexport import env
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda d: {"onnxruntime": "1.32.0", "onnxruntime-gpu": "1.31.1"}.get(d) or real(d))
+    line = env.onnxruntime_clash()
+    assert line.startswith("both onnxruntime 1.32.0 and onnxruntime-gpu 1.31.1 are installed")
+    r = CliRunner().invoke(main, ["report", "merge", str(tmp_path / "none.json"), "-o", str(tmp_path / "o")])
+    assert f"warning: {line}" in r.stderr
