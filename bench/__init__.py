@@ -23,15 +23,16 @@ neither the exporter nor the CLI.
 from __future__ import annotations
 
 from mhaexport import _callable_package
-from mhaexport.bench.config import ALL_RUNTIMES, EAGER_NOCACHE, BenchConfig, check_config, parse_points
+from mhaexport.bench.config import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER_NOCACHE, BenchConfig, check_config,
+                                    parse_points)
 from mhaexport.bench.probes import Bandwidth, Probe, measure_bandwidth, weight_bytes_per_token
 from mhaexport.bench.render import REPORT_BEGIN, REPORT_END, markdown_body, update_report, write_bench
 from mhaexport.bench.result import BenchResult, RuntimeBench
 from mhaexport.bench.run import run_bench
 from mhaexport.bench.targets import TARGETS, Target
 
-__all__ = ["ALL_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", "REPORT_END", "TARGETS", "Bandwidth", "BenchConfig",
-           "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body", "measure_bandwidth",
-           "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
+__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", "REPORT_END", "TARGETS", "Bandwidth",
+           "BenchConfig", "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body",
+           "measure_bandwidth", "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
 
 _callable_package(__name__)  # mhaexport.bench(...) is also the Python API's function (mhaexport/api.py)

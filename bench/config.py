@@ -18,6 +18,9 @@ ORT_GENAI = "ort-genai"
 # pt2 / aoti: the torch.export program and AOTInductor package, code loaded only on trust (``trust_code``); in the
 # default run only where the folder holds them
 ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA, PT2, AOTI)
+# what a run times unless told: every runtime but eager-nocache (recompute is O(n^2): on the default model it took
+# more time than every other row together), which is opt-in by name
+DEFAULT_RUNTIMES = tuple(r for r in ALL_RUNTIMES if r != EAGER_NOCACHE)
 TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)
 ORT_RUNTIMES = (ORT_CPU, ORT_CUDA)
 _EXAMPLE = {"batches": "1,4,16", "prompts": "32,512,2048"}  # the issue's points, as the errors' example
@@ -31,14 +34,15 @@ class BenchConfig:
     new_tokens: int = 128
     batch: int = 1
     threads: int = 2  # torch's intra-op threads, ONNX Runtime's intra-op threads and the bandwidth probes'
-    runtimes: tuple[str, ...] | None = None  # None: all of ALL_RUNTIMES (absent ones are reported skipped)
+    runtimes: tuple[str, ...] | None = None  # None: DEFAULT_RUNTIMES (absent ones are reported skipped)
     repeats: int = 3  # timed generations per row, round-robin over the rows
     nocache_repeats: int = 1  # recompute is slow (O(n^2)); it is timed this many times
-    # ORT CPU runs (each lowering) out to this position; None: max_positions if <= 1024; 0: off
-    long_to: int | None = None
+    # ORT CPU runs (each lowering) out to this position; 0: off (the default: a long run is opt-in); None:
+    # max_positions if <= 1024
+    long_to: int | None = 0
     opt_levels: tuple[str, ...] = ()  # extra ORT CPU runs at these graph optimization levels ("ort-cpu@basic")
     profile: bool = False  # write ONNX Runtime's profile of one ORT CPU generation and summarize it
-    profile_dir: str | None = None  # where the profile goes (default: the export folder)
+    profile_dir: str | None = None  # where the profile goes (never the export folder; None: summed up, not kept)
     seed: int = 0  # the prompt's token ids
     compare: tuple[str, ...] = ()  # more export folders of the same model: ORT rows labelled by their lowering
     long_repeats: int = 1  # long runs per ORT CPU row, round-robin over the rows; per position, the median
@@ -58,6 +62,8 @@ class BenchConfig:
     # the eager rows' model rebuilt from a manifest source that is code (a factory file or module), and the folder's
     # pt2 program / AOTInductor package (artifact/trust.py)
     trust_code: bool = False
+    # the project's own speed targets (bench.targets) judged and shown: a project benchmark, off in a user's report
+    targets: bool = False
 
 
 def check_config(cfg: BenchConfig) -> tuple[str, ...]:
@@ -66,7 +72,7 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
     naming what is valid). Cheap: the CLI calls it before exporting or timing anything."""
     from mhaexport.runtime.session import OPT_LEVELS
 
-    names = cfg.runtimes or ALL_RUNTIMES
+    names = cfg.runtimes or DEFAULT_RUNTIMES
     unknown = [n for n in names if n not in ALL_RUNTIMES]
     if unknown:
         raise RuntimeOptionError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")

@@ -191,10 +191,12 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
         parts += ["", scaling_tables(res)]
         if scaling_note:
             parts.append(f"\n{scaling_note}")
-    parts += ["", targets_table(res)]
+    if res.targets:  # the project's speed targets, when the run asked for them (--targets)
+        parts += ["", targets_table(res)]
     if res.profile:
         ops = ", ".join(f"{o['op']} {o['share'] * 100:.0f}%" for o in res.profile["ops"][:8])
-        parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({res.profile['file']}): {ops}.")
+        where = res.profile["file"] or "not kept: give -o DIR to keep the trace there"
+        parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({where}): {ops}.")
     for n in res.notes:
         parts.append(f"\nNote: {n}.")
     if plot_note:
@@ -202,29 +204,78 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     return "\n".join(parts)
 
 
+def _smooth(positions: list[int], ms: list[float], half: int = 8) -> list[float]:
+    """The median of each point's +-``half`` positions: the trend a reader follows, without the per-step noise."""
+    import statistics
+
+    return [statistics.median(v for q, v in zip(positions, ms) if abs(q - p) <= half) for p in positions]
+
+
 def plot(res: BenchResult, path: Path) -> str | None:
-    """bench.png: per-token latency against position per row (and the long ORT CPU runs). None if no matplotlib."""
+    """bench.png, readable at a glance: left, each row's per-token latency as its median (dot) with the spread of
+    its decode steps (bar from p10 to p90), the weight-bandwidth floor as a line; right, per-token latency against
+    position (each row's median over repeats, smoothed over +-8 positions; a long run dashed in its row's colour).
+    One colour per row in both panels, named on the left panel's axis; the legend sits below the plots, over no
+    data. None if matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, LogLocator
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in res.runtimes:
-        if r.ran and r.per_position_ms:
-            ax.plot(r.positions, r.per_position_ms, label=r.label, linewidth=1)
+    ran = [r for r in res.runtimes if r.ran and r.token_p50_ms]
+    labels = list(dict.fromkeys([r.label for r in ran] + [lr["label"] for lr in res.long_runs]))
+    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
+    fig, (bars, lines) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.45 * max(len(ran), 4) + 1.2),
+                                      gridspec_kw={"width_ratios": [1, 1.3]})
+    for y, r in enumerate(ran):
+        lo = r.token_p10_ms if r.token_p10_ms is not None else r.token_min_ms
+        hi = r.token_p90_ms if r.token_p90_ms is not None else r.token_p50_ms
+        c = colours[r.label]
+        bars.plot([lo, hi], [y, y], color=c, linewidth=3, alpha=0.45, solid_capstyle="round")
+        bars.plot([r.token_p50_ms], [y], "o", color=c, markersize=7)
+        bars.annotate(f"{r.token_p50_ms:.2f}", (r.token_p50_ms, y), textcoords="offset points", xytext=(0, 7),
+                      ha="center", fontsize=7)
+    bars.set_yticks(range(len(ran)), [r.label for r in ran], fontsize=8)
+    for tick, r in zip(bars.get_yticklabels(), ran):
+        tick.set_color(colours[r.label])
+    bars.set_ylim(len(ran) - 0.5, -0.7)  # the table's order, top to bottom
+    bars.axvline(res.floor_ms, color="grey", linestyle="--", linewidth=0.9)
+    bars.set_xlabel("ms per token: median (dot), p10-p90 of the decode steps (bar)", fontsize=8)
+    bars.grid(True, axis="x", alpha=0.3)
+    for r in ran:
+        if r.per_position_ms:
+            lines.plot(r.positions, _smooth(r.positions, r.per_position_ms), color=colours[r.label], linewidth=1.4,
+                       label=r.label)
     for lr in res.long_runs:
-        ax.plot(lr["positions"], lr["ms"], label=f"{lr['label']} (long run)", linewidth=0.8, alpha=0.7)
-    ax.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.8,
-               label=f"weight-bandwidth floor ({res.floor_probe}, {res.floor_threads} threads)")
-    ax.set_xlabel("position of the token fed")
-    ax.set_ylabel("ms per token")
-    ax.set_yscale("log")
-    ax.set_title(f"decode latency per position: {res.model['spec']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+        lines.plot(lr["positions"], _smooth(lr["positions"], lr["ms"]), color=colours[lr["label"]], linewidth=1.2,
+                   linestyle="--", label=f"{lr['label']}, long run")
+    lines.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.9,
+                  label=f"weight-bandwidth floor {res.floor_ms:.2f} ms ({res.floor_probe}, {res.floor_threads} "
+                        f"thread{'s' if res.floor_threads != 1 else ''})")
+    lines.set_xlabel("position of the token fed", fontsize=8)
+    lines.set_ylabel("ms per token (median of repeats, +-8 positions)", fontsize=8)
+    lines.grid(True, alpha=0.3)
+    values = [v for r in ran for v in (r.token_p10_ms or r.token_min_ms, r.token_p90_ms) if v] + [res.floor_ms]
+    if values and max(values) / max(min(values), 1e-9) > 8:  # rows a decade apart: log axes, in plain numbers
+        bars.set_xscale("log")
+        lines.set_yscale("log")
+        for axis in (bars.xaxis, lines.yaxis):
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=7))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(plt.NullFormatter())
+    else:
+        bars.set_xlim(left=0)
+        lines.set_ylim(bottom=0)
+    handles, names = lines.get_legend_handles_labels()
+    cfg = res.config
+    fig.suptitle(f"decode latency: {res.model['spec']} (batch {cfg['batch']}, prompt {cfg['prompt_len']}, "
+                 f"{cfg['new_tokens']} new tokens, {cfg['threads']} threads)", fontsize=10)
+    fig.legend(handles, names, loc="lower center", ncol=min(3, max(1, len(names))), fontsize=7, frameon=False)
+    rows_of_legend = -(-len(names) // 3)
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * rows_of_legend, 1, 1), w_pad=3)
     _save_png(fig, path)
     plt.close(fig)
     return str(path)

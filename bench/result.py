@@ -31,6 +31,7 @@ class RuntimeBench:
     ttft_ms: float | None = None
     token_p50_ms: float | None = None  # over every decode step of every repeat
     token_p90_ms: float | None = None
+    token_p10_ms: float | None = None  # with p90: the spread bench.png draws around the p50
     token_min_ms: float | None = None
     token_spread: float | None = None  # max(p90 / p50, p50 / p10), growth with position taken out (bench.stats)
     repeat_spread: float | None = None  # (max - min) / median of the repeats' median step latency

@@ -126,14 +126,22 @@ class Row:
             return f"{need} positions pass {self.runner.limit_text()}"
         return None
 
-    def warm_up(self, prompt: np.ndarray, n: int, within: float, most: int) -> bool:
+    def warm_up(self, prompt: np.ndarray, n: int, within: float, most: int, first: GenerationResult | None = None,
+                before: Callable[[int], None] | None = None, after: Callable[[float], None] | None = None) -> bool:
         """Untimed generations of ``n`` tokens until two in a row agree on the median step latency within
         ``within`` (0.10 = 10 % of the smaller), at most ``most``; records how many ran, each one's median and
-        whether they agreed. Returns whether the row became steady."""
-        medians: list[float] = []
+        whether they agreed. Returns whether the row became steady. ``first``: a warm-up generation already run
+        (bench runs one of every row first, to know each row's cost); ``before(k)`` before the k-th warm-up (from
+        1) and ``after(seconds)`` after it: bench's progress."""
+        medians: list[float] = [step_median_s(first)] if first is not None else []
         steady = False
         while len(medians) < most and not steady:
+            if before is not None:
+                before(len(medians) + 1)
+            t0 = time.perf_counter()
             medians.append(step_median_s(self.generate(prompt, n)))
+            if after is not None:
+                after(time.perf_counter() - t0)
             steady = len(medians) >= 2 and agree(medians[-2], medians[-1], within)
         self.record.warmups, self.record.steady = len(medians), steady
         self.record.warmup_token_ms = [_ms(m) for m in medians]
@@ -154,6 +162,7 @@ class Row:
         if steps:
             rb.token_p50_ms = _ms(percentile(steps, 50))
             rb.token_p90_ms = _ms(percentile(steps, 90))
+            rb.token_p10_ms = _ms(percentile(steps, 10))
             rb.token_min_ms = _ms(min(steps))
             rb.token_spread = token_spread(rb.positions, [r.step_s[:n] for r in runs])
             rb.repeat_spread = repeat_spread([r.step_s for r in runs])

@@ -21,6 +21,7 @@ from mhaexport.artifact import ExportFolder, same_model_folders
 from mhaexport.bench import probes
 from mhaexport.bench.config import (EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig, check_config,
                                     parse_points)
+from mhaexport.bench.eta import Eta
 from mhaexport.bench.lowerings import compare_lowerings
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.rows import EagerModel, Row, plan_rows
@@ -30,6 +31,7 @@ from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import MhaExportError, RuntimeOptionError
 from mhaexport.progress import Step
+from mhaexport.runtime.decode import GenerationResult
 from mhaexport.verify.pt2 import refuse_untrusted
 from mhaexport.verify.runners import ORT_CPU
 from mhaexport.verify.threads import torch_threads
@@ -97,18 +99,30 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
         notes.append("weight bytes per token counted from the ONNX file size (no eager model)")
     floor_s = wbytes / (bandwidth.read_gbps * 1e9)
 
-    # Load and warm up every row in table order; the timed repeats come after, round-robin.
+    # Load every row and run its first warm-up generation (its cost: the estimate of what is left), then warm up
+    # each until steady; the timed repeats come after, round-robin. Every generation is a progress line.
     rows = plan_rows(folder, ef, cfg, names, others, eager, no_eager)
     loading = [row for row in rows if row.ok]
-    for k, row in enumerate(loading):
-        say(Step(f"loading and warming up {row.record.label} ...", k, len(loading)))
-        setup(row, ids, cfg)
+    eta = Eta(say)
+    long_to_run = long_to > cfg.prompt_len + 1
+    for row in loading:
+        eta.plan(row.record.label, cfg.max_warmups + row.repeats)
+        if long_to_run and row.record.name.split(" [")[0] == ORT_CPU and row.record.opt_level is None:
+            # a long run in generations' worth: its tokens over new_tokens, the cache's growth counted by half
+            eta.plan(row.record.label, cfg.long_repeats * 1.5 * (long_to - cfg.prompt_len) / cfg.new_tokens)
+    firsts = {}
+    for row in loading:
+        eta.tell(f"loading {row.record.label} and its first warm-up generation ...")
+        firsts[id(row)] = setup(row, ids, cfg, eta)
+    for row in loading:
+        if row.ok:
+            warm(row, ids, cfg, firsts[id(row)], eta)
         if row.ok and not row.record.steady:
             notes.append(f"{row.record.label} did not settle in {row.record.warmups} warm-ups (median step "
                          f"{', '.join(f'{m:.2f}' for m in row.record.warmup_token_ms)} ms): its timings may still "
                          "include warm-up effects")
     timed = [r for r in rows if r.ok]
-    run_rounds(timed, ids, cfg.new_tokens, say)
+    run_rounds(timed, ids, cfg.new_tokens, say, eta)
     for row in timed:
         row.finish(cfg.batch, cfg.new_tokens)
     notes += quantized_rows([r.record for r in rows], int(wbytes), floor_s * 1000)
@@ -121,8 +135,8 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
 
     # The long runs: every ORT CPU lowering (not the opt-level variants), from the prompt out to long_to.
     long_rows = [r for r in timed if r.ok and r.record.ran and r.record.name.split(" [")[0] == ORT_CPU]
-    if long_rows and long_to > cfg.prompt_len + 1:
-        res.long_runs = long_runs(long_rows, ids, long_to, cfg.prompt_len, cfg.long_repeats, say)
+    if long_rows and long_to_run:
+        res.long_runs = long_runs(long_rows, ids, long_to, cfg.prompt_len, cfg.long_repeats, say, eta)
     # How cost grows: after the main rounds and the long runs, so those are timed as in a run without it
     if cfg.batches or cfg.prompts:
         scaled = scaling_rows(timed)
@@ -134,6 +148,9 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     if own is not None and own.ran and cfg.profile:
         say(f"profiling {ORT_CPU} ...")
         res.profile = profile_ort_cpu(ef, cfg, ids)
+    if cfg.runtimes is None:  # the default set: say what it leaves out and how to add it
+        notes.append(f"{EAGER_NOCACHE} (eager recomputing the whole sequence every step) not timed: it is slow "
+                     "(O(n^2)); add it with --runtimes all, or name it in --runtimes")
     if eager is None and set(TORCH_RUNTIMES) & set(names):
         notes.append(f"eager runtimes skipped: {no_eager}")
     if EAGER_NOCACHE in names and cfg.nocache_repeats < cfg.repeats:
@@ -143,7 +160,8 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
                      "every row was loaded and warmed up")
     notes += [f"{r.label}: {n}" for r in res.runtimes for n in r.notes]
     res.lowerings = compare_lowerings(res)
-    res.targets = evaluate(res, cfg.max_spread)
+    if cfg.targets:  # the project's own speed targets: opt-in, not every user's report
+        res.targets = evaluate(res, cfg.max_spread)
     for opened in [ef] + [m for _, m in others]:  # every row has run: the snapshots' copies go now
         opened.close()
     return res
@@ -174,31 +192,74 @@ def quantized_rows(records: list, float_bytes: int, floor_ms: float) -> list[str
     return notes
 
 
-def setup(row: Row, prompt: np.ndarray, cfg: BenchConfig) -> None:
-    """Load a row and warm it up until steady (see :meth:`Row.warm_up`); a runtime that cannot run leaves it
-    skipped with why."""
+def setup(row: Row, prompt: np.ndarray, cfg: BenchConfig, eta: Eta | None = None) -> GenerationResult | None:
+    """Load a row and run its first warm-up generation (returned; its time is the row's cost in ``eta``); a runtime
+    that cannot run leaves it skipped with why (and None)."""
     row.activate()
     if not row.ok:
-        return
+        if eta is not None:
+            eta.drop(row.record.label)
+        return None
     try:
-        row.warm_up(prompt, cfg.new_tokens, cfg.steady_within, cfg.max_warmups)
+        t0 = time.perf_counter()
+        first = row.generate(prompt, cfg.new_tokens)
     except MhaExportError as e:
         row.skip(e)
+        if eta is not None:
+            eta.drop(row.record.label)
+        return None
+    if eta is not None:
+        eta.ran(row.record.label, time.perf_counter() - t0)
+    return first
 
 
-def run_rounds(rows: list[Row], prompt: np.ndarray, new_tokens: int, say: Progress) -> None:
+def warm(row: Row, prompt: np.ndarray, cfg: BenchConfig, first: GenerationResult | None = None,
+         eta: Eta | None = None) -> None:
+    """Warm a loaded row up until steady (see :meth:`Row.warm_up`), after its ``first`` warm-up generation; a
+    runtime that fails leaves it skipped with why."""
+    label = row.record.label
+
+    def before(k: int) -> None:
+        if eta is not None:
+            eta.tell(f"warming up {label} (warm-up {k}, at most {cfg.max_warmups}) ...")
+
+    def after(seconds: float) -> None:
+        if eta is not None:
+            eta.ran(label, seconds)
+
+    try:
+        row.warm_up(prompt, cfg.new_tokens, cfg.steady_within, cfg.max_warmups, first=first, before=before,
+                    after=after)
+    except MhaExportError as e:
+        row.skip(e)
+    if eta is not None:
+        if row.ok:
+            eta.settled(label, cfg.max_warmups - row.record.warmups)
+        else:
+            eta.drop(label)
+
+
+def run_rounds(rows: list[Row], prompt: np.ndarray, new_tokens: int, say: Progress, eta: Eta | None = None) -> None:
     """Round i runs one generation of every row that wants more than i repeats, in row order; a row that fails is
-    marked skipped with the first line of why and leaves the rounds."""
+    marked skipped with the first line of why and leaves the rounds. With ``eta``, a progress line per generation."""
     rounds = max((r.repeats for r in rows), default=0)
     for i in range(rounds):
-        say(Step(f"timed round {i + 1}/{rounds}: {', '.join(r.record.label for r in rows if i < r.repeats)} ...",
-                 i, rounds))
+        if eta is None:
+            say(Step(f"timed round {i + 1}/{rounds}: {', '.join(r.record.label for r in rows if i < r.repeats)} ...",
+                     i, rounds))
         for r in rows:
             if i < r.repeats and r.ok:
+                if eta is not None:
+                    eta.tell(f"timed round {i + 1}/{rounds}: {r.record.label} ...")
                 try:
+                    t0 = time.perf_counter()
                     r.runs.append(r.generate(prompt, new_tokens))
+                    if eta is not None:
+                        eta.ran(r.record.label, time.perf_counter() - t0)
                 except MhaExportError as e:
                     r.skip(e)
+                    if eta is not None:
+                        eta.drop(r.record.label)
 
 
 def _long_entry(row: Row, pos: list[int], steps: list[float], prompt_len: int, repeats: int,
@@ -231,7 +292,7 @@ def kv_bytes_per_position(runner, batch: int) -> int | None:
 
 
 def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int, repeats: int,
-              say: Progress) -> list[dict]:
+              say: Progress, eta: Eta | None = None) -> list[dict]:
     """Generations from the prompt to ``long_to`` for each ORT CPU row (warm already), round-robin over the rows
     ``repeats`` times; per position, the median over the repeats."""
     runs: dict[int, list] = {i: [] for i in range(len(rows))}
@@ -239,10 +300,16 @@ def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int
         for i, r in enumerate(rows):
             if not r.ok:
                 continue
-            say(Step(f"long run {k + 1}/{repeats}: {r.record.label} from position {prompt_len} to {long_to} ...",
-                     k * len(rows) + i, repeats * len(rows)))
+            message = f"long run {k + 1}/{repeats}: {r.record.label} from position {prompt_len} to {long_to} ..."
+            if eta is not None:
+                eta.tell(message)
+            else:
+                say(Step(message, k * len(rows) + i, repeats * len(rows)))
             try:
+                t0 = time.perf_counter()
                 runs[i].append(r.generate(prompt, long_to - prompt_len + 1))  # feeds positions up to long_to - 1
+                if eta is not None:
+                    eta.ran(r.record.label, time.perf_counter() - t0, eta.left.get(r.record.label, 0.0) / (repeats - k))
             except MhaExportError as e:
                 r.skip(e)
     out = []
@@ -255,15 +322,23 @@ def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int
 
 
 def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> dict:
-    """ONNX Runtime's profile of one ORT CPU generation (written to ``cfg.profile_dir`` or the folder), summed up
-    per op type."""
+    """ONNX Runtime's profile of one ORT CPU generation, summed up per op type. The trace is written to
+    ``cfg.profile_dir`` (bench's output folder), never into the export folder being read: with no profile_dir, or
+    one that is the export folder, it goes to a temporary folder and only the summary is kept (``file`` None)."""
+    import tempfile
+
     from mhaexport.runtime import GenerationConfig, Generator
 
-    out = Path(cfg.profile_dir or ef.path)
-    out.mkdir(parents=True, exist_ok=True)
-    gen = Generator(ef, providers=("cpu",), threads=cfg.threads, profile_prefix=str(out / "ort-profile"))
-    gen.generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))
-    return summarize_profile(gen.session.end_profiling())
+    keep = cfg.profile_dir is not None and Path(cfg.profile_dir).resolve() != Path(ef.path).resolve()
+    with tempfile.TemporaryDirectory(prefix="mhaexport-profile-") as tmp:
+        out = Path(cfg.profile_dir) if keep else Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        gen = Generator(ef, providers=("cpu",), threads=cfg.threads, profile_prefix=str(out / "ort-profile"))
+        gen.generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))
+        summary = summarize_profile(gen.session.end_profiling())
+    if not keep:
+        summary["file"] = None
+    return summary
 
 
 def summarize_profile(path: str | Path, top: int = 12) -> dict:

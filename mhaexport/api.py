@@ -334,7 +334,8 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
           **config: Any) -> BenchResult:
     """``mhaexport bench``: time the KV-cache decode loop of an export folder on each runtime. ``config``: fields
     of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to,
-    ...; ``batches=[1, 4, 16]`` / ``prompts=[32, 512, 2048]``, or the CLI's "1,4,16": how cost grows). ``output``:
+    ...; ``batches=[1, 4, 16]`` / ``prompts=[32, 512, 2048]``, or the CLI's "1,4,16": how cost grows;
+    ``targets=True``: the project's speed targets; the default runtimes leave out eager-nocache). ``output``:
     also write bench.json / bench.md / bench.png (bench-scaling.png) there. ``long`` is the CLI's ``--long``
     (BenchConfig's ``long_to``; ``long_to=`` still works, deprecated). Returns the BenchResult (``.get(name)``:
     a row; ``.scaling``: how cost grows; ``mhaexport.bench.markdown_body(result)``: bench.md's tables)."""

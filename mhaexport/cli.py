@@ -23,6 +23,8 @@ class BadInput(click.ClickException):
 
 INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, reported with its traceback
 INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (click's "Aborted!" would exit 1: "a check failed")
+ORT_MISSING = ("ONNX Runtime is not installed: pip install -e '.[cpu]' (onnxruntime, CPU only) or -e '.[gpu]' "
+               "(onnxruntime-gpu: CUDA and CPU) in the mhaexport checkout")
 
 
 def bad_path(e: BaseException) -> OSError | None:
@@ -128,6 +130,10 @@ class Group(click.Group):
                 sys.stdout, sys.stderr = saved
 
     def invoke(self, ctx: click.Context):
+        from mhaexport.env import onnxruntime_clash
+
+        if (clash := onnxruntime_clash()) is not None:  # a verb is about to run (--help/--version exited already)
+            click.secho(f"warning: {clash}", fg="yellow", err=True)
         try:
             return super().invoke(ctx)
         except VerificationFailed as e:
@@ -161,6 +167,8 @@ class Group(click.Group):
                 raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
                                f" ({full.strerror}): free some space and run again; an export folder keeps "
                                "what it held before") from None
+            if isinstance(e, ModuleNotFoundError) and e.name == "onnxruntime":  # installed without [cpu] / [gpu]
+                raise BadInput(ORT_MISSING) from None
             import traceback
 
             traceback.print_exc()
@@ -218,6 +226,21 @@ def module_options(f):
         return f(*args, **kwargs)
 
     return wrapper
+
+
+def _apply_target(target: str, **given: str) -> tuple[str, str, str, str | None]:
+    """--target NAME: the (attention, kv_cache, dtype, weights) it sets; an option given on the command line that
+    contradicts it is refused (exit 2) rather than one of the two silently winning."""
+    from mhaexport.exporter.targets import conflicts, deploy_target
+
+    t = deploy_target(target)
+    ctx = click.get_current_context()
+    typed = {k: v for k, v in given.items()
+             if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+    bad = conflicts(t, typed)
+    if bad:
+        raise click.UsageError(f"--target {target} and {', '.join(bad)}: give one or the other")
+    return t.attention, t.kv_cache, t.dtype, t.weights
 
 
 def _check_module_args(module: str | None, mask: str | None, model: str | None, **refused) -> None:
@@ -434,6 +457,9 @@ class Reporter:
             self.t0, self.total = self.clock(), total
         elapsed = self.clock() - self.t0
         left = f", ~{elapsed / done * (total - done):.0f} s left" if done else ""
+        if hasattr(msg, "left_s"):  # a progress.Estimate: the sender's own clock and estimate
+            elapsed = msg.elapsed_s
+            left = ", estimating what is left" if msg.left_s is None else f", ~{msg.left_s:.0f} s left"
         where = f"[{min(done + 1, total)}/{total}]"
         if self.tty:
             filled = int(20 * done / total)
@@ -492,16 +518,28 @@ def lowering_options(f):
                    "(onnxruntime-genai's past_present_share_buffer; prompts right-padded).")
 @click.option("--max-cache", "max_cache", type=click.IntRange(min=1), default=None,
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
+@click.option("--target", type=click.Choice(["portable", "ort-cpu", "ort-cuda"]), default=None,
+              help="The runtime the file is for; it picks --attention, --kv-cache, --dtype and the weights: "
+                   "portable (the default: decomposed, concat, float32, any ONNX runtime), ort-cpu (fused, shared, "
+                   "int4 weights: ONNX Runtime / onnxruntime-genai on CPU; the float export it is quantized from "
+                   "goes to OUTPUT-float32), ort-cuda (fused, shared, float16).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
 @replace_option
 def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
-             kv_cache, max_cache, output, replace=False) -> None:
+             kv_cache, max_cache, output, replace=False, target=None) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter (the decoder, or with --module attention the MHA block on
     its own)."""
-    _check_module_args(module, mask, model or hf, **{"--seq-static": (not seq_dynamic, False),
-                                               "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
-                                               "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)})
+    weights = None
+    if target is not None and module is None:
+        attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, kv_cache=kv_cache,
+                                                            dtype=dtype)
+    _check_module_args(module, mask, model or hf, **{"--target": (target, None),
+                                                     "--seq-static": (not seq_dynamic, False),
+                                                     "--attention": (attention, "decomposed"),
+                                                     "--dtype": (dtype, "float32"),
+                                                     "--kv-cache": (kv_cache, "concat"),
+                                                     "--max-cache": (max_cache, None)})
     if module is not None:
         from mhaexport.exporter.module import export_module_onnx
 
@@ -529,9 +567,13 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
     shown = _default_opset(attention, opset)
     cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
+    float_out = Path(f"{Path(output)}-{dtype}") if weights else output  # the float export int4 is made from
+    if weights:
+        _writable(float_out)
     _progress(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
-    rec = api.export_onnx(output, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
-                          past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+    rec = api.export_onnx(float_out, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
+                          past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache,
+                          replace=replace)
     _show_record(rec)
     _drop_replaced(output, prev)
     details = rec.manifest.artifacts["onnx"].details
@@ -542,6 +584,12 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     if prec.cast_by_ort_cpu:
         ops = ", ".join(f"{k} x{v}" for k, v in prec.cast_by_ort_cpu.items())
         click.echo(f"{dtype}: ONNX Runtime CPU computes these in float32 (it casts them): {ops}")
+    if weights:
+        q = api.quantize(float_out, output, weights=weights, replace=replace, progress=_progress)
+        _warn(q)
+        files = ", ".join(f"{q.folder / f} ({_size(q.folder / f)})" for f in q.files)
+        click.echo(f"wrote {files} and {q.folder / 'manifest.json'} ({q.quantization.label}) in {q.seconds:.1f} s: "
+                   f"the --target {target} file; its float source stays in {float_out}")
 
 
 @main.command("torchscript")
@@ -708,7 +756,10 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, tr
     text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
     report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
                              window=window, stride=stride, trust_code=trust_code, progress=_progress)
-    click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.to_markdown())
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        _show(report.to_markdown())
     failed = [r for r in report.rows if r.status == "error"]
     if failed:
         raise VerificationFailed("; ".join(f"{r.runtime}: {r.reason}" for r in failed))
@@ -809,13 +860,14 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--runtimes", default=None, metavar="A,B,..",
               help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
                    "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda, pt2, "
-                   "aoti (with --trust-code). Default: all (pt2/aoti where the folder holds them).")
+                   "aoti (with --trust-code), or 'all'. Default: all but eager-nocache (recompute, O(n^2): slow; ask "
+                   "for it by name); pt2/aoti where the folder holds them.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
-@click.option("--long", "long_to", type=click.IntRange(min=0), default=None, metavar="POSITION",
+@click.option("--long", "long_to", type=click.IntRange(min=0), default=0, metavar="POSITION",
               help="Also time one ORT CPU generation per lowering from the prompt up to this position (per-token "
-                   "latency against position; default: max_positions for models of up to 1024 positions, 0 = off).")
+                   "latency against position). Default: 0, off.")
 @click.option("--long-repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Long runs per lowering, round-robin; per position, the median.")
 @click.option("--opt-levels", default="", metavar="basic,extended,all",
@@ -843,11 +895,17 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--prompts", default=None, metavar="32,512,2048",
               help="Also time the time to first token of every ONNX Runtime row (and ort-genai) at batch 1 for each "
                    "prompt length (one the model cannot hold is a skipped point with its reason). Default: off.")
+@click.option("--targets", is_flag=True,
+              help="Also judge the project's own speed targets (a project benchmark: set for the bench preset and "
+                   "the peer comparison) and add their table.")
+@click.option("--json", "as_json", is_flag=True, help="Print bench.json's content as one JSON object on stdout.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Where bench.json/bench.md/bench.png go. Default: the export folder.")
+              help="Where bench.json/bench.md/bench.png (and --profile's trace) go. Default: the export folder (the "
+                   "trace is then summed up and not kept).")
 @trust_code_option
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, batches, prompts, output, trust_code) -> None:
+              profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
+              trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
 
@@ -855,8 +913,13 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
     say = _progress
     names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
+    if names == ("all",):  # every runtime; the code runtimes (pt2, aoti) only with --trust-code
+        from mhaexport.bench.config import AOTI, PT2
+
+        names = tuple(r for r in bench.ALL_RUNTIMES if trust_code or r not in (PT2, AOTI))
     cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
                             runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
+                            targets=targets,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                             compare=tuple(compare), long_repeats=long_repeats,
                             batches=bench.parse_points(batches, "batches"),
@@ -904,7 +967,13 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
     result = api.bench(folder, progress=say, **{"long" if f.name == "long_to" else f.name: getattr(cfg, f.name)
                                                 for f in dataclasses.fields(cfg)})
     written = bench.write_bench(result, output or folder)
-    click.echo(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
+    _progress_done()
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.to_dict()))
+    else:
+        _show(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
     click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
 
 
@@ -963,6 +1032,34 @@ def _quality_settings(quality: dict | None, text_file: str | None):
     return QualitySettings(overrides=quality, text=_read_text(text_file), text_source=text_file)
 
 
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--json: kept in ctx.meta for the verb's printing (_run_verify, report merge)."""
+    if value:
+        ctx.meta[JSON] = True
+
+
+JSON = "mhaexport.json"
+
+
+def _show(markdown: str) -> None:
+    """A report's Markdown on stdout: on a terminal as terminal text (aligned tables, no ``**`` / ``|`` /
+    ``<sub>``; bold unless NO_COLOR), elsewhere (a pipe, a CI log, a file) the Markdown itself, as report.md has
+    it. Scripts take --json."""
+    if _stdout_is_tty():
+        from mhaexport.terminal import to_terminal, wants_style
+
+        click.echo(to_terminal(markdown, style=wants_style(True)))
+    else:
+        click.echo(markdown)
+
+
+def _stdout_is_tty() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (ValueError, AttributeError):  # closed or replaced stdout
+        return False
+
+
 def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | None):
     """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
     its path must be writable folders); kept in ctx.meta for _run_verify."""
@@ -1012,11 +1109,21 @@ def verify_options(f):
     @click.option("--junit", metavar="FILE.xml", type=click.Path(dir_okay=False), default=None, expose_value=False,
                   callback=_remember_junit,
                   help="Also write the verdict as JUnit XML (one test case per runtime x check) for CI test reports.")
+    @click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_remember_json,
+                  help="Print the report (report.json's content) as one JSON object on stdout instead of its table; "
+                       "progress and the verdict line stay on stderr, the exit code is the verdict's.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)
 
     return wrapper
+
+
+def _progress_done() -> None:
+    """End the progress line being rewritten in place (if any), so what is printed next starts on its own line."""
+    reporter = click.get_current_context().meta.get("mhaexport.reporter")
+    if reporter is not None:
+        reporter.close()
 
 
 def _progress(msg: str) -> None:
@@ -1060,7 +1167,12 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
         if report.refused is None:
             raise
         raise BadInput(f"{report.refused}; {e.message}") from None
-    click.echo(markdown)
+    if click.get_current_context().meta.get(JSON):
+        import json
+
+        click.echo(json.dumps(report.to_dict()))
+    else:
+        _show(markdown)
     for line in written:
         click.echo(line, err=True)
     v = report.verdict
@@ -1099,14 +1211,24 @@ def _write_reports(report, out, name, markdown: str) -> list[str]:
     return lines
 
 
-def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32") -> None:
+def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32", kv_cache="concat",
+                 weights=None, replace=False) -> None:
+    """ONNX and TorchScript into ``folder``; ``weights`` (a --target's int4): the ONNX export goes to FOLDER-DTYPE
+    and its quantized copy into ``folder``."""
     from mhaexport.exporter.onnx import export_onnx
     from mhaexport.exporter.torchscript import export_torchscript
 
     say = step or _progress
-    say(f"export ONNX (opset {_default_opset(attention, opset)}, dynamic axes, attention {attention}, {dtype}) -> "
-        f"{folder}")
-    _warn(export_onnx(loaded, folder, opset=opset, attention=attention, dtype=dtype))
+    onnx_folder = Path(f"{Path(folder)}-{dtype}") if weights else folder
+    cache = "" if kv_cache == "concat" else f", {kv_cache} KV cache"
+    say(f"export ONNX (opset {_default_opset(attention, opset)}, dynamic axes, attention {attention}, {dtype}{cache}) "
+        f"-> {onnx_folder}")
+    _warn(export_onnx(loaded, onnx_folder, opset=opset, attention=attention, dtype=dtype, kv_cache=kv_cache))
+    if weights:
+        from mhaexport import api
+
+        say(f"quantize ONNX ({weights}) -> {folder}")
+        _warn(api.quantize(onnx_folder, folder, weights=weights, replace=replace))
     say(f"export TorchScript (trace) -> {folder}")
     _warn(export_torchscript(loaded, folder))
 
@@ -1276,6 +1398,10 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 @model_options
 @verify_options
 @lowering_options
+@click.option("--target", type=click.Choice(["portable", "ort-cpu", "ort-cuda"]), default=None,
+              help="The runtime the ONNX file is for (as `mhaexport onnx --target`): portable (the default), ort-cpu "
+                   "(fused, shared cache, int4; its float source in OUTPUT-float32), ort-cuda (fused, shared, "
+                   "float16).")
 @click.option("--pt2", "pt2", is_flag=True, default=False,
               help="Also export with torch.export (model.pt2) and verify it as runtime pt2.")
 @click.option("--aoti", "aoti", is_flag=True, default=False,
@@ -1285,9 +1411,13 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
 @replace_option
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output, pt2=False, aoti=False, replace=False) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False, replace=False, target=None) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
-    steps = ["load", "export ONNX", "export TorchScript"] + (["export pt2"] if pt2 or aoti else []) + ["verify"]
+    kv_cache, weights = "concat", None
+    if target is not None:
+        attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, dtype=dtype)
+    steps = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript",
+             *(["export pt2"] if pt2 or aoti else []), "verify"]
     n = len(steps)
     state = {"i": 0}
 
@@ -1302,7 +1432,8 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
     loaded = _load(config, model, checkpoint, hf)
     prev = _check_replace(output, loaded, replace)
-    _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype)
+    _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype, kv_cache=kv_cache,
+                 weights=weights, replace=replace)
     if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
         from mhaexport.exporter.pt2 import export_pt2
 
@@ -1328,7 +1459,7 @@ def lint_cmd(path, as_json) -> None:
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(report.to_markdown("##"))
+        _show(report.to_markdown("##"))
     if report.errors:
         raise VerificationFailed(f"lint found {len(report.errors)} error(s): "
                                  + "; ".join(f"{f.rule} at {f.node}" for f in report.errors[:3]))
@@ -1345,7 +1476,8 @@ def report_group() -> None:
               help="A label per report (repeat, in order), e.g. cpu, gpu. Default: each report's host.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
               help="Folder for the merged report.json and report.md.")
-def report_merge_cmd(reports, names, output) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the merged report.json's content as one JSON object.")
+def report_merge_cmd(reports, names, output, as_json=False) -> None:
     """Merge report.json files (or folders holding one) from different machines into one table.
     Exit 1 when any merged check failed."""
     from mhaexport.verify.report import load_report, merge_reports
@@ -1358,7 +1490,12 @@ def report_merge_cmd(reports, names, output) -> None:
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
     js, md = merged.write(output, "report")
-    click.echo(merged.to_markdown())
+    if as_json:
+        import json
+
+        click.echo(json.dumps(merged.to_dict()))
+    else:
+        _show(merged.to_markdown())
     click.echo(f"wrote {js} and {md}", err=True)
     v = merged.verdict  # the same rules as verify
     if v.code == 1:

@@ -34,6 +34,19 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
+def onnxruntime_clash() -> str | None:
+    """One line when both ONNX Runtime distributions are installed (``onnxruntime`` and ``onnxruntime-gpu`` write the
+    one ``onnxruntime`` module, so which files won is anyone's guess), else None. Installed metadata only: cheap."""
+    found = []
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found.append(f"{dist} {importlib.metadata.version(dist)}")
+    if len(found) < 2:
+        return None
+    return (f"both {found[0]} and {found[1]} are installed; they write the one onnxruntime module: pip uninstall -y "
+            "onnxruntime onnxruntime-gpu, then install one (-e '.[cpu]' or -e '.[gpu]')")
+
+
 def cpu_name() -> str | None:
     cpu = Path("/proc/cpuinfo")
     if cpu.is_file():
@@ -48,3 +61,4 @@ def environment() -> dict:
             "platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_name(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "ci": bool(os.environ.get("CI")),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+

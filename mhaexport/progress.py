@@ -22,6 +22,20 @@ class Step(str):
         return obj
 
 
+class Estimate(Step):
+    """A counted step whose sender knows better than the mean time per step: ``elapsed_s`` since the work began and
+    ``left_s``, its own estimate of what is left (None: not known yet, shown as such). Bench sends these: its steps
+    (one generation of one row) differ in cost by orders of magnitude, so a mean per step would rise and fall."""
+
+    elapsed_s: float
+    left_s: float | None
+
+    def __new__(cls, message: str, done: int, total: int, elapsed_s: float, left_s: float | None) -> Estimate:
+        obj = super().__new__(cls, message, done, total)
+        obj.elapsed_s, obj.left_s = elapsed_s, left_s
+        return obj
+
+
 Progress = Callable[[str], None]
 
 

@@ -5,11 +5,18 @@ decode loop. Imports numpy and onnxruntime only, never torch (tests/test_runtime
     gen = Generator("artifacts/onnx", providers=["cpu"])
     result = gen.generate([[5, 17, 42]], GenerationConfig(max_new_tokens=32))
     result.tokens, result.stop_reason
+
+Text in, text out, streaming (:mod:`mhaexport.runtime.model`)::
+
+    model = mhaexport.runtime.load("artifacts/onnx")
+    model.generate("The river ", max_new_tokens=32)       # the continuation
+    for piece in model.stream("The river "): ...          # pieces of it as they are decoded
 """
 
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,
                                       GenerationConfig, GenerationResult, left_pad, pad_prompts)
 from mhaexport.runtime.generator import Generator
+from mhaexport.runtime.model import TextModel, load
 from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.sampling import SamplingConfig, filtered_probs, next_tokens
@@ -18,4 +25,4 @@ from mhaexport.runtime.session import SessionConfig, create_session, provider_un
 __all__ = ["DecodeLoop", "DecodeState", "GenerationConfig", "GenerationResult", "Generator", "OrtRunner", "Runner",
            "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig", "SessionConfig", "create_session",
            "filtered_probs", "left_pad", "next_tokens", "pad_prompts", "provider_unavailable", "resolve_providers",
-           "skipped"]
+           "skipped", "TextModel", "load"]

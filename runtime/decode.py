@@ -160,7 +160,8 @@ class DecodeLoop:
 
     def decode_n_tokens(self, token: np.ndarray, state: DecodeState, n: int, config: GenerationConfig,
                         rng: np.random.Generator, done: np.ndarray, result: GenerationResult,
-                        keep_logits: bool = False) -> DecodeState:
+                        keep_logits: bool = False, on_token: Callable[[np.ndarray], None] | None = None
+                        ) -> DecodeState:
         """Feed ``token`` and up to n - 1 further ones, appending each chosen token to ``result`` (with timings).
 
         Stops early when every row has produced eos, or when the next position would pass max_positions.
@@ -182,13 +183,19 @@ class DecodeLoop:
             result.step_positions.append(state.length - 1)
             if keep_logits:
                 result.step_logits.append(np.asarray(logits, dtype=np.float64))
+            live = ~done
             _append(result, token, done, eos)
+            if on_token is not None:
+                on_token(np.where(live, token, -1))
         return state
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray, config: GenerationConfig = GenerationConfig(),
-                 *, keep_logits: bool = False) -> GenerationResult:
+                 *, keep_logits: bool = False, on_token: Callable[[np.ndarray], None] | None = None
+                 ) -> GenerationResult:
         """Generate up to ``config.max_new_tokens`` tokens after each prompt (a batch, left-padded).
-        ``keep_logits``: also keep the (B, V) logits each token was chosen from (verify's margins)."""
+        ``keep_logits``: also keep the (B, V) logits each token was chosen from (verify's margins). ``on_token``:
+        called with each step's (B,) chosen tokens as they come (-1 for a row that had already stopped): streaming.
+        It runs outside the timed spans of the loop's decode steps."""
         if config.max_new_tokens < 1:
             raise RuntimeOptionError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
         c = self.contract
@@ -207,7 +214,10 @@ class DecodeLoop:
         if keep_logits:
             result.step_logits.append(np.asarray(logits, dtype=np.float64))
         _append(result, token, done, config.eos_token_id)
-        self.decode_n_tokens(token, state, config.max_new_tokens - 1, config, rng, done, result, keep_logits)
+        if on_token is not None:
+            on_token(token)
+        self.decode_n_tokens(token, state, config.max_new_tokens - 1, config, rng, done, result, keep_logits,
+                             on_token)
         if result.stop_reason == STOP_MAX_NEW and not result.message:
             if config.eos_token_id is not None and done.all():
                 result.stop_reason, result.message = STOP_EOS, f"every row produced eos id {config.eos_token_id}"

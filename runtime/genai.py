@@ -31,8 +31,9 @@ def import_og():
         import onnxruntime_genai as og
     except Exception as e:  # ImportError, or its native library failing to load
         raise GenAIUnavailable(
-            f"onnxruntime_genai cannot be imported ({type(e).__name__}: {e}); install it next to onnxruntime-gpu "
-            "with `pip install --no-deps onnxruntime-genai`") from None
+            f"onnxruntime_genai cannot be imported ({type(e).__name__}: {e}); install it with `pip install "
+            "--no-deps onnxruntime-genai` (its one dependency, the CPU onnxruntime, is [cpu]'s; next to [gpu]'s "
+            "onnxruntime-gpu --no-deps keeps a second onnxruntime out)") from None
     return og
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from mhaexport.artifact import ArtifactEntry, ExportFolder, sha256_file, shown_path
+from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable
 
 CPU = "CPUExecutionProvider"
@@ -148,14 +149,19 @@ _probed: dict[str, str | None] = {}
 
 
 def provider_unavailable(provider: str) -> str | None:
-    """None when ``provider`` (an alias or full name) really runs in this process, else one line saying why not
-    (e.g. "CUDAExecutionProvider requested; session runs on ['CPUExecutionProvider']: libcublasLt.so.13: cannot
-    open shared object file"). Probed once per process on a tiny built-in model."""
+    """None when ``provider`` (an alias or full name) really runs in this process, else one line saying why not:
+    "CUDAExecutionProvider requested; no CUDA device on this machine (no NVIDIA driver: libcuda.so.1 not found)"
+    where there is none (:func:`mhaexport.devices.no_cuda_device`, asked first), and only where a device exists the
+    runtime's own reason ("... session runs on ['CPUExecutionProvider']: libcublasLt.so.13: cannot open shared
+    object file"). Probed once per process on a tiny built-in model."""
     full = resolve_providers([provider])[0]
     if full == CPU:
         return None
     if full not in _probed:
-        if full not in ort.get_available_providers():
+        if full == CUDA and (absent := no_cuda_device()) is not None:
+            # no device at all: that, not which CUDA library this onnxruntime build could not load, is the reason
+            _probed[full] = f"{full} requested; {absent}"
+        elif full not in ort.get_available_providers():
             _probed[full] = (f"{full} requested; this onnxruntime build ({ort.__version__}) does not have it "
                              f"(available: {', '.join(ort.get_available_providers())})")
         else:
@@ -182,7 +188,8 @@ def start_session(model: str | Path | bytes, requested: list[str],
         session = ort.InferenceSession(source, sess_options=options or ort.SessionOptions(), providers=requested)
     used = list(session.get_providers())
     missing = [p for p in requested if p not in used]
-    reason = f"{', '.join(missing)} requested; session runs on {used}: {_load_failure(log)}" if missing else None
+    why = (CUDA in missing and no_cuda_device()) or _load_failure(log)
+    reason = f"{', '.join(missing)} requested; session runs on {used}: {why}" if missing else None
     return session, reason
 
 

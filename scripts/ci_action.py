@@ -14,23 +14,32 @@ Inputs (all optional):
   INPUT_ARGS      more verify/all options, e.g. "--atol logits=1e-3 --dtype float16"
   INPUT_NAME      a label for this job's reports (the merged table's host column; the artifact's name)
   INPUT_OUTPUT    where the export (when made) and reports/ go (default mhaexport-ci)
-  INPUT_INSTALL   what pip installs first (default: the action's own source with the hf extra); "none": nothing
+  INPUT_DEVICE    cpu (default) | gpu: the install's ONNX Runtime and torch — cpu: onnxruntime and PyTorch's CPU
+                  wheel (no CUDA libraries); gpu: onnxruntime-gpu and PyPI's default (CUDA) torch
+  INPUT_INSTALL   what pip installs (default: the action's own source with the DEVICE and hf extras, after torch when
+                  torch is not installed yet); "none": nothing (the environment already holds mhaexport)
   INPUT_FAIL      "true" (default): the step fails unless the verdict passed; "false": failed (1) and not
                   verified (4) only set the outputs (bad input 2 and a bug 3 still fail)
 
 Bad input of the action itself (folder and model both or neither, an unbalanced quote in model/args, a line break in
-folder/name/output, an output that is a file) is one ::error line and exit 2, never a traceback.
+an input that names one thing, an unknown device, an output that is a file) is one ::error line and exit 2, never a
+traceback.
 
-Outputs (GITHUB_OUTPUT, each in the ``name<<DELIMITER`` form with a random delimiter: no input can add a key): verdict (passed | failed | not verified | bad input | error | interrupted), exit-code,
-reports (the folder with report.json, report.md, junit.xml), folder (what was verified).
+Outputs (GITHUB_OUTPUT): verdict (passed | failed | not verified | bad input | error | interrupted), exit-code,
+reports (the folder with report.json, report.md, junit.xml), folder (what was verified). Written in GitHub's
+documented forms — ``name=value``, or for a value holding a line break ``name<<DELIMITER`` with a fresh random
+delimiter — so no input can add a key; inputs that name one thing (folder, name, output, device, sweep) refuse a
+line break outright, and workflow commands (``::error``) carry their text escaped.
 Exit status: mhaexport's (0 passed, 1 failed, 2 bad input, 3 a bug, 4 not verified), or 0 per INPUT_FAIL.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -41,6 +50,10 @@ from pathlib import Path
 VERDICTS = {0: "passed", 1: "failed", 2: "bad input", 3: "error", 4: "not verified", 130: "interrupted"}
 ICONS = {0: "✅", 1: "❌", 4: "⏭"}
 TAIL = 40  # log lines kept for the summary when there is no report
+
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU-only wheels (PyPI's Linux torch is CUDA's)
+ONE_LINE = ("folder", "name", "output", "device", "sweep")  # inputs that name one thing: a line break is refused
 
 
 def _input(name: str, default: str = "") -> str:
@@ -54,28 +67,35 @@ def _append(env: str, text: str) -> None:
             f.write(text)
 
 
+def output_lines(name: str, value: str) -> str:
+    """One step output in GitHub's documented syntax: ``name=value``, or, when the value holds a line break, the
+    multi-line form with a random delimiter that the value does not contain — so a value can never start a key."""
+    value = str(value)
+    if "\n" not in value and "\r" not in value:
+        return f"{name}={value}\n"
+    while (delimiter := f"ghadelimiter_{secrets.token_hex(16)}") in value:
+        pass  # pragma: no cover - 128 random bits
+    return f"{name}<<{delimiter}\n{value}\n{delimiter}\n"
+
+
 def _outputs(**values: object) -> None:
-    """Append step outputs to $GITHUB_OUTPUT in GitHub's multi-line form (``name<<DELIMITER``, the value, the
-    delimiter) with a random delimiter: a value holding a newline (an input ``folder=x\nverdict=passed``) stays one
-    value and cannot add keys."""
-    import secrets
-
-    text = ""
-    for key, value in values.items():
-        delimiter = f"ghadelimiter_{secrets.token_hex(16)}"
-        text += f"{key.replace('_', '-')}<<{delimiter}\n{value}\n{delimiter}\n"
-    _append("GITHUB_OUTPUT", text)
+    _append("GITHUB_OUTPUT", "".join(output_lines(k.replace("_", "-"), str(v)) for k, v in values.items()))
 
 
-def _escape(text: str, property_: bool = False) -> str:
-    """A workflow command's message (or property) escaped as GitHub's toolkit does: no newline can start another
-    command (``::add-mask::``, ``::stop-commands::``)."""
+def _escape(text: str, prop: bool = False) -> str:
+    """A workflow command's data (or, ``prop``, a property value) escaped as the runner's toolkit does: a line break
+    in a message cannot start a command of its own."""
     text = str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    return text.replace(":", "%3A").replace(",", "%2C") if property_ else text
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def command(level: str, title: str, message: str) -> str:
+    """``::error title=...::message`` with both parts escaped."""
+    return f"::{level} title={_escape(title, prop=True)}::{_escape(message)}"
 
 
 def _annotate(level: str, title: str, message: str) -> None:
-    print(f"::{level} title={_escape(title, True)}::{_escape(message)}")
+    print(command(level, title, message))
 
 
 def _refuse(message: str) -> int:
@@ -118,16 +138,20 @@ def main() -> int:
     sweep = _input("sweep", "quick")
     name = _input("name", "mhaexport")
     out = Path(_input("output", "mhaexport-ci"))
-    install = _input("install", f"{os.environ.get('GITHUB_ACTION_PATH', '.')}[hf]")
+    device = _input("device", "cpu").lower()
+    own = f"{os.environ.get('GITHUB_ACTION_PATH', '.')}[{device},hf]"  # one argument: the path may hold spaces
+    install = _input("install", own)
     fail = _input("fail", "true").lower() not in ("false", "0", "no")
+    broken = [k for k in ONE_LINE if re.search(r"[\r\n]", os.environ.get(f"INPUT_{k.upper()}", "").strip())]
+    if broken:
+        return _refuse(f"input {broken[0]} holds a line break; it names one thing, on one line")
+    if device not in ("cpu", "gpu"):
+        return _refuse(f"device {device!r}: cpu or gpu")
     if folder and model:
         return _refuse(f"give folder or model, not both (folder={folder!r}, model={model!r})")
     if not folder and not model:  # an unset variable in the workflow must not verify the built-in model and pass
         return _refuse("give folder (an export folder to verify) or model (e.g. --config small): both are empty, "
                        "nothing would be verified of yours")
-    for key, value in (("folder", folder), ("name", name), ("output", str(out))):
-        if "\n" in value or "\r" in value:
-            return _refuse(f"input {key} holds a line break: {value!r}")
     for key in ("model", "args"):
         try:
             shlex.split(_input(key))
@@ -135,11 +159,20 @@ def main() -> int:
             return _refuse(f"input {key} is not a valid command line ({e}): {_input(key)!r}")
     env = {**os.environ, "MHAEXPORT_HOST_LABEL": name}
     if install.lower() != "none":
-        code, _ = _run([sys.executable, "-m", "pip", "install", "--quiet", install], env)
-        if code:
-            _annotate("error", "mhaexport", f"pip install {install} failed (exit {code})")
-            _outputs(verdict="error", exit_code=code)
-            return code
+        pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+        steps = []
+        if importlib.util.find_spec("torch") is None:  # torch first, so the package's torch>=2.6 is already met
+            steps.append([*pip, "torch", *(["--index-url", TORCH_CPU_INDEX] if device == "cpu" else [])])
+        try:
+            steps.append([*pip, *([install] if install == own else shlex.split(install))])
+        except ValueError as e:
+            return _refuse(f"input install is not a valid command line ({e}): {install!r}")
+        for step in steps:
+            code, _ = _run(step, env)
+            if code:
+                _annotate("error", "mhaexport", f"{shlex.join(step[3:])} failed (exit {code})")
+                _outputs(verdict="error", exit_code=code)
+                return code
     reports = out / "reports"
     try:
         reports.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ START=$(date +%s)
 if [ "$INSTALL" = 1 ]; then
   say "install"
   "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install torch
-  "$PY" -m pip install -e . >/dev/null
+  "$PY" -m pip install -e '.[gpu]' >/dev/null  # onnxruntime-gpu (the [gpu] extra)
 fi
 if [ -n "$WHEEL" ]; then
   say "install $WHEEL"

@@ -23,6 +23,8 @@ from mhaexport import bench
 from mhaexport.bench import (REPORT_BEGIN, REPORT_END, Bandwidth, BenchConfig, BenchResult, RuntimeBench, run_bench,
                              weight_bytes_per_token, write_bench)
 from mhaexport.bench import probes
+from mhaexport.bench.config import ALL_RUNTIMES, DEFAULT_RUNTIMES
+from mhaexport.progress import Estimate
 from mhaexport.bench.render import floor_text, markdown_body, targets_table
 from mhaexport.bench.rows import Row
 from mhaexport.bench.run import run_rounds
@@ -35,7 +37,10 @@ from mhaexport.iospec import ModelContract
 from mhaexport.progress import Step
 from mhaexport.runtime.runner import Runner
 
-SMALL = dict(prompt_len=8, new_tokens=6, repeats=2, threads=1, long_to=40)
+# every runtime but the code ones (pt2, aoti: tests/test_pt2.py), eager-nocache included (opt-in), and the project's
+# targets (opt-in): the module's one full run
+EVERY = tuple(r for r in ALL_RUNTIMES if r not in ("pt2", "aoti"))
+SMALL = dict(prompt_len=8, new_tokens=6, repeats=2, threads=1, long_to=40, runtimes=EVERY, targets=True)
 
 
 def fake_probe(threads: int) -> Bandwidth:
@@ -464,10 +469,27 @@ def test_compare_adds_one_row_per_lowering(compared, tiny_export, ort_export):
 def test_setup_first_then_timed_rounds_round_robin(compared):
     _, messages = compared
     first_round = next(i for i, m in enumerate(messages) if m.startswith("timed round 1/2"))
-    assert all(i < first_round for i, m in enumerate(messages) if m.startswith("loading and warming up"))
+    assert all(i < first_round for i, m in enumerate(messages) if m.startswith(("loading", "warming up")))
     rounds = [m for m in messages if m.startswith("timed round")]
-    assert rounds == [f"timed round {k}/2: eager, ort-cpu [attention=decomposed float32], {ORT_LABEL} ..."
-                      for k in (1, 2)]
+    labels = ["eager", "ort-cpu [attention=decomposed float32]", ORT_LABEL]
+    assert rounds == [f"timed round {k}/2: {label} ..." for k in (1, 2) for label in labels]  # a line a generation
+
+
+def test_progress_on_every_generation_with_an_estimate_that_never_rises(compared):
+    """Each row's first warm-up is run before any estimate (so a slow row reached late cannot raise it); then every
+    warm-up, timed and long generation has its line, the estimate falling (warm-ups counted at their cap)."""
+    res, messages = compared
+    steps = [m for m in messages if isinstance(m, Estimate)]
+    loads = [m for m in steps if m.startswith("loading")]
+    assert [m.split(" and its")[0] for m in loads] == [f"loading {r.label}" for r in res.runtimes]
+    assert all(m.left_s is None for m in loads) and all(m.left_s is not None for m in steps[len(loads):])
+    warm = [m for m in steps if m.startswith("warming up")]
+    assert len(warm) == sum(r.warmups - 1 for r in res.runtimes)  # every warm-up after the first has its line
+    assert sum(m.startswith("long run") for m in steps) == 2  # one per ORT CPU lowering
+    left = [m.left_s for m in steps[len(loads):]]
+    assert left == sorted(left, reverse=True) and left[0] > 0
+    done = [m.done for m in steps]
+    assert done == sorted(done) and all(m.done <= m.total for m in steps)
 
 
 def test_long_runs_and_lowering_table_per_lowering(compared, tmp_path):
@@ -844,3 +866,61 @@ def test_default_run_has_no_scaling_phase(result, compared, tmp_path):
     write_bench(result, tmp_path)
     assert not (tmp_path / "bench-scaling.png").exists() and "How cost grows" not in (tmp_path / "bench.md").read_text()
     assert json.loads((tmp_path / "bench.json").read_text())["scaling"] == []
+
+
+def test_a_default_run_is_the_quick_one_and_reads_only_the_folder(tiny_export):
+    """Unless asked: no eager-nocache (said how to add it), no long run, no project targets; a --profile without an
+    output folder leaves no trace in the export folder (only its summary is kept)."""
+    before = sorted(p.name for p in tiny_export.iterdir())
+    res = run_bench(tiny_export, BenchConfig(prompt_len=4, new_tokens=3, repeats=1, threads=1, profile=True),
+                    probe=fake_probe)
+    assert "eager-nocache" not in DEFAULT_RUNTIMES
+    assert [r.name for r in res.runtimes] == [r for r in DEFAULT_RUNTIMES if r not in ("pt2", "aoti")]  # none here
+    assert any(n.startswith("eager-nocache (eager recomputing the whole sequence every step) not timed") and
+               "add it with --runtimes all" in n for n in res.notes)
+    assert res.long_runs == [] and res.targets == [] and "Speed targets" not in markdown_body(res)
+    assert res.profile["file"] is None and res.profile["ops"] and "not kept: give -o DIR" in markdown_body(res)
+    assert sorted(p.name for p in tiny_export.iterdir()) == before
+
+
+def test_cli_profile_goes_to_the_output_folder_and_json_is_one_object(tiny_export, tmp_path):
+    out = tmp_path / "b"
+    r = CliRunner().invoke(main, ["bench", str(tiny_export), "--prompt-len", "4", "--new-tokens", "3", "--repeats",
+                                  "1", "--threads", "1", "--runtimes", "ort-cpu", "--profile", "--json", "-o",
+                                  str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["schema"] == "mhaexport.bench/1" and [x["name"] for x in data["runtimes"]] == ["ort-cpu"]
+    assert data["targets"] == [] and Path(data["profile"]["file"]).parent == out
+    assert list(out.glob("ort-profile*.json")) and not list(tiny_export.glob("ort-profile*.json"))
+    t = CliRunner().invoke(main, ["bench", str(tiny_export), "--prompt-len", "4", "--new-tokens", "3", "--repeats",
+                                  "1", "--threads", "1", "--runtimes", "ort-cpu", "--targets", "-o", str(out)])
+    assert t.exit_code == 0 and "Speed targets" in t.stdout and "Speed targets" in (out / "bench.md").read_text()
+
+
+def test_plot_one_colour_per_row_medians_with_spread_and_a_legend_over_no_data(result, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib (the 'plot' extra) is not installed")
+    from matplotlib.colors import to_hex
+    from matplotlib.figure import Figure
+
+    from mhaexport.bench.render import plot
+
+    figs = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figs.append(self), save(self, *a, **k))[1])
+    assert plot(result, tmp_path / "bench.png")
+    fig = figs[0]
+    fig.canvas.draw()
+    bars, lines = fig.axes[:2]
+    ran = [r for r in result.runtimes if r.ran]
+    assert [t.get_text() for t in bars.get_yticklabels()] == [r.label for r in ran]  # the rows, named once
+    dots = [ln for ln in bars.get_lines() if ln.get_marker() == "o"]
+    assert [ln.get_xdata()[0] for ln in dots] == [r.token_p50_ms for r in ran]  # the medians
+    colour = {r.label: to_hex(d.get_color()) for r, d in zip(ran, dots)}
+    assert len(set(colour.values())) == len(ran)  # one colour per row ...
+    for ln in lines.get_lines():  # ... the same in the position panel, its long run included
+        label = ln.get_label().removesuffix(", long run")
+        if label in colour:
+            assert to_hex(ln.get_color()) == colour[label], label
+    legend = fig.legends[0].get_window_extent()
+    assert not any(legend.overlaps(ax.get_window_extent()) for ax in (bars, lines))

@@ -30,25 +30,30 @@ def run_action(tmp_path: Path, **inputs: str) -> tuple[subprocess.CompletedProce
     env.update({f"INPUT_{k.upper()}": v for k, v in inputs.items()})
     p = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=300)
-    return p, read_outputs(output), summary.read_text() if summary.exists() else ""
+    return p, github_outputs(output), summary.read_text() if summary.exists() else ""
 
 
-def read_outputs(path: Path) -> dict:
-    """$GITHUB_OUTPUT as GitHub's runner reads it: ``key=value`` lines and ``key<<DELIMITER`` ... ``DELIMITER``."""
-    out: dict = {}
-    lines = path.read_text().splitlines() if path.exists() else []
+def github_outputs(path: Path) -> dict[str, str]:
+    """A GITHUB_OUTPUT file read as the runner reads it: ``name=value`` lines, and ``name<<DELIMITER`` ... a line
+    ``DELIMITER`` for a multi-line value; a key given twice keeps the last value."""
+    if not path.exists():
+        return {}
+    out: dict[str, str] = {}
+    lines = path.read_text().split("\n")
     i = 0
     while i < len(lines):
         line = lines[i]
-        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
-            key, delimiter = line.split("<<", 1)
-            end = lines.index(delimiter, i + 1)
-            out[key] = "\n".join(lines[i + 1:end])
-            i = end + 1
-        else:
+        i += 1
+        if not line:
+            continue
+        if "=" in line and ("<<" not in line or line.index("=") < line.index("<<")):
             key, value = line.split("=", 1)
             out[key] = value
-            i += 1
+            continue
+        key, delimiter = line.split("<<", 1)
+        end = lines.index(delimiter, i)
+        out[key] = "\n".join(lines[i:end])
+        i = end + 1
     return out
 
 
@@ -132,7 +137,8 @@ def test_the_actions_inputs_match_the_script_and_the_workflows_uses():
     inputs = set(action["inputs"])
     steps = action["runs"]["steps"]
     assert action["runs"]["using"] == "composite"
-    env = next(s["env"] for s in steps if s.get("id") == "verify")
+    env = {k: v for k, v in next(s["env"] for s in steps if s.get("id") == "verify").items()
+           if k.startswith("INPUT_")}
     script_inputs = set(re.findall(r"INPUT_([A-Z_]+)", SCRIPT.read_text()))
     assert {k.removeprefix("INPUT_") for k in env} == script_inputs  # every input the script reads is mapped
     for key, value in env.items():
@@ -177,3 +183,76 @@ def test_the_action_and_the_workflows_match_github_schemas(tmp_path):
     bad = subprocess.run([exe, "--builtin-schema", "vendor.github-actions", str(broken)], capture_output=True,
                          text=True)
     assert bad.returncode != 0
+
+
+def _expand(text: str, inputs: dict[str, str], steps: dict[str, dict[str, str]]) -> str:
+    """GitHub's ``${{ inputs.x }}`` / ``${{ steps.id.outputs.y }}`` expressions, as the runner fills them."""
+    def one(m: re.Match) -> str:
+        expr = m.group(1).strip()
+        if expr.startswith("inputs."):
+            return inputs[expr.removeprefix("inputs.")]
+        _, step, _, name = expr.split(".", 3)
+        return steps.get(step, {}).get(name, "")
+    return re.sub(r"\$\{\{(.*?)\}\}", one, text)
+
+
+def run_action_yml(tmp_path: Path, path_dirs: list[str], **given: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """action.yml's verify step run as the runner runs a composite step: its inputs (given, else action.yml's
+    defaults) expanded into its env, its ``run`` script by ``bash --noprofile --norc -eo pipefail``, GITHUB_OUTPUT
+    and GITHUB_STEP_SUMMARY as files; then the action's own ``outputs`` read from the step's outputs. No
+    setup-python step (python-version ""): the script must find the interpreter on PATH."""
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
+    inputs = {k: str(v.get("default", "")) for k, v in action["inputs"].items()}
+    inputs.update(given)
+    step = next(s for s in action["runs"]["steps"] if s.get("id") == "verify")
+    assert step["shell"] == "bash"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INPUT_", "GITHUB_", "MHAEXPORT_"))}
+    env.update({k: _expand(str(v), inputs, {}) for k, v in step["env"].items()})
+    output = tmp_path / "github_output"
+    env.update({"GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+                "GITHUB_ACTION_PATH": str(ROOT), "PATH": os.pathsep.join(path_dirs)})
+    script = tmp_path / "step.sh"
+    script.write_text(step["run"])
+    p = subprocess.run(["/bin/bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=300)
+    step_outputs = github_outputs(output)
+    outputs = {k: _expand(v["value"], inputs, {"verify": step_outputs}) for k, v in action["outputs"].items()}
+    return p, outputs
+
+
+def test_the_actions_step_runs_as_github_runs_it_with_python3_only_on_path(tmp_path):
+    """No `python` on PATH, only python3 (many runner images): the step finds it, runs mhaexport (here on a folder
+    that is not there: the quick path through verify) and the outputs GitHub hands on are the action's."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this venv's, as python3 only
+    (bindir / "python3").chmod(0o755)
+    missing = tmp_path / "export"
+    p, out = run_action_yml(tmp_path, [str(bindir), "/usr/bin", "/bin"], folder=str(missing), runtimes="ort-cpu",
+                            install="none", output=str(tmp_path / "ci"), fail="false", **{"python-version": ""})
+    assert p.returncode == 2, p.stdout + p.stderr  # bad input fails the step whatever `fail` says
+    assert out == {"verdict": "bad input", "exit-code": "2", "reports": str(tmp_path / "ci" / "reports"),
+                   "folder": str(missing)}
+    assert f" -m mhaexport verify {missing}" in p.stdout  # found through python3, it ran mhaexport
+
+
+def test_a_line_break_in_an_input_cannot_add_an_output(tmp_path):
+    p, out = run_action_yml(tmp_path, [str(Path(sys.executable).parent), "/usr/bin", "/bin"], install="none",
+                            name="x\nverdict=passed", output=str(tmp_path / "ci"))
+    assert p.returncode == 2 and out["verdict"] == "bad input" and out["exit-code"] == "2", p.stdout
+    assert "input name holds a line break" in p.stdout
+    assert "verdict=passed" not in (tmp_path / "github_output").read_text()
+
+
+def test_outputs_and_commands_are_written_in_githubs_safe_forms(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import ci_action
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    path = tmp_path / "out"
+    path.write_text(ci_action.output_lines("message", "first\nverdict=passed\nthird") +
+                    ci_action.output_lines("verdict", "failed"))
+    assert github_outputs(path) == {"message": "first\nverdict=passed\nthird", "verdict": "failed"}
+    line = ci_action.command("error", "mhaexport a: b", "bad\n::error::injected 100%")
+    assert line == "::error title=mhaexport a%3A b::bad%0A::error::injected 100%25" and "\n" not in line

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"artifact": "artifact", "models": "models", "exporter": "exporter", "runtime": "runtime",
            "verify": "verify", "bench": "bench"}
 # the torch-free core modules inside mhaexport/ and what they are
-CORE = {"errors", "iospec", "dtypes", "env", "graph"}
+CORE = {"errors", "iospec", "dtypes", "env", "graph", "devices"}
 # the top layer inside mhaexport/: the command line, the Python API beside it and the pytest plugin on the API
 TOP = {"cli", "__main__", "api", "pytest_plugin", "outputs"}
 # the one downward edge allowed by name: the package's __init__ re-exports the Python API lazily (mhaexport.verify(...)

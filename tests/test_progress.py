@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import Reporter, main
-from mhaexport.progress import Step, counted
+from mhaexport.progress import Estimate, Step, counted
 
 
 class Clock:
@@ -39,6 +39,15 @@ def test_the_estimate_is_the_mean_time_per_finished_step(capsys):
     assert r.line(Step("fourth", 3, 4)) == "[4/4] fourth (40 s, ~13 s left)"
     assert r.line("a plain message") == "a plain message"
     assert r.line(Step("next phase", 0, 2)) == "[1/2] next phase (0 s)"  # a new phase: its own clock
+
+
+def test_an_estimate_sent_with_the_step_is_shown_as_sent():
+    """bench's steps differ in cost by orders of magnitude: it sends its own elapsed time and estimate (None: not
+    known yet), which the line shows instead of the mean per step."""
+    r = Reporter(quiet=False, tty=False, clock=Clock())
+    assert r.line(Estimate("loading eager ...", 0, 9, 0.4, None)) == \
+        "[1/9] loading eager ... (0 s, estimating what is left)"
+    assert r.line(Estimate("warming up eager ...", 3, 8, 12.0, 40.0)) == "[4/8] warming up eager ... (12 s, ~40 s left)"
 
 
 def test_plain_lines_off_a_terminal_and_one_line_rewritten_on_one(capsys):

@@ -16,6 +16,7 @@ import numpy as np
 
 from mhaexport import iospec
 from mhaexport.artifact.trust import AOTI, PT2
+from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ProviderUnavailable
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.foreign import Layout
@@ -54,9 +55,11 @@ class EagerRunner(Runner):
         import torch
 
         if self.device == "cuda":
+            if (absent := no_cuda_device()) is not None:
+                raise ProviderUnavailable(absent)
             if not torch.cuda.is_available():
-                raise ProviderUnavailable("torch.cuda.is_available() is False (no CUDA device or a CPU build of "
-                                          f"torch {torch.__version__})")
+                raise ProviderUnavailable("torch.cuda.is_available() is False (a CUDA device is here: torch "
+                                          f"{torch.__version__} is a CPU build, or its CUDA does not load)")
             self.module = copy.deepcopy(self.source).to("cuda").eval()
             self.providers = [f"torch (cuda: {torch.cuda.get_device_name(0)})"]
         else:
