@@ -233,7 +233,7 @@ def test_the_actions_step_runs_as_github_runs_it_with_python3_only_on_path(tmp_p
     assert p.returncode == 2, p.stdout + p.stderr  # bad input fails the step whatever `fail` says
     assert out == {"verdict": "bad input", "exit-code": "2", "reports": str(tmp_path / "ci" / "reports"),
                    "folder": str(missing)}
-    assert f" -m mhaexport verify {missing}" in p.stdout  # found through python3, it ran mhaexport
+    assert " -m mhaexport verify " in p.stdout and f"-- {missing}" in p.stdout  # found through python3, it ran mhaexport
 
 
 def test_a_line_break_in_an_input_cannot_add_an_output(tmp_path):
