@@ -21,7 +21,8 @@ from mhaexport.runtime.choose import ort_runner_for
 from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
-from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, Context
+from mhaexport.verify.genai_check import genai_result, ships_genai
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
@@ -155,7 +156,11 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress)
     lossy = lossy_artifacts(ef)
+    checks_given = bool(checks)
     checks = tuple(checks) if checks else (ALL_CHECKS if lossy else CHECKS)
+    if not checks_given:  # genai-config: when the folder ships a genai_config.json (verify/genai_check.py)
+        checks = tuple(ch for ch in checks if ch != GENAI_CONFIG_CHECK) + ((GENAI_CONFIG_CHECK,) if ships_genai(ef)
+                                                                            else ())
     if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in ALL_CHECKS]:
         raise ConfigError(f"{', '.join(off)}: only for an attention-block export (--module attention); "
                           f"{ef.path} holds a decoder")
@@ -189,7 +194,8 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                   quality=quality, tokenizer=tokenizer,
                   weights=(lambda: check_weights(ef, reproduce, lambda: _linear_weights(loaded.module)))
                   if "onnx" in lossy else None,
-                  long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small)
+                  long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small,
+                  genai_config=genai_result(ef, loaded) if GENAI_CONFIG_CHECK in checks and ships_genai(ef) else None)
     lint = None
     if ef.has("onnx"):  # static findings first: they often say why a check below fails
         from mhaexport.verify.lint import lint_path
