@@ -65,6 +65,12 @@ class GraphIO:
             model = onnx.load(str(path), load_external_data=False)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
             raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+        return cls.of(model)
+
+    @classmethod
+    def of(cls, model) -> GraphIO:
+        """The I/O of an onnx.ModelProto."""
+        import onnx
 
         def shape(vi) -> list:
             return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
@@ -398,6 +404,11 @@ def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigF
         return [ConfigFinding("genai_config.json", f"not readable JSON: {e}")]
     graph = GraphIO.read(ef.file("onnx"))
     exp = folder_expected(ef, contract, model_config)
+    return findings_for(cfg, graph, exp)
+
+
+def findings_for(cfg: dict, graph: GraphIO, exp: Expected) -> list[ConfigFinding]:
+    """:func:`config_findings`, with a shared buffer's length read from the graph where it fixes one."""
     shape0 = next(iter(v for k, v in graph.inputs.items() if k not in ("input_ids", "attention_mask")), [])
     if exp.shared and len(shape0) == 4 and isinstance(shape0[2], int):
         exp.capacity = shape0[2]  # a buffer whose length the graph fixes
@@ -447,3 +458,20 @@ def genai_result(ef, loaded):
     snapshot is open); returned by a callable, as the Context keeps it."""
     result = result_of(folder_findings(ef, loaded.contract, getattr(loaded.module, "config", None)))
     return lambda: result
+
+
+def lint_findings(model, folder: Path, ef=None) -> list[ConfigFinding] | None:
+    """The config on its own (``mhaexport lint``): the genai_config.json beside ``model``'s file in ``folder``
+    against the graph (and, for an opened export folder ``ef``, its manifest's file, cache layout and shipped
+    tokenizer); None when there is none (or it describes another file of the folder)."""
+    path = ef.file("onnx", GENAI_CONFIG) if ef is not None and ships_genai(ef) else Path(folder) / GENAI_CONFIG
+    if ef is None and not path.is_file():
+        return None
+    if ef is not None and not ships_genai(ef):
+        return None
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        return [ConfigFinding("genai_config.json", f"not readable JSON: {e}")]
+    exp = folder_expected(ef) if ef is not None else Expected()
+    return findings_for(cfg, GraphIO.of(model), exp)

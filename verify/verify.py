@@ -201,7 +201,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         from mhaexport.verify.lint import lint_path
 
         try:
-            lint = lint_path(ef)  # the snapshot verify checked, not the folder opened again
+            lint = lint_path(ef, genai=False)  # the snapshot verify checked, not the folder opened again
             say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
         except ArtifactError as e:  # an unreadable file: the ONNX runtimes report it, once, as a load failure
             say(f"lint: not run ({e})")
