@@ -22,11 +22,12 @@ from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
+from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_runner, genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
-                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, TORCHSCRIPT,
+                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
                                       session_config, skipped)
 from mhaexport.verify.sweep import build_sweep
@@ -56,7 +57,7 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...]) -> list[R
     runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
     n_params = loaded.n_params
     for rt in runtimes:
-        if rt == EAGER:
+        if rt in (EAGER, ORT_GENAI):  # onnxruntime-genai's loop: verify/genai_runtime.py, after the others
             continue
         if rt == EAGER_CUDA:
             runners.append(EagerRunner(EAGER_CUDA, c, loaded.module, device="cuda"))
@@ -155,6 +156,8 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
 
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress)
+    if not runtimes and ships_genai(ef) and genai_unavailable() is None:
+        wanted += (ORT_GENAI,)  # a default where onnxruntime-genai is installed and the folder ships its config
     lossy = lossy_artifacts(ef)
     checks_given = bool(checks)
     checks = tuple(checks) if checks else (ALL_CHECKS if lossy else CHECKS)
@@ -217,6 +220,12 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
             p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
             other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": layout_of(arts["onnx"]).protocol,
                      "runtimes": p_infos, "results": p_results}
+        if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
+            ours = artifact_runner(ef, ORT_CPU, c) if ef.has("onnx") else None
+            g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours)], ctx, checks, say,
+                                         funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
+            infos.update(g_infos)
+            results.update(g_results)
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
