@@ -882,7 +882,8 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
         s = report.shapes
-        raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module} "
+        fused = f" inside its fused {report.fused_op}" if getattr(report, "fused_op", None) else ""
+        raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module}{fused} "
                                  f"({where.onnx_value}, rel err {where.rel:.1e}){step} at batch={s['batch']} "
                                  f"seq={s['seq']} past={s['past']}")
 
