@@ -869,6 +869,14 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 
                 with ExportFolder.open(folder, "onnx") as ef:
                     loaded = load_recorded(ef)
+            from mhaexport.verify.bisect_follow import follow
+
+            followed = follow(folder, loaded, seed=seed)  # a weights or deploy-loop failure: bisected in its terms
+            if followed is not None:
+                click.echo(followed.summary())
+                if not followed.ok:
+                    raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
+                                             f"difference is {followed.where}")
             found, why = failing_case(folder, loaded, progress=_progress)
             if found is not None:
                 shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
