@@ -130,13 +130,15 @@ def genai_trace(model, prompts: Sequence[Sequence[int]], new_tokens: int, pad_to
         if gen.is_done():
             break
         gen.generate_next_token()
+        if gen.is_done():  # every row chose eos (not appended): no logits after it (asking runs the graph again)
+            break
         steps.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(B, -1))
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     trace = GenAITrace([list(p) for p in prompts])
     for b in range(B):
         new = [int(t) for t in gen.get_sequence(b)][T:]  # og appends after the padded prompt
         cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
-        new = new[:min(cut, len(steps) - 1)]
+        new = new[:min(cut, len(steps))]
         trace.tokens.append(new)
-        trace.logits.append(np.stack([s[b] for s in steps[:len(new) + 1]]))  # (steps, V)
+        trace.logits.append(np.stack([s[b] for s in steps[:len(new) + 1]]))  # (steps, V): up to len(new) + 1
     return trace
