@@ -229,8 +229,7 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
     logits_shape = graph.outputs.get(names_out.get("logits", "logits"), [])
     graph_vocab = logits_shape[-1] if logits_shape and isinstance(logits_shape[-1], int) else None
     heads_attr = graph.attention.get("num_heads") or graph.attention.get("q_num_heads")
-    kv_attr = graph.attention.get("kv_num_heads") or (heads_attr if graph.attention.get("op") in
-                                                      ("MultiHeadAttention", "Attention") else None)
+    kv_attr = graph.attention.get("kv_num_heads")  # GroupQueryAttention's (MultiHeadAttention may repeat them)
     sizes = (
         ("model.decoder.head_size", dec.get("head_size"), [(graph_hd, "the graph's cache"),
                                                           (c and c.head_dim, "the model's head_dim")]),
@@ -456,7 +455,12 @@ def ships_genai(ef) -> bool:
 def genai_result(ef, loaded):
     """verify's ``genai-config`` result for an opened folder and its eager model, computed now (while the
     snapshot is open); returned by a callable, as the Context keeps it."""
-    result = result_of(folder_findings(ef, loaded.contract, getattr(loaded.module, "config", None)))
+    try:
+        result = result_of(folder_findings(ef, loaded.contract, getattr(loaded.module, "config", None)))
+    except ArtifactError as e:  # an unreadable ONNX file: the ONNX runtimes report it, once, as a load failure
+        from mhaexport.verify.results import CheckResult
+
+        result = CheckResult(GENAI_CHECK, None, {}, f"not run: {str(e).splitlines()[0]}")
     return lambda: result
 
 

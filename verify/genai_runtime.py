@@ -87,15 +87,21 @@ class GenAIRunner(Runner):
         raise RuntimeInputError("ort-genai runs onnxruntime-genai's own loop: it takes no contract call")
 
 
-def genai_runner(ef, contract, ours: Runner | None) -> Runner:
-    """The ``ort-genai`` runner of an opened folder; skipped with why where onnxruntime-genai cannot be imported or
-    the folder ships no genai_config.json."""
+def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None) -> Runner:
+    """The ``ort-genai`` runner of an opened folder; skipped with why where onnxruntime-genai cannot be imported, the
+    folder ships no genai_config.json, or (``infos``: the other runtimes as verify met them) ONNX Runtime could not
+    load the file — that is one failure, reported by its row, not one more here."""
     import json
 
     from mhaexport.runtime.runner import skipped
 
     if not ef.has("onnx"):
         return skipped(ORT_GENAI, contract, f"no ONNX export in {ef.path}")
+    broken = next((f"{name}: {info.reason}" for name, info in (infos or {}).items()
+                   if name.startswith("ort-") and info.status == "error"), None)
+    if broken is not None:
+        return skipped(ORT_GENAI, contract, f"ONNX Runtime cannot load the file (reported as {broken.split(':')[0]}'s "
+                                            "failure)")
     if GENAI_CONFIG not in ef.entry("onnx").files:
         return skipped(ORT_GENAI, contract, f"{ef.path} ships no {GENAI_CONFIG} (a static export, or made without one)")
     why = genai_unavailable()

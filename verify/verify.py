@@ -222,7 +222,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                      "runtimes": p_infos, "results": p_results}
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
             ours = artifact_runner(ef, ORT_CPU, c) if ef.has("onnx") else None
-            g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours)], ctx, checks, say,
+            g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos)], ctx, checks, say,
                                          funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
             infos.update(g_infos)
             results.update(g_results)
