@@ -129,3 +129,41 @@ def test_verify_fails_on_the_named_field_and_lint_on_the_config_alone(tiny_expor
     assert res.exit_code == 1 and "search.repetition_penalty" in res.output, res.output
     res = CliRunner().invoke(main, ["lint", str(tiny_export)])
     assert res.exit_code == 0 and "genai-config" in res.output, res.output
+
+
+@pytest.fixture(scope="module")
+def builder_fp32(hf_dir, tmp_path_factory):
+    pytest.importorskip("onnxruntime_genai")
+    from mhaexport.models.loading import load_model
+    from test_foreign import build_with_genai
+
+    hf = hf_dir("llama")
+    return load_model(hf=hf), build_with_genai(hf, tmp_path_factory.mktemp("genai_cfg") / "fp32", "fp32").parent
+
+
+BUILDER_EDITS = [
+    ("model.context_length", 32, "model.context_length", "refuses any max_length above 32"),
+    ("model.decoder.num_key_value_heads", 4, "model.decoder.num_key_value_heads", "the graph's cache is 2"),
+    ("model.decoder.head_size", 8, "model.decoder.head_size", "the graph's cache is 16"),
+    ("model.eos_token_id", 5, "model.eos_token_id", "tokenizer_config.json says 2"),
+    ("model.bos_token_id", 7, "model.bos_token_id", "tokenizer_config.json says 1"),
+    ("search.repetition_penalty", 1.2, "search.repetition_penalty", "differ from greedy"),
+]
+
+
+@pytest.mark.slow  # the builder (~20 s here), an adoption per edit
+@pytest.mark.parametrize("path, value, field, says", BUILDER_EDITS, ids=[f"{e[0]}={e[1]}" for e in BUILDER_EDITS])
+def test_an_edited_builder_config_is_named(builder_fp32, tmp_path, path, value, field, says):
+    """The builder's own folder, its config edited, then adopted (the manifest hashes the edited file): the same
+    fields are named, the ids against the builder's shipped tokenizer."""
+    from mhaexport.exporter.adopt import adopt_onnx
+
+    loaded, folder = builder_fp32
+    assert fields(adopt_onnx(loaded, folder / "model.onnx", tmp_path / "clean").folder, loaded) == {}
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("mhaexport"))
+    cfg = json.loads((copy / GENAI_CONFIG).read_text())
+    _set(path, value)(cfg)
+    (copy / GENAI_CONFIG).write_text(json.dumps(cfg))
+    found = fields(adopt_onnx(loaded, copy / "model.onnx").folder, loaded)
+    assert field in found and says in found[field], found
