@@ -44,13 +44,15 @@ def _plant_deploy_bug(monkeypatch, bug: str) -> None:
     monkeypatch.setattr(SharedCacheOrtRunner, "_run_shared", buggy)
 
 
+@pytest.mark.slow  # the planted ones below prove the same path fails; this one that it passes (~3 s)
 def test_a_clean_shared_cache_agrees_in_the_deploy_loop(shared, tiny):
     report = bisect_deploy(shared, tiny)
     assert report.ok and "rows together" in report.protocol, report.summary()
     assert report.figures["prompts"] == [10, 7]  # ragged, as verify's deploy check
 
 
-@pytest.mark.parametrize("bug, tensors", [("ragged", {"logits", "present.0.key"}), ("reused", {"present.0.key"})])
+@pytest.mark.parametrize("bug, tensors", [("ragged", {"logits", "present.0.key"}),
+                                          pytest.param("reused", {"present.0.key"}, marks=pytest.mark.slow)])
 def test_a_deploy_loop_failure_is_bisected_in_its_protocol(shared, tiny, monkeypatch, bug, tensors):
     """verify fails only in the deploy loop; bisect (which fed each row alone and said "all agree") now follows
     kv-consistency into the loop and names decode step 1, row 1 (the shorter), the first cache tensor."""
@@ -71,6 +73,7 @@ def test_a_deploy_loop_failure_is_bisected_in_its_protocol(shared, tiny, monkeyp
     assert tensors <= set(res.summary().split("differing: ")[1].split(", ")), res.summary()
 
 
+@pytest.mark.slow  # quantize, verify, then bisect through the CLI (~10 s here)
 def test_a_weights_failure_points_at_the_tensor_and_its_block(tiny_export, tmp_path):
     from test_weights import _plant, _quantize
 
