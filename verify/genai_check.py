@@ -464,11 +464,11 @@ def genai_result(ef, loaded):
     return lambda: result
 
 
-def lint_findings(model, folder: Path, ef=None) -> list[ConfigFinding] | None:
-    """The config on its own (``mhaexport lint``): the genai_config.json beside ``model``'s file in ``folder``
-    against the graph (and, for an opened export folder ``ef``, its manifest's file, cache layout and shipped
-    tokenizer); None when there is none (or it describes another file of the folder)."""
-    path = ef.file("onnx", GENAI_CONFIG) if ef is not None and ships_genai(ef) else Path(folder) / GENAI_CONFIG
+def lint_findings(model, file: Path, ef=None) -> list[ConfigFinding] | None:
+    """The config on its own (``mhaexport lint``): the genai_config.json beside ``model``'s ``file`` against the graph
+    (and, for an opened export folder ``ef``, its manifest's file, cache layout and shipped tokenizer); None when
+    there is none (or, beside a bare file, it names another file of the folder)."""
+    path = ef.file("onnx", GENAI_CONFIG) if ef is not None and ships_genai(ef) else Path(file).parent / GENAI_CONFIG
     if ef is None and not path.is_file():
         return None
     if ef is not None and not ships_genai(ef):
@@ -477,5 +477,8 @@ def lint_findings(model, folder: Path, ef=None) -> list[ConfigFinding] | None:
         cfg = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         return [ConfigFinding("genai_config.json", f"not readable JSON: {e}")]
+    named = ((cfg.get("model") or {}).get("decoder") or {}).get("filename") if isinstance(cfg, dict) else None
+    if ef is None and isinstance(named, str) and named != Path(file).name:
+        return None  # it describes another file of the folder
     exp = folder_expected(ef) if ef is not None else Expected()
     return findings_for(cfg, GraphIO.of(model), exp)

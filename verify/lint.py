@@ -469,7 +469,7 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)
         from mhaexport.verify.genai_check import GENAI_CHECK, lint_findings
 
-        found = lint_findings(model, path.parent, ef)
+        found = lint_findings(model, path, ef)
         report.rules.append(GENAI_CHECK)
         report.findings.extend(Finding(f.severity, GENAI_CHECK, f.field, f.message, "write the value that "
                                "describes the file and greedy decoding (or re-export)") for f in found or [])
