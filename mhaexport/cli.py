@@ -1274,6 +1274,14 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 
                 with ExportFolder.open(folder, "onnx") as ef:
                     loaded = load_recorded(ef, trust_code=trust_code)
+            from mhaexport.verify.bisect_follow import follow
+
+            followed = follow(folder, loaded, seed=seed)  # a weights or deploy-loop failure: bisected in its terms
+            if followed is not None:
+                click.echo(followed.summary())
+                if not followed.ok:
+                    raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
+                                             f"difference is {followed.where}")
             found, why = failing_case(folder, loaded, progress=_progress)
             if found is not None:
                 shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
@@ -1287,7 +1295,8 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
         s = report.shapes
-        raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module} "
+        fused = f" inside its fused {report.fused_op}" if getattr(report, "fused_op", None) else ""
+        raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module}{fused} "
                                  f"({where.onnx_value}, rel err {where.rel:.1e}){step} at batch={s['batch']} "
                                  f"seq={s['seq']} past={s['past']}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -98,3 +99,47 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
     # the snapshot: the files whose hashes were checked
     res = genai_generate(genai_model(ef.root), ids, max_length, eos_token_id=cfg["eos_token_id"])
     return [list(p) + new for p, new in zip(prompts, res.tokens)]
+
+
+@dataclass
+class GenAITrace:
+    """What onnxruntime-genai's generator did with a batch of prompts: per row, the tokens it generated after the
+    prompt and its logits for each — ``logits[b][0]`` at the prompt's last token (the prefill), ``logits[b][k]``
+    after the k-th new token (a decode step), as (steps, vocab). A row that generated eos ends there."""
+
+    prompts: list[list[int]]
+    tokens: list[list[int]] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+
+
+def genai_trace(model, prompts: Sequence[Sequence[int]], new_tokens: int, pad_token_id: int,
+                eos_token_id: int | Sequence[int] | None = None) -> GenAITrace:
+    """Run ``prompts`` together through onnxruntime-genai's generator as deployed (the config's search options; only
+    ``max_length`` and the batch size set), right-padded with ``pad_token_id`` as it pads a batch, and record each
+    step's logits (``get_logits``) and tokens: ``new_tokens`` decode steps after the prefill."""
+    og = import_og()
+    B, T = len(prompts), max(len(p) for p in prompts)
+    ids = np.full((B, T), pad_token_id, dtype=np.int32)  # (B, T) right-padded
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = p
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=T + new_tokens + 1, batch_size=B)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    steps = [np.asarray(gen.get_logits(), dtype=np.float32).reshape(B, -1)]  # (B, V) at each row's last token
+    for _ in range(new_tokens):
+        if gen.is_done():
+            break
+        gen.generate_next_token()
+        if gen.is_done():  # every row chose eos (not appended): no logits after it (asking runs the graph again)
+            break
+        steps.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(B, -1))
+    eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    trace = GenAITrace([list(p) for p in prompts])
+    for b in range(B):
+        new = [int(t) for t in gen.get_sequence(b)][T:]  # og appends after the padded prompt
+        cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+        new = new[:min(cut, len(steps))]
+        trace.tokens.append(new)
+        trace.logits.append(np.stack([s[b] for s in steps[:len(new) + 1]]))  # (steps, V): up to len(new) + 1
+    return trace

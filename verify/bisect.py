@@ -54,6 +54,8 @@ class TensorDiff:
     input_rel: float | None = None  # the same for the module's input, where it was found in the graph
     depth: int = 0  # module nesting depth (children sort before parents at the same position)
     first_position: int | None = None  # a (batch, seq, ...) value beyond tolerance: the lowest token position there
+    input_value: str | None = None  # the ONNX value the input was compared at
+    input_abs: float | None = None  # max|onnx - eager| of the input
 
 
 @dataclass
@@ -82,6 +84,7 @@ class BisectReport:
     rows_run: int = 1  # calls made (rows, for a shared cache); the report is the first that diverged, else the last
     notes: list[str] = field(default_factory=list)  # what was compared differently (outputs only, tolerance)
     positions: tuple[int, int] = (0, 0)  # the lowest and highest token position the (shown) call computed
+    fused_op: str | None = None  # the culprit is one fused node ("GroupQueryAttention node_x"): damage inside it
 
     @property
     def ok(self) -> bool:
@@ -133,7 +136,13 @@ class BisectReport:
                 lines.append(f"  {f.module} first differs at token position {f.first_position}"
                              + (f" (positions {self.positions[0]}-{f.first_position - 1} of this case agree)"
                                 if f.first_position > self.positions[0] else ""))
-            if c is not None:
+            if c is not None and self.fused_op:
+                where = f" in block {self.block}" if self.block else ""
+                inp = (f"its inputs agree ({c.input_rel:.1e}), " if c.input_rel is not None else
+                       "its inputs are no eager module's output, ")
+                lines.append(f"culprit{where}: the fused {self.fused_op} ({c.module}): {inp}its output differs "
+                             f"({c.rel:.1e}): damage inside the fused op, not in the module that reads it")
+            elif c is not None:
                 where = f" in block {self.block}" if self.block else ""
                 inp = f"input agrees ({c.input_rel:.1e}), " if c.input_rel is not None else ""
                 lines.append(f"culprit{where}: {c.module}: {inp}output differs ({c.rel:.1e})")
@@ -377,6 +386,7 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
                  **dict(zip([n for i in range(c.n_layers) for n in iospec.present_names(i)], names["present"]))}
 
     report = None
+    biases = _fused_biases(proto, nodes, data_dir)  # values whose module's bias a fused op adds
     calls = _calls(layout, ids, mask, cache)
     for row, call in calls:
         # eager: every submodule's first input and output
@@ -392,7 +402,8 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
                   if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
         call_mask = call[1].numpy()
         positions = np.maximum(np.cumsum(call_mask, axis=-1) - 1, 0)[:, -call[0].shape[1]:]  # (B, T), as the model's
-        report = _compare(label, nodes, scopes, values, producer, eager, expected_out, file_name, tol, positions)
+        report = _compare(label, nodes, scopes, values, producer, eager, expected_out, file_name, tol, positions,
+                          biases)
         report.shapes = {"batch": batch, "seq": seq, "past": past}
         report.positions = (int(positions.min()), int(positions.max()))
         report.pad = list(pad or [])
@@ -423,8 +434,137 @@ def _first_position(actual: np.ndarray, expected: np.ndarray, positions: np.ndar
     return int(positions[bad].min()) if bad.any() else None
 
 
+# com.microsoft ops that add a Linear's bias themselves (ONNX Runtime's fusions, the fused lowering): {op: the bias
+# input's index}. The Linear's output (MatMul + bias) is then no value of the graph: it is compared as the MatMul's
+# output plus that bias, read from the graph
+BIAS_FUSED = {"BiasGelu": 1, "FastGelu": 1, "BiasAdd": 1, "BiasSplitGelu": 1, "BiasDropout": 1,
+              "SkipLayerNormalization": 4, "SkipSimplifiedLayerNormalization": 3}
+SKIP_NORMS = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
+# ops that only move values: a fused op's output reaches the module that reads it through them
+LAYOUT_OPS = {"Reshape", "Transpose", "Identity", "Cast", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice"}
+
+
+def _fused_biases(proto, nodes: list, data_dir: str | None) -> dict[str, tuple[np.ndarray, str]]:
+    """{value: (the bias a fused op adds to it, "OpType node")} for values a bias-fusing op reads (BIAS_FUSED)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    out: dict[str, tuple[np.ndarray, str]] = {}
+    for n in nodes:
+        k = BIAS_FUSED.get(n.op_type)
+        if n.domain != "com.microsoft" or k is None or len(n.input) <= k or not n.input[k]:
+            continue
+        t = inits.get(n.input[k])
+        if t is None or len(t.dims) != 1:
+            continue
+        try:
+            bias = numpy_helper.to_array(t, base_dir=data_dir or "").astype(np.float32)
+        except Exception:  # noqa: BLE001 - external data that cannot be read here: that value is compared as it is
+            continue
+        for x in n.input[:2 if n.op_type.startswith("Skip") else 1]:  # a skip norm: its input or its skip
+            if x:
+                out[x] = (bias, f"{n.op_type} {n.name}")
+    return out
+
+
+def _packed_rows(nodes, scopes, values, eager, unmatched: list[str], tol: float, positions) -> list[TensorDiff]:
+    """Rows for projections packed into one MatMul (Q, K and V): the MatMul's output against eager's outputs of
+    the unmatched modules under its scope that share one input, concatenated in call order — a value both sides
+    compute. The modules compared leave ``unmatched``."""
+    rows = []
+    order = list(eager)
+    for idx, n in enumerate(nodes):
+        if n.op_type not in ("MatMul", "Gemm") or not n.output or n.output[0] not in values:
+            continue
+        v = values[n.output[0]]
+        paths = _module_paths(scopes[idx])
+        under = paths[-1] + "." if paths else ""
+        cand = [p for p in order if p in unmatched and p.startswith(under) and eager[p][0] is not None
+                and eager[p][1].shape[:-1] == v.shape[:-1] and eager[p][1].ndim == v.ndim]
+        for start in range(len(cand)):
+            group, width = [], 0
+            for p in cand[start:]:
+                if not np.array_equal(eager[p][0], eager[cand[start]][0]):
+                    continue
+                group.append(p)
+                width += eager[p][1].shape[-1]
+                if width >= v.shape[-1]:
+                    break
+            if len(group) < 2 or width != v.shape[-1]:
+                continue
+            want = np.concatenate([eager[p][1] for p in group], axis=-1)
+            max_abs, rel = relative_error(v, want)
+            inp = eager[group[0]][0]
+            src = next((x for x in n.input if x in values and values[x].shape == inp.shape), None)
+            input_rel = relative_error(values[src], inp)[1] if src is not None else None
+            head = group[0].rsplit(".", 1)
+            name = group[0] + "".join("+" + p.rsplit(".", 1)[-1] if p.rsplit(".", 1)[0] == head[0] else "+" + p
+                                      for p in group[1:])
+            rows.append(TensorDiff(f"{name} (packed)", n.output[0], f"{n.op_type} {n.name}", idx, tuple(v.shape),
+                                   max_abs, rel, input_rel, depth=group[0].count(".") + 1,
+                                   first_position=_first_position(v, want, positions, tol) if not rel <= tol
+                                   else None, input_value=src))
+            for p in group:
+                unmatched.remove(p)
+            break
+    return rows
+
+
+def _fused_source(name: str | None, nodes: list, producer: dict) -> int | None:
+    """The fused attention node (FUSED_OPS) that computes ``name`` — directly or through ops that only move
+    values — or None."""
+    for _ in range(8):
+        idx = producer.get(name) if name else None
+        if idx is None:
+            return None
+        if nodes[idx].op_type in FUSED_OPS:
+            return idx
+        if nodes[idx].op_type not in LAYOUT_OPS:
+            return None
+        name = nodes[idx].input[0]
+    return None
+
+
+def _fused_culprit(rows: list[TensorDiff], first: TensorDiff, nodes, scopes, values, producer,
+                   tol: float) -> TensorDiff | None:
+    """When the first divergent value comes out of a fused attention node (its output, or the input of the
+    module that reads it, e.g. W_o) while every value feeding that node agrees: a row for the fused node itself."""
+    if nodes[first.position].op_type in FUSED_OPS and first.onnx_value in values:
+        idx, value, max_abs, rel = first.position, first.onnx_value, first.max_abs, first.rel
+    elif first.input_rel is not None and not first.input_rel <= tol:
+        idx = _fused_source(first.input_value, nodes, producer)
+        if idx is None:
+            return None
+        value = nodes[idx].output[0]
+        max_abs, rel = first.input_abs if first.input_abs is not None else float("inf"), first.input_rel
+    else:
+        return None
+    node = nodes[idx]
+    # the values feeding it: each input followed back through ops that only move values
+    feeding: set[str] = set()
+    for x in node.input:
+        for _ in range(6):
+            if not x:
+                break
+            feeding.add(x)
+            j = producer.get(x)
+            if j is None or nodes[j].op_type not in LAYOUT_OPS:
+                break
+            x = nodes[j].input[0]
+    fed = [r for r in rows if r.onnx_value in feeding and r is not first]
+    input_rel = max((r.rel for r in fed), default=None)
+    if input_rel is not None and not input_rel <= tol:
+        return None  # its inputs differ already: the damage is before it
+    paths = _module_paths(scopes[idx])
+    module = paths[-1] if paths else f"{node.op_type} {node.name}"
+    shape = tuple(values[value].shape) if value in values else first.shape
+    return TensorDiff(module, value, f"{node.op_type} {node.name}", idx, shape, max_abs, rel, input_rel,
+                      depth=module.count(".") + 1)
+
+
 def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict, eager: dict,
-             expected_out: dict, file_name: dict, tol: float, positions: np.ndarray) -> BisectReport:
+             expected_out: dict, file_name: dict, tol: float, positions: np.ndarray,
+             biases: dict | None = None) -> BisectReport:
     """One call's rows: each eager module's output against its ONNX value, then the graph outputs; the first
     divergent row, the culprit and its own nodes. ``positions``: (B, T) the call's token positions."""
 
@@ -449,20 +589,43 @@ def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict
         if not cand:
             unmatched.append(path)
             continue
-        max_abs, rel = relative_error(values[name], out)
-        input_rel = None
+        got, op = values[name], op_of(idx)
+        max_abs, rel = relative_error(got, out)
+        if not rel <= tol and name in (biases or {}) and got.shape[-1:] == biases[name][0].shape:
+            # the module's bias is added inside a fused op that reads this value (BiasGelu, a skip norm): what both
+            # sides compute is this value plus that bias
+            b_abs, b_rel = relative_error(got + biases[name][0], out)
+            op = f"{nodes[idx].op_type}+bias of {biases[name][1]}"  # the bias a fused op adds: its own or not
+            if b_rel < rel:
+                got, max_abs, rel = got + biases[name][0], b_abs, b_rel
+        input_rel, input_value, input_abs = None, None, None
         if inp is not None:
+            # every value entering the module's nodes from outside with the input's shape (a bias a fused op adds
+            # included): the input agrees when one of them is eager's input
             scope_set = set(in_scope)
             for i in in_scope:
-                src = [x for x in nodes[i].input if x in values and producer.get(x) not in scope_set
-                       and values[x].shape == inp.shape]
-                if src:
-                    input_rel = relative_error(values[src[0]], inp)[1]
-                    break
-        rows.append(TensorDiff(path, name, op_of(idx), idx, tuple(out.shape), max_abs, rel, input_rel,
+                for x in nodes[i].input:
+                    if x not in values or producer.get(x) in scope_set or values[x].shape != inp.shape:
+                        continue
+                    tries = [values[x]] + ([values[x] + biases[x][0]] if x in (biases or {}) and
+                                           values[x].shape[-1:] == biases[x][0].shape else [])
+                    n = nodes[i]
+                    if n.op_type in SKIP_NORMS and x == n.input[0] and len(n.input) > 1 and n.input[1] in values \
+                            and values[n.input[1]].shape == inp.shape:
+                        # a skip norm absorbed the residual add before it: its input is input + skip (+ bias)
+                        k = BIAS_FUSED[n.op_type]
+                        summed = values[x] + values[n.input[1]]
+                        tries.append(summed)
+                        if x in (biases or {}):
+                            tries.append(summed + biases[x][0])
+                    for v in tries:
+                        a, r = relative_error(v, inp)
+                        if input_rel is None or r < input_rel:
+                            input_abs, input_rel, input_value = a, r, x
+        rows.append(TensorDiff(path, name, op, idx, tuple(out.shape), max_abs, rel, input_rel,
                                depth=path.count(".") + 1,
-                               first_position=_first_position(values[name], out, positions, tol)
-                               if not rel <= tol else None))
+                               first_position=_first_position(got, out, positions, tol)
+                               if not rel <= tol else None, input_value=input_value, input_abs=input_abs))
     for contract_name, exp in expected_out.items():
         name = file_name.get(contract_name, contract_name)
         if name in values and name in producer:
@@ -474,14 +637,22 @@ def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict
                 else None
             rows.append(TensorDiff(f"output {contract_name}", name, op_of(producer[name]), producer[name],
                                    tuple(exp.shape), max_abs, rel, depth=0, first_position=first))
+    rows += _packed_rows(nodes, scopes, values, eager, unmatched, tol, positions)
     rows.sort(key=lambda r: (r.position, -r.depth))
 
     report = BisectReport(model=label, shapes={}, tol=tol, provider="", rows=rows, unmatched=sorted(unmatched))
     bad = [r for r in rows if not r.rel <= tol]  # NaN counts as bad
-    if bad:
+    fused = _fused_culprit(rows, bad[0], nodes, scopes, values, producer, tol) if bad else None
+    if fused is not None:  # damage inside a fused op: named as that op, not as the module that reads its output
+        rows.append(fused)
+        rows.sort(key=lambda r: (r.position, -r.depth))
+        report.first_divergent = report.culprit = fused
+        report.fused_op = fused.op
+    elif bad:
         report.first_divergent = bad[0]
         report.culprit = next((r for r in bad if not r.module.startswith("output ")
                                and r.input_rel is not None and r.input_rel <= tol), bad[0])
+    if bad:
         m = BLOCK_RE.match(report.culprit.module)
         report.block = m.group(1) if m else None
         own = report.culprit.module
@@ -491,6 +662,8 @@ def _compare(label: str, nodes: list, scopes: list, values: dict, producer: dict
         report.culprit_nodes = [op_of(i) + ("" if s else " (no scope)") for i, s in enumerate(scopes)
                                 if (s and _module_paths(s) and _module_paths(s)[-1] == own)
                                 or (not s and lo < i < hi)]
+        if report.fused_op and report.fused_op not in report.culprit_nodes:  # a fused node without a scope
+            report.culprit_nodes.insert(0, report.fused_op)
     return report
 
 

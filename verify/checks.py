@@ -17,8 +17,9 @@ from mhaexport import iospec
 from mhaexport.errors import MhaExportError, first_line
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, rounded
+from mhaexport.verify.genai_check import check_genai_config
 from mhaexport.verify.quality import check_quality
-from mhaexport.verify.results import QUALITY, WEIGHTS, CheckResult, Context, SweepContext
+from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context, SweepContext
 from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 
@@ -765,6 +766,7 @@ CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
     "generation": check_generation,
     QUALITY: check_quality,
     WEIGHTS: check_weights,
+    GENAI_CONFIG_CHECK: check_genai_config,
 }
 
 

@@ -443,13 +443,14 @@ def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions:
     return report
 
 
-def lint_path(path: str | Path | ExportFolder) -> LintReport:
+def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintReport:
     """Lint an ONNX file, or the ONNX artifact of an export folder (a path: opened and hash-checked here; an opened
-    :class:`ExportFolder`: its checked snapshot; its contract and static sizes inform the rules)."""
+    :class:`ExportFolder`: its checked snapshot; its contract and static sizes inform the rules). ``genai``: also the
+    ``genai-config`` rule on the genai_config.json beside the file (verify runs that as its own check instead)."""
     if not isinstance(path, ExportFolder) and Path(path).is_dir():
-        with ExportFolder.open(path, "onnx") as ef:  # the snapshot removed when the lint is done
-            return lint_path(ef)
-    max_positions, static, layout = None, False, None
+        with ExportFolder.open(path, "onnx") as opened:  # the snapshot removed when the lint is done
+            return lint_path(opened, genai=genai)
+    max_positions, static, layout, ef = None, False, None, None
     if isinstance(path, ExportFolder):
         from mhaexport.runtime.foreign import layout_of
 
@@ -470,4 +471,13 @@ def lint_path(path: str | Path | ExportFolder) -> LintReport:
     if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
                             f"({path.stat().st_size} bytes)")
-    return lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, layout=layout)
+    report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, layout=layout)
+    if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)
+        from mhaexport.verify.genai_check import GENAI_CHECK, lint_findings
+
+        found = lint_findings(model, path, ef)
+        report.rules.append(GENAI_CHECK)
+        report.findings.extend(Finding(f.severity, GENAI_CHECK, f.field, f.message, "write the value that "
+                               "describes the file and greedy decoding (or re-export)") for f in found or [])
+        report.findings.sort(key=lambda f: SEVERITIES.index(f.severity))
+    return report

@@ -27,7 +27,10 @@ MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstr
 QUALITY = "quality"
 # ... and this one: its quantized weights against the recipe its manifest records (verify/weights.py)
 WEIGHTS = "weights"
-ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS)
+# ... and this one when the folder ships a genai_config.json: the config onnxruntime-genai reads, against the graph,
+# the manifest, the model and the tokenizer (verify/genai_check.py)
+GENAI_CONFIG_CHECK = "genai-config"
+ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS, GENAI_CONFIG_CHECK)
 
 
 @dataclass
@@ -109,6 +112,7 @@ class Context(SweepContext):
     quality: Any = None  # verify.quality.QualitySettings: thresholds' overrides, the text, greedy prompts
     tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
     weights: Callable[[], CheckResult] | None = None  # a lossy folder's weights check (verify/weights.py), run once
+    genai_config: Callable[[], CheckResult] | None = None  # the folder's genai_config.json (verify/genai_check.py)
 
     def inputs(self, case: Case):
         return case.inputs(self.contract)

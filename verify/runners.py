@@ -30,6 +30,10 @@ ORT_CPU, ORT_CUDA, ONNX_REFERENCE = "ort-cpu", "ort-cuda", "onnx-reference"
 # gains them where the folder holds them
 ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE, PT2, AOTI)
 DEFAULT_RUNTIMES = (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
+# onnxruntime-genai's own generator on the folder (verify/genai_runtime.py): verify adds it to the defaults where it
+# is installed and the folder ships a genai_config.json; asked for by name, it is skipped (never passed) elsewhere
+ORT_GENAI = "ort-genai"
+ALL_RUNTIMES = ALL_RUNTIMES + (ORT_GENAI,)
 # an attention-block export (--module attention): torch's own attention with the block's weights is a second
 # reference beside eager (verify/module.py)
 TORCH_MHA = "torch-mha"
@@ -37,7 +41,7 @@ MODULE_RUNTIMES = (EAGER, TORCH_MHA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 REFERENCE_RUNTIMES = (EAGER, TORCH_MHA)  # references: running them alone verifies no artifact
 
 __all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
-           "ORT_CUDA", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",
+           "ORT_CUDA", "ORT_GENAI", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",
            "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "ort_runner", "session_config",
            "skipped"]
 

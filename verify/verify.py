@@ -22,11 +22,13 @@ from mhaexport.verify.external_data import check_external_data
 from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
-from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, Context
+from mhaexport.verify.genai_check import genai_result, ships_genai
+from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_runner, genai_unavailable
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
-                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, TORCHSCRIPT,
+                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
                                       session_config, skipped)
 from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner, present_code_runtimes, refuse_untrusted
@@ -57,7 +59,7 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_cod
     runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
     n_params = loaded.n_params
     for rt in runtimes:
-        if rt == EAGER:
+        if rt in (EAGER, ORT_GENAI):  # onnxruntime-genai's loop: verify/genai_runtime.py, after the others
             continue
         if rt == EAGER_CUDA:
             runners.append(EagerRunner(EAGER_CUDA, c, loaded.module, device="cuda"))
@@ -171,8 +173,14 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
 
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress, trust_code=trust_code)
+    if not runtimes and ships_genai(ef) and genai_unavailable() is None:
+        wanted += (ORT_GENAI,)  # a default where onnxruntime-genai is installed and the folder ships its config
     lossy = lossy_artifacts(ef)
+    checks_given = bool(checks)
     checks = tuple(checks) if checks else (ALL_CHECKS if lossy else CHECKS)
+    if not checks_given:  # genai-config: when the folder ships a genai_config.json (verify/genai_check.py)
+        checks = tuple(ch for ch in checks if ch != GENAI_CONFIG_CHECK) + ((GENAI_CONFIG_CHECK,) if ships_genai(ef)
+                                                                            else ())
     if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in ALL_CHECKS]:
         raise ConfigError(f"{', '.join(off)}: only for an attention-block export (--module attention); "
                           f"{ef.path} holds a decoder")
@@ -206,13 +214,14 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                   quality=quality, tokenizer=tokenizer,
                   weights=(lambda: check_weights(ef, reproduce, lambda: _linear_weights(loaded.module)))
                   if "onnx" in lossy else None,
-                  long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small)
+                  long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small,
+                  genai_config=genai_result(ef, loaded) if GENAI_CONFIG_CHECK in checks and ships_genai(ef) else None)
     lint = None
     if ef.has("onnx"):  # static findings first: they often say why a check below fails
         from mhaexport.verify.lint import lint_path
 
         try:
-            lint = lint_path(ef)  # the snapshot verify checked, not the folder opened again
+            lint = lint_path(ef, genai=False)  # the snapshot verify checked, not the folder opened again
             say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
         except ArtifactError as e:  # an unreadable file: the ONNX runtimes report it, once, as a load failure
             say(f"lint: not run ({e})")
@@ -228,6 +237,12 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
             p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
             other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": layout_of(arts["onnx"]).protocol,
                      "runtimes": p_infos, "results": p_results}
+        if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
+            ours = artifact_runner(ef, ORT_CPU, c) if ef.has("onnx") else None
+            g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos)], ctx, checks, say,
+                                         funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
+            infos.update(g_infos)
+            results.update(g_results)
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []

@@ -1,0 +1,221 @@
+"""``verify --bisect`` follows the check that failed. Bisect's module-by-module comparison answers "where does one
+call of the graph depart from eager?" — the question a parity failure asks. Two other failures ask another:
+
+- **a deploy-loop failure** (kv-consistency, padding or generation failed in the loop generate and bench run —
+  buffers reused in place over a ragged right-padded batch — while parity passed): :func:`bisect_deploy` runs that
+  protocol, rows together, and compares each step's logits and each layer's cache with eager fed each row's
+  tokens alone: the first step, row and tensor that differ;
+- **a weights failure** (a quantized tensor differs from its recipe): the weights check's tensor and block, and
+  the module that tensor belongs to (its node's scope, read from the float source when the quantizer dropped it).
+
+:func:`followed_failure` reads the folder's verify report (written since its last export) to choose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from mhaexport.errors import MhaExportError
+
+DEPLOY_CHECKS = ("kv-consistency", "padding", "generation")
+
+
+@dataclass
+class FollowReport:
+    """What bisect found when it followed a failed check: ``ok`` when the followed protocol agrees with eager."""
+
+    check: str  # the check followed: "weights", or "kv-consistency" (... failed in the deploy loop)
+    runtime: str
+    protocol: str
+    ok: bool
+    lines: list[str] = field(default_factory=list)
+    where: str = ""  # the one-line location of the first difference
+    figures: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def summary(self) -> str:
+        return "\n".join([f"bisect follows {self.runtime}'s {self.check} check: {self.protocol}"] + self.lines)
+
+
+def followed_failure(folder: str | Path) -> tuple[str, str, object] | None:
+    """(kind, runtime, CheckResult) of the failure bisect should follow in the folder's newest verify report written
+    since its last export: ("weights", ...) when a weights check failed, ("deploy", ...) when a deploy-loop check
+    failed and parity did not; None when parity failed (bisect's own question), or no such report."""
+    from mhaexport.verify.report import load_report
+
+    folder = Path(folder)
+    exported = (folder / "manifest.json").stat().st_mtime
+    reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in reports:
+        try:
+            report = load_report(path)
+        except MhaExportError:
+            continue
+        ort = {rt: checks for rt, checks in report.results.items() if rt.startswith("ort-") and ":" not in rt}
+        if any(checks.get("parity") is not None and checks["parity"].status is False for checks in ort.values()):
+            return None
+        for rt, checks in ort.items():
+            r = checks.get("weights")
+            if r is not None and r.status is False:
+                return "weights", rt, r
+        for rt, checks in ort.items():
+            for name in DEPLOY_CHECKS:
+                r = checks.get(name)
+                if r is not None and r.status is False and (
+                        "deploy loop" in r.message or "deploy" in str(r.figures.get("protocol", ""))):
+                    return "deploy", rt, r
+        return None
+    return None
+
+
+def follow_weights(folder: str | Path, runtime: str, result) -> FollowReport:
+    """The weights check's first difference — tensor, role, block — and the module holding that tensor."""
+    import onnx
+
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.verify.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
+    from mhaexport.graph import name_scopes
+
+    first = str(result.figures.get("first_difference") or result.message)
+    tensor = first.split(" ", 1)[0]
+    module = None
+    with ExportFolder.open(folder, "onnx") as ef:
+        entry = ef.entry("onnx")
+        nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
+        hints, _ = _quantized_scope_hints(ef, entry, nodes)
+        for n in nodes:
+            if tensor in n.input:
+                paths = _module_paths(name_scopes(n) or hints.get(n.name))
+                module = paths[-1] if paths else f"{n.op_type} {n.name}"
+                break
+    block = BLOCK_RE.match(module or "")
+    where = f"{tensor} of {module}" if module else tensor
+    lines = [f"first difference: {first}",
+             f"culprit{f' in block {block.group(1)}' if block else ''}: {module or 'a tensor no module scope names'}: "
+             f"its quantized weight {tensor} differs from the recorded recipe re-run on its source"]
+    return FollowReport("weights", runtime, "the quantized weights against their recipe", False, lines, where,
+                        {"tensor": tensor, "module": module, "first_difference": first})
+
+
+def bisect_deploy(folder: str | Path, loaded=None, *, n_new: int = 4, seed: int = 0, tol: float | None = None,
+                  runtime: str = "ort-cpu", check: str = "kv-consistency") -> FollowReport:
+    """Run the folder's ONNX file in the deploy loop (the runner generate and bench use: a shared cache's buffers
+    reused in place, a ragged batch padded as the loop pads it, rows together) and compare, step by step, each row's
+    logits and each layer's cache (its real positions) with eager fed that row's tokens alone. The first step, row
+    and tensor beyond ``tol`` (relative to max|eager|; default: 1e-3, 1e-2 for float16, a quantized scheme's
+    logit error) are named."""
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.models.loading import check_same_model, load_recorded
+    from mhaexport.runtime.decode import DecodeLoop, pad_prompts
+    from mhaexport.verify.attention_steps import relative_error
+    from mhaexport.verify.bisect import _quantization, quantized_tolerance
+    from mhaexport.verify.checks import _ragged_prompts
+    from mhaexport.verify.runners import ORT_CPU
+    from mhaexport.verify.verify import artifact_runner
+
+    with ExportFolder.open(folder, "onnx") as ef:
+        if loaded is None:
+            loaded = load_recorded(ef)
+        else:
+            check_same_model(loaded, ef.model)
+        c = loaded.contract
+        entry = ef.entry("onnx")
+        if tol is None:
+            quant = _quantization(entry)
+            tol = quantized_tolerance(quant)[0] if quant else (1e-2 if entry.dtype != "float32" else 1e-3)
+        runner = artifact_runner(ef, ORT_CPU, c)
+        runner.activate()
+        twin = runner.deploy_runner() or runner
+        twin.activate()
+        try:
+            prompts = [p.tolist() for p in _ragged_prompts(SimpleNamespace(contract=c), n_new, seed + 43)]
+            padding = getattr(twin, "padding", "left")
+            ids, mask, lengths = pad_prompts(prompts, c.vocab_size, c.max_positions, 0, side=padding)
+            loop = DecodeLoop(twin)
+            logits, state = loop.prefill(ids, mask, ids.shape[1] + n_new)
+            steps = []  # (logits (B, V), cache per layer ((B, H, S, D), ...), the mask so far)
+            tokens = [[] for _ in prompts]
+            for i in range(n_new):
+                steps.append((np.asarray(logits), twin.cache_numpy(state.cache), state.attention_mask.copy()))
+                nxt = np.argmax(logits, axis=-1)  # greedy, as verify's deploy check
+                for b, t in enumerate(nxt.tolist()):
+                    tokens[b].append(int(t))
+                if i + 1 < n_new:
+                    logits, state = loop.decode_one_token(nxt, state)
+        finally:
+            twin.deactivate()
+            runner.deactivate()
+    shared = padding == "right"
+    protocol = (f"the deploy loop ({'one buffer per layer reused in place, ' if shared else ''}a ragged "
+                f"{padding}-padded batch of {len(prompts)} rows of {[len(p) for p in prompts]} tokens, rows "
+                f"together, {n_new} steps)")
+    rows_out: list[tuple[int, int, str, float, float]] = []  # (step, row, tensor, rel, max_abs)
+    first = None
+    for b, p in enumerate(prompts):
+        seq = np.array([p + tokens[b][:n_new - 1]], dtype=np.int64)  # (1, S)
+        ref_logits, ref_present = _eager(loaded.module, seq)
+        for i, (lg, cache, m) in enumerate(steps):
+            S = len(p) + i  # positions row b holds after step i
+            real = np.arange(S) if shared else np.nonzero(m[b])[0]  # the row's slots: packed, or where its mask is 1
+            compared = []  # in the order the graph computes them: each layer's cache, then the logits
+            for layer, (k, v) in enumerate(cache):
+                for name, got, want in ((f"present.{layer}.key", k, ref_present[layer][0]),
+                                        (f"present.{layer}.value", v, ref_present[layer][1])):
+                    compared.append((name, *relative_error(got[b][:, real], want[0][:, :S])))
+            compared.append(("logits", *relative_error(lg[b], ref_logits[0, S - 1])))
+            for name, a, r in compared:
+                rows_out.append((i, b, name, r, a))
+                if not r <= tol and (first is None or (i, b) < first[:2]):
+                    first = (i, b, name, r, a)
+    lines = [f"  {'step':<10} {'row':<14} {'tensor':<20} {'rel err':>9}"]
+    worst = {}
+    for i, b, name, r, a in rows_out:  # one line per (step, row): its worst tensor
+        if (i, b) not in worst or r > worst[(i, b)][1]:
+            worst[(i, b)] = (name, r)
+    for (i, b), (name, r) in sorted(worst.items()):
+        mark = "  <-- first difference" if first is not None and (i, b) == first[:2] else ""
+        lines.append(f"  {'prefill' if i == 0 else f'decode {i}':<10} {f'{b} ({len(prompts[b])} tokens)':<14} "
+                     f"{name:<20} {r:9.1e}{mark}")
+    fig = {"prompts": [len(p) for p in prompts], "steps": n_new, "tol": tol}
+    if first is None:
+        lines.append(f"no difference: every step's logits and cache of every row within {tol:.0e} of eager")
+        return FollowReport(check, runtime, protocol, True, lines, "", fig)
+    i, b, name, r, a = first
+    step = "the prefill" if i == 0 else f"decode step {i}"
+    where = f"{step}, row {b} ({len(prompts[b])} tokens), {name}"
+    earlier = [x for x in rows_out if (x[0], x[1]) < (i, b)]
+    agree = (f" (everything before it agrees: worst {max(x[3] for x in earlier):.1e})" if earlier else "")
+    lines.append(f"first difference: {where}: rel err {r:.1e} (max abs {a:.3g}){agree}")
+    others = sorted({x[2] for x in rows_out if (x[0], x[1]) == (i, b) and not x[3] <= tol})
+    lines.append(f"  at that step and row, differing: {', '.join(others)}")
+    fig.update(step=i, row=b, tensor=name, rel=float(r))
+    return FollowReport(check, runtime, protocol, False, lines, where, fig)
+
+
+def _eager(module, seq: np.ndarray):
+    """Eager's logits (1, S, V) and present ((1, H, S, D) key, value per layer) for one row of tokens."""
+    import torch
+
+    with torch.no_grad():
+        logits, present = module(torch.from_numpy(seq), torch.ones_like(torch.from_numpy(seq)), None)
+    return logits.float().numpy(), [(k.float().numpy(), v.float().numpy()) for k, v in present]
+
+
+def follow(folder: str | Path, loaded=None, *, seed: int = 0) -> FollowReport | None:
+    """What ``verify --bisect`` runs first: the failure of the folder's verify report it should follow (a weights or
+    a deploy-loop failure) bisected in that check's terms; None when there is none to follow (parity failed, or no
+    report since the last export): bisect's module comparison answers then."""
+    found = followed_failure(folder)
+    if found is None:
+        return None
+    kind, runtime, result = found
+    if kind == "weights":
+        return follow_weights(folder, runtime, result)
+    return bisect_deploy(folder, loaded, seed=seed, runtime=runtime, check=result.check)
