@@ -68,8 +68,10 @@ EDITS = [
     ("model.decoder.num_hidden_layers", 3, "model.decoder.inputs.past_key_names", "past_key_values.2.key not a graph"),
     ("model.decoder.num_hidden_layers", 1, "model.decoder.num_hidden_layers", "the graph's past inputs is 2"),
     ("model.vocab_size", 300, "model.vocab_size", "the graph's logits is 256"),
-    ("model.decoder.filename", "other.onnx", "model.decoder.filename", "the manifest's hashed ONNX file is 'model.onnx'"),
-    ("model.decoder.filename", "../model.onnx", "model.decoder.filename", "not a file inside the folder"),
+    # a hashed file of the folder that is not its ONNX model (a name outside the hashed files is refused when the
+    # folder is opened: test_a_filename_outside_the_hashed_files_refuses_the_folder)
+    ("model.decoder.filename", "genai_config.json", "model.decoder.filename",
+     "the manifest's hashed ONNX file is 'model.onnx'"),
     ("model.decoder.inputs.attention_mask", "mask", "model.decoder.inputs.attention_mask", "'mask' is not a graph input"),
     ("model.decoder.inputs.past_key_names", "past.%d.key", "model.decoder.inputs.past_key_names", "not a graph input"),
     ("model.decoder.outputs.logits", "scores", "model.decoder.outputs.logits", "'scores' is not a graph output"),
@@ -94,6 +96,17 @@ def test_each_edited_field_is_named(tiny, tiny_export, tmp_path, path, value, fi
     folder = edited(tiny_export, tmp_path / "f", _set(path, value))
     found = fields(folder, tiny)
     assert field in found and says in found[field], found
+
+
+@pytest.mark.parametrize("filename", ["other.onnx", "../model.onnx", "/tmp/model.onnx"])
+def test_a_filename_outside_the_hashed_files_refuses_the_folder(tiny, tiny_export, tmp_path, filename):
+    """onnxruntime-genai would load a file verify never hashed: the folder is refused when it is opened (issue 25),
+    naming the field, before any check runs."""
+    from mhaexport.errors import UnsafeFolder
+
+    folder = edited(tiny_export, tmp_path / "f", _set("model.decoder.filename", filename))
+    with pytest.raises(UnsafeFolder, match=r"model\.decoder\.filename.*refused"):
+        fields(folder, tiny)
 
 
 def test_sampling_knobs_count_only_with_sampling(tiny, tiny_export, tmp_path):

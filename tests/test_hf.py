@@ -69,7 +69,7 @@ def test_llama_gqa_exports_with_our_io_and_verifies_on_ort(small):
     report = verify_folder(out, loaded=loaded, runtimes=("ort-cpu",))
     assert report.verdict.code == 0, report.to_markdown()
     ort = {check: r.status for check, r in report.results["ort-cpu"].items()}
-    assert len(ort) == 7 and all(s is True for s in ort.values()), ort
+    assert len(ort) == 8 and "genai-config" in ort and all(s is True for s in ort.values()), ort
 
 
 def test_generate_prompt_encodes_and_decodes_with_the_folders_tokenizer(small):

@@ -132,7 +132,7 @@ def test_quantize_refuses_bad_options_with_one_line(tiny_export, tmp_path, args,
 
 def test_quantize_refuses_its_own_source_and_a_quantized_folder(tiny_export, tiny_int4, tmp_path):
     res = CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(tiny_export)])
-    assert res.exit_code == 2 and "is the source folder" in res.output
+    assert res.exit_code == 2 and "is the folder this command reads" in res.output
     res = CliRunner().invoke(main, ["quantize", str(tiny_int4), "-o", str(tmp_path / "again")])
     assert res.exit_code == 2 and "already quantized" in res.output
 
