@@ -303,6 +303,7 @@ def test_bench_leaves_out_the_eager_rows_of_a_folder_whose_model_is_code(world):
     assert eager is None and "--trust-code" in why
 
 
+@pytest.mark.slow  # ~5 s: an export and three verifies; the fast planted tests verify factory folders with --trust-code
 def test_a_users_own_code_folder_verifies_with_trust_code(tmp_path):
     """The opt-in works: the user's own factory export, verified with --trust-code (and with --model instead)."""
     factory = Path(__file__).resolve().parent.parent / "examples" / "user_decoder.py"
