@@ -123,6 +123,7 @@ def test_shipped_weights_predict_the_corpus(small):
     assert loss < 2.0, f"mean next-byte loss {loss:.2f} nats (random weights: {math.log(256):.2f})"
 
 
+@pytest.mark.slow  # ~7 s: 200 tokens generated on the default model; test_shipped_weights_predict_the_corpus stays fast
 def test_shipped_weights_continue_text_readably(small):
     ids = torch.tensor([list(b"The river ")])
     mask = torch.ones_like(ids)

@@ -281,7 +281,8 @@ def test_a_factory_file_the_folder_names_is_not_run_without_trust(world, tmp_pat
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("verb", [["verify", "--bisect"], ["eval", "--runtime", "eager"]])
+@pytest.mark.parametrize("verb", [["verify", "--bisect"],
+                                  pytest.param(["eval", "--runtime", "eager"], marks=pytest.mark.slow)])  # ~3 s each
 def test_no_verb_runs_a_module_the_folder_names(world, verb):
     """``os:abort`` as the model's module would kill the process with no output."""
     folder, _ = world
