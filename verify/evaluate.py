@@ -83,7 +83,8 @@ def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
 
             loaded_box["loaded"] = load_recorded(ef, trust_code=loaded_box.get("trust_code", False))
         return EagerRunner(name, c, loaded_box["loaded"].module, device="cuda" if name == EAGER_CUDA else "cpu")
-    return artifact_runner(ef, name, c)  # as verify drives it: a shared cache, an adopted file's layout
+    # as verify drives it: a shared cache, an adopted file's layout; pt2/aoti only with --trust-code
+    return artifact_runner(ef, name, c, trust_code=loaded_box.get("trust_code", False))
 
 
 def _threads_for(ef: ExportFolder, name: str) -> int | None:
