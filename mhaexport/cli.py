@@ -27,43 +27,38 @@ ORT_MISSING = ("ONNX Runtime is not installed: pip install -e '.[cpu]' (onnxrunt
                "(onnxruntime-gpu: CUDA and CPU) in the mhaexport checkout")
 
 
+def _chain(e: BaseException | None):
+    """``e`` and the exceptions it was raised from or while handling, each once."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _os_error(e: BaseException, *errnos: int) -> OSError | None:
+    return next((x for x in _chain(e) if isinstance(x, OSError) and x.errno in errnos), None)
+
+
 def bad_path(e: BaseException) -> OSError | None:
     """The OSError "file name too long" or "too many levels of symbolic links" that ``e`` is or was raised from, else
     None: a path the user gave (or one made from it) that no file system takes: bad input, whichever verb met it."""
     import errno
 
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENAMETOOLONG, errno.ELOOP):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
+    return _os_error(e, errno.ENAMETOOLONG, errno.ELOOP)
 
 
 def disk_full(e: BaseException) -> OSError | None:
     """The OSError "no space left on device" (or a quota exceeded) that ``e`` is or was raised from, else None."""
     import errno
 
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
+    return _os_error(e, errno.ENOSPC, errno.EDQUOT)
 
 
 def interrupted(e: BaseException) -> bool:
     """Whether ``e`` is, or was raised while handling, a Ctrl-C (a library that wraps every exception of a call, as
     torch.onnx.export does, must not turn an interrupt into "export failed")."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, (KeyboardInterrupt, click.exceptions.Abort)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+    return any(isinstance(x, (KeyboardInterrupt, click.exceptions.Abort)) for x in _chain(e))
 
 
 class _Forgiving:
