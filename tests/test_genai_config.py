@@ -14,17 +14,9 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.cli import main
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.verify.genai_check import folder_findings
-from planted.edit import rehash
+from planted.edit import edited_genai_config as edited
 
 
-def edited(src: Path, dst: Path, edit) -> Path:
-    """A copy of the export folder ``src`` whose genai_config.json ``edit`` changed in place, re-hashed."""
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / GENAI_CONFIG).read_text())
-    edit(cfg)
-    (dst / GENAI_CONFIG).write_text(json.dumps(cfg, indent=2))
-    rehash(dst, (GENAI_CONFIG,))
-    return dst
 
 
 def fields(folder: Path, loaded) -> dict[str, str]:

@@ -5,17 +5,13 @@ passed."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
 import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-from mhaexport.runtime.genai import GENAI_CONFIG, GenAIUnavailable
+from mhaexport.runtime.genai import GenAIUnavailable
 from mhaexport.verify import verify_folder
-from planted.edit import rehash
+from planted.edit import edited_genai_config as edited
 
 pytest.importorskip("onnxruntime_genai")
 
@@ -23,14 +19,6 @@ GENAI = ("ort-genai",)
 OWN_CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "generation", "genai-config")
 
 
-def edited(src: Path, dst: Path, edit) -> Path:
-    """A copy of ``src`` whose genai_config.json ``edit`` changed, re-hashed (as a pipeline editing it would)."""
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / GENAI_CONFIG).read_text())
-    edit(cfg)
-    (dst / GENAI_CONFIG).write_text(json.dumps(cfg, indent=2))
-    rehash(dst, (GENAI_CONFIG,))
-    return dst
 
 
 def assert_healthy(report) -> None:

@@ -22,6 +22,19 @@ def rehash(folder: Path, files: tuple[str, ...] = ("model.onnx",)) -> None:
     atomic_write_json(folder / "manifest.json", manifest)
 
 
+def edited_genai_config(src: Path, dst: Path, edit: Callable[[dict], object]) -> Path:
+    """A copy of ``src`` whose genai_config.json ``edit`` changed in place, re-hashed (as a pipeline editing it
+    would)."""
+    import json
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "genai_config.json").read_text())
+    edit(cfg)
+    (dst / "genai_config.json").write_text(json.dumps(cfg, indent=2))
+    rehash(dst, ("genai_config.json",))
+    return dst
+
+
 def rehashed_copy(src: Path, dst: Path, plant: Callable[[onnx.ModelProto], object]) -> Path:
     """A copy of an export folder whose model.onnx ``plant`` changed in place, re-hashed: a bug only the file has."""
     shutil.copytree(src, dst)
