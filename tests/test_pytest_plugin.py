@@ -88,7 +88,7 @@ def test_the_readmes_pytest_example_runs(pytester, tiny_export):
     """The README's first example on the tiny export (its second exports a model: the slow test below)."""
     code = readme_block("pytest example")
     assert '"artifacts/default"' in code
-    pytester.makepyfile(test_readme=code.replace('"artifacts/default"', f'r"{tiny_export}"'))
+    pytester.makepyfile(test_readme_example=code.replace('"artifacts/default"', f'r"{tiny_export}"'))
     result = pytester.runpytest("-p", "no:cacheprovider", "-k", "test_export_matches_eager")
     result.assert_outcomes(passed=1, deselected=1)
 
