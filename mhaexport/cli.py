@@ -192,8 +192,8 @@ def model_options(f):
                   help="State dict to load (torch.load weights_only=True: tensors only).")
     @click.option("--hf", "hf", metavar="DIR|ORG/NAME", type=click.Path(file_okay=False), default=None,
                   help="A Hugging Face causal LM: a save_pretrained folder, or a Hub model id read from the Hugging "
-                       "Face cache (HF_HUB_CACHE / HF_HOME), wrapped under the decoder contract; needs pip install "
-                       "'mhaexport[hf]'. Nothing is downloaded unless --allow-download.")
+                       "Face cache (HF_HUB_CACHE / HF_HOME), wrapped under the decoder contract; needs the [hf] "
+                       "extra (pip install -e '.[hf]'). Nothing is downloaded unless --allow-download.")
     @click.option("--revision", metavar="REV", default=None, expose_value=False, callback=_remember,
                   help="With --hf ORG/NAME: the branch, tag or commit (default: main).")
     @click.option("--allow-download", is_flag=True, default=False, expose_value=False, callback=_remember,

@@ -7,7 +7,7 @@ offset and onnxruntime-genai's right padding all give each row its own positions
 contract's tuples (a ``DynamicCache`` is built from them inside forward) and comes out as tuples. The exports so
 keep mhaexport's I/O names and every verify check applies unchanged.
 
-transformers is an optional extra (``pip install 'mhaexport[hf]'``), imported only here and only when ``--hf`` is
+transformers is an optional extra (``pip install -e '.[hf]'``), imported only here and only when ``--hf`` is
 used. ``--hf org/name`` names a Hub model: :mod:`mhaexport.models.hub` finds its snapshot in the user's cache
 (downloading only when allowed); transformers then reads that folder like any other. transformers itself never
 downloads (``local_files_only=True``), and there is no ``trust_remote_code`` (a folder that needs its own Python
@@ -30,7 +30,7 @@ from torch import nn
 from mhaexport.errors import ModelLoadError, first_line
 from mhaexport.models.tracebacks import failing_module
 
-INSTALL_LINE = "pip install 'mhaexport[hf]'"
+INSTALL_LINE = "pip install -e '.[hf]' in the mhaexport checkout (or pip install transformers tokenizers)"
 # A model that claims more positions than this gets max_positions capped here (with a note): the contract's
 # max_positions sizes verify's longest prompt and genai_config's context_length.
 MAX_POSITIONS_CAP = 131072

@@ -93,7 +93,8 @@ def resolve(repo_id: str, revision: str | None = None, *, allow_download: bool =
         from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     except ImportError as e:
         raise ModelLoadError(f"--hf {repo_id} (a Hub model id) needs the huggingface_hub package "
-                             f"({first_line(e)}): pip install 'mhaexport[hf]'") from None
+                             f"({first_line(e)}): pip install -e '.[hf]' in the mhaexport checkout "
+                             "(or pip install huggingface_hub)") from None
     cache = cache_dir()
     at = f" at revision {revision}" if revision else ""
     local_only = not allow_download or offline()

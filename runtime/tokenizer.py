@@ -22,7 +22,7 @@ from mhaexport.runtime.genai import GENAI_CONFIG
 # (onnxruntime-genai also reads tokenizer_config.json for the special tokens).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TOKENIZER_JSON = TOKENIZER_FILES[0]
-INSTALL_LINE = "pip install tokenizers   (or pip install 'mhaexport[hf]')"
+INSTALL_LINE = "pip install tokenizers   (or pip install -e '.[hf]' in the mhaexport checkout)"
 
 
 class TokenizerUnavailable(MhaExportError):

@@ -185,11 +185,11 @@ def test_an_export_without_a_tokenizer_carries_none(tmp_path):
 def test_missing_transformers_says_which_install_line_to_run(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
-    with pytest.raises(ModelLoadError, match=r"pip install 'mhaexport\[hf\]'"):
+    with pytest.raises(ModelLoadError, match=r"pip install -e '\.\[hf\]'"):
         load_model(hf=tmp_path)
     r = CliRunner().invoke(main, ["onnx", "--hf", str(tmp_path), "-o", str(tmp_path / "out")])
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert len(r.output.strip().splitlines()) == 1 and "pip install 'mhaexport[hf]'" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and "pip install -e '.[hf]'" in r.output
 
 
 @pytest.mark.parametrize("args,message", [
