@@ -6,6 +6,7 @@ mhaexport (traceback printed), 4 not verified (a runtime asked for by name could
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -43,15 +44,11 @@ def _os_error(e: BaseException, *errnos: int) -> OSError | None:
 def bad_path(e: BaseException) -> OSError | None:
     """The OSError "file name too long" or "too many levels of symbolic links" that ``e`` is or was raised from, else
     None: a path the user gave (or one made from it) that no file system takes: bad input, whichever verb met it."""
-    import errno
-
     return _os_error(e, errno.ENAMETOOLONG, errno.ELOOP)
 
 
 def disk_full(e: BaseException) -> OSError | None:
     """The OSError "no space left on device" (or a quota exceeded) that ``e`` is or was raised from, else None."""
-    import errno
-
     return _os_error(e, errno.ENOSPC, errno.EDQUOT)
 
 
@@ -69,8 +66,6 @@ class _Forgiving:
         self._stream = stream
 
     def _lost(self, e: OSError) -> None:
-        import errno
-
         if e.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL, errno.ECONNRESET):
             raise e
         try:  # the interpreter flushes the real stream at exit: point its descriptor at /dev/null
@@ -156,7 +151,7 @@ class Group(click.Group):
                 name = str(bad.filename or "a path")
                 shown = name if len(name) <= 80 else f"{name[:40]}…{name[-30:]} ({len(name)} characters)"
                 raise BadInput(f"{shown}: {bad.strerror}: give a shorter path (each name at most 255 bytes)"
-                               if bad.errno == __import__("errno").ENAMETOOLONG else f"{shown}: {bad.strerror}") \
+                               if bad.errno == errno.ENAMETOOLONG else f"{shown}: {bad.strerror}") \
                     from None
             if (full := disk_full(e)) is not None:  # not a bug: the machine's disk; the folder is as it was
                 raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
