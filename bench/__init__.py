@@ -22,7 +22,6 @@ neither the exporter nor the CLI.
 
 from __future__ import annotations
 
-from mhaexport import _callable_package
 from mhaexport.bench.config import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER_NOCACHE, BenchConfig, check_config,
                                     parse_points)
 from mhaexport.bench.probes import Bandwidth, Probe, measure_bandwidth, weight_bytes_per_token
@@ -35,4 +34,3 @@ __all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", 
            "BenchConfig", "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body",
            "measure_bandwidth", "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
 
-_callable_package(__name__)  # mhaexport.bench(...) is also the Python API's function (mhaexport/api.py)

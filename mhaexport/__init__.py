@@ -42,25 +42,10 @@ from mhaexport.errors import MhaExportError  # noqa: E402
 # The Python API (mhaexport/api.py), imported on first use so `import mhaexport` and `mhaexport --help` stay instant.
 _API = ("bench", "export_onnx", "export_torchscript", "generate", "load", "quantize", "verify")
 # Two API names are also subpackages (verify/, bench/): importing a subpackage sets the package's attribute to the
-# module, whatever was there, so those modules are made callable instead (each calls _callable_package on import).
+# module, whatever was there, so the attribute becomes an ApiFunction view of it (see _Package).
 _PACKAGES = ("verify", "bench")
 
 __all__ = ["MhaExportError", "__version__", *_API]
-
-
-class _CallablePackage(_ModuleType):
-    """A subpackage that, called, is the API function of its name: ``mhaexport.verify(folder)`` is
-    :func:`mhaexport.api.verify` while ``mhaexport.verify.verify_folder`` stays the package's."""
-
-    def __call__(self, *args, **kwargs):
-        from mhaexport import api
-
-        return getattr(api, self.__name__.rpartition(".")[2])(*args, **kwargs)
-
-
-def _callable_package(name: str) -> None:
-    """Make the subpackage ``name`` (mhaexport.verify, mhaexport.bench) callable as its API function."""
-    _sys.modules[name].__class__ = _CallablePackage
 
 
 class ApiFunction:

@@ -183,9 +183,9 @@ class DecodeLoop:
             result.step_positions.append(state.length - 1)
             if keep_logits:
                 result.step_logits.append(np.asarray(logits, dtype=np.float64))
-            live = ~done
+            live = None if on_token is None else ~done  # (no allocation on the plain loop's steps)
             _append(result, token, done, eos)
-            if on_token is not None:
+            if live is not None:
                 on_token(np.where(live, token, -1))
         return state
 

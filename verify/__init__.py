@@ -6,7 +6,6 @@ writes report.json / report.md.
 
 from __future__ import annotations
 
-from mhaexport import _callable_package
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.report import Verdict, VerifyReport, load_report, merge_reports
 from mhaexport.verify.results import CHECKS, CheckResult
@@ -17,4 +16,3 @@ from mhaexport.verify.verify import verify_folder
 __all__ = ["ALL_RUNTIMES", "CHECKS", "Case", "CheckResult", "DEFAULT_RUNTIMES", "Runner", "Tolerance", "Verdict",
            "VerifyReport", "build_sweep", "load_report", "merge_reports", "verify_folder"]
 
-_callable_package(__name__)  # mhaexport.verify(...) is also the Python API's function (mhaexport/api.py)
