@@ -270,15 +270,20 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
 def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Sequence[Sequence[int]] = (),
              max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, eos_id: int | None = None,
-             providers: Sequence[str] = ("cpu",), threads: int | None = None) -> GenerationResult:
-    """``mhaexport generate``: prefill and KV-cache decode with ONNX Runtime (no torch). ``prompts`` are encoded
+             providers: Sequence[str] = ("cpu",), threads: int | None = None, engine: str = "auto"
+             ) -> GenerationResult:
+    """``mhaexport generate``: prefill and KV-cache decode with ONNX Runtime (no torch), on the loop ``engine``
+    picks (``"auto"``: onnxruntime-genai's where it is installed and the folder's genai_config.json passes the
+    genai-config check, else mhaexport's; ``"mhaexport"``; ``"onnxruntime-genai"``; the result's ``engine`` says
+    which ran; :func:`mhaexport.runtime.engine.open_generator`). ``prompts`` are encoded
     with the folder's tokenizer.json (an --hf export) or as UTF-8 bytes (byte-level models); ``prompt_ids`` are
     token ids; a batch is left-padded. Returns the GenerationResult (``tokens`` per prompt, ``stop_reason``,
     ``message``, timings, ``providers``) with ``texts``: the decoded continuation per text prompt (None without a
     tokenizer). Raises ConfigError for a bad argument (RuntimeOptionError: no prompt, text for a model without a
     tokenizer, a sampling setting out of range), RuntimeInputError for ids the model cannot take, ArtifactError,
     ProviderUnavailable."""
-    from mhaexport.runtime import GenerationConfig, Generator, SamplingConfig
+    from mhaexport.runtime import GenerationConfig, SamplingConfig
+    from mhaexport.runtime.engine import open_generator
     from mhaexport.runtime.tokenizer import for_folder
 
     prompts = _names(prompts, "prompts")
@@ -289,7 +294,7 @@ def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Seq
     _count(seed, "seed", 0, optional=False)
     if not prompts and not prompt_ids:
         raise RuntimeOptionError("give prompts (text) or prompt_ids")
-    gen = Generator(folder, providers=tuple(providers), threads=threads)
+    gen = open_generator(folder, tuple(providers), threads=threads, engine=engine)
     tok = for_folder(gen.export)
     if prompts and tok is None:
         raise RuntimeOptionError(f"text prompts are encoded as bytes (ids 0..255) but this model's vocab_size is "

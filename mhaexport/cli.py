@@ -798,22 +798,30 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
               metavar="cpu|cuda|NAME", help="ONNX Runtime execution provider(s), in order of preference.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, callback=_threads,
               help="ONNX Runtime intra-op threads (at most the machine's cores).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, stop reason, providers.")
+@click.option("--engine", type=click.Choice(["auto", "mhaexport", "onnxruntime-genai"]), default="auto",
+              show_default=True,
+              help="Whose decode loop: onnxruntime-genai's where it is installed and the folder's genai_config.json "
+                   "passes the genai-config check (auto), or mhaexport's. Greedy tokens are the same; sampling "
+                   "draws from each loop's own random generator.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: tokens, text, stop reason, providers, engine.")
 def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id, providers,
-                 threads, as_json) -> None:
+                 threads, engine, as_json) -> None:
     """Generate from an ONNX export with ONNX Runtime (no torch): prefill, then KV-cache decode.
 
     With --json, "tokens" is the list of new ids for one prompt, or a list of such lists for several.
     """
     import json
 
-    from mhaexport.runtime import GenerationConfig, Generator, SamplingConfig
+    from mhaexport.runtime import GenerationConfig, SamplingConfig
+    from mhaexport.runtime.engine import open_generator
 
     if not prompts and not prompt_ids:
         raise click.UsageError("give --prompt TEXT or --prompt-ids 5,17,42")
     from mhaexport.runtime.tokenizer import for_folder
 
-    gen = Generator(folder, providers=providers, threads=threads)  # reads and hash-checks the manifest once
+    # reads and hash-checks the manifest once; the loop: onnxruntime-genai's or ours (--engine)
+    gen = open_generator(folder, providers, threads=threads, engine=engine)
     tok = for_folder(gen.export)  # the folder's tokenizer.json, byte-level, or None
     if prompts and tok is None:
         raise BadInput(f"--prompt encodes text as bytes (ids 0..255) but this model's vocab_size is "
@@ -831,6 +839,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
         click.echo(json.dumps(result.to_dict(texts)))
         return
     click.echo(f"providers: {', '.join(result.providers)}", err=True)
+    click.echo(f"engine: {result.engine} ({gen.engine_reason})", err=True)
     for i, toks in enumerate(result.tokens):
         if i < len(prompts):
             click.echo(prompts[i] + texts[i])

@@ -69,16 +69,18 @@ class GenerationResult:
     step_positions: list[int] = field(default_factory=list)  # cache length fed at each decode step
     providers: list[str] = field(default_factory=list)
     step_logits: list[np.ndarray] = field(default_factory=list)  # (B, V) per chosen token, when kept
+    engine: str = "mhaexport"  # whose loop generated: "mhaexport" (this DecodeLoop) or "onnxruntime-genai"
 
     def to_dict(self, texts: list[str] | None = None) -> dict:
         """The JSON form `mhaexport generate --json` prints: tokens, text, stop_reason, message, prompt_lengths,
-        providers, prefill_s, first_token_s. With one prompt, ``tokens`` (and ``text``) are that prompt's, not
+        providers, engine, prefill_s, first_token_s. With one prompt, ``tokens`` (and ``text``) are that prompt's, not
         lists of one. ``texts``: the decoded continuation per prompt, or None when there is no text."""
         one = len(self.tokens) == 1
         return {"tokens": self.tokens[0] if one else self.tokens,
                 "text": (texts[0] if one else texts) if texts is not None else None,
                 "stop_reason": self.stop_reason, "message": self.message, "prompt_lengths": self.prompt_lengths,
-                "providers": self.providers, "prefill_s": self.prefill_s, "first_token_s": self.first_token_s}
+                "providers": self.providers, "engine": self.engine, "prefill_s": self.prefill_s,
+                "first_token_s": self.first_token_s}
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]] | np.ndarray, vocab_size: int, max_positions: int,

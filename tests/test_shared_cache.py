@@ -211,6 +211,20 @@ def test_genai_greedy_equals_eager_on_a_shared_cache(shared):
         assert g[len(p):] == eager_greedy(loaded.module, p, 24 - T)
 
 
+def test_the_deploy_api_gives_the_same_greedy_tokens_on_both_engines(shared):
+    """onnxruntime-genai's loop over the shared buffers (past_present_share_buffer) and mhaexport's IO-bound loop:
+    the same greedy tokens for a right-padded batch."""
+    pytest.importorskip("onnxruntime_genai")
+    import mhaexport.runtime as rt
+
+    _, folder, _ = shared
+    genai, ours = rt.load(folder, threads=1), rt.load(folder, threads=1, engine="mhaexport")
+    assert genai.engine == "onnxruntime-genai"
+    eos = genai.eos_token_id
+    a = genai.generate(PROMPTS, max_new_tokens=12, eos_token_id=eos, return_result=True)
+    assert a.tokens == ours.generate(PROMPTS, max_new_tokens=12, eos_token_id=eos) and len(set(a.tokens[0])) > 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,dtype", [("tiny-llama", "float32"), ("tiny", "float16"), ("tiny-llama", "float16")])
 def test_grouped_heads_and_float16_on_a_shared_cache(tmp_path, preset, dtype):
