@@ -43,11 +43,23 @@ class RuntimeBench:
     quant_label: str | None = None  # its full label ("int4 b32 sym acc4 (block 0 int8; float: embeddings)")
     weight_bytes_per_token: int | None = None  # bytes of weights one decode step of this row reads
     floor_ratio: float | None = None  # token p50 / the float model's weight-bandwidth floor (BenchResult.floor_ms)
+    # --sessions N: the row timed over N sessions of its file; token_p50_ms is then the median of these, each
+    # session's p50 over its own decode steps (None: one session)
+    session_p50_ms: list[float] | None = None
     notes: list[str] = field(default_factory=list)  # what a reader of this row must know (bench.md's notes)
 
     def __post_init__(self) -> None:
         if not self.label:
             self.label = self.name if self.lowering is None else f"{self.name} [{self.lowering}]"
+
+    @property
+    def sessions_apart(self) -> float | None:
+        """(slowest - fastest) / median of the sessions' p50s, or None with one session."""
+        s = self.session_p50_ms
+        if not s or len(s) < 2:
+            return None
+        mid = sorted(s)[len(s) // 2] if len(s) % 2 else (sorted(s)[len(s) // 2 - 1] + sorted(s)[len(s) // 2]) / 2
+        return (max(s) - min(s)) / mid if mid else None
 
 
 @dataclass
@@ -75,6 +87,10 @@ class BenchResult:
     # "providers", "batches": [{"batch", "token_p50_ms", "tokens_per_s", "ttft_ms", "repeats", "reason"}],
     # "prompts": [{"prompt", "ttft_ms", "prefill_ms", "repeats", "reason"}]}; a point skipped has its reason
     scaling: list[dict] = field(default_factory=list)
+    # mhaexport's decode loop against onnxruntime-genai's on the same file (run.loop_comparison): {"ours", "genai",
+    # "ours_ms", "genai_ms", "ratio" (ours / genai), "sessions", "ours_sessions_ms", "genai_sessions_ms", "threads"};
+    # None when the ort-cpu and ort-genai rows did not both run
+    loop: dict | None = None
 
     def get(self, name: str) -> RuntimeBench | None:
         """The row named ``name``, or None."""

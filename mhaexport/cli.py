@@ -864,6 +864,10 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
+@click.option("--sessions", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Sessions per loop row (ort-cpu rows, ort-genai): each is warmed up and timed --repeats times, "
+                   "in turn; the row's token p50 is the median of its sessions' p50s (identical sessions of one "
+                   "file can decode at different speeds). bench.md gives mhaexport's loop / onnxruntime-genai's.")
 @click.option("--long", "long_to", type=click.IntRange(min=0), default=0, metavar="POSITION",
               help="Also time one ORT CPU generation per lowering from the prompt up to this position (per-token "
                    "latency against position). Default: 0, off.")
@@ -902,8 +906,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Where bench.json/bench.md/bench.png (and --profile's trace) go. Default: the export folder (the "
                    "trace is then summed up and not kept).")
 @trust_code_option
-def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
+def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, sessions, long_to, long_repeats,
+              opt_levels, profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
               trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     import dataclasses
@@ -917,7 +921,8 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
         names = tuple(r for r in bench.ALL_RUNTIMES if trust_code or r not in (PT2, AOTI))
     cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
-                            runtimes=names, repeats=repeats, long_to=long_to, profile=profile, profile_dir=output,
+                            runtimes=names, repeats=repeats, sessions=sessions, long_to=long_to, profile=profile,
+                            profile_dir=output,
                             targets=targets,
                             opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
                             compare=tuple(compare), long_repeats=long_repeats,
