@@ -11,10 +11,14 @@ Text in, text out, streaming (:mod:`mhaexport.runtime.model`)::
     model = mhaexport.runtime.load("artifacts/onnx")
     model.generate("The river ", max_new_tokens=32)       # the continuation
     for piece in model.stream("The river "): ...          # pieces of it as they are decoded
+    model.engine                                          # "onnxruntime-genai" where it runs the folder, else
+                                                          # "mhaexport" (load(..., engine=...) forces either)
 """
 
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,
                                       GenerationConfig, GenerationResult, left_pad, pad_prompts)
+from mhaexport.runtime.engine import ENGINES, open_generator
+from mhaexport.runtime.genai import GenAIGenerator
 from mhaexport.runtime.generator import Generator
 from mhaexport.runtime.model import TextModel, load
 from mhaexport.runtime.ort import OrtRunner
@@ -22,7 +26,8 @@ from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.sampling import SamplingConfig, filtered_probs, next_tokens
 from mhaexport.runtime.session import SessionConfig, create_session, provider_unavailable, resolve_providers
 
-__all__ = ["DecodeLoop", "DecodeState", "GenerationConfig", "GenerationResult", "Generator", "OrtRunner", "Runner",
+__all__ = ["DecodeLoop", "DecodeState", "ENGINES", "GenAIGenerator", "GenerationConfig", "GenerationResult",
+           "Generator", "OrtRunner", "Runner", "open_generator",
            "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig", "SessionConfig", "create_session",
            "filtered_probs", "left_pad", "next_tokens", "pad_prompts", "provider_unavailable", "resolve_providers",
            "skipped", "TextModel", "load"]

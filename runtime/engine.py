@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mhaexport.artifact import ExportFolder
+from mhaexport.artifact import ExportFolder, read_json
 from mhaexport.errors import ArtifactError, RuntimeOptionError
 from mhaexport.runtime.choose import open_folder
 from mhaexport.runtime.genai import ENGINE as ONNXRUNTIME_GENAI
-from mhaexport.runtime.genai import GENAI_CONFIG, GenAIGenerator, GenAIUnavailable, import_og
+from mhaexport.runtime.genai import GENAI_CONFIG, GenAIGenerator, GenAIUnavailable, config_providers, import_og
 from mhaexport.runtime.generator import Generator
 
 AUTO, MHAEXPORT = "auto", "mhaexport"
@@ -52,6 +52,10 @@ def genai_refusal(ef: ExportFolder, providers: Sequence[str], session: dict) -> 
     errors = [f for f in deploy_findings(ef) or [] if f.severity == "error"]
     if errors:
         return f"its {GENAI_CONFIG} fails the genai-config check: {errors[0].line()}"
+    named = config_providers(read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config"))
+    if named:
+        return (f"its {GENAI_CONFIG} runs the decoder on {', '.join(named)}: the providers asked "
+                f"({', '.join(providers)}) run on mhaexport's loop")
     return None
 
 

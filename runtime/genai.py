@@ -158,6 +158,21 @@ ENGINE = "onnxruntime-genai"
 _SEED_RANGE = 2 ** 31  # onnxruntime-genai's random_seed is a signed 32-bit int
 
 
+# onnxruntime-genai's provider names in a config's provider_options -> ONNX Runtime's
+_PROVIDERS = {"cuda": "CUDAExecutionProvider", "dml": "DmlExecutionProvider", "webgpu": "WebGpuExecutionProvider",
+              "qnn": "QNNExecutionProvider", "openvino": "OpenVINOExecutionProvider",
+              "nvtensorrtrtx": "NvTensorRTRTXExecutionProvider"}
+
+
+def config_providers(config: dict) -> list[str]:
+    """The providers a genai_config.json's decoder names in ``session_options.provider_options`` ([]: the CPU)."""
+    model = config.get("model") if isinstance(config, dict) else None
+    decoder = model.get("decoder") if isinstance(model, dict) else None
+    options = (decoder.get("session_options") or {}) if isinstance(decoder, dict) else {}
+    listed = options.get("provider_options") if isinstance(options, dict) else None
+    return [name for opt in listed or [] if isinstance(opt, dict) for name in opt]
+
+
 def _eos_set(eos: int | Sequence[int] | None) -> set[int]:
     if eos is None or isinstance(eos, bool):
         return set()
@@ -208,10 +223,8 @@ class GenAIGenerator:
         self.threads, self.fallback, self.clock = threads, fallback, clock
         self.engine_reason = reason
         self.version = getattr(og, "__version__", "")
-        options = (self.config["model"].get("decoder", {}).get("session_options") or {}).get("provider_options")
-        names = [name for opt in options or [] if isinstance(opt, dict) for name in opt]
-        self.providers = [f"{n[:1].upper()}{n[1:]}ExecutionProvider" if not n.endswith("ExecutionProvider") else n
-                          for n in names] + ["CPUExecutionProvider"]
+        self.providers = [_PROVIDERS.get(n.lower(), n) for n in config_providers(self.config)] + \
+            ["CPUExecutionProvider"]  # the config's, in its order, then the CPU
         self.warnings: list[str] = []
         self._models: dict = {}
         self._ours = None

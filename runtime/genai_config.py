@@ -59,34 +59,6 @@ class GraphIO:
     ops: set[str] = field(default_factory=set)
     attention: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls, path: str | Path) -> GraphIO:
-        import onnx
-
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-            raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
-        return cls.of(model)
-
-    @classmethod
-    def of(cls, model) -> GraphIO:
-        """The I/O of an onnx.ModelProto."""
-        import onnx
-
-        def shape(vi) -> list:
-            return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                    for d in vi.type.tensor_type.shape.dim]
-
-        io = cls({vi.name: shape(vi) for vi in model.graph.input}, {vi.name: shape(vi) for vi in model.graph.output},
-                 {n.op_type for n in model.graph.node})
-        for n in model.graph.node:
-            if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention"):
-                io.attention = {"op": n.op_type, **{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
-                                                    if a.name in ("num_heads", "kv_num_heads", "q_num_heads")}}
-                break
-        return io
-
 
 @dataclass
 class Expected:

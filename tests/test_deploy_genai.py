@@ -101,6 +101,10 @@ def test_a_config_the_check_refuses_is_not_deployed_on_onnxruntime_genai(tiny_ex
     assert model.engine == OURS and "search.do_sample" in model.engine_reason
     with pytest.raises(ArtifactError, match="genai-config check: search.do_sample"):
         rt.load(folder, engine=GENAI)
+    cuda = edited_genai_config(tiny_export, tmp_path / "cuda", lambda c: c["model"]["decoder"]["session_options"]
+                               .update(provider_options=[{"cuda": {}}]))
+    model = rt.load(cuda)  # its loop would run another provider than the one asked
+    assert model.engine == OURS and "runs the decoder on cuda" in model.engine_reason
 
 
 def test_what_only_our_loop_takes_picks_it_or_is_refused(tiny_export, monkeypatch):

@@ -26,6 +26,35 @@ from mhaexport.runtime.genai_config import (CACHE_OPS_IN_PLACE, DEFAULT_NAMES, G
                                             model_special_ids, tokenizer_special_ids)
 
 
+def read_graph_io(path: str | Path) -> GraphIO:
+    """The :class:`GraphIO` of the ONNX file at ``path`` (its external data not loaded)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+    return graph_io_of(model)
+
+
+def graph_io_of(model) -> GraphIO:
+    """The :class:`GraphIO` of an onnx.ModelProto: its I/O shapes, op types and first attention op's head counts."""
+    import onnx
+
+    def shape(vi) -> list:
+        return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in vi.type.tensor_type.shape.dim]
+
+    io = GraphIO({vi.name: shape(vi) for vi in model.graph.input}, {vi.name: shape(vi) for vi in model.graph.output},
+                 {n.op_type for n in model.graph.node})
+    for n in model.graph.node:
+        if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention"):
+            io.attention = {"op": n.op_type, **{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
+                                                if a.name in ("num_heads", "kv_num_heads", "q_num_heads")}}
+            break
+    return io
+
+
 def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigFinding] | None:
     """The findings on an opened export folder's genai_config.json; None when its ONNX artifact ships none."""
     entry = ef.entry("onnx")
@@ -36,7 +65,7 @@ def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigF
         cfg = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         return [ConfigFinding("genai_config.json", f"not readable JSON: {e}")]
-    graph = GraphIO.read(ef.file("onnx"))
+    graph = read_graph_io(ef.file("onnx"))
     exp = folder_expected(ef, contract, model_config)
     return findings_for(cfg, graph, exp)
 
@@ -108,4 +137,4 @@ def lint_findings(model, file: Path, ef=None) -> list[ConfigFinding] | None:
     if ef is None and isinstance(named, str) and named != Path(file).name:
         return None  # it describes another file of the folder
     exp = folder_expected(ef) if ef is not None else Expected()
-    return findings_for(cfg, GraphIO.of(model), exp)
+    return findings_for(cfg, graph_io_of(model), exp)
