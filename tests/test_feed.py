@@ -19,7 +19,13 @@ from mhaexport.runtime import session
 from mhaexport.runtime.feed import Feed
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ("artifact", "bench", "exporter", "mhaexport", "models", "runtime", "verify")
+
+def _package_folders() -> list[str]:
+    """The folders mapped into mhaexport.* (package code, not tests or scripts), as tests/test_layers.py reads them."""
+    from test_layers import FOLDERS
+
+    return ["mhaexport", *FOLDERS]
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,7 +55,7 @@ def test_the_feed_of_an_entry_is_read_once_from_where_each_fact_is_stored(tiny):
 
 
 def _package_sources():
-    for folder in PACKAGE:
+    for folder in _package_folders():
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
@@ -93,7 +99,7 @@ def test_the_generator_verify_bench_and_bisect_build_their_sessions_with_the_one
     from mhaexport.bench.result import RuntimeBench
     from mhaexport.bench.rows import BareRow
     from mhaexport.runtime import Generator
-    from mhaexport.verify.bisect import bisect
+    from mhaexport.diagnose.bisect import bisect
     from mhaexport.verify.verify import artifact_runner
 
     ef = ExportFolder.open(tiny_export, "onnx")
