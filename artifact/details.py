@@ -249,8 +249,12 @@ class Quantization(Record):
 
 @dataclass
 class AdoptedLayout(Record):
-    """How a file another tool exported maps onto the contract and how its producer drives it (``layout`` of an
-    adopted file's entry; :func:`mhaexport.runtime.foreign.detect_layout` finds it)."""
+    """How a file another tool exported maps onto the contract (``layout`` of an adopted file's entry;
+    :func:`mhaexport.runtime.foreign.detect_layout` finds it): its names, sizes and producer. How its producer holds
+    the cache and pads a batch is the entry's own ``kv_cache`` / ``max_cache`` / ``padding`` (:class:`CacheLayout`),
+    as for every ONNX file; a layout written by an earlier version (which wrote ``kv_cache`` and ``padding`` here
+    too) keeps those keys in ``extra``, written back as read, and :class:`OnnxDetails` reads them only where the entry
+    has none. :class:`mhaexport.runtime.feed.Feed` is the one description of how the file is fed."""
 
     producer: str  # one of runtime.foreign.PRODUCERS
     input_ids: str
@@ -259,8 +263,6 @@ class AdoptedLayout(Record):
     past: list[str]  # 2L file input names, contract order: layer 0 key, layer 0 value, layer 1 key, ...
     present: list[str]  # 2L file output names, same order
     position_ids: str | None = None  # an input fed cumsum(mask) - 1 over the new tokens
-    kv_cache: str = "concat"  # "concat" | "shared" (one buffer per layer, written in place)
-    padding: str = "left"  # the producer's: "left" (the contract's) | "right" (rows packed from slot 0)
     dtype: str = "float32"  # the cache's float dtype
     n_layers: int = 0
     n_heads: int = 0
@@ -271,12 +273,6 @@ class AdoptedLayout(Record):
     notes: list[str] = field(default_factory=list)
 
     WRITE_NONE = ("position_ids",)
-
-    @property
-    def protocol(self) -> str:
-        """The producer's protocol in words (reports)."""
-        cache = "one shared buffer per layer" if self.kv_cache == "shared" else "concat cache"
-        return f"{cache}, {self.padding} padding"
 
 
 @dataclass
@@ -317,6 +313,17 @@ class OnnxDetails(Details):
     KEY_ORDER = ("module", "mask", "weights", "producer", "adopted_from", "layout", "opset", "attention", "kv_cache",
                  "max_cache", "padding", "lowering", "precision", "external_data", "weight_bytes", "dynamic_axes",
                  "example_sizes", "exporter", "quantization")
+
+    def check(self, where: str) -> None:
+        """An adopted layout of an earlier version whose entry states no cache of its own: the layout's keys are the
+        cache's (a shared buffer's slots: the layout's max_positions)."""
+        legacy = self.layout.extra if self.layout is not None else {}
+        if self.cache.kind is None and legacy.get("kv_cache") in ("concat", "shared"):
+            shared = legacy["kv_cache"] == "shared"
+            padding = legacy.get("padding") if legacy.get("padding") in ("left", "right") else None
+            self.cache = CacheLayout(legacy["kv_cache"], (self.layout.max_positions or None) if shared else None,
+                                     padding or ("right" if shared else "left"))
+            self.cache.check(where)
 
 
 @dataclass

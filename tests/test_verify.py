@@ -18,7 +18,8 @@ from mhaexport.verify import CHECKS, build_sweep, load_report, merge_reports
 from mhaexport.verify.compare import Tolerance, compare
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.results import CheckResult
-from mhaexport.verify.runners import EagerRunner, Runner, ort_runner
+from mhaexport.runtime.choose import ort_runner_for
+from mhaexport.verify.runners import EagerRunner, Runner, session_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,7 +77,7 @@ def test_runner_checks_inputs(tiny):
 
 
 def test_ort_cuda_is_skipped_with_the_real_reason_unless_the_session_uses_it(tiny, tiny_export):
-    r = ort_runner("ort-cuda", tiny.contract, tiny_export / "model.onnx").activate()
+    r = ort_runner_for(ExportFolder.open(tiny_export), "ort-cuda", session_config("ort-cuda")).activate()
     if "CUDAExecutionProvider" in r.providers:
         assert r.available
     else:

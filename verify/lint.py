@@ -171,12 +171,12 @@ def _n_layers(g: _Graph) -> int:
 # ---- the rules --------------------------------------------------------------------------------------------------
 
 def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
-    layout = ctx.get("layout")
-    if layout is not None:  # an adopted file: its I/O mapped onto the contract when it was adopted
-        extra = f", {layout.position_ids} fed from the mask" if layout.position_ids else ""
-        return [Finding("info", "contract-io", "graph inputs", f"made by {layout.producer}: its I/O mapped onto the "
-                        f"contract ({layout.input_ids}, {layout.attention_mask}, {layout.past[0]}, ... -> "
-                        f"{layout.logits}, {layout.present[0]}, ...{extra}); driven as {layout.protocol}",
+    feed = ctx.get("feed")
+    if feed is not None:  # an adopted file: its I/O mapped onto the contract when it was adopted
+        extra = f", {feed.position_ids} fed from the mask" if feed.position_ids else ""
+        return [Finding("info", "contract-io", "graph inputs", f"made by {feed.producer}: its I/O mapped onto the "
+                        f"contract ({feed.input_ids}, {feed.attention_mask}, {feed.past[0]}, ... -> "
+                        f"{feed.logits}, {feed.present[0]}, ...{extra}); driven as {feed.protocol}",
                         "none needed")]
     out = []
     n_layers = _n_layers(g)
@@ -205,13 +205,9 @@ def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
 def rule_fixed_axis(g: _Graph, ctx: dict) -> list[Finding]:
     out = []
     static = ctx.get("static")
-    layout = ctx.get("layout")
-    n_layers = layout.n_layers if layout is not None else _n_layers(g)
-    file_name = {}  # contract name -> the file's (an adopted file's layout)
-    if layout is not None:
-        contract_past = [n for i in range(n_layers) for n in iospec.past_names(i)]
-        file_name = {iospec.INPUT_IDS: layout.input_ids, iospec.ATTENTION_MASK: layout.attention_mask,
-                     **dict(zip(contract_past, layout.past))}
+    feed = ctx.get("feed")
+    n_layers = feed.n_layers if feed is not None else _n_layers(g)
+    file_name = feed.file_names() if feed is not None else {}  # contract name -> the file's (an adopted file's)
     for name, axes in iospec.dynamic_input_axes(n_layers).items():
         name = file_name.get(name, name)
         inp = g.inputs.get(name)
@@ -428,13 +424,13 @@ RULES = {
 
 
 def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions: int | None = None,
-               static: bool = False, layout=None) -> LintReport:
+               static: bool = False, feed=None) -> LintReport:
     """Run every rule on ``model`` (graph only; weights in external data are not read). ``max_positions``: the
     contract's, when known (constants of that size are the model's own tables, not an example length);
-    ``static``: the file is a static export by request (fixed sequence axes are then expected); ``layout``: an
-    adopted file's :class:`~mhaexport.runtime.foreign.Layout` (its names for the contract's I/O)."""
+    ``static``: the file is a static export by request (fixed sequence axes are then expected); ``feed``: an
+    adopted file's :class:`~mhaexport.runtime.feed.Feed` (its names for the contract's I/O)."""
     g = _Graph(model)
-    ctx = {"max_positions": max_positions, "static": static, "layout": layout}
+    ctx = {"max_positions": max_positions, "static": static, "feed": feed}
     report = LintReport(label, rules=list(RULES))
     for rule in RULES.values():
         report.findings.extend(rule(g, ctx))
@@ -450,16 +446,17 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not isinstance(path, ExportFolder) and Path(path).is_dir():
         with ExportFolder.open(path, "onnx") as opened:  # the snapshot removed when the lint is done
             return lint_path(opened, genai=genai)
-    max_positions, static, layout, ef = None, False, None, None
+    max_positions, static, feed, ef = None, False, None, None
     if isinstance(path, ExportFolder):
-        from mhaexport.runtime.foreign import layout_of
+        from mhaexport.runtime.feed import Feed
 
         from mhaexport.verify.external_data import check_external_data
 
         ef = path
         check_external_data(ef)
         entry = ef.entry("onnx")
-        max_positions, static, layout = ef.contract.max_positions, not entry.seq_dynamic, layout_of(entry)
+        max_positions, static, feed = ef.contract.max_positions, not entry.seq_dynamic, Feed.of(entry, ef.contract)
+        feed = feed if feed.adopted else None  # mhaexport's own export: the contract's names, checked as such
         path = ef.file("onnx")
     path = Path(path)
     if not path.is_file():
@@ -471,7 +468,7 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
                             f"({path.stat().st_size} bytes)")
-    report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, layout=layout)
+    report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, feed=feed)
     if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)
         from mhaexport.verify.genai_check import GENAI_CHECK, lint_findings
 

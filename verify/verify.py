@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport import iospec
-from mhaexport.artifact import TWO_GB, ExportFolder
-from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
+from mhaexport.artifact import TWO_GB, ArtifactEntry, ExportFolder
+from mhaexport.artifact.details import OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError
-from mhaexport.runtime.foreign import layout_of
-from mhaexport.runtime.choose import ort_runner_for
+from mhaexport.runtime.choose import feed_of, ort_runner_for
+from mhaexport.runtime.feed import Feed
 from mhaexport.verify.external_data import check_external_data
-from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
@@ -29,7 +28,7 @@ from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
                                       ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI, TORCHSCRIPT,
-                                      EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
+                                      EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner,
                                       session_config, skipped)
 from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner, present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
@@ -82,10 +81,10 @@ def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None, t
         return TorchScriptRunner(rt, c, ef.file(TORCHSCRIPT))
     if onnx is None:
         return skipped(rt, c, f"no ONNX export in {ef.path}")
-    layout = layout_of(onnx)
+    feed = feed_of(ef, c)
     if rt == ONNX_REFERENCE:
-        if layout is not None:
-            return skipped(rt, c, f"an adopted {layout.producer} file: the reference evaluator feeds the contract's "
+        if feed.adopted:
+            return skipped(rt, c, f"an adopted {feed.producer} file: the reference evaluator feeds the contract's "
                                   "names and runs no com.microsoft op")
         size = sum(int(f["bytes"]) for f in onnx.files.values())
         if size > TWO_GB:
@@ -95,25 +94,24 @@ def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None, t
         if n_params is not None and n_params > REFERENCE_MAX_PARAMS:
             return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
                                   f"models up to {REFERENCE_MAX_PARAMS:,}")
-        return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
+        return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=feed.fixed)
     # the Generator's choice of runner, on verify's strict session, driven by contract calls
-    return ort_runner_for(ef, rt, session_config(rt), contract=c, contract_steps=True)
+    return ort_runner_for(ef, rt, session_config(rt), contract=c, contract_steps=True, feed=feed)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
-PLAIN_PROTOCOL = "concat cache, left padding"
+PLAIN_PROTOCOL = Feed.contract(0).protocol  # "concat cache, left padding"
 
 
 def other_protocol_runners(ef: ExportFolder, contract, runtimes: tuple[str, ...]) -> list[Runner]:
     """For an adopted file whose producer drives it in another protocol than the plain one (a shared buffer, right
     padding: onnxruntime-genai's builder), one runner per ONNX Runtime provider asked for that drives it in the
     plain protocol, named ``ort-cpu:plain``: its results are findings, reported apart and not in the verdict."""
-    onnx = ef.artifacts.get("onnx")
-    layout = layout_of(onnx)
-    if layout is None or (layout.kv_cache == "concat" and layout.padding == "left"):
+    feed = feed_of(ef, contract) if ef.has("onnx") else None
+    if feed is None or not feed.adopted or feed.protocol == PLAIN_PROTOCOL:
         return []
-    return [ort_runner(f"{rt}:plain", contract, ef.file("onnx"), dtype=onnx.dtype, layout=layout,
-                       provider=CUDA if rt == ORT_CUDA else "cpu", log_severity=4)  # its failures are the findings
+    return [ort_runner_for(ef, f"{rt}:plain", session_config(rt, log_severity=4),  # its failures are the findings
+                           contract=contract, feed=feed.plain())
             for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
 
 
@@ -232,10 +230,10 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         infos, results = run_all(runners, ctx, checks, say, lossy=lossy)
         other = None
         if plain:
-            say(f"the file's producer drives it as {layout_of(arts['onnx']).protocol}; now also as "
+            say(f"the file's producer drives it as {feed_of(ef, c).protocol}; now also as "
                 f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
             p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
-            other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": layout_of(arts["onnx"]).protocol,
+            other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": feed_of(ef, c).protocol,
                      "runtimes": p_infos, "results": p_results}
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
             ours = artifact_runner(ef, ORT_CPU, c) if ef.has("onnx") else None
@@ -261,20 +259,21 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
                        "static_sizes": v.static_sizes,
-                       **_report_details(v.details)}
+                       **_report_details(v)}
                    for k, v in arts.items()},
         requested=list(runtimes) if runtimes else None, checks=list(checks),
         lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
         environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
 
 
-def _report_details(d: Details) -> dict:
+def _report_details(entry: ArtifactEntry) -> dict:
     """The details of an artifact the report shows: how it was made, an adopted file's protocol, its quantization."""
+    d = entry.details
     onnx = d if isinstance(d, OnnxDetails) else None
     shown = {"opset": onnx and onnx.opset, "mode": isinstance(d, TorchScriptDetails) and d.mode,
              "compile_seconds": getattr(d, "compile_seconds", None),
              "attention": onnx and onnx.attention, "kv_cache": d.cache.kind, "producer": onnx and onnx.producer,
-             "protocol": onnx and onnx.layout and onnx.layout.protocol}
+             "protocol": onnx and onnx.layout and Feed.of(entry).protocol}
     out = {k: v for k, v in shown.items() if v}
     if onnx and onnx.quantization:
         out["quantization"] = _quant_summary(onnx.quantization)
