@@ -33,10 +33,9 @@ from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.runner import Runner
-from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, EagerRunner,
-                                      RecomputeRunner)
-from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
-from mhaexport.verify.verify import artifact_runner
+from mhaexport.verify.pt2 import CODE_RUNTIMES
+from mhaexport.verify.registry import runner_for
+from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, RecomputeRunner
 
 
 def code_record(ef: ExportFolder, name: str) -> RuntimeBench:
@@ -382,24 +381,21 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
     for name in names:
         if name in (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT) and eager is None:
             add(skipped_row(name, no_eager_reason or "no eager model"))
-        elif name == EAGER:
-            add(Row(RuntimeBench(name), EagerRunner(EAGER, c, eager.module).activate, cfg.repeats, eager.load_s))
         elif name == EAGER_NOCACHE:
-            add(Row(RuntimeBench(name), RecomputeRunner(EagerRunner(EAGER, c, eager.module), EAGER_NOCACHE).activate,
+            add(Row(RuntimeBench(name), RecomputeRunner(runner_for(ef, EAGER, c, eager=eager.module),
+                                                        EAGER_NOCACHE).activate,
                     min(cfg.repeats, cfg.nocache_repeats), eager.load_s))
-        elif name == EAGER_CUDA:
-            add(Row(RuntimeBench(name), EagerRunner(EAGER_CUDA, c, eager.module, device="cuda").activate, cfg.repeats))
-        elif name == TORCHSCRIPT:
-            if not ef.has("torchscript"):
-                add(skipped_row(name, f"no TorchScript export in {folder}"))
+        elif name in (EAGER, EAGER_CUDA, TORCHSCRIPT) or name in CODE_RUNTIMES:
+            # the registry's runner (verify/registry.py): the same artifact, the same skip reasons as verify's
+            runner = runner_for(ef, name, c, eager=eager.module if eager else None, trust_code=cfg.trust_code)
+            if name in CODE_RUNTIMES and not (ef.has(name) or cfg.runtimes is not None):
+                continue  # a code runtime of the defaults whose artifact this folder does not hold
+            if not runner.available:
+                add(skipped_row(name, runner.skip_reason))
+            elif name in CODE_RUNTIMES:  # torch.export / AOTInductor: load time is the row's; compile time apart
+                add(Row(code_record(ef, name), runner.activate, cfg.repeats))
             else:
-                add(Row(RuntimeBench(name), artifact_runner(ef, TORCHSCRIPT, c).activate,
-                        cfg.repeats))
-        elif name in CODE_RUNTIMES:  # torch.export / AOTInductor: load time is the row's; compile time apart
-            if ef.has(name) or cfg.runtimes is not None:
-                runner = code_runner(ef, name, c, trust_code=cfg.trust_code)
-                add(Row(code_record(ef, name), runner.activate, cfg.repeats) if runner.available
-                    else skipped_row(name, runner.skip_reason))
+                add(Row(RuntimeBench(name), runner.activate, cfg.repeats, eager.load_s if name == EAGER else 0.0))
         elif name in ORT_RUNTIMES:
             provider = "cpu" if name == ORT_CPU else "cuda"
             why = provider_unavailable(provider) if name == ORT_CUDA else None

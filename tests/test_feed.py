@@ -100,7 +100,7 @@ def test_the_generator_verify_bench_and_bisect_build_their_sessions_with_the_one
     from mhaexport.bench.rows import BareRow
     from mhaexport.runtime import Generator
     from mhaexport.diagnose.bisect import bisect
-    from mhaexport.verify.verify import artifact_runner
+    from mhaexport.verify.registry import runner_for
 
     ef = ExportFolder.open(tiny_export, "onnx")
     paths = {}
@@ -111,7 +111,7 @@ def test_the_generator_verify_bench_and_bisect_build_their_sessions_with_the_one
         paths[name] = len(built) - before
 
     count("generator", lambda: Generator(ef, threads=1))
-    count("verify", lambda: artifact_runner(ef, "ort-cpu", tiny.contract).activate())
+    count("verify", lambda: runner_for(ef, "ort-cpu", tiny.contract).activate())
     bare = BareRow(RuntimeBench("ort-bare"), ef, BenchConfig(threads=1))
     count("bench bare", bare.activate)
     assert bare.ok and "a session of its own" in bare.record.notes[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport import iospec
-from mhaexport.artifact import TWO_GB, ArtifactEntry, ExportFolder
+from mhaexport.artifact import ArtifactEntry, ExportFolder
 from mhaexport.artifact.details import OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError, ConfigError
@@ -24,20 +24,17 @@ from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
 from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_runner, genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
+from mhaexport.verify.registry import runner_for
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.run import run_all
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
-                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI, TORCHSCRIPT,
-                                      EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner,
-                                      session_config, skipped)
-from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner, present_code_runtimes, refuse_untrusted
+from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
+                                      ORT_GENAI, Runner, session_config)
+from mhaexport.verify.pt2 import present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 Progress = Callable[[str], None]
-# The ONNX reference evaluator is pure Python: only models up to this many parameters (embedding included).
-REFERENCE_MAX_PARAMS = 2_000_000
 # Models up to this max_positions (and ONE_THREAD_MAX_PARAMS) decode their whole context token by token in the
 # long-context kv-consistency check; larger ones decode after prefills spread out to max_positions - 2.
 LONG_FULL_MAX_POSITIONS = 512
@@ -53,50 +50,15 @@ def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
 
 
 def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_code: bool = False) -> list[Runner]:
-    """Eager first, then one runner per requested runtime; a runtime whose artifact is absent is skipped with why."""
+    """Eager first, then one runner per requested runtime (the registry's, verify/registry.py); a runtime whose
+    artifact is absent is skipped with why. onnxruntime-genai's loop is built after the others (genai_runtime.py)."""
     c = loaded.contract
-    runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
-    n_params = loaded.n_params
+    runners: list[Runner] = [runner_for(ef, EAGER, c, eager=loaded.module)]
     for rt in runtimes:
-        if rt in (EAGER, ORT_GENAI):  # onnxruntime-genai's loop: verify/genai_runtime.py, after the others
-            continue
-        if rt == EAGER_CUDA:
-            runners.append(EagerRunner(EAGER_CUDA, c, loaded.module, device="cuda"))
-        else:
-            runners.append(artifact_runner(ef, rt, c, n_params=n_params, trust_code=trust_code))
+        if rt not in (EAGER, ORT_GENAI):
+            runners.append(runner_for(ef, rt, c, eager=loaded.module, n_params=loaded.n_params,
+                                      trust_code=trust_code))
     return runners
-
-
-def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None, trust_code: bool = False) -> Runner:
-    """The runner of an exported artifact for runtime ``rt`` (torchscript, ort-cpu, ort-cuda, onnx-reference), as
-    the folder's manifest says to drive it (a shared cache, an adopted file's layout); skipped with why where the
-    artifact is absent or the reference evaluator cannot take it (an adopted file, past 2 GB, past
-    ``REFERENCE_MAX_PARAMS`` when ``n_params`` is known). verify and eval build their runners here."""
-    onnx = ef.artifacts.get("onnx")
-    if rt in CODE_RUNTIMES:  # torch.export / AOTInductor: code, loaded only on trust (verify/pt2.py)
-        return code_runner(ef, rt, c, trust_code=trust_code)
-    if rt == TORCHSCRIPT:
-        if not ef.has(TORCHSCRIPT):
-            return skipped(rt, c, f"no TorchScript export in {ef.path}")
-        return TorchScriptRunner(rt, c, ef.file(TORCHSCRIPT))
-    if onnx is None:
-        return skipped(rt, c, f"no ONNX export in {ef.path}")
-    feed = feed_of(ef, c)
-    if rt == ONNX_REFERENCE:
-        if feed.adopted:
-            return skipped(rt, c, f"an adopted {feed.producer} file: the reference evaluator feeds the contract's "
-                                  "names and runs no com.microsoft op")
-        size = sum(int(f["bytes"]) for f in onnx.files.values())
-        if size > TWO_GB:
-            return skipped(rt, c, f"the ONNX export holds {size / 1e9:.2f} GB with its external data; the "
-                                  "pure-Python reference evaluator would load every weight into protobuf and numpy "
-                                  f"(it is for models up to {REFERENCE_MAX_PARAMS:,} parameters)")
-        if n_params is not None and n_params > REFERENCE_MAX_PARAMS:
-            return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
-                                  f"models up to {REFERENCE_MAX_PARAMS:,}")
-        return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=feed.fixed)
-    # the Generator's choice of runner, on verify's strict session, driven by contract calls
-    return ort_runner_for(ef, rt, session_config(rt), contract=c, contract_steps=True, feed=feed)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -236,7 +198,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
             other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": feed_of(ef, c).protocol,
                      "runtimes": p_infos, "results": p_results}
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
-            ours = artifact_runner(ef, ORT_CPU, c) if ef.has("onnx") else None
+            ours = runner_for(ef, ORT_CPU, c) if ef.has("onnx") else None
             g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos)], ctx, checks, say,
                                          funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
             infos.update(g_infos)
