@@ -130,6 +130,9 @@ def _name(hint: Any) -> str:
         names = [repr(a) for a in typing.get_args(hint)]
         return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
     base = origin or hint
+    args = typing.get_args(hint)
+    if base is list and args and args[0] in (str, int, float, bool):
+        return f"an array of {args[0].__name__}"
     if base in _JSON_NAMES:
         return _JSON_NAMES[base]
     if isinstance(base, type) and issubclass(base, Record):
@@ -215,10 +218,3 @@ class Environment(Record):
     python: str | None = None
     ci: bool | None = None
     date: str | None = None
-
-    @classmethod
-    def here(cls, **more: Any) -> Environment:
-        """This machine, now (``more``: the verb's own keys)."""
-        from mhaexport.env import environment
-
-        return cls.from_dict({**environment(), **more}, "environment")

@@ -122,7 +122,7 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
 
     # a report read back keeps the findings apart
     again = type(report).from_dict(json.loads(json.dumps(report.to_dict())))
-    assert again.other_protocol["results"]["ort-cpu:plain"]["padding"].status is False
+    assert again.other_protocol.results["ort-cpu:plain"]["padding"].status is False
     assert again.verdict.code == 0
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
 from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.artifact.record import Environment, Record
-from mhaexport.env import tool_versions
+from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError
 from mhaexport.verify.lint import LintReport
 from mhaexport.verify.render import markdown
@@ -202,6 +202,11 @@ def _name_results(results: dict[str, dict[str, CheckResult]]) -> None:
             r.check = r.check or name
 
 
+def here(**more: Any) -> Environment:
+    """This machine, now (:func:`mhaexport.env.environment`), with a verb's own keys (``more``)."""
+    return Environment.from_dict({**environment(), **more}, "environment")
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -216,7 +221,7 @@ class VerifyReport(Record):
     tolerance: ToleranceInfo
     runtimes: dict[str, RuntimeInfo]
     results: dict[str, dict[str, CheckResult]]
-    environment: Environment = field(default_factory=Environment.here)
+    environment: Environment = field(default_factory=lambda: here())
     versions: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, ArtifactInfo] = field(default_factory=dict)
     created: str = field(default_factory=_now)
@@ -409,7 +414,7 @@ def build_report(ef: ExportFolder, *, sweep: str, seed: int, cases: list, tol: T
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: ArtifactInfo.of(v) for k, v in ef.artifacts.items()},
         requested=list(requested) if requested else None, checks=list(checks), lint=lint, cross=list(cross),
-        other_protocol=other, environment=Environment.here(torch_threads=threads),
+        other_protocol=other, environment=here(torch_threads=threads),
         seconds=round(time.perf_counter() - started, 2))
 
 
