@@ -32,7 +32,7 @@ class Record:
     extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
     read_keys: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
 
-    # keys written even when None (when not read)
+    # keys written even when None (when not read); ("*",): every key
     WRITE_NONE: ClassVar[tuple[str, ...]] = ()
     # keys that must be present when read (fields without a default are required too)
     REQUIRED: ClassVar[tuple[str, ...]] = ()
@@ -87,7 +87,7 @@ class Record:
             value = getattr(self, f.name)
             if f.metadata.get("flat"):
                 out.update(value.to_dict())
-            elif value is not None or key in self.read_keys or key in self.WRITE_NONE:
+            elif value is not None or key in self.read_keys or key in self.WRITE_NONE or self.WRITE_NONE == ("*",):
                 out[key] = dump(value)
         for key in self.DERIVED:
             value = getattr(self, key)
@@ -131,11 +131,11 @@ def _name(hint: Any) -> str:
         return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
     base = origin or hint
     args = typing.get_args(hint)
-    if base is list and args and args[0] in (str, int, float, bool):
+    if base in (list, tuple) and args and args[0] in (str, int, float, bool):
         return f"an array of {args[0].__name__}"
-    if base in _JSON_NAMES:
-        return _JSON_NAMES[base]
-    if isinstance(base, type) and issubclass(base, Record):
+    if base in _JSON_NAMES or base is tuple:
+        return _JSON_NAMES.get(base, "an array")
+    if isinstance(base, type) and (issubclass(base, Record) or dataclasses.is_dataclass(base)):
         return "an object"
     return base.__name__ if isinstance(base, type) else str(hint)
 
@@ -171,7 +171,17 @@ def parse(value: Any, hint: Any, where: str) -> Any:
         return value
     if isinstance(hint, type) and issubclass(hint, Record):
         return hint.from_dict(value, where)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a plain dataclass: its fields by name
+        if not isinstance(value, dict):
+            raise ArtifactError(f"{where} is {_shown(value)}, expected an object")
+        hints = typing.get_type_hints(hint)
+        return hint(**{f.name: parse(value[f.name], hints[f.name], at(where, f.name))
+                       for f in dataclasses.fields(hint) if f.init and f.name in value})
     base = origin or hint
+    if base is tuple:  # tuple[X, ...]: a JSON array
+        if not isinstance(value, list):
+            raise ArtifactError(f"{where} is {_shown(value)}, expected an array")
+        return tuple(parse(v, typing.get_args(hint)[0], at(where, i)) for i, v in enumerate(value))
     if not _OK[base](value):
         raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}")
     args = typing.get_args(hint)
@@ -189,15 +199,17 @@ def _fits(value: Any, hint: Any) -> bool:
         return True
     if origin is Literal:
         return value in typing.get_args(hint)
-    if isinstance(hint, type) and issubclass(hint, Record):
+    if isinstance(hint, type) and (issubclass(hint, Record) or dataclasses.is_dataclass(hint)):
         return isinstance(value, dict)
-    return _OK[origin or hint](value)
+    return isinstance(value, list) if (origin or hint) is tuple else _OK[origin or hint](value)
 
 
 def dump(value: Any) -> Any:
     """``value`` as JSON data: records written with :meth:`Record.to_dict`, in lists and maps too."""
     if isinstance(value, Record):
         return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: dump(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
         return [dump(v) for v in value]
     if isinstance(value, dict):
