@@ -680,8 +680,8 @@ def test_peer_targets_read_the_fastest_of_ours_against_the_builders_file_per_sch
                 "int4"),
             row("ort-genai", "attention=fused float32 kv=shared", 6.9)]
     res = BenchResult("x", BenchConfig(**{**SMALL, "prompt_len": 32, "new_tokens": 128, "batch": 1, "threads": 2}),
-                      BenchModel("hf:/tmp/llama"), Environment(), 10.0, BandwidthInfo.from_dict(fake_probe(2).to_dict()),
-                      50_000_000, 5.0, rows)
+                      BenchModel("hf:/tmp/llama"), Environment(), 10.0,
+                      BandwidthInfo.from_dict(fake_probe(2).to_dict()), 50_000_000, 5.0, rows)
     got = {t.target.split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
     fp32 = got["mhaexport's fastest float export / the builder's float file"]
     assert fp32.measured == pytest.approx(7.0 / 7.4, abs=1e-3) and fp32.met is True and fp32.applies
