@@ -80,7 +80,7 @@ def test_a_truncated_data_file_is_refused(external_export, tmp_path):
 
 def test_verify_generate_bisect_and_genai_read_external_data(external_export, tiny_export, tiny):
     from mhaexport.verify import verify_folder
-    from mhaexport.verify.bisect import bisect
+    from mhaexport.diagnose.bisect import bisect
 
     report = verify_folder(external_export, loaded=tiny, runtimes=("ort-cpu",))
     assert report.verdict.code == 0, report.verdict.message
@@ -163,7 +163,7 @@ def _export_and_run_every_verb(config: Path, out: Path, tmp_path: Path) -> None:
     from mhaexport.models.loading import load_model
     from mhaexport.runtime.genai import genai_greedy
     from mhaexport.verify import verify_folder
-    from mhaexport.verify.bisect import bisect
+    from mhaexport.diagnose.bisect import bisect
 
     env = {k: v for k, v in os.environ.items() if k != EXTERNAL_DATA_ENV}
     rc, peak, log = _run_measured([sys.executable, "-m", "mhaexport", "onnx", "--config", str(config),

@@ -178,7 +178,7 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     assert report.other_protocol is None  # its producer's protocol is the plain one
     # eval drives the adopted file as verify does (its own runner choice had fed it the contract's names)
     from mhaexport.artifact import ExportFolder
-    from mhaexport.verify.evaluate import _runner
+    from mhaexport.evaluate.perplexity import _runner
     from mhaexport.verify.quality import score_text
     from mhaexport.verify.runners import EagerRunner
 

@@ -33,7 +33,7 @@ from mhaexport.artifact.details import OnnxDetails
 from mhaexport.runtime.foreign import Layout, layout_of
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
 from mhaexport.verify.sweep import Case, build_sweep
-from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
+from mhaexport.diagnose.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
                                               relative_error, trace_module)
 
 FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -299,7 +299,7 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
 
     When the culprit is an attention module (a Softmax among its own ONNX nodes), its steps are compared too
-    (``verify/attention_steps.py``): scores, scale, mask fill, softmax, weighted sum, output projection; the report's
+    (``diagnose/attention_steps.py``): scores, scale, mask fill, softmax, weighted sum, output projection; the report's
     ``step`` is the first that diverges. ``steps_of`` (a module path) compares that module's steps whether or not
     anything diverges.
 

@@ -80,7 +80,7 @@ def follow_weights(folder: str | Path, runtime: str, result) -> FollowReport:
     import onnx
 
     from mhaexport.artifact import ExportFolder
-    from mhaexport.verify.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
+    from mhaexport.diagnose.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
     from mhaexport.graph import name_scopes
 
     first = str(result.figures.get("first_difference") or result.message)
@@ -114,8 +114,8 @@ def bisect_deploy(folder: str | Path, loaded=None, *, n_new: int = 4, seed: int 
     from mhaexport.artifact import ExportFolder
     from mhaexport.models.loading import check_same_model, load_recorded
     from mhaexport.runtime.decode import DecodeLoop, pad_prompts
-    from mhaexport.verify.attention_steps import relative_error
-    from mhaexport.verify.bisect import _quantization, quantized_tolerance
+    from mhaexport.diagnose.attention_steps import relative_error
+    from mhaexport.diagnose.bisect import _quantization, quantized_tolerance
     from mhaexport.verify.checks import _ragged_prompts
     from mhaexport.verify.runners import ORT_CPU
     from mhaexport.verify.verify import artifact_runner
