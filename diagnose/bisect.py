@@ -823,18 +823,16 @@ def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
     from mhaexport.verify.report import load_report
 
     report = load_report(path)
-    shapes = {s.get("name"): s for s in report.sweep.get("shapes", []) if isinstance(s, dict)}
+    shapes = {s.name: s for s in report.sweep.shapes or []}
     order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
     for rt in order:
         res = report.results[rt].get("parity")
         if rt == "torchscript" or res is None or res.status is not False:
             continue
         shape = shapes.get(res.figures.get("worst_case"))
-        try:
-            case = Case(int(shape["batch"]), int(shape["seq"]), int(shape["past"]),
-                        tuple(int(p) for p in shape.get("pad") or ()), int(shape.get("seed", 0)))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue  # no such case in the report's sweep, or not one bisect can read
+        if shape is None:
+            continue  # no such case in the report's sweep
+        case = Case(shape.batch, shape.seq, shape.past, tuple(shape.pad), shape.seed)
         if case.batch >= 1 and case.seq >= 1 and case.past >= 0 and case.seq + case.past <= contract.max_positions:
             return case, f"{rt}'s worst parity case in {Path(path).name}"
     return None

@@ -112,8 +112,8 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
     assert all(ort[ch].status is True for ch in ("parity", "causality", "kv-consistency", "padding", "generation"))
     assert ort["parity"].figures["max_abs"] < 1e-4
     other = report.other_protocol
-    assert other is not None and other["producer_protocol"] == "one shared buffer per layer, right padding"
-    plain = other["results"]["ort-cpu:plain"]
+    assert other is not None and other.producer_protocol == "one shared buffer per layer, right padding"
+    plain = other.results["ort-cpu:plain"]
     assert plain["padding"].status is False  # left padding is not this file's protocol
     assert "ort-cpu:plain" not in report.results and report.counts["failed"] == 0
     md = report.to_markdown()
@@ -122,7 +122,7 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
 
     # a report read back keeps the findings apart
     again = type(report).from_dict(json.loads(json.dumps(report.to_dict())))
-    assert again.other_protocol["results"]["ort-cpu:plain"]["padding"].status is False
+    assert again.other_protocol.results["ort-cpu:plain"]["padding"].status is False
     assert again.verdict.code == 0
 
 

@@ -23,8 +23,9 @@ bug users of torch.onnx, Optimum and ONNX Runtime meet again and again:
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnx
@@ -32,6 +33,7 @@ from onnx import numpy_helper
 
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder, shown_path
+from mhaexport.artifact.record import Record
 from mhaexport.errors import ArtifactError
 from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
 
@@ -42,11 +44,11 @@ PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
 @dataclass
-class Finding:
+class Finding(Record):
     """One lint finding: ``severity`` error | warning | info, the ``rule`` that found it, the ``node`` (or I/O
     name) it is about, what was found and a one-line fix."""
 
-    severity: str
+    severity: Literal["error", "warning", "info"]
     rule: str
     node: str
     message: str
@@ -57,12 +59,16 @@ class Finding:
 
 
 @dataclass
-class LintReport:
-    """The findings on one ONNX file; ``errors`` are the error-level ones (``mhaexport lint`` exits 1 on any)."""
+class LintReport(Record):
+    """The findings on one ONNX file; ``errors`` are the error-level ones (``mhaexport lint`` exits 1 on any).
+    As JSON (``lint --json``, a verify report's ``lint``): ``{"model", "ok", "counts", "rules", "findings"}``."""
 
-    model: str
+    model: str = "?"
     findings: list[Finding] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)  # the rules that ran
+
+    DERIVED = ("ok", "counts")
+    KEY_ORDER = ("model", "ok", "counts", "rules", "findings")
 
     @property
     def errors(self) -> list[Finding]:
@@ -74,14 +80,6 @@ class LintReport:
 
     def counts(self) -> dict[str, int]:
         return {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES}
-
-    def to_dict(self) -> dict:
-        return {"model": self.model, "ok": self.ok, "counts": self.counts(), "rules": self.rules,
-                "findings": [asdict(f) for f in self.findings]}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> LintReport:
-        return cls(data.get("model", "?"), [Finding(**f) for f in data.get("findings", [])], data.get("rules", []))
 
     def to_markdown(self, heading: str = "###") -> str:
         c = self.counts()

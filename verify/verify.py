@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport import iospec
-from mhaexport.artifact import ArtifactEntry, ExportFolder
-from mhaexport.artifact.details import OnnxDetails, Quantization, TorchScriptDetails
-from mhaexport.env import environment, tool_versions
+from mhaexport.artifact import ExportFolder
+from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError, ConfigError
 from mhaexport.runtime.choose import feed_of, ort_runner_for
 from mhaexport.runtime.feed import Feed
@@ -25,7 +24,7 @@ from mhaexport.verify.genai_check import genai_result, ships_genai
 from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_runner, genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
 from mhaexport.verify.registry import runner_for
-from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
                                       ORT_GENAI, Runner, session_config)
@@ -195,8 +194,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
             say(f"the file's producer drives it as {feed_of(ef, c).protocol}; now also as "
                 f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
             p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
-            other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": feed_of(ef, c).protocol,
-                     "runtimes": p_infos, "results": p_results}
+            other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
             ours = runner_for(ef, ORT_CPU, c) if ef.has("onnx") else None
             g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos)], ctx, checks, say,
@@ -207,39 +205,10 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
     ef.close()  # every runner has loaded its files: the snapshot's copies go now, not at exit
-    return VerifyReport(
-        model=ef.model.to_dict(), folder=str(ef.path),
-        sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
-               "export_sizes": {"seq": ctx.export_sizes[0], "past": ctx.export_sizes[1]},
-               "generation_tokens": ctx.gen_tokens},
-        tolerance={"atol": tol.atol, "rtol": tol.rtol, "dtype": dtype,
-                   "per_output": {k: {"atol": a, "rtol": r} for k, a, r in tol.per_output},
-                   "overridden": atol is not None or rtol is not None,
-                   "per_runtime": {r.name: {"dtype": r.dtype, "describe": Tolerance.for_dtype(r.dtype, atol,
-                                                                                         rtol).describe()}
-                                   for r in runners}},
-        runtimes=infos, results=results, versions=tool_versions(),
-        artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
-                       "static_sizes": v.static_sizes,
-                       **_report_details(v)}
-                   for k, v in arts.items()},
-        requested=list(runtimes) if runtimes else None, checks=list(checks),
-        lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
-        environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
-
-
-def _report_details(entry: ArtifactEntry) -> dict:
-    """The details of an artifact the report shows: how it was made, an adopted file's protocol, its quantization."""
-    d = entry.details
-    onnx = d if isinstance(d, OnnxDetails) else None
-    shown = {"opset": onnx and onnx.opset, "mode": isinstance(d, TorchScriptDetails) and d.mode,
-             "compile_seconds": getattr(d, "compile_seconds", None),
-             "attention": onnx and onnx.attention, "kv_cache": d.cache.kind, "producer": onnx and onnx.producer,
-             "protocol": onnx and onnx.layout and Feed.of(entry).protocol}
-    out = {k: v for k, v in shown.items() if v}
-    if onnx and onnx.quantization:
-        out["quantization"] = _quant_summary(onnx.quantization)
-    return out
+    return build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
+                        infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
+                        started=started, export_sizes=ctx.export_sizes, dtype=dtype,
+                        generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other)
 
 
 def _linear_weights(module) -> dict[str, object]:
@@ -247,10 +216,3 @@ def _linear_weights(module) -> dict[str, object]:
     against when its recipe cannot be re-run (embeddings included: a tied head quantizes the embedding table)."""
     return {name: p.detach().float().cpu().numpy() for name, p in module.named_parameters() if p.dim() == 2}
 
-
-def _quant_summary(q: Quantization) -> dict:
-    """The part of a quantization record the report shows."""
-    keys = ("weights", "label", "block_size", "symmetric", "accuracy_level", "keep_float", "int8_blocks", "lm_head",
-            "weights_read", "source")
-    d = q.to_dict()
-    return {k: d[k] for k in keys if k in d}
