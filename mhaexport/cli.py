@@ -741,7 +741,7 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, tr
     for ran, 1 when one failed, 4 when one could not run here."""
     import json
 
-    from mhaexport.verify.evaluate import evaluate_folder
+    from mhaexport.evaluate.perplexity import evaluate_folder
 
     text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
     report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
@@ -1257,7 +1257,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
     else at bisect's default shapes."""
     import tempfile
 
-    from mhaexport.verify.bisect import bisect, failing_case
+    from mhaexport.diagnose.bisect import bisect, failing_case
 
     with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
         if folder is None:
@@ -1278,7 +1278,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 
                 with ExportFolder.open(folder, "onnx") as ef:
                     loaded = load_recorded(ef, trust_code=trust_code)
-            from mhaexport.verify.bisect_follow import follow
+            from mhaexport.diagnose.follow import follow
 
             followed = follow(folder, loaded, seed=seed)  # a weights or deploy-loop failure: bisected in its terms
             if followed is not None:
@@ -1366,7 +1366,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         rec = adopt_onnx(loaded, folder, out)
         details = rec.manifest.artifacts["onnx"].details
         click.echo(f"Adopted {folder} ({details.producer} layout, driven as "
-                   f"{details.layout.kv_cache} cache, {details.cache.padding} padding) into "
+                   f"{details.cache.kind} cache, {details.cache.padding} padding) into "
                    f"{rec.folder}", err=True)
         _warn(rec)
         if bisect_:
