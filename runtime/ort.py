@@ -376,8 +376,9 @@ class SharedSteps:
     for one row). A step: the tokens into the ids array, the mask rebound, the run. Measured on the bench-size Llama
     (one thread, paired per step from ONNX Runtime's profile): the host's time between two runs fell from ~0.58 ms
     (a step through ``Runner.step``: a new mask, ids and logits array bound every step, the checks and dict of the
-    generic feed) to ~0.2 ms, onnxruntime-genai's own loop's ~0.21 ms — on a model that streams 167 MB of weights
-    through the caches every step, each Python object the host touches between runs is a cache miss."""
+    generic feed) to ~0.25 ms, onnxruntime-genai's own loop's ~0.20 ms in the same run — on a model that streams
+    167 MB of weights through the caches every step, each Python object the host touches between runs is a cache
+    miss."""
 
     def __init__(self, runner: SharedCacheOrtRunner, bufs: BoundBuffers, attention_mask: np.ndarray,
                  width: int) -> None:
