@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import ExportFolder, read_json
-from mhaexport.errors import ArtifactError, RuntimeOptionError
+from mhaexport.errors import ArtifactError, RuntimeFailure, RuntimeOptionError
 from mhaexport.runtime.choose import open_folder
 from mhaexport.runtime.genai import ENGINE as ONNXRUNTIME_GENAI
 from mhaexport.runtime.genai import GENAI_CONFIG, GenAIGenerator, GenAIUnavailable, config_providers, import_og
@@ -90,7 +90,10 @@ def open_generator(folder: str | Path | ExportFolder, providers: Sequence[str] |
     if why is not None:
         return ours(f"auto: {why}")
     og = import_og()
-    return GenAIGenerator(ef, threads=threads, fallback=lambda: ours("auto: a call onnxruntime-genai's loop would "
-                                                                    "generate otherwise"),
-                          reason=f"auto: onnxruntime-genai {getattr(og, '__version__', '')} is installed and the "
-                                 f"folder's {GENAI_CONFIG} passes the genai-config check")
+    try:
+        return GenAIGenerator(ef, threads=threads,
+                              fallback=lambda: ours("auto: a call onnxruntime-genai's loop would generate otherwise"),
+                              reason=f"auto: onnxruntime-genai {getattr(og, '__version__', '')} is installed and the "
+                                     f"folder's {GENAI_CONFIG} passes the genai-config check")
+    except RuntimeFailure as e:  # it cannot load the file: ours says why in its own words, or runs it
+        return ours(f"auto: {e}")

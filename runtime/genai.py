@@ -240,9 +240,14 @@ class GenAIGenerator:
         if key not in self._models:
             config_eos = self.config["model"].get("eos_token_id")
             same = key == (tuple(config_eos) if isinstance(config_eos, list) else config_eos)
-            self._models[key] = genai_model(self.export.root, self.threads,
-                                            eos_token_id=None if same else list(key) if isinstance(key, tuple)
-                                            else key)
+            try:
+                self._models[key] = genai_model(self.export.root, self.threads,
+                                                eos_token_id=None if same else list(key) if isinstance(key, tuple)
+                                                else key)
+            except MhaExportError:
+                raise
+            except Exception as e:  # noqa: BLE001 - onnxruntime-genai's own exceptions (a file it cannot load)
+                raise RuntimeFailure(f"onnxruntime-genai cannot load {self.folder}: {first_line(e)}") from None
         return self._models[key]
 
     def why_not(self, prompts: Sequence[Sequence[int]] | np.ndarray, config: GenerationConfig) -> str | None:

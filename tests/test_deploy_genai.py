@@ -126,6 +126,20 @@ def test_what_only_our_loop_takes_picks_it_or_is_refused(tiny_export, monkeypatc
         rt.load(tiny_export, engine=GENAI)
 
 
+def test_a_file_onnxruntime_genai_cannot_load(tiny_export, monkeypatch):
+    from mhaexport.errors import RuntimeFailure
+    from mhaexport.runtime import genai as genai_mod
+
+    def broken(*a, **k):
+        raise RuntimeError("Load model from x failed:Protobuf parsing failed.\nmore")
+
+    monkeypatch.setattr(genai_mod, "genai_model", broken)
+    model = rt.load(tiny_export)  # auto: mhaexport's loop, which loads it (or says why in its own words)
+    assert model.engine == OURS and "onnxruntime-genai cannot load" in model.engine_reason
+    with pytest.raises(RuntimeFailure, match="onnxruntime-genai cannot load .*Protobuf parsing failed.$"):
+        rt.load(tiny_export, engine=GENAI)
+
+
 def test_onnxruntime_genai_loads_the_snapshot_not_the_folder(tiny_export, monkeypatch):
     from mhaexport.runtime import genai as genai_mod
 
