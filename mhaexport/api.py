@@ -244,6 +244,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     from mhaexport.exporter.quantize import reproduce
 
     from mhaexport.verify.junit import write_junit
+    from mhaexport.verify.render import write_report
 
     try:
         report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
@@ -256,12 +257,12 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
             refused = refused_report(folder, str(e), requested=list(runtimes) if runtimes else None, sweep=sweep,
                                      seed=seed)
             if output is not None and Path(output).resolve() != Path(folder).resolve():
-                refused.write(output, "report")
+                write_report(refused, output, "report")
             if junit is not None:
                 write_junit(refused, junit)
         raise
     if output is not None:
-        report.write(output, "report")
+        write_report(report, output, "report")
     if junit is not None:
         write_junit(report, junit)
     return report
