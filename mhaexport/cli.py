@@ -531,7 +531,7 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
                                                      "--kv-cache": (kv_cache, "concat"),
                                                      "--max-cache": (max_cache, None)})
     if module is not None:
-        from mhaexport.exporter.module import export_module_onnx
+        from mhaexport.exporter.block import export_module_onnx
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)
@@ -596,7 +596,7 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output, r
     attention, the MHA block on its own, called as m(x, past_key, past_value)."""
     _check_module_args(module, mask, model or hf)
     if module is not None:
-        from mhaexport.exporter.module import export_module_torchscript
+        from mhaexport.exporter.block import export_module_torchscript
 
         _writable(output)
         loaded = _load_block(mask, config, checkpoint)

@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from mhaexport import iospec
 from mhaexport.cli import main
 from mhaexport.errors import ArtifactError, ExportError, RuntimeInputError
-from mhaexport.exporter.module import export_module_onnx, export_module_torchscript
+from mhaexport.exporter.block import export_module_onnx, export_module_torchscript
 from mhaexport.models.block import AttentionBlock, load_block
 from mhaexport.verify import verify_folder
 from mhaexport.verify.results import MODULE_CHECKS
-from mhaexport.verify.module_runners import TorchMhaRunner, TorchModuleRunner
+from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner
 from mhaexport.verify.render import markdown
 from planted.bugs import _AfterSoftmax, _NoMask
 

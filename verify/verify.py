@@ -88,7 +88,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
                   gen_tokens: int | None = None, threads: int | None = None, quality=None, reproduce=None,
                   trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager. A folder of the attention block on its own
-    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
+    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.block.verify_module`).
 
     ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
     which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
@@ -128,7 +128,7 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     if not runtimes:
         wanted += present_code_runtimes(ef)
     if ef.module is not None:
-        from mhaexport.verify.module import verify_module
+        from mhaexport.verify.block import verify_module
 
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress, trust_code=trust_code)
