@@ -271,7 +271,7 @@ def test_tiny_llama_exports_and_verifies_on_every_check(tmp_path):
 def test_an_hf_llama_program_serves_every_contract_shape(hf_dir):
     """transformers' Llama (one layer, grouped-query attention) under the --hf adapter: one program, no axis narrowed,
     serves the empty-cache prefill (mask width == ids width), the one-token decode step and shapes the export never
-    saw, equal to eager (logits and the present cache)."""
+    saw, equal to eager (logits and the present cache); and it bisects clean under transformers' module paths."""
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
     from mhaexport.exporter.pt2 import export_program
@@ -289,6 +289,13 @@ def test_an_hf_llama_program_serves_every_contract_shape(hf_dir):
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
         torch.testing.assert_close(present[0][1], ref_present[0][1], atol=1e-5, rtol=0)
         assert present[0][0].shape == (b, loaded.contract.n_kv_heads, p + s, loaded.contract.head_dim)
+    # its nodes keep transformers' module paths: the program bisects module by module (verify/bisect_pt2.py)
+    from mhaexport.verify.bisect_pt2 import bisect_program
+
+    report = bisect_program(program, loaded, batch=2, seq=3, past=4, pad=[0, 2])
+    assert report.ok and not report.unmatched, report.summary()
+    assert {"hf.model.layers.0.self_attn", "hf.model.layers.0.self_attn.v_proj", "hf.model.layers.0.mlp",
+            "hf.lm_head", "output logits"} <= {r.module for r in report.rows}
 
 
 @pytest.mark.slow
