@@ -174,7 +174,10 @@ def bisect_target(folder: str | Path, runtimes: tuple[str, ...] | None = None) -
                               "(the ONNX file), not both")
         return PT2
     folder = Path(folder)
-    artifacts = read_manifest(folder).artifacts
+    try:
+        artifacts = read_manifest(folder).artifacts
+    except MhaExportError:  # the ONNX path opens the folder and says what is wrong with it, as it always did
+        return "onnx"
     has_pt2, has_onnx = PT2 in artifacts, "onnx" in artifacts
     if not has_pt2 or named:
         return "onnx"
