@@ -85,7 +85,7 @@ class BisectReport:
     notes: list[str] = field(default_factory=list)  # what was compared differently (outputs only, tolerance)
     positions: tuple[int, int] = (0, 0)  # the lowest and highest token position the (shown) call computed
     fused_op: str | None = None  # the culprit is one fused node ("GroupQueryAttention node_x"): damage inside it
-    kind: str = "onnx"  # what was bisected: "onnx" (the ONNX graph) or "pt2" (a torch.export program, verify/bisect_pt2)
+    kind: str = "onnx"  # what was bisected: "onnx" (the ONNX graph) or "pt2" (a torch.export program)
 
     @property
     def ok(self) -> bool:
