@@ -123,9 +123,10 @@ def _refined_export(loaded: LoadedModel, args: tuple, dynamic: tuple, error: Bas
                     ) -> tuple[torch.export.ExportedProgram, dict[str, int]]:
     """The export again with torch's suggested fixes applied (what torch.onnx's exporter does), accepted only when
     they raise minimums and the program then agrees with eager at :func:`_probe_inputs`' shapes at or above them.
-    transformers' mask code guards total >= past + seq, which torch.export, reasoning with every length >= 2, turns
-    into total_sequence_length >= 4: the program then refuses a shorter mask at run time (recorded, and verify
-    reports the shapes it refuses)."""
+    A mask code's guard total >= past + seq (transformers' has one) becomes, with every length reasoned >= 2,
+    total_sequence_length >= 4: the program then refuses a shorter mask at run time (recorded, and verify reports
+    the shapes it refuses). The --hf wrapper avoids that narrowing by saying total == past + seq
+    (``torch._check``, models/hf.py)."""
     new = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(getattr(error, "msg", str(error)),
                                                                                  dynamic)
     raised = _raised_minimums(dynamic, new)

@@ -1241,13 +1241,19 @@ def _parse_case(ctx, param, value):
     return b, s, p
 
 
-def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False) -> None:
-    """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does. It runs
-    at ``case`` (B, S, P) when given, else at the case parity failed at (the folder's report, or a parity run now),
-    else at bisect's default shapes."""
+def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False,
+                runtimes=()) -> None:
+    """verify --bisect: print where the ONNX graph (or the torch.export program: ``bisect_target``) first departs
+    from eager; VerificationFailed if it does. It runs at ``case`` (B, S, P) when given, else at the case parity
+    failed at (the folder's report, or a parity run now), else at bisect's default shapes."""
     import tempfile
 
     from mhaexport.diagnose.bisect import bisect, failing_case
+    from mhaexport.diagnose.bisect_pt2 import bisect_pt2, bisect_target, refuse_untrusted_program
+
+    target = bisect_target(folder, tuple(runtimes or ())) if folder is not None else "onnx"
+    if target == "pt2":
+        refuse_untrusted_program(folder, trust_code)  # before any work: the program is code
 
     with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
         if folder is None:
@@ -1266,31 +1272,37 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                 from mhaexport.artifact import ExportFolder
                 from mhaexport.models.loading import load_recorded
 
-                with ExportFolder.open(folder, "onnx") as ef:
+                with ExportFolder.open(folder, target) as ef:
                     loaded = load_recorded(ef, trust_code=trust_code)
             from mhaexport.diagnose.follow import follow
 
-            followed = follow(folder, loaded, seed=seed)  # a weights or deploy-loop failure: bisected in its terms
+            # a weights or deploy-loop failure: bisected in its terms
+            followed = follow(folder, loaded, seed=seed) if target == "onnx" else None
             if followed is not None:
                 click.echo(followed.summary())
                 if not followed.ok:
                     raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
                                              f"difference is {followed.where}")
-            found, why = failing_case(folder, loaded, progress=_progress)
+            found, why = failing_case(folder, loaded, progress=_progress,
+                                      **({"runtime": "pt2", "trust_code": trust_code} if target == "pt2" else {}))
             if found is not None:
                 shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
                               seed=found.seed, case_from=f"{found.name}: {why}")
             else:
                 shapes["case_from"] = f"default case: {why}"
         click.echo(f"Bisecting {folder or loaded.spec} against eager PyTorch ...", err=True)
-        report = bisect(folder or tmp, loaded, **shapes)
+        if target == "pt2":
+            report = bisect_pt2(folder, loaded, trust_code=trust_code, **shapes)
+        else:
+            report = bisect(folder or tmp, loaded, **shapes)
     click.echo(report.summary())
     if not report.ok:
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
         s = report.shapes
         fused = f" inside its fused {report.fused_op}" if getattr(report, "fused_op", None) else ""
-        raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module}{fused} "
+        what = "the torch.export program" if target == "pt2" else "the ONNX graph"
+        raise VerificationFailed(f"{what} diverges from eager PyTorch at {where.module}{fused} "
                                  f"({where.onnx_value}, rel err {where.rel:.1e}){step} at batch={s['batch']} "
                                  f"seq={s['seq']} past={s['past']}")
 
@@ -1307,7 +1319,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does). Runs at the "
-                   "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says.")
+                   "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says. The "
+                   "torch.export program (model.pt2) instead with --runtime pt2, in a folder without an ONNX file, "
+                   "or when FOLDER's report has its parity failing and no ONNX Runtime's (with --trust-code).")
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
 @trust_code_option
@@ -1369,7 +1383,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
                                  param_hint="FOLDER")
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code)
+        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code, runtimes=runtimes)
         return
     if folder is not None:
         out = output or folder
