@@ -155,15 +155,15 @@ def _cli_option(param) -> str:
 # a repeated CLI option (--runtime X --runtime Y) is one list argument in the plural
 PLURAL = {"runtime": "runtimes", "provider": "providers", "prompt": "prompts"}
 # options with no argument of that name in the API, and why: -q (the API takes progress=), --json (printing),
-# --module/--mask (the attention block is not exported by the API yet), --text (in quality=QualitySettings),
-# --bisect/--case (a diagnosis verb of its own), bench's export steps (--lowerings/--quantize/--builder)
-# CLI compositions the API spells as calls of its own (--target: export_onnx, then quantize)
-CLI_ONLY = {"quiet", "json", "module", "mask", "text", "bisect", "case", "lowerings", "quantize", "builder", "target"}
+# --text (verify: in quality=QualitySettings; eval: the text's bytes, read by the CLI), --max-bytes (the CLI's cap on
+# what it reads), --bisect (verify's diagnosis: api.bisect, which takes --case), CLI compositions the API spells as
+# calls of its own (--target: export_onnx, then quantize)
+CLI_ONLY = {"quiet", "json", "text", "max_bytes", "bisect", "target"}
 
 
 @pytest.mark.parametrize("verb, function", [("onnx", "export_onnx"), ("torchscript", "export_torchscript"),
                                              ("pt2", "export_pt2"), ("verify", "verify"), ("generate", "generate"),
-                                             ("bench", "bench"), ("quantize", "quantize")])
+                                             ("bench", "bench"), ("quantize", "quantize"), ("eval", "evaluate")])
 def test_every_cli_option_has_its_name_in_the_api(verb, function):
     import dataclasses
     import inspect
@@ -176,6 +176,8 @@ def test_every_cli_option_has_its_name_in_the_api(verb, function):
     params = set(inspect.signature(getattr(api, function)).parameters)
     if verb == "bench":  # its keywords are BenchConfig's fields, long_to under the CLI's name
         params |= {f.name for f in dataclasses.fields(BenchConfig)} - {"long_to"} | {"long"}
+    if verb == "verify":  # --bisect calls api.bisect: its --case is that function's
+        params |= set(inspect.signature(api.bisect).parameters)
     options = [_cli_option(p) for p in main.commands[verb].params if isinstance(p, click.Option)]
     missing = [o for o in options if PLURAL.get(o, o) not in params and o not in CLI_ONLY]
     assert not missing, f"mhaexport {verb} options the API calls otherwise or lacks: {missing}"
@@ -196,7 +198,7 @@ def test_old_names_are_deprecated_aliases_and_both_names_are_a_config_error(tiny
         mhaexport.verify(tiny_export, tokens=3, gen_tokens=3)
 
     configs = []
-    monkeypatch.setattr(mhaexport.bench, "run_bench", lambda folder, cfg, progress=None: configs.append(cfg))
+    monkeypatch.setattr(mhaexport.bench, "run_bench", lambda folder, cfg, progress=None, reads=None: configs.append(cfg))
     mhaexport.bench(tiny_export, long=0, runtimes="ort-cpu", compare=tiny_export, opt_levels="basic")
     with pytest.warns(DeprecationWarning, match="long_to= is deprecated: use long="):
         mhaexport.bench(tiny_export, long_to=40)
