@@ -24,8 +24,8 @@ def test_import_stays_light_and_the_api_is_at_the_top_level():
             "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules, sorted(sys.modules); "
             "print(sorted(n for n in mhaexport.__all__ if not n.startswith('_')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(["MhaExportError", "bench", "export_onnx", "export_torchscript", "generate", "load",
-                               "quantize", "verify"])
+    assert out.strip() == str(["MhaExportError", "bench", "bisect", "evaluate", "export_onnx", "export_pt2",
+                               "export_torchscript", "generate", "load", "quantize", "verify"])
     help_ = subprocess.run([sys.executable, "-c", "import sys; from mhaexport.cli import main\n"
                             "try: main(['--help'])\nexcept SystemExit: pass\n"
                             "assert 'torch' not in sys.modules and 'mhaexport.api' not in sys.modules"],
@@ -261,6 +261,13 @@ def _bad_arguments(folder, out):
         (lambda: m.bench(folder, repeats=0), "repeats=0"),
         (lambda: m.bench(folder, runtimes=["ort-cpu"], prompt_len=100), "exceeds the model's max_positions"),
         (lambda: m.quantize(folder, out, weights="int3"), "--weights 'int3'"),
+        (lambda: m.bench(folder, lowerings="flash"), "--lowerings 'flash': expected ATTENTION[:DTYPE]"),
+        (lambda: m.bench(folder, quantize=["int4", "int3"]), "--weights 'int3'"),
+        (lambda: m.bench(folder, builder="fp8"), "--builder 'fp8'"),
+        (lambda: m.export_onnx(out, config="tiny", mask="none"), "--mask applies to --module attention"),
+        (lambda: m.export_torchscript(out, config="tiny", module="attention", model="x.py:f"), "are decoders"),
+        (lambda: m.bisect(folder, case=(0, 3, 2)), "batch and sequence must be >= 1"),
+        (lambda: m.evaluate(folder, runtimes="ort-tpu"), "unknown runtime(s) ort-tpu"),
     ]
 
 
@@ -275,6 +282,15 @@ def test_every_bad_argument_is_a_config_error(tiny_export, tmp_path):
         mhaexport.export_onnx(tmp_path / "out", config="tiny", attention="flash")
     with pytest.raises(RuntimeInputError):
         mhaexport.generate(tiny_export)
+
+
+def test_bisect_and_evaluate_are_api_functions(tiny_export):
+    """verify --bisect and eval as the API's functions: records, no printing, the folder opened once."""
+    run = mhaexport.bisect(tiny_export, case=[1, 3, 2])
+    assert run and run.followed is None and run.report.ok and run.report.shapes["seq"] == 3
+    assert "bisect" in run.summary().lower()
+    report = mhaexport.evaluate(tiny_export, b"the quick brown fox jumps over the lazy dog " * 4, window=32)
+    assert [r.runtime for r in report.rows] == ["ort-cpu"] and report.rows[0].status == "ran"
 
 
 def test_py_typed_ships_in_the_wheel(tmp_path):
