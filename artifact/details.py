@@ -10,148 +10,17 @@ file's ``producer`` and ``layout``; a TorchScript entry's ``mode``. In memory::
                 producer=None, layout=AdoptedLayout(...) | None, ...)
 
 Reading checks every known key's type (ArtifactError naming the key: ``artifacts.onnx.max_cache is 'x' (str),
-expected int``); keys this code does not know are kept in ``extra`` and written back. Writing gives back exactly
+expected int or null``); keys this code does not know are kept in ``extra`` and written back. Writing gives back exactly
 the JSON that was read: the keys in their order, an explicit ``null`` as ``null``, an absent key absent (a field
-left None by a writer is not written).
+left None by a writer is not written). The machinery is :mod:`mhaexport.artifact.record`'s, shared with the reports.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
 
+from mhaexport.artifact.record import Record
 from mhaexport.errors import ArtifactError
-
-R = TypeVar("R", bound="Record")
-
-
-@dataclass
-class Record:
-    """A JSON object as a dataclass: one field per key (field metadata ``key`` renames it; ``flat`` marks a record
-    whose keys sit in this object's own). Keys it does not declare stay in ``extra``; ``read_keys`` remembers the
-    keys read, in order, so that writing gives back the same JSON."""
-
-    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
-    read_keys: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
-
-    # keys written even when None (when not read)
-    WRITE_NONE: ClassVar[tuple[str, ...]] = ()
-    # the order of keys a writer set (keys read keep their order); keys not listed follow in declaration order
-    KEY_ORDER: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def _fields(cls) -> list[tuple[dataclasses.Field, str, Any]]:
-        """(field, JSON key, type) of each declared key."""
-        hints = typing.get_type_hints(cls)
-        return [(f, f.metadata.get("key", f.name), hints[f.name]) for f in dataclasses.fields(cls)
-                if f.name not in ("extra", "read_keys")]
-
-    @classmethod
-    def keys(cls) -> set[str]:
-        """Every JSON key this record reads (a flat record's keys included)."""
-        out: set[str] = set()
-        for f, key, hint in cls._fields():
-            out |= hint.keys() if f.metadata.get("flat") else {key}
-        return out
-
-    @classmethod
-    def from_dict(cls: type[R], data: dict, where: str = "details") -> R:
-        """Parse ``data``; ArtifactError naming ``where``.key when a known key holds a value of the wrong type."""
-        if not isinstance(data, dict):
-            raise ArtifactError(f"{where} is {_shown(data)}, expected an object")
-        kwargs: dict[str, Any] = {}
-        known: set[str] = set()
-        for f, key, hint in cls._fields():
-            if f.metadata.get("flat"):
-                sub = {k: v for k, v in data.items() if k in hint.keys()}
-                kwargs[f.name] = hint.from_dict(sub, where)
-                known |= hint.keys()
-            else:
-                known.add(key)
-                if key in data:
-                    kwargs[f.name] = _parse(data[key], hint, f"{where}.{key}")
-        try:
-            record = cls(**kwargs, extra={k: v for k, v in data.items() if k not in known}, read_keys=tuple(data))
-        except TypeError as e:  # a required key missing
-            raise ArtifactError(f"{where} is incomplete: {e}") from None
-        record.check(where)
-        return record
-
-    def check(self, where: str) -> None:
-        """Checks across fields (ArtifactError); the types are checked by :meth:`from_dict`."""
-
-    def to_dict(self) -> dict:
-        out: dict[str, Any] = {}
-        for f, key, _ in self._fields():
-            value = getattr(self, f.name)
-            if f.metadata.get("flat"):
-                out.update(value.to_dict())
-            elif value is not None or key in self.read_keys or key in self.WRITE_NONE:
-                out[key] = _dump(value)
-        out.update(self.extra)
-        rank = {k: i for i, k in enumerate(self.KEY_ORDER)}
-        fresh = sorted((k for k in out if k not in self.read_keys), key=lambda k: rank.get(k, len(rank)))
-        return {k: out[k] for k in [k for k in self.read_keys if k in out] + fresh}
-
-
-def _shown(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def _name(hint: Any) -> str:
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return " | ".join(_name(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "null"
-    return hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else str(hint)
-
-
-def _parse(value: Any, hint: Any, where: str) -> Any:
-    """``value`` checked against ``hint`` (records parsed), or ArtifactError naming ``where``."""
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        arms = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None and len(arms) < len(typing.get_args(hint)):
-            return None
-        if len(arms) == 1:
-            return _parse(value, arms[0], where)
-        for arm in arms:
-            try:
-                return _parse(value, arm, where)
-            except ArtifactError:
-                pass
-        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}")
-    if hint is Any:
-        return value
-    if isinstance(hint, type) and issubclass(hint, Record):
-        return hint.from_dict(value, where)
-    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool),
-          list: lambda v: isinstance(v, list), dict: lambda v: isinstance(v, dict)}
-    base = origin or hint
-    if not ok[base](value):
-        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}")
-    args = typing.get_args(hint)
-    if base is list and args:
-        return [_parse(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
-    if base is dict and args:
-        return {k: _parse(v, args[1], f"{where}.{k}") for k, v in value.items()}
-    return value
-
-
-def _dump(value: Any) -> Any:
-    if isinstance(value, Record):
-        return value.to_dict()
-    if isinstance(value, list):
-        return [_dump(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _dump(v) for k, v in value.items()}
-    return value
-
 
 # ---- the records ------------------------------------------------------------------------------------------------
 
@@ -168,7 +37,7 @@ class CacheLayout(Record):
         """One preallocated buffer per layer, bound as past and present (GroupQueryAttention writes it in place)."""
         return self.kind == "shared"
 
-    def check(self, where: str) -> None:
+    def validate(self, where: str) -> None:
         if self.shared and self.max_cache is None:
             raise ArtifactError(f"{where}: kv_cache 'shared' without max_cache (the buffers' length)")
 
@@ -249,8 +118,12 @@ class Quantization(Record):
 
 @dataclass
 class AdoptedLayout(Record):
-    """How a file another tool exported maps onto the contract and how its producer drives it (``layout`` of an
-    adopted file's entry; :func:`mhaexport.runtime.foreign.detect_layout` finds it)."""
+    """How a file another tool exported maps onto the contract (``layout`` of an adopted file's entry;
+    :func:`mhaexport.runtime.foreign.detect_layout` finds it): its names, sizes and producer. How its producer holds
+    the cache and pads a batch is the entry's own ``kv_cache`` / ``max_cache`` / ``padding`` (:class:`CacheLayout`),
+    as for every ONNX file; a layout written by an earlier version (which wrote ``kv_cache`` and ``padding`` here
+    too) keeps those keys in ``extra``, written back as read, and :class:`OnnxDetails` reads them only where the entry
+    has none. :class:`mhaexport.runtime.feed.Feed` is the one description of how the file is fed."""
 
     producer: str  # one of runtime.foreign.PRODUCERS
     input_ids: str
@@ -259,8 +132,6 @@ class AdoptedLayout(Record):
     past: list[str]  # 2L file input names, contract order: layer 0 key, layer 0 value, layer 1 key, ...
     present: list[str]  # 2L file output names, same order
     position_ids: str | None = None  # an input fed cumsum(mask) - 1 over the new tokens
-    kv_cache: str = "concat"  # "concat" | "shared" (one buffer per layer, written in place)
-    padding: str = "left"  # the producer's: "left" (the contract's) | "right" (rows packed from slot 0)
     dtype: str = "float32"  # the cache's float dtype
     n_layers: int = 0
     n_heads: int = 0
@@ -271,12 +142,6 @@ class AdoptedLayout(Record):
     notes: list[str] = field(default_factory=list)
 
     WRITE_NONE = ("position_ids",)
-
-    @property
-    def protocol(self) -> str:
-        """The producer's protocol in words (reports)."""
-        cache = "one shared buffer per layer" if self.kv_cache == "shared" else "concat cache"
-        return f"{cache}, {self.padding} padding"
 
 
 @dataclass
@@ -317,6 +182,17 @@ class OnnxDetails(Details):
     KEY_ORDER = ("module", "mask", "weights", "producer", "adopted_from", "layout", "opset", "attention", "kv_cache",
                  "max_cache", "padding", "lowering", "precision", "external_data", "weight_bytes", "dynamic_axes",
                  "example_sizes", "exporter", "quantization")
+
+    def check(self, where: str) -> None:
+        """An adopted layout of an earlier version whose entry states no cache of its own: the layout's keys are the
+        cache's (a shared buffer's slots: the layout's max_positions)."""
+        legacy = self.layout.extra if self.layout is not None else {}
+        if self.cache.kind is None and legacy.get("kv_cache") in ("concat", "shared"):
+            shared = legacy["kv_cache"] == "shared"
+            padding = legacy.get("padding") if legacy.get("padding") in ("left", "right") else None
+            self.cache = CacheLayout(legacy["kv_cache"], (self.layout.max_positions or None) if shared else None,
+                                     padding or ("right" if shared else "left"))
+            self.cache.check(where)
 
 
 @dataclass

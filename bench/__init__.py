@@ -26,11 +26,12 @@ from mhaexport.bench.config import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER_NOCACH
                                     parse_points)
 from mhaexport.bench.probes import Bandwidth, Probe, measure_bandwidth, weight_bytes_per_token
 from mhaexport.bench.render import REPORT_BEGIN, REPORT_END, markdown_body, update_report, write_bench
-from mhaexport.bench.result import BenchResult, RuntimeBench
+from mhaexport.bench.result import BenchResult, RuntimeBench, load_bench
 from mhaexport.bench.run import run_bench
 from mhaexport.bench.targets import TARGETS, Target
 
 __all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER_NOCACHE", "REPORT_BEGIN", "REPORT_END", "TARGETS", "Bandwidth",
-           "BenchConfig", "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "markdown_body",
-           "measure_bandwidth", "parse_points", "run_bench", "update_report", "weight_bytes_per_token", "write_bench"]
+           "BenchConfig", "BenchResult", "Probe", "RuntimeBench", "Target", "check_config", "load_bench",
+           "markdown_body", "measure_bandwidth", "parse_points", "run_bench", "update_report", "weight_bytes_per_token",
+           "write_bench"]
 

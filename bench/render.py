@@ -34,10 +34,10 @@ def _pct(x: float | None) -> str:
 def runtimes_table(res: BenchResult) -> str:
     """One line per row: load, warm-ups, prefill, TTFT, per-token p50 / p90 / min, spread, tokens/s."""
     cfg = res.config
-    rows = [(f"batch {cfg['batch']}, prompt {cfg['prompt_len']}, {cfg['new_tokens']} new tokens, "
-             f"{cfg['threads']} threads, greedy; times in ms (medians over {cfg['repeats']} timed repeats, "
+    rows = [(f"batch {cfg.batch}, prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, "
+             f"{cfg.threads} threads, greedy; times in ms (medians over {cfg.repeats} timed repeats, "
              "round-robin; token latency over all decode steps). warm-ups: untimed generations until two in a row "
-             f"agreed within {cfg['steady_within'] * 100:.0f} % (at most {cfg['max_warmups']}). spread: the "
+             f"agreed within {cfg.steady_within * 100:.0f} % (at most {cfg.max_warmups}). spread: the "
              "larger of p90 / p50 and p50 / p10 of per-token latency with its growth with position taken out; "
              "repeats apart: (slowest - fastest) / median of the repeats' medians."), "",
             "| runtime | providers | load | warm-ups | prefill | TTFT | token p50 | token p90 | token min | spread | "
@@ -56,8 +56,8 @@ def runtimes_table(res: BenchResult) -> str:
 
 def lowerings_table(res: BenchResult) -> str:
     """The lowerings side by side: which is fastest per provider and by how much, and how cost grows with position."""
-    far = {lw["far"] for lw in res.lowerings if lw["far"] is not None}
-    near = {lw["near"] for lw in res.lowerings if lw["near"] is not None}
+    far = {lw.far for lw in res.lowerings if lw.far is not None}
+    near = {lw.near for lw in res.lowerings if lw.near is not None}
     at_near = f"at {near.pop()}" if len(near) == 1 else "near"
     at_far = f"at {far.pop()}" if len(far) == 1 else "far"
     rows = [("Lowerings (ONNX Runtime rows of this run; token p50 over the interleaved repeats, x fastest = p50 / "
@@ -66,8 +66,8 @@ def lowerings_table(res: BenchResult) -> str:
             f"| lowering | provider | token p50 | x fastest | {at_near} | {at_far} | {at_far} / {at_near} |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for lw in res.lowerings:
-        rows.append(f"| {lw['label']} | {lw['provider']} | {_f(lw['token_p50_ms'])} | {_f(lw['vs_fastest'])} | "
-                    f"{_f(lw['near_ms'])} | {_f(lw['far_ms'])} | {_f(lw['far_over_near'])} |")
+        rows.append(f"| {lw.label} | {lw.provider} | {_f(lw.token_p50_ms)} | {_f(lw.vs_fastest)} | "
+                    f"{_f(lw.near_ms)} | {_f(lw.far_ms)} | {_f(lw.far_over_near)} |")
     return "\n".join(rows)
 
 
@@ -99,74 +99,74 @@ def scaling_tables(res: BenchResult) -> str:
     smallest batch) and TTFT at each prompt length (x: TTFT / at the shortest prompt); a point a row could not take
     says why."""
     cfg = res.config
-    threads = f"{cfg['threads']} thread{'s' if cfg['threads'] != 1 else ''}"
+    threads = f"{cfg.threads} thread{'s' if cfg.threads != 1 else ''}"
     out = [(f"How cost grows (ONNX Runtime rows of this run, after the main rounds; per point one untimed "
-            f"generation of every row, then {cfg['repeats']} timed round(s) round-robin, medians; {threads}, "
+            f"generation of every row, then {cfg.repeats} timed round(s) round-robin, medians; {threads}, "
             "greedy):")]
 
     def table(key: str, x: str, intro: str, cell) -> list[str]:
-        points = [pt[x] for pt in res.scaling[0][key]]
+        points = [getattr(pt, x) for pt in getattr(res.scaling[0], key)]
         # a point every row skipped for one reason (the model's limit) is said once, under the table
         common = {}
         for j, at in enumerate(points):
-            reasons = {entry[key][j]["reason"] for entry in res.scaling}
+            reasons = {getattr(entry, key)[j].reason for entry in res.scaling}
             if len(reasons) == 1 and None not in reasons:
                 common[at] = reasons.pop()
         lines = ["", intro, "", "| row | " + " | ".join(f"{x} {at}" for at in points) + " |",
                  "| --- |" + " ---: |" * len(points)]
         for entry in res.scaling:
-            base = entry[key][0]
-            cells = [("skipped" if pt[x] in common else f"skipped: {pt['reason']}") if pt["reason"] else
-                     cell(pt, None if pt is base or base["reason"] else base) for pt in entry[key]]
-            lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
+            base = getattr(entry, key)[0]
+            cells = [("skipped" if getattr(pt, x) in common else f"skipped: {pt.reason}") if pt.reason else
+                     cell(pt, None if pt is base or base.reason else base) for pt in getattr(entry, key)]
+            lines.append(f"| {entry.label} | " + " | ".join(cells) + " |")
         for why in dict.fromkeys(common.values()):
             lines.append(f"\n{', '.join(f'{x} {at}' for at, w in common.items() if w == why)}: skipped for every "
                          f"row, {why}.")
         return lines
 
-    if res.scaling and res.scaling[0]["batches"]:
-        b0 = res.scaling[0]["batches"][0]["batch"]
+    if res.scaling and res.scaling[0].batches:
+        b0 = res.scaling[0].batches[0].batch
         out += table("batches", "batch", (
-            f"Per-token latency (p50 of every decode step, ms) and tokens/s (batch x {cfg['new_tokens']} new tokens "
-            f"/ (TTFT + decode)) at each batch of {cfg['prompt_len']}-token prompts; x batch {b0} = tokens/s / "
+            f"Per-token latency (p50 of every decode step, ms) and tokens/s (batch x {cfg.new_tokens} new tokens "
+            f"/ (TTFT + decode)) at each batch of {cfg.prompt_len}-token prompts; x batch {b0} = tokens/s / "
             f"tokens/s at batch {b0}:"),
-            lambda pt, base: (f"{_f(pt['token_p50_ms'])} ms, {_f(pt['tokens_per_s'], 1)} tokens/s"
-                              + (_ratio(pt["tokens_per_s"], base["tokens_per_s"]) if base else "")))
-    if res.scaling and res.scaling[0]["prompts"]:
-        p0 = res.scaling[0]["prompts"][0]["prompt"]
+            lambda pt, base: (f"{_f(pt.token_p50_ms)} ms, {_f(pt.tokens_per_s, 1)} tokens/s"
+                              + (_ratio(pt.tokens_per_s, base.tokens_per_s) if base else "")))
+    if res.scaling and res.scaling[0].prompts:
+        p0 = res.scaling[0].prompts[0].prompt
         out += table("prompts", "prompt", (
             f"Time to first token (prefill + choosing it, ms) at batch 1 for each prompt length; x prompt {p0} = "
             f"TTFT / TTFT at prompt {p0}:"),
-            lambda pt, base: f"{_f(pt['ttft_ms'])} ms" + (_ratio(pt["ttft_ms"], base["ttft_ms"]) if base else ""))
+            lambda pt, base: f"{_f(pt.ttft_ms)} ms" + (_ratio(pt.ttft_ms, base.ttft_ms) if base else ""))
     return "\n".join(out)
 
 
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
-    probes = ", ".join(f"{k} {bw[k]:.2f} GB/s" + (" counting read + write" if k == "copy" else "")
-                       for k in ("copy", "sum", "gemv") if k in bw)
-    threads = f"{bw['threads']} thread{'s' if bw['threads'] != 1 else ''}"
+    probes = ", ".join(f"{k} {v:.2f} GB/s" + (" counting read + write" if k == "copy" else "")
+                       for k, v in bw.probes.items())
+    threads = f"{bw.threads} thread{'s' if bw.threads != 1 else ''}"
     return (f"Memory read bandwidth: **{res.bandwidth_gbps:.2f} GB/s**, the fastest of the probes ({probes}; "
-            f"{bw['method']}, {threads}, {bw['mbytes']} MiB, medians). Weights read per token: "
+            f"{bw.method}, {threads}, {bw.mbytes} MiB, medians). Weights read per token: "
             f"{res.weight_bytes_per_token / 1e6:.1f} MB. Weight-bandwidth floor: **{res.floor_ms:.2f} ms/token** "
-            f"(set by the {bw['probe']} probe on {threads}).")
+            f"(set by the {bw.probe} probe on {threads}).")
 
 
 def targets_table(res: BenchResult) -> str:
     """The speed targets with their verdicts (yes / no / not measured / spread too wide: no verdict); a target set for
     other run conditions than this run's shows its figure, marked as not a verdict."""
     conditions = "; ".join(dict.fromkeys(describe_conditions(t.conditions) for t in TARGETS))
-    max_spread = res.config.get("max_spread", 1.5)
+    max_spread = res.config.max_spread
     rows = [f"Speed targets (set for {conditions}; a verdict only where every timed row a target reads has spread "
             f"<= {max_spread:g}; where this run's conditions differ from a target's, its figure is shown, not a "
             "verdict):", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
     for t in res.targets:
-        verdict = "**no**" if t["verdict"] == "no" else t["verdict"]
-        if not t.get("applies", True) and t.get("met") is not None:
-            verdict = f"{t['verdict']} (other run conditions: a figure, not a verdict)"
-        limit = f"{'<=' if t.get('direction', 'at most') == 'at most' else '>='} {t['limit']:g}"
-        rows.append(f"| {t['target']} ({t['detail']}) | {_f(t['measured'])} | {limit} | {verdict} |")
+        verdict = "**no**" if t.verdict == "no" else t.verdict
+        if not t.applies and t.met is not None:
+            verdict = f"{t.verdict} (other run conditions: a figure, not a verdict)"
+        limit = f"{'<=' if t.direction == 'at most' else '>='} {t.limit:g}"
+        rows.append(f"| {t.target} ({t.detail}) | {_f(t.measured)} | {limit} | {verdict} |")
     return "\n".join(rows)
 
 
@@ -175,14 +175,14 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     ``scaling_note`` (the bench-scaling.png link) follows the how-cost-grows tables."""
     parts = [runtimes_table(res), "", floor_text(res)]
     for lr in res.long_runs:
-        at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr["at"].items())
-        read = lr.get("bytes_at") or {}
-        near, far = str(lr.get("near")), str(lr.get("far"))
+        at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr.at.items())
+        read = lr.bytes_at or {}
+        near, far = str(lr.near), str(lr.far)
         grow = (f"; bytes a step reads at least (weights + the cache so far) at {far} / at {near}: "
                 f"{read[far] / read[near]:.2f}" if near in read and far in read and near != far else "")
-        parts.append(f"\n{lr['label']}: per-token latency against position (median of positions +-8), "
-                     f"{lr.get('repeats', 1)} run(s) to position {lr['positions'][-1] + 1}: {at}; spread "
-                     f"{_f(lr.get('spread'))}{grow}.")
+        parts.append(f"\n{lr.label}: per-token latency against position (median of positions +-8), "
+                     f"{lr.repeats} run(s) to position {lr.positions[-1] + 1}: {at}; spread "
+                     f"{_f(lr.spread)}{grow}.")
     if len(res.lowerings) > 1:
         parts += ["", lowerings_table(res)]
     if any(r.quantization for r in res.runtimes):
@@ -194,8 +194,8 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     if res.targets:  # the project's speed targets, when the run asked for them (--targets)
         parts += ["", targets_table(res)]
     if res.profile:
-        ops = ", ".join(f"{o['op']} {o['share'] * 100:.0f}%" for o in res.profile["ops"][:8])
-        where = res.profile["file"] or "not kept: give -o DIR to keep the trace there"
+        ops = ", ".join(f"{o.op} {o.share * 100:.0f}%" for o in res.profile.ops[:8])
+        where = res.profile.file or "not kept: give -o DIR to keep the trace there"
         parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({where}): {ops}.")
     for n in res.notes:
         parts.append(f"\nNote: {n}.")
@@ -226,7 +226,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
     except ImportError:
         return None
     ran = [r for r in res.runtimes if r.ran and r.token_p50_ms]
-    labels = list(dict.fromkeys([r.label for r in ran] + [lr["label"] for lr in res.long_runs]))
+    labels = list(dict.fromkeys([r.label for r in ran] + [lr.label for lr in res.long_runs]))
     colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
     fig, (bars, lines) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.45 * max(len(ran), 4) + 1.2),
                                       gridspec_kw={"width_ratios": [1, 1.3]})
@@ -250,8 +250,8 @@ def plot(res: BenchResult, path: Path) -> str | None:
             lines.plot(r.positions, _smooth(r.positions, r.per_position_ms), color=colours[r.label], linewidth=1.4,
                        label=r.label)
     for lr in res.long_runs:
-        lines.plot(lr["positions"], _smooth(lr["positions"], lr["ms"]), color=colours[lr["label"]], linewidth=1.2,
-                   linestyle="--", label=f"{lr['label']}, long run")
+        lines.plot(lr.positions, _smooth(lr.positions, lr.ms), color=colours[lr.label], linewidth=1.2,
+                   linestyle="--", label=f"{lr.label}, long run")
     lines.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.9,
                   label=f"weight-bandwidth floor {res.floor_ms:.2f} ms ({res.floor_probe}, {res.floor_threads} "
                         f"thread{'s' if res.floor_threads != 1 else ''})")
@@ -271,8 +271,8 @@ def plot(res: BenchResult, path: Path) -> str | None:
         lines.set_ylim(bottom=0)
     handles, names = lines.get_legend_handles_labels()
     cfg = res.config
-    fig.suptitle(f"decode latency: {res.model['spec']} (batch {cfg['batch']}, prompt {cfg['prompt_len']}, "
-                 f"{cfg['new_tokens']} new tokens, {cfg['threads']} threads)", fontsize=10)
+    fig.suptitle(f"decode latency: {res.model.spec} (batch {cfg.batch}, prompt {cfg.prompt_len}, "
+                 f"{cfg.new_tokens} new tokens, {cfg.threads} threads)", fontsize=10)
     fig.legend(handles, names, loc="lower center", ncol=min(3, max(1, len(names))), fontsize=7, frameon=False)
     rows_of_legend = -(-len(names) // 3)
     fig.tight_layout(rect=(0, 0.04 + 0.035 * rows_of_legend, 1, 1), w_pad=3)
@@ -287,8 +287,8 @@ SCALING_PNG = "bench-scaling.png"
 def plot_scaling(res: BenchResult, path: Path) -> str | None:
     """bench-scaling.png: per-token latency and tokens/s against the batch, TTFT against the prompt's length, one
     line per row (log x axes; a panel only where its points were asked). None if no matplotlib or nothing to draw."""
-    batches = bool(res.scaling and res.scaling[0]["batches"])
-    prompts = bool(res.scaling and res.scaling[0]["prompts"])
+    batches = bool(res.scaling and res.scaling[0].batches)
+    prompts = bool(res.scaling and res.scaling[0].prompts)
     if not (batches or prompts):
         return None
     try:
@@ -307,9 +307,9 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
     for ax, (key, x, y, ylabel) in zip(axes[0], panels):
         ticks = set()  # the points some row measured (a point skipped for every row widens nothing)
         for entry in res.scaling:
-            pts = [(pt[x], pt[y]) for pt in entry[key] if pt[y] is not None]
+            pts = [(getattr(pt, x), getattr(pt, y)) for pt in getattr(entry, key) if getattr(pt, y) is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", linewidth=1, label=entry["label"])
+                ax.plot(*zip(*pts), marker="o", linewidth=1, label=entry.label)
                 ticks.update(p for p, _ in pts)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
@@ -322,7 +322,7 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
             ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"how cost grows: {res.model['spec']}", fontsize=10)
+    fig.suptitle(f"how cost grows: {res.model.spec}", fontsize=10)
     fig.tight_layout()
     _save_png(fig, path)
     plt.close(fig)
@@ -344,7 +344,7 @@ def write_bench(res: BenchResult, out_dir: str | Path) -> list[Path]:
                     f"({SCALING_PNG})" if scaling_png else None)
     atomic_write_json(out_dir / "bench.json", res.to_dict())
     written.append(out_dir / "bench.json")
-    md = f"# Bench: {res.model['spec']}\n\n{res.environment['date']}, {res.environment.get('cpu')}\n\n" \
+    md = f"# Bench: {res.model.spec}\n\n{res.environment.date}, {res.environment.cpu}\n\n" \
          f"{markdown_body(res, note, scaling_note)}\n"
     atomic_write_bytes(out_dir / "bench.md", md.encode())
     written.append(out_dir / "bench.md")

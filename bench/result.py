@@ -1,17 +1,24 @@
-"""What a bench run found, as data: one :class:`RuntimeBench` per row and the :class:`BenchResult` (bench.json).
-Rendering it is :mod:`mhaexport.bench.render`'s job."""
+"""What a bench run found, as typed records (:mod:`mhaexport.artifact.record`'s machinery, as the manifest and the
+verify report): one :class:`RuntimeBench` per row and the :class:`BenchResult` (bench.json, read back by
+:func:`load_bench` into the same types). Rendering it is :mod:`mhaexport.bench.render`'s job."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from mhaexport.artifact.schema import tag
+from mhaexport.artifact.record import Environment, Record
+from mhaexport.artifact.schema import tag, version_of
+from mhaexport.bench.config import BenchConfig
+from mhaexport.errors import ArtifactError
 
-SCHEMA = tag("bench", 1)
+KIND, VERSION = "bench", 1
+SCHEMA = tag(KIND, VERSION)
 
 
 @dataclass
-class RuntimeBench:
+class RuntimeBench(Record):
     """One row's figures (milliseconds); ``ran`` is None when skipped (``reason`` says why)."""
 
     name: str  # unique row id: "ort-cpu" for the folder's own export, "ort-cpu [attention=ort float16]" for --compare
@@ -45,58 +52,239 @@ class RuntimeBench:
     floor_ratio: float | None = None  # token p50 / the float model's weight-bandwidth floor (BenchResult.floor_ms)
     notes: list[str] = field(default_factory=list)  # what a reader of this row must know (bench.md's notes)
 
+    WRITE_NONE = ("*",)
+
     def __post_init__(self) -> None:
         if not self.label:
             self.label = self.name if self.lowering is None else f"{self.name} [{self.lowering}]"
 
 
 @dataclass
-class BenchResult:
+class BenchModel(Record):
+    """The model timed: its spec, contract and fingerprint (the manifest's)."""
+
+    spec: str
+    contract: dict[str, Any] | None = None
+    fingerprint: str | None = None
+
+
+@dataclass
+class BandwidthInfo(Record):
+    """The memory read bandwidth the floor uses (:class:`mhaexport.bench.probes.Bandwidth`): each probe's GB/s,
+    ``read`` (the fastest), the ``probe`` that measured it, its threads, size and method."""
+
+    read: float
+    probe: str
+    threads: int
+    copy: float | None = None
+    sum: float | None = None
+    gemv: float | None = None
+    mbytes: int | None = None
+    method: str | None = None
+
+    KEY_ORDER = ("copy", "sum", "gemv", "read", "probe", "threads", "mbytes", "method")
+
+    @property
+    def probes(self) -> dict[str, float]:
+        """{probe: GB/s} of each probe that ran."""
+        return {k: v for k, v in (("copy", self.copy), ("sum", self.sum), ("gemv", self.gemv)) if v is not None}
+
+
+@dataclass
+class LongRun(Record):
+    """One ORT CPU row run from the prompt out to a far position (``--long``): per-token latency per position and
+    at the marks (median of positions +-8), ``near`` (the prompt end) and ``far``, and where known the bytes a step
+    reads at least at each mark (``bytes_at``)."""
+
+    name: str
+    label: str
+    positions: list[int]
+    ms: list[float]
+    at: dict[str, float | None]
+    near: int
+    far: int
+    lowering: str | None = None
+    repeats: int = 1
+    spread: float | None = None
+    bytes_at: dict[str, int] | None = None
+
+    WRITE_NONE = ("lowering", "spread")
+    KEY_ORDER = ("name", "label", "lowering", "positions", "ms", "at", "near", "far", "repeats", "spread", "bytes_at")
+
+    def at_position(self, pos: int | None) -> float | None:
+        """The latency at mark ``pos`` (None where the run has no such mark)."""
+        return self.at.get(str(pos))
+
+
+@dataclass
+class LoweringRow(Record):
+    """One ONNX Runtime row in the lowerings table: its p50 against the fastest on its provider, near and far."""
+
+    name: str
+    label: str
+    lowering: str | None = None
+    folder: str | None = None
+    provider: str | None = None
+    token_p50_ms: float | None = None
+    vs_fastest: float | None = None
+    near: int | None = None
+    near_ms: float | None = None
+    far: int | None = None
+    far_ms: float | None = None
+    far_over_near: float | None = None
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
+class BatchPoint(Record):
+    """How cost grows: one batch size (``reason``: why it was skipped)."""
+
+    batch: int
+    token_p50_ms: float | None = None
+    tokens_per_s: float | None = None
+    ttft_ms: float | None = None
+    repeats: int = 0
+    reason: str | None = None
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
+class PromptPoint(Record):
+    """How cost grows: one prompt length (``reason``: why it was skipped)."""
+
+    prompt: int
+    ttft_ms: float | None = None
+    prefill_ms: float | None = None
+    repeats: int = 0
+    reason: str | None = None
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
+class ScalingRow(Record):
+    """How cost grows for one row (``--batches`` / ``--prompts``; bench.scaling): every asked point."""
+
+    name: str
+    label: str
+    lowering: str | None = None
+    providers: list[str] = field(default_factory=list)
+    batches: list[BatchPoint] = field(default_factory=list)
+    prompts: list[PromptPoint] = field(default_factory=list)
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
+class TargetResult(Record):
+    """One speed target judged on this run (bench.targets): measured ratio, ``met`` (None: no verdict), the verdict,
+    the widest spread among the figures read, whether the run conditions match the target's."""
+
+    target: str
+    limit: float
+    direction: str = "at most"
+    measured: float | None = None
+    met: bool | None = None
+    verdict: str = "not measured"
+    detail: str = ""
+    spread: float | None = None
+    spread_of: str | None = None
+    applies: bool = True
+
+    WRITE_NONE = ("*",)
+    KEY_ORDER = ("target", "measured", "limit", "direction", "met", "verdict", "detail", "spread", "spread_of",
+                 "applies")
+
+
+@dataclass
+class OpTime(Record):
+    op: str
+    ms: float
+    share: float
+
+
+@dataclass
+class Profile(Record):
+    """ONNX Runtime's profile of one ORT CPU generation, summed per op type (``file``: None when not kept)."""
+
+    file: str | None = None
+    model_runs: int = 0
+    ops: list[OpTime] = field(default_factory=list)
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
+class BenchResult(Record):
     """Everything bench.json holds (plus ``"schema": "mhaexport.bench/1"`` at the top)."""
 
     folder: str
-    config: dict
-    model: dict
-    environment: dict  # mhaexport.env.environment() plus the thread count and the CUDA device
+    config: BenchConfig
+    model: BenchModel
+    environment: Environment  # mhaexport.env.environment() plus the thread count and the CUDA device
     bandwidth_gbps: float  # the memory read bandwidth the floor uses (the fastest probe)
-    bandwidth: dict  # Bandwidth.to_dict(): each probe, "read", and the "probe" and "threads" that set the floor
+    bandwidth: BandwidthInfo
     weight_bytes_per_token: int
     floor_ms: float  # weight bytes per token / bandwidth
     runtimes: list[RuntimeBench]
-    # one per ORT CPU lowering: {"name", "label", "lowering", "positions", "ms", "at": {pos: ms}, "near", "far",
-    # "spread"}
-    long_runs: list[dict] = field(default_factory=list)
-    lowerings: list[dict] = field(default_factory=list)  # ORT rows side by side (lowerings.compare_lowerings)
-    targets: list[dict] = field(default_factory=list)  # targets.evaluate
-    profile: dict | None = None
+    long_runs: list[LongRun] = field(default_factory=list)  # one per ORT CPU lowering
+    lowerings: list[LoweringRow] = field(default_factory=list)  # ORT rows side by side (lowerings.compare_lowerings)
+    targets: list[TargetResult] = field(default_factory=list)  # targets.evaluate
+    profile: Profile | None = None
     notes: list[str] = field(default_factory=list)
-    versions: dict = field(default_factory=dict)  # mhaexport.env.tool_versions()
-    # how cost grows (--batches / --prompts; bench.scaling): one per ONNX Runtime row, {"name", "label", "lowering",
-    # "providers", "batches": [{"batch", "token_p50_ms", "tokens_per_s", "ttft_ms", "repeats", "reason"}],
-    # "prompts": [{"prompt", "ttft_ms", "prefill_ms", "repeats", "reason"}]}; a point skipped has its reason
-    scaling: list[dict] = field(default_factory=list)
+    versions: dict[str, Any] = field(default_factory=dict)  # mhaexport.env.tool_versions()
+    # how cost grows (--batches / --prompts; bench.scaling): one per ONNX Runtime row, every asked point
+    scaling: list[ScalingRow] = field(default_factory=list)
+
+    DERIVED = ("schema",)
+    WRITE_NONE = ("profile",)
+    KEY_ORDER = ("schema",)
+    schema = SCHEMA
 
     def get(self, name: str) -> RuntimeBench | None:
         """The row named ``name``, or None."""
         return next((r for r in self.runtimes if r.name == name), None)
 
-    def long_run(self, name: str = "ort-cpu") -> dict | None:
+    def long_run(self, name: str = "ort-cpu") -> LongRun | None:
         """The long run of row ``name`` (default: the folder's own ORT CPU export), or None."""
-        return next((lr for lr in self.long_runs if lr["name"] == name), None)
+        return next((lr for lr in self.long_runs if lr.name == name), None)
 
-    def scaling_of(self, name: str = "ort-cpu") -> dict | None:
+    def scaling_of(self, name: str = "ort-cpu") -> ScalingRow | None:
         """How cost grows for row ``name`` (default: the folder's own ORT CPU export), or None."""
-        return next((s for s in self.scaling if s["name"] == name), None)
+        return next((s for s in self.scaling if s.name == name), None)
 
     @property
     def floor_probe(self) -> str:
         """The bandwidth probe whose read set the floor ("copy", "sum", "gemv")."""
-        return self.bandwidth["probe"]
+        return self.bandwidth.probe
 
     @property
     def floor_threads(self) -> int:
         """The thread count the floor's probe read with."""
-        return self.bandwidth["threads"]
+        return self.bandwidth.threads
 
-    def to_dict(self) -> dict:
-        return {"schema": SCHEMA, **asdict(self)}
+    @classmethod
+    def from_dict(cls, data: dict, what: str = "bench result") -> BenchResult:
+        """bench.json read back: ArtifactError naming ``what`` and the first field of the wrong type."""
+        version_of(data, KIND, (VERSION,), what)
+        try:
+            return super().from_dict(data, "")
+        except ArtifactError as e:
+            raise ArtifactError(f"{what}: field {e}") from None
+
+
+def load_bench(path: str | Path) -> BenchResult:
+    """A bench.json (or the folder holding one) as a :class:`BenchResult`."""
+    from mhaexport.artifact import read_json
+
+    from mhaexport.errors import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "bench.json"
+    try:
+        return BenchResult.from_dict(read_json(path, "bench result"), what=f"bench result {path}")
+    except ConfigError as e:  # its config is not one this version runs (a BenchConfig is checked when made)
+        raise ArtifactError(f"bench result {path}: config: {e}") from None

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport import dtypes, iospec
+from mhaexport import dtypes
 from mhaexport.artifact import ExportFolder, lowering_of
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTIMES, BenchConfig
 from mhaexport.bench.result import RuntimeBench
@@ -33,10 +33,9 @@ from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.runner import Runner
-from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, EagerRunner,
-                                      RecomputeRunner)
-from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
-from mhaexport.verify.verify import artifact_runner
+from mhaexport.verify.pt2 import CODE_RUNTIMES
+from mhaexport.verify.registry import runner_for
+from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, RecomputeRunner
 
 
 def code_record(ef: ExportFolder, name: str) -> RuntimeBench:
@@ -184,14 +183,16 @@ class BareRow(Row):
     """A bare loop over the folder's ONNX file, to see what mhaexport's decode loop costs: ``session.run`` with numpy
     in and out (a shared cache: the buffers bound once and reused, the least IO binding can do), argmax on the last
     logits — no checks, no sampling, nothing else. Its timings are taken the way the decode loop takes them (a step
-    = run + choosing the token).
+    = run + choosing the token). It feeds the file as every runner does (the folder's
+    :class:`~mhaexport.runtime.feed.Feed`: an adopted file's names and position_ids, the cache and its slots, its
+    dtype), so it differs from the ORT rows by the loop alone, not by another feeding.
 
     ``share``: returns the ORT CPU row of the same folder (or None); when that row is loaded first (the table order),
     the bare loop runs on *its* InferenceSession, so the two rows differ by the loop alone. Measured on this
     project's 2-core VM, identical sessions of one file created one after another in a process decode at different
     speeds (the first ~1.2 x slower than the third, on 1 thread as on 2), which a separate session would have
-    counted as the loop's cost. Without a loaded ORT CPU row it creates its own session (CPU, ``--threads``) and
-    its notes say so."""
+    counted as the loop's cost. Without a loaded ORT CPU row it builds its own session (the one session builder,
+    CPU, ``--threads``) and its notes say so."""
 
     def __init__(self, record: RuntimeBench, ef: ExportFolder, cfg: BenchConfig,
                  share: Callable[[], Row | None] = lambda: None) -> None:
@@ -199,12 +200,11 @@ class BareRow(Row):
         self.ef, self.cfg, self.share = ef, cfg, share
 
     def _load(self) -> Runner:
-        import onnxruntime as ort
-
-        from mhaexport.runtime.session import CPU, start_session
+        from mhaexport.runtime.choose import feed_of, source_sha256
+        from mhaexport.runtime.session import SessionConfig, open_session
 
         ef = self.ef
-        entry = ef.entry("onnx")
+        self.feed = feed_of(ef)  # how the file is fed, read from the manifest as every ORT row reads it
         own = self.share()
         runner = own.runner if own is not None and own.ok else None
         if runner is not None and getattr(runner, "session", None) is not None:
@@ -213,50 +213,43 @@ class BareRow(Row):
         else:
             self.record.notes.append("runs on a session of its own (no ort-cpu row loaded before it): its ratio to "
                                      "ort-cpu also holds the difference between two sessions")
-            so = ort.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = self.cfg.threads, 1, 3
-            self.session = start_session(ef.file("onnx"), [CPU], so)[0]
-        self.contract, self.entry = ef.contract, entry
-        kv = entry.input_dtype(iospec.past_names(0)[0]) if ef.contract.n_layers else entry.dtype
-        self.kv_dtype = dtypes.numpy_dtype(kv)  # the cache's dtype as the runtime reads it
-        self.out_names = [o.name for o in self.session.get_outputs()]
+            config = SessionConfig(providers=("cpu",), threads=self.cfg.threads)
+            self.session = open_session(ef.file("onnx"), config, source_sha256=source_sha256(ef))[0]
+        self.contract = ef.contract
+        self.kv_dtype = dtypes.numpy_dtype(self.feed.cache_dtype)  # the cache's dtype as the runtime reads it
+        self.out_names = [self.feed.logits, *self.feed.present]
         return _own_loop(self.record.name, ef.contract, list(self.session.get_providers()))
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
 
-        c, clock = self.contract, self.clock
+        c, clock, feed = self.contract, self.clock, self.feed
         B, P = prompt.shape
-        layers = c.n_layers
         res = GenerationResult([[] for _ in range(B)], "max_new_tokens", "", [P] * B)
-        shared = self.entry.details.cache.shared
-        if shared:
+        if feed.shared:
             import onnxruntime as ort
 
             # sized to the generation, as the decode loop and onnxruntime-genai size theirs
-            shape = (B, c.n_kv_heads, min(self.entry.details.cache.max_cache, P + n), c.head_dim)
-            bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in range(2 * layers)]
+            shape = (B, c.n_kv_heads, min(feed.max_cache, P + n), c.head_dim)
+            bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in feed.past]
             io = self.session.io_binding()
-            io.bind_output(iospec.LOGITS, "cpu")  # bound first: get_outputs()[0]
-            for i in range(layers):
-                for j, (pn, qn) in enumerate(zip(iospec.past_names(i), iospec.present_names(i))):
-                    io.bind_ortvalue_input(pn, bufs[2 * i + j])
-                    io.bind_ortvalue_output(qn, bufs[2 * i + j])
+            io.bind_output(feed.logits, "cpu")  # bound first: get_outputs()[0]
+            for pn, qn, buf in zip(feed.past, feed.present, bufs):
+                io.bind_ortvalue_input(pn, buf)
+                io.bind_ortvalue_output(qn, buf)
 
             def run(ids: np.ndarray, mask: np.ndarray, past):
-                io.bind_cpu_input(iospec.INPUT_IDS, ids)
-                io.bind_cpu_input(iospec.ATTENTION_MASK, mask)
-                io.bind_output(iospec.LOGITS, "cpu")  # unallocated again (same slot): a prompt's are (B, P, V)
+                for name, value in feed.token_inputs(ids, mask).items():
+                    io.bind_cpu_input(name, value)
+                io.bind_output(feed.logits, "cpu")  # unallocated again (same slot): a prompt's are (B, P, V)
                 self.session.run_with_iobinding(io)
                 return io.get_outputs()[0].numpy(), past
         else:
             def run(ids: np.ndarray, mask: np.ndarray, past):
-                feed = {iospec.INPUT_IDS: ids, iospec.ATTENTION_MASK: mask, **past}
-                outs = self.session.run(self.out_names, feed)
-                nxt = {iospec.past_names(i)[j]: outs[1 + 2 * i + j] for i in range(layers) for j in range(2)}
-                return outs[0], nxt
+                outs = self.session.run(self.out_names, {**feed.token_inputs(ids, mask), **past})
+                return outs[0], dict(zip(feed.past, outs[1:]))
 
         empty = np.zeros((B, c.n_kv_heads, 0, c.head_dim), self.kv_dtype)
-        past = {name: empty for i in range(layers) for name in iospec.past_names(i)}
+        past = {name: empty for name in feed.past}
         t0 = clock()
         logits, past = run(prompt, np.ones((B, P), np.int64), past)
         res.prefill_s = clock() - t0
@@ -388,24 +381,21 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
     for name in names:
         if name in (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT) and eager is None:
             add(skipped_row(name, no_eager_reason or "no eager model"))
-        elif name == EAGER:
-            add(Row(RuntimeBench(name), EagerRunner(EAGER, c, eager.module).activate, cfg.repeats, eager.load_s))
         elif name == EAGER_NOCACHE:
-            add(Row(RuntimeBench(name), RecomputeRunner(EagerRunner(EAGER, c, eager.module), EAGER_NOCACHE).activate,
+            add(Row(RuntimeBench(name), RecomputeRunner(runner_for(ef, EAGER, c, eager=eager.module),
+                                                        EAGER_NOCACHE).activate,
                     min(cfg.repeats, cfg.nocache_repeats), eager.load_s))
-        elif name == EAGER_CUDA:
-            add(Row(RuntimeBench(name), EagerRunner(EAGER_CUDA, c, eager.module, device="cuda").activate, cfg.repeats))
-        elif name == TORCHSCRIPT:
-            if not ef.has("torchscript"):
-                add(skipped_row(name, f"no TorchScript export in {folder}"))
+        elif name in (EAGER, EAGER_CUDA, TORCHSCRIPT) or name in CODE_RUNTIMES:
+            # the registry's runner (verify/registry.py): the same artifact, the same skip reasons as verify's
+            runner = runner_for(ef, name, c, eager=eager.module if eager else None, trust_code=cfg.trust_code)
+            if name in CODE_RUNTIMES and not (ef.has(name) or cfg.runtimes is not None):
+                continue  # a code runtime of the defaults whose artifact this folder does not hold
+            if not runner.available:
+                add(skipped_row(name, runner.skip_reason))
+            elif name in CODE_RUNTIMES:  # torch.export / AOTInductor: load time is the row's; compile time apart
+                add(Row(code_record(ef, name), runner.activate, cfg.repeats))
             else:
-                add(Row(RuntimeBench(name), artifact_runner(ef, TORCHSCRIPT, c).activate,
-                        cfg.repeats))
-        elif name in CODE_RUNTIMES:  # torch.export / AOTInductor: load time is the row's; compile time apart
-            if ef.has(name) or cfg.runtimes is not None:
-                runner = code_runner(ef, name, c, trust_code=cfg.trust_code)
-                add(Row(code_record(ef, name), runner.activate, cfg.repeats) if runner.available
-                    else skipped_row(name, runner.skip_reason))
+                add(Row(RuntimeBench(name), runner.activate, cfg.repeats, eager.load_s if name == EAGER else 0.0))
         elif name in ORT_RUNTIMES:
             provider = "cpu" if name == ORT_CPU else "cuda"
             why = provider_unavailable(provider) if name == ORT_CUDA else None

@@ -11,7 +11,6 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,8 @@ from mhaexport.bench import probes
 from mhaexport.bench.config import DEFAULT_RUNTIMES, EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig
 from mhaexport.bench.eta import Eta
 from mhaexport.bench.lowerings import compare_lowerings
-from mhaexport.bench.result import BenchResult
+from mhaexport.artifact.record import Environment
+from mhaexport.bench.result import BandwidthInfo, BenchModel, BenchResult, LongRun, OpTime, Profile
 from mhaexport.bench.rows import EagerModel, Row, plan_rows
 from mhaexport.bench.scaling import scaling_rows, scaling_runs, seeded_prompt
 from mhaexport.bench.stats import token_spread, window_median
@@ -128,11 +128,12 @@ def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: 
         row.finish(cfg.batch, cfg.new_tokens)
     notes += quantized_rows([r.record for r in rows], int(wbytes), floor_s * 1000)
 
-    res = BenchResult(str(folder), asdict(cfg), {"spec": ef.model.spec, "contract": c.to_dict(),
-                                                 "fingerprint": ef.model.fingerprint},
-                      {**environment(), "threads": cfg.threads, "cuda_device": _cuda_device()},
-                      round(bandwidth.read_gbps, 3), bandwidth.to_dict(), int(wbytes), round(floor_s * 1000, 4),
-                      [r.record for r in rows], notes=notes, versions=tool_versions())
+    res = BenchResult(str(folder), cfg, BenchModel(ef.model.spec, c.to_dict(), ef.model.fingerprint),
+                      Environment.from_dict({**environment(), "threads": cfg.threads, "cuda_device": _cuda_device()},
+                                            "environment"),
+                      round(bandwidth.read_gbps, 3), BandwidthInfo.from_dict(bandwidth.to_dict(), "bandwidth"),
+                      int(wbytes), round(floor_s * 1000, 4), [r.record for r in rows], notes=notes,
+                      versions=tool_versions())
 
     # The long runs: every ORT CPU lowering (not the opt-level variants), from the prompt out to long_to.
     long_rows = [r for r in timed if r.ok and r.record.ran and r.record.name.split(" [")[0] == ORT_CPU]
@@ -262,7 +263,7 @@ def run_rounds(rows: list[Row], prompt: np.ndarray, new_tokens: int, say: Progre
 
 
 def _long_entry(row: Row, pos: list[int], steps: list[float], prompt_len: int, repeats: int,
-                batch: int = 1) -> dict:
+                batch: int = 1) -> LongRun:
     """One long run: the marks 32/128/256/512/1000 it covers, ``near`` (the prompt end) and ``far`` (1000, or the
     last full +-8 window when the run stops earlier), the run's spread and, where the row's weight bytes are known,
     ``bytes_at``: the bytes a step reads at least at each mark (weights + the cache so far, read once)."""
@@ -271,13 +272,12 @@ def _long_entry(row: Row, pos: list[int], steps: list[float], prompt_len: int, r
     far = 1000 if last >= 1000 else max(last - 8, prompt_len)
     marks = sorted(({prompt_len, 128, 256, 512, 1000} & set(range(pos[0], last + 1))) | {far})
     rb = row.record
-    entry = {"name": rb.name, "label": rb.label, "lowering": rb.lowering, "positions": pos, "ms": ms,
-             "at": {str(p): window_median(pos, ms, p) for p in marks}, "near": prompt_len, "far": far,
-             "repeats": repeats, "spread": token_spread(pos, [steps])}
+    entry = LongRun(rb.name, rb.label, pos, ms, {str(p): window_median(pos, ms, p) for p in marks}, prompt_len, far,
+                    rb.lowering, repeats, token_spread(pos, [steps]))
     kv = kv_bytes_per_position(row.runner, batch)
     if kv and rb.weight_bytes_per_token:
         # the least a step at position p reads: its weights and the cache's p + 1 keys and values, once
-        entry["bytes_at"] = {str(p): int(rb.weight_bytes_per_token + kv * (p + 1)) for p in marks}
+        entry.bytes_at = {str(p): int(rb.weight_bytes_per_token + kv * (p + 1)) for p in marks}
     return entry
 
 
@@ -291,7 +291,7 @@ def kv_bytes_per_position(runner, batch: int) -> int | None:
 
 
 def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int, repeats: int,
-              say: Progress, eta: Eta | None = None) -> list[dict]:
+              say: Progress, eta: Eta | None = None) -> list[LongRun]:
     """Generations from the prompt to ``long_to`` for each ORT CPU row (warm already), round-robin over the rows
     ``repeats`` times; per position, the median over the repeats."""
     runs: dict[int, list] = {i: [] for i in range(len(rows))}
@@ -320,7 +320,7 @@ def long_runs(rows: list[Row], prompt: np.ndarray, long_to: int, prompt_len: int
     return out
 
 
-def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> dict:
+def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> Profile:
     """ONNX Runtime's profile of one ORT CPU generation, summed up per op type. The trace is written to
     ``cfg.profile_dir`` (bench's output folder), never into the export folder being read: with no profile_dir, or
     one that is the export folder, it goes to a temporary folder and only the summary is kept (``file`` None)."""
@@ -336,11 +336,11 @@ def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> d
         gen.generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))
         summary = summarize_profile(gen.session.end_profiling())
     if not keep:
-        summary["file"] = None
+        summary.file = None
     return summary
 
 
-def summarize_profile(path: str | Path, top: int = 12) -> dict:
+def summarize_profile(path: str | Path, top: int = 12) -> Profile:
     """ONNX Runtime's profile (chrome trace JSON) -> total ms per op type, largest first, and the run count."""
     events = json.loads(Path(path).read_text())
     per_op: dict[str, float] = {}
@@ -353,8 +353,7 @@ def summarize_profile(path: str | Path, top: int = 12) -> dict:
             runs += 1
     total = sum(per_op.values()) or 1.0
     ranked = sorted(per_op.items(), key=lambda kv: -kv[1])[:top]
-    return {"file": str(path), "model_runs": runs,
-            "ops": [{"op": k, "ms": round(v, 3), "share": round(v / total, 4)} for k, v in ranked]}
+    return Profile(str(path), runs, [OpTime(k, round(v, 3), round(v / total, 4)) for k, v in ranked])
 
 
 def _cuda_device() -> str | None:

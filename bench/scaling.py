@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mhaexport.bench.config import ORT_GENAI, ORT_RUNTIMES, BenchConfig
+from mhaexport.bench.result import BatchPoint, PromptPoint, ScalingRow
 from mhaexport.bench.rows import Row, why
 from mhaexport.bench.stats import percentile
 from mhaexport.errors import MhaExportError
@@ -51,30 +52,28 @@ def _ms(x: float) -> float:
     return round(x * 1000.0, 4)
 
 
-def batch_point(batch: int, runs: list[GenerationResult], new_tokens: int) -> dict:
+def batch_point(batch: int, runs: list[GenerationResult], new_tokens: int) -> BatchPoint:
     """A batch point's figures, from the decode loop's timings: per-token p50 over every decode step of every
     repeat, tokens/s = batch * new_tokens / (first token + decode) and TTFT, medians over the repeats."""
     steps = [s for r in runs for s in r.step_s]
-    return {"batch": batch, "token_p50_ms": _ms(percentile(steps, 50)) if steps else None,
-            "tokens_per_s": round(statistics.median(batch * new_tokens / (r.first_token_s + sum(r.step_s))
-                                                    for r in runs), 2),
-            "ttft_ms": _ms(statistics.median(r.first_token_s for r in runs)), "repeats": len(runs), "reason": None}
+    return BatchPoint(batch, _ms(percentile(steps, 50)) if steps else None,
+                      round(statistics.median(batch * new_tokens / (r.first_token_s + sum(r.step_s)) for r in runs), 2),
+                      _ms(statistics.median(r.first_token_s for r in runs)), len(runs))
 
 
-def prompt_point(prompt: int, runs: list[GenerationResult]) -> dict:
+def prompt_point(prompt: int, runs: list[GenerationResult]) -> PromptPoint:
     """A prompt point's figures: TTFT (prefill + choosing the first token) and the prefill alone, medians over the
     repeats."""
-    return {"prompt": prompt, "ttft_ms": _ms(statistics.median(r.first_token_s for r in runs)),
-            "prefill_ms": _ms(statistics.median(r.prefill_s for r in runs)), "repeats": len(runs), "reason": None}
+    return PromptPoint(prompt, _ms(statistics.median(r.first_token_s for r in runs)),
+                       _ms(statistics.median(r.prefill_s for r in runs)), len(runs))
 
 
-def skipped_batch(batch: int, reason: str) -> dict:
-    return {"batch": batch, "token_p50_ms": None, "tokens_per_s": None, "ttft_ms": None, "repeats": 0,
-            "reason": reason}
+def skipped_batch(batch: int, reason: str) -> BatchPoint:
+    return BatchPoint(batch, reason=reason)
 
 
-def skipped_prompt(prompt: int, reason: str) -> dict:
-    return {"prompt": prompt, "ttft_ms": None, "prefill_ms": None, "repeats": 0, "reason": reason}
+def skipped_prompt(prompt: int, reason: str) -> PromptPoint:
+    return PromptPoint(prompt, reason=reason)
 
 
 def _point(rows: list[Row], prompt: np.ndarray, n: int, repeats: int, failed: dict[int, str],
@@ -97,15 +96,14 @@ def _point(rows: list[Row], prompt: np.ndarray, n: int, repeats: int, failed: di
 
 
 def scaling_runs(rows: list[Row], cfg: BenchConfig, max_positions: int, vocab_size: int,
-                 say: Progress) -> list[dict]:
+                 say: Progress) -> list[ScalingRow]:
     """The scaling phase over ``rows`` (loaded and warm; :func:`scaling_rows`): for each batch of ``cfg.batches``,
     ``cfg.prompt_len``-token prompts and ``cfg.new_tokens`` new tokens; for each length of ``cfg.prompts``, batch 1
     and :data:`TTFT_NEW_TOKENS` new tokens. Prompts are drawn from ``cfg.seed`` as the main run's. Returns one entry
     per row: ``{"name", "label", "lowering", "providers", "batches": [...], "prompts": [...]}``, every asked point in
     each (a skipped one with its ``reason``; see :func:`batch_point`, :func:`prompt_point`)."""
     batches, prompts = sorted(set(cfg.batches)), sorted(set(cfg.prompts))
-    out = [{"name": r.record.name, "label": r.record.label, "lowering": r.record.lowering,
-            "providers": list(r.record.providers), "batches": [], "prompts": []} for r in rows]
+    out = [ScalingRow(r.record.name, r.record.label, r.record.lowering, list(r.record.providers)) for r in rows]
     rounds = cfg.repeats + 1
     total = (len(batches) + len(prompts)) * rounds
     done = 0
@@ -123,12 +121,12 @@ def scaling_runs(rows: list[Row], cfg: BenchConfig, max_positions: int, vocab_si
         done += rounds
         for i in range(len(rows)):
             why = failed.get(i) or (None if runs[i] else "not timed (repeats=0)")
-            out[i]["batches"].append(skipped_batch(b, why) if why else batch_point(b, runs[i], cfg.new_tokens))
+            out[i].batches.append(skipped_batch(b, why) if why else batch_point(b, runs[i], cfg.new_tokens))
     for p in prompts:
         need = p + TTFT_NEW_TOKENS - 1  # positions a prompt of p tokens and one decode step fill
         if need > max_positions:
             for entry in out:
-                entry["prompts"].append(skipped_prompt(p, f"the model allows {max_positions} positions"))
+                entry.prompts.append(skipped_prompt(p, f"the model allows {max_positions} positions"))
             say(Step(f"how cost grows, prompt {p}: skipped, the model allows {max_positions} positions",
                      done, total))
             done += rounds
@@ -140,5 +138,5 @@ def scaling_runs(rows: list[Row], cfg: BenchConfig, max_positions: int, vocab_si
         done += rounds
         for i in range(len(rows)):
             why = failed.get(i) or (None if runs[i] else "not timed (repeats=0)")
-            out[i]["prompts"].append(skipped_prompt(p, why) if why else prompt_point(p, runs[i]))
+            out[i].prompts.append(skipped_prompt(p, why) if why else prompt_point(p, runs[i]))
     return out

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI
-from mhaexport.bench.result import BenchResult
+from mhaexport.bench.result import BenchResult, TargetResult
 from mhaexport.verify.runners import EAGER, ORT_CPU
 
 AT_MOST, AT_LEAST = "at most", "at least"
@@ -119,9 +119,9 @@ class LongRunFigure:
 
     def read(self, res: BenchResult) -> Reading | None:
         lr = res.long_run(self.row)
-        pos = self.position if self.position is not None else res.config.get("prompt_len")
-        value = lr["at"].get(str(pos)) if lr else None
-        return None if value is None else Reading(value, f"{self.row} at {pos}", lr.get("spread"))
+        pos = self.position if self.position is not None else res.config.prompt_len
+        value = lr.at_position(pos) if lr else None
+        return None if value is None else Reading(value, f"{self.row} at {pos}", lr.spread)
 
 
 def _cache_row(res: BenchResult, shared: bool):
@@ -168,8 +168,8 @@ class CachePerByteFigure:
         at = CacheLongRunFigure(self.position).read(res)
         r = _cache_row(res, True)
         lr = res.long_run(r.name) if r is not None else None
-        pos = self.position if self.position is not None else res.config.get("prompt_len")
-        read = (lr or {}).get("bytes_at", {}).get(str(pos))
+        pos = self.position if self.position is not None else res.config.prompt_len
+        read = ((lr.bytes_at if lr else None) or {}).get(str(pos))
         if at is None or not read:
             return None
         return Reading(at.value / (read / 1e9), f"{at.label} ({read / 1e6:.1f} MB read)", at.spread, "ms/GB")
@@ -190,33 +190,31 @@ class Target:
     conditions: Mapping[str, object] = field(default_factory=lambda: BENCH_PRESET)
 
     def title(self, res: BenchResult) -> str:
-        return self.name.format(**res.config)
+        return self.name.format(**vars(res.config))
 
     def applies(self, res: BenchResult) -> bool:
         """Whether ``res`` ran under the conditions the limit was set for."""
-        have = {**res.config, "spec": res.model.get("spec")}
+        have = {**vars(res.config), "spec": res.model.spec}
         return all(have.get(k) == v for k, v in self.conditions.items())
 
-    def evaluate(self, res: BenchResult, max_spread: float) -> dict:
+    def evaluate(self, res: BenchResult, max_spread: float) -> TargetResult:
         """This target on ``res``: measured ratio, ``met`` (True / False / None = no verdict), the verdict text, the
         widest spread among the figures read and which one, and whether the run conditions match."""
-        out = {"target": self.title(res), "measured": None, "limit": self.limit, "direction": self.direction,
-               "met": None, "verdict": "not measured", "detail": self.needs, "spread": None, "spread_of": None,
-               "applies": self.applies(res)}
+        out = TargetResult(self.title(res), self.limit, self.direction, detail=self.needs, applies=self.applies(res))
         a, b = self.numerator.read(res), self.denominator.read(res)
         if a is None or b is None or not b.value:
             return out
         measured = a.value / b.value
-        out.update(measured=round(measured, 3),
-                   detail=f"{a.label} {a.value:.2f} {a.unit} vs {b.label} {b.value:.2f} {b.unit}")
+        out.measured = round(measured, 3)
+        out.detail = f"{a.label} {a.value:.2f} {a.unit} vs {b.label} {b.value:.2f} {b.unit}"
         spreads = [(r.spread, r.label) for r in (a, b) if r.spread is not None]
         if spreads:
-            out["spread"], out["spread_of"] = max(spreads)
-        if out["spread"] is not None and out["spread"] > max_spread:
-            out["verdict"] = f"spread too wide ({out['spread']:.1f} on {out['spread_of']}): no verdict"
+            out.spread, out.spread_of = max(spreads)
+        if out.spread is not None and out.spread > max_spread:
+            out.verdict = f"spread too wide ({out.spread:.1f} on {out.spread_of}): no verdict"
             return out
-        out["met"] = measured <= self.limit if self.direction == AT_MOST else measured >= self.limit
-        out["verdict"] = "yes" if out["met"] else "no"
+        out.met = measured <= self.limit if self.direction == AT_MOST else measured >= self.limit
+        out.verdict = "yes" if out.met else "no"
         return out
 
 
@@ -255,7 +253,7 @@ TARGETS: tuple[Target, ...] = (
 )
 
 
-def evaluate(res: BenchResult, max_spread: float = 1.5, targets: tuple[Target, ...] = TARGETS) -> list[dict]:
+def evaluate(res: BenchResult, max_spread: float = 1.5, targets: tuple[Target, ...] = TARGETS) -> list[TargetResult]:
     """Every target on ``res`` (bench.json's ``targets``)."""
     return [t.evaluate(res, max_spread) for t in targets]
 

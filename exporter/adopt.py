@@ -4,8 +4,9 @@ torch.onnx.export) into an export folder, so verify, generate and bench run on i
 The folder hard-links the foreign file (and its external data, genai_config.json and tokenizer) instead of copying
 it where the file system allows (a builder's file may hold gigabytes), and copies it elsewhere; never a symlink. Its manifest records the model the file claims to be (``--hf``,
 ``--model``, ``--config``: the eager reference, as for an export), the file's hashes (a file rebuilt since is
-refused like any altered export), and the file's :class:`~mhaexport.runtime.foreign.Layout` under
-``details.layout``: the names that stand for the contract's I/O and the producer's cache and padding protocol.
+refused like any altered export), the file's :class:`~mhaexport.runtime.foreign.Layout` under ``details.layout``
+(the names that stand for the contract's I/O) and its producer's cache and padding protocol where every ONNX entry
+keeps its own (``kv_cache``, ``max_cache``, ``padding``): :class:`~mhaexport.runtime.feed.Feed` reads them back.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None
     if out == path.parent:
         raise ArtifactError(f"-o {out}: the adopted folder links to the file's, so it must be another folder "
                             f"(default: {default_folder(path)})")
-    layout = detect_layout(path, max_positions=loaded.contract.max_positions)
+    layout, cache = detect_layout(path, max_positions=loaded.contract.max_positions)
     notes = _check_sizes(layout, loaded, path) + list(layout.notes)
     names = [path.name] + _external_files(path)
     if (path.parent / GENAI_CONFIG).is_file():
@@ -154,8 +155,8 @@ def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None
     quant = quantization_of(path)
     details = OnnxDetails(
         producer=layout.producer, adopted_from=str(path), layout=layout,
-        cache=CacheLayout(layout.kv_cache, layout.max_positions if layout.kv_cache == "shared" else None,
-                          layout.padding),
+        # a shared buffer's slots: the producer's context length, at most the model's (_check_sizes)
+        cache=CacheLayout(cache.kind, layout.max_positions if cache.shared else None, cache.padding),
         attention="as exported", quantization=quant,
         opset=next((o.version for o in onnx.load(str(path), load_external_data=False).opset_import
                     if o.domain in ("", "ai.onnx")), None),

@@ -56,7 +56,7 @@ def precision_report(model: str | Path | onnx.ModelProto, dtype: str, *, casts_i
         out = str(Path(d) / "ort_level0.onnx")
         try:
             cpu_session(model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model),
-                        optimized=out, level=0)
+                        optimized_file=out, opt_level="disable")
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
             report.session_error = first_line(e)
             return report

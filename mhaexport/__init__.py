@@ -15,7 +15,8 @@ from types import ModuleType as _ModuleType
 # pyproject.toml maps into this namespace. When Python finds this folder through the current directory (the repo
 # root) rather than the installed mapping, let it find those folders too -- only those: the checkout's other folders
 # (tests/, scripts/, docs/) are not mhaexport.tests or mhaexport.scripts.
-_MAPPED = ("artifact", "models", "exporter", "verify", "runtime", "bench")  # pyproject.toml's package-dir
+# pyproject.toml's package-dir
+_MAPPED = ("artifact", "models", "exporter", "verify", "runtime", "bench", "diagnose", "evaluate")
 _root = _Path(__file__).resolve().parent.parent
 
 

@@ -60,8 +60,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from mhaexport.exporter.quantize import QuantizeRecord
     from mhaexport.models.loading import LoadedModel
     from mhaexport.runtime.decode import GenerationResult
-    from mhaexport.verify.bisect_follow import BisectRun
-    from mhaexport.verify.evaluate import EvalReport
+    from mhaexport.diagnose.follow import BisectRun
+    from mhaexport.evaluate.perplexity import EvalReport
     from mhaexport.verify.report import VerifyReport
 
 Progress = Callable[[str], None]
@@ -429,7 +429,7 @@ def evaluate(folder: str | Path, text: bytes | None = None, *, text_source: str 
     that cannot run or fails is a row saying why (``report.rows``; ``.to_dict()``: what ``--json`` prints). Raises
     ConfigError for an unknown runtime or a bad ``window``/``stride``, RuntimeInputError for text the model cannot
     read. The folder is opened (hash-checked) once; its snapshot goes when done."""
-    from mhaexport.verify.evaluate import evaluate_folder
+    from mhaexport.evaluate.perplexity import evaluate_folder
 
     runtimes = _names(runtimes, "runtimes") or ("ort-cpu",)
     _count(stride, "stride")
@@ -605,12 +605,12 @@ def bisect(folder: str | Path, *, model: str | LoadedModel | None = None, config
     also from a source that is code) or given (``model``/``config``/``hf``/``checkpoint``: the exported model).
 
     The folder is opened (hash-checked) once for all of it; its snapshot goes when done. Returns the
-    :class:`~mhaexport.verify.bisect_follow.BisectRun`: ``bool(run)`` is True when no difference was found;
+    :class:`~mhaexport.diagnose.follow.BisectRun`: ``bool(run)`` is True when no difference was found;
     ``run.followed`` / ``run.report``: the two steps' reports (``.summary()``: their text)."""
     from mhaexport.artifact import ExportFolder
     from mhaexport.models.loading import load_recorded
-    from mhaexport.verify.bisect import bisect as _bisect, failing_case
-    from mhaexport.verify.bisect_follow import BisectRun, follow
+    from mhaexport.diagnose.bisect import bisect as _bisect, failing_case
+    from mhaexport.diagnose.follow import BisectRun, follow
 
     say = _say(progress)
     _count(seed, "seed", 0, optional=False)

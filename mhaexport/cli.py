@@ -1208,7 +1208,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         rec = adopt_onnx(loaded, folder, out)
         details = rec.manifest.artifacts["onnx"].details
         click.echo(f"Adopted {folder} ({details.producer} layout, driven as "
-                   f"{details.layout.kv_cache} cache, {details.cache.padding} padding) into "
+                   f"{details.cache.kind} cache, {details.cache.padding} padding) into "
                    f"{rec.folder}", err=True)
         _warn(rec)
         if bisect_:

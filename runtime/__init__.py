@@ -15,14 +15,15 @@ Text in, text out, streaming (:mod:`mhaexport.runtime.model`)::
 
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,
                                       GenerationConfig, GenerationResult, left_pad, pad_prompts)
+from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.generator import Generator
 from mhaexport.runtime.model import TextModel, load
 from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.sampling import SamplingConfig, filtered_probs, next_tokens
-from mhaexport.runtime.session import SessionConfig, create_session, provider_unavailable, resolve_providers
+from mhaexport.runtime.session import SessionConfig, provider_unavailable, resolve_providers
 
-__all__ = ["DecodeLoop", "DecodeState", "GenerationConfig", "GenerationResult", "Generator", "OrtRunner", "Runner",
-           "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig", "SessionConfig", "create_session",
+__all__ = ["DecodeLoop", "DecodeState", "Feed", "GenerationConfig", "GenerationResult", "Generator", "OrtRunner",
+           "Runner", "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig", "SessionConfig",
            "filtered_probs", "left_pad", "next_tokens", "pad_prompts", "provider_unavailable", "resolve_providers",
            "skipped", "TextModel", "load"]

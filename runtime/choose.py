@@ -1,21 +1,21 @@
-"""The one place that decides how an exported ONNX file is driven: which runner class (a concat cache or one shared
-buffer), the names it is fed under (the contract's or an adopted file's layout), the cache's dtype and slots, the
-fixed sizes of a static export. The Generator, verify's and eval's ort-cpu / ort-cuda and every bench row built on
-ONNX Runtime take their runner from here, over a folder opened once (:class:`~mhaexport.artifact.ExportFolder`,
-whose snapshot holds the bytes that were hash-checked). Torch-free.
+"""The one loader of an exported ONNX file in ONNX Runtime: :func:`ort_runner_for` reads how the file is fed from the
+manifest once (:class:`~mhaexport.runtime.feed.Feed`: the contract's names or an adopted file's, a concat cache or
+one shared buffer and its slots, the cache's dtype, a static export's sizes), picks the runner class that drives that
+feed, and gives it the file's recorded sha256 for the optimized-graph cache; the runner builds its session with
+:func:`~mhaexport.runtime.session.open_session`. The Generator, verify's and eval's ort-cpu / ort-cuda and every bench
+row built on ONNX Runtime take their runner from here, over a folder opened once
+(:class:`~mhaexport.artifact.ExportFolder`, whose snapshot holds the bytes that were hash-checked). Torch-free.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mhaexport import iospec
-from mhaexport.artifact import ArtifactEntry, ExportFolder
-from mhaexport.errors import ArtifactError
+from mhaexport.artifact import ExportFolder
 from mhaexport.iospec import ModelContract
-from mhaexport.runtime.foreign import layout_of
+from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
-from mhaexport.runtime.session import SessionConfig, optimized_path, resolve_providers
+from mhaexport.runtime.session import SessionConfig
 
 
 def open_folder(folder: str | Path | ExportFolder, artifact: str = "onnx") -> ExportFolder:
@@ -23,37 +23,28 @@ def open_folder(folder: str | Path | ExportFolder, artifact: str = "onnx") -> Ex
     return folder if isinstance(folder, ExportFolder) else ExportFolder.open(folder, artifact)
 
 
-def cache_dtype(entry: ArtifactEntry, contract: ModelContract) -> str:
-    """The dtype of the KV cache as the file takes it (its first past input; the artifact's dtype without layers)."""
-    if not contract.n_layers:
-        return entry.dtype
-    try:
-        return entry.input_dtype(iospec.past_names(0)[0])
-    except ArtifactError:  # an I/O schema without the contract's names: the artifact's dtype
-        return entry.dtype
+def feed_of(ef: ExportFolder, contract: ModelContract | None = None) -> Feed:
+    """How ``ef``'s ONNX file is fed, read from its manifest entry (``contract``: the eager model's, default the
+    folder's)."""
+    return Feed.of(ef.entry("onnx"), contract or ef.contract)
 
 
-def is_shared_cache(entry: ArtifactEntry) -> bool:
-    """Whether the file's past and present are one preallocated buffer per layer (``--kv-cache shared``)."""
-    return entry.details.cache.shared
+def source_sha256(ef: ExportFolder) -> str:
+    """The recorded (and hash-checked) sha256 of ``ef``'s ONNX file: the key of its optimized-graph cache."""
+    entry = ef.entry("onnx")
+    return entry.files[entry.file]["sha256"]
 
 
 def ort_runner_for(ef: ExportFolder, name: str, config: SessionConfig = SessionConfig(), *,
                    contract: ModelContract | None = None, io_binding: bool | None = None,
-                   contract_steps: bool = False) -> OrtRunner:
+                   contract_steps: bool = False, feed: Feed | None = None) -> OrtRunner:
     """The ONNX Runtime runner of ``ef``'s ONNX export, not yet activated: a :class:`SharedCacheOrtRunner` for a shared
     cache (``contract_steps``: verify's contract calls, see that class), else an :class:`OrtRunner`; an adopted file
-    fed under its own names. ``contract``: the eager model's contract (default: the folder's)."""
-    entry = ef.entry("onnx")
+    fed under its own names. ``contract``: the eager model's contract (default: the folder's). ``feed``: another
+    protocol than the file's own (verify's plain-protocol findings: :meth:`Feed.plain`)."""
     c = contract or ef.contract
-    optimized = None
-    if config.cache_optimized:
-        provider = resolve_providers(config.providers)[0]
-        sha = entry.files[entry.file]["sha256"]
-        optimized = (optimized_path(sha, entry.file, config.opt_level, provider), sha)
-    common = dict(config=config, dtype=cache_dtype(entry, c), layout=layout_of(entry), io_binding=io_binding,
-                  optimized_cache=optimized)
-    if is_shared_cache(entry):
-        return SharedCacheOrtRunner(name, c, ef.file("onnx"), max_cache=entry.details.cache.max_cache,
-                                    contract_steps=contract_steps, **common)
-    return OrtRunner(name, c, ef.file("onnx"), fixed=entry.fixed_sizes, **common)
+    feed = feed or feed_of(ef, c)
+    common = dict(feed=feed, config=config, io_binding=io_binding, source_sha256=source_sha256(ef))
+    if feed.shared:
+        return SharedCacheOrtRunner(name, c, ef.file("onnx"), contract_steps=contract_steps, **common)
+    return OrtRunner(name, c, ef.file("onnx"), **common)

@@ -1,7 +1,8 @@
 """ONNX decoders exported by other tools, mapped onto the contract. Torch-free (ONNX Runtime's own I/O metadata).
 
-A :class:`Layout` says how a file's I/O corresponds to the decoder contract and in which protocol its producer
-drives it:
+:func:`detect_layout` says how a file's I/O corresponds to the decoder contract (a :class:`Layout`: the record an
+adopted folder's manifest keeps) and in which protocol its producer drives it (a
+:class:`~mhaexport.artifact.details.CacheLayout`: the entry's ``kv_cache`` / ``max_cache`` / ``padding``):
 
 - **onnxruntime-genai's model builder**: a ``genai_config.json`` next to the file names the inputs and outputs
   (``past_key_names`` templates), the sizes (``num_key_value_heads``, ``head_size``, ``context_length``) and the
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from mhaexport import dtypes, iospec
 from mhaexport.artifact import ArtifactEntry, read_manifest
-from mhaexport.artifact.details import AdoptedLayout, OnnxDetails
+from mhaexport.artifact.details import AdoptedLayout, CacheLayout, OnnxDetails
 from mhaexport.errors import ArtifactError
 
 GENAI_CONFIG = "genai_config.json"
@@ -35,12 +36,7 @@ PRODUCERS = ("onnxruntime-genai", "optimum", "torch.onnx", "mhaexport")
 
 # How a foreign file maps onto the contract: the record its adopted folder's manifest keeps (``details.layout``)
 Layout = AdoptedLayout
-
-
-def layout_of(entry: ArtifactEntry | None) -> Layout | None:
-    """The adopted file's layout recorded in a manifest entry (``details.layout``); None for mhaexport's own
-    exports, whose I/O is the contract's."""
-    return entry.details.layout if entry is not None and isinstance(entry.details, OnnxDetails) else None
+CONCAT_LEFT = ("concat", "left")  # (cache, padding): the contract's protocol, every producer's but a shared buffer's
 
 
 def _io(path: Path) -> tuple[list, list]:
@@ -70,8 +66,9 @@ def _int(v) -> int | None:
     return v if isinstance(v, int) and v > 0 else None
 
 
-def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layout:
-    """Map the ONNX file ``path`` onto the contract; ArtifactError (one line) when it cannot be mapped.
+def detect_layout(path: str | Path, *, max_positions: int | None = None) -> tuple[Layout, CacheLayout]:
+    """Map the ONNX file ``path`` onto the contract: its layout and how its producer holds the cache (a shared
+    buffer's slots: the layout's max_positions); ArtifactError (one line) when it cannot be mapped.
     Sizes the file's shapes and genai_config.json do not say are left 0 (adoption takes them from the model);
     ``max_positions``: the model's, when they do not say it."""
     path = Path(path)
@@ -90,9 +87,10 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layo
     own = _own_export(path)
     if own is not None:
         genai = None  # mhaexport writes a genai_config.json too: its manifest says more
-    layout = _from_genai(path, genai, in_names, out_names) if genai else _by_names(in_names, out_names, path)
+    layout, protocol = _from_genai(path, genai, in_names, out_names) if genai else \
+        (_by_names(in_names, out_names, path), CONCAT_LEFT)
     if layout is not None and own is not None and own.details.cache.shared:
-        layout.kv_cache, layout.padding = "shared", "right"  # --kv-cache shared: GroupQueryAttention's protocol
+        protocol = ("shared", "right")  # --kv-cache shared: GroupQueryAttention's protocol
     if layout is None:
         layout = _by_position(inputs, outputs)
     if layout is None:
@@ -112,7 +110,8 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> Layo
     layout.vocab_size = _int(logits.shape[2]) or _int((genai or {}).get("vocab_size")) or 0
     layout.n_heads = _int((genai or {}).get("decoder", {}).get("num_attention_heads")) or 0  # the graph hides it
     layout.max_positions = _int((genai or {}).get("context_length")) or max_positions or 0
-    return layout
+    shared = protocol[0] == "shared"
+    return layout, CacheLayout(protocol[0], (layout.max_positions or None) if shared else None, protocol[1])
 
 
 def _pairs(names: list[str], key_re: str) -> list[str] | None:
@@ -128,7 +127,7 @@ def _pairs(names: list[str], key_re: str) -> list[str] | None:
     return [found[(i, kind)] for i in layers for kind in ("key", "value")]
 
 
-def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> Layout | None:
+def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> tuple[Layout | None, tuple[str, str]]:
     dec = cfg.get("decoder", {})
     names_in, names_out = dec.get("inputs", {}), dec.get("outputs", {})
 
@@ -141,7 +140,7 @@ def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> Layou
     pv = {int(m.group(1)): n for n in outs if (m := re.fullmatch(template(names_out.get("present_value_names")), n))}
     n = len(keys)
     if not n or not (len(values) == len(pk) == len(pv) == n) or sorted(keys) != list(range(n)):
-        return None
+        return None, CONCAT_LEFT
     past = [x for i in range(n) for x in (keys[i], values[i])]
     present = [x for i in range(n) for x in (pk[i], pv[i])]
     ids, mask = names_in.get("input_ids", "input_ids"), names_in.get("attention_mask", "attention_mask")
@@ -149,10 +148,10 @@ def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> Layou
     pos = names_in.get("position_ids") or (POSITION_IDS if POSITION_IDS in ins else None)
     known = {ids, mask, *past} | ({pos} if pos else set())
     if ids not in ins or mask not in ins or logits not in outs or set(ins) - known:
-        return None
+        return None, CONCAT_LEFT
     shared = bool(_search(path).get("past_present_share_buffer"))
-    return Layout("onnxruntime-genai", ids, mask, logits, past, present, pos, "shared" if shared else "concat",
-                  "right")
+    return (Layout("onnxruntime-genai", ids, mask, logits, past, present, pos),
+            ("shared" if shared else "concat", "right"))
 
 
 def _search(path: Path) -> dict:

@@ -17,7 +17,7 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ArtifactError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
                                       GenerationConfig, GenerationResult, pad_prompts)
-from mhaexport.runtime.choose import cache_dtype, open_folder, ort_runner_for
+from mhaexport.runtime.choose import open_folder, ort_runner_for
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig
 
 
@@ -46,12 +46,13 @@ class Generator:
             raise ArtifactError(f"{self.folder} holds a static-shape ONNX export (sequence and past lengths fixed); "
                                 "a KV-cache decode loop needs `mhaexport onnx --seq-dynamic`")
         self.contract = self.export.contract
-        self.kv_dtype = dtypes.numpy_dtype(cache_dtype(self.entry, self.contract))  # numpy cannot hold bfloat16
         self.runner = ort_runner_for(self.export, "ort", cfg, io_binding=io_binding).activate()
+        self.feed = self.runner.feed  # how the file is fed, read from the manifest once (runtime.feed.Feed)
+        self.kv_dtype = dtypes.numpy_dtype(self.feed.cache_dtype)  # numpy cannot hold bfloat16
         if self.runner.skip_reason is not None:  # strict: a requested provider that does not run here
             raise ProviderUnavailable(self.runner.skip_reason)
         self.runner.name = f"ort-{self.runner.device}"
-        self.layout = self.runner.layout  # an adopted file's names for the contract's I/O (None: our own)
+        self.layout = self.runner.layout  # an adopted file's feed, its names for the contract's I/O (None: our own)
         self.loop = DecodeLoop(self.runner)
         self.session = self.runner.session
         self.providers = self.runner.providers

@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from mhaexport import dtypes, iospec
 from mhaexport.iospec import Contract, ModelContract
-from mhaexport.runtime.foreign import Layout
+from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
 from mhaexport.runtime.session import CUDA, SessionConfig, open_session
 
@@ -32,11 +32,11 @@ class OrtSessionRunner(Runner):
 
     def __init__(self, name: str, contract: Contract, path: str | Path | bytes, *,
                  config: SessionConfig = SessionConfig(), dtype: str = "float32", fixed: tuple[int, int] | None = None,
-                 optimized_cache: tuple[Path, str] | None = None) -> None:
+                 source_sha256: str | None = None) -> None:
         super().__init__(name, contract, dtype=dtype, fixed=fixed)
         self.path = path if isinstance(path, bytes) else Path(path)
         self.config = config
-        self.optimized_cache = optimized_cache
+        self.source_sha256 = source_sha256  # the file's recorded sha256: keys the optimized-graph cache
         self.session: ort.InferenceSession | None = None
         self.device = "cpu"
         self.warnings: list[str] = []
@@ -52,7 +52,7 @@ class OrtSessionRunner(Runner):
         self._in_shapes = {i.name: list(i.shape) for i in session.get_inputs()}
 
     def activate_impl(self) -> None:
-        session, warnings, from_cache = open_session(self.path, self.config, optimized_cache=self.optimized_cache)
+        session, warnings, from_cache = open_session(self.path, self.config, source_sha256=self.source_sha256)
         self._adopt(session, warnings, from_cache)
 
     def deactivate_impl(self) -> None:
@@ -71,30 +71,31 @@ class OrtSessionRunner(Runner):
 
 
 class OrtRunner(OrtSessionRunner):
-    """The decoder contract in an ONNX Runtime session (:class:`OrtSessionRunner`): the contract's feed or an
-    adopted file's names (``layout``), the output split, and the decode loop's cache as bound OrtValues."""
+    """The decoder contract in an ONNX Runtime session (:class:`OrtSessionRunner`) fed as ``feed`` says (the file's
+    names, its cache's dtype, a static export's sizes; default: the contract's names, float32): the output split, and
+    the decode loop's cache as bound OrtValues. :func:`mhaexport.runtime.choose.ort_runner_for` builds it from a
+    folder's manifest."""
 
-    padding = "left"  # how the decode loop pads a batch of prompts for this runner (the contract's layout)
+    # how the decode loop pads a batch of prompts for this runner: a concat cache takes any padding the mask says, and
+    # the contract's is left (a producer that pads right, onnxruntime-genai's, pads so only for its shared buffer)
+    padding = "left"
 
-    def __init__(self, name: str, contract: ModelContract, path: str | Path | bytes, *,
-                 config: SessionConfig = SessionConfig(), dtype: str = "float32", fixed: tuple[int, int] | None = None,
-                 io_binding: bool | None = None, optimized_cache: tuple[Path, str] | None = None,
-                 layout: Layout | None = None) -> None:
-        super().__init__(name, contract, path, config=config, dtype=dtype, fixed=fixed,
-                         optimized_cache=optimized_cache)
+    def __init__(self, name: str, contract: ModelContract, path: str | Path | bytes, *, feed: Feed | None = None,
+                 config: SessionConfig = SessionConfig(), io_binding: bool | None = None,
+                 source_sha256: str | None = None) -> None:
+        feed = feed or Feed.contract(contract.n_layers)
+        super().__init__(name, contract, path, config=config, dtype=feed.cache_dtype, fixed=feed.fixed,
+                         source_sha256=source_sha256)
         self.io_binding = io_binding
-        # the file's names for the contract's inputs and outputs: the contract's own, or a foreign file's layout
-        self.layout = layout
-        if layout is None:
-            self.in_ids, self.in_mask, self.in_positions = iospec.INPUT_IDS, iospec.ATTENTION_MASK, None
-            self.out_logits = iospec.LOGITS
-            self.past_names = [n for i in range(contract.n_layers) for n in iospec.past_names(i)]
-            self.present_names = [n for i in range(contract.n_layers) for n in iospec.present_names(i)]
-        else:
-            self.in_ids, self.in_mask, self.in_positions = layout.input_ids, layout.attention_mask, layout.position_ids
-            self.out_logits = layout.logits
-            self.past_names, self.present_names = list(layout.past), list(layout.present)
+        self.feed = feed  # the file's names for the contract's inputs and outputs, its cache
+        self.out_logits = feed.logits
+        self.past_names, self.present_names = list(feed.past), list(feed.present)
         self.output_names = [self.out_logits] + self.present_names
+
+    @property
+    def layout(self) -> Feed | None:
+        """An adopted file's feed (its own names for the contract's I/O), None for mhaexport's own export."""
+        return self.feed if self.feed.adopted else None
 
     @property
     def binds(self) -> bool:
@@ -105,18 +106,11 @@ class OrtRunner(OrtSessionRunner):
         return self.device == "cuda" if self.io_binding is None else self.io_binding
 
     def _host_inputs(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-        """The file's token inputs: ids, mask and, where the file takes them, positions (cumsum(mask) - 1 over the new
-        tokens, as the contract's models compute them)."""
-        feed = {self.in_ids: ids, self.in_mask: mask}
-        if self.in_positions is not None:
-            pos = np.maximum(np.cumsum(mask, axis=-1) - 1, 0)[:, -ids.shape[1]:]  # (B, T)
-            feed[self.in_positions] = np.ascontiguousarray(pos, dtype=np.int64)
-        return feed
+        """The file's token inputs (:meth:`Feed.token_inputs`: positions too where the file takes them)."""
+        return self.feed.token_inputs(ids, mask)
 
     def baked_axes(self) -> list[str]:
-        contract_past = [n for i in range(self.contract.n_layers) for n in iospec.past_names(i)]
-        file_name = {iospec.INPUT_IDS: self.in_ids, iospec.ATTENTION_MASK: self.in_mask,
-                     **dict(zip(contract_past, self.past_names))}
+        file_name = self.feed.file_names()
         return self.fixed_axes({file_name.get(name, name): axes
                                 for name, axes in iospec.dynamic_input_axes(self.contract.n_layers).items()})
 
@@ -192,9 +186,12 @@ class SharedCacheOrtRunner(OrtRunner):
 
     padding = "right"
 
-    def __init__(self, *args, max_cache: int, contract_steps: bool = False, **kwargs) -> None:
+    def __init__(self, *args, contract_steps: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.max_cache = max_cache
+        if not self.feed.shared or not self.feed.max_cache:
+            raise ValueError(f"{self.name}: a shared-cache runner needs a shared feed with its slots, not "
+                             f"{self.feed.protocol}")
+        self.max_cache = self.feed.max_cache
         # the numpy dtype the decode loop hands ONNX Runtime the logits in (set with the session; None: ORT allocates)
         self._into: np.dtype | None = None
         self.contract_steps = contract_steps

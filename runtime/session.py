@@ -1,5 +1,9 @@
-"""An ONNX Runtime session over an export folder: hash-checked, on the providers asked for, and honest about the
-providers it really got. Torch-free (numpy and onnxruntime only)."""
+"""The one builder of ONNX Runtime sessions, :func:`open_session`: on the providers asked for (probed first, and
+honest about the providers the session really got), its threads, graph optimization level and options, and the
+optimized-graph cache, all from one :class:`SessionConfig`. Every session of the package is built there: the
+deploy runtime's and verify's runners (:mod:`mhaexport.runtime.ort`), bench's bare loop, bisect, and the quick CPU
+sessions of the exporter's and lint's checks (:func:`cpu_session`, a preset of it). Torch-free (numpy and
+onnxruntime only)."""
 
 from __future__ import annotations
 
@@ -9,12 +13,12 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnxruntime as ort
 
-from mhaexport.artifact import ArtifactEntry, ExportFolder, sha256_file, shown_path
+from mhaexport.artifact import sha256_file, shown_path
 from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable
 
@@ -43,21 +47,10 @@ class SessionConfig:
     strict_providers: bool = True  # raise ProviderUnavailable when a requested provider is not used
     profile_prefix: str | None = None  # enable ONNX Runtime's profiler, writing a JSON trace with this prefix
     log_severity: int = 3  # 0 verbose .. 4 fatal; 3 keeps ONNX Runtime quiet but for errors
-
-
-@dataclass
-class LoadedSession:
-    """A created session and what it really runs on."""
-
-    session: ort.InferenceSession
-    folder: ExportFolder
-    entry: ArtifactEntry
-    model_path: Path
-    requested: list[str]
-    providers: list[str]  # session.get_providers(): what the session really uses
-    device: str  # "cuda" when the session runs on CUDAExecutionProvider, else "cpu"
-    warnings: list[str] = field(default_factory=list)
-    optimized_from_cache: bool = False
+    optimized_file: str | None = None  # save the graph ONNX Runtime optimized here (the precision check reads it)
+    # a model given as bytes whose weights stay in external data: the folder ONNX Runtime reads them from (bisect's
+    # copy of a graph with every value exposed, served from memory without copying a large model's weights)
+    external_data_dir: str | None = None
 
 
 def resolve_providers(names: tuple[str, ...] | list[str] | str) -> list[str]:
@@ -171,21 +164,22 @@ def provider_unavailable(provider: str) -> str | None:
             so = ort.SessionOptions()
             so.log_severity_level = 3
             try:
-                _, missing = start_session(_PROBE_MODEL, resolve_providers([full]), so)
+                _, missing = _create_session(_PROBE_MODEL, resolve_providers([full]), so)
             except Exception as e:  # noqa: BLE001 - ORT's own exception types
                 missing = f"{full} requested; a session could not be created: {str(e).splitlines()[0]}"
             _probed[full] = missing
     return _probed[full]
 
 
-def start_session(model: str | Path | bytes, requested: list[str],
-                  options: ort.SessionOptions | None = None) -> tuple[ort.InferenceSession, str | None]:
-    """Create an InferenceSession on ``requested`` providers. Returns it and, when a requested provider is not
-    among ``session.get_providers()`` (onnxruntime-gpu silently falls back to CPU), one line saying so and why."""
+def _create_session(model: str | Path | bytes, requested: list[str],
+                    options: ort.SessionOptions) -> tuple[ort.InferenceSession, str | None]:
+    """Create an InferenceSession on ``requested`` providers: :func:`open_session`'s last step (and the provider
+    probe's), called by nothing else. Returns it and, when a requested provider is not among
+    ``session.get_providers()`` (onnxruntime-gpu silently falls back to CPU), one line saying so and why."""
     capture = _stderr_lines() if requested != [CPU] else contextlib.nullcontext([])
     with capture as log:
         source = model if isinstance(model, bytes) else str(model)  # a file, or a serialized ModelProto
-        session = ort.InferenceSession(source, sess_options=options or ort.SessionOptions(), providers=requested)
+        session = ort.InferenceSession(source, sess_options=options, providers=requested)
     used = list(session.get_providers())
     missing = [p for p in requested if p not in used]
     why = (CUDA in missing and no_cuda_device()) or _load_failure(log)
@@ -193,19 +187,13 @@ def start_session(model: str | Path | bytes, requested: list[str],
     return session, reason
 
 
-def cpu_session(model: str | Path | bytes, *, threads: int = 1, level: int | None = None,
-                optimized: str | None = None) -> ort.InferenceSession:
-    """A quiet ONNX Runtime CPU session on ``threads`` threads (the exporter's checks run tiny batches).
-    ``level``: graph optimization level as ORT's enum value; ``optimized``: where ORT saves the graph it ran."""
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    if level is not None:
-        so.graph_optimization_level = ort.GraphOptimizationLevel(level)
-    if optimized:
-        so.optimized_model_filepath = optimized
-    return start_session(model, [CPU], so)[0]
+def cpu_session(model: str | Path | bytes, *, threads: int = 1, opt_level: str = DEFAULT_OPT_LEVEL,
+                optimized_file: str | None = None) -> ort.InferenceSession:
+    """A quiet ONNX Runtime CPU session on ``threads`` threads (the exporter's and lint's checks run tiny batches):
+    :func:`open_session` with that config. ``optimized_file``: where ONNX Runtime saves the graph it ran. A file ONNX
+    Runtime cannot load raises ArtifactError."""
+    cfg = SessionConfig(providers=("cpu",), threads=threads, opt_level=opt_level, optimized_file=optimized_file)
+    return open_session(model, cfg)[0]
 
 
 def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
@@ -221,18 +209,23 @@ def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     if cfg.profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = cfg.profile_prefix
+    if cfg.optimized_file:
+        so.optimized_model_filepath = str(cfg.optimized_file)
+    if cfg.external_data_dir:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(cfg.external_data_dir))
     return so
 
 
-def open_session(model_path: str | Path | bytes, cfg: SessionConfig = SessionConfig(), *,
-                 optimized_cache: tuple[Path, str] | None = None) -> tuple[ort.InferenceSession, list[str], bool]:
-    """Create a session for the ONNX file ``model_path`` on ``cfg.providers``: returns it, the warnings (a requested
-    provider not in use when ``cfg.strict_providers`` is off) and whether the optimized-graph cache was used.
+def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig(), *,
+                 source_sha256: str | None = None) -> tuple[ort.InferenceSession, list[str], bool]:
+    """Build an ONNX Runtime session of ``model`` (an ONNX file, or a serialized ModelProto) as ``cfg`` says: the one
+    place the package creates sessions. Returns it, the warnings (a requested provider not in use when
+    ``cfg.strict_providers`` is off) and whether the optimized-graph cache was used.
 
     A requested provider that does not run here raises ProviderUnavailable *before* the file is read (probed on a
     tiny model), so "no CUDA" is told apart from "this file is broken"; ONNX Runtime failing to load the file
-    raises ArtifactError. ``optimized_cache``: (cache path, the source file's sha256) to read or write the
-    optimized graph."""
+    raises ArtifactError. ``source_sha256``: the sha256 of the file as its manifest records it (hash-checked), which
+    keys the optimized-graph cache when ``cfg.cache_optimized`` (:func:`optimized_path`)."""
     requested = resolve_providers(cfg.providers)
     warnings: list[str] = []
     for p in requested:
@@ -241,54 +234,34 @@ def open_session(model_path: str | Path | bytes, cfg: SessionConfig = SessionCon
                 raise ProviderUnavailable(why)
             warnings.append(why)
     so = _session_options(cfg)
-    source, from_cache = (model_path if isinstance(model_path, bytes) else Path(model_path)), False
-    if optimized_cache is not None:
-        cache, want = optimized_cache
-        stamp = cache.with_suffix(".sha256")
-        if cache.is_file() and stamp.is_file() and stamp.read_text().strip() == _cache_stamp(want, cache):
-            source, from_cache = cache, True
+    source, from_cache = (model if isinstance(model, bytes) else Path(model)), False
+    optimized_cache = None
+    if cfg.cache_optimized and source_sha256 is not None and not isinstance(model, bytes):
+        if cfg.optimized_file:
+            raise ConfigError("cache_optimized and optimized_file both ask where the optimized graph goes")
+        optimized_cache = optimized_path(source_sha256, Path(model).name, cfg.opt_level, requested[0])
+        stamp = optimized_cache.with_suffix(".sha256")
+        if (optimized_cache.is_file() and stamp.is_file()
+                and stamp.read_text().strip() == _cache_stamp(source_sha256, optimized_cache)):
+            source, from_cache = optimized_cache, True
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
         else:
-            cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            so.optimized_model_filepath = str(cache)
+            optimized_cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            so.optimized_model_filepath = str(optimized_cache)
             # the optimized graph keeps its weights in a file beside it, as a model past 2 GB must
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
-                                        _cache_data(cache).name)
+                                        _cache_data(optimized_cache).name)
     try:
-        session, missing = start_session(source, requested, so)
+        session, missing = _create_session(source, requested, so)
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         what = "the model" if isinstance(source, bytes) else shown_path(source)
         raise ArtifactError(f"ONNX Runtime cannot load {what}: {first}") from None
-    if optimized_cache is not None and not from_cache and os.path.isfile(so.optimized_model_filepath):
-        cache = Path(so.optimized_model_filepath)
-        cache.with_suffix(".sha256").write_text(_cache_stamp(optimized_cache[1], cache) + "\n")
+    if optimized_cache is not None and not from_cache and optimized_cache.is_file():
+        optimized_cache.with_suffix(".sha256").write_text(_cache_stamp(source_sha256, optimized_cache) + "\n")
     if missing:
         if cfg.strict_providers:
             raise ProviderUnavailable(missing)
         if missing not in warnings:
             warnings.append(missing)
     return session, warnings, from_cache
-
-
-def create_session(folder: str | Path | ExportFolder, cfg: SessionConfig = SessionConfig()) -> LoadedSession:
-    """Read and hash-check the manifest's ONNX export in ``folder`` and create its session.
-
-    Raises ArtifactError for a missing/altered export or one with fixed sequence axes (no decode loop can run on
-    it), and ProviderUnavailable when ``cfg.strict_providers`` and a requested provider is not in use.
-    """
-    ef = folder if isinstance(folder, ExportFolder) else ExportFolder.open(folder, "onnx")
-    entry = ef.entry("onnx")
-    if not entry.seq_dynamic:
-        raise ArtifactError(f"{ef.path} holds a static-shape ONNX export (sequence and past lengths fixed); "
-                            "a KV-cache decode loop needs `mhaexport onnx --seq-dynamic`")
-    model_path = ef.file("onnx")  # the snapshot whose hashes were checked
-    requested = resolve_providers(cfg.providers)
-    cache = None
-    if cfg.cache_optimized:
-        sha = entry.files[entry.file]["sha256"]
-        cache = (optimized_path(sha, entry.file, cfg.opt_level, requested[0]), sha)
-    session, warnings, from_cache = open_session(model_path, cfg, optimized_cache=cache)
-    used = list(session.get_providers())
-    device = "cuda" if used and used[0] == CUDA else "cpu"
-    return LoadedSession(session, ef, entry, model_path, requested, used, device, warnings, from_cache)

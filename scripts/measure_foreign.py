@@ -166,7 +166,7 @@ def verify(work: Path, row: dict) -> None:
     row["figures"] = {ch: r.figures for ch, r in rep.results.get("ort-cpu", {}).items()}
     other = rep.other_protocol
     if other:
-        res = other["results"].get("ort-cpu:plain", {})
+        res = other.results.get("ort-cpu:plain", {})
         row["plain_cells"] = {ch: cell(res.get(ch)) for ch in CHECK_COLS}
         row["plain_failures"] = {ch: r.message for ch, r in res.items() if r.status is False}
         row["plain_figures"] = {ch: r.figures for ch, r in res.items()}

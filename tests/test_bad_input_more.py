@@ -66,13 +66,14 @@ def test_quantize_refuses_an_attention_block_before_quantizing(cwd, monkeypatch)
 
 def _report_dict() -> dict:
     from mhaexport.verify.results import CHECKS, CheckResult
-    from mhaexport.verify.report import RuntimeInfo, VerifyReport
+    from mhaexport.artifact.record import Environment
+    from mhaexport.verify.report import ReportModel, RuntimeInfo, SweepInfo, ToleranceInfo, VerifyReport
 
     runtimes = {rt: RuntimeInfo(rt, "ran", providers=["CPUExecutionProvider"]) for rt in ("eager", "ort-cpu")}
     results = {rt: {c: CheckResult(c, True, {}, "") for c in CHECKS} for rt in runtimes}
-    return VerifyReport(model={"spec": "preset:tiny"}, folder="x", sweep={"kind": "quick", "cases": 9, "seed": 0},
-                        tolerance={"atol": 1e-4, "rtol": 1e-3}, runtimes=runtimes, results=results,
-                        environment={"host": "box"}).to_dict()
+    return VerifyReport(model=ReportModel("preset:tiny"), folder="x", sweep=SweepInfo("quick", 0, 9),
+                        tolerance=ToleranceInfo(1e-4, 1e-3), runtimes=runtimes, results=results,
+                        environment=Environment(host="box")).to_dict()
 
 
 def _set(data: dict, path: str, value) -> None:
@@ -83,19 +84,21 @@ def _set(data: dict, path: str, value) -> None:
 
 
 @pytest.mark.parametrize("path,value,message", [
-    ("runtimes", "oops", "field runtimes is 'oops', expected an object"),
+    ("runtimes", "oops", "field runtimes is 'oops' (str), expected an object"),
     ("results", [1, 2], "field results is an array, expected an object"),
     ("runtimes/ort-cpu", None, "field runtimes.ort-cpu is null, expected an object"),
-    ("runtimes/ort-cpu/status", "fine", "field runtimes.ort-cpu.status is 'fine', expected \"ran\", \"skipped\" or "
-                                        "\"error\""),
-    ("runtimes/ort-cpu/colour", "red", "field runtimes.ort-cpu.colour is 'red', expected no such field"),
-    ("results/ort-cpu/parity/status", "yes", "field results.ort-cpu.parity.status is 'yes', expected true, false or "
+    ("runtimes/ort-cpu/status", "fine", "field runtimes.ort-cpu.status is 'fine' (str), expected 'ran', 'skipped' or "
+                                        "'error'"),
+    ("results/ort-cpu/parity/status", "yes", "field results.ort-cpu.parity.status is 'yes' (str), expected bool or "
                                               "null"),
     ("results/ort-cpu/parity/figures", [], "field results.ort-cpu.parity.figures is an array, expected an object"),
-    ("tolerance/atol", "tight", "field tolerance.atol is 'tight', expected a number"),
-    ("sources", "a", "field sources is 'a', expected an array of strings"),
-    ("model/source", "hf", "field model.source is 'hf', expected an object"),
-    ("cross", [{"a": "x"}], "field cross[0].b is null, expected a string"),
+    ("tolerance/atol", "tight", "field tolerance.atol is 'tight' (str), expected float"),
+    ("sources", "a", "field sources is 'a' (str), expected an array of str"),
+    ("model/source", "hf", "field model.source is 'hf' (str), expected an object or null"),
+    ("cross", [{"a": "x"}], "field cross[0].b is missing, expected str"),
+    ("lint", {"findings": [{"severity": "fatal", "rule": "r", "node": "n", "message": "m", "fix": "f"}]},
+     "field lint.findings[0].severity is 'fatal' (str), expected 'error', 'warning' or 'info'"),
+    ("sweep/shapes", [{"batch": 1}], "field sweep.shapes[0].seq is missing, expected int"),
 ])
 def test_report_merge_of_a_report_with_fields_of_the_wrong_type(cwd, path, value, message):
     good, bad = _report_dict(), _report_dict()
@@ -110,6 +113,18 @@ def test_report_merge_of_a_report_with_fields_of_the_wrong_type(cwd, path, value
     with pytest.raises(ArtifactError, match=r"report .*bad.json: field "):
         load_report(cwd / "bad.json")
     load_report(cwd / "good.json")
+
+
+def test_report_merge_keeps_a_field_it_does_not_know(cwd):
+    """A field a newer mhaexport wrote is kept, read and written back (the records' ``extra``), not refused."""
+    data = _report_dict()
+    data["runtimes"]["ort-cpu"]["colour"] = "red"
+    (cwd / "a.json").write_text(json.dumps(data))
+    (cwd / "b.json").write_text(json.dumps(_report_dict()))
+    r = CliRunner().invoke(main, ["report", "merge", "a.json", "b.json", "--name", "a", "--name", "b", "-o", "m"])
+    assert r.exit_code == 0, r.output
+    merged = json.loads((cwd / "m" / "report.json").read_text())
+    assert merged["runtimes"]["ort-cpu@a"]["colour"] == "red" and "colour" not in merged["runtimes"]["ort-cpu@b"]
 
 
 # ---- eval / verify --text: a bounded read ---------------------------------------------------------------------

@@ -22,7 +22,9 @@ from click.testing import CliRunner
 from mhaexport import bench
 from mhaexport.bench import (REPORT_BEGIN, REPORT_END, Bandwidth, BenchConfig, BenchResult, RuntimeBench, run_bench,
                              weight_bytes_per_token, write_bench)
+from mhaexport.artifact.record import Environment
 from mhaexport.bench import probes
+from mhaexport.bench.result import BandwidthInfo, BenchModel, LongRun, load_bench
 from mhaexport.bench.config import ALL_RUNTIMES, DEFAULT_RUNTIMES
 from mhaexport.progress import Estimate
 from mhaexport.bench.render import floor_text, markdown_body, targets_table
@@ -84,10 +86,10 @@ def test_every_runtime_ran_or_says_why(result):
 
 def test_long_run_bandwidth_floor_and_targets(result, tiny_export):
     lr = result.long_run()
-    assert lr["positions"][0] == 8 and lr["positions"][-1] == 39 and len(lr["ms"]) == len(lr["positions"])
-    assert (lr["near"], lr["far"]) == (8, 31)  # tiny stops at 40: far is the last full +-8 window, not 1000
-    assert set(lr["at"]) == {"8", "31"} and all(v > 0 for v in lr["at"].values()) and lr["spread"] >= 1.0
-    assert result.bandwidth_gbps == 12.5 and result.bandwidth["read"] == 12.5  # the fake probe's fastest
+    assert lr.positions[0] == 8 and lr.positions[-1] == 39 and len(lr.ms) == len(lr.positions)
+    assert (lr.near, lr.far) == (8, 31)  # tiny stops at 40: far is the last full +-8 window, not 1000
+    assert set(lr.at) == {"8", "31"} and all(v > 0 for v in lr.at.values()) and lr.spread >= 1.0
+    assert result.bandwidth_gbps == 12.5 and result.bandwidth.read == 12.5  # the fake probe's fastest
     assert (result.floor_probe, result.floor_threads) == ("gemv", 1)  # the probe that set it, at BenchConfig.threads
     assert result.floor_ms == pytest.approx(result.weight_bytes_per_token / (result.bandwidth_gbps * 1e9) * 1e3,
                                             rel=1e-3, abs=1e-4)  # floor_ms is rounded to 4 decimals
@@ -95,21 +97,21 @@ def test_long_run_bandwidth_floor_and_targets(result, tiny_export):
 
     c = ExportFolder.open(tiny_export).contract
     per_position = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4  # float32 keys and values, batch 1
-    assert lr["bytes_at"]["31"] - lr["bytes_at"]["8"] == 23 * per_position
-    assert lr["bytes_at"]["8"] == result.get("ort-cpu").weight_bytes_per_token + 9 * per_position
+    assert lr.bytes_at["31"] - lr.bytes_at["8"] == 23 * per_position
+    assert lr.bytes_at["8"] == result.get("ort-cpu").weight_bytes_per_token + 9 * per_position
     assert len(result.targets) == 12  # every target listed, measured or not
-    peer = [t for t in result.targets if "the builder's" in t["target"]]
-    assert len(peer) == 2 and all(t["verdict"] == "not measured" and t["met"] is None for t in peer)  # no builder rows
-    int4 = next(t for t in result.targets if "int4" in t["target"])
-    assert int4["verdict"] == "not measured" and int4["met"] is None  # no quantized export in this run
-    at1000 = next(t for t in result.targets if "position 1000" in t["target"])
-    assert at1000["met"] is None and at1000["measured"] is None  # tiny stops at 128: not measured, never "met"
-    assert at1000["verdict"] == "not measured"
-    ratio = next(t for t in result.targets if t["target"].startswith("ORT CPU per-token p50 / eager"))
+    peer = [t for t in result.targets if "the builder's" in t.target]
+    assert len(peer) == 2 and all(t.verdict == "not measured" and t.met is None for t in peer)  # no builder rows
+    int4 = next(t for t in result.targets if "int4" in t.target)
+    assert int4.verdict == "not measured" and int4.met is None  # no quantized export in this run
+    at1000 = next(t for t in result.targets if "position 1000" in t.target)
+    assert at1000.met is None and at1000.measured is None  # tiny stops at 128: not measured, never "met"
+    assert at1000.verdict == "not measured"
+    ratio = next(t for t in result.targets if t.target.startswith("ORT CPU per-token p50 / eager"))
     by = {r.name: r for r in result.runtimes}
-    assert ratio["measured"] == pytest.approx(by["ort-cpu"].token_p50_ms / by["eager"].token_p50_ms, abs=1e-3)
-    assert ratio["spread"] == max(by["ort-cpu"].token_spread, by["eager"].token_spread)
-    assert ratio["applies"] is False  # the limits are set for the bench preset, this is tiny
+    assert ratio.measured == pytest.approx(by["ort-cpu"].token_p50_ms / by["eager"].token_p50_ms, abs=1e-3)
+    assert ratio.spread == max(by["ort-cpu"].token_spread, by["eager"].token_spread)
+    assert ratio.applies is False  # the limits are set for the bench preset, this is tiny
 
 
 def test_weight_bytes_count_tied_head_once_and_one_position_row(tiny):
@@ -130,6 +132,11 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     assert data["bandwidth"]["probe"] == "gemv" and data["bandwidth"]["threads"] == 1
     assert data["versions"]["mhaexport"] and data["environment"]["threads"] == 1  # mhaexport.env's records
     assert "plot" not in data["environment"]  # the markdown's plot line stays in the markdown
+    back = load_bench(tmp_path)  # read back into the same types, written back key for key
+    assert back.to_dict() == data and back.config == result.config and back.long_run().at == result.long_run().at
+    bad = {**data, "floor_ms": "fast"}
+    with pytest.raises(ArtifactError, match=r"^bench result x: field floor_ms is 'fast' \(str\), expected float$"):
+        BenchResult.from_dict(bad, "bench result x")
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary files behind
     md = (tmp_path / "bench.md").read_text()
     assert "| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in md and "Weight-bandwidth floor" in md
@@ -379,27 +386,27 @@ def fabricated(eager_spread: float, ort_spread: float, nocache_spread: float = 1
                             decode_total_ms=total, token_spread=spread, warmups=2, steady=True)
 
     cfg = BenchConfig(prompt_len=32, new_tokens=128, threads=2)
-    return BenchResult("f", {**cfg.__dict__}, {"spec": "preset:bench"}, {"date": "d"}, 10.0,
-                       fake_probe(2).to_dict(), 50_000_000, 5.0,
+    return BenchResult("f", cfg, BenchModel("preset:bench"), Environment(date="d"), 10.0,
+                       BandwidthInfo.from_dict(fake_probe(2).to_dict()), 50_000_000, 5.0,
                        [row("eager", 10.0, 1270.0, eager_spread), row("eager-nocache", 80.0, 10160.0, nocache_spread),
                         row("ort-cpu", 5.0, 635.0, ort_spread)])
 
 
 def test_verdict_only_where_the_spread_allows():
-    quiet = {t["target"].split(" (")[0]: t for t in evaluate(fabricated(1.2, 1.1), max_spread=1.5)}
+    quiet = {t.target.split(" (")[0]: t for t in evaluate(fabricated(1.2, 1.1), max_spread=1.5)}
     ratio = quiet["ORT CPU per-token p50 / eager-with-cache p50"]
-    assert ratio["met"] is True and ratio["verdict"] == "yes" and ratio["measured"] == 0.5 and ratio["applies"]
-    assert (ratio["spread"], ratio["spread_of"]) == (1.2, "eager")
+    assert ratio.met is True and ratio.verdict == "yes" and ratio.measured == 0.5 and ratio.applies
+    assert (ratio.spread, ratio.spread_of) == (1.2, "eager")
     floor = quiet["ORT CPU per-token p50 / weight-bandwidth floor"]
-    assert floor["met"] is True and floor["spread"] == 1.1  # the floor is not a timed row: ort-cpu's spread counts
-    assert quiet["recompute / cached decode time at 128 new tokens"]["met"] is True
+    assert floor.met is True and floor.spread == 1.1  # the floor is not a timed row: ort-cpu's spread counts
+    assert quiet["recompute / cached decode time at 128 new tokens"].met is True
 
-    noisy = {t["target"].split(" (")[0]: t for t in evaluate(fabricated(3.04, 1.1), max_spread=1.5)}
+    noisy = {t.target.split(" (")[0]: t for t in evaluate(fabricated(3.04, 1.1), max_spread=1.5)}
     ratio = noisy["ORT CPU per-token p50 / eager-with-cache p50"]
-    assert ratio["met"] is None and ratio["measured"] == 0.5  # still measured, but no verdict
-    assert ratio["verdict"] == "spread too wide (3.0 on eager): no verdict"
-    assert noisy["ORT CPU per-token p50 / weight-bandwidth floor"]["met"] is True  # reads ort-cpu only
-    assert noisy["recompute / cached decode time at 128 new tokens"]["met"] is None
+    assert ratio.met is None and ratio.measured == 0.5  # still measured, but no verdict
+    assert ratio.verdict == "spread too wide (3.0 on eager): no verdict"
+    assert noisy["ORT CPU per-token p50 / weight-bandwidth floor"].met is True  # reads ort-cpu only
+    assert noisy["recompute / cached decode time at 128 new tokens"].met is None
 
     res = fabricated(3.04, 1.1)
     res.targets = evaluate(res, max_spread=1.5)
@@ -411,8 +418,8 @@ def test_verdict_only_where_the_spread_allows():
 
 def test_floor_names_the_probe_that_set_it_and_its_threads():
     res = fabricated(1.1, 1.1)
-    res.bandwidth = Bandwidth({"copy": 9.0, "sum": 11.0}, 2, 256, "fake").to_dict()
-    res.bandwidth_gbps = res.bandwidth["read"]
+    res.bandwidth = BandwidthInfo.from_dict(Bandwidth({"copy": 9.0, "sum": 11.0}, 2, 256, "fake").to_dict())
+    res.bandwidth_gbps = res.bandwidth.read
     assert (res.floor_probe, res.floor_threads) == ("sum", 2)
     text = floor_text(res)
     assert "(set by the sum probe on 2 threads)" in text and "**11.00 GB/s**" in text and "gemv" not in text
@@ -463,7 +470,7 @@ def test_compare_adds_one_row_per_lowering(compared, tiny_export, ort_export):
     assert other.label == ORT_LABEL and other.lowering == "attention=ort float32" and other.folder == str(ort_export)
     for r in res.runtimes:
         assert r.ran is True and r.repeats == 2 and r.positions == list(range(8, 13)), (r.name, r.reason)
-    assert res.model["fingerprint"] == json.loads((ort_export / "manifest.json").read_text())["model"]["fingerprint"]
+    assert res.model.fingerprint == json.loads((ort_export / "manifest.json").read_text())["model"]["fingerprint"]
 
 
 def test_setup_first_then_timed_rounds_round_robin(compared):
@@ -494,22 +501,22 @@ def test_progress_on_every_generation_with_an_estimate_that_never_rises(compared
 
 def test_long_runs_and_lowering_table_per_lowering(compared, tmp_path):
     res, _ = compared
-    assert [lr["name"] for lr in res.long_runs] == ["ort-cpu", ORT_LABEL]
+    assert [lr.name for lr in res.long_runs] == ["ort-cpu", ORT_LABEL]
     for lr in res.long_runs:
-        assert lr["positions"] == list(range(8, 40)) and set(lr["at"]) == {"8", "31"}
-    table = {lw["name"]: lw for lw in res.lowerings}
+        assert lr.positions == list(range(8, 40)) and set(lr.at) == {"8", "31"}
+    table = {lw.name: lw for lw in res.lowerings}
     assert list(table) == ["ort-cpu", ORT_LABEL]
     p50 = {n: res.get(n).token_p50_ms for n in table}
     for name, lw in table.items():
-        assert lw["vs_fastest"] == pytest.approx(p50[name] / min(p50.values()), abs=1e-3)
+        assert lw.vs_fastest == pytest.approx(p50[name] / min(p50.values()), abs=1e-3)
         lr = res.long_run(name)
-        assert (lw["near_ms"], lw["far_ms"]) == (lr["at"]["8"], lr["at"]["31"])
-        assert lw["far_over_near"] == pytest.approx(lw["far_ms"] / lw["near_ms"], abs=1e-3)
-    assert min(lw["vs_fastest"] for lw in table.values()) == 1.0
+        assert (lw.near_ms, lw.far_ms) == (lr.at["8"], lr.at["31"])
+        assert lw.far_over_near == pytest.approx(lw.far_ms / lw.near_ms, abs=1e-3)
+    assert min(lw.vs_fastest for lw in table.values()) == 1.0
     write_bench(res, tmp_path)
     md = (tmp_path / "bench.md").read_text()
     assert "| lowering | provider | token p50 | x fastest | at 8 | at 31 | at 31 / at 8 |" in md
-    assert f"| {ORT_LABEL} | CPUExecutionProvider | {table[ORT_LABEL]['token_p50_ms']:.2f} |" in md
+    assert f"| {ORT_LABEL} | CPUExecutionProvider | {table[ORT_LABEL].token_p50_ms:.2f} |" in md
     data = json.loads((tmp_path / "bench.json").read_text())
     assert [lw["label"] for lw in data["lowerings"]] == ["ort-cpu [attention=decomposed float32]", ORT_LABEL]
 
@@ -601,30 +608,30 @@ def test_shared_cache_targets_read_the_shared_and_concat_rows():
         return RuntimeBench(name, ran=True, lowering=lowering, token_p50_ms=p50, token_spread=spread,
                             providers=["CPUExecutionProvider"])
 
-    res = BenchResult("x", {**SMALL, "prompt_len": 32, "new_tokens": 128}, {"spec": "preset:bench"}, {}, 10.0,
-                      fake_probe(2).to_dict(), 50_000_000, 5.0,
+    res = BenchResult("x", BenchConfig(**{**SMALL, "prompt_len": 32, "new_tokens": 128}), BenchModel("preset:bench"),
+                      Environment(), 10.0, BandwidthInfo.from_dict(fake_probe(2).to_dict()), 50_000_000, 5.0,
                       [row("ort-cpu", "attention=decomposed float32", 4.0),
                        row("ort-cpu [attention=gqa float32 kv=shared]", "attention=gqa float32 kv=shared", 3.6),
                        row("ort-bare", "attention=decomposed float32", 3.9)])
-    res.long_runs = [{"name": "ort-cpu [attention=gqa float32 kv=shared]", "at": {"32": 3.5, "1000": 3.7},
-                      "spread": 1.1}]
-    got = {t["target"]: t for t in evaluate(res, 1.5, TARGETS)}
+    res.long_runs = [LongRun("ort-cpu [attention=gqa float32 kv=shared]", "", [], [], {"32": 3.5, "1000": 3.7}, 32,
+                             1000, spread=1.1)]
+    got = {t.target: t for t in evaluate(res, 1.5, TARGETS)}
     shared = got["shared / concat KV cache per-token p50 (ORT CPU, 128 tokens)"]
-    assert shared["measured"] == pytest.approx(0.9) and shared["met"] is True
+    assert shared.measured == pytest.approx(0.9) and shared.met is True
     flat = got["shared KV cache per-token latency at position 1000 / at 32 (ORT CPU)"]
-    assert flat["measured"] == pytest.approx(3.7 / 3.5, abs=1e-3) and flat["met"] is True
+    assert flat.measured == pytest.approx(3.7 / 3.5, abs=1e-3) and flat.met is True
     bare = got["ORT CPU per-token p50 / a bare session.run loop's p50 (same file)"]
-    assert bare["measured"] == pytest.approx(4.0 / 3.9, abs=1e-3) and bare["met"] is True
+    assert bare.measured == pytest.approx(4.0 / 3.9, abs=1e-3) and bare.met is True
     per_byte = "shared KV cache per-token latency per byte read at position 1000 / at 32 (ORT CPU)"
-    assert got[per_byte]["verdict"] == "not measured"  # the long run has no bytes_at
+    assert got[per_byte].verdict == "not measured"  # the long run has no bytes_at
     # a cache that adds 20 % to the bytes a step reads at 1000: 1.2 x the latency is what the bytes explain
-    res.long_runs[0]["bytes_at"] = {"32": 100_000_000, "1000": 120_000_000}
-    res.long_runs[0]["at"]["1000"] = 3.5 * 1.2 * 1.05
-    got = {t["target"]: t for t in evaluate(res, 1.5, TARGETS)}
-    assert got[per_byte]["measured"] == pytest.approx(1.05, abs=1e-3) and got[per_byte]["met"] is True
-    assert "ms/GB" in got[per_byte]["detail"] and got[flat["target"]]["met"] is False  # 1.26 > 1.10
-    res.long_runs[0]["at"]["1000"] = 3.5 * 1.2 * 1.3  # growth the bytes do not explain (a copy per step)
-    assert next(t for t in evaluate(res, 1.5, TARGETS) if t["target"] == per_byte)["met"] is False
+    res.long_runs[0].bytes_at = {"32": 100_000_000, "1000": 120_000_000}
+    res.long_runs[0].at["1000"] = 3.5 * 1.2 * 1.05
+    got = {t.target: t for t in evaluate(res, 1.5, TARGETS)}
+    assert got[per_byte].measured == pytest.approx(1.05, abs=1e-3) and got[per_byte].met is True
+    assert "ms/GB" in got[per_byte].detail and got[flat.target].met is False  # 1.26 > 1.10
+    res.long_runs[0].at["1000"] = 3.5 * 1.2 * 1.3  # growth the bytes do not explain (a copy per step)
+    assert next(t for t in evaluate(res, 1.5, TARGETS) if t.target == per_byte).met is False
 
 
 @pytest.mark.parametrize("order", [("ort-cpu", "ort-bare"), ("ort-bare", "ort-cpu")])
@@ -677,20 +684,21 @@ def test_peer_targets_read_the_fastest_of_ours_against_the_builders_file_per_sch
             row("ort-cpu [onnxruntime-genai float32 int4 kv=shared]", "onnxruntime-genai float32 int4 kv=shared", 1.5,
                 "int4"),
             row("ort-genai", "attention=fused float32 kv=shared", 6.9)]
-    res = BenchResult("x", {**SMALL, "prompt_len": 32, "new_tokens": 128, "batch": 1, "threads": 2},
-                      {"spec": "hf:/tmp/llama"}, {}, 10.0, fake_probe(2).to_dict(), 50_000_000, 5.0, rows)
-    got = {t["target"].split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
+    res = BenchResult("x", BenchConfig(**{**SMALL, "prompt_len": 32, "new_tokens": 128, "batch": 1, "threads": 2}),
+                      BenchModel("hf:/tmp/llama"), Environment(), 10.0,
+                      BandwidthInfo.from_dict(fake_probe(2).to_dict()), 50_000_000, 5.0, rows)
+    got = {t.target.split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
     fp32 = got["mhaexport's fastest float export / the builder's float file"]
-    assert fp32["measured"] == pytest.approx(7.0 / 7.4, abs=1e-3) and fp32["met"] is True and fp32["applies"]
-    assert "attention=fused float32 kv=shared" in fp32["detail"]  # the fastest of ours, named
+    assert fp32.measured == pytest.approx(7.0 / 7.4, abs=1e-3) and fp32.met is True and fp32.applies
+    assert "attention=fused float32 kv=shared" in fp32.detail  # the fastest of ours, named
     int4 = got["mhaexport's fastest int4 export / the builder's int4 file"]
-    assert int4["measured"] == pytest.approx(1.9 / 1.5, abs=1e-3) and int4["met"] is False
+    assert int4.measured == pytest.approx(1.9 / 1.5, abs=1e-3) and int4.met is False
     loop = got["ORT CPU per-token p50 / onnxruntime-genai's loop p50"]
-    assert loop["measured"] == pytest.approx(7.0 / 6.9, abs=1e-3) and loop["met"] is True  # 1.014 <= 1.03
-    assert got["ORT CPU per-token p50 / weight-bandwidth floor"]["applies"] is False  # set for the bench preset
+    assert loop.measured == pytest.approx(7.0 / 6.9, abs=1e-3) and loop.met is True  # 1.014 <= 1.03
+    assert got["ORT CPU per-token p50 / weight-bandwidth floor"].applies is False  # set for the bench preset
     res.runtimes[3].token_spread = 1.8  # a noisy builder row: no verdict on the targets that read it
-    got = {t["target"].split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
-    assert got["mhaexport's fastest float export / the builder's float file"]["met"] is None
+    got = {t.target.split(" (")[0]: t for t in evaluate(res, 1.5, TARGETS)}
+    assert got["mhaexport's fastest float export / the builder's float file"].met is None
 
 
 # ---- how cost grows: --batches / --prompts --------------------------------------------------------------------------
@@ -792,16 +800,16 @@ def test_scaling_timings_come_from_the_decode_loop():
     got = scaling_runs(rows, cfg, CONTRACT.max_positions, CONTRACT.vocab_size, said.append)
     assert log == ["a", "b"] * 4 * 3  # round-robin: four rounds (one untimed) at each of three points
     for entry in got:
-        assert [p["batch"] for p in entry["batches"]] == [1, 4]
-        for p in entry["batches"]:
-            B = p["batch"]
+        assert [p.batch for p in entry.batches] == [1, 4]
+        for p in entry.batches:
+            B = p.batch
             # steps B * {1, 3, 2} ms, three per generation: p50 over all of them is B * 2 ms
-            assert p["token_p50_ms"] == 2.0 * B and p["repeats"] == 3 and p["reason"] is None
+            assert p.token_p50_ms == 2.0 * B and p.repeats == 3 and p.reason is None
             # tokens/s = B * 4 / (prefill + 3 steps), the median repeat (factor 2): 4 / (2 * (0.3 + 3) ms)
-            assert p["tokens_per_s"] == round(4 / (2 * 3.3e-3), 2)
-            assert p["ttft_ms"] == round(2 * 3 * B * 0.1, 4)  # prefill of 3 tokens, factor 2
-        (p10,) = entry["prompts"]
-        assert (p10["prompt"], p10["ttft_ms"], p10["prefill_ms"], p10["repeats"]) == (10, 2.0, 2.0, 3)
+            assert p.tokens_per_s == round(4 / (2 * 3.3e-3), 2)
+            assert p.ttft_ms == round(2 * 3 * B * 0.1, 4)  # prefill of 3 tokens, factor 2
+        (p10,) = entry.prompts
+        assert (p10.prompt, p10.ttft_ms, p10.prefill_ms, p10.repeats) == (10, 2.0, 2.0, 3)
     counted = [m for m in said if isinstance(m, Step)]
     assert len(counted) == len(said) == 12 and [m.done for m in counted] == list(range(12))
     assert all(m.total == 12 for m in counted)
@@ -817,20 +825,20 @@ def test_scaling_skips_a_point_per_row_and_the_others_go_on(tmp_path, monkeypatc
     log: list[str] = []
     rows = [scale_row("fine", log), scale_row("short", log, limit=12), scale_row("broken", log, fail_batch=4)]
     cfg = BenchConfig(prompt_len=3, new_tokens=4, repeats=1, batches=(1, 4), prompts=(11, 12, 63, 64))
-    got = {e["name"]: e for e in scaling_runs(rows, cfg, CONTRACT.max_positions, CONTRACT.vocab_size,
+    got = {e.name: e for e in scaling_runs(rows, cfg, CONTRACT.max_positions, CONTRACT.vocab_size,
                                               lambda m: None)}
-    assert got["broken"]["batches"][1]["reason"] == "broken broke at batch 4"  # first line, that point only
-    assert got["broken"]["batches"][1]["tokens_per_s"] is None and got["broken"]["batches"][0]["reason"] is None
-    assert [p["reason"] for p in got["broken"]["prompts"]][:3] == [None] * 3
+    assert got["broken"].batches[1].reason == "broken broke at batch 4"  # first line, that point only
+    assert got["broken"].batches[1].tokens_per_s is None and got["broken"].batches[0].reason is None
+    assert [p.reason for p in got["broken"].prompts][:3] == [None] * 3
     assert log.count("broken") == 2 + 1 + 3 * 2  # batch 1: untimed + timed; batch 4: the failing one; 3 prompts
-    short = [p["reason"] for p in got["short"]["prompts"]]
+    short = [p.reason for p in got["short"].prompts]
     assert short[0] is None and short[1] == short[2].replace("64", "13") == "13 positions pass max_positions=12"
     for e in got.values():
-        assert e["prompts"][3] == {"prompt": 64, "ttft_ms": None, "prefill_ms": None, "repeats": 0,
-                                   "reason": "the model allows 64 positions"}
-        assert e["name"] == "short" or e["prompts"][2]["ttft_ms"] > 0  # 63 + 1 positions: the model's last
+        assert e.prompts[3].to_dict() == {"prompt": 64, "ttft_ms": None, "prefill_ms": None, "repeats": 0,
+                                          "reason": "the model allows 64 positions"}
+        assert e.name == "short" or e.prompts[2].ttft_ms > 0  # 63 + 1 positions: the model's last
     res = fabricated(1.1, 1.1)
-    res.config, res.scaling = {**res.config, **cfg.__dict__}, list(got.values())
+    res.config, res.scaling = cfg, list(got.values())
     md = markdown_body(res)
     # batch 1's one timed repeat has factor 1: 1 ms steps, 4 / (0.3 + 3) ms = 1212.1 tokens/s
     assert "| broken [attention=fake float32] | 1.00 ms, 1212.1 tokens/s | skipped: broken broke at batch 4 |" in md
@@ -884,7 +892,7 @@ def test_a_default_run_is_the_quick_one_and_reads_only_the_folder(tiny_export):
     assert any(n.startswith("eager-nocache (eager recomputing the whole sequence every step) not timed") and
                "add it with --runtimes all" in n for n in res.notes)
     assert res.long_runs == [] and res.targets == [] and "Speed targets" not in markdown_body(res)
-    assert res.profile["file"] is None and res.profile["ops"] and "not kept: give -o DIR" in markdown_body(res)
+    assert res.profile.file is None and res.profile.ops and "not kept: give -o DIR" in markdown_body(res)
     assert sorted(p.name for p in tiny_export.iterdir()) == before
 
 

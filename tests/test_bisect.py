@@ -15,9 +15,9 @@ from onnx import numpy_helper
 from mhaexport.cli import main
 from planted import attention_graph
 from planted.edit import rehashed_copy
-from mhaexport.verify.attention_steps import STEPS
+from mhaexport.diagnose.attention_steps import STEPS
 from mhaexport.graph import name_scopes
-from mhaexport.verify.bisect import _module_paths, bisect, bisect_onnx
+from mhaexport.diagnose.bisect import _module_paths, bisect, bisect_onnx
 
 
 def plant_attention_scale_bug(proto: onnx.ModelProto, block: int) -> str:
@@ -255,7 +255,7 @@ def test_eager_steps_are_found_in_attention_written_other_ways(variant, order):
     import torch
     from torch import nn
 
-    from mhaexport.verify.attention_steps import compare_steps, find_steps, trace_module
+    from mhaexport.diagnose.attention_steps import compare_steps, find_steps, trace_module
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 3, 8), torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8))

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from mhaexport.cli import main
 from mhaexport.verify import verify_folder
-from mhaexport.verify.bisect_follow import bisect_deploy, follow, followed_failure
+from mhaexport.diagnose.follow import bisect_deploy, follow, followed_failure
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 from mhaexport.cli import main
-from mhaexport.verify.bisect import bisect, bisect_onnx
+from mhaexport.diagnose.bisect import bisect, bisect_onnx
 from planted.edit import rehashed_copy
 
 
@@ -46,7 +46,7 @@ def fused_biased(tiny, tiny_export):
     from mhaexport.exporter.lowering import lower_attention
     from mhaexport.graph import name_scopes
     from mhaexport.models.loading import LoadedModel
-    from mhaexport.verify.bisect import _module_paths
+    from mhaexport.diagnose.bisect import _module_paths
 
     module = copy.deepcopy(tiny.module)
     g = torch.Generator().manual_seed(3)

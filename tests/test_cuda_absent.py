@@ -65,7 +65,7 @@ def test_ort_cuda_without_a_device_says_so_not_a_library_error(fresh, monkeypatc
     monkeypatch.setattr(env, "_cuda_probe", ["no CUDA device on this machine (no NVIDIA driver: libcuda.so.1 not "
                                              "found)"])
     started = []
-    monkeypatch.setattr(session, "start_session", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(session, "_create_session", lambda *a, **k: started.append(a))
     why = session.provider_unavailable("cuda")
     assert why == ("CUDAExecutionProvider requested; no CUDA device on this machine (no NVIDIA driver: libcuda.so.1 "
                    "not found)")

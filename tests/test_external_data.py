@@ -80,7 +80,7 @@ def test_a_truncated_data_file_is_refused(external_export, tmp_path):
 
 def test_verify_generate_bisect_and_genai_read_external_data(external_export, tiny_export, tiny):
     from mhaexport.verify import verify_folder
-    from mhaexport.verify.bisect import bisect
+    from mhaexport.diagnose.bisect import bisect
 
     report = verify_folder(external_export, loaded=tiny, runtimes=("ort-cpu",))
     assert report.verdict.code == 0, report.verdict.message
@@ -109,9 +109,10 @@ def test_a_lowered_export_with_external_data_is_self_checked_from_its_file(tiny_
 
 
 def test_onnx_reference_is_refused_over_2_gb(external_export, tiny, monkeypatch):
+    from mhaexport.verify import registry
     from mhaexport.verify import verify as vv
 
-    monkeypatch.setattr(vv, "TWO_GB", 1000)  # as if the export's files held over 2 GB
+    monkeypatch.setattr(registry, "TWO_GB", 1000)  # as if the export's files held over 2 GB
     runner = vv.build_runners(ExportFolder.open(external_export), tiny, ("onnx-reference",))[1]
     assert not runner.available and "pure-Python reference evaluator" in runner.skip_reason
 
@@ -163,7 +164,7 @@ def _export_and_run_every_verb(config: Path, out: Path, tmp_path: Path) -> None:
     from mhaexport.models.loading import load_model
     from mhaexport.runtime.genai import genai_greedy
     from mhaexport.verify import verify_folder
-    from mhaexport.verify.bisect import bisect
+    from mhaexport.diagnose.bisect import bisect
 
     env = {k: v for k, v in os.environ.items() if k != EXTERNAL_DATA_ENV}
     rc, peak, log = _run_measured([sys.executable, "-m", "mhaexport", "onnx", "--config", str(config),

@@ -112,8 +112,8 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
     assert all(ort[ch].status is True for ch in ("parity", "causality", "kv-consistency", "padding", "generation"))
     assert ort["parity"].figures["max_abs"] < 1e-4
     other = report.other_protocol
-    assert other is not None and other["producer_protocol"] == "one shared buffer per layer, right padding"
-    plain = other["results"]["ort-cpu:plain"]
+    assert other is not None and other.producer_protocol == "one shared buffer per layer, right padding"
+    plain = other.results["ort-cpu:plain"]
     assert plain["padding"].status is False  # left padding is not this file's protocol
     assert "ort-cpu:plain" not in report.results and report.counts["failed"] == 0
     md = report.to_markdown()
@@ -122,7 +122,7 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
 
     # a report read back keeps the findings apart
     again = type(report).from_dict(json.loads(json.dumps(report.to_dict())))
-    assert again.other_protocol["results"]["ort-cpu:plain"]["padding"].status is False
+    assert again.other_protocol.results["ort-cpu:plain"]["padding"].status is False
     assert again.verdict.code == 0
 
 
@@ -167,8 +167,8 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     loaded = load_model(hf=hf_dir("llama-small"))  # no GroupQueryAttention here: the smallest Llama will do
     (tmp_path / "optimum").mkdir()
     path = export_optimum_layout(loaded, tmp_path / "optimum" / "model.onnx")
-    layout = detect_layout(path)
-    assert (layout.producer, layout.position_ids, layout.kv_cache, layout.padding) == \
+    layout, cache = detect_layout(path)
+    assert (layout.producer, layout.position_ids, cache.kind, cache.padding) == \
         ("optimum", "position_ids", "concat", "left")
     rec = adopt_onnx(loaded, path)
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES,
@@ -178,7 +178,7 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     assert report.other_protocol is None  # its producer's protocol is the plain one
     # eval drives the adopted file as verify does (its own runner choice had fed it the contract's names)
     from mhaexport.artifact import ExportFolder
-    from mhaexport.verify.evaluate import _runner
+    from mhaexport.evaluate.perplexity import _runner
     from mhaexport.verify.quality import score_text
     from mhaexport.verify.runners import EagerRunner
 
@@ -188,14 +188,15 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     assert got.perplexity == pytest.approx(want.perplexity, rel=1e-4)
 
     # the positions matter: feeding zeros instead gives other logits (the check above could not pass by accident)
-    from mhaexport.runtime.ort import OrtRunner
+    from mhaexport.runtime.choose import ort_runner_for
 
-    runner = OrtRunner("o", loaded.contract, path, layout=layout).activate()
+    runner = ort_runner_for(ExportFolder.open(rec.folder), "o").activate()
+    assert runner.feed.position_ids == "position_ids"
     ids, mask, past = iospec.dummy_inputs(loaded.contract, 1, 4, 2, seed=3)
     good = runner.run(ids, mask, past)[0]
     feed = {**runner._host_inputs(ids, mask), **dict(zip(runner.past_names, (t for kv in past for t in kv)))}
     feed["position_ids"] = np.zeros_like(feed["position_ids"])
-    bad = runner.session.run([layout.logits], feed)[0]
+    bad = runner.session.run([runner.feed.logits], feed)[0]
     assert np.abs(good - bad).max() > 1e-2
 
 
@@ -204,7 +205,7 @@ def test_a_plain_torch_onnx_export_is_mapped_by_position(llama, tmp_path):
     _, loaded = llama
     (tmp_path / "plain").mkdir()
     path = export_plain(loaded, tmp_path / "plain" / "model.onnx")
-    layout = detect_layout(path)
+    layout, _ = detect_layout(path)
     assert layout.producer == "torch.onnx" and "mapped by position" in layout.notes[0]
     report = verify_folder(adopt_onnx(loaded, path).folder, loaded=loaded, runtimes=RUNTIMES)
     assert report.verdict.code == 0, report.to_markdown()
@@ -294,15 +295,15 @@ def test_a_file_with_the_contracts_names_is_optimums_unless_an_mhaexport_manifes
     """Optimum exports Gemma without position_ids, so its I/O names are the contract's exactly: it was reported
     "made by mhaexport". mhaexport's own export is told apart by its folder's manifest.json."""
     path = _contract_named_file(tmp_path / "optimum-gemma")
-    layout = detect_layout(path)
-    assert (layout.producer, layout.position_ids, layout.kv_cache, layout.padding) == \
+    layout, cache = detect_layout(path)
+    assert (layout.producer, layout.position_ids, cache.kind, cache.padding) == \
         ("optimum", None, "concat", "left")
     assert layout.n_heads == 0  # the graph shows key/value heads only: adoption takes the query heads from the model
     own = _contract_named_file(tmp_path / "own")
     _write_manifest(own.parent, OnnxDetails())
-    assert detect_layout(own).producer == "mhaexport"
+    assert detect_layout(own)[0].producer == "mhaexport"
     _write_manifest(own.parent, OnnxDetails(producer="optimum"))  # an adopted folder's own link
-    assert detect_layout(own).producer == "optimum"
+    assert detect_layout(own)[0].producer == "optimum"
 
 
 def _write_manifest(folder: Path, details) -> None:
@@ -355,5 +356,5 @@ def test_dynamic_shapes_blames_the_padding_not_a_baked_size_when_only_padded_sha
 def test_an_mhaexport_file_is_recognised_by_its_manifest_not_its_genai_config(tiny_export):
     """Our exports carry a genai_config.json too: the manifest beside the file says who made it and how."""
     assert (tiny_export / "genai_config.json").is_file()
-    layout = detect_layout(tiny_export / "model.onnx")
-    assert (layout.producer, layout.kv_cache, layout.padding) == ("mhaexport", "concat", "left")
+    layout, cache = detect_layout(tiny_export / "model.onnx")
+    assert (layout.producer, cache.kind, cache.padding) == ("mhaexport", "concat", "left")

@@ -318,9 +318,9 @@ def test_a_size_no_machine_holds_is_bad_input(export_copy, cwd, monkeypatch):
     def huge(*args, **kwargs):
         raise MemoryError("Unable to allocate 233. TiB for an array with shape (1000000000000, 32)")
 
-    import mhaexport.verify.evaluate
+    import mhaexport.evaluate.perplexity
 
-    monkeypatch.setattr(mhaexport.verify.evaluate, "evaluate_folder", huge)
+    monkeypatch.setattr(mhaexport.evaluate.perplexity, "evaluate_folder", huge)
     msg = cli_error(["eval", str(export_copy)])
     assert msg.startswith("Error: out of memory (MemoryError: Unable to allocate 233. TiB") and "smaller" in msg
 

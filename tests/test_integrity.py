@@ -174,7 +174,7 @@ def test_every_api_refuses_an_altered_model_file(api, altered_export):
     from mhaexport.runtime import Generator
     from mhaexport.runtime.genai import genai_greedy
     from mhaexport.verify import verify_folder
-    from mhaexport.verify.bisect import bisect
+    from mhaexport.diagnose.bisect import bisect
 
     call = {"Generator": lambda: Generator(altered_export), "genai_greedy": lambda: genai_greedy(altered_export, [[1]], 4),
             "bisect": lambda: bisect(altered_export), "verify_folder": lambda: verify_folder(altered_export)}[api]

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # source folder -> layer name (the top-level folders pyproject.toml maps into mhaexport.*)
 FOLDERS = {"artifact": "artifact", "models": "models", "exporter": "exporter", "runtime": "runtime",
-           "verify": "verify", "bench": "bench"}
+           "verify": "verify", "bench": "bench", "diagnose": "diagnose", "evaluate": "evaluate"}
 # the torch-free core modules inside mhaexport/ and what they are
 CORE = {"errors", "iospec", "dtypes", "env", "graph", "devices"}
 # the top layer inside mhaexport/: the command line, the Python API beside it and the pytest plugin on the API
@@ -34,7 +34,10 @@ ALLOWED = {
     "exporter": BASE | {"artifact", "models", "runtime"},
     "verify": BASE | {"artifact", "models", "runtime"},
     "bench": BASE | {"artifact", "models", "runtime", "verify"},
-    "cli": BASE | {"artifact", "models", "runtime", "exporter", "verify", "bench"},
+    # the rooms above verification: diagnosis (bisect, follow, attention steps) and evaluation (eval)
+    "diagnose": BASE | {"artifact", "models", "runtime", "verify"},
+    "evaluate": BASE | {"artifact", "models", "runtime", "verify"},
+    "cli": BASE | {"artifact", "models", "runtime", "exporter", "verify", "bench", "diagnose", "evaluate"},
 }
 
 
@@ -239,7 +242,7 @@ def test_the_file_graph_sees_the_project_imports():
     graph = file_graph(_project_files())
     assert "mhaexport.runtime.session" in graph["mhaexport.verify.runners"]  # a top-level import
     assert "mhaexport.models.hf" in graph["mhaexport.models.loading"]  # a lazy one (inside load_hf)
-    assert "mhaexport.iospec" in graph["mhaexport.verify.bisect"]  # `from mhaexport import iospec`: the module
+    assert "mhaexport.iospec" in graph["mhaexport.diagnose.bisect"]  # `from mhaexport import iospec`: the module
 
 
 def test_an_injected_edge_back_down_the_layers_is_a_cycle():

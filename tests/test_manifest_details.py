@@ -86,9 +86,37 @@ def test_an_adopted_file_reads_its_layout_as_a_record(adopted):
     _round_trip(adopted)
     d = ExportFolder.open(adopted).entry("onnx").details
     assert isinstance(d.layout, AdoptedLayout) and d.layout.producer == d.producer == "mhaexport"
-    assert d.layout.past[0] == "past_key_values.0.key" and d.layout.protocol == "concat cache, left padding"
+    assert d.layout.past[0] == "past_key_values.0.key"
     assert (d.cache.kind, d.cache.padding, d.attention) == ("concat", "left", "as exported")
-    assert read_json(adopted / "manifest.json", "manifest")["artifacts"]["onnx"]["layout"]["position_ids"] is None
+    written = read_json(adopted / "manifest.json", "manifest")["artifacts"]["onnx"]
+    assert written["layout"]["position_ids"] is None
+    # the cache and padding are stored once, in the entry's own keys, not in the layout too
+    assert (written["kv_cache"], written["padding"]) == ("concat", "left")
+    assert "kv_cache" not in written["layout"] and "padding" not in written["layout"]
+
+
+def test_an_adopted_entry_of_an_earlier_version_reads_its_cache_from_either_place(adopted, tmp_path):
+    """Earlier versions wrote the cache and padding twice (the entry's keys and the layout's): read and written back
+    unchanged, fed as the entry says. A layout whose entry states no cache of its own gives the cache."""
+    from mhaexport.runtime.feed import Feed
+
+    folder = tmp_path / "old"
+    shutil.copytree(adopted, folder)
+    data = read_json(folder / "manifest.json", "manifest")
+    onnx = data["artifacts"]["onnx"]
+    onnx["layout"].update(kv_cache="shared", padding="right")
+    onnx.update(kv_cache="shared", padding="right", max_cache=onnx["layout"]["max_positions"])
+    atomic_write_json(folder / "manifest.json", data)
+    _round_trip(folder)
+    entry = ExportFolder.open(folder).entry("onnx")
+    feed = Feed.of(entry)
+    assert (feed.cache, feed.padding, feed.max_cache) == ("shared", "right", onnx["max_cache"])
+    assert feed.producer == "mhaexport" and feed.past[0] == "past_key_values.0.key"
+    for key in ("kv_cache", "padding", "max_cache"):  # only the layout's placement
+        del onnx[key]
+    atomic_write_json(folder / "manifest.json", data)
+    feed = Feed.of(ExportFolder.open(folder).entry("onnx"))
+    assert (feed.cache, feed.padding, feed.max_cache) == ("shared", "right", onnx["layout"]["max_positions"])
 
 
 def test_old_entries_nulls_and_unknown_keys_read_and_write_back_unchanged(tiny_export, tmp_path):
@@ -137,9 +165,10 @@ def test_unknown_keys_survive_another_artifact_published_into_the_folder(tiny, t
     (lambda a: a.update(quantization={"weights": "int4", "block_size": "32"}),
      r"artifacts\.onnx\.quantization\.block_size is '32'"),
     (lambda a: a.update(quantization={"source": 7}), r"artifacts\.onnx\.quantization\.source is 7 \(int\), "
-                                                     r"expected QuantSource \| str \| null"),
-    (lambda a: a.update(layout={"producer": "optimum"}), r"artifacts\.onnx\.layout is incomplete: .*'input_ids'"),
-    (lambda a: a.update(example_sizes=[1, 2, 3]), r"artifacts\.onnx\.example_sizes is \[1, 2, 3\] \(list\), "
+                                                     r"expected an object or str or null"),
+    (lambda a: a.update(layout={"producer": "optimum"}),
+     r"artifacts\.onnx\.layout\.input_ids is missing, expected str"),
+    (lambda a: a.update(example_sizes=[1, 2, 3]), r"artifacts\.onnx\.example_sizes is an array, "
                                                   r"expected an object"),
 ])
 def test_a_detail_of_the_wrong_type_is_refused_naming_its_key(tiny_export, tmp_path, edit, named):

@@ -100,7 +100,9 @@ def test_bench_notes_a_quantized_row_slower_than_float():
 
 
 def test_float_targets_read_a_float_row_when_the_folder_is_quantized():
-    from mhaexport.bench.result import BenchResult
+    from mhaexport.artifact.record import Environment
+    from mhaexport.bench import BenchConfig
+    from mhaexport.bench.result import BandwidthInfo, BenchModel, BenchResult
     from mhaexport.bench.targets import evaluate
 
     def row(name, quant, p50):
@@ -108,11 +110,11 @@ def test_float_targets_read_a_float_row_when_the_folder_is_quantized():
                             quantization=quant, providers=["CPUExecutionProvider"], token_p50_ms=p50, token_spread=1.1)
 
     runs = [row("ort-cpu", "int4", 2.0), row("ort-cpu [attention=decomposed float32]", None, 7.0)]
-    res = BenchResult("f", {"prompt_len": 32, "new_tokens": 128, "batch": 1, "threads": 2}, {"spec": "preset:bench"},
-                      {}, 28.5, {}, 166_000_000, 5.83, runs)
-    by = {t["target"]: t for t in evaluate(res)}
+    res = BenchResult("f", BenchConfig(prompt_len=32, new_tokens=128, batch=1, threads=2), BenchModel("preset:bench"),
+                      Environment(), 28.5, BandwidthInfo(28.5, "sum", 2), 166_000_000, 5.83, runs)
+    by = {t.target: t for t in evaluate(res)}
     floor = by["ORT CPU per-token p50 / weight-bandwidth floor"]
-    assert floor["measured"] == pytest.approx(7.0 / 5.83, abs=1e-3)  # the float row, not the folder's int4 one
-    assert "float32]" in floor["detail"]
-    assert by["ORT CPU int4 per-token p50 / float weight-bandwidth floor"]["measured"] == pytest.approx(2.0 / 5.83,
-                                                                                                        abs=1e-3)
+    assert floor.measured == pytest.approx(7.0 / 5.83, abs=1e-3)  # the float row, not the folder's int4 one
+    assert "float32]" in floor.detail
+    assert by["ORT CPU int4 per-token p50 / float weight-bandwidth floor"].measured == pytest.approx(2.0 / 5.83,
+                                                                                                     abs=1e-3)

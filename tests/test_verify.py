@@ -16,9 +16,11 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.models.loading import load_recorded
 from mhaexport.verify import CHECKS, build_sweep, load_report, merge_reports
 from mhaexport.verify.compare import Tolerance, compare
-from mhaexport.verify.report import VerifyReport
+from mhaexport.artifact.record import Environment
+from mhaexport.verify.report import ReportModel, SweepInfo, ToleranceInfo, VerifyReport
 from mhaexport.verify.results import CheckResult
-from mhaexport.verify.runners import EagerRunner, Runner, ort_runner
+from mhaexport.runtime.choose import ort_runner_for
+from mhaexport.verify.runners import EagerRunner, Runner, session_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,7 +78,7 @@ def test_runner_checks_inputs(tiny):
 
 
 def test_ort_cuda_is_skipped_with_the_real_reason_unless_the_session_uses_it(tiny, tiny_export):
-    r = ort_runner("ort-cuda", tiny.contract, tiny_export / "model.onnx").activate()
+    r = ort_runner_for(ExportFolder.open(tiny_export), "ort-cuda", session_config("ort-cuda")).activate()
     if "CUDAExecutionProvider" in r.providers:
         assert r.available
     else:
@@ -100,9 +102,9 @@ def _report(status_by_rt: dict[str, bool | None], host: str, requested: list[str
     infos = {rt: RuntimeInfo(rt, "ran" if s is not None else "skipped", "" if s is not None else "no GPU")
              for rt, s in status_by_rt.items()}
     results = {rt: {ch: CheckResult(ch, s, {"max_abs": 1e-6}, "") for ch in CHECKS} for rt, s in status_by_rt.items()}
-    return VerifyReport(model={"spec": "preset:tiny"}, folder="x", sweep={"kind": "quick", "cases": 9, "seed": 0},
-                        tolerance={"atol": 1e-4, "rtol": 1e-3}, runtimes=infos, results=results,
-                        environment={"host": host}, requested=requested)
+    return VerifyReport(model=ReportModel("preset:tiny"), folder="x", sweep=SweepInfo("quick", 0, 9),
+                        tolerance=ToleranceInfo(1e-4, 1e-3), runtimes=infos, results=results,
+                        environment=Environment(host=host), requested=requested)
 
 
 def test_report_json_round_trip_and_skipped_is_not_passed(tmp_path):
@@ -408,7 +410,7 @@ def test_ort_cuda_and_ort_cpu_are_compared_with_each_other(offset, agree):
         assert check_parity(r, ctx).status is True  # each alone is "close to eager"
     infos = {r.name: RuntimeInfo(r.name, "ran") for r in runners}
     (cross,) = cross_provider(runners, infos, ctx)
-    assert (cross["a"], cross["b"], cross["status"]) == ("ort-cuda", "ort-cpu", agree)
-    assert cross["figures"]["max_abs"] == pytest.approx(2 * offset, rel=1e-3)
+    assert (cross.a, cross.b, cross.status) == ("ort-cuda", "ort-cpu", agree)
+    assert cross.figures["max_abs"] == pytest.approx(2 * offset, rel=1e-3)
     infos["ort-cuda"] = RuntimeInfo("ort-cuda", "skipped", "no CUDA")
     assert cross_provider(runners, infos, ctx) == []  # only when both ran

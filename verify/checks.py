@@ -19,7 +19,8 @@ from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, rounded
 from mhaexport.verify.genai_check import check_genai_config
 from mhaexport.verify.quality import check_quality
-from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context, SweepContext
+from mhaexport.verify.results import (GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context, CrossResult,
+                                      SweepContext)
 from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 
@@ -717,7 +718,7 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
 CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
 
 
-def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> list[dict]:
+def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> list[CrossResult]:
     """Each pair of CROSS_PAIRS that both ran, compared on the sweep's outputs (the memoized runs) with the first's
     tolerance: providers can disagree with each other while each is "close to eager". The decoder's and the
     attention block's alike: ``ctx.compare`` says how two runs of a case compare."""
@@ -738,7 +739,7 @@ def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> lis
         msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
                f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
                f"{total.max_abs:.3g}): the providers disagree with each other")
-        out.append({"a": a, "b": b, "status": status, "figures": total.figures(), "message": msg})
+        out.append(CrossResult(a, b, status, total.figures(), msg))
     return out
 
 

@@ -438,7 +438,7 @@ def check_genai_config(runner, ctx):
     if runner.name == "eager":
         return CheckResult(GENAI_CHECK, None, {"reference": True}, "reference: the folder's config is checked")
     if runner.name == "torchscript" or runner.name.startswith("eager"):
-        return CheckResult(GENAI_CHECK, None, {}, f"n/a: {GENAI_CONFIG} describes the ONNX file")
+        return CheckResult(GENAI_CHECK, None, {"not_applicable": True}, f"n/a: {GENAI_CONFIG} describes the ONNX file")
     produce = getattr(ctx, "genai_config", None)
     if produce is None:
         return CheckResult(GENAI_CHECK, None, {}, f"not run: the folder ships no {GENAI_CONFIG}")

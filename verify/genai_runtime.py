@@ -327,7 +327,7 @@ def check_quality(runner: GenAIRunner, ctx: Context) -> CheckResult:
 
 
 def _not_applicable(name: str):
-    return lambda runner, ctx: CheckResult(name, None, {}, NOT_APPLICABLE)
+    return lambda runner, ctx: CheckResult(name, None, {"not_applicable": True}, NOT_APPLICABLE)
 
 
 def _weights(runner, ctx):

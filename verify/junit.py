@@ -7,20 +7,23 @@ Layout (the Jenkins xunit plugin's ``junit-10.xsd`` rules; ``tests/data/junit.xs
       <testsuite name="<model spec> · <artifacts>" tests failures errors skipped time timestamp hostname>
         <properties> verdict, exit code, folder, fingerprint, versions </properties>
         <testcase classname="<runtime>" name="<check>">          passed: empty
-          <skipped message="<reason>"/>                          skipped (a check, or a whole runtime)
+          <skipped message="<reason>"/>                          skipped (a check, or each check of a runtime)
           <failure message="<check> on <runtime>: <message>" type="mhaexport.<check>">figures</failure>
         </testcase>
         <testcase classname="mhaexport" name="folder"><error/>   only when the folder was refused before any check
-        <testcase classname="mhaexport" name="verdict">           fails unless the verdict passed
+        <testcase classname="mhaexport" name="verdict">           only when not verified (exit 4): a failure
         <system-out> report.md </system-out>
       </testsuite>
     </testsuites>
 
-A runtime that could not load its artifact is a failed ``load`` case and its checks are skipped; lint errors and
-provider-vs-provider comparisons are cases of their own. The ``verdict`` case carries docs/DESIGN.md's rule into
-readers that count only failures: a run in which nothing failed but what was asked for was not verified (exit 4)
-fails it, because skipped never counts as passed. Reads the report's records only (no rendering of its own
-beyond the figures); the Markdown, when given, goes in ``<system-out>``.
+One case per counted check of the report (:meth:`~mhaexport.verify.report.VerifyReport.outcomes`), so the file's
+tests, failures and skipped are the report's counts (report.json's ``counts``, report.md's and the summary line's):
+lint errors, a runtime that could not load its artifact (a failed ``load`` case, its checks skipped), each check
+of each runtime (eager's parity against itself is no check, and no case), provider against provider. The
+``verdict`` case carries docs/DESIGN.md's rule into readers that count only failures: a run in which nothing failed
+but what was asked for was not verified (exit 4) fails it, because skipped never counts as passed; a refused folder
+is one error. Reads the report's records only (no rendering of its own beyond the figures); the Markdown, when
+given, goes in ``<system-out>``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mhaexport.verify.results import CheckResult
-from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.report import EXIT_NOT_VERIFIED, VerifyReport
 
 # characters XML 1.0 cannot hold (a runtime's message may carry terminal escapes)
 _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -53,11 +56,10 @@ def _figures(figures: dict, prefix: str = "") -> list[str]:
 
 def suite_name(report: VerifyReport) -> str:
     """``<model spec> · <artifacts>``, e.g. ``hf:org/name · onnx (float32, decomposed) + torchscript (trace)``."""
-    spec = report.model.get("spec") or "model"
+    spec = report.model.spec or "model"
     parts = []
     for fmt, a in report.artifacts.items():
-        how = [x for x in (a.get("dtype"), a.get("attention"), a.get("kv_cache") if a.get("kv_cache") != "concat"
-                           else None, a.get("mode")) if x]
+        how = [x for x in (a.dtype, a.attention, a.kv_cache if a.kv_cache != "concat" else None, a.mode) if x]
         parts.append(f"{fmt} ({', '.join(how)})" if how else fmt)
     return f"{spec} · {' + '.join(parts) or Path(report.folder).name}"
 
@@ -69,12 +71,12 @@ def _case(parent: ET.Element, classname: str, name: str, time: float | None = No
     return ET.SubElement(parent, "testcase", attrs)
 
 
-def _result(case: ET.Element, runtime: str, r: CheckResult, skip_reason: str = "") -> str:
+def _result(case: ET.Element, runtime: str, r: CheckResult) -> str:
     """Fill ``case`` from a check result; returns "passed", "failed" or "skipped"."""
     if r.status is True:
         return "passed"
     if r.status is None:
-        ET.SubElement(case, "skipped", {"message": _text(r.message or skip_reason or "not run")})
+        ET.SubElement(case, "skipped", {"message": _text(r.message or "not run")})
         return "skipped"
     failure = ET.SubElement(case, "failure", {"message": _text(f"{r.check} on {runtime}: {r.message or 'failed'}"),
                                               "type": _text(f"mhaexport.{r.check}")})
@@ -88,7 +90,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
     props = ET.SubElement(suite, "properties")
     v = report.verdict
     for name, value in (("verdict", v.status), ("exit_code", v.code), ("verdict_message", v.message),
-                        ("folder", report.folder), ("fingerprint", report.model.get("fingerprint")),
+                        ("folder", report.folder), ("fingerprint", report.model.fingerprint),
                         *((f"version.{k}", val) for k, val in sorted(report.versions.items()))):
         if value is not None:
             ET.SubElement(props, "property", {"name": name, "value": _text(value)})
@@ -98,33 +100,12 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
         ET.SubElement(case, "error", {"message": _text(f"refused: {report.refused}"),
                                       "type": "mhaexport.refused"}).text = _text(report.refused)
         counts["errors"] += 1
-    cols = report.all_checks
-    for failure_rt, r in report.failures():  # lint errors first, as the verdict lists them
-        if failure_rt == "lint":
-            counts[_result(_case(suite, "lint", r.check), "lint", r)] += 1
-    for rt, info in report.runtimes.items():
-        results = report.results.get(rt, {})
-        if info.status == "error":
-            counts[_result(_case(suite, rt, "load", info.seconds), rt, CheckResult("load", False, {}, info.reason))]\
-                += 1
-        why = ("" if info.status == "ran" else
-               f"{rt} skipped: {info.reason}" if info.status == "skipped" else f"not run: {rt} could not load")
-        names = [c for c in cols if c in results] + [c for c in results if c not in cols]
-        if info.status != "ran":
-            names = names or list(cols)
-        for check in names:
-            r = results.get(check) if info.status == "ran" else None
-            if r is None:  # (not `or`: a failed CheckResult is falsy)
-                r = CheckResult(check, None, {}, why)
-            counts[_result(_case(suite, rt, check), rt, r, why)] += 1
-    for c in report.cross:
-        pair = f"{c['a']}~{c['b']}"
-        r = CheckResult("cross-provider", c["status"], c.get("figures") or {}, c.get("message", ""))
-        counts[_result(_case(suite, pair, "cross-provider"), pair, r)] += 1
-    verdict = _case(suite, "mhaexport", "verdict", report.seconds)
-    if v.code == 0:
-        counts["passed"] += 1
-    else:
+    for row, r in report.outcomes():  # the report's counted checks, one case each
+        info = report.runtimes.get(row)
+        time = info.seconds if info is not None and r.check == "load" else None
+        counts[_result(_case(suite, row, r.check, time), row, r)] += 1
+    if v.code == EXIT_NOT_VERIFIED:  # nothing failed, yet what was asked was not verified: not green
+        verdict = _case(suite, "mhaexport", "verdict", report.seconds)
         counts["failed"] += 1
         ET.SubElement(verdict, "failure", {"message": _text(f"{v.status}: {v.message}"),
                                            "type": f"mhaexport.verdict.exit{v.code}"}).text = _text(v.message)
@@ -136,9 +117,8 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
     suite.attrib.update(figures)
     if report.created:
         suite.set("timestamp", report.created)
-    host = report.environment.get("host") if isinstance(report.environment, dict) else None
-    if host:
-        suite.set("hostname", _text(host))
+    if report.environment.host:
+        suite.set("hostname", _text(report.environment.host))
     root = ET.Element("testsuites", {"name": "mhaexport verify", **{k: figures[k] for k in
                                                                      ("tests", "failures", "errors", "time")}})
     root.append(suite)

@@ -23,8 +23,9 @@ bug users of torch.onnx, Optimum and ONNX Runtime meet again and again:
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnx
@@ -32,6 +33,7 @@ from onnx import numpy_helper
 
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder, shown_path
+from mhaexport.artifact.record import Record
 from mhaexport.errors import ArtifactError
 from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
 
@@ -42,11 +44,11 @@ PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 
 
 @dataclass
-class Finding:
+class Finding(Record):
     """One lint finding: ``severity`` error | warning | info, the ``rule`` that found it, the ``node`` (or I/O
     name) it is about, what was found and a one-line fix."""
 
-    severity: str
+    severity: Literal["error", "warning", "info"]
     rule: str
     node: str
     message: str
@@ -57,12 +59,16 @@ class Finding:
 
 
 @dataclass
-class LintReport:
-    """The findings on one ONNX file; ``errors`` are the error-level ones (``mhaexport lint`` exits 1 on any)."""
+class LintReport(Record):
+    """The findings on one ONNX file; ``errors`` are the error-level ones (``mhaexport lint`` exits 1 on any).
+    As JSON (``lint --json``, a verify report's ``lint``): ``{"model", "ok", "counts", "rules", "findings"}``."""
 
-    model: str
+    model: str = "?"
     findings: list[Finding] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)  # the rules that ran
+
+    DERIVED = ("ok", "counts")
+    KEY_ORDER = ("model", "ok", "counts", "rules", "findings")
 
     @property
     def errors(self) -> list[Finding]:
@@ -74,14 +80,6 @@ class LintReport:
 
     def counts(self) -> dict[str, int]:
         return {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES}
-
-    def to_dict(self) -> dict:
-        return {"model": self.model, "ok": self.ok, "counts": self.counts(), "rules": self.rules,
-                "findings": [asdict(f) for f in self.findings]}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> LintReport:
-        return cls(data.get("model", "?"), [Finding(**f) for f in data.get("findings", [])], data.get("rules", []))
 
     def to_markdown(self, heading: str = "###") -> str:
         c = self.counts()
@@ -171,12 +169,12 @@ def _n_layers(g: _Graph) -> int:
 # ---- the rules --------------------------------------------------------------------------------------------------
 
 def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
-    layout = ctx.get("layout")
-    if layout is not None:  # an adopted file: its I/O mapped onto the contract when it was adopted
-        extra = f", {layout.position_ids} fed from the mask" if layout.position_ids else ""
-        return [Finding("info", "contract-io", "graph inputs", f"made by {layout.producer}: its I/O mapped onto the "
-                        f"contract ({layout.input_ids}, {layout.attention_mask}, {layout.past[0]}, ... -> "
-                        f"{layout.logits}, {layout.present[0]}, ...{extra}); driven as {layout.protocol}",
+    feed = ctx.get("feed")
+    if feed is not None:  # an adopted file: its I/O mapped onto the contract when it was adopted
+        extra = f", {feed.position_ids} fed from the mask" if feed.position_ids else ""
+        return [Finding("info", "contract-io", "graph inputs", f"made by {feed.producer}: its I/O mapped onto the "
+                        f"contract ({feed.input_ids}, {feed.attention_mask}, {feed.past[0]}, ... -> "
+                        f"{feed.logits}, {feed.present[0]}, ...{extra}); driven as {feed.protocol}",
                         "none needed")]
     out = []
     n_layers = _n_layers(g)
@@ -205,13 +203,9 @@ def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
 def rule_fixed_axis(g: _Graph, ctx: dict) -> list[Finding]:
     out = []
     static = ctx.get("static")
-    layout = ctx.get("layout")
-    n_layers = layout.n_layers if layout is not None else _n_layers(g)
-    file_name = {}  # contract name -> the file's (an adopted file's layout)
-    if layout is not None:
-        contract_past = [n for i in range(n_layers) for n in iospec.past_names(i)]
-        file_name = {iospec.INPUT_IDS: layout.input_ids, iospec.ATTENTION_MASK: layout.attention_mask,
-                     **dict(zip(contract_past, layout.past))}
+    feed = ctx.get("feed")
+    n_layers = feed.n_layers if feed is not None else _n_layers(g)
+    file_name = feed.file_names() if feed is not None else {}  # contract name -> the file's (an adopted file's)
     for name, axes in iospec.dynamic_input_axes(n_layers).items():
         name = file_name.get(name, name)
         inp = g.inputs.get(name)
@@ -428,13 +422,13 @@ RULES = {
 
 
 def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions: int | None = None,
-               static: bool = False, layout=None) -> LintReport:
+               static: bool = False, feed=None) -> LintReport:
     """Run every rule on ``model`` (graph only; weights in external data are not read). ``max_positions``: the
     contract's, when known (constants of that size are the model's own tables, not an example length);
-    ``static``: the file is a static export by request (fixed sequence axes are then expected); ``layout``: an
-    adopted file's :class:`~mhaexport.runtime.foreign.Layout` (its names for the contract's I/O)."""
+    ``static``: the file is a static export by request (fixed sequence axes are then expected); ``feed``: an
+    adopted file's :class:`~mhaexport.runtime.feed.Feed` (its names for the contract's I/O)."""
     g = _Graph(model)
-    ctx = {"max_positions": max_positions, "static": static, "layout": layout}
+    ctx = {"max_positions": max_positions, "static": static, "feed": feed}
     report = LintReport(label, rules=list(RULES))
     for rule in RULES.values():
         report.findings.extend(rule(g, ctx))
@@ -450,16 +444,17 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not isinstance(path, ExportFolder) and Path(path).is_dir():
         with ExportFolder.open(path, "onnx") as opened:  # the snapshot removed when the lint is done
             return lint_path(opened, genai=genai)
-    max_positions, static, layout, ef = None, False, None, None
+    max_positions, static, feed, ef = None, False, None, None
     if isinstance(path, ExportFolder):
-        from mhaexport.runtime.foreign import layout_of
+        from mhaexport.runtime.feed import Feed
 
         from mhaexport.verify.external_data import check_external_data
 
         ef = path
         check_external_data(ef)
         entry = ef.entry("onnx")
-        max_positions, static, layout = ef.contract.max_positions, not entry.seq_dynamic, layout_of(entry)
+        max_positions, static, feed = ef.contract.max_positions, not entry.seq_dynamic, Feed.of(entry, ef.contract)
+        feed = feed if feed.adopted else None  # mhaexport's own export: the contract's names, checked as such
         path = ef.file("onnx")
     path = Path(path)
     if not path.is_file():
@@ -471,7 +466,7 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
                             f"({path.stat().st_size} bytes)")
-    report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, layout=layout)
+    report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, feed=feed)
     if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)
         from mhaexport.verify.genai_check import GENAI_CHECK, lint_findings
 

@@ -25,17 +25,16 @@ import numpy as np
 
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
-from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ConfigError
 from mhaexport.iospec import ModuleContract
 from mhaexport.verify.checks import causality_by_perturbation, check_finite, cross_provider, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
-from mhaexport.verify.module_runners import (ModuleOutputs, ModuleRunner, TorchMhaRunner, TorchModuleRunner,
-                                             module_ort_runner)
-from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.module_runners import ModuleOutputs, ModuleRunner
+from mhaexport.verify.registry import runner_for
+from mhaexport.verify.report import VerifyReport, build_report
 from mhaexport.verify.results import MODULE_CHECKS, CheckResult, SweepContext
-from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT, skipped
-from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner, present_code_runtimes
+from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES
+from mhaexport.verify.pt2 import CODE_RUNTIMES, present_code_runtimes
 from mhaexport.verify.sweep import Case, build_sweep
 
 Progress = Callable[[str], None]
@@ -226,23 +225,11 @@ CHECK_FUNCS: dict[str, Callable[[ModuleRunner, ModuleContext], CheckResult]] = {
 
 def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None,
                          trust_code: bool = False) -> list[ModuleRunner]:
-    """Eager first, then one runner per requested runtime; an artifact that is absent makes its runtime skipped."""
+    """Eager first, then one runner per requested runtime (the registry's, verify/registry.py); an artifact that is
+    absent makes its runtime skipped."""
     c = loaded.contract
-    runners: list = [TorchModuleRunner(EAGER, c, loaded.module)]
-    for rt in runtimes:
-        if rt == EAGER:
-            continue
-        if rt == TORCH_MHA:
-            runners.append(TorchMhaRunner(TORCH_MHA, c, loaded.module.attn))
-        elif rt == TORCHSCRIPT:
-            runners.append(TorchModuleRunner(rt, c, path=ef.file(TORCHSCRIPT)) if ef.has(TORCHSCRIPT)
-                           else skipped(rt, c, f"no TorchScript export in {ef.path}"))
-        elif rt in CODE_RUNTIMES:
-            runners.append(code_runner(ef, rt, c, trust_code=trust_code, module=True))
-        elif rt in (ORT_CPU, ORT_CUDA):
-            runners.append(module_ort_runner(rt, c, ef.file("onnx"), threads=threads) if ef.has("onnx")
-                           else skipped(rt, c, f"no ONNX export in {ef.path}"))
-    return runners
+    return [runner_for(ef, rt, c, eager=loaded.module, threads=threads, trust_code=trust_code)
+            for rt in (EAGER,) + tuple(r for r in runtimes if r != EAGER)]
 
 
 def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
@@ -285,19 +272,7 @@ def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: 
     with torch_threads(threads):
         infos, results = run_all(runners, ctx, checks, say, funcs=CHECK_FUNCS)
     cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
-    arts = ef.artifacts
-    return VerifyReport(
-        model=ef.model.to_dict(), folder=str(ef.path), module=c.kind,
-        sweep={"kind": sweep, "seed": seed, "cases": len(ctx.cases), "shapes": [cs.to_dict() for cs in ctx.cases],
-               "export_sizes": {"seq": iospec.EXAMPLE_SEQ, "past": iospec.EXAMPLE_PAST}},
-        tolerance={"atol": tol.atol, "rtol": tol.rtol, "dtype": "float32",
-                   "per_output": {k: {"atol": a, "rtol": r} for k, a, r in tol.per_output},
-                   "overridden": atol is not None or rtol is not None},
-        runtimes=infos, results=results, versions=tool_versions(),
-        artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
-                       "static_sizes": v.static_sizes,
-                       **{kk: getattr(v.details, kk, None) for kk in ("opset", "mode", "module", "mask", "weights")
-                          if getattr(v.details, kk, None)}}
-                   for k, v in arts.items()},
-        requested=list(runtimes) if runtimes else None, checks=list(checks), cross=cross,
-        environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
+    return build_report(ef, sweep=sweep, seed=seed, cases=ctx.cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
+                        infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
+                        started=started, export_sizes=(iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST), module=c.kind,
+                        cross=cross)

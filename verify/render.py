@@ -7,23 +7,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mhaexport.verify.results import QUALITY, CheckResult
+from mhaexport.verify.results import NOT_A_CHECK, QUALITY, CheckResult
 
 if TYPE_CHECKING:  # the report's types only: report.py imports this module, not the other way
     from mhaexport.verify.report import RuntimeInfo, VerifyReport
 
 ICONS = {True: "✅", False: "❌", None: "⏭"}
+# the cell of a result that is no check (CheckResult.counted) or was skipped for a static export
+_NOT_RUN = {"reference": "ref", "lossy": "n/a (lossy)", "exact": "n/a (exact)", "not_applicable": "⏭ n/a",
+            "static": "⏭ static"}
 
 
 def markdown(report: VerifyReport) -> str:
     """The report as Markdown: the verdict and what was verified, the runtimes x checks table, the figures (parity by
     output; quality, or the block's demonstration), the details of what failed or was skipped, then the plain
     protocol's findings, provider against provider, the lint findings and where it ran."""
+    env = report.environment
     if report.refused is not None:  # nothing ran: the reason, and where
-        env = report.environment
         return (f"## mhaexport verify: ⛔ REFUSED\n\n**Folder** `{report.folder}` was refused before any check ran; "
-                f"nothing was verified.\n\n**Why:** {report.refused}\n\n<sub>{env.get('host', '?')} · "
-                f"{env.get('platform', '?')} · {report.created}</sub>\n")
+                f"nothing was verified.\n\n**Why:** {report.refused}\n\n<sub>{env.host or '?'} · "
+                f"{env.platform or '?'} · {report.created}</sub>\n")
     cols = report.all_checks
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
     lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)
@@ -31,15 +34,12 @@ def markdown(report: VerifyReport) -> str:
     lines += _other_protocol_lines(report, cols)
     if report.cross:
         lines += ["### Provider against provider", ""]
-        lines += [f"- {ICONS[c['status']]} **{c['a']} vs {c['b']}**: {c['message']}" for c in report.cross]
+        lines += [f"- {ICONS[c.status]} **{c.a} vs {c.b}**: {c.message}" for c in report.cross]
         lines.append("")
     if report.lint is not None:
-        from mhaexport.verify.lint import LintReport
-
-        lines += [LintReport.from_dict(report.lint).to_markdown("###")]
-    env = report.environment
+        lines += [report.lint.to_markdown("###")]
     vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
-    lines.append(f"<sub>{env.get('host', '?')} · {env.get('platform', '?')} · {env.get('cpus', '?')} CPUs · "
+    lines.append(f"<sub>{env.host or '?'} · {env.platform or '?'} · {env.cpus or '?'} CPUs · "
                  f"{vers} · {report.seconds:.1f} s · {report.created}</sub>")
     return "\n".join(lines) + "\n"
 
@@ -48,40 +48,41 @@ def _header(report: VerifyReport) -> list[str]:
     """The verdict, the model (or block) and its artifacts, the sweep, the tolerance and the counts."""
     c = report.counts
     verdict = {"passed": "✅ PASSED", "failed": "❌ FAILED"}.get(report.verdict.status, "⏭ NOT VERIFIED")
-    spec = report.model.get("spec", "?")
-    source = report.model.get("source") or {}
-    if report.model.get("checkpoint"):
-        ckpt = f"weights {report.model['checkpoint']}"
+    model = report.model
+    spec = model.spec or "?"
+    source = model.source or {}
+    if model.checkpoint:
+        ckpt = f"weights {model.checkpoint}"
     elif source.get("kind") == "hf":
         ckpt = f"{source.get('architecture', 'Hugging Face model')}, weights of its folder"
     else:
         ckpt = "seeded random weights"
     arts = []
     for name, a in report.artifacts.items():
-        how = [f"opset {a['opset']}"] if a.get("opset") else ([a["mode"]] if a.get("mode") else [])
-        if a.get("producer"):
-            how.append(f"made by {a['producer']}, adopted; its protocol: {a.get('protocol', '?')}")
-        if a.get("attention"):
-            how.append(f"attention {a['attention']}")
-        how.append(a.get("dtype", "float32"))
-        if a.get("quantization"):
-            how.append(f"**{a['quantization'].get('label') or a['quantization'].get('weights')} weights, lossy**")
-        sizes = a.get("static_sizes") or {}
+        how = [f"opset {a.opset}"] if a.opset else ([a.mode] if a.mode else [])
+        if a.producer:
+            how.append(f"made by {a.producer}, adopted; its protocol: {a.protocol or '?'}")
+        if a.attention:
+            how.append(f"attention {a.attention}")
+        how.append(a.dtype)
+        if a.quantization:
+            how.append(f"**{a.quantization.label or a.quantization.weights} weights, lossy**")
+        sizes = a.static_sizes or {}
         static = "static " + " ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items() if "total" not in k)
-        how.append("dynamic axes" if a.get("seq_dynamic", True) else static)
+        how.append("dynamic axes" if a.seq_dynamic else static)
         arts.append(f"{name} ({', '.join(how)})")
     what = f"**Model** `{spec}` ({ckpt})"
     if report.module:
-        mask = (report.model.get("contract") or {}).get("mask", "?")
+        mask = (model.contract or {}).get("mask", "?")
         what = (f"**Module** {report.module} block on its own, mask `{mask}`"
                 f"{'' if mask == 'causal' else ' (bidirectional)'} · **weights** `{spec}` ({ckpt})")
+    sweep, tol = report.sweep, report.tolerance
     lines = [f"## mhaexport verify: {verdict}", "",
              f"{what} · **artifacts** {', '.join(arts) or 'none'} · "
-             f"**sweep** {report.sweep.get('kind')} "
-             f"({report.sweep.get('cases')} shapes, seed {report.sweep.get('seed')}) · **tolerance** "
-             f"atol={report.tolerance.get('atol'):g} rtol={report.tolerance.get('rtol'):g}"
-             + "".join(f" ({k}: atol={v['atol']:g} rtol={v['rtol']:g})"
-                       for k, v in (report.tolerance.get("per_output") or {}).items()) + " · "
+             f"**sweep** {sweep.kind} ({sweep.cases} shapes, seed {sweep.seed}) · **tolerance** "
+             f"atol={tol.atol:g} rtol={tol.rtol:g}"
+             + "".join(f" ({k}: atol={v.atol:g} rtol={v.rtol:g})" for k, v in (tol.per_output or {}).items())
+             + " · "
              f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
     if report.sources:
         lines += ["Merged from: " + "; ".join(report.sources) + " (sweep and tolerance above: the first report's)", ""]
@@ -90,9 +91,8 @@ def _header(report: VerifyReport) -> list[str]:
 
 def _parity_lines(report: VerifyReport) -> list[str]:
     """Parity's |error| statistics per runtime and output kind."""
-    stats = [(rt, kind, v) for rt, checks in report.results.items()
-             for kind, v in ((checks.get("parity").figures.get("per_output") or {}).items()
-                             if checks.get("parity") else [])]
+    stats = [(rt, kind, v) for rt, checks in report.results.items() if "parity" in checks
+             for kind, v in (checks["parity"].figures.get("per_output") or {}).items()]
     if not stats:
         return []
     lines = ["", f"Parity by output (|artifact − eager| over the sweep's {'' if report.module else 'real '}"
@@ -150,7 +150,7 @@ def _details(report: VerifyReport, cols: tuple[str, ...]) -> list[str]:
             continue
         for ch in cols:
             r = checks.get(ch)
-            if r is not None and r.status is None and ch not in ("parity", QUALITY):
+            if r is not None and r.status is None and r.counted:
                 notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
     return ["### Details", ""] + notes + [""] if notes else []
 
@@ -176,17 +176,17 @@ def _other_protocol_lines(report: VerifyReport, cols: tuple[str, ...]) -> list[s
     o = report.other_protocol
     if not o:
         return []
-    lines = [f"### Under the plain protocol ({o['protocol']}): findings, not in the verdict", "",
-             f"The file's producer drives it as {o['producer_protocol']}; the verdict above is on that protocol. "
-             f"Here the same checks drive it as {o['protocol']}, as the contract and Optimum-style loops do: "
+    lines = [f"### Under the plain protocol ({o.protocol}): findings, not in the verdict", "",
+             f"The file's producer drives it as {o.producer_protocol}; the verdict above is on that protocol. "
+             f"Here the same checks drive it as {o.protocol}, as the contract and Optimum-style loops do: "
              "a failure says the file is correct only under its producer's protocol.", ""]
-    lines += _table(o["runtimes"], o["results"], cols)
+    lines += _table(o.runtimes, o.results, cols)
     notes = []
-    for rt, info in o["runtimes"].items():
+    for rt, info in o.runtimes.items():
         if info.status != "ran":
             notes.append(f"- **{rt}** {info.status}: {info.reason}")
         for ch in cols:
-            r = o["results"].get(rt, {}).get(ch)
+            r = o.results.get(rt, {}).get(ch)
             if r is not None and r.status is False:
                 notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
     return lines + ([""] + notes if notes else []) + [""]
@@ -237,13 +237,8 @@ def cell(r: CheckResult | None) -> str:
     icon = ICONS[r.status]
     f = r.figures
     if r.status is None:
-        if f.get("reference"):
-            return "ref"
-        if f.get("lossy"):
-            return "n/a (lossy)"
-        if f.get("exact"):
-            return "n/a (exact)"
-        return f"{icon} {'static' if f.get('static') else 'n/a' if f.get('not_applicable') else 'skipped'}"
+        flag = next((k for k in NOT_A_CHECK if f.get(k)), "static" if f.get("static") else None)
+        return _NOT_RUN.get(flag, f"{icon} skipped")
     figure = ""
     if r.check == "parity":
         figure = f"{f['errors']} errors" if f.get("errors") else f"{f.get('max_abs', 0):.1e}"

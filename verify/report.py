@@ -1,190 +1,48 @@
-"""The verify report as data (:class:`VerifyReport`): its verdict, report.json (schema-versioned), loading and
-merging across machines. report.md's text is rendered from it by :mod:`mhaexport.verify.render`."""
+"""The verify report as typed records (:class:`VerifyReport` and the records it holds, on
+:mod:`mhaexport.artifact.record`'s machinery, the manifest's): built in one place (:func:`build_report`), its
+verdict and counts (one definition of a counted check: :meth:`VerifyReport.outcomes`), report.json
+(schema-versioned; read back into the same types, every field typed before anything uses it), loading and merging
+across machines. report.md's text is rendered from it by :mod:`mhaexport.verify.render`, the JUnit file by
+:mod:`mhaexport.verify.junit`."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
-from mhaexport.env import environment
+from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
+from mhaexport.artifact.record import Environment, Record
+from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError
+from mhaexport.runtime.feed import Feed
+from mhaexport.verify.lint import LintReport
 from mhaexport.verify.render import markdown
-from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, CrossResult
+
+if TYPE_CHECKING:
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.verify.compare import Tolerance
 
 KIND, VERSION, READABLE = "verify.report", 2, (1, 2)
 REPORT_SCHEMA = schema.tag(KIND, VERSION)
-
-# ---- reading a report back: every field typed before anything uses it (report merge reads other machines' files)
-
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-               float: "a number", type(None): "null"}
-
-
-class _Field:
-    """Type checks of one report read back: ArtifactError naming ``what`` (the file), the field's path and what it
-    holds instead."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def fail(self, path: str, value: object, expected: str) -> None:
-        shown = repr(value) if isinstance(value, (str, int, float, bool)) else _JSON_TYPES.get(type(value), "?")
-        if len(shown) > 40:
-            shown = shown[:37] + "..."
-        raise ArtifactError(f"{self.what}: field {path} is {shown}, expected {expected}")
-
-    def obj(self, path: str, value: object, optional: bool = False) -> dict:
-        if not isinstance(value, dict) and not (optional and value is None):
-            self.fail(path, value, "an object")
-        return value or {}
-
-    def strs(self, path: str, value: object, optional: bool = False) -> None:
-        if optional and value is None:
-            return
-        if not isinstance(value, list):
-            self.fail(path, value, "an array of strings")
-        for i, v in enumerate(value):
-            if not isinstance(v, str):
-                self.fail(f"{path}[{i}]", v, "a string")
-
-    def is_a(self, path: str, value: object, types: tuple[type, ...], expected: str) -> None:
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            self.fail(path, value, expected)
-
-    def runtimes(self, path: str, value: object) -> None:
-        known = set(RuntimeInfo.__dataclass_fields__)
-        for rt, info in self.obj(path, value).items():
-            where = f"{path}.{rt}"
-            info = self.obj(where, info)
-            extra = sorted(set(info) - known)
-            if extra:
-                self.fail(f"{where}.{extra[0]}", info[extra[0]], f"no such field (fields: {', '.join(known)})")
-            for name in ("name", "status"):
-                if name not in info:
-                    self.fail(f"{where}.{name}", None, "a string (missing)")
-            self.is_a(f"{where}.name", info["name"], (str,), "a string")
-            if info["status"] not in ("ran", "skipped", "error"):
-                self.fail(f"{where}.status", info["status"], '"ran", "skipped" or "error"')
-            for name in ("reason", "host"):
-                self.is_a(f"{where}.{name}", info.get(name, ""), (str,), "a string")
-            for name in ("artifact", "self_tolerance"):
-                self.is_a(f"{where}.{name}", info.get(name), (str, type(None)), "a string or null")
-            self.strs(f"{where}.providers", info.get("providers", []))
-            self.is_a(f"{where}.calls", info.get("calls", 0), (int,), "an integer")
-            self.is_a(f"{where}.seconds", info.get("seconds", 0.0), (int, float), "a number")
-
-    def results(self, path: str, value: object) -> None:
-        for rt, checks in self.obj(path, value).items():
-            for check, r in self.obj(f"{path}.{rt}", checks).items():
-                self.check_result(f"{path}.{rt}.{check}", r)
-
-    def check_result(self, where: str, r: object) -> None:
-        r = self.obj(where, r)
-        if r.get("status", "missing") not in (True, False, None):
-            self.fail(f"{where}.status", r.get("status", "missing"), "true, false or null")
-        self.obj(f"{where}.figures", r.get("figures", {}))
-        self.is_a(f"{where}.message", r.get("message", ""), (str,), "a string")
-
-
-def check_report_fields(data: dict, what: str = "verify report") -> None:
-    """ArtifactError naming ``what`` and the first field of a report.json (already of the right schema) whose type
-    is not what :class:`VerifyReport` holds, before anything reads it."""
-    f = _Field(what)
-    for name in ("model", "sweep", "tolerance", "runtimes", "results"):
-        if name not in data:
-            f.fail(name, None, "an object (missing)")
-    model = f.obj("model", data["model"])
-    for name in ("spec", "fingerprint", "checkpoint"):
-        f.is_a(f"model.{name}", model.get(name), (str, type(None)), "a string or null")
-    for name in ("source", "contract"):
-        f.obj(f"model.{name}", model.get(name), optional=True)
-    f.is_a("folder", data.get("folder"), (str,), "a string")
-    f.obj("sweep", data["sweep"])
-    tol = f.obj("tolerance", data["tolerance"])
-    for name in ("atol", "rtol"):
-        f.is_a(f"tolerance.{name}", tol.get(name), (int, float), "a number")
-    for out, t in f.obj("tolerance.per_output", tol.get("per_output"), optional=True).items():
-        for name in ("atol", "rtol"):
-            f.is_a(f"tolerance.per_output.{out}.{name}", f.obj(f"tolerance.per_output.{out}", t).get(name),
-                   (int, float), "a number")
-    f.runtimes("runtimes", data["runtimes"])
-    f.results("results", data["results"])
-    for name in ("environment", "versions", "artifacts"):
-        f.obj(name, data.get(name, {}))
-    for art, entry in (data.get("artifacts") or {}).items():
-        entry = f.obj(f"artifacts.{art}", entry)
-        f.is_a(f"artifacts.{art}.dtype", entry.get("dtype", ""), (str,), "a string")
-        for name in ("mode", "producer", "protocol", "attention"):
-            f.is_a(f"artifacts.{art}.{name}", entry.get(name), (str, type(None)), "a string or null")
-        f.is_a(f"artifacts.{art}.opset", entry.get("opset"), (int, type(None)), "an integer or null")
-        for name in ("quantization", "static_sizes"):
-            f.obj(f"artifacts.{art}.{name}", entry.get(name), optional=True)
-    f.is_a("created", data.get("created", ""), (str,), "a string")
-    f.is_a("seconds", data.get("seconds", 0.0), (int, float), "a number")
-    f.strs("sources", data.get("sources", []))
-    f.strs("requested", data.get("requested"), optional=True)
-    f.strs("checks", data.get("checks"), optional=True)
-    f.is_a("module", data.get("module"), (str, type(None)), "a string or null")
-    f.is_a("refused", data.get("refused"), (str, type(None)), "a string or null")
-    lint = f.obj("lint", data.get("lint"), optional=True)
-    f.strs("lint.rules", lint.get("rules", []))
-    if not isinstance(lint.get("findings", []), list):
-        f.fail("lint.findings", lint["findings"], "an array")
-    from mhaexport.verify.lint import SEVERITIES
-
-    for i, finding in enumerate(lint.get("findings", [])):
-        where = f"lint.findings[{i}]"
-        finding = f.obj(where, finding)
-        fields = ("severity", "rule", "node", "message", "fix")
-        if extra := sorted(set(finding) - set(fields)):
-            f.fail(f"{where}.{extra[0]}", finding[extra[0]], f"no such field (fields: {', '.join(fields)})")
-        for name in fields:
-            f.is_a(f"{where}.{name}", finding.get(name), (str,), "a string")
-        if finding["severity"] not in SEVERITIES:
-            f.fail(f"{where}.severity", finding["severity"], " or ".join(SEVERITIES))
-    cross = data.get("cross") or []
-    if not isinstance(cross, list):
-        f.fail("cross", cross, "an array")
-    for i, c in enumerate(cross):
-        c = f.obj(f"cross[{i}]", c)
-        for name in ("a", "b", "message"):
-            f.is_a(f"cross[{i}].{name}", c.get(name), (str,), "a string")
-        f.check_result(f"cross[{i}]", c)
-        f.obj(f"cross[{i}].figures", c.get("figures"))
-    other = f.obj("other_protocol", data.get("other_protocol"), optional=True)
-    if other:
-        for name in ("protocol", "producer_protocol"):
-            f.is_a(f"other_protocol.{name}", other.get(name), (str,), "a string")
-        f.runtimes("other_protocol.runtimes", other.get("runtimes"))
-        f.results("other_protocol.results", other.get("results"))
-
-
-def _results_from_dict(data: dict) -> dict[str, dict[str, CheckResult]]:
-    return {rt: {c: CheckResult(c, r["status"], r.get("figures", {}), r.get("message", ""))
-                 for c, r in checks.items()} for rt, checks in data.items()}
-
-
-def _other_from_dict(data: dict | None) -> dict | None:
-    if not data:
-        return None
-    return {**data, "runtimes": {k: RuntimeInfo(**v) for k, v in data["runtimes"].items()},
-            "results": _results_from_dict(data["results"])}
-
 
 # Exit codes of verify (and of every verb that verifies): docs/DESIGN.md "Verdicts"; a refused folder is bad input
 EXIT_PASSED, EXIT_FAILED, EXIT_REFUSED, EXIT_NOT_VERIFIED = 0, 1, 2, 4
 
 
-@dataclass(frozen=True)
-class Verdict:
+@dataclass
+class Verdict(Record):
     """What a report amounts to: ``code`` is the exit code (0 passed, 1 failed, 4 not verified), ``message`` one
     line saying why."""
 
     status: str  # "passed" | "failed" | "not verified" | "refused"
-    code: int
+    code: int = field(metadata={"key": "exit_code"})
     message: str
 
     def __bool__(self) -> bool:
@@ -192,11 +50,11 @@ class Verdict:
 
 
 @dataclass
-class RuntimeInfo:
+class RuntimeInfo(Record):
     """One runtime as verify met it: which providers the session really used, or why it was skipped."""
 
     name: str
-    status: str  # "ran" | "skipped" | "error"
+    status: Literal["ran", "skipped", "error"]
     reason: str = ""
     providers: list[str] = field(default_factory=list)
     artifact: str | None = None
@@ -205,38 +63,194 @@ class RuntimeInfo:
     host: str = ""
     self_tolerance: str | None = None  # a lossy artifact's tolerance for comparing it with itself (verify/quality)
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+    WRITE_NONE = ("artifact", "self_tolerance")
 
 
 @dataclass
-class VerifyReport:
-    """Status and figures per runtime x check, plus what was verified, where, and with which tolerances."""
+class ReportModel(Record):
+    """The model verified: the manifest's model record as it was written (its ``config``, hashes, ... kept as read);
+    ``spec`` None for a folder refused before it was read."""
 
-    model: dict
-    folder: str
-    sweep: dict
-    tolerance: dict
+    spec: str | None = None
+    contract: dict[str, Any] | None = None
+    source: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    fingerprint: str | None = None
+
+    WRITE_NONE = ("spec",)
+
+
+@dataclass
+class Shape(Record):
+    """One case of the sweep (``verify.sweep.Case.to_dict``)."""
+
+    batch: int
+    seq: int
+    past: int
+    pad: list[int] = field(default_factory=list)
+    seed: int = 0
+    name: str | None = None
+
+
+@dataclass
+class Sizes(Record):
+    seq: int
+    past: int
+
+
+@dataclass
+class SweepInfo(Record):
+    """The sweep the checks ran over: its kind and seed, its shapes, the sizes the export was traced at, and the
+    generation check's tokens (the decoder's)."""
+
+    kind: str | None = None
+    seed: int | None = None
+    cases: int | None = None
+    shapes: list[Shape] | None = None
+    export_sizes: Sizes | None = None
+    generation_tokens: int | None = None
+
+
+@dataclass
+class Bounds(Record):
+    atol: float
+    rtol: float
+
+
+@dataclass
+class RuntimeTolerance(Record):
+    dtype: str | None = None
+    describe: str | None = None
+
+
+@dataclass
+class ToleranceInfo(Record):
+    """The tolerance the checks held the artifacts to: the default, per output kind, per runtime (its dtype's)."""
+
+    atol: float
+    rtol: float
+    dtype: str | None = None
+    per_output: dict[str, Bounds] | None = None
+    overridden: bool | None = None
+    per_runtime: dict[str, RuntimeTolerance] | None = None
+
+
+@dataclass
+class ArtifactInfo(Record):
+    """What the report says of one artifact: its manifest entry's format, file, dtype and axes, and the details that
+    say how it was made (opset, TorchScript mode, attention, cache, an adopted file's producer and protocol, the
+    block's mask and weights, its quantization)."""
+
+    format: str | None = None
+    file: str | None = None
+    dtype: str = "float32"
+    seq_dynamic: bool = True
+    static_sizes: dict[str, Any] | None = None
+    opset: int | None = None
+    mode: str | None = None
+    compile_seconds: float | None = None
+    attention: str | None = None
+    kv_cache: str | None = None
+    producer: str | None = None
+    protocol: str | None = None
+    quantization: Quantization | None = None
+    module: str | None = None
+    mask: str | None = None
+    weights: str | None = None
+
+    WRITE_NONE = ("static_sizes",)
+
+    @classmethod
+    def of(cls, entry) -> ArtifactInfo:
+        """The report's view of a manifest entry (:class:`mhaexport.artifact.manifest.ArtifactEntry`)."""
+        d: Details = entry.details
+        onnx = d if isinstance(d, OnnxDetails) else None
+        q = onnx.quantization if onnx else None
+        shown = Quantization(**{k: getattr(q, k) for k in _QUANT_SHOWN}) if q else None
+        return cls(format=entry.format, file=entry.file, dtype=entry.dtype, seq_dynamic=entry.seq_dynamic,
+                   static_sizes=entry.static_sizes, opset=onnx and onnx.opset or None,
+                   mode=(d.mode if isinstance(d, TorchScriptDetails) else None) or None,
+                   compile_seconds=getattr(d, "compile_seconds", None) or None,
+                   attention=onnx and onnx.attention or None, kv_cache=d.cache.kind or None,
+                   producer=onnx and onnx.producer or None,
+                   protocol=onnx and onnx.layout and Feed.of(entry).protocol or None, quantization=shown,
+                   module=d.module or None, mask=d.mask or None, weights=d.weights or None)
+
+
+# the part of a quantization record the report shows
+_QUANT_SHOWN = ("weights", "label", "block_size", "symmetric", "accuracy_level", "keep_float", "int8_blocks",
+                "lm_head", "weights_read", "source")
+
+
+@dataclass
+class OtherProtocol(Record):
+    """An adopted file whose producer drives it in another protocol, driven in the plain one too: findings, never in
+    the verdict, the counts or the main table."""
+
+    protocol: str
+    producer_protocol: str
     runtimes: dict[str, RuntimeInfo]
     results: dict[str, dict[str, CheckResult]]
-    environment: dict = field(default_factory=environment)
-    versions: dict = field(default_factory=dict)
-    artifacts: dict = field(default_factory=dict)
-    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    def __post_init__(self) -> None:
+        _name_results(self.results)
+
+
+def _name_results(results: dict[str, dict[str, CheckResult]]) -> None:
+    """Each result read back knows its check: the key it sits under."""
+    for checks in results.values():
+        for name, r in checks.items():
+            r.check = r.check or name
+
+
+def here(**more: Any) -> Environment:
+    """This machine, now (:func:`mhaexport.env.environment`), with a verb's own keys (``more``)."""
+    return Environment.from_dict({**environment(), **more}, "environment")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class VerifyReport(Record):
+    """Status and figures per runtime x check, plus what was verified, where, and with which tolerances."""
+
+    model: ReportModel
+    folder: str
+    sweep: SweepInfo
+    tolerance: ToleranceInfo
+    runtimes: dict[str, RuntimeInfo]
+    results: dict[str, dict[str, CheckResult]]
+    environment: Environment = field(default_factory=lambda: here())
+    versions: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, ArtifactInfo] = field(default_factory=dict)
+    created: str = field(default_factory=_now)
     seconds: float = 0.0
     sources: list[str] = field(default_factory=list)  # merged reports: where each came from
     requested: list[str] | None = None  # the runtimes asked for by name; None: the defaults
-    checks: list[str] = field(default_factory=lambda: list(CHECKS))
-    lint: dict | None = None  # LintReport.to_dict() of the ONNX artifact (verify lints it first); None: no ONNX
-    cross: list[dict] = field(default_factory=list)  # provider vs provider (ort-cuda vs ort-cpu), when both ran
+    checks: list[str] = field(default_factory=list)  # the checks run (empty: every check of its kind)
+    lint: LintReport | None = None  # the ONNX artifact's lint (verify lints it first); None: no ONNX
+    cross: list[CrossResult] = field(default_factory=list)  # provider vs provider (ort-cuda vs ort-cpu), both ran
     module: str | None = None  # "attention": the block on its own (--module attention); None: a decoder
-    # an adopted file whose producer drives it in another protocol, driven in the plain one too: {"protocol",
-    # "producer_protocol", "runtimes": {name: RuntimeInfo}, "results": {name: {check: CheckResult}}}. Findings:
-    # never in the verdict, the counts or the main table
-    other_protocol: dict | None = None
+    other_protocol: OtherProtocol | None = None
     # why the folder was refused before any check ran (a hash that does not match the manifest, a name leaving the
     # folder, ...): the verdict is "refused", exit 2, and the report says why (CI has a report to show)
     refused: str | None = None
+
+    # written, never read back: the verdict and counts follow from the records
+    DERIVED = ("schema", "passed", "verdict", "counts")
+    WRITE_NONE = ("requested", "module", "lint", "refused", "other_protocol")
+    KEY_ORDER = ("schema", "created", "passed", "verdict", "counts", "requested", "checks", "module", "lint", "cross",
+                 "environment", "versions", "model", "folder", "artifacts", "sweep", "tolerance", "seconds",
+                 "sources", "runtimes", "results", "refused", "other_protocol")
+
+    schema = REPORT_SCHEMA
+
+    def __post_init__(self) -> None:
+        if not self.checks:
+            self.checks = list(MODULE_CHECKS if self.module else CHECKS)
+        _name_results(self.results)
 
     @property
     def all_checks(self) -> tuple[str, ...]:
@@ -245,23 +259,37 @@ class VerifyReport:
             return MODULE_CHECKS
         return tuple(c for c in ALL_CHECKS if c in CHECKS or c in self.checks)  # quality: when it ran (lossy)
 
+    def outcomes(self) -> list[tuple[str, CheckResult]]:
+        """Every counted check, once: (row, result) with status True passed, False failed, None skipped — what the
+        counts, the verdict, the summary line, report.md and the JUnit file all count. In order: lint's errors (row
+        "lint"); per runtime, each check that ran and is a check (:attr:`CheckResult.counted`: eager's parity
+        against itself is none), or, for a runtime that did not run, each check asked for, skipped with its reason
+        (one that could not load its artifact first fails "load"); then provider against provider (row "a~b").
+        The plain protocol's findings are not counted; a refused folder has none."""
+        if self.refused is not None:
+            return []
+        out = [("lint", CheckResult(f.rule, False, {}, f"{f.node}: {f.message}"))
+               for f in (self.lint.errors if self.lint else [])]
+        asked = [c for c in self.all_checks if c in self.checks]
+        for rt, info in self.runtimes.items():
+            if info.status == "ran":
+                out += [(rt, r) for r in self.results.get(rt, {}).values() if r.counted]
+                continue
+            if info.status == "error":
+                out.append((rt, CheckResult("load", False, {}, info.reason)))
+            why = f"{rt} skipped: {info.reason}" if info.status == "skipped" else f"not run: {rt} could not load"
+            out += [(rt, CheckResult(c, None, {}, why)) for c in asked]
+        return out + [(c.row, c.as_check()) for c in self.cross]
+
     @property
     def counts(self) -> dict[str, int]:
-        """Checks passed / failed / skipped; a runtime that could not load its artifact counts as one failure."""
-        flat = [r.status for checks in self.results.values() for r in checks.values()]
-        errors = sum(1 for info in self.runtimes.values() if info.status == "error")
-        return {"passed": flat.count(True), "failed": flat.count(False) + errors, "skipped": flat.count(None)}
+        """Counted checks (:meth:`outcomes`) passed / failed / skipped."""
+        flat = [r.status for _, r in self.outcomes()]
+        return {"passed": flat.count(True), "failed": flat.count(False), "skipped": flat.count(None)}
 
     def failures(self) -> list[tuple[str, CheckResult]]:
-        """(runtime, failed check) pairs; a runtime that could not load its artifact is one ("load", reason)."""
-        out = [(rt, CheckResult("load", False, {}, info.reason)) for rt, info in self.runtimes.items()
-               if info.status == "error"]
-        lint = [("lint", CheckResult(f["rule"], False, {}, f"{f['node']}: {f['message']}"))
-                for f in (self.lint or {}).get("findings", []) if f["severity"] == "error"]
-        cross = [(f"{c['a']}~{c['b']}", CheckResult("cross-provider", False, c["figures"], c["message"]))
-                 for c in self.cross if c["status"] is False]
-        return lint + out + [(rt, r) for rt, checks in self.results.items() for r in checks.values()
-                             if r.status is False] + cross
+        """The failed outcomes: (row, check) pairs (a runtime that could not load its artifact: its "load")."""
+        return [(row, r) for row, r in self.outcomes() if r.status is False]
 
     @property
     def verdict(self) -> Verdict:
@@ -294,8 +322,8 @@ class VerifyReport:
         c = self.counts
         off = [rt for rt, info in self.runtimes.items() if info.status == "skipped"]
         also = f"; runtime(s) skipped: {', '.join(off)}" if off else ""
-        return Verdict("passed", EXIT_PASSED,
-                       f"{c['passed']} passed, {c['skipped']} skipped{also} (skipped is not passed)")
+        skipped = f", {c['skipped']} skipped" if c["skipped"] else ""
+        return Verdict("passed", EXIT_PASSED, f"{c['passed']} passed{skipped}{also}")
 
     @property
     def passed(self) -> bool:
@@ -323,39 +351,15 @@ class VerifyReport:
         return f"report-{part}"
 
     # --- JSON ----------------------------------------------------------------------------------------------
-    def to_dict(self) -> dict:
-        v = self.verdict
-        return {
-            "schema": REPORT_SCHEMA, "created": self.created, "passed": self.passed,
-            "verdict": {"status": v.status, "exit_code": v.code, "message": v.message}, "counts": self.counts,
-            "requested": self.requested, "checks": self.checks, "module": self.module, "lint": self.lint,
-            "cross": self.cross,
-            "environment": self.environment, "versions": self.versions, "model": self.model,
-            "folder": self.folder, "artifacts": self.artifacts, "sweep": self.sweep, "tolerance": self.tolerance,
-            "seconds": round(self.seconds, 2), "sources": self.sources,
-            "runtimes": {k: v.to_dict() for k, v in self.runtimes.items()},
-            "results": {rt: {c: r.to_dict() for c, r in checks.items()} for rt, checks in self.results.items()},
-            "refused": self.refused,
-            "other_protocol": None if self.other_protocol is None else {
-                **self.other_protocol, "runtimes": {k: v.to_dict() for k, v in self.other_protocol["runtimes"].items()},
-                "results": {rt: {c: r.to_dict() for c, r in checks.items()}
-                            for rt, checks in self.other_protocol["results"].items()}},
-        }
-
     @classmethod
     def from_dict(cls, data: dict, what: str = "verify report") -> VerifyReport:
+        """A report.json read back (schema /1 or /2): ArtifactError naming ``what`` and the first field whose type
+        is not what the records hold, before anything reads it."""
         schema.version_of(data, KIND, READABLE, what)
-        check_report_fields(data, what)
-        return cls(
-            model=data["model"], folder=data["folder"], sweep=data["sweep"], tolerance=data["tolerance"],
-            runtimes={k: RuntimeInfo(**v) for k, v in data["runtimes"].items()},
-            results=_results_from_dict(data["results"]),
-            environment=data.get("environment", {}), versions=data.get("versions", {}),
-            artifacts=data.get("artifacts", {}), created=data.get("created", ""),
-            seconds=data.get("seconds", 0.0), sources=data.get("sources", []), requested=data.get("requested"),
-            checks=data.get("checks") or list(MODULE_CHECKS if data.get("module") else CHECKS), lint=data.get("lint"),
-            cross=data.get("cross") or [], module=data.get("module"),
-            other_protocol=_other_from_dict(data.get("other_protocol")), refused=data.get("refused"))
+        try:
+            return super().from_dict(data, "")
+        except ArtifactError as e:
+            raise ArtifactError(f"{what}: field {e}") from None
 
     def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
         """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
@@ -381,9 +385,38 @@ def refused_report(folder: str | Path, reason: str, requested: list[str] | None 
                    seed: int = 0) -> VerifyReport:
     """The report of a folder refused before any check ran (``reason``: the refusal's one line): verdict "refused",
     exit 2, no runtime run; written like any report so CI shows why."""
-    return VerifyReport(model={"spec": None}, folder=str(folder), sweep={"name": sweep, "seed": seed},
-                        tolerance={"atol": 0.0, "rtol": 0.0}, runtimes={}, results={}, requested=requested,
+    return VerifyReport(model=ReportModel(), folder=str(folder), sweep=SweepInfo(kind=sweep, seed=seed),
+                        tolerance=ToleranceInfo(0.0, 0.0), runtimes={}, results={}, requested=requested,
                         refused=reason)
+
+
+def build_report(ef: ExportFolder, *, sweep: str, seed: int, cases: list, tol: Tolerance, atol, rtol,
+                 runners: list, infos: dict[str, RuntimeInfo], results: dict[str, dict[str, CheckResult]],
+                 checks: tuple[str, ...], requested: tuple[str, ...] | None, threads: int | None, started: float,
+                 export_sizes: tuple[int, int], dtype: str = "float32", generation_tokens: int | None = None,
+                 module: str | None = None, lint: LintReport | None = None, cross: list[CrossResult] = (),
+                 other: OtherProtocol | None = None) -> VerifyReport:
+    """The report of one verify run, the decoder's and the attention block's alike (``module``): the folder's model
+    and artifacts (:meth:`ArtifactInfo.of`), the sweep (``cases`` at ``seed``), the tolerance ``tol`` (``atol``/
+    ``rtol`` as given; each runner's own for its dtype), what each runtime did (``infos``, ``results``), the lint,
+    provider against provider and the plain protocol's findings; ``started``: ``time.perf_counter()`` at the start."""
+    from mhaexport.verify.compare import Tolerance
+
+    return VerifyReport(
+        model=ReportModel.from_dict(ef.model.to_dict(), "model"), folder=str(ef.path), module=module,
+        sweep=SweepInfo(kind=sweep, seed=seed, cases=len(cases),
+                        shapes=[Shape.from_dict(cs.to_dict(), "shape") for cs in cases],
+                        export_sizes=Sizes(*export_sizes), generation_tokens=generation_tokens),
+        tolerance=ToleranceInfo(tol.atol, tol.rtol, dtype=dtype,
+                                per_output={k: Bounds(a, r) for k, a, r in tol.per_output},
+                                overridden=atol is not None or rtol is not None,
+                                per_runtime={r.name: RuntimeTolerance(r.dtype, Tolerance.for_dtype(
+                                    r.dtype, atol, rtol).describe()) for r in runners}),
+        runtimes=infos, results=results, versions=tool_versions(),
+        artifacts={k: ArtifactInfo.of(v) for k, v in ef.artifacts.items()},
+        requested=list(requested) if requested else None, checks=list(checks), lint=lint, cross=list(cross),
+        other_protocol=other, environment=here(torch_threads=threads),
+        seconds=round(time.perf_counter() - started, 2))
 
 
 def load_report(path: str | Path) -> VerifyReport:
@@ -404,11 +437,11 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
         if r.refused is not None:
             raise ArtifactError(f"report merge: the report of {r.folder} verified nothing (the folder was refused: "
                                 f"{r.refused})")
-    fps = {r.model.get("fingerprint") or r.model.get("spec") for r in reports}
+    fps = {r.model.fingerprint or r.model.spec for r in reports}
     if len(fps) > 1:
-        specs = ", ".join(sorted({str(r.model.get("spec")) for r in reports}))
+        specs = ", ".join(sorted({str(r.model.spec) for r in reports}))
         raise ArtifactError(f"report merge: the reports verify different models ({specs})")
-    names = list(names or [r.environment.get("host", f"report{i}") for i, r in enumerate(reports)])
+    names = list(names or [r.environment.host or f"report{i}" for i, r in enumerate(reports)])
     for i, name in enumerate(names):  # two reports from one host must not overwrite each other's rows
         if names[:i].count(name):
             names[i] = f"{name}#{names[:i].count(name) + 1}"
@@ -420,15 +453,15 @@ def merge_reports(reports: list[VerifyReport], names: list[str] | None = None) -
             if info.status == "skipped" and rt in ran_somewhere:
                 continue
             key = f"{rt}@{host}"
-            runtimes[key] = RuntimeInfo(**{**info.to_dict(), "host": host})
+            runtimes[key] = dataclasses.replace(info, host=host)
             results[key] = r.results.get(rt, {})
     first = reports[0]
     every = MODULE_CHECKS if first.module else ALL_CHECKS
     checks = [c for c in every if any(c in r.checks for r in reports)]
     merged = VerifyReport(model=first.model, folder=first.folder, sweep=first.sweep, tolerance=first.tolerance,
                           module=first.module, checks=checks,
-                          runtimes=runtimes, results=results, environment=environment(), versions=first.versions,
-                          artifacts=first.artifacts, seconds=sum(r.seconds for r in reports),
-                          sources=[f"{n}: {r.environment.get('platform', '?')} ({r.created})"
+                          runtimes=runtimes, results=results, versions=first.versions,
+                          artifacts=first.artifacts, seconds=round(sum(r.seconds for r in reports), 2),
+                          sources=[f"{n}: {r.environment.platform or '?'} ({r.created})"
                                    for n, r in zip(names, reports)])
     return merged

@@ -13,6 +13,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from mhaexport.artifact.details import Quantization
+from mhaexport.artifact.record import Record
 from mhaexport.errors import MhaExportError
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.runner import Outputs, Runner
@@ -33,20 +34,55 @@ GENAI_CONFIG_CHECK = "genai-config"
 ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS, GENAI_CONFIG_CHECK)
 
 
-@dataclass
-class CheckResult:
-    """One check on one runtime. status: True passed, False failed, None not run (skipped, with the reason)."""
+# Figures that mark a result as no check at all (CheckResult.counted): the reference against itself, a check that
+# does not apply to this runtime by design (exact parity of a lossy artifact, quality or weights of an exact one,
+# causality of a bidirectional block, what onnxruntime-genai's own loop cannot be fed)
+NOT_A_CHECK = ("reference", "lossy", "exact", "not_applicable")
 
-    check: str
-    status: bool | None
-    figures: dict = field(default_factory=dict)
+
+@dataclass
+class CheckResult(Record):
+    """One check on one runtime. status: True passed, False failed, None not run (skipped, with the reason).
+    In report.json ``{"status", "figures", "message"}`` under the check's name (``check`` is that key)."""
+
+    check: str = field(default="", metadata={"json": False})
+    status: bool | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
     message: str = ""
+
+    REQUIRED = ("status",)
+    WRITE_NONE = ("status",)
 
     def __bool__(self) -> bool:
         return self.status is True
 
-    def to_dict(self) -> dict:
-        return {"status": self.status, "figures": self.figures, "message": self.message}
+    @property
+    def counted(self) -> bool:
+        """Whether this result is a check the counts, the verdict, report.md and JUnit count (passed, failed or
+        skipped): every result but the reference against itself and a check that does not apply by design
+        (:data:`NOT_A_CHECK`; shown "ref" / "n/a", counted nowhere)."""
+        return self.status is not None or not any(self.figures.get(k) for k in NOT_A_CHECK)
+
+
+@dataclass
+class CrossResult(Record):
+    """Provider against provider (``a`` vs ``b``, e.g. ort-cuda vs ort-cpu) over the sweep: report.json's
+    ``cross``; counted as the check ``cross-provider`` of the row ``a~b``."""
+
+    a: str
+    b: str
+    status: bool | None
+    figures: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+    WRITE_NONE = ("status",)
+
+    @property
+    def row(self) -> str:
+        return f"{self.a}~{self.b}"
+
+    def as_check(self) -> CheckResult:
+        return CheckResult("cross-provider", self.status, self.figures, self.message)
 
 
 @dataclass(kw_only=True)

@@ -19,8 +19,7 @@ from mhaexport.artifact.trust import AOTI, PT2
 from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ProviderUnavailable
 from mhaexport.iospec import ModelContract
-from mhaexport.runtime.foreign import Layout
-from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
+from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner, skipped
 from mhaexport.runtime.session import CUDA, SessionConfig
 
@@ -42,7 +41,7 @@ REFERENCE_RUNTIMES = (EAGER, TORCH_MHA)  # references: running them alone verifi
 
 __all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
            "ORT_CUDA", "ORT_GENAI", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",
-           "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "ort_runner", "session_config",
+           "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "session_config",
            "skipped"]
 
 
@@ -180,18 +179,3 @@ def session_config(name: str, *, threads: int | None = None, provider: str | Non
     provider = provider or (CUDA if name == ORT_CUDA else "cpu")
     return SessionConfig(providers=(provider,), threads=threads, strict_providers=True, log_severity=log_severity)
 
-
-def ort_runner(name: str, contract: ModelContract, path: str | Path, *, dtype: str = "float32",
-               fixed: tuple[int, int] | None = None, threads: int | None = None,
-               max_cache: int | None = None, layout: Layout | None = None, provider: str | None = None,
-               log_severity: int = 3) -> OrtRunner:
-    """verify's ort-cpu / ort-cuda: the deploy runtime's OrtRunner on one provider (strict: a fallback to CPU
-    makes ort-cuda skipped, never passed). ``max_cache``: the export's cache is one shared buffer of that many
-    slots — the runner translates the contract's calls into its protocol (every call, decoding included).
-    ``layout``: an adopted file's names for the contract's I/O. ``provider``: default from the name.
-    ``log_severity``: ONNX Runtime's log level (4: not even its errors, which the checks report themselves)."""
-    cfg = session_config(name, threads=threads, provider=provider, log_severity=log_severity)
-    if max_cache is not None:
-        return SharedCacheOrtRunner(name, contract, path, dtype=dtype, config=cfg, max_cache=max_cache,
-                                    contract_steps=True, layout=layout)
-    return OrtRunner(name, contract, path, dtype=dtype, fixed=fixed, config=cfg, layout=layout)

@@ -12,33 +12,28 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport import iospec
-from mhaexport.artifact import TWO_GB, ExportFolder
-from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
-from mhaexport.env import environment, tool_versions
+from mhaexport.artifact import ExportFolder
+from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError, ConfigError
-from mhaexport.runtime.foreign import layout_of
-from mhaexport.runtime.choose import ort_runner_for
+from mhaexport.runtime.choose import feed_of, ort_runner_for
+from mhaexport.runtime.feed import Feed
 from mhaexport.verify.external_data import check_external_data
-from mhaexport.runtime.session import CUDA
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
 from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_runner, genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
-from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.registry import runner_for
+from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, EAGER_CUDA, MODULE_RUNTIMES,
-                                      ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI, TORCHSCRIPT,
-                                      EagerRunner, OnnxReferenceRunner, Runner, TorchScriptRunner, ort_runner,
-                                      session_config, skipped)
-from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner, present_code_runtimes, refuse_untrusted
+from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
+                                      ORT_GENAI, Runner, session_config)
+from mhaexport.verify.pt2 import present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 Progress = Callable[[str], None]
-# The ONNX reference evaluator is pure Python: only models up to this many parameters (embedding included).
-REFERENCE_MAX_PARAMS = 2_000_000
 # Models up to this max_positions (and ONE_THREAD_MAX_PARAMS) decode their whole context token by token in the
 # long-context kv-consistency check; larger ones decode after prefills spread out to max_positions - 2.
 LONG_FULL_MAX_POSITIONS = 512
@@ -54,66 +49,30 @@ def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
 
 
 def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_code: bool = False) -> list[Runner]:
-    """Eager first, then one runner per requested runtime; a runtime whose artifact is absent is skipped with why."""
+    """Eager first, then one runner per requested runtime (the registry's, verify/registry.py); a runtime whose
+    artifact is absent is skipped with why. onnxruntime-genai's loop is built after the others (genai_runtime.py)."""
     c = loaded.contract
-    runners: list[Runner] = [EagerRunner(EAGER, c, loaded.module)]
-    n_params = loaded.n_params
+    runners: list[Runner] = [runner_for(ef, EAGER, c, eager=loaded.module)]
     for rt in runtimes:
-        if rt in (EAGER, ORT_GENAI):  # onnxruntime-genai's loop: verify/genai_runtime.py, after the others
-            continue
-        if rt == EAGER_CUDA:
-            runners.append(EagerRunner(EAGER_CUDA, c, loaded.module, device="cuda"))
-        else:
-            runners.append(artifact_runner(ef, rt, c, n_params=n_params, trust_code=trust_code))
+        if rt not in (EAGER, ORT_GENAI):
+            runners.append(runner_for(ef, rt, c, eager=loaded.module, n_params=loaded.n_params,
+                                      trust_code=trust_code))
     return runners
 
 
-def artifact_runner(ef: ExportFolder, rt: str, c, n_params: int | None = None, trust_code: bool = False) -> Runner:
-    """The runner of an exported artifact for runtime ``rt`` (torchscript, ort-cpu, ort-cuda, onnx-reference), as
-    the folder's manifest says to drive it (a shared cache, an adopted file's layout); skipped with why where the
-    artifact is absent or the reference evaluator cannot take it (an adopted file, past 2 GB, past
-    ``REFERENCE_MAX_PARAMS`` when ``n_params`` is known). verify and eval build their runners here."""
-    onnx = ef.artifacts.get("onnx")
-    if rt in CODE_RUNTIMES:  # torch.export / AOTInductor: code, loaded only on trust (verify/pt2.py)
-        return code_runner(ef, rt, c, trust_code=trust_code)
-    if rt == TORCHSCRIPT:
-        if not ef.has(TORCHSCRIPT):
-            return skipped(rt, c, f"no TorchScript export in {ef.path}")
-        return TorchScriptRunner(rt, c, ef.file(TORCHSCRIPT))
-    if onnx is None:
-        return skipped(rt, c, f"no ONNX export in {ef.path}")
-    layout = layout_of(onnx)
-    if rt == ONNX_REFERENCE:
-        if layout is not None:
-            return skipped(rt, c, f"an adopted {layout.producer} file: the reference evaluator feeds the contract's "
-                                  "names and runs no com.microsoft op")
-        size = sum(int(f["bytes"]) for f in onnx.files.values())
-        if size > TWO_GB:
-            return skipped(rt, c, f"the ONNX export holds {size / 1e9:.2f} GB with its external data; the "
-                                  "pure-Python reference evaluator would load every weight into protobuf and numpy "
-                                  f"(it is for models up to {REFERENCE_MAX_PARAMS:,} parameters)")
-        if n_params is not None and n_params > REFERENCE_MAX_PARAMS:
-            return skipped(rt, c, f"model has {n_params:,} parameters; the pure-Python reference evaluator runs "
-                                  f"models up to {REFERENCE_MAX_PARAMS:,}")
-        return OnnxReferenceRunner(rt, c, ef.file("onnx"), dtype=onnx.dtype, fixed=onnx.fixed_sizes)
-    # the Generator's choice of runner, on verify's strict session, driven by contract calls
-    return ort_runner_for(ef, rt, session_config(rt), contract=c, contract_steps=True)
-
-
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
-PLAIN_PROTOCOL = "concat cache, left padding"
+PLAIN_PROTOCOL = Feed.contract(0).protocol  # "concat cache, left padding"
 
 
 def other_protocol_runners(ef: ExportFolder, contract, runtimes: tuple[str, ...]) -> list[Runner]:
     """For an adopted file whose producer drives it in another protocol than the plain one (a shared buffer, right
     padding: onnxruntime-genai's builder), one runner per ONNX Runtime provider asked for that drives it in the
     plain protocol, named ``ort-cpu:plain``: its results are findings, reported apart and not in the verdict."""
-    onnx = ef.artifacts.get("onnx")
-    layout = layout_of(onnx)
-    if layout is None or (layout.kv_cache == "concat" and layout.padding == "left"):
+    feed = feed_of(ef, contract) if ef.has("onnx") else None
+    if feed is None or not feed.adopted or feed.protocol == PLAIN_PROTOCOL:
         return []
-    return [ort_runner(f"{rt}:plain", contract, ef.file("onnx"), dtype=onnx.dtype, layout=layout,
-                       provider=CUDA if rt == ORT_CUDA else "cpu", log_severity=4)  # its failures are the findings
+    return [ort_runner_for(ef, f"{rt}:plain", session_config(rt, log_severity=4),  # its failures are the findings
+                           contract=contract, feed=feed.plain())
             for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
 
 
@@ -234,13 +193,12 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
         infos, results = run_all(runners, ctx, checks, say, lossy=lossy)
         other = None
         if plain:
-            say(f"the file's producer drives it as {layout_of(arts['onnx']).protocol}; now also as "
+            say(f"the file's producer drives it as {feed_of(ef, c).protocol}; now also as "
                 f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
             p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
-            other = {"protocol": PLAIN_PROTOCOL, "producer_protocol": layout_of(arts["onnx"]).protocol,
-                     "runtimes": p_infos, "results": p_results}
+            other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
-            ours = artifact_runner(ef, ORT_CPU, c) if ef.has("onnx") else None
+            ours = runner_for(ef, ORT_CPU, c) if ef.has("onnx") else None
             g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos)], ctx, checks, say,
                                          funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
             infos.update(g_infos)
@@ -248,38 +206,10 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
-    return VerifyReport(
-        model=ef.model.to_dict(), folder=str(ef.path),
-        sweep={"kind": sweep, "seed": seed, "cases": len(cases), "shapes": [cs.to_dict() for cs in cases],
-               "export_sizes": {"seq": ctx.export_sizes[0], "past": ctx.export_sizes[1]},
-               "generation_tokens": ctx.gen_tokens},
-        tolerance={"atol": tol.atol, "rtol": tol.rtol, "dtype": dtype,
-                   "per_output": {k: {"atol": a, "rtol": r} for k, a, r in tol.per_output},
-                   "overridden": atol is not None or rtol is not None,
-                   "per_runtime": {r.name: {"dtype": r.dtype, "describe": Tolerance.for_dtype(r.dtype, atol,
-                                                                                         rtol).describe()}
-                                   for r in runners}},
-        runtimes=infos, results=results, versions=tool_versions(),
-        artifacts={k: {"format": v.format, "file": v.file, "dtype": v.dtype, "seq_dynamic": v.seq_dynamic,
-                       "static_sizes": v.static_sizes,
-                       **_report_details(v.details)}
-                   for k, v in arts.items()},
-        requested=list(runtimes) if runtimes else None, checks=list(checks),
-        lint=lint.to_dict() if lint is not None else None, cross=cross, other_protocol=other,
-        environment={**environment(), "torch_threads": threads}, seconds=time.perf_counter() - started)
-
-
-def _report_details(d: Details) -> dict:
-    """The details of an artifact the report shows: how it was made, an adopted file's protocol, its quantization."""
-    onnx = d if isinstance(d, OnnxDetails) else None
-    shown = {"opset": onnx and onnx.opset, "mode": isinstance(d, TorchScriptDetails) and d.mode,
-             "compile_seconds": getattr(d, "compile_seconds", None),
-             "attention": onnx and onnx.attention, "kv_cache": d.cache.kind, "producer": onnx and onnx.producer,
-             "protocol": onnx and onnx.layout and onnx.layout.protocol}
-    out = {k: v for k, v in shown.items() if v}
-    if onnx and onnx.quantization:
-        out["quantization"] = _quant_summary(onnx.quantization)
-    return out
+    return build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
+                        infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
+                        started=started, export_sizes=ctx.export_sizes, dtype=dtype,
+                        generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other)
 
 
 def _linear_weights(module) -> dict[str, object]:
@@ -287,10 +217,3 @@ def _linear_weights(module) -> dict[str, object]:
     against when its recipe cannot be re-run (embeddings included: a tied head quantizes the embedding table)."""
     return {name: p.detach().float().cpu().numpy() for name, p in module.named_parameters() if p.dim() == 2}
 
-
-def _quant_summary(q: Quantization) -> dict:
-    """The part of a quantization record the report shows."""
-    keys = ("weights", "label", "block_size", "symmetric", "accuracy_level", "keep_float", "int8_blocks", "lm_head",
-            "weights_read", "source")
-    d = q.to_dict()
-    return {k: d[k] for k in keys if k in d}

@@ -10,7 +10,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from mhaexport.graph import name_scopes
-from mhaexport.verify.bisect import _module_paths
+from mhaexport.diagnose.bisect import _module_paths
 
 
 def _own(proto: onnx.ModelProto, module: str, op_type: str, nth: int = 0) -> onnx.NodeProto:

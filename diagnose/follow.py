@@ -47,7 +47,7 @@ class FollowReport:
 class BisectRun:
     """What ``verify --bisect`` found (:func:`mhaexport.api.bisect`): the failed check it followed (``followed``;
     None when there was none to follow) and bisect's module-by-module comparison (``report``, a
-    :class:`~mhaexport.verify.bisect.BisectReport`; None when the followed check's own bisect found the difference).
+    :class:`~mhaexport.diagnose.bisect.BisectReport`; None when the followed check's own bisect found the difference).
     True when neither found one."""
 
     followed: FollowReport | None
@@ -102,7 +102,7 @@ def follow_weights(folder, runtime: str, result) -> FollowReport:
     import onnx
 
     from mhaexport.artifact import opened
-    from mhaexport.verify.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
+    from mhaexport.diagnose.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
     from mhaexport.graph import name_scopes
 
     first = str(result.figures.get("first_difference") or result.message)
@@ -136,11 +136,11 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
     from mhaexport.artifact import opened
     from mhaexport.models.loading import check_same_model, load_recorded
     from mhaexport.runtime.decode import DecodeLoop, pad_prompts
-    from mhaexport.verify.attention_steps import relative_error
-    from mhaexport.verify.bisect import _quantization, quantized_tolerance
+    from mhaexport.diagnose.attention_steps import relative_error
+    from mhaexport.diagnose.bisect import _quantization, quantized_tolerance
     from mhaexport.verify.checks import _ragged_prompts
     from mhaexport.verify.runners import ORT_CPU
-    from mhaexport.verify.verify import artifact_runner
+    from mhaexport.verify.registry import runner_for
 
     with opened(folder, "onnx") as ef:
         if loaded is None:
@@ -152,7 +152,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
         if tol is None:
             quant = _quantization(entry)
             tol = quantized_tolerance(quant)[0] if quant else (1e-2 if entry.dtype != "float32" else 1e-3)
-        runner = artifact_runner(ef, ORT_CPU, c)
+        runner = runner_for(ef, ORT_CPU, c)
         runner.activate()
         twin = runner.deploy_runner() or runner
         twin.activate()

@@ -15,9 +15,9 @@ from pathlib import Path
 from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.runner import Runner
+from mhaexport.verify.registry import runner_for
 from mhaexport.verify.quality import TextScore, score_text, windows
-from mhaexport.verify.runners import (ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT,
-                                      EagerRunner)
+from mhaexport.verify.runners import ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 
@@ -74,17 +74,15 @@ class EvalReport:
 
 def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
     """The runner for ``name`` on ``ef``'s artifacts (the eager model rebuilt from the manifest once)."""
-    from mhaexport.verify.verify import artifact_runner
-
     c = ef.contract
     if name in (EAGER, EAGER_CUDA):
         if "loaded" not in loaded_box:
             from mhaexport.models.loading import load_recorded
 
             loaded_box["loaded"] = load_recorded(ef, trust_code=loaded_box.get("trust_code", False))
-        return EagerRunner(name, c, loaded_box["loaded"].module, device="cuda" if name == EAGER_CUDA else "cpu")
+        return runner_for(ef, name, c, eager=loaded_box["loaded"].module)
     # as verify drives it: a shared cache, an adopted file's layout; pt2/aoti only with --trust-code
-    return artifact_runner(ef, name, c, trust_code=loaded_box.get("trust_code", False))
+    return runner_for(ef, name, c, trust_code=loaded_box.get("trust_code", False))
 
 
 def _threads_for(ef: ExportFolder, name: str) -> int | None:

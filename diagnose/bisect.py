@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 
 from mhaexport import iospec
-from mhaexport.errors import ArtifactError, ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.errors import ArtifactError, ConfigError, MhaExportError
 from mhaexport.artifact import TWO_GB
 from mhaexport.graph import SCOPES_KEY, GraphIndex, name_scopes
 from mhaexport.artifact.details import OnnxDetails
-from mhaexport.runtime.foreign import Layout, layout_of
-from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, resolve_providers, start_session
+from mhaexport.runtime.feed import Feed
+from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, SessionConfig, open_session
 from mhaexport.verify.sweep import Case, build_sweep
-from mhaexport.verify.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
+from mhaexport.diagnose.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
                                               relative_error, trace_module)
 
 FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -249,7 +249,7 @@ def _expose_all(proto) -> tuple[Any, list[str]]:
     return model, added
 
 
-def _calls(layout: Layout | None, ids, mask, cache) -> list[tuple[int | None, tuple]]:
+def _calls(feed: Feed, ids, mask, cache) -> list[tuple[int | None, tuple]]:
     """The calls that feed the case in the file's protocol: [(row or None, (ids, mask, cache))] as torch tensors.
 
     The contract's concat cache (mhaexport's own exports, adopted concat files): the whole batch in one call, its
@@ -257,7 +257,7 @@ def _calls(layout: Layout | None, ids, mask, cache) -> list[tuple[int | None, tu
     takes new tokens with a past only one row at a time and packs each row's tokens from slot 0, so each row is
     one call holding its real tokens only — the same positions as in the padded batch (positions count real
     tokens), the row's real past in the buffer's first slots."""
-    if layout is None or layout.kv_cache != "shared":
+    if not feed.shared:
         return [(None, (ids, mask, cache))]
     P = mask.shape[1] - ids.shape[1]
     calls = []
@@ -271,15 +271,14 @@ def _calls(layout: Layout | None, ids, mask, cache) -> list[tuple[int | None, tu
     return calls
 
 
-def _feed(layout: Layout | None, names: dict, ids, mask, cache, kv_dtype, slots: int | None) -> dict:
-    """One call's feed under the file's own names (an adopted file's layout maps them; position_ids from the
-    mask); a shared cache's past is its buffer of ``slots`` slots, the real past in the first ones."""
+def _inputs(feed: Feed, ids, mask, cache, kv_dtype) -> dict:
+    """One call's inputs under the file's own names (:meth:`Feed.token_inputs`: position_ids from the mask where the
+    file takes them); a shared cache's past is its buffer of ``feed.max_cache`` slots, the real past in the first
+    ones."""
     ids_np, mask_np = ids.numpy(), mask.numpy()
-    feed = {names["input_ids"]: ids_np, names["attention_mask"]: mask_np}
-    if layout is not None and layout.position_ids:
-        pos = np.maximum(np.cumsum(mask_np, axis=-1) - 1, 0)[:, -ids_np.shape[1]:]  # (B, T), as the runner feeds
-        feed[layout.position_ids] = np.ascontiguousarray(pos, dtype=np.int64)
+    inputs = feed.token_inputs(ids_np, mask_np)
     flat = [t.numpy().astype(kv_dtype) for kv in cache for t in kv]  # (B, H_kv, past, D) each
+    slots = feed.max_cache if feed.shared else None
     if slots is not None:
         bufs = []
         for t in flat:
@@ -287,19 +286,19 @@ def _feed(layout: Layout | None, names: dict, ids, mask, cache, kv_dtype, slots:
             buf[:, :, :t.shape[2]] = t
             bufs.append(buf)
         flat = bufs
-    feed.update(zip(names["past"], flat))
-    return feed
+    inputs.update(zip(feed.past, flat))
+    return inputs
 
 
 def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: int = 4, past: int = 3,
                 pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
                 provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL,
-                steps_of: str | None = None, layout: Layout | None = None, max_cache: int | None = None,
+                steps_of: str | None = None, feed: Feed | None = None,
                 scope_hints: dict[str, list[str]] | None = None, outputs_only: str | None = None) -> BisectReport:
     """Compare an ONNX model (path or ModelProto) with ``loaded`` (a LoadedModel) module by module.
 
     When the culprit is an attention module (a Softmax among its own ONNX nodes), its steps are compared too
-    (``verify/attention_steps.py``): scores, scale, mask fill, softmax, weighted sum, output projection; the report's
+    (``diagnose/attention_steps.py``): scores, scale, mask fill, softmax, weighted sum, output projection; the report's
     ``step`` is the first that diverges. ``steps_of`` (a module path) compares that module's steps whether or not
     anything diverges.
 
@@ -307,8 +306,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     reads them from beside the file. A ModelProto must hold its weights inline (under 2 GB).
 
     Inputs are the seeded contract inputs at (batch, seq, past), left-padded by ``pad``, fed in the file's protocol:
-    ``layout`` (an adopted file's, or a shared-cache export's) names the file's I/O and its cache; a shared cache
-    (``layout.kv_cache == "shared"``, buffers of ``max_cache`` slots) is fed one row per call (:func:`_calls`), and
+    ``feed`` (:class:`~mhaexport.runtime.feed.Feed`, from the folder's manifest; default: the contract's names and
+    concat cache, the cache's dtype the graph's) names the file's I/O and its cache; a shared cache (buffers of
+    ``feed.max_cache`` slots) is fed one row per call (:func:`_calls`), and
     the report is the first row that diverges (else the last row's). A file another tool made that carries no
     module scopes is compared on its outputs only (logits, each layer's key and value), as is any file when
     ``outputs_only`` says why. ``scope_hints``: module scopes for nodes that lost theirs, by node name (a quantized
@@ -317,7 +317,6 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     exports, a quantized scheme's relative logit error for quantized ones).
     """
     import onnx
-    import onnxruntime as ort
 
     from mhaexport.models.inputs import make_inputs
 
@@ -336,10 +335,10 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     notes: list[str] = [f"{outputs_only}: compared on its outputs only (logits, each layer's key and value)"] \
         if outputs_only else []
     if not any(scopes) and not notes:
-        if layout is None or layout.producer == "mhaexport":
+        if feed is None or feed.scoped:
             raise MhaExportError(f"{label} carries no module scopes ({SCOPES_KEY}) on its nodes: bisect needs a model "
                                  "exported by torch.onnx.export(dynamo=True) without stripping node metadata")
-        notes.append(f"the file ({layout.producer}) carries no module scopes: compared on its outputs only "
+        notes.append(f"the file ({feed.producer}) carries no module scopes: compared on its outputs only "
                      "(logits, each layer's key and value)")
     c = loaded.contract
     if seq < 1 or batch < 1 or past < 0 or past + seq > c.max_positions:
@@ -349,15 +348,8 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         raise MhaExportError(f"bisect padding {list(pad)} at batch={batch} seq={seq} past={past}: one count per row "
                              f"at most, each below past + seq = {past + seq}")
     ids, mask, cache = make_inputs(c, batch=batch, seq=seq, past=past, seed=seed, pad=pad)
-    if layout is None:
-        names = {"input_ids": iospec.INPUT_IDS, "attention_mask": iospec.ATTENTION_MASK, "logits": iospec.LOGITS,
-                 "past": [n for i in range(c.n_layers) for n in iospec.past_names(i)],
-                 "present": [n for i in range(c.n_layers) for n in iospec.present_names(i)]}
-    else:
-        names = {"input_ids": layout.input_ids, "attention_mask": layout.attention_mask, "logits": layout.logits,
-                 "past": list(layout.past), "present": list(layout.present)}
-    shared = layout is not None and layout.kv_cache == "shared"
-    protocol = (f"one shared buffer per layer ({max_cache} slots), each row alone, packed from slot 0"
+    shared = feed is not None and feed.shared
+    protocol = (f"one shared buffer per layer ({feed.max_cache} slots), each row alone, packed from slot 0"
                 if shared else "concat cache, left padding")
 
     # ONNX: every float value
@@ -365,29 +357,25 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     if data_dir is None and exposed.ByteSize() > TWO_GB:  # protobuf's limit for one serialized message
         raise MhaExportError(f"{label} holds over 2 GB inline: save it with external data (onnx.save_model(..., "
                              "save_as_external_data=True)) and bisect the file")
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if data_dir is not None:
-        # the exposed copy is served from memory without its weights, which ONNX Runtime reads from the original
-        # file's folder: no copy of a large model's external data is made
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", data_dir)
     if opt_level not in OPT_LEVELS:
         raise ConfigError(f"opt_level {opt_level!r}: expected one of {', '.join(OPT_LEVELS)}")
-    so.graph_optimization_level = OPT_LEVELS[opt_level]
-    sess, missing = start_session(exposed.SerializeToString(), resolve_providers([provider]), so)
-    if missing:
-        raise ProviderUnavailable(missing)
-    kv_type = {i.name: i.type for i in sess.get_inputs()}.get(names["past"][0], "tensor(float)")
-    kv_dtype = np.float16 if kv_type == "tensor(float16)" else np.float32  # the graph's cache dtype (fp16 exports)
+    # the exposed copy is served from memory without its weights, which ONNX Runtime reads from the original file's
+    # folder (external_data_dir): no copy of a large model's external data is made
+    sess = open_session(exposed.SerializeToString(), SessionConfig(providers=(provider,), opt_level=opt_level,
+                                                                   external_data_dir=data_dir))[0]
+    if feed is None:  # a bare model: the contract's names, the cache's dtype the graph's (fp16 exports)
+        past0 = {i.name: i.type for i in sess.get_inputs()}.get(iospec.past_names(0)[0], "tensor(float)")
+        feed = Feed.contract(c.n_layers, cache_dtype="float16" if past0 == "tensor(float16)" else "float32")
+    kv_dtype = np.float16 if feed.cache_dtype == "float16" else np.float32
     out_names = [o.name for o in sess.get_outputs()]
     producer = index.producer_index
     # the file's output names for the contract's
-    file_name = {iospec.LOGITS: names["logits"],
-                 **dict(zip([n for i in range(c.n_layers) for n in iospec.present_names(i)], names["present"]))}
+    outputs = set(iospec.output_names(c.n_layers))
+    file_name = {k: v for k, v in feed.file_names().items() if k in outputs}
 
     report = None
     biases = _fused_biases(proto, nodes, data_dir)  # values whose module's bias a fused op adds
-    calls = _calls(layout, ids, mask, cache)
+    calls = _calls(feed, ids, mask, cache)
     for row, call in calls:
         # eager: every submodule's first input and output
         eager, (logits, present) = _eager_values(loaded.module, *call)
@@ -397,8 +385,8 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         for i, (k, v) in enumerate(present):
             kn, vn = iospec.present_names(i)
             expected_out[kn], expected_out[vn] = k.float().numpy(), v.float().numpy()
-        feed = _feed(layout, names, *call, kv_dtype, max_cache if shared else None)
-        values = {n: v for n, v in zip(out_names, sess.run(out_names, feed))
+        inputs = _inputs(feed, *call, kv_dtype)
+        values = {n: v for n, v in zip(out_names, sess.run(out_names, inputs))
                   if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating)}
         call_mask = call[1].numpy()
         positions = np.maximum(np.cumsum(call_mask, axis=-1) - 1, 0)[:, -call[0].shape[1]:]  # (B, T), as the model's
@@ -724,19 +712,6 @@ def _quantization(entry):
     return entry.details.quantization if isinstance(entry.details, OnnxDetails) else None
 
 
-def _file_layout(entry, contract) -> Layout | None:
-    """How the folder's ONNX file is fed: an adopted file's recorded layout, a shared-cache export's (the
-    contract's names, one buffer per layer), or None (the contract's names and concat cache)."""
-    layout = layout_of(entry)
-    if layout is None and entry.details.cache.shared:
-        c = contract
-        layout = Layout("mhaexport", iospec.INPUT_IDS, iospec.ATTENTION_MASK, iospec.LOGITS,
-                        [n for i in range(c.n_layers) for n in iospec.past_names(i)],
-                        [n for i in range(c.n_layers) for n in iospec.present_names(i)],
-                        kv_cache="shared", padding="right", dtype=entry.dtype)
-    return layout
-
-
 QUANT_NODE_RE = re.compile(r"^(.*)_Q\d+$")  # MatMulNBitsQuantizer names its node after the MatMul: node_linear_Q4
 
 
@@ -825,22 +800,19 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict, trust_code: bool = 
         kwargs.update(fixed)
     if entry.dtype != "float32":
         kwargs.setdefault("tol", 1e-2)
-    layout = _file_layout(entry, loaded.contract)
-    if layout is not None and layout.kv_cache == "shared":
-        kwargs["max_cache"] = int(entry.details.cache.max_cache or layout.max_positions
-                                  or loaded.contract.max_positions)
+    feed = Feed.of(entry, loaded.contract)  # how the file is fed: its names, cache and slots, dtype
     quant = _quantization(entry)
     if quant:
         tol, said = quantized_tolerance(quant)
         kwargs.setdefault("tol", tol)
         notes.append(said)
-        if layout is None or layout.producer == "mhaexport":
+        if feed.scoped:
             nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
             hints, why = _quantized_scope_hints(ef, entry, nodes)
             if why:  # a module's last value in its scope would not be its output: outputs only
                 kwargs["outputs_only"] = f"its quantized nodes carry no module scopes and {why}"
             kwargs["scope_hints"] = hints
-    report = bisect_onnx(ef.file("onnx"), loaded, layout=layout, **kwargs)
+    report = bisect_onnx(ef.file("onnx"), loaded, feed=feed, **kwargs)
     report.case_from = case_from
     report.notes = notes + report.notes
     return report
@@ -852,18 +824,16 @@ def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
     from mhaexport.verify.report import load_report
 
     report = load_report(path)
-    shapes = {s.get("name"): s for s in report.sweep.get("shapes", []) if isinstance(s, dict)}
+    shapes = {s.name: s for s in report.sweep.shapes or []}
     order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
     for rt in order:
         res = report.results[rt].get("parity")
         if rt == "torchscript" or res is None or res.status is not False:
             continue
         shape = shapes.get(res.figures.get("worst_case"))
-        try:
-            case = Case(int(shape["batch"]), int(shape["seq"]), int(shape["past"]),
-                        tuple(int(p) for p in shape.get("pad") or ()), int(shape.get("seed", 0)))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue  # no such case in the report's sweep, or not one bisect can read
+        if shape is None:
+            continue  # no such case in the report's sweep
+        case = Case(shape.batch, shape.seq, shape.past, tuple(shape.pad), shape.seed)
         if case.batch >= 1 and case.seq >= 1 and case.past >= 0 and case.seq + case.past <= contract.max_positions:
             return case, f"{rt}'s worst parity case in {Path(path).name}"
     return None
