@@ -39,6 +39,9 @@ def test_verify_and_bench_are_callable_packages():
 
     assert mhaexport.verify is package and callable(package) and package.verify_folder is verify_folder
     assert callable(mhaexport.bench) and mhaexport.bench.BenchConfig
+    from mhaexport.evaluate.perplexity import evaluate_folder  # eval's subpackage, and mhaexport.evaluate the API's
+
+    assert callable(mhaexport.evaluate) and mhaexport.evaluate.perplexity.evaluate_folder is evaluate_folder
 
 
 def test_verify_returns_a_report_truthy_only_when_it_passed(tiny_export, tmp_path):
