@@ -44,7 +44,7 @@ GUARD_HINT = ("forward fixes or branches on that length (an `if seq > n`, a buff
 
 
 def _block_inputs(c: ModuleContract) -> tuple:
-    from mhaexport.exporter.module import example_module_inputs
+    from mhaexport.exporter.block import example_module_inputs
 
     return example_module_inputs(c)
 
@@ -98,7 +98,7 @@ def _probe_inputs(loaded: LoadedModel) -> list[tuple[tuple[int, int, int], tuple
     shapes = [(1, 1, 0), (1, EXAMPLE_SEQ + 4, 0), (1, 1, EXAMPLE_PAST + 6), (3, 2, 1)]
     shapes = [(b, s, p) for b, s, p in shapes if s + p <= limit]
     if isinstance(c, ModuleContract):
-        from mhaexport.exporter.module import example_module_inputs
+        from mhaexport.exporter.block import example_module_inputs
 
         return [((b, s, p), example_module_inputs(c, seq=s, past=p, batch=b)) for b, s, p in shapes]
     return [((b, s, p), example_inputs(c, seq=s, past=p, batch=b)) for b, s, p in shapes]

@@ -224,7 +224,7 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
     if _block(module, mask, model, hf, **{"--seq-static": (not seq_dynamic, False),
                                           "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
                                           "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)}):
-        from mhaexport.exporter.module import export_module_onnx
+        from mhaexport.exporter.block import export_module_onnx
 
         writable_output(output)
         loaded = _load_block(config, checkpoint, mask)
@@ -276,7 +276,7 @@ def export_torchscript(output: str | Path, *, model: str | LoadedModel | None = 
     (``module``, ``mask``, ``replace`` as :func:`export_onnx`). Returns the ExportRecord."""
     say = _say(progress)
     if _block(module, mask, model, hf):
-        from mhaexport.exporter.module import export_module_torchscript
+        from mhaexport.exporter.block import export_module_torchscript
 
         writable_output(output)
         loaded = _load_block(config, checkpoint, mask)
@@ -355,6 +355,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     from mhaexport.exporter.quantize import reproduce
 
     from mhaexport.verify.junit import write_junit
+    from mhaexport.verify.render import write_report
 
     try:
         report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
@@ -367,12 +368,12 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
             refused = refused_report(folder, str(e), requested=list(runtimes) if runtimes else None, sweep=sweep,
                                      seed=seed)
             if output is not None and Path(output).resolve() != Path(folder).resolve():
-                refused.write(output, "report")
+                write_report(refused, output, "report")
             if junit is not None:
                 write_junit(refused, junit)
         raise
     if output is not None:
-        report.write(output, "report")
+        write_report(report, output, "report")
     if junit is not None:
         write_junit(report, junit)
     return report

@@ -1029,7 +1029,9 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
-    markdown = report.to_markdown()
+    from mhaexport.verify.render import markdown as render_markdown
+
+    markdown = render_markdown(report)
     if report.refused is not None and out_is_folder:
         out = None  # a folder that was refused gets nothing written into it: -o DIR says where its report goes
     try:
@@ -1063,7 +1065,9 @@ def _write_reports(report, out, name, markdown: str) -> list[str]:
     lines, failed = [], []
     if out is not None:
         try:
-            js, md = report.write(out, name)
+            from mhaexport.verify.render import write_report
+
+            js, md = write_report(report, out, name)
             lines.append(f"wrote {js} and {md}")
         except (OSError, MhaExportError) as e:
             failed.append(f"cannot write the report into {out}: {getattr(e, 'strerror', None) or e}")
@@ -1342,13 +1346,15 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
     check_reports_out(output, reports, ("report.json", "report.md"))
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
-    js, md = merged.write(output, "report")
+    from mhaexport.verify.render import markdown as render_markdown, write_report
+
+    js, md = write_report(merged, output, "report")
     if as_json:
         import json
 
         click.echo(json.dumps(merged.to_dict()))
     else:
-        _show(merged.to_markdown())
+        _show(render_markdown(merged))
     click.echo(f"wrote {js} and {md}", err=True)
     v = merged.verdict  # the same rules as verify
     if v.code == 1:

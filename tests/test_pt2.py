@@ -19,6 +19,7 @@ from mhaexport.exporter.pt2 import AOTI_FILE, PT2_FILE, export_pt2
 from mhaexport.models.inputs import make_inputs
 from mhaexport.verify import verify_folder
 from mhaexport.verify.results import CHECKS
+from mhaexport.verify.render import markdown
 
 # never the export's example sizes (batch=2, seq=3, past=5); seq=1 and past=0 included
 SHAPES = [(1, 1, 0), (3, 7, 0), (1, 1, 13), (2, 5, 9)]
@@ -75,7 +76,7 @@ def test_default_list_leaves_out_a_strangers_program_and_says_why(tiny, pt2_fold
     assert report.results["pt2"] == {}  # not a single check ran on it, so nothing counted as passed
     assert report.passed  # the other default runtimes ran; a default runtime skipped does not fail the verdict
     assert "pt2" in report.verdict.message  # "runtime(s) skipped: ..., pt2"
-    assert "pt2" in report.to_markdown().split("### Details")[1]
+    assert "pt2" in markdown(report).split("### Details")[1]
 
 
 def test_own_export_is_loaded_without_trust(tiny, tiny_export, tmp_path):

@@ -89,7 +89,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                   trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager (a path: opened here, its snapshot removed when done; an
     opened :class:`ExportFolder`: used as it is, its opener closes it). A folder of the attention block on its own
-    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
+    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.block.verify_module`).
 
     ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
     which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
@@ -130,7 +130,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     if not runtimes:
         wanted += present_code_runtimes(ef)
     if ef.module is not None:
-        from mhaexport.verify.module import verify_module
+        from mhaexport.verify.block import verify_module
 
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress, trust_code=trust_code)
