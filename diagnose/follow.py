@@ -45,7 +45,7 @@ class FollowReport:
 
 @dataclass
 class BisectRun:
-    """What ``verify --bisect`` found (:func:`mhaexport.api.bisect`): the failed check it followed (``followed``;
+    """What ``verify --bisect`` found (:func:`mhaexport.api.bisect_folder`): the failed check it followed (``followed``;
     None when there was none to follow) and bisect's module-by-module comparison (``report``, a
     :class:`~mhaexport.diagnose.bisect.BisectReport`; None when the followed check's own bisect found the difference).
     True when neither found one."""

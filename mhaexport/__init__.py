@@ -41,7 +41,7 @@ if (_root / "pyproject.toml").is_file() and (_root / "models" / "attention.py").
 from mhaexport.errors import MhaExportError  # noqa: E402
 
 # The Python API (mhaexport/api.py), imported on first use so `import mhaexport` and `mhaexport --help` stay instant.
-_API = ("bench", "bisect", "evaluate", "export_onnx", "export_pt2", "export_torchscript", "generate", "load",
+_API = ("bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2", "export_torchscript", "generate", "load",
         "quantize", "verify")
 # Three API names are also subpackages (verify/, bench/, evaluate/): importing a subpackage sets the package's
 # attribute to the module, whatever was there, so the attribute becomes an ApiFunction view of it (see _Package).

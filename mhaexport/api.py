@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Progress = Callable[[str], None]
 
-__all__ = ["bench", "bisect", "evaluate", "export_onnx", "export_pt2", "export_torchscript", "generate", "load",
+__all__ = ["bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2", "export_torchscript", "generate", "load",
            "quantize", "verify"]
 
 
@@ -592,10 +592,10 @@ def quantize(folder: str | Path, output: str | Path, *, weights: str = "int4", b
         return done(quantize_folder(folder, output, cfg, progress=progress))
 
 
-def bisect(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
-           hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
-           allow_download: bool = False, case: Sequence[int] | None = None, seed: int = 0,
-           trust_code: bool = False, progress: Progress | None = None) -> BisectRun:
+def bisect_folder(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
+                  hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
+                  allow_download: bool = False, case: Sequence[int] | None = None, seed: int = 0,
+                  trust_code: bool = False, progress: Progress | None = None) -> BisectRun:
     """``mhaexport verify FOLDER --bisect``: where the folder's ONNX graph first departs from eager PyTorch.
 
     First the failure of the folder's newest verify report it should follow, if any (a weights check: the

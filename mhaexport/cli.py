@@ -1119,7 +1119,7 @@ def _parse_case(ctx, param, value):
 
 
 def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False) -> None:
-    """verify --bisect (:func:`mhaexport.api.bisect`): print where the ONNX graph first departs from eager;
+    """verify --bisect (:func:`mhaexport.api.bisect_folder`): print where the ONNX graph first departs from eager;
     VerificationFailed if it does. Without FOLDER: the model exported to a temporary folder first."""
     import tempfile
 
@@ -1132,7 +1132,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
             folder = tmp
             _progress(f"Exporting {loaded.spec} to ONNX in a temporary folder ...")
             api.export_onnx(tmp, model=loaded)
-        run = api.bisect(folder, model=loaded, case=case, seed=seed, trust_code=trust_code, progress=_progress)
+        run = api.bisect_folder(folder, model=loaded, case=case, seed=seed, trust_code=trust_code, progress=_progress)
     _progress_done()
     followed, report = run.followed, run.report
     if followed is not None:

@@ -24,7 +24,7 @@ def test_import_stays_light_and_the_api_is_at_the_top_level():
             "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules, sorted(sys.modules); "
             "print(sorted(n for n in mhaexport.__all__ if not n.startswith('_')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(["MhaExportError", "bench", "bisect", "evaluate", "export_onnx", "export_pt2",
+    assert out.strip() == str(["MhaExportError", "bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2",
                                "export_torchscript", "generate", "load", "quantize", "verify"])
     help_ = subprocess.run([sys.executable, "-c", "import sys; from mhaexport.cli import main\n"
                             "try: main(['--help'])\nexcept SystemExit: pass\n"
@@ -159,7 +159,7 @@ def _cli_option(param) -> str:
 PLURAL = {"runtime": "runtimes", "provider": "providers", "prompt": "prompts"}
 # options with no argument of that name in the API, and why: -q (the API takes progress=), --json (printing),
 # --text (verify: in quality=QualitySettings; eval: the text's bytes, read by the CLI), --max-bytes (the CLI's cap on
-# what it reads), --bisect (verify's diagnosis: api.bisect, which takes --case), CLI compositions the API spells as
+# what it reads), --bisect (verify's diagnosis: api.bisect_folder, which takes --case), CLI compositions the API spells as
 # calls of its own (--target: export_onnx, then quantize)
 CLI_ONLY = {"quiet", "json", "text", "max_bytes", "bisect", "target"}
 
@@ -179,8 +179,8 @@ def test_every_cli_option_has_its_name_in_the_api(verb, function):
     params = set(inspect.signature(getattr(api, function)).parameters)
     if verb == "bench":  # its keywords are BenchConfig's fields, long_to under the CLI's name
         params |= {f.name for f in dataclasses.fields(BenchConfig)} - {"long_to"} | {"long"}
-    if verb == "verify":  # --bisect calls api.bisect: its --case is that function's
-        params |= set(inspect.signature(api.bisect).parameters)
+    if verb == "verify":  # --bisect calls api.bisect_folder: its --case is that function's
+        params |= set(inspect.signature(api.bisect_folder).parameters)
     options = [_cli_option(p) for p in main.commands[verb].params if isinstance(p, click.Option)]
     missing = [o for o in options if PLURAL.get(o, o) not in params and o not in CLI_ONLY]
     assert not missing, f"mhaexport {verb} options the API calls otherwise or lacks: {missing}"
@@ -269,7 +269,7 @@ def _bad_arguments(folder, out):
         (lambda: m.bench(folder, builder="fp8"), "--builder 'fp8'"),
         (lambda: m.export_onnx(out, config="tiny", mask="none"), "--mask applies to --module attention"),
         (lambda: m.export_torchscript(out, config="tiny", module="attention", model="x.py:f"), "are decoders"),
-        (lambda: m.bisect(folder, case=(0, 3, 2)), "batch and sequence must be >= 1"),
+        (lambda: m.bisect_folder(folder, case=(0, 3, 2)), "batch and sequence must be >= 1"),
         (lambda: m.evaluate(folder, runtimes="ort-tpu"), "unknown runtime(s) ort-tpu"),
     ]
 
@@ -289,7 +289,7 @@ def test_every_bad_argument_is_a_config_error(tiny_export, tmp_path):
 
 def test_bisect_and_evaluate_are_api_functions(tiny_export):
     """verify --bisect and eval as the API's functions: records, no printing, the folder opened once."""
-    run = mhaexport.bisect(tiny_export, case=[1, 3, 2])
+    run = mhaexport.bisect_folder(tiny_export, case=[1, 3, 2])
     assert run and run.followed is None and run.report.ok and run.report.shapes["seq"] == 3
     assert "bisect" in run.summary().lower()
     report = mhaexport.evaluate(tiny_export, b"the quick brown fox jumps over the lazy dog " * 4, window=32)
