@@ -760,8 +760,9 @@ def quantized_tolerance(quantization) -> tuple[float, str]:
                                      f"tolerance {limits.logit_err:g}, the {table} scheme's relative logit error")
 
 
-def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
-    """Bisect an export folder's ONNX model (hashes checked first) against eager PyTorch, fed in the file's own
+def bisect(folder, loaded=None, **kwargs) -> BisectReport:
+    """Bisect an export folder's ONNX model (a path, opened with its hashes checked, or an opened ExportFolder)
+    against eager PyTorch, fed in the file's own
     protocol: a shared cache one row per call, an adopted file under its own names, a quantized file with its
     scheme's tolerance (and the module scopes its quantizer dropped read from its float source).
 
@@ -770,11 +771,11 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
     and ``case_from`` (where the shapes came from) to the report; ``trust_code``: rebuild the eager model from a
     manifest source that is code (``--trust-code``).
     """
-    from mhaexport.artifact import ExportFolder
+    from mhaexport.artifact import opened
 
     case_from = kwargs.pop("case_from", "")
     trust_code = kwargs.pop("trust_code", False)
-    with ExportFolder.open(folder, "onnx") as ef:  # the snapshot of the checked bytes, removed when done
+    with opened(folder, "onnx") as ef:  # the snapshot of the checked bytes (a path: removed when done)
         report = _bisect_folder(ef, loaded, case_from, kwargs, trust_code)
     report.model = str(ef.path / ef.entry("onnx").file)  # the file as the user knows it, not the snapshot's
     return report
@@ -844,20 +845,20 @@ def case_of_report(path: str | Path, contract, runtimes: tuple[str, ...] | None 
     return None
 
 
-def failing_case(folder: str | Path, loaded, progress=None, runtime: str = "ort-cpu",
+def failing_case(folder, loaded, progress=None, runtime: str = "ort-cpu",
                  trust_code: bool = False) -> tuple[Case | None, str]:
     """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json (or a
     ``--runtime`` run's report-*.json) when written after the folder's last export (its manifest), else from a
     parity run now (ort-cpu, the quick sweep). (None, why) when parity passes there, or for a quantized file
     (parity does not apply): bisect's default case. ``runtime="pt2"``: the torch.export program's parity instead
     (loaded only as :mod:`mhaexport.artifact.trust` allows: ``trust_code``)."""
-    from mhaexport.artifact import ExportFolder
+    from mhaexport.artifact import opened
 
-    folder = Path(folder)
-    if runtime.startswith("ort-"):
-        with ExportFolder.open(folder, "onnx", check=False) as ef:
-            if _quantization(ef.entry("onnx")):
-                return None, "a quantized file: no exact parity case"
+    ort = runtime.startswith("ort-")
+    with opened(folder, "onnx" if ort else runtime, check=False) as ef:
+        if ort and _quantization(ef.entry("onnx")):
+            return None, "a quantized file: no exact parity case"
+    checked, folder = folder, ef.path  # an opened folder goes on to verify_folder as it is
     exported = (folder / "manifest.json").stat().st_mtime
     # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)
     reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
@@ -872,7 +873,7 @@ def failing_case(folder: str | Path, loaded, progress=None, runtime: str = "ort-
 
     if progress:
         progress(f"looking for the failing case: parity on {runtime}, quick sweep")
-    run = verify_folder(folder, loaded=loaded, runtimes=(runtime,), checks=("parity",), trust_code=trust_code)
+    run = verify_folder(checked, loaded=loaded, runtimes=(runtime,), checks=("parity",), trust_code=trust_code)
     res = run.results.get(runtime, {}).get("parity")
     if res is None or res.status is not False:
         return None, f"parity passes on {runtime}"

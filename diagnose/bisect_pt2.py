@@ -134,15 +134,15 @@ def bisect_program(program, loaded, *, batch: int = 2, seq: int = 4, past: int =
     return report
 
 
-def bisect_pt2(folder: str | Path, loaded=None, *, trust_code: bool = False, case_from: str = "",
+def bisect_pt2(folder, loaded=None, *, trust_code: bool = False, case_from: str = "",
                **kwargs) -> BisectReport:
     """Bisect an export folder's ``model.pt2`` (hashes checked first; loaded only with ``trust_code`` or as this
     process's own export, else ConfigError naming the flag) against eager PyTorch — ``loaded``, or the model the
     manifest records. Keyword arguments go to :func:`bisect_program` (batch, seq, past, pad, seed, tol)."""
-    from mhaexport.artifact import ExportFolder
+    from mhaexport.artifact import opened
     from mhaexport.models.loading import check_same_model, load_recorded
 
-    with ExportFolder.open(folder, PT2) as ef:  # the snapshot of the checked bytes, removed when done
+    with opened(folder, PT2) as ef:  # the snapshot of the checked bytes, removed when done (when opened here)
         why = refusal(ef.entry(PT2), PT2, ef.path, trust_code)
         if why is not None:
             raise ConfigError(f"bisect of the torch.export program: {why}")

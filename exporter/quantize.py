@@ -41,11 +41,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from mhaexport.artifact import ArtifactEntry, ExportFolder, shown_path, stage_artifact
+from mhaexport.artifact import ArtifactEntry, ExportFolder, Manifest, OpenFolders, shown_path, stage_artifact
 from mhaexport.artifact.details import OnnxDetails, QuantSource, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
+from mhaexport.exporter.records import Replaced, record_dict
 from mhaexport.progress import Step
 from mhaexport.graph import GraphIndex, name_scopes, weights_read
 from mhaexport.runtime.genai import GENAI_CONFIG
@@ -89,8 +90,13 @@ class QuantConfig:
     int8_blocks: int | None = None  # int4: the first N decoder blocks get 8-bit weights
 
     def __post_init__(self) -> None:
+        """A QuantConfig is checked when it is made (ConfigError naming the bad field and what is valid): a request
+        is checked once, before any work, and the functions that take one trust it."""
         if self.block_size is None and self.weights in DEFAULT_BLOCK_SIZE:
             object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.weights])
+        if isinstance(self.keep_float, list):
+            object.__setattr__(self, "keep_float", tuple(self.keep_float))
+        self._check()
 
     @property
     def bits(self) -> int:
@@ -101,7 +107,10 @@ class QuantConfig:
         return DEFAULT_INT8_BLOCKS[self.weights] if self.int8_blocks is None else self.int8_blocks
 
     def check(self) -> QuantConfig:
-        """The config itself, or ConfigError naming the bad field and what is valid."""
+        """The config itself (it was checked when it was made)."""
+        return self
+
+    def _check(self) -> None:
         if self.weights not in BITS:
             raise ConfigError(f"--weights {self.weights!r}: expected one of {', '.join(WEIGHTS)}")
         bs = self.block_size
@@ -120,12 +129,10 @@ class QuantConfig:
         if self.int8_blocks is not None and self.weights != "int4":
             raise ConfigError(f"--int8-blocks {self.int8_blocks} applies to --weights int4 (it puts the first blocks "
                               f"in 8 bits); with --weights {self.weights} every block already is")
-        return self
 
     def check_model(self, n_layers: int) -> QuantConfig:
-        """:meth:`check`, and ``int8_blocks`` within the model's ``n_layers`` decoder blocks (ConfigError). Returns
+        """``int8_blocks`` within the model's ``n_layers`` decoder blocks (ConfigError). Returns
         the config for that model: the default ``int8_blocks`` resolved (int4: 2, at most n_layers - 1)."""
-        self.check()
         if self.int8_blocks is not None and self.int8_blocks > n_layers:
             raise ConfigError(f"--int8-blocks {self.int8_blocks}: the model has {n_layers} decoder block(s)")
         if self.int8_blocks is None and self.weights == "int4":
@@ -152,6 +159,13 @@ class QuantizeRecord:
     seconds: float
     quantization: Quantization
     warnings: list[str] = field(default_factory=list)
+    manifest: Manifest | None = None  # the folder's manifest as published
+    replaced: Replaced | None = None  # the other model the folder held (``replace``), else None
+    artifact: str = "onnx"
+
+    def to_dict(self) -> dict:
+        """The record for scripts (``--json``): :func:`mhaexport.exporter.records.record_dict`."""
+        return record_dict(self)
 
 
 # ---- reading the graph -----------------------------------------------------------------------------------------
@@ -313,7 +327,6 @@ def _run_quantizer(model: onnx.ModelProto, bits: int, cfg: QuantConfig, exclude:
 def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.ModelProto, dict, list[str]]:
     """Quantize ``model`` (a float ONNX decoder) as ``cfg`` says: untie the LM head, then ORT's quantizer once for
     the 8-bit layers and once for the 4-bit ones. Returns the model, what was done (for the manifest) and warnings."""
-    cfg.check()
     warns: list[str] = []
     untied = untie_lm_head(model)
     inits = {i.name for i in model.graph.initializer}
@@ -441,16 +454,19 @@ def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto | None, onnx.ModelProto
     return shipped, rebuilt, note
 
 
-def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = QuantConfig(),
+def quantize_folder(folder: str | Path | ExportFolder, out_dir: str | Path, cfg: QuantConfig = QuantConfig(),
                     progress: Callable[[str], None] | None = None) -> QuantizeRecord:
-    """Quantize ``folder``'s float32 ONNX export into ``out_dir`` (a new export folder of the same model).
+    """Quantize ``folder``'s float32 ONNX export into ``out_dir`` (a new export folder of the same model). ``folder``:
+    a path (opened here, its snapshot removed when done) or an opened ExportFolder (used as it is).
 
     ArtifactError: no ONNX export, a hash mismatch, ``out_dir`` is ``folder``; ExportError: the source is already
-    quantized or not float32, or ONNX Runtime cannot run the result; ConfigError: a bad ``cfg``."""
+    quantized or not float32, or ONNX Runtime cannot run the result; ConfigError: ``cfg`` against the model."""
+    if not isinstance(folder, ExportFolder):
+        with ExportFolder.open(folder, "onnx") as src:
+            return quantize_folder(src, out_dir, cfg, progress)
     say = progress or (lambda _m: None)
-    cfg.check()
     started = time.perf_counter()
-    src = ExportFolder.open(folder, "onnx")
+    src = folder
     cfg = cfg.check_model(src.contract.n_layers)  # src.contract: ArtifactError for a block on its own (--module)
     out = Path(out_dir)
     if out.resolve() == src.path.resolve():
@@ -497,44 +513,47 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
                             seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes, versions=tool_versions(),
                             export_seconds=round(time.perf_counter() - started, 3), warnings=list(warns),
                             details=details)
-        staged.publish(src.model.relocated(src.path, out), new, files,
-                       owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
-    return QuantizeRecord(out, files, time.perf_counter() - started, details.quantization, warns)
+        manifest = staged.publish(src.model.relocated(src.path, out), new, files,
+                                  owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
+    return QuantizeRecord(out, files, time.perf_counter() - started, details.quantization, warns, manifest)
 
 
-def export_quantized(folder: str | Path, schemes: list[str], out_dir: str | Path, have: tuple[str, ...] | list[str] = (),
-                     progress: Callable[[str], None] | None = None) -> list[Path]:
-    """For `mhaexport bench --quantize int4,int8`: the export folder holding each scheme (default settings) of
+def export_quantized(folder: str | Path | ExportFolder, schemes: list[str] | list[QuantConfig], out_dir: str | Path,
+                     have: tuple[str, ...] | list[str] = (), progress: Callable[[str], None] | None = None,
+                     reads: OpenFolders | None = None) -> list[Path]:
+    """For `mhaexport bench --quantize int4,int8`: the export folder holding each scheme (a name: default settings) of
     ``folder``'s model — one of ``have`` when it already does, else out_dir/quantized/SCHEME, quantized there unless a
-    hash-checked quantization of the same model and settings is already there. Returns them in ``schemes``' order."""
+    hash-checked quantization of the same model and settings is already there. Returns them in ``schemes``' order.
+    ``reads``: the command's :class:`~mhaexport.artifact.OpenFolders` (each folder opened once; it closes them)."""
     from mhaexport.artifact import same_model_folders
 
     say = progress or (lambda _m: None)
-    for s in schemes:
-        QuantConfig(weights=s).check()
-    src = ExportFolder.open(folder)
-    known: dict[str, Path] = {}
-    for other, m in same_model_folders(folder, src, have):
-        q = m.artifacts["onnx"].details.quantization
-        if q and q.label:
-            known.setdefault(q.label, other)
-    out = []
-    for scheme in schemes:
-        cfg = QuantConfig(weights=scheme)
-        if cfg.label() in known:
-            out.append(known[cfg.label()])
-            continue
-        sub = Path(out_dir) / "quantized" / scheme
-        try:
-            m = ExportFolder.open(sub, "onnx")
+    configs = [s if isinstance(s, QuantConfig) else QuantConfig(weights=s) for s in schemes]  # checked when made
+    with OpenFolders() as own:
+        reads = reads or own
+        src = reads.open(folder)
+        known: dict[str, Path] = {}
+        for other, m in same_model_folders(src.path, src, have, reads):
             q = m.artifacts["onnx"].details.quantization
-            if m.model.fingerprint == src.model.fingerprint and q and q.label == cfg.label():
-                say(f"reusing {sub} ({cfg.label()})")
-                out.append(sub)
+            if q and q.label:
+                known.setdefault(q.label, other)
+        out = []
+        for cfg in configs:
+            if cfg.label() in known:
+                out.append(known[cfg.label()])
                 continue
-        except ArtifactError:
-            pass
-        say(f"quantizing {cfg.label()} -> {sub} ...")
-        quantize_folder(folder, sub, cfg)
-        out.append(sub)
+            sub = Path(out_dir) / "quantized" / cfg.weights
+            try:
+                m = reads.open(sub, "onnx")
+                q = m.artifacts["onnx"].details.quantization
+                if m.model.fingerprint == src.model.fingerprint and q and q.label == cfg.label():
+                    say(f"reusing {sub} ({cfg.label()})")
+                    out.append(sub)
+                    continue
+                reads.forget(sub)  # another model or scheme: quantized anew below
+            except ArtifactError:
+                pass
+            say(f"quantizing {cfg.label()} -> {sub} ...")
+            quantize_folder(src, sub, cfg)
+            out.append(sub)
     return out

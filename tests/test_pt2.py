@@ -213,8 +213,11 @@ def test_a_model_torch_export_cannot_take_gets_one_line(tmp_path, monkeypatch, f
 
 
 def test_the_attention_block_exports_and_verifies(tmp_path):
-    res = CliRunner().invoke(main, ["pt2", "--module", "attention", "--config", "tiny", "-o", str(tmp_path)])
+    res = CliRunner().invoke(main, ["pt2", "--module", "attention", "--config", "tiny", "-o", str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output
+    from test_cli_json import check_export_json
+
+    check_export_json(res.stdout, "pt2", tmp_path, ["pt2"])
     report = verify_folder(tmp_path, runtimes=("pt2",), trust_code=True)
     assert report.passed, report.verdict.message
     assert report.module == "attention" and report.runtimes["pt2"].providers == ["torch.export (cpu)"]
