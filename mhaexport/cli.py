@@ -1149,7 +1149,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
         s = report.shapes
         fused = f" inside its fused {report.fused_op}" if getattr(report, "fused_op", None) else ""
-        what = "the torch.export program" if target == "pt2" else "the ONNX graph"
+        what = "the torch.export program" if report.kind == "pt2" else "the ONNX graph"
         raise VerificationFailed(f"{what} diverges from eager PyTorch at {where.module}{fused} "
                                  f"({where.onnx_value}, rel err {where.rel:.1e}){step} at batch={s['batch']} "
                                  f"seq={s['seq']} past={s['past']}")
