@@ -65,6 +65,9 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 # (b128 and b256 within noise of each other; b128 kept: the finer blocks, the wider gate margin, top-1 0.892 vs
 # 0.889); b128 without the int8 first block fails the gate (top-1 0.834 < 0.85). int8 in blocks of 128 fails the
 # int8 gate (greedy agreement 13.4 of 32 < 16), in blocks of 32 it passes (23.1): int8 keeps 32.
+# Re-measured per recipe in ONNX Runtime's profile of a decode step (docs/measurements/int4-and-export-2026-12-02.md,
+# scripts/measure_int4.py): against b128, b32 costs 12-41 % of a step, b64 10-21 %, b256 is within 1-3 %; the builder's
+# file (b32) takes 1.02-1.13 x this default's step.
 DEFAULT_BLOCK_SIZE = {"int4": 128, "int8": 32}
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations
 # int4's default: the first decoder block in 8 bits. On the trained default model (held-out text) all-int4 agrees
@@ -74,6 +77,8 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf1
 # Measured on the trained default model (4 blocks, blocks of 128): block 0 in int8 top-1 0.892, blocks 0-1 0.913 —
 # issue 12's int4 target is top-1 >= 0.90 — and on the bench-size random Llama blocks 0-1 took the relative logit
 # error from 0.294 to 0.242, back under the gate's 0.3, for 7 % more bytes (docs/measurements/peer-targets-*.md).
+# Their cost in a decode step: 3.4 % (2 threads) to 15.5 % (1 thread); without them the trained model fails the gate
+# (text top-1 0.834 < 0.85; docs/measurements/int4-and-export-2026-12-02.md).
 DEFAULT_INT8_BLOCKS = {"int4": 2, "int8": 0}
 
 
@@ -85,7 +90,7 @@ class QuantConfig:
     weights: str = "int4"  # "int4" | "int8"
     block_size: int | None = None  # weights per scale, along K: one of BLOCK_SIZES; None: the scheme's default
     symmetric: bool = True  # no zero points (int4: values -8..7 times the block's scale)
-    accuracy_level: int = 4  # MatMulNBits' compute type on CPU: 4 = int8 activations (fastest), 0/1 = float
+    accuracy_level: int = 4  # MatMulNBits' compute type on CPU: 4 = int8 activations (fastest: 0/1 = float, 4-5 x)
     keep_float: tuple[str, ...] = ("embeddings",)  # gathered tables stay float: a decode step reads one row
     int8_blocks: int | None = None  # int4: the first N decoder blocks get 8-bit weights
 
