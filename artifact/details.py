@@ -183,7 +183,7 @@ class OnnxDetails(Details):
                  "max_cache", "padding", "lowering", "precision", "external_data", "weight_bytes", "dynamic_axes",
                  "example_sizes", "exporter", "quantization")
 
-    def check(self, where: str) -> None:
+    def validate(self, where: str) -> None:
         """An adopted layout of an earlier version whose entry states no cache of its own: the layout's keys are the
         cache's (a shared buffer's slots: the layout's max_positions)."""
         legacy = self.layout.extra if self.layout is not None else {}
@@ -192,7 +192,7 @@ class OnnxDetails(Details):
             padding = legacy.get("padding") if legacy.get("padding") in ("left", "right") else None
             self.cache = CacheLayout(legacy["kv_cache"], (self.layout.max_positions or None) if shared else None,
                                      padding or ("right" if shared else "left"))
-            self.cache.check(where)
+            self.cache.validate(where)
 
 
 @dataclass

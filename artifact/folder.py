@@ -249,6 +249,61 @@ class ExportFolder:
         return self.root / (name or self.entry(artifact).file)
 
 
+@contextlib.contextmanager
+def opened(folder: str | Path | ExportFolder, artifact: str | None = None, *,
+           check: bool = True) -> Iterator[ExportFolder]:
+    """``folder`` as an opened :class:`ExportFolder`: one given is used as it is (whoever opened it closes it); a
+    path is opened here (:meth:`ExportFolder.open`) and its snapshot removed when the block ends, on errors too. A
+    reader that takes either is how a command opens its folder once and hands it down."""
+    if isinstance(folder, ExportFolder):
+        yield folder
+        return
+    with ExportFolder.open(folder, artifact, check=check) as ef:
+        yield ef
+
+
+class OpenFolders:
+    """The export folders one command reads, each opened once: :meth:`open` snapshots and hash-checks a folder the
+    first time it is asked for and returns that same :class:`ExportFolder` afterwards (an open of every artifact
+    serves a request for one); every snapshot is removed when the command ends (``with OpenFolders() as reads:``,
+    on errors too). ``bench --lowerings/--quantize/--builder`` reads its folder, the --compare folders and the
+    variants it finds or makes through one."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[Path, str | None], ExportFolder] = {}
+
+    def open(self, folder: str | Path | ExportFolder, artifact: str | None = None) -> ExportFolder:
+        """``folder`` opened (once) for ``artifact`` (every artifact when None); an ExportFolder is returned as it
+        is. ArtifactError as :meth:`ExportFolder.open` (a failed open is not remembered)."""
+        if isinstance(folder, ExportFolder):
+            return folder
+        key = Path(folder).resolve()
+        for art in dict.fromkeys((None, artifact)):
+            ef = self._open.get((key, art))
+            if ef is not None:
+                return ef
+        ef = ExportFolder.open(folder, artifact)
+        self._open[(key, artifact)] = ef
+        return ef
+
+    def forget(self, folder: str | Path) -> None:
+        """Close ``folder``'s snapshots before something writes into it (the next :meth:`open` reads it anew)."""
+        key = Path(folder).resolve()
+        for k in [k for k in self._open if k[0] == key]:
+            self._open.pop(k).close()
+
+    def close(self) -> None:
+        for ef in self._open.values():
+            ef.close()
+        self._open.clear()
+
+    def __enter__(self) -> OpenFolders:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def lowering_of(ef: ExportFolder) -> str | None:
     """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16", with " kv=shared"
     for a shared KV cache and the weights' quantization when there is one: "attention=decomposed float32 int4"; an
@@ -263,10 +318,12 @@ def lowering_of(ef: ExportFolder) -> str | None:
     return f"attention={d.attention or 'decomposed'} {onnx_art.dtype}{quant}{shared}"
 
 
-def same_model_folders(folder: str | Path, ef: ExportFolder,
-                       others: tuple[str, ...] | list[str]) -> list[tuple[Path, ExportFolder]]:
+def same_model_folders(folder: str | Path, ef: ExportFolder, others: tuple[str, ...] | list[str],
+                       reads: OpenFolders | None = None) -> list[tuple[Path, ExportFolder]]:
     """Read and hash-check each of ``others``' ONNX exports; each must hold the model of ``folder`` (``ef``): same
-    fingerprint, else ArtifactError naming both. ``folder`` itself and repeats are dropped."""
+    fingerprint, else ArtifactError naming both. ``folder`` itself and repeats are dropped. ``reads``: the command's
+    :class:`OpenFolders` (a folder it opened already is not opened again, and it closes them); without it the
+    caller closes the ExportFolders returned."""
     out = []
     want = ef.model.fingerprint
     seen = {Path(folder).resolve()}
@@ -275,7 +332,7 @@ def same_model_folders(folder: str | Path, ef: ExportFolder,
         if other.resolve() in seen:  # the folder itself, or named twice: once is enough
             continue
         seen.add(other.resolve())
-        m = ExportFolder.open(other, "onnx")
+        m = reads.open(other, "onnx") if reads is not None else ExportFolder.open(other, "onnx")
         if m.model.fingerprint != want:
             raise ArtifactError(
                 f"--compare {other} holds {m.model.spec} (model fingerprint {m.model.fingerprint}), "

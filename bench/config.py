@@ -70,11 +70,27 @@ class BenchConfig:
     # RuntimeBench.session_p50_ms). 1: one session per row
     sessions: int = 1
 
+    def __post_init__(self) -> None:
+        """A BenchConfig is checked when it is made (:func:`check_config`: ConfigError in one line naming what is
+        valid), so a request is checked once, before anything is exported or timed, and the functions that take one
+        trust it; the scaling points are kept as bench.json records them (ascending, each once)."""
+        for name in ("runtimes", "opt_levels", "compare"):  # lists given: tuples, as recorded
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        for name in ("batches", "prompts"):  # the command line's "1,4,16" (None: off)
+            value = getattr(self, name)
+            if value is None or isinstance(value, str):
+                object.__setattr__(self, name, parse_points(value, name))
+        check_config(self)
+        object.__setattr__(self, "batches", parse_points(self.batches, "batches"))
+        object.__setattr__(self, "prompts", parse_points(self.prompts, "prompts"))
+
 
 def check_config(cfg: BenchConfig) -> tuple[str, ...]:
     """The runtimes ``cfg`` asks for; RuntimeOptionError (a ConfigError) for an unknown runtime, ConfigError for an
     unknown --opt-levels level, a count or length out of range, or a warm-up / spread setting out of range (one line
-    naming what is valid). Cheap: the CLI calls it before exporting or timing anything."""
+    naming what is valid). Every BenchConfig is checked so when it is made."""
     from mhaexport.runtime.session import OPT_LEVELS
 
     names = cfg.runtimes or DEFAULT_RUNTIMES

@@ -310,7 +310,12 @@ def load_bench(path: str | Path) -> BenchResult:
     """A bench.json (or the folder holding one) as a :class:`BenchResult`."""
     from mhaexport.artifact import read_json
 
+    from mhaexport.errors import ConfigError
+
     path = Path(path)
     if path.is_dir():
         path = path / "bench.json"
-    return BenchResult.from_dict(read_json(path, "bench result"), what=f"bench result {path}")
+    try:
+        return BenchResult.from_dict(read_json(path, "bench result"), what=f"bench result {path}")
+    except ConfigError as e:  # its config is not one this version runs (a BenchConfig is checked when made)
+        raise ArtifactError(f"bench result {path}: config: {e}") from None

@@ -11,16 +11,15 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from mhaexport import dtypes
-from mhaexport.artifact import ExportFolder, same_model_folders
+from mhaexport.artifact import ExportFolder, OpenFolders, same_model_folders
 from mhaexport.bench import probes
-from mhaexport.bench.config import (EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig,
-                                    check_config, parse_points)
+from mhaexport.bench.config import (DEFAULT_RUNTIMES, EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES,
+                                    BenchConfig)
 from mhaexport.bench.eta import Eta
 from mhaexport.bench.lowerings import compare_lowerings
 from mhaexport.artifact.record import Environment
@@ -41,21 +40,23 @@ from mhaexport.verify.threads import torch_threads
 Progress = Callable[[str], None]
 
 
-def run_bench(folder: str | Path, cfg: BenchConfig = BenchConfig(), progress: Progress | None = None, *,
-              probe: probes.Probe | None = None) -> BenchResult:
+def run_bench(folder: str | Path | ExportFolder, cfg: BenchConfig = BenchConfig(),
+              progress: Progress | None = None, *, probe: probes.Probe | None = None,
+              reads: OpenFolders | None = None) -> BenchResult:
     """Benchmark every requested runtime on ``folder``'s exports, and the ONNX exports of ``cfg.compare`` (same
     model, other lowerings) on ONNX Runtime; runtimes that cannot run are skipped with why.
 
     ``probe(threads) -> Bandwidth`` measures the memory bandwidth for the floor (default:
-    :func:`mhaexport.bench.probes.default_probe`, 256 MiB read three ways). Raises RuntimeOptionError for an unknown
-    runtime and ConfigError for an unknown --opt-levels level or a --batches / --prompts point that is not a
-    positive integer, before anything runs. torch's thread count is
+    :func:`mhaexport.bench.probes.default_probe`, 256 MiB read three ways). ``cfg`` was checked when it was made
+    (:class:`BenchConfig`). ``folder``: a path, or an opened ExportFolder; ``reads``: the command's
+    :class:`~mhaexport.artifact.OpenFolders` (the folders it opened already are not opened again; it closes them);
+    without it the folders are opened here and their snapshots removed when the run ends. torch's thread count is
     ``cfg.threads`` during the run and restored afterwards."""
-    names = check_config(cfg)
-    # the points as bench.json records them: ascending, each once, plain ints
-    cfg = replace(cfg, batches=parse_points(cfg.batches, "batches"), prompts=parse_points(cfg.prompts, "prompts"))
-    with torch_threads(cfg.threads):
-        return _run_bench(Path(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe)
+    names = tuple(cfg.runtimes or DEFAULT_RUNTIMES)
+    with torch_threads(cfg.threads), OpenFolders() as own:
+        reads = reads or own
+        return _run_bench(reads.open(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe,
+                          reads)
 
 
 def _load_eager(ef: ExportFolder, trust_code: bool = False) -> tuple[EagerModel | None, str | None]:
@@ -74,15 +75,15 @@ def _load_eager(ef: ExportFolder, trust_code: bool = False) -> tuple[EagerModel 
     return EagerModel(loaded.module.eval(), time.perf_counter() - t0), None
 
 
-def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Progress,
-               probe: probes.Probe) -> BenchResult:
-    ef = ExportFolder.open(folder)
+def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: Progress,
+               probe: probes.Probe, reads: OpenFolders) -> BenchResult:
+    folder = ef.path
     refuse_untrusted(ef, cfg.runtimes, cfg.trust_code, option="--runtimes")  # code named without --trust-code
     c = ef.contract
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeOptionError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "
                                  f"max_positions={c.max_positions}")
-    others = same_model_folders(folder, ef, cfg.compare)  # hash-checked, each holding this folder's model
+    others = same_model_folders(folder, ef, cfg.compare, reads)  # hash-checked, each holding this folder's model
     if others and not set(ORT_RUNTIMES) & set(names):
         raise RuntimeOptionError("--compare times ONNX exports on ONNX Runtime, but --runtimes has neither ort-cpu "
                                  "nor ort-cuda")
@@ -169,8 +170,6 @@ def _run_bench(folder: Path, cfg: BenchConfig, names: tuple[str, ...], say: Prog
     res.lowerings = compare_lowerings(res)
     if cfg.targets:  # the project's own speed targets: opt-in, not every user's report
         res.targets = evaluate(res, cfg.max_spread)
-    for opened in [ef] + [m for _, m in others]:  # every row has run: the snapshots' copies go now
-        opened.close()
     return res
 
 

@@ -85,6 +85,7 @@ class BisectReport:
     notes: list[str] = field(default_factory=list)  # what was compared differently (outputs only, tolerance)
     positions: tuple[int, int] = (0, 0)  # the lowest and highest token position the (shown) call computed
     fused_op: str | None = None  # the culprit is one fused node ("GroupQueryAttention node_x"): damage inside it
+    kind: str = "onnx"  # what was bisected: "onnx" (the ONNX graph) or "pt2" (a torch.export program)
 
     @property
     def ok(self) -> bool:
@@ -102,7 +103,7 @@ class BisectReport:
         pad = f" pad={self.pad}" if any(self.pad) else ""
         source = f" ({self.case_from})" if self.case_from else ""
         lines = [f"bisect {self.model} on {self.provider} at batch={s['batch']} seq={s['seq']} past={s['past']}{pad}"
-                 f"{source}: relative error = max|onnx - eager| / max|eager|, tolerance {self.tol:.0e}"]
+                 f"{source}: relative error = max|{self.kind} - eager| / max|eager|, tolerance {self.tol:.0e}"]
         if self.protocol != "concat cache, left padding":
             row = ""
             if self.row is not None:
@@ -110,7 +111,7 @@ class BisectReport:
                        else f"; the table: row {self.row}, the first that diverges")
             lines.append(f"  fed in the file's protocol: {self.protocol}{row}")
         lines += [f"  {note}" for note in self.notes]
-        lines.append(f"  {'module':<28} {'onnx value':<18} {'op':<26} {'rel err':>9} {'input':>9}")
+        lines.append(f"  {'module':<28} {self.kind + ' value':<18} {'op':<26} {'rel err':>9} {'input':>9}")
         show = self.rows
         if not all_rows and self.first_divergent is not None:
             i = self.rows.index(self.first_divergent)
@@ -148,10 +149,15 @@ class BisectReport:
                 lines.append(f"culprit{where}: {c.module}: {inp}output differs ({c.rel:.1e})")
         lines += self._steps_lines()
         if not self.ok and self.culprit is not None and self.culprit_nodes:
-            lines.append(f"  ONNX nodes of {self.culprit.module} itself: {', '.join(self.culprit_nodes)}")
+            lines.append(f"  {self._nodes_name} nodes of {self.culprit.module} itself: {', '.join(self.culprit_nodes)}")
         if self.unmatched:
-            lines.append(f"not compared (no ONNX value in its scope computes its output): {', '.join(self.unmatched)}")
+            lines.append(f"not compared (no {self._nodes_name} value in its scope computes its output): "
+                         f"{', '.join(self.unmatched)}")
         return "\n".join(lines)
+
+    @property
+    def _nodes_name(self) -> str:
+        return "ONNX" if self.kind == "onnx" else "program"
 
     def _steps_lines(self) -> list[str]:
         if self.steps_module is None:
@@ -754,8 +760,9 @@ def quantized_tolerance(quantization) -> tuple[float, str]:
                                      f"tolerance {limits.logit_err:g}, the {table} scheme's relative logit error")
 
 
-def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
-    """Bisect an export folder's ONNX model (hashes checked first) against eager PyTorch, fed in the file's own
+def bisect(folder, loaded=None, **kwargs) -> BisectReport:
+    """Bisect an export folder's ONNX model (a path, opened with its hashes checked, or an opened ExportFolder)
+    against eager PyTorch, fed in the file's own
     protocol: a shared cache one row per call, an adopted file under its own names, a quantized file with its
     scheme's tolerance (and the module scopes its quantizer dropped read from its float source).
 
@@ -764,11 +771,11 @@ def bisect(folder: str | Path, loaded=None, **kwargs) -> BisectReport:
     and ``case_from`` (where the shapes came from) to the report; ``trust_code``: rebuild the eager model from a
     manifest source that is code (``--trust-code``).
     """
-    from mhaexport.artifact import ExportFolder
+    from mhaexport.artifact import opened
 
     case_from = kwargs.pop("case_from", "")
     trust_code = kwargs.pop("trust_code", False)
-    with ExportFolder.open(folder, "onnx") as ef:  # the snapshot of the checked bytes, removed when done
+    with opened(folder, "onnx") as ef:  # the snapshot of the checked bytes (a path: removed when done)
         report = _bisect_folder(ef, loaded, case_from, kwargs, trust_code)
     report.model = str(ef.path / ef.entry("onnx").file)  # the file as the user knows it, not the snapshot's
     return report
@@ -817,9 +824,9 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict, trust_code: bool = 
     return report
 
 
-def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
+def case_of_report(path: str | Path, contract, runtimes: tuple[str, ...] | None = None) -> tuple[Case, str] | None:
     """The case parity failed at worst in a verify report (report.json): an ONNX Runtime runner's parity, ort-cpu
-    first; None when parity failed nowhere (or the report names no case)."""
+    first (``runtimes``: those runtimes' only); None when parity failed nowhere (or the report names no case)."""
     from mhaexport.verify.report import load_report
 
     report = load_report(path)
@@ -827,7 +834,7 @@ def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
     order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
     for rt in order:
         res = report.results[rt].get("parity")
-        if rt == "torchscript" or res is None or res.status is not False:
+        if (rt not in runtimes if runtimes else rt == "torchscript") or res is None or res.status is not False:
             continue
         shape = shapes.get(res.figures.get("worst_case"))
         if shape is None:
@@ -838,35 +845,38 @@ def case_of_report(path: str | Path, contract) -> tuple[Case, str] | None:
     return None
 
 
-def failing_case(folder: str | Path, loaded, progress=None) -> tuple[Case | None, str]:
+def failing_case(folder, loaded, progress=None, runtime: str = "ort-cpu",
+                 trust_code: bool = False) -> tuple[Case | None, str]:
     """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json (or a
     ``--runtime`` run's report-*.json) when written after the folder's last export (its manifest), else from a
     parity run now (ort-cpu, the quick sweep). (None, why) when parity passes there, or for a quantized file
-    (parity does not apply): bisect's default case."""
-    from mhaexport.artifact import ExportFolder
+    (parity does not apply): bisect's default case. ``runtime="pt2"``: the torch.export program's parity instead
+    (loaded only as :mod:`mhaexport.artifact.trust` allows: ``trust_code``)."""
+    from mhaexport.artifact import opened
 
-    folder = Path(folder)
-    with ExportFolder.open(folder, "onnx", check=False) as ef:
-        if _quantization(ef.entry("onnx")):
+    ort = runtime.startswith("ort-")
+    with opened(folder, "onnx" if ort else runtime, check=False) as ef:
+        if ort and _quantization(ef.entry("onnx")):
             return None, "a quantized file: no exact parity case"
+    checked, folder = folder, ef.path  # an opened folder goes on to verify_folder as it is
     exported = (folder / "manifest.json").stat().st_mtime
     # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)
     reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
                      key=lambda p: p.stat().st_mtime, reverse=True)
     for report in reports:
         try:
-            found = case_of_report(report, loaded.contract)
+            found = case_of_report(report, loaded.contract, None if runtime.startswith("ort-") else (runtime,))
         except MhaExportError:
             continue  # an unreadable report: the next one, or parity is run below
         return found if found is not None else (None, f"parity passed in {report.name}")
     from mhaexport.verify.verify import verify_folder
 
     if progress:
-        progress("looking for the failing case: parity on ort-cpu, quick sweep")
-    run = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=("parity",))
-    res = run.results.get("ort-cpu", {}).get("parity")
+        progress(f"looking for the failing case: parity on {runtime}, quick sweep")
+    run = verify_folder(checked, loaded=loaded, runtimes=(runtime,), checks=("parity",), trust_code=trust_code)
+    res = run.results.get(runtime, {}).get("parity")
     if res is None or res.status is not False:
-        return None, "parity passes on ort-cpu"
+        return None, f"parity passes on {runtime}"
     by_name = {cs.name: cs for cs in build_sweep(loaded.contract, "quick", 0)}
     case = by_name.get(res.figures.get("worst_case"))
-    return (case, "ort-cpu's worst parity case, run now") if case else (None, "parity failed at no one case")
+    return (case, f"{runtime}'s worst parity case, run now") if case else (None, "parity failed at no one case")

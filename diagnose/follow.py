@@ -43,13 +43,35 @@ class FollowReport:
         return "\n".join([f"bisect follows {self.runtime}'s {self.check} check: {self.protocol}"] + self.lines)
 
 
-def followed_failure(folder: str | Path) -> tuple[str, str, object] | None:
+@dataclass
+class BisectRun:
+    """What ``verify --bisect`` found (:func:`mhaexport.api.bisect_folder`): the failed check it followed (``followed``;
+    None when there was none to follow) and bisect's module-by-module comparison (``report``, a
+    :class:`~mhaexport.diagnose.bisect.BisectReport`; None when the followed check's own bisect found the difference).
+    True when neither found one."""
+
+    followed: FollowReport | None
+    report: object | None
+
+    @property
+    def ok(self) -> bool:
+        return all(r is None or r.ok for r in (self.followed, self.report))
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def summary(self) -> str:
+        return "\n".join(r.summary() for r in (self.followed, self.report) if r is not None)
+
+
+def followed_failure(folder) -> tuple[str, str, object] | None:
     """(kind, runtime, CheckResult) of the failure bisect should follow in the folder's newest verify report written
     since its last export: ("weights", ...) when a weights check failed, ("deploy", ...) when a deploy-loop check
     failed and parity did not; None when parity failed (bisect's own question), or no such report."""
+    from mhaexport.artifact import ExportFolder
     from mhaexport.verify.report import load_report
 
-    folder = Path(folder)
+    folder = folder.path if isinstance(folder, ExportFolder) else Path(folder)
     exported = (folder / "manifest.json").stat().st_mtime
     reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
                      key=lambda p: p.stat().st_mtime, reverse=True)
@@ -75,18 +97,18 @@ def followed_failure(folder: str | Path) -> tuple[str, str, object] | None:
     return None
 
 
-def follow_weights(folder: str | Path, runtime: str, result) -> FollowReport:
+def follow_weights(folder, runtime: str, result) -> FollowReport:
     """The weights check's first difference — tensor, role, block — and the module holding that tensor."""
     import onnx
 
-    from mhaexport.artifact import ExportFolder
+    from mhaexport.artifact import opened
     from mhaexport.diagnose.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
     from mhaexport.graph import name_scopes
 
     first = str(result.figures.get("first_difference") or result.message)
     tensor = first.split(" ", 1)[0]
     module = None
-    with ExportFolder.open(folder, "onnx") as ef:
+    with opened(folder, "onnx") as ef:
         entry = ef.entry("onnx")
         nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
         hints, _ = _quantized_scope_hints(ef, entry, nodes)
@@ -104,14 +126,14 @@ def follow_weights(folder: str | Path, runtime: str, result) -> FollowReport:
                         {"tensor": tensor, "module": module, "first_difference": first})
 
 
-def bisect_deploy(folder: str | Path, loaded=None, *, n_new: int = 4, seed: int = 0, tol: float | None = None,
+def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: float | None = None,
                   runtime: str = "ort-cpu", check: str = "kv-consistency") -> FollowReport:
     """Run the folder's ONNX file in the deploy loop (the runner generate and bench use: a shared cache's buffers
     reused in place, a ragged batch padded as the loop pads it, rows together) and compare, step by step, each row's
     logits and each layer's cache (its real positions) with eager fed that row's tokens alone. The first step, row
     and tensor beyond ``tol`` (relative to max|eager|; default: 1e-3, 1e-2 for float16, a quantized scheme's
     logit error) are named."""
-    from mhaexport.artifact import ExportFolder
+    from mhaexport.artifact import opened
     from mhaexport.models.loading import check_same_model, load_recorded
     from mhaexport.runtime.decode import DecodeLoop, pad_prompts
     from mhaexport.diagnose.attention_steps import relative_error
@@ -120,7 +142,7 @@ def bisect_deploy(folder: str | Path, loaded=None, *, n_new: int = 4, seed: int 
     from mhaexport.verify.runners import ORT_CPU
     from mhaexport.verify.registry import runner_for
 
-    with ExportFolder.open(folder, "onnx") as ef:
+    with opened(folder, "onnx") as ef:
         if loaded is None:
             loaded = load_recorded(ef)
         else:
@@ -208,10 +230,11 @@ def _eager(module, seq: np.ndarray):
     return logits.float().numpy(), [(k.float().numpy(), v.float().numpy()) for k, v in present]
 
 
-def follow(folder: str | Path, loaded=None, *, seed: int = 0) -> FollowReport | None:
+def follow(folder, loaded=None, *, seed: int = 0) -> FollowReport | None:
     """What ``verify --bisect`` runs first: the failure of the folder's verify report it should follow (a weights or
     a deploy-loop failure) bisected in that check's terms; None when there is none to follow (parity failed, or no
-    report since the last export): bisect's module comparison answers then."""
+    report since the last export): bisect's module comparison answers then. ``folder`` (here and in the functions
+    it calls): a path, opened and closed here, or an opened ExportFolder, used as it is."""
     found = followed_failure(folder)
     if found is None:
         return None

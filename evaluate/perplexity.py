@@ -94,7 +94,7 @@ def _threads_for(ef: ExportFolder, name: str) -> int | None:
     return 1 if largest <= 4 * ONE_THREAD_MAX_PARAMS else None
 
 
-def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
+def evaluate_folder(folder: str | Path | ExportFolder, text: bytes | None = None, *, text_source: str | None = None,
                     runtimes: tuple[str, ...] = (ORT_CPU,), window: int | None = None,
                     stride: int | None = None, trust_code: bool = False,
                     progress: Callable[[str], None] | None = None) -> EvalReport:
@@ -110,7 +110,11 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
     unknown = [r for r in runtimes if r not in ALL_RUNTIMES]
     if unknown:
         raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
-    ef = ExportFolder.open(folder)
+    if not isinstance(folder, ExportFolder):  # opened here once, its snapshot removed when done (on errors too)
+        with ExportFolder.open(folder) as ef:
+            return evaluate_folder(ef, text, text_source=text_source, runtimes=runtimes, window=window,
+                                   stride=stride, trust_code=trust_code, progress=progress)
+    ef = folder
     c = ef.contract
     if text is None:
         text, text_source = heldout_text(), "the held-out text of the shipped weights (models/weights/small-heldout.txt)"
@@ -150,6 +154,5 @@ def evaluate_folder(folder: str | Path, text: bytes | None = None, *, text_sourc
         row.seconds = time.perf_counter() - t0
         rows.append(row)
     q = ef.artifacts["onnx"].details.quantization if ef.has("onnx") else None
-    ef.close()  # the runners are done with its files
     return EvalReport(str(ef.path), ef.model.spec, q and q.label, text_source or "the given text", len(text), L, step,
                       rows)

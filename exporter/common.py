@@ -17,6 +17,7 @@ from mhaexport.artifact import ArtifactEntry, Manifest, Staging
 from mhaexport.artifact.details import Details
 from mhaexport.env import tool_versions
 from mhaexport.errors import ExportError
+from mhaexport.exporter.records import Replaced, record_dict
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, io_schema
 from mhaexport.models.inputs import make_inputs
 from mhaexport.models.loading import LoadedModel
@@ -31,12 +32,17 @@ NOISE = ("torchvision is not installed", "isinstance(treespec, LeafSpec)", "shar
 class ExportRecord:
     """What an export produced (returned to the CLI, which decides what to show)."""
 
-    artifact: str  # "onnx" | "torchscript"
+    artifact: str  # "onnx" | "torchscript" | "pt2" | "aoti"
     folder: Path
     files: list[str]
     seconds: float
     warnings: list[str] = field(default_factory=list)
     manifest: Manifest | None = None
+    replaced: Replaced | None = None  # the other model the folder held (``replace``), else None
+
+    def to_dict(self) -> dict:
+        """The record for scripts (``--json``): :func:`mhaexport.exporter.records.record_dict`."""
+        return record_dict(self)
 
 
 def example_inputs(contract: ModelContract, seq: int = EXAMPLE_SEQ, past: int = EXAMPLE_PAST,

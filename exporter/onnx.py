@@ -180,6 +180,33 @@ def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool 
         raise ExportOptionError("--max-cache sizes a shared cache: give it with --kv-cache shared")
 
 
+def check_options(*, opset: int | None = None, seq_dynamic: bool = True, seq_len: int | None = None,
+                  past_len: int = 0, attention: str = "decomposed", dtype: str = "float32", kv_cache: str = "concat",
+                  max_cache: int | None = None) -> int:
+    """The ONNX export's options, checked without the model (the API checks them before loading it):
+    ExportOptionError (a ConfigError) for a value that is wrong or contradicts another. Returns the opset (the
+    default resolved: 18, or 23 for attention="onnx")."""
+    if attention not in LOWERINGS:
+        raise ExportOptionError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
+    check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
+    if dtype not in dtypes.NAMES:
+        raise ExportOptionError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
+    if opset is None:
+        opset = ATTENTION_OPSET if attention == "onnx" else DEFAULT_OPSET
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ExportOptionError(f"--opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+    if attention == "onnx" and opset < ATTENTION_OPSET:
+        raise ExportOptionError(f"--attention onnx needs --opset {ATTENTION_OPSET} (the ONNX Attention op), "
+                                f"got {opset}", cli=f"--attention onnx needs opset {ATTENTION_OPSET} (the ONNX "
+                                                    f"Attention op), got {opset}")
+    if not seq_dynamic:
+        if seq_len is None or seq_len < 1:
+            raise ExportOptionError("--seq-static needs --seq-len N (N >= 1)")
+        if past_len < 0:
+            raise ExportOptionError(f"--past-len {past_len}: a length, >= 0")
+    return opset
+
+
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, attention: str = "decomposed",
                 dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None) -> ExportRecord:
@@ -194,9 +221,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     kv_cache: "concat" (present = concat(past, new)) or "shared" (past and present one buffer of ``max_cache``
     slots, default max_positions, written in place by com.microsoft GroupQueryAttention; rows packed from slot 0).
     """
-    if attention not in LOWERINGS:
-        raise ExportOptionError(f"--attention {attention!r}: expected one of {', '.join(LOWERINGS)}")
-    check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
+    opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
+                          attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     lowering_name = attention
     if kv_cache == "shared":
         lowering_name = "fused" if attention == "fused" else "gqa"
@@ -204,24 +230,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if not 1 <= max_cache <= loaded.contract.max_positions:
             raise ExportOptionError(f"--max-cache {max_cache}: expected "
                                     f"1..max_positions={loaded.contract.max_positions}")
-    if dtype not in dtypes.NAMES:
-        raise ExportOptionError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.NAMES)}")
-    if opset is None:
-        opset = ATTENTION_OPSET if attention == "onnx" else DEFAULT_OPSET
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ExportOptionError(f"--opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
-    if attention == "onnx" and opset < ATTENTION_OPSET:
-        raise ExportOptionError(f"--attention onnx needs --opset {ATTENTION_OPSET} (the ONNX Attention op), "
-                                f"got {opset}")
     c = loaded.contract
-    if seq_dynamic:
-        seq, past = EXAMPLE_SEQ, EXAMPLE_PAST
-    else:
-        if seq_len is None or seq_len < 1:
-            raise ExportOptionError("--seq-static needs --seq-len N (N >= 1)")
-        seq, past = seq_len, past_len
-        if past < 0:
-            raise ExportOptionError(f"--past-len {past}: a length, >= 0")
+    seq, past = (EXAMPLE_SEQ, EXAMPLE_PAST) if seq_dynamic else (seq_len, past_len)
     if seq + past > c.max_positions:
         raise ExportOptionError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mhaexport.artifact import ExportFolder
+from mhaexport.artifact import ExportFolder, OpenFolders
 from mhaexport.errors import ArtifactError, ConfigError, ExportError
 
 PRECISIONS = ("fp32", "int4")  # what --builder takes (the builder's -p values that run on its CPU provider)
@@ -48,18 +48,22 @@ def hf_source(ef: ExportFolder) -> Path:
     return path
 
 
-def export_builder(folder: str | Path, precisions: list[str], out_dir: str | Path,
-                   progress: Callable[[str], None] | None = None, trust_code: bool = False) -> list[Path]:
+def export_builder(folder: str | Path | ExportFolder, precisions: list[str], out_dir: str | Path,
+                   progress: Callable[[str], None] | None = None, trust_code: bool = False,
+                   reads: OpenFolders | None = None) -> list[Path]:
     """The adopted folders of the builder's file at each precision for ``folder``'s Hugging Face model, built into
     out_dir/builder/PRECISION unless an adopted folder of the same model is there. Raises ConfigError (not an --hf
-    folder, onnxruntime-genai missing) or ExportError (the builder failed: its last lines)."""
+    folder, onnxruntime-genai missing) or ExportError (the builder failed: its last lines). ``reads``: the command's
+    :class:`~mhaexport.artifact.OpenFolders` (each folder opened once; it closes them)."""
     from mhaexport.exporter.adopt import adopt_onnx
     from mhaexport.models.loading import load_recorded
     from mhaexport.runtime.genai import import_og
 
     say = progress or (lambda _m: None)
     import_og()  # GenAIUnavailable (exit 2) with the install line before any work
-    with ExportFolder.open(folder) as ef:
+    with OpenFolders() as own:
+        reads = reads or own
+        ef = reads.open(folder)
         hf = hf_source(ef)
         fingerprint = ef.model.fingerprint
         loaded = None
@@ -68,11 +72,11 @@ def export_builder(folder: str | Path, precisions: list[str], out_dir: str | Pat
             build = Path(out_dir) / "builder" / precision
             adopted = build / ADOPTED
             try:
-                with ExportFolder.open(adopted, "onnx") as m:
-                    if m.model.fingerprint == fingerprint:
-                        say(f"reusing {adopted} (onnxruntime-genai's builder, {precision})")
-                        out.append(adopted)
-                        continue
+                if reads.open(adopted, "onnx").model.fingerprint == fingerprint:
+                    say(f"reusing {adopted} (onnxruntime-genai's builder, {precision})")
+                    out.append(adopted)
+                    continue
+                reads.forget(adopted)  # another model: built anew below
             except ArtifactError:
                 pass
             say(f"onnxruntime-genai's builder: {hf} -> {build} ({precision}, cpu) ...")

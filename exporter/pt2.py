@@ -44,7 +44,7 @@ GUARD_HINT = ("forward fixes or branches on that length (an `if seq > n`, a buff
 
 
 def _block_inputs(c: ModuleContract) -> tuple:
-    from mhaexport.exporter.module import example_module_inputs
+    from mhaexport.exporter.block import example_module_inputs
 
     return example_module_inputs(c)
 
@@ -98,7 +98,7 @@ def _probe_inputs(loaded: LoadedModel) -> list[tuple[tuple[int, int, int], tuple
     shapes = [(1, 1, 0), (1, EXAMPLE_SEQ + 4, 0), (1, 1, EXAMPLE_PAST + 6), (3, 2, 1)]
     shapes = [(b, s, p) for b, s, p in shapes if s + p <= limit]
     if isinstance(c, ModuleContract):
-        from mhaexport.exporter.module import example_module_inputs
+        from mhaexport.exporter.block import example_module_inputs
 
         return [((b, s, p), example_module_inputs(c, seq=s, past=p, batch=b)) for b, s, p in shapes]
     return [((b, s, p), example_inputs(c, seq=s, past=p, batch=b)) for b, s, p in shapes]
@@ -123,9 +123,10 @@ def _refined_export(loaded: LoadedModel, args: tuple, dynamic: tuple, error: Bas
                     ) -> tuple[torch.export.ExportedProgram, dict[str, int]]:
     """The export again with torch's suggested fixes applied (what torch.onnx's exporter does), accepted only when
     they raise minimums and the program then agrees with eager at :func:`_probe_inputs`' shapes at or above them.
-    transformers' mask code guards total >= past + seq, which torch.export, reasoning with every length >= 2, turns
-    into total_sequence_length >= 4: the program then refuses a shorter mask at run time (recorded, and verify
-    reports the shapes it refuses)."""
+    A mask code's guard total >= past + seq (transformers' has one) becomes, with every length reasoned >= 2,
+    total_sequence_length >= 4: the program then refuses a shorter mask at run time (recorded, and verify reports
+    the shapes it refuses). The --hf wrapper avoids that narrowing by saying total == past + seq
+    (``torch._check``, models/hf.py)."""
     new = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(getattr(error, "msg", str(error)),
                                                                                  dynamic)
     raised = _raised_minimums(dynamic, new)

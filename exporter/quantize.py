@@ -41,11 +41,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from mhaexport.artifact import ArtifactEntry, ExportFolder, shown_path, stage_artifact
+from mhaexport.artifact import ArtifactEntry, ExportFolder, Manifest, OpenFolders, shown_path, stage_artifact
 from mhaexport.artifact.details import OnnxDetails, QuantSource, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.env import tool_versions
 from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
+from mhaexport.exporter.records import Replaced, record_dict
 from mhaexport.progress import Step
 from mhaexport.graph import GraphIndex, name_scopes, weights_read
 from mhaexport.runtime.genai import GENAI_CONFIG
@@ -64,6 +65,9 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 # (b128 and b256 within noise of each other; b128 kept: the finer blocks, the wider gate margin, top-1 0.892 vs
 # 0.889); b128 without the int8 first block fails the gate (top-1 0.834 < 0.85). int8 in blocks of 128 fails the
 # int8 gate (greedy agreement 13.4 of 32 < 16), in blocks of 32 it passes (23.1): int8 keeps 32.
+# Re-measured per recipe in ONNX Runtime's profile of a decode step (docs/measurements/int4-and-export-2026-12-02.md,
+# scripts/measure_int4.py): against b128, b32 costs 12-41 % of a step, b64 10-21 %, b256 is within 1-3 %; the builder's
+# file (b32) takes 1.02-1.13 x this default's step.
 DEFAULT_BLOCK_SIZE = {"int4": 128, "int8": 32}
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations
 # int4's default: the first decoder block in 8 bits. On the trained default model (held-out text) all-int4 agrees
@@ -73,6 +77,8 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf1
 # Measured on the trained default model (4 blocks, blocks of 128): block 0 in int8 top-1 0.892, blocks 0-1 0.913 —
 # issue 12's int4 target is top-1 >= 0.90 — and on the bench-size random Llama blocks 0-1 took the relative logit
 # error from 0.294 to 0.242, back under the gate's 0.3, for 7 % more bytes (docs/measurements/peer-targets-*.md).
+# Their cost in a decode step: 3.4 % (2 threads) to 15.5 % (1 thread); without them the trained model fails the gate
+# (text top-1 0.834 < 0.85; docs/measurements/int4-and-export-2026-12-02.md).
 DEFAULT_INT8_BLOCKS = {"int4": 2, "int8": 0}
 
 
@@ -84,13 +90,18 @@ class QuantConfig:
     weights: str = "int4"  # "int4" | "int8"
     block_size: int | None = None  # weights per scale, along K: one of BLOCK_SIZES; None: the scheme's default
     symmetric: bool = True  # no zero points (int4: values -8..7 times the block's scale)
-    accuracy_level: int = 4  # MatMulNBits' compute type on CPU: 4 = int8 activations (fastest), 0/1 = float
+    accuracy_level: int = 4  # MatMulNBits' compute type on CPU: 4 = int8 activations (fastest: 0/1 = float, 4-5 x)
     keep_float: tuple[str, ...] = ("embeddings",)  # gathered tables stay float: a decode step reads one row
     int8_blocks: int | None = None  # int4: the first N decoder blocks get 8-bit weights
 
     def __post_init__(self) -> None:
+        """A QuantConfig is checked when it is made (ConfigError naming the bad field and what is valid): a request
+        is checked once, before any work, and the functions that take one trust it."""
         if self.block_size is None and self.weights in DEFAULT_BLOCK_SIZE:
             object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.weights])
+        if isinstance(self.keep_float, list):
+            object.__setattr__(self, "keep_float", tuple(self.keep_float))
+        self._check()
 
     @property
     def bits(self) -> int:
@@ -101,7 +112,10 @@ class QuantConfig:
         return DEFAULT_INT8_BLOCKS[self.weights] if self.int8_blocks is None else self.int8_blocks
 
     def check(self) -> QuantConfig:
-        """The config itself, or ConfigError naming the bad field and what is valid."""
+        """The config itself (it was checked when it was made)."""
+        return self
+
+    def _check(self) -> None:
         if self.weights not in BITS:
             raise ConfigError(f"--weights {self.weights!r}: expected one of {', '.join(WEIGHTS)}")
         bs = self.block_size
@@ -120,12 +134,10 @@ class QuantConfig:
         if self.int8_blocks is not None and self.weights != "int4":
             raise ConfigError(f"--int8-blocks {self.int8_blocks} applies to --weights int4 (it puts the first blocks "
                               f"in 8 bits); with --weights {self.weights} every block already is")
-        return self
 
     def check_model(self, n_layers: int) -> QuantConfig:
-        """:meth:`check`, and ``int8_blocks`` within the model's ``n_layers`` decoder blocks (ConfigError). Returns
+        """``int8_blocks`` within the model's ``n_layers`` decoder blocks (ConfigError). Returns
         the config for that model: the default ``int8_blocks`` resolved (int4: 2, at most n_layers - 1)."""
-        self.check()
         if self.int8_blocks is not None and self.int8_blocks > n_layers:
             raise ConfigError(f"--int8-blocks {self.int8_blocks}: the model has {n_layers} decoder block(s)")
         if self.int8_blocks is None and self.weights == "int4":
@@ -152,6 +164,13 @@ class QuantizeRecord:
     seconds: float
     quantization: Quantization
     warnings: list[str] = field(default_factory=list)
+    manifest: Manifest | None = None  # the folder's manifest as published
+    replaced: Replaced | None = None  # the other model the folder held (``replace``), else None
+    artifact: str = "onnx"
+
+    def to_dict(self) -> dict:
+        """The record for scripts (``--json``): :func:`mhaexport.exporter.records.record_dict`."""
+        return record_dict(self)
 
 
 # ---- reading the graph -----------------------------------------------------------------------------------------
@@ -313,7 +332,6 @@ def _run_quantizer(model: onnx.ModelProto, bits: int, cfg: QuantConfig, exclude:
 def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.ModelProto, dict, list[str]]:
     """Quantize ``model`` (a float ONNX decoder) as ``cfg`` says: untie the LM head, then ORT's quantizer once for
     the 8-bit layers and once for the 4-bit ones. Returns the model, what was done (for the manifest) and warnings."""
-    cfg.check()
     warns: list[str] = []
     untied = untie_lm_head(model)
     inits = {i.name for i in model.graph.initializer}
@@ -441,16 +459,19 @@ def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto | None, onnx.ModelProto
     return shipped, rebuilt, note
 
 
-def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = QuantConfig(),
+def quantize_folder(folder: str | Path | ExportFolder, out_dir: str | Path, cfg: QuantConfig = QuantConfig(),
                     progress: Callable[[str], None] | None = None) -> QuantizeRecord:
-    """Quantize ``folder``'s float32 ONNX export into ``out_dir`` (a new export folder of the same model).
+    """Quantize ``folder``'s float32 ONNX export into ``out_dir`` (a new export folder of the same model). ``folder``:
+    a path (opened here, its snapshot removed when done) or an opened ExportFolder (used as it is).
 
     ArtifactError: no ONNX export, a hash mismatch, ``out_dir`` is ``folder``; ExportError: the source is already
-    quantized or not float32, or ONNX Runtime cannot run the result; ConfigError: a bad ``cfg``."""
+    quantized or not float32, or ONNX Runtime cannot run the result; ConfigError: ``cfg`` against the model."""
+    if not isinstance(folder, ExportFolder):
+        with ExportFolder.open(folder, "onnx") as src:
+            return quantize_folder(src, out_dir, cfg, progress)
     say = progress or (lambda _m: None)
-    cfg.check()
     started = time.perf_counter()
-    src = ExportFolder.open(folder, "onnx")
+    src = folder
     cfg = cfg.check_model(src.contract.n_layers)  # src.contract: ArtifactError for a block on its own (--module)
     out = Path(out_dir)
     if out.resolve() == src.path.resolve():
@@ -497,44 +518,47 @@ def quantize_folder(folder: str | Path, out_dir: str | Path, cfg: QuantConfig = 
                             seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes, versions=tool_versions(),
                             export_seconds=round(time.perf_counter() - started, 3), warnings=list(warns),
                             details=details)
-        staged.publish(src.model.relocated(src.path, out), new, files,
-                       owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
-    return QuantizeRecord(out, files, time.perf_counter() - started, details.quantization, warns)
+        manifest = staged.publish(src.model.relocated(src.path, out), new, files,
+                                  owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
+    return QuantizeRecord(out, files, time.perf_counter() - started, details.quantization, warns, manifest)
 
 
-def export_quantized(folder: str | Path, schemes: list[str], out_dir: str | Path, have: tuple[str, ...] | list[str] = (),
-                     progress: Callable[[str], None] | None = None) -> list[Path]:
-    """For `mhaexport bench --quantize int4,int8`: the export folder holding each scheme (default settings) of
+def export_quantized(folder: str | Path | ExportFolder, schemes: list[str] | list[QuantConfig], out_dir: str | Path,
+                     have: tuple[str, ...] | list[str] = (), progress: Callable[[str], None] | None = None,
+                     reads: OpenFolders | None = None) -> list[Path]:
+    """For `mhaexport bench --quantize int4,int8`: the export folder holding each scheme (a name: default settings) of
     ``folder``'s model — one of ``have`` when it already does, else out_dir/quantized/SCHEME, quantized there unless a
-    hash-checked quantization of the same model and settings is already there. Returns them in ``schemes``' order."""
+    hash-checked quantization of the same model and settings is already there. Returns them in ``schemes``' order.
+    ``reads``: the command's :class:`~mhaexport.artifact.OpenFolders` (each folder opened once; it closes them)."""
     from mhaexport.artifact import same_model_folders
 
     say = progress or (lambda _m: None)
-    for s in schemes:
-        QuantConfig(weights=s).check()
-    src = ExportFolder.open(folder)
-    known: dict[str, Path] = {}
-    for other, m in same_model_folders(folder, src, have):
-        q = m.artifacts["onnx"].details.quantization
-        if q and q.label:
-            known.setdefault(q.label, other)
-    out = []
-    for scheme in schemes:
-        cfg = QuantConfig(weights=scheme)
-        if cfg.label() in known:
-            out.append(known[cfg.label()])
-            continue
-        sub = Path(out_dir) / "quantized" / scheme
-        try:
-            m = ExportFolder.open(sub, "onnx")
+    configs = [s if isinstance(s, QuantConfig) else QuantConfig(weights=s) for s in schemes]  # checked when made
+    with OpenFolders() as own:
+        reads = reads or own
+        src = reads.open(folder)
+        known: dict[str, Path] = {}
+        for other, m in same_model_folders(src.path, src, have, reads):
             q = m.artifacts["onnx"].details.quantization
-            if m.model.fingerprint == src.model.fingerprint and q and q.label == cfg.label():
-                say(f"reusing {sub} ({cfg.label()})")
-                out.append(sub)
+            if q and q.label:
+                known.setdefault(q.label, other)
+        out = []
+        for cfg in configs:
+            if cfg.label() in known:
+                out.append(known[cfg.label()])
                 continue
-        except ArtifactError:
-            pass
-        say(f"quantizing {cfg.label()} -> {sub} ...")
-        quantize_folder(folder, sub, cfg)
-        out.append(sub)
+            sub = Path(out_dir) / "quantized" / cfg.weights
+            try:
+                m = reads.open(sub, "onnx")
+                q = m.artifacts["onnx"].details.quantization
+                if m.model.fingerprint == src.model.fingerprint and q and q.label == cfg.label():
+                    say(f"reusing {sub} ({cfg.label()})")
+                    out.append(sub)
+                    continue
+                reads.forget(sub)  # another model or scheme: quantized anew below
+            except ArtifactError:
+                pass
+            say(f"quantizing {cfg.label()} -> {sub} ...")
+            quantize_folder(src, sub, cfg)
+            out.append(sub)
     return out

@@ -41,10 +41,11 @@ if (_root / "pyproject.toml").is_file() and (_root / "models" / "attention.py").
 from mhaexport.errors import MhaExportError  # noqa: E402
 
 # The Python API (mhaexport/api.py), imported on first use so `import mhaexport` and `mhaexport --help` stay instant.
-_API = ("bench", "export_onnx", "export_torchscript", "generate", "load", "quantize", "verify")
-# Two API names are also subpackages (verify/, bench/): importing a subpackage sets the package's attribute to the
-# module, whatever was there, so the attribute becomes an ApiFunction view of it (see _Package).
-_PACKAGES = ("verify", "bench")
+_API = ("bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2", "export_torchscript", "generate", "load",
+        "quantize", "verify")
+# Three API names are also subpackages (verify/, bench/, evaluate/): importing a subpackage sets the package's
+# attribute to the module, whatever was there, so the attribute becomes an ApiFunction view of it (see _Package).
+_PACKAGES = ("verify", "bench", "evaluate")
 
 __all__ = ["MhaExportError", "__version__", *_API]
 
@@ -99,8 +100,8 @@ class ApiFunction:
 
 
 class _Package(_ModuleType):
-    """mhaexport itself: importing a subpackage sets the parent's attribute to the module; for verify and bench the
-    attribute becomes the :class:`ApiFunction` view of it instead."""
+    """mhaexport itself: importing a subpackage sets the parent's attribute to the module; for verify, bench and
+    evaluate the attribute becomes the :class:`ApiFunction` view of it instead."""
 
     def __setattr__(self, name: str, value) -> None:
         if name in _PACKAGES and isinstance(value, _ModuleType):

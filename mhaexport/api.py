@@ -60,11 +60,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from mhaexport.exporter.quantize import QuantizeRecord
     from mhaexport.models.loading import LoadedModel
     from mhaexport.runtime.decode import GenerationResult
+    from mhaexport.diagnose.follow import BisectRun
+    from mhaexport.evaluate.perplexity import EvalReport
     from mhaexport.verify.report import VerifyReport
 
 Progress = Callable[[str], None]
 
-__all__ = ["bench", "export_onnx", "export_pt2", "export_torchscript", "generate", "load", "quantize", "verify"]
+__all__ = ["bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2", "export_torchscript", "generate", "load",
+           "quantize", "verify"]
 
 
 def _names(value: Any, arg: str, *, paths: bool = False) -> tuple | None:
@@ -121,87 +124,195 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
          allow_download: bool = False) -> LoadedModel:
     """The model a command works on, checked against the decoder contract (``--model`` / ``--config`` / ``--hf`` /
     ``--checkpoint`` / ``--revision`` / ``--allow-download``). A LoadedModel given as ``model`` is returned as it
-    is. Raises ConfigError or ModelLoadError."""
+    is. Raises ConfigError or ModelLoadError. ``.notes``: what the loading had to decide (a context length the
+    config left out, say)."""
     from mhaexport.models.loading import LoadedModel, load_model
 
     if isinstance(model, LoadedModel):
         if config is not None or hf is not None or checkpoint is not None:
-            from mhaexport.errors import ConfigError
-
             raise ConfigError("a loaded model was given: config, hf and checkpoint do not apply")
         return model
     return load_model(config=config, model=model, checkpoint=checkpoint, hf=hf, revision=revision,
                       allow_download=allow_download)
 
 
-def _model(model, config, hf, checkpoint, revision, allow_download) -> LoadedModel:
-    return load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
-                allow_download=allow_download)
+def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None) -> LoadedModel:
+    """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.progress.Note`)."""
+    from mhaexport.models.loading import LoadedModel
+    from mhaexport.progress import Note
+
+    given = isinstance(model, LoadedModel)
+    loaded = load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
+                  allow_download=allow_download)
+    if progress is not None and not given:
+        for note in loaded.notes:
+            progress(Note(note))
+    return loaded
+
+
+def _say(progress: Progress | None) -> Progress:
+    return progress or (lambda _m: None)
+
+
+def writable_output(output: str | Path, hint: str = "") -> Path:
+    """An output folder checked before any work: writable (made if missing), and the writers' lock timeout
+    (MHAEXPORT_LOCK_TIMEOUT) valid; ArtifactError / ConfigError in one line (``hint`` appended)."""
+    from mhaexport.artifact.files import probe_writable
+    from mhaexport.artifact.lock import lock_timeout
+    from mhaexport.errors import ArtifactError
+
+    lock_timeout()
+    try:
+        return probe_writable(output)
+    except ArtifactError as e:
+        if not hint:
+            raise
+        raise ArtifactError(f"{e}{hint}") from None
+
+
+def _block(module: str | None, mask: str | None, model: Any, hf: Any, **refused: tuple[Any, Any]) -> bool:
+    """Whether an export is of the built-in attention block on its own (``module="attention"``, the CLI's --module),
+    checked before any work: ``mask`` needs ``module``; the block comes from ``config`` (not ``model``/``hf``) and
+    is exported with dynamic axes, decomposed attention and float32 (``refused``: option -> (value, default)).
+    ExportOptionError (a ConfigError) otherwise."""
+    from mhaexport.errors import ExportOptionError
+
+    if module is None:
+        if mask is not None:
+            raise ExportOptionError("--mask applies to --module attention (the decoder's mask is causal, with "
+                                    "padding from attention_mask)")
+        return False
+    if module != "attention":
+        raise ExportOptionError(f"--module {module!r}: expected attention")
+    if model is not None or hf is not None:
+        raise ExportOptionError(f"--module {module} exports the built-in block from --config; --model and --hf are "
+                                "decoders")
+    for option, (value, default) in refused.items():
+        if value != default:
+            raise ExportOptionError(f"--module {module} is exported with dynamic axes, decomposed attention and "
+                                    f"float32; {option} {value} does not apply")
+    return True
+
+
+def _load_block(config: str | None, checkpoint: str | Path | None, mask: str | None) -> LoadedModel:
+    """The built-in attention block of ``config`` (its blocks.0.attn weights) with ``mask`` (default causal)."""
+    from mhaexport.models.block import load_block
+
+    return load_block(config, checkpoint, mask=mask or "causal")
+
+
+def _block_of(loaded: LoadedModel) -> str:
+    """"the attention block of preset:tiny" (a block's spec ends with the block's own name)."""
+    return f"the {loaded.contract.kind} block of {loaded.spec.rsplit(' ', 1)[0]}"
 
 
 def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
                 hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
-                allow_download: bool = False, opset: int | None = None, attention: str = "decomposed",
-                dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None,
-                seq_dynamic: bool = True, seq_len: int | None = None, past_len: int = 0,
-                replace: bool = False) -> ExportRecord:
+                allow_download: bool = False, module: str | None = None, mask: str | None = None,
+                opset: int | None = None, attention: str = "decomposed", dtype: str = "float32",
+                kv_cache: str = "concat", max_cache: int | None = None, seq_dynamic: bool = True,
+                seq_len: int | None = None, past_len: int = 0, replace: bool = False,
+                progress: Progress | None = None) -> ExportRecord:
     """``mhaexport onnx``: export the model to ONNX into folder ``output`` (model.onnx + manifest.json; other
-    artifacts already there stay). ``replace``: ``output`` may hold another model (or the attention block where a
-    decoder goes): it is replaced, its files and reports removed — without it that is an ExportError before any
-    work. Returns the ExportRecord (folder, files, seconds, warnings, manifest). Raises ConfigError /
-    ModelLoadError / ExportError / ArtifactError."""
-    from mhaexport.artifact.files import probe_writable
-    from mhaexport.exporter.onnx import export_onnx as _export
+    artifacts already there stay). ``module="attention"``: the built-in attention block of ``config`` on its own
+    (``mask`` "causal" or "none"; dynamic axes, decomposed attention, float32). ``replace``: ``output`` may hold
+    another model (or the attention block where a decoder goes): it is replaced, its files and reports removed
+    (``record.replaced`` says what went) — without it that is an ExportError before any work. Returns the
+    ExportRecord (folder, files, seconds, warnings, manifest, replaced; ``.to_dict()``: what ``--json`` prints).
+    Raises ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    say = _say(progress)
+    if _block(module, mask, model, hf, **{"--seq-static": (not seq_dynamic, False),
+                                          "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
+                                          "--kv-cache": (kv_cache, "concat"), "--max-cache": (max_cache, None)}):
+        from mhaexport.exporter.block import export_module_onnx
 
-    probe_writable(output)
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
-    with _replacing(output, loaded, replace):
-        return _export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
-                       attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+        writable_output(output)
+        loaded = _load_block(config, checkpoint, mask)
+        with _replacing(output, loaded, replace) as done:
+            say(f"Exporting {_block_of(loaded)} to ONNX (opset {opset or 18}, dynamic axes, mask "
+                f"{loaded.contract.mask}) ...")
+            return done(export_module_onnx(loaded, output, opset=opset))
+    from mhaexport.exporter.onnx import check_options, export_onnx as _export
+
+    shown = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
+                          attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+    writable_output(output)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    with _replacing(output, loaded, replace) as done:
+        axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
+        cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
+        say(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
+        return done(_export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
+                            past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache,
+                            max_cache=max_cache))
 
 
 @contextlib.contextmanager
-def _replacing(output: str | Path, loaded: Any, replace: bool) -> Iterator[None]:
-    """An export into ``output``: refused before any work when it holds another model unless ``replace`` (then
-    what that model left goes once the new export is published). ``loaded``: a LoadedModel, or a quantize source's
-    recorded model."""
+def _replacing(output: str | Path, loaded: Any, replace: bool) -> Iterator[Callable[[Any], Any]]:
+    """An export into ``output``, refused before any work when it holds another model unless ``replace``: the one
+    check of ``replace``. Yields ``done(record)``: once the new export is published, what the replaced model left
+    goes and ``record.replaced`` says what (returns the record). ``loaded``: a LoadedModel, or a quantize source's
+    recorded model (None: nothing to check)."""
     from mhaexport.exporter.common import check_replace, drop_replaced
+    from mhaexport.exporter.records import Replaced
 
     prev = check_replace(output, loaded, replace) if loaded is not None else None
-    yield
-    drop_replaced(output, prev)
+
+    def done(record: Any) -> Any:
+        removed = drop_replaced(output, prev)
+        if prev is not None:
+            record.replaced = Replaced(prev.what, prev.spec, prev.fingerprint, removed)
+        return record
+
+    yield done
 
 
 def export_torchscript(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
                        hf: str | Path | None = None, checkpoint: str | Path | None = None,
-                       revision: str | None = None, allow_download: bool = False,
-                       mode: str = "trace", replace: bool = False) -> ExportRecord:
+                       revision: str | None = None, allow_download: bool = False, module: str | None = None,
+                       mask: str | None = None, mode: str = "trace", replace: bool = False,
+                       progress: Progress | None = None) -> ExportRecord:
     """``mhaexport torchscript``: export the model to TorchScript (``mode`` trace or script) into ``output``
-    (``replace`` as :func:`export_onnx`). Returns the ExportRecord."""
-    from mhaexport.artifact.files import probe_writable
+    (``module``, ``mask``, ``replace`` as :func:`export_onnx`). Returns the ExportRecord."""
+    say = _say(progress)
+    if _block(module, mask, model, hf):
+        from mhaexport.exporter.block import export_module_torchscript
+
+        writable_output(output)
+        loaded = _load_block(config, checkpoint, mask)
+        with _replacing(output, loaded, replace) as done:
+            say(f"Exporting {_block_of(loaded)} to TorchScript (torch.jit.{mode}, mask {loaded.contract.mask}) ...")
+            return done(export_module_torchscript(loaded, output, mode=mode))
     from mhaexport.exporter.torchscript import export_torchscript as _export
 
-    probe_writable(output)
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
-    with _replacing(output, loaded, replace):
-        return _export(loaded, output, mode=mode)
+    writable_output(output)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    with _replacing(output, loaded, replace) as done:
+        say(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
+        return done(_export(loaded, output, mode=mode))
 
 
 def export_pt2(output: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
                hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
-               allow_download: bool = False, aoti: bool = False, replace: bool = False,
-               progress: Progress | None = None) -> list[ExportRecord]:
+               allow_download: bool = False, module: str | None = None, mask: str | None = None,
+               aoti: bool = False, replace: bool = False, progress: Progress | None = None) -> list[ExportRecord]:
     """``mhaexport pt2``: export the model with torch.export into ``output`` (model.pt2) and, with ``aoti``,
     compile it with AOTInductor for CPU (model.aoti.pt2). Returns the ExportRecords, pt2 first. Both files are code:
     ``verify``/``bench`` of the folder load them only with ``trust_code=True`` (or in this same process). Raises
-    ExportError in one line for a model torch.export cannot take. ``replace`` as :func:`export_onnx`."""
-    from mhaexport.artifact.files import probe_writable
+    ExportError in one line for a model torch.export cannot take. ``module``, ``mask``, ``replace`` as
+    :func:`export_onnx`."""
     from mhaexport.exporter.pt2 import export_pt2 as _export
 
-    probe_writable(output)
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
-    with _replacing(output, loaded, replace):
-        return _export(loaded, output, aoti=aoti, progress=progress)
+    say = _say(progress)
+    block = _block(module, mask, model, hf)
+    writable_output(output)
+    loaded = (_load_block(config, checkpoint, mask) if block else
+              _model(model, config, hf, checkpoint, revision, allow_download, progress))
+    with _replacing(output, loaded, replace) as done:
+        say(f"Exporting {_block_of(loaded) if block else loaded.spec} with torch.export (dynamic axes) ...")
+        records = _export(loaded, output, aoti=aoti, progress=progress)
+        done(records[0])
+        return records
 
 
 def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
@@ -244,6 +355,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     from mhaexport.exporter.quantize import reproduce
 
     from mhaexport.verify.junit import write_junit
+    from mhaexport.verify.render import write_report
 
     try:
         report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
@@ -256,12 +368,12 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
             refused = refused_report(folder, str(e), requested=list(runtimes) if runtimes else None, sweep=sweep,
                                      seed=seed)
             if output is not None and Path(output).resolve() != Path(folder).resolve():
-                refused.write(output, "report")
+                write_report(refused, output, "report")
             if junit is not None:
                 write_junit(refused, junit)
         raise
     if output is not None:
-        report.write(output, "report")
+        write_report(report, output, "report")
     if junit is not None:
         write_junit(report, junit)
     return report
@@ -278,36 +390,59 @@ def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Seq
     which ran; :func:`mhaexport.runtime.engine.open_generator`). ``prompts`` are encoded
     with the folder's tokenizer.json (an --hf export) or as UTF-8 bytes (byte-level models); ``prompt_ids`` are
     token ids; a batch is left-padded. Returns the GenerationResult (``tokens`` per prompt, ``stop_reason``,
-    ``message``, timings, ``providers``) with ``texts``: the decoded continuation per text prompt (None without a
-    tokenizer). Raises ConfigError for a bad argument (RuntimeOptionError: no prompt, text for a model without a
-    tokenizer, a sampling setting out of range), RuntimeInputError for ids the model cannot take, ArtifactError,
-    ProviderUnavailable."""
+    ``message``, timings, ``providers``, ``engine``, ``warnings``) with ``texts``: the decoded continuation per text
+    prompt (None without a tokenizer) and ``engine_reason`` (why that loop). Raises ConfigError for a bad argument
+    (RuntimeOptionError: no prompt, text for a model without a tokenizer, a sampling setting out of range, an unknown
+    engine), RuntimeInputError for ids the model cannot take, ArtifactError, ProviderUnavailable. The folder is
+    opened (hash-checked) once; its snapshot goes when done."""
+    from mhaexport.artifact import ExportFolder
     from mhaexport.runtime import GenerationConfig, SamplingConfig
     from mhaexport.runtime.engine import open_generator
     from mhaexport.runtime.tokenizer import for_folder
 
-    prompts = _names(prompts, "prompts")
+    prompts = _names(prompts, "prompts") or ()
     prompt_ids = _prompt_ids(prompt_ids)
     providers = _names(providers, "providers")
     _count(eos_id, "eos_id", 0)
     _count(threads, "threads")
     _count(seed, "seed", 0, optional=False)
     if not prompts and not prompt_ids:
-        raise RuntimeOptionError("give prompts (text) or prompt_ids")
-    gen = open_generator(folder, tuple(providers), threads=threads, engine=engine)
-    tok = for_folder(gen.export)
-    if prompts and tok is None:
-        raise RuntimeOptionError(f"text prompts are encoded as bytes (ids 0..255) but this model's vocab_size is "
-                                 f"{gen.contract.vocab_size} and the folder carries no tokenizer.json; use prompt_ids")
-    rows = [tok.encode(p) for p in prompts] + [list(r) for r in prompt_ids]
-    if eos_id is None and tok is not None:
-        eos_id = tok.eos_token_id
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
-                           sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
-    result = gen.generate(rows, cfg)
+        raise RuntimeOptionError("give prompts (text) or prompt_ids", cli="give --prompt TEXT or --prompt-ids 5,17,42")
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    with ExportFolder.open(folder, "onnx") as ef:
+        gen = open_generator(ef, tuple(providers), threads=threads, engine=engine)  # --engine
+        tok = for_folder(ef)  # the folder's tokenizer.json, byte-level, or None
+        if prompts and tok is None:
+            said = (f"text prompts are encoded as bytes (ids 0..255) but this model's vocab_size is "
+                    f"{gen.contract.vocab_size} and the folder carries no tokenizer.json")
+            raise RuntimeOptionError(f"{said}; use prompt_ids",
+                                     cli=f"--prompt encodes {said.removeprefix('text prompts are encoded')}; use "
+                                         "--prompt-ids")
+        rows = [tok.encode(p) for p in prompts] + [list(r) for r in prompt_ids]
+        if eos_id is None and tok is not None:
+            eos_id = tok.eos_token_id
+        result = gen.generate(rows, GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
+                                                     sampling=sampling))
     result.texts = [tok.continuation(r, t) for r, t in zip(rows, result.tokens)] if tok is not None else None
     result.warnings = list(gen.warnings)
+    result.engine_reason = gen.engine_reason
     return result
+
+
+def evaluate(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
+             runtimes: Sequence[str] | None = None, window: int | None = None, stride: int | None = None,
+             trust_code: bool = False, progress: Progress | None = None) -> EvalReport:
+    """``mhaexport eval``: perplexity (and bits per byte) of ``folder``'s artifacts on ``text`` (UTF-8 bytes;
+    default: the held-out text of the shipped weights) on each of ``runtimes`` (default ["ort-cpu"]); a runtime
+    that cannot run or fails is a row saying why (``report.rows``; ``.to_dict()``: what ``--json`` prints). Raises
+    ConfigError for an unknown runtime or a bad ``window``/``stride``, RuntimeInputError for text the model cannot
+    read. The folder is opened (hash-checked) once; its snapshot goes when done."""
+    from mhaexport.evaluate.perplexity import evaluate_folder
+
+    runtimes = _names(runtimes, "runtimes") or ("ort-cpu",)
+    _count(stride, "stride")
+    return evaluate_folder(folder, text, text_source=text_source, runtimes=runtimes, window=window, stride=stride,
+                           trust_code=trust_code, progress=progress)
 
 
 def _prompt_ids(value: Any) -> list[list[int]]:
@@ -336,15 +471,30 @@ def _prompt_ids(value: Any) -> list[list[int]]:
 
 
 def bench(folder: str | Path, *, output: str | Path | None = None, progress: Progress | None = None,
-          **config: Any) -> BenchResult:
+          lowerings: str | Sequence[str] | None = None, quantize: str | Sequence[str] | None = None,
+          builder: str | Sequence[str] | None = None, **config: Any) -> BenchResult:
     """``mhaexport bench``: time the KV-cache decode loop of an export folder on each runtime. ``config``: fields
-    of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to,
-    ...; ``batches=[1, 4, 16]`` / ``prompts=[32, 512, 2048]``, or the CLI's "1,4,16": how cost grows;
-    ``targets=True``: the project's speed targets; the default runtimes leave out eager-nocache). ``output``:
-    also write bench.json / bench.md / bench.png (bench-scaling.png) there. ``long`` is the CLI's ``--long``
-    (BenchConfig's ``long_to``; ``long_to=`` still works, deprecated). Returns the BenchResult (``.get(name)``:
-    a row; ``.scaling``: how cost grows; ``mhaexport.bench.markdown_body(result)``: bench.md's tables)."""
+    of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long, ...;
+    ``runtimes=["all"]``: every runtime, pt2/aoti with ``trust_code``; ``batches=[1, 4, 16]`` /
+    ``prompts=[32, 512, 2048]``, or the CLI's "1,4,16": how cost grows; ``targets=True``: the project's speed
+    targets; the default runtimes leave out eager-nocache). ``long`` is the CLI's ``--long`` (BenchConfig's
+    ``long_to``; ``long_to=`` still works, deprecated).
+
+    The export steps of the CLI's ``--lowerings`` / ``--quantize`` / ``--builder`` (names or one comma list each):
+    the same model in other lowerings ("decomposed", "onnx", "ort", "fused", "shared", "fused-shared", each with an
+    optional ":DTYPE"), quantized ("int4", "int8", default settings) and built by onnxruntime-genai's model builder
+    ("fp32", "int4"; FOLDER an --hf export) are exported once into ``output`` (FOLDER when None: lowerings/,
+    quantized/, builder/) unless FOLDER, a ``compare`` folder or an earlier run holds them, and timed beside it.
+
+    Everything is checked before any work (ConfigError in one line). Each folder is opened (hash-checked) once and
+    every snapshot goes when the run ends, on errors too. ``output``: also write bench.json / bench.md / bench.png
+    (bench-scaling.png) there (``result.written``: their paths). Returns the BenchResult (``.get(name)``: a row;
+    ``.scaling``: how cost grows; ``mhaexport.bench.markdown_body(result)``: bench.md's tables)."""
+    import dataclasses
+
     from mhaexport import bench as _bench
+    from mhaexport.artifact import OpenFolders
+    from mhaexport.bench.config import AOTI, PT2
 
     if "long_to" in config:  # the CLI's --long; long_to is its deprecated alias
         config["long"] = _renamed("long", config.get("long"), "long_to", config.pop("long_to"))
@@ -354,15 +504,79 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
         if key in config:
             names = _names(config[key], key, paths=key == "compare")
             config[key] = names if names is not None or key == "runtimes" else ()
-    for key in ("batches", "prompts"):  # ConfigError in one line for anything but positive integers
+    for key in ("batches", "prompts"):  # "1,4,16" or [1, 4, 16]: ConfigError in one line naming the point
         if key in config:
             config[key] = _bench.parse_points(config[key], key)
-    cfg = _bench.BenchConfig(**config)
-    _bench.check_config(cfg)
-    result = _bench.run_bench(folder, cfg, progress=progress)
+    if config.get("runtimes") == ("all",):  # every runtime; the code runtimes (pt2, aoti) only on trust
+        config["runtimes"] = tuple(r for r in _bench.ALL_RUNTIMES if config.get("trust_code") or r not in (PT2, AOTI))
+    cfg = _bench.BenchConfig(**config)  # checked when made: the one check of the request
+    steps = _bench_steps(lowerings, quantize, builder)
+    out_dir = Path(output if output is not None else folder)
+    if output is not None or any(steps):
+        from mhaexport.outputs import check_outputs, resolved
+
+        if output is not None:
+            check_outputs({f"-o (its {n})": out_dir / n for n in ("bench.json", "bench.md", "bench.png")},
+                          reading=[folder, *cfg.compare])
+        writable_output(out_dir, " (give -o DIR to write the bench results elsewhere)"
+                  if resolved(out_dir) == resolved(folder) else "")
+    wanted, schemes, precisions = steps
+    with OpenFolders() as reads:
+        ef = reads.open(folder)
+        if precisions:
+            from mhaexport.exporter.peer import hf_source
+
+            hf_source(ef)  # an --hf folder, its Hugging Face folder still there: else one line, before any work
+        for step, todo in ((_lowerings, wanted), (_quantized, schemes), (_builder, precisions)):
+            if todo:
+                found = step(ef, todo, out_dir, cfg, progress, reads)
+                cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
+        result = _bench.run_bench(ef, cfg, progress=progress, reads=reads)
     if output is not None:
-        _bench.write_bench(result, output)
+        result.written = _bench.write_bench(result, output)
     return result
+
+
+def _bench_steps(lowerings: Any, quantize: Any, builder: Any) -> tuple[list, list, list]:
+    """bench's export steps, checked before any work: the (attention, dtype) lowerings, the QuantConfigs, the
+    builder's precisions."""
+    def text(value: Any, arg: str) -> str | None:
+        names = _names(value, arg)
+        return ",".join(names) if names else None
+
+    wanted, schemes, precisions = [], [], []
+    if (given := text(lowerings, "lowerings")) is not None:
+        from mhaexport.exporter.variants import parse_lowerings
+
+        wanted = parse_lowerings(given)
+    if (given := text(quantize, "quantize")) is not None:
+        from mhaexport.exporter.quantize import QuantConfig
+
+        schemes = [QuantConfig(weights=s) for s in dict.fromkeys(x.strip() for x in given.split(",") if x.strip())]
+    if (given := text(builder, "builder")) is not None:
+        from mhaexport.exporter.peer import check_precisions
+
+        precisions = check_precisions(given)
+    return wanted, schemes, precisions
+
+
+def _lowerings(ef, wanted, out_dir, cfg, progress, reads) -> list[Path]:
+    from mhaexport.exporter.variants import export_lowerings
+
+    return export_lowerings(ef, wanted, out_dir, have=cfg.compare, progress=progress, trust_code=cfg.trust_code,
+                            reads=reads)
+
+
+def _quantized(ef, schemes, out_dir, cfg, progress, reads) -> list[Path]:
+    from mhaexport.exporter.quantize import export_quantized
+
+    return export_quantized(ef, schemes, out_dir, have=cfg.compare, progress=progress, reads=reads)
+
+
+def _builder(ef, precisions, out_dir, cfg, progress, reads) -> list[Path]:
+    from mhaexport.exporter.peer import export_builder
+
+    return export_builder(ef, precisions, out_dir, progress=progress, trust_code=cfg.trust_code, reads=reads)
 
 
 def quantize(folder: str | Path, output: str | Path, *, weights: str = "int4", block_size: int | None = None,
@@ -371,13 +585,80 @@ def quantize(folder: str | Path, output: str | Path, *, weights: str = "int4", b
              progress: Progress | None = None) -> QuantizeRecord:
     """``mhaexport quantize``: the weights of ``folder``'s float ONNX export to int4/int8 into a new folder
     ``output`` (then ``verify(output)`` judges its quality against eager fp32; ``replace`` as :func:`export_onnx`).
-    Returns the QuantizeRecord."""
-    from mhaexport.artifact.files import probe_writable
+    Every setting is checked before any work (ConfigError); ``folder`` is opened (hash-checked) once. Returns the
+    QuantizeRecord (``.to_dict()``: what ``--json`` prints)."""
     from mhaexport.exporter.common import previous_model
     from mhaexport.exporter.quantize import QuantConfig, quantize_folder
+    from mhaexport.outputs import check_export_into
 
     cfg = QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
-                      keep_float=_names(keep_float, "keep_float") or (), int8_blocks=int8_blocks).check()
-    probe_writable(output)
-    with _replacing(output, previous_model(folder), replace):
-        return quantize_folder(folder, output, cfg, progress=progress)
+                      keep_float=_names(keep_float, "keep_float") or (), int8_blocks=int8_blocks)  # checked when made
+    check_export_into(output, [folder])
+    writable_output(output)
+    with _replacing(output, previous_model(folder), replace) as done:
+        return done(quantize_folder(folder, output, cfg, progress=progress))
+
+
+def bisect_folder(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
+                  hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
+                  allow_download: bool = False, case: Sequence[int] | None = None, seed: int = 0,
+                  trust_code: bool = False, runtimes: Sequence[str] | str = (),
+                  progress: Progress | None = None) -> BisectRun:
+    """``mhaexport verify FOLDER --bisect``: where the folder's ONNX graph (or its torch.export program: ``runtimes``
+    naming ``pt2``, a folder with a program and no ONNX file, or a report with only the program's parity failing;
+    :func:`mhaexport.diagnose.bisect_pt2.bisect_target`) first departs from eager PyTorch.
+
+    First the failure of the folder's newest verify report it should follow, if any (a weights check: the
+    tensor and its module; a deploy-loop check: the first step, row and tensor that differ in that loop): a
+    difference found there ends the run. Then bisect's module-by-module comparison, at ``case`` (batch, seq, past:
+    the CLI's ``--case B,S,P``) when given, else at the case parity failed at worst (the folder's report, or a
+    parity run now), else at bisect's default shapes. The eager model is rebuilt from the manifest (``trust_code``:
+    also from a source that is code) or given (``model``/``config``/``hf``/``checkpoint``: the exported model).
+
+    The folder is opened (hash-checked) once for all of it; its snapshot goes when done. Returns the
+    :class:`~mhaexport.diagnose.follow.BisectRun`: ``bool(run)`` is True when no difference was found;
+    ``run.followed`` / ``run.report``: the two steps' reports (``.summary()``: their text)."""
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.models.loading import load_recorded
+    from mhaexport.diagnose.bisect import bisect as _bisect, failing_case
+    from mhaexport.diagnose.bisect_pt2 import bisect_pt2, bisect_target, refuse_untrusted_program
+    from mhaexport.diagnose.follow import BisectRun, follow
+
+    say = _say(progress)
+    target = bisect_target(folder, _names(runtimes, "runtimes"))
+    if target == "pt2":
+        refuse_untrusted_program(folder, trust_code)  # before any work: the program is code
+    _count(seed, "seed", 0, optional=False)
+    if case is not None:
+        case = tuple(case)
+        if len(case) != 3 or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in case):
+            raise ConfigError(f"case={case!r}: expected (batch, seq, past), e.g. (1, 121, 7)")
+        if case[0] < 1 or case[1] < 1 or case[2] < 0:
+            raise ConfigError(f"case={case!r}: batch and sequence must be >= 1, past >= 0",
+                              cli=f"--case {','.join(map(str, case))}: batch and sequence must be >= 1, past >= 0")
+    loaded = None
+    if model is not None or config is not None or hf is not None or checkpoint is not None:
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    with ExportFolder.open(folder, target) as ef:
+        if loaded is None:
+            loaded = load_recorded(ef, trust_code=trust_code)
+        shapes: dict = {"seed": seed}
+        followed = None
+        if case is not None:
+            shapes.update(batch=case[0], seq=case[1], past=case[2], case_from="--case")
+        else:
+            if target == "onnx":  # a weights or deploy-loop failure: bisected in its terms
+                followed = follow(ef, loaded, seed=seed)
+                if followed is not None and not followed.ok:
+                    return BisectRun(followed, None)
+            found, why = failing_case(ef, loaded, progress=progress, runtime="pt2" if target == "pt2" else "ort-cpu",
+                                      trust_code=trust_code)
+            if found is not None:
+                shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
+                              seed=found.seed, case_from=f"{found.name}: {why}")
+            else:
+                shapes["case_from"] = f"default case: {why}"
+        say(f"Bisecting {ef.path} against eager PyTorch ...")
+        if target == "pt2":
+            return BisectRun(followed, bisect_pt2(ef, loaded, trust_code=trust_code, **shapes))
+        return BisectRun(followed, _bisect(ef, loaded, trust_code=trust_code, **shapes))

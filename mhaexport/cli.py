@@ -102,7 +102,8 @@ class _Forgiving:
 
 
 class Group(click.Group):
-    """Turns the library's errors into the CLI's exit codes: VerificationFailed 1 (NotVerified 4), MhaExportError 2,
+    """Turns the library's errors into the CLI's exit codes: VerificationFailed 1 (NotVerified 4), MhaExportError 2
+    (its one line: the API's ConfigError family and the rest, in the CLI's words where the error carries them),
     Ctrl-C 130, and any other exception 3 with its traceback (CI must not mistake a crash for a failed check).
     A closed or broken stdout/stderr never changes the exit code (:class:`_Forgiving`)."""
 
@@ -137,7 +138,7 @@ class Group(click.Group):
             if interrupted(e):
                 click.echo("interrupted", err=True)
                 ctx.exit(INTERRUPTED)
-            raise BadInput(str(e)) from None
+            raise BadInput(e.cli or str(e)) from None  # the API's message, in the command line's words if it has them
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
         except Exception as e:
@@ -233,55 +234,28 @@ def _apply_target(target: str, **given: str) -> tuple[str, str, str, str | None]
     return t.attention, t.kv_cache, t.dtype, t.weights
 
 
-def _check_module_args(module: str | None, mask: str | None, model: str | None, **refused) -> None:
-    """Usage errors of --module / --mask, before any work: --mask needs --module; a module is the built-in block
-    (no --model), exported with dynamic axes, decomposed attention, float32 (``refused``: option -> (value, its
-    default))."""
-    if module is None:
-        if mask is not None:
-            raise click.BadParameter("--mask applies to --module attention (the decoder's mask is causal, with "
-                                     "padding from attention_mask)", param_hint="--mask")
-        return
-    if model is not None:
-        raise click.BadParameter(f"--module {module} exports the built-in block from --config; --model and --hf are "
-                                 "decoders", param_hint="--model")
-    for option, (value, default) in refused.items():
-        if value != default:
-            raise click.BadParameter(f"--module {module} is exported with dynamic axes, decomposed attention and "
-                                     f"float32; {option} {value} does not apply", param_hint=option)
-
-
-def _load_block(mask: str | None, config: str | None, checkpoint: str | None):
-    """The built-in attention block of ``config`` (its blocks.0.attn weights) with ``mask`` (default causal)."""
-    from mhaexport.models.block import load_block
-
-    return load_block(config, checkpoint, mask=mask or "causal")
+def _model_args(config: str | None, model: str | None, checkpoint: str | None, hf: str | None) -> dict:
+    """The model options as the API's keywords (--revision / --allow-download from ctx.meta)."""
+    meta = click.get_current_context().meta
+    return {"config": config, "model": model, "checkpoint": checkpoint, "hf": hf,
+            "revision": meta.get("mhaexport.revision"), "allow_download": meta.get("mhaexport.allow_download", False)}
 
 
 def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str | None = None):
-    from mhaexport.models.loading import load_model
+    """The model (:func:`mhaexport.api.load`), its notes said, for a verb that hands it to several API calls."""
+    from mhaexport import api
 
-    meta = click.get_current_context().meta
-    loaded = load_model(config=config, model=model, checkpoint=checkpoint, hf=hf,
-                        revision=meta.get("mhaexport.revision"),
-                        allow_download=meta.get("mhaexport.allow_download", False))
+    loaded = api.load(**_model_args(config, model, checkpoint, hf))
     for note in loaded.notes:
         click.secho(f"note: {note}", fg="yellow", err=True)
     return loaded
 
 
 def _writable(folder: str | Path, hint: str = "") -> Path:
-    """Check an output folder is writable, and the writer's lock timeout (MHAEXPORT_LOCK_TIMEOUT) valid, before any
-    work (exit 2 with one line otherwise)."""
-    from mhaexport.artifact.files import probe_writable
-    from mhaexport.artifact.lock import lock_timeout
-    from mhaexport.errors import ArtifactError
+    """An output folder checked before any work (:func:`mhaexport.api.writable_output`: exit 2 in one line)."""
+    from mhaexport.api import writable_output
 
-    lock_timeout()
-    try:
-        return probe_writable(folder)
-    except ArtifactError as e:
-        raise ArtifactError(f"{e}{hint}") from None
+    return writable_output(folder, hint)
 
 
 def _check_outputs(outputs: dict, reading=(), writing=(), reports=None) -> None:
@@ -296,22 +270,6 @@ replace_option = click.option(
     help="The -o folder holds another model's export (or the attention block where a decoder goes, or the other way "
          "round): replace it; that model's files, genai_config.json, reports and bench results go. Without it such "
          "an export is refused (one folder, one model).")
-
-
-def _check_replace(output, loaded, replace: bool):
-    from mhaexport.exporter.common import check_replace
-
-    return check_replace(output, loaded, replace)
-
-
-def _drop_replaced(output, prev) -> None:
-    """After an export with --replace: remove what the replaced model left (files, reports), and say so."""
-    from mhaexport.exporter.common import drop_replaced
-
-    removed = drop_replaced(output, prev)
-    if prev is not None:
-        click.echo(f"replaced {prev.what} {prev.spec} in {output}" + (f" (removed {', '.join(removed)})"
-                                                                        if removed else ""), err=True)
 
 
 def _regular_file(ctx: click.Context, param: click.Parameter, value):
@@ -337,13 +295,19 @@ def _regular_file(ctx: click.Context, param: click.Parameter, value):
     return value
 
 
+def _runtime_names(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """``--runtime X --runtime Y`` and ``--runtime X,Y`` alike (bench's ``--runtimes X,Y`` too): the names in order,
+    each once (the API checks them)."""
+    return tuple(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
+
+
+def runtime_option(help_text: str, *aliases: str):
+    """--runtime NAME, repeated or a comma list, on every verb that runs runtimes (``aliases``: bench's --runtimes)."""
+    return click.option("--runtime", *aliases, "runtimes", multiple=True, metavar="NAME[,NAME..]",
+                        callback=_runtime_names, help=help_text)
+
+
 SEED = click.IntRange(0, 2**32 - 1)  # numpy's and torch's seeds alike: a negative one is bad input, not a crash
-
-
-def _default_opset(attention: str, opset: int | None) -> int:
-    from mhaexport.exporter.lowering import ATTENTION_OPSET
-
-    return opset or (ATTENTION_OPSET if attention == "onnx" else 18)
 
 
 TEXT_MAX_BYTES = 1 << 20  # --text files are read whole and scored token by token: 1 MiB of bytes is minutes
@@ -390,10 +354,36 @@ def _warn(rec) -> None:
         click.secho(f"warning: {w}", fg="yellow", err=True)
 
 
-def _show_record(rec) -> None:
+def _show_record(rec, as_json: bool = False) -> None:
+    """An export's warnings, what it wrote (stdout; not with --json) and what a --replace replaced (stderr)."""
     _warn(rec)
-    files = ", ".join(f"{rec.folder / f} ({_size(rec.folder / f)})" for f in rec.files)
-    click.echo(f"wrote {files} and {rec.folder / 'manifest.json'} in {rec.seconds:.1f} s")
+    if not as_json:
+        files = ", ".join(f"{rec.folder / f} ({_size(rec.folder / f)})" for f in rec.files)
+        click.echo(f"wrote {files} and {rec.folder / 'manifest.json'} in {rec.seconds:.1f} s")
+    _show_replaced(rec)
+
+
+def _show_replaced(rec) -> None:
+    r = getattr(rec, "replaced", None)
+    if r is not None:
+        click.echo(f"replaced {r.what} {r.spec} in {rec.folder}" + (f" (removed {', '.join(r.removed)})"
+                                                                    if r.removed else ""), err=True)
+
+
+def _print_json(command: str, records: list) -> None:
+    """--json of an export verb: one object on stdout (:func:`mhaexport.exporter.records.export_json`)."""
+    import json
+
+    from mhaexport.exporter.records import export_json
+
+    _progress_done()
+    click.echo(json.dumps(export_json(command, records)))
+
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print what was written as one JSON object on stdout (schema mhaexport.export/1: the "
+                                "files with their bytes and sha256, seconds, details; README, \"Output for "
+                                "scripts\"); progress, warnings and errors stay on stderr.")
 
 
 def _set_quiet(ctx: click.Context, _param, value: bool) -> None:
@@ -457,6 +447,12 @@ class Reporter:
         return f"{where} {msg} ({elapsed:.0f} s{left})"
 
     def __call__(self, msg: str) -> None:
+        from mhaexport.progress import Note
+
+        if isinstance(msg, Note):  # a note on the input: said even with --quiet
+            self.close()
+            click.secho(f"note: {msg}", fg="yellow", err=True)
+            return
         if self.quiet:
             return
         text = self.line(msg)
@@ -516,70 +512,49 @@ def lowering_options(f):
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/onnx", show_default=True,
               help="Export folder (model.onnx + manifest.json).")
 @replace_option
+@json_option
 def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, past_len, opset, attention, dtype,
-             kv_cache, max_cache, output, replace=False, target=None) -> None:
+             kv_cache, max_cache, output, replace=False, target=None, as_json=False) -> None:
     """Export to ONNX with torch.onnx's dynamo exporter (the decoder, or with --module attention the MHA block on
     its own)."""
+    from mhaexport import api
+    from mhaexport.artifact.details import Lowering, Precision
+
     weights = None
-    if target is not None and module is None:
+    if target is not None and module is not None:
+        raise BadInput(f"--module {module} is exported with dynamic axes, decomposed attention and float32; --target "
+                       f"{target} does not apply")
+    if target is not None:
         attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, kv_cache=kv_cache,
                                                             dtype=dtype)
-    _check_module_args(module, mask, model or hf, **{"--target": (target, None),
-                                                     "--seq-static": (not seq_dynamic, False),
-                                                     "--attention": (attention, "decomposed"),
-                                                     "--dtype": (dtype, "float32"),
-                                                     "--kv-cache": (kv_cache, "concat"),
-                                                     "--max-cache": (max_cache, None)})
-    if module is not None:
-        from mhaexport.exporter.module import export_module_onnx
-
-        _writable(output)
-        loaded = _load_block(mask, config, checkpoint)
-        prev = _check_replace(output, loaded, replace)
-        _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to ONNX (opset "
-                   f"{_default_opset('decomposed', opset)}, dynamic axes, mask {loaded.contract.mask}) ...")
-        _show_record(export_module_onnx(loaded, output, opset=opset))
-        _drop_replaced(output, prev)
-        return
-    if not seq_dynamic and seq_len is None:
-        raise click.BadParameter("--seq-static needs --seq-len N", param_hint="--seq-len")
-    if attention == "onnx" and opset is not None and opset < 23:
-        raise click.BadParameter(f"--attention onnx needs opset 23 (the ONNX Attention op), got {opset}",
-                                 param_hint="--opset")
-    from mhaexport.artifact.details import Lowering, Precision
-    from mhaexport import api
-    from mhaexport.exporter.onnx import check_cache_options
-
-    check_cache_options(kv_cache, max_cache, seq_dynamic, attention)
-    _writable(output)
-    loaded = _load(config, model, checkpoint, hf)
-    prev = _check_replace(output, loaded, replace)
-    axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
-    shown = _default_opset(attention, opset)
-    cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
+        if weights:
+            _writable(output)  # the --target file's folder too, before the float export it is made from
     float_out = Path(f"{Path(output)}-{dtype}") if weights else output  # the float export int4 is made from
-    if weights:
-        _writable(float_out)
-    _progress(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
-    rec = api.export_onnx(float_out, model=loaded, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
-                          past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache,
-                          replace=replace)
-    _show_record(rec)
-    _drop_replaced(output, prev)
+    rec = api.export_onnx(float_out, **_model_args(config, model, checkpoint, hf), module=module, mask=mask,
+                          opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
+                          attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache, replace=replace,
+                          progress=_progress)
+    records = [rec]
+    _show_record(rec, as_json)
     details = rec.manifest.artifacts["onnx"].details
-    low, prec = details.lowering or Lowering(), details.precision or Precision()
-    if details.attention != "decomposed":
+    low, prec = getattr(details, "lowering", None) or Lowering(), getattr(details, "precision", None) or Precision()
+    if not as_json and module is None and details.attention != "decomposed":
         click.echo(f"attention {details.attention}: {low.fused_nodes} fused node(s), KV cache through the op: "
                    f"{low.kv_cache_in_op}, Softmax left: {low.softmax_left}")
-    if prec.cast_by_ort_cpu:
+    if not as_json and prec.cast_by_ort_cpu:
         ops = ", ".join(f"{k} x{v}" for k, v in prec.cast_by_ort_cpu.items())
         click.echo(f"{dtype}: ONNX Runtime CPU computes these in float32 (it casts them): {ops}")
     if weights:
         q = api.quantize(float_out, output, weights=weights, replace=replace, progress=_progress)
+        records.append(q)
         _warn(q)
-        files = ", ".join(f"{q.folder / f} ({_size(q.folder / f)})" for f in q.files)
-        click.echo(f"wrote {files} and {q.folder / 'manifest.json'} ({q.quantization.label}) in {q.seconds:.1f} s: "
-                   f"the --target {target} file; its float source stays in {float_out}")
+        _show_replaced(q)
+        if not as_json:
+            files = ", ".join(f"{q.folder / f} ({_size(q.folder / f)})" for f in q.files)
+            click.echo(f"wrote {files} and {q.folder / 'manifest.json'} ({q.quantization.label}) in "
+                       f"{q.seconds:.1f} s: the --target {target} file; its float source stays in {float_out}")
+    if as_json:
+        _print_json("onnx", records)
 
 
 @main.command("torchscript")
@@ -591,29 +566,17 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/torchscript",
               show_default=True, help="Export folder (model.pt + manifest.json).")
 @replace_option
-def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output, replace=False) -> None:
+@json_option
+def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output, replace=False, as_json=False) -> None:
     """Export to TorchScript (.pt), called as m(input_ids, attention_mask, past_key_values) — or, with --module
     attention, the MHA block on its own, called as m(x, past_key, past_value)."""
-    _check_module_args(module, mask, model or hf)
-    if module is not None:
-        from mhaexport.exporter.module import export_module_torchscript
-
-        _writable(output)
-        loaded = _load_block(mask, config, checkpoint)
-        prev = _check_replace(output, loaded, replace)
-        _progress(f"Exporting the {module} block of {loaded.spec.rsplit(' ', 1)[0]} to TorchScript "
-                   f"(torch.jit.{mode}, mask {loaded.contract.mask}) ...")
-        _show_record(export_module_torchscript(loaded, output, mode=mode))
-        _drop_replaced(output, prev)
-        return
-    _writable(output)
-    loaded = _load(config, model, checkpoint, hf)
-    prev = _check_replace(output, loaded, replace)
-    _progress(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
     from mhaexport import api
 
-    _show_record(api.export_torchscript(output, model=loaded, mode=mode))
-    _drop_replaced(output, prev)
+    rec = api.export_torchscript(output, **_model_args(config, model, checkpoint, hf), module=module, mask=mask,
+                                 mode=mode, replace=replace, progress=_progress)
+    _show_record(rec, as_json)
+    if as_json:
+        _print_json("torchscript", [rec])
 
 
 @main.command("pt2")
@@ -626,36 +589,29 @@ def torchscript_cmd(config, model, checkpoint, hf, module, mask, mode, output, r
 @click.option("-o", "--output", type=click.Path(file_okay=False), default="artifacts/pt2", show_default=True,
               help="Export folder (model.pt2 [+ model.aoti.pt2] + manifest.json).")
 @replace_option
-def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output, replace=False) -> None:
+@json_option
+def pt2_cmd(config, model, checkpoint, hf, module, mask, aoti, output, replace=False, as_json=False) -> None:
     """Export with torch.export (an ExportedProgram saved as model.pt2, dynamic batch/sequence/past axes, the causal
     mask built at run time), and with --aoti compile it with AOTInductor — the decoder, or with --module attention
     the MHA block on its own. Both files are code: verify and bench load them from a folder only with --trust-code
     (or right after exporting them, in `mhaexport all --pt2`)."""
-    _check_module_args(module, mask, model or hf)
-    _writable(output)
-    loaded = _load_block(mask, config, checkpoint) if module else _load(config, model, checkpoint, hf)
-    prev = _check_replace(output, loaded, replace)
-    what = f"the {module} block of {loaded.spec.rsplit(' ', 1)[0]}" if module else loaded.spec
-    _progress(f"Exporting {what} with torch.export (dynamic axes) ...")
     from mhaexport import api
 
-    for rec in api.export_pt2(output, model=loaded, aoti=aoti, progress=_progress):
-        _show_record(rec)
+    records = api.export_pt2(output, **_model_args(config, model, checkpoint, hf), module=module, mask=mask, aoti=aoti,
+                             replace=replace, progress=_progress)
+    for rec in records:
+        _show_record(rec, as_json)
         compiled = getattr(rec.manifest.artifacts[rec.artifact].details, "compile_seconds", None)
-        if compiled is not None:
+        if compiled is not None and not as_json:
             click.echo(f"AOTInductor compile: {compiled:.1f} s")
-    _drop_replaced(output, prev)
+    if as_json:
+        _print_json("pt2", records)
 
 
 def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
-    """"embeddings,lm_head" -> ("embeddings", "lm_head"); "none" or "" -> ()."""
-    from mhaexport.exporter.quantize import FLOAT_GROUPS
-
+    """"embeddings,lm_head" -> ("embeddings", "lm_head"); "none" or "" -> () (the names are checked by the API)."""
     given = [x.strip() for x in value.split(",") if x.strip()]
     items = tuple(dict.fromkeys(x for x in given if x != "none"))
-    bad = [x for x in items if x not in FLOAT_GROUPS]
-    if bad:
-        raise click.BadParameter(f"{','.join(bad)}: expected a comma list of {', '.join(FLOAT_GROUPS)}, or none")
     if "none" in given and items:
         raise click.BadParameter(f"{value!r}: none (everything quantized) contradicts {','.join(items)}; give one "
                                  "or the other")
@@ -684,30 +640,21 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
               help="With int4: the first N decoder blocks get 8-bit weights (default 2, at most all blocks but one: the "
                    "most sensitive ones).")
 @replace_option
+@json_option
 def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level, keep_float, int8_blocks,
-                 replace=False) -> None:
+                 replace=False, as_json=False) -> None:
     """Quantize the weights of FOLDER's float ONNX export into a new export folder, with ONNX Runtime's
     MatMulNBitsQuantizer. The tied LM head is untied and quantized too. `mhaexport verify OUTPUT` then judges its
     quality against eager fp32; generate, eval, bench and onnxruntime-genai run it as any export."""
     from mhaexport import api
-    from mhaexport.exporter.quantize import QuantConfig
 
-    QuantConfig(weights=weights, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
-                keep_float=keep_float, int8_blocks=int8_blocks).check()  # a bad option fails before any work
-    from mhaexport.outputs import check_export_into
-
-    check_export_into(output, [folder])
-    _writable(output)
-    from mhaexport.exporter.common import previous_model
-
-    source = previous_model(folder)  # (a folder that is no export is refused by api.quantize itself)
-    prev = _check_replace(output, source, replace) if source is not None else None
     rec = api.quantize(folder, output, weights=weights, block_size=block_size, symmetric=symmetric,
-                       accuracy_level=accuracy_level, keep_float=keep_float, int8_blocks=int8_blocks,
+                       accuracy_level=accuracy_level, keep_float=keep_float, int8_blocks=int8_blocks, replace=replace,
                        progress=_progress)
-    _drop_replaced(output, prev)
-    for w in rec.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+    _show_record(rec, as_json=True)  # warnings and what --replace replaced; the lines below say what was written
+    if as_json:
+        _print_json("quantize", [rec])
+        return
     q = rec.quantization
     files = ", ".join(f"{rec.folder / f} ({_size(rec.folder / f)})" for f in rec.files)
     read = q.weights_read.fixed_bytes + q.weights_read.per_row_bytes
@@ -725,9 +672,8 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 @click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
               help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
                    "weights (models/weights/small-heldout.txt), which they never trained on.")
-@click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
-              help="Runtime(s) to score on (repeat): eager, torchscript, ort-cpu, ort-cuda, eager-cuda, "
-                   "onnx-reference. Default: ort-cpu.")
+@runtime_option("Runtime(s) to score on (repeat, or a comma list): eager, torchscript, ort-cpu, ort-cuda, "
+                "eager-cuda, onnx-reference. Default: ort-cpu.")
 @click.option("--window", type=click.IntRange(min=2), default=None,
               help="Tokens per window (default: the model's max_positions).")
 @click.option("--stride", type=click.IntRange(min=1), default=None,
@@ -741,11 +687,12 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, tr
     for ran, 1 when one failed, 4 when one could not run here."""
     import json
 
-    from mhaexport.evaluate.perplexity import evaluate_folder
+    from mhaexport import api
 
     text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
-    report = evaluate_folder(folder, text, text_source=text_file, runtimes=tuple(runtimes) or ("ort-cpu",),
-                             window=window, stride=stride, trust_code=trust_code, progress=_progress)
+    report = api.evaluate(folder, text, text_source=text_file, runtimes=runtimes or None, window=window,
+                          stride=stride, trust_code=trust_code, progress=_progress)
+    _progress_done()
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
@@ -813,36 +760,21 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
     """
     import json
 
-    from mhaexport.runtime import GenerationConfig, SamplingConfig
-    from mhaexport.runtime.engine import open_generator
+    from mhaexport import api
 
-    if not prompts and not prompt_ids:
-        raise click.UsageError("give --prompt TEXT or --prompt-ids 5,17,42")
-    from mhaexport.runtime.tokenizer import for_folder
-
-    # reads and hash-checks the manifest once; the loop: onnxruntime-genai's or ours (--engine)
-    gen = open_generator(folder, providers, threads=threads, engine=engine)
-    tok = for_folder(gen.export)  # the folder's tokenizer.json, byte-level, or None
-    if prompts and tok is None:
-        raise BadInput(f"--prompt encodes text as bytes (ids 0..255) but this model's vocab_size is "
-                       f"{gen.contract.vocab_size} and the folder carries no tokenizer.json; use --prompt-ids")
-    rows = [tok.encode(p) for p in prompts] + list(prompt_ids)
-    for w in gen.warnings:
+    result = api.generate(folder, prompts, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id,
+                          providers=providers, threads=threads, engine=engine)
+    for w in result.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
-    if eos_id is None and tok is not None:
-        eos_id = tok.eos_token_id
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
-                           sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
-    result = gen.generate(rows, cfg)
-    texts = [tok.continuation(row, toks) for row, toks in zip(rows, result.tokens)] if tok is not None else None
     if as_json:
-        click.echo(json.dumps(result.to_dict(texts)))
+        click.echo(json.dumps(result.to_dict(result.texts)))
         return
     click.echo(f"providers: {', '.join(result.providers)}", err=True)
-    click.echo(f"engine: {result.engine} ({gen.engine_reason})", err=True)
+    click.echo(f"engine: {result.engine} ({result.engine_reason})", err=True)
     for i, toks in enumerate(result.tokens):
         if i < len(prompts):
-            click.echo(prompts[i] + texts[i])
+            click.echo(prompts[i] + result.texts[i])
         else:
             click.echo(",".join(map(str, toks)))
     click.echo(result.message, err=True)
@@ -856,11 +788,11 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, callback=_threads,
               help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
-@click.option("--runtimes", default=None, metavar="A,B,..",
-              help="Comma-separated subset of: eager, eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a "
-                   "bare session.run loop over the same file), ort-genai (onnxruntime-genai's loop), ort-cuda, pt2, "
-                   "aoti (with --trust-code), or 'all'. Default: all but eager-nocache (recompute, O(n^2): slow; ask "
-                   "for it by name); pt2/aoti where the folder holds them.")
+@runtime_option("Runtimes to time (repeat, or a comma list; --runtimes A,B is the same option): eager, "
+                "eager-nocache, eager-cuda, torchscript, ort-cpu, ort-bare (a bare session.run loop over the same "
+                "file), ort-genai (onnxruntime-genai's loop), ort-cuda, pt2, aoti (with --trust-code), or 'all'. "
+                "Default: all but eager-nocache (recompute, O(n^2): slow; ask for it by name); pt2/aoti where the "
+                "folder holds them.", "--runtimes")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
@@ -910,67 +842,15 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
               opt_levels, profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
               trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
-    import dataclasses
+    from mhaexport import api, bench
 
-    from mhaexport import bench
-
-    say = _progress
-    names = tuple(r.strip() for r in runtimes.split(",") if r.strip()) if runtimes else None
-    if names == ("all",):  # every runtime; the code runtimes (pt2, aoti) only with --trust-code
-        from mhaexport.bench.config import AOTI, PT2
-
-        names = tuple(r for r in bench.ALL_RUNTIMES if trust_code or r not in (PT2, AOTI))
-    cfg = bench.BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
-                            runtimes=names, repeats=repeats, sessions=sessions, long_to=long_to, profile=profile,
-                            profile_dir=output,
-                            targets=targets,
-                            opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()),
-                            compare=tuple(compare), long_repeats=long_repeats,
-                            batches=bench.parse_points(batches, "batches"),
-                            prompts=bench.parse_points(prompts, "prompts"), trust_code=trust_code)
-    bench.check_config(cfg)  # a typo in --runtimes / --opt-levels / --lowerings / --quantize fails before any export
-    schemes = list(dict.fromkeys(x.strip() for x in quantize.split(",") if x.strip())) if quantize else []
-    if schemes:
-        from mhaexport.exporter.quantize import QuantConfig
-
-        for s in schemes:
-            QuantConfig(weights=s).check()
-    if lowerings:
-        from mhaexport.exporter.variants import parse_lowerings
-
-        wanted_lowerings = parse_lowerings(lowerings)
-    if builder:
-        from mhaexport.artifact import ExportFolder
-        from mhaexport.exporter.peer import check_precisions, hf_source
-
-        precisions = check_precisions(builder)
-        with ExportFolder.open(folder, check=False) as ef:
-            hf_source(ef)  # an --hf folder, its Hugging Face folder still there: else one line, before any work
-    _check_outputs({f"-o (its {n})": Path(output or folder) / n for n in ("bench.json", "bench.md", "bench.png")},
-                   reading=[folder, *compare])
-    _writable(output or folder, "" if output else " (give -o DIR to write the bench results elsewhere)")
-    if lowerings:
-        from mhaexport.exporter.variants import export_lowerings
-
-        found = export_lowerings(folder, wanted_lowerings, output or folder, have=cfg.compare, progress=say,
-                                 trust_code=trust_code)
-        # run_bench drops FOLDER itself and repeats
-        cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
-    if schemes:
-        from mhaexport.exporter.quantize import export_quantized
-
-        found = export_quantized(folder, schemes, output or folder, have=cfg.compare, progress=say)
-        cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
-    if builder:
-        from mhaexport.exporter.peer import export_builder
-
-        found = export_builder(folder, precisions, output or folder, progress=say, trust_code=trust_code)
-        cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
-    from mhaexport import api
-
-    result = api.bench(folder, progress=say, **{"long" if f.name == "long_to" else f.name: getattr(cfg, f.name)
-                                                for f in dataclasses.fields(cfg)})
-    written = bench.write_bench(result, output or folder)
+    result = api.bench(folder, output=output or folder, progress=_progress, lowerings=lowerings, quantize=quantize,
+                       builder=builder, prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
+                       runtimes=runtimes or None, repeats=repeats, sessions=sessions, long=long_to,
+                       long_repeats=long_repeats,
+                       opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), profile=profile,
+                       profile_dir=output, targets=targets, compare=compare, batches=batches, prompts=prompts,
+                       trust_code=trust_code)
     _progress_done()
     if as_json:
         import json
@@ -978,7 +858,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
         click.echo(json.dumps(result.to_dict()))
     else:
         _show(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
-    click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
+    click.echo("wrote " + ", ".join(str(p) for p in result.written), err=True)
 
 
 # --- verify, all, report merge (issue 3) -------------------------------------------------------------------------
@@ -1096,12 +976,11 @@ def verify_options(f):
                        "(OUTPUT: logits or present; default by dtype: float32 1e-4, float16 1e-2).")
     @click.option("--rtol", multiple=True, metavar="[OUTPUT=]X", callback=_parse_tolerance,
                   help="Relative tolerance, likewise (default by dtype: float32 1e-3, float16 1e-2).")
-    @click.option("--runtime", "runtimes", multiple=True, metavar="NAME",
-                  help="Runtimes to verify (repeat): eager, torchscript, ort-cpu, ort-cuda, and on request "
-                       "eager-cuda, onnx-reference; pt2 and aoti (torch.export, AOTInductor: with --trust-code on "
-                       "`verify`). Default: eager, torchscript, ort-cpu, ort-cuda, and pt2/aoti where the folder "
-                       "holds them. An attention "
-                       "block (--module attention) adds torch-mha: torch's own attention with the same weights.")
+    @runtime_option("Runtimes to verify (repeat, or a comma list): eager, torchscript, ort-cpu, ort-cuda, and on "
+                    "request eager-cuda, onnx-reference, ort-genai; pt2 and aoti (torch.export, AOTInductor: with "
+                    "--trust-code on `verify`). Default: eager, torchscript, ort-cpu, ort-cuda, and pt2/aoti where "
+                    "the folder holds them. An attention block (--module attention) adds torch-mha: torch's own "
+                    "attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
     @click.option("--quality", "quality", multiple=True, metavar="FIGURE=X", callback=_parse_quality,
@@ -1162,7 +1041,9 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     reporter = click.get_current_context().meta.get("mhaexport.reporter")
     if reporter is not None:
         reporter.close()  # the report starts on a line of its own
-    markdown = report.to_markdown()
+    from mhaexport.verify.render import markdown as render_markdown
+
+    markdown = render_markdown(report)
     if report.refused is not None and out_is_folder:
         out = None  # a folder that was refused gets nothing written into it: -o DIR says where its report goes
     try:
@@ -1196,7 +1077,9 @@ def _write_reports(report, out, name, markdown: str) -> list[str]:
     lines, failed = [], []
     if out is not None:
         try:
-            js, md = report.write(out, name)
+            from mhaexport.verify.render import write_report
+
+            js, md = write_report(report, out, name)
             lines.append(f"wrote {js} and {md}")
         except (OSError, MhaExportError) as e:
             failed.append(f"cannot write the report into {out}: {getattr(e, 'strerror', None) or e}")
@@ -1217,24 +1100,22 @@ def _write_reports(report, out, name, markdown: str) -> list[str]:
 
 def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32", kv_cache="concat",
                  weights=None, replace=False) -> None:
-    """ONNX and TorchScript into ``folder``; ``weights`` (a --target's int4): the ONNX export goes to FOLDER-DTYPE
-    and its quantized copy into ``folder``."""
-    from mhaexport.exporter.onnx import export_onnx
-    from mhaexport.exporter.torchscript import export_torchscript
+    """ONNX and TorchScript into ``folder`` (the API's exports); ``weights`` (a --target's int4): the ONNX export
+    goes to FOLDER-DTYPE and its quantized copy into ``folder``."""
+    from mhaexport import api
 
     say = step or _progress
     onnx_folder = Path(f"{Path(folder)}-{dtype}") if weights else folder
     cache = "" if kv_cache == "concat" else f", {kv_cache} KV cache"
-    say(f"export ONNX (opset {_default_opset(attention, opset)}, dynamic axes, attention {attention}, {dtype}{cache}) "
-        f"-> {onnx_folder}")
-    _warn(export_onnx(loaded, onnx_folder, opset=opset, attention=attention, dtype=dtype, kv_cache=kv_cache))
+    shown = opset or (23 if attention == "onnx" else 18)
+    say(f"export ONNX (opset {shown}, dynamic axes, attention {attention}, {dtype}{cache}) -> {onnx_folder}")
+    _show_record(api.export_onnx(onnx_folder, model=loaded, opset=opset, attention=attention, dtype=dtype,
+                                 kv_cache=kv_cache, replace=replace), as_json=True)
     if weights:
-        from mhaexport import api
-
         say(f"quantize ONNX ({weights}) -> {folder}")
-        _warn(api.quantize(onnx_folder, folder, weights=weights, replace=replace))
+        _show_record(api.quantize(onnx_folder, folder, weights=weights, replace=replace), as_json=True)
     say(f"export TorchScript (trace) -> {folder}")
-    _warn(export_torchscript(loaded, folder))
+    _show_record(api.export_torchscript(folder, model=loaded, replace=replace), as_json=True)
 
 
 def _parse_case(ctx, param, value):
@@ -1246,61 +1127,42 @@ def _parse_case(ctx, param, value):
         b, s, p = (int(x) for x in parts)
     except ValueError:
         raise click.BadParameter(f"{value!r}: expected B,S,P (batch, sequence, past), e.g. 1,121,7") from None
-    if b < 1 or s < 1 or p < 0:
-        raise click.BadParameter(f"{value!r}: batch and sequence must be >= 1, past >= 0")
-    return b, s, p
+    return b, s, p  # (the API checks the sizes)
 
 
-def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False) -> None:
-    """verify --bisect: print where the ONNX graph first departs from eager; VerificationFailed if it does. It runs
-    at ``case`` (B, S, P) when given, else at the case parity failed at (the folder's report, or a parity run now),
-    else at bisect's default shapes."""
+def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False,
+                runtimes=()) -> None:
+    """verify --bisect (:func:`mhaexport.api.bisect_folder`): print where the ONNX graph (or the torch.export
+    program: ``--runtime pt2``, or as the folder's report says) first departs from eager;
+    VerificationFailed if it does. Without FOLDER: the model exported to a temporary folder first."""
     import tempfile
 
-    from mhaexport.diagnose.bisect import bisect, failing_case
+    from mhaexport import api
 
     with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
+        if folder is None or (loaded is None and (config or model or checkpoint or hf)):
+            loaded = _load(config, model, checkpoint, hf)
         if folder is None:
-            from mhaexport.exporter.onnx import export_onnx
-
-            loaded = _load(config, model, checkpoint, hf)
+            folder = tmp
             _progress(f"Exporting {loaded.spec} to ONNX in a temporary folder ...")
-            export_onnx(loaded, tmp)
-        elif loaded is None and (config or model or checkpoint or hf):
-            loaded = _load(config, model, checkpoint, hf)
-        shapes: dict = {"seed": seed}
-        if case is not None:
-            shapes.update(batch=case[0], seq=case[1], past=case[2], case_from="--case")
-        elif folder is not None:
-            if loaded is None:
-                from mhaexport.artifact import ExportFolder
-                from mhaexport.models.loading import load_recorded
-
-                with ExportFolder.open(folder, "onnx") as ef:
-                    loaded = load_recorded(ef, trust_code=trust_code)
-            from mhaexport.diagnose.follow import follow
-
-            followed = follow(folder, loaded, seed=seed)  # a weights or deploy-loop failure: bisected in its terms
-            if followed is not None:
-                click.echo(followed.summary())
-                if not followed.ok:
-                    raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
-                                             f"difference is {followed.where}")
-            found, why = failing_case(folder, loaded, progress=_progress)
-            if found is not None:
-                shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
-                              seed=found.seed, case_from=f"{found.name}: {why}")
-            else:
-                shapes["case_from"] = f"default case: {why}"
-        click.echo(f"Bisecting {folder or loaded.spec} against eager PyTorch ...", err=True)
-        report = bisect(folder or tmp, loaded, **shapes)
+            api.export_onnx(tmp, model=loaded)
+        run = api.bisect_folder(folder, model=loaded, case=case, seed=seed, trust_code=trust_code,
+                                runtimes=runtimes, progress=_progress)
+    _progress_done()
+    followed, report = run.followed, run.report
+    if followed is not None:
+        click.echo(followed.summary())
+        if not followed.ok:
+            raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
+                                     f"difference is {followed.where}")
     click.echo(report.summary())
     if not report.ok:
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
         s = report.shapes
         fused = f" inside its fused {report.fused_op}" if getattr(report, "fused_op", None) else ""
-        raise VerificationFailed(f"the ONNX graph diverges from eager PyTorch at {where.module}{fused} "
+        what = "the torch.export program" if report.kind == "pt2" else "the ONNX graph"
+        raise VerificationFailed(f"{what} diverges from eager PyTorch at {where.module}{fused} "
                                  f"({where.onnx_value}, rel err {where.rel:.1e}){step} at batch={s['batch']} "
                                  f"seq={s['seq']} past={s['past']}")
 
@@ -1317,7 +1179,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does). Runs at the "
-                   "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says.")
+                   "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says. The "
+                   "torch.export program (model.pt2) instead with --runtime pt2, in a folder without an ONNX file, "
+                   "or when FOLDER's report has its parity failing and no ONNX Runtime's (with --trust-code).")
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
 @trust_code_option
@@ -1379,7 +1243,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
                                  param_hint="FOLDER")
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code)
+        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code, runtimes=runtimes)
         return
     if folder is not None:
         out = output or folder
@@ -1441,19 +1305,17 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
 
     _check_outputs({"--junit": click.get_current_context().meta.get("mhaexport.junit")}, writing=[output],
                    reports=output)
-    _writable(output)
+    _writable(output)  # every step writes there: checked before the model loads
     step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
     loaded = _load(config, model, checkpoint, hf)
-    prev = _check_replace(output, loaded, replace)
     _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype, kv_cache=kv_cache,
                  weights=weights, replace=replace)
     if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
-        from mhaexport.exporter.pt2 import export_pt2
+        from mhaexport import api
 
         step(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
-        for rec in export_pt2(loaded, output, aoti=aoti):
-            _warn(rec)
-    _drop_replaced(output, prev)
+        for rec in api.export_pt2(output, model=loaded, aoti=aoti, replace=replace):
+            _show_record(rec, as_json=True)
     step(f"verify {output} ({sweep} sweep)")
     _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
@@ -1502,13 +1364,15 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
     check_reports_out(output, reports, ("report.json", "report.md"))
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
-    js, md = merged.write(output, "report")
+    from mhaexport.verify.render import markdown as render_markdown, write_report
+
+    js, md = write_report(merged, output, "report")
     if as_json:
         import json
 
         click.echo(json.dumps(merged.to_dict()))
     else:
-        _show(merged.to_markdown())
+        _show(render_markdown(merged))
     click.echo(f"wrote {js} and {md}", err=True)
     v = merged.verdict  # the same rules as verify
     if v.code == 1:

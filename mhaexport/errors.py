@@ -8,7 +8,13 @@ from __future__ import annotations
 
 
 class MhaExportError(Exception):
-    """Root of every error the toolkit raises on purpose."""
+    """Root of every error the toolkit raises on purpose. ``cli``: the message in the command line's words (its
+    option names: ``--prompt-ids`` where the Python API says ``prompt_ids``), when they differ; the CLI prints it
+    instead of the API's message."""
+
+    def __init__(self, *args: object, cli: str | None = None) -> None:
+        super().__init__(*args)
+        self.cli = cli
 
 
 class ConfigError(MhaExportError):

@@ -36,6 +36,11 @@ class Estimate(Step):
         return obj
 
 
+class Note(str):
+    """A note on the input the user should see even where progress is not shown (the CLI's --quiet): a setting the
+    model's config left out or capped, say. The Python API sends the loaded model's notes through ``progress`` so."""
+
+
 Progress = Callable[[str], None]
 
 

@@ -57,7 +57,9 @@ def mhaexport_verify(request: pytest.FixtureRequest, record_property: Callable[[
             record_property("mhaexport_verdict", "refused")
             record_property("mhaexport_exit_code", 2)
             pytest.fail(f"mhaexport verify {what}: REFUSED: {e}", pytrace=False)
-        markdown = report.to_markdown()
+        from mhaexport.verify.render import markdown as render_markdown
+
+        markdown = render_markdown(report)
         request.node.add_report_section("call", SECTION, markdown)
         v = report.verdict
         record_property("mhaexport_verdict", v.status)

@@ -72,8 +72,16 @@ class HFCausalLM(nn.Module):
                 past_key_values: tuple | None = None) -> tuple[torch.Tensor, tuple]:
         """(B, T) ids and (B, past + T) mask, past n_layers (key, value) pairs of (B, H_kv, past, D) or None ->
         (B, T, V) logits and the present pairs (B, H_kv, past + T, D)."""
-        T = input_ids.shape[1]
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T): position of each new token
+        T, total = input_ids.shape[1], attention_mask.shape[1]
+        if past_key_values and torch.compiler.is_exporting():
+            # the contract's mask width is past + seq: said to torch.export, which then keeps the mask's width
+            # the derived past + seq instead of narrowing its own Dim to the >= 4 its guards on transformers' mask
+            # code would imply (it reasons with every length >= 2); torch.jit.trace and eager never see this line
+            torch._check(total == past_key_values[0][0].shape[2] + T)
+        # the last T positions, gathered rather than sliced: a slice of width T is contiguous only when T == total,
+        # a guard that would cost the program the empty-cache prefill (mask width == ids width)
+        last = torch.arange(T, device=attention_mask.device) + (total - T)  # (T,)
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0).index_select(1, last)  # (B, T) of each new token
         cache = self._cache_cls(tuple((k, v) for k, v in past_key_values or ()))  # layers of (B, H_kv, past, D)
         out = self.hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                       use_cache=True, return_dict=True, **{self._cache_kw: cache})

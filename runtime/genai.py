@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mhaexport.artifact import ExportFolder, read_json
+from mhaexport.artifact import ExportFolder, opened, read_json
 from mhaexport.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
                               first_line)
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
@@ -94,17 +94,18 @@ def genai_generate(model, ids: np.ndarray, max_length: int, *, eos_token_id: int
 def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_length: int) -> list[list[int]]:
     """Greedy generation through onnxruntime-genai: each prompt plus new tokens, up to ``max_length`` tokens in all
     (or eos). Prompts of different lengths are batched right-padded; pad tokens are removed from the result."""
-    ef = ExportFolder.open(folder, "onnx")  # hashes of model.onnx and genai_config.json
-    if GENAI_CONFIG not in ef.entry("onnx").files:
-        raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
-                            f"{ef.path}`")
-    cfg = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
-    ids, _mask, _lengths = pad_prompts(prompts, cfg["vocab_size"], cfg["context_length"], cfg["pad_token_id"],
-                                       side="right")
-    if max_length > cfg["context_length"]:
-        raise RuntimeInputError(f"max_length={max_length} exceeds the model's context_length={cfg['context_length']}")
-    # the snapshot: the files whose hashes were checked
-    res = genai_generate(genai_model(ef.root), ids, max_length, eos_token_id=cfg["eos_token_id"])
+    with opened(folder, "onnx") as ef:  # hashes of model.onnx and genai_config.json; the snapshot goes when done
+        if GENAI_CONFIG not in ef.entry("onnx").files:
+            raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
+                                f"{ef.path}`")
+        cfg = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
+        ids, _mask, _lengths = pad_prompts(prompts, cfg["vocab_size"], cfg["context_length"], cfg["pad_token_id"],
+                                           side="right")
+        if max_length > cfg["context_length"]:
+            raise RuntimeInputError(f"max_length={max_length} exceeds the model's "
+                                    f"context_length={cfg['context_length']}")
+        # the snapshot: the files whose hashes were checked
+        res = genai_generate(genai_model(ef.root), ids, max_length, eos_token_id=cfg["eos_token_id"])
     return [list(p) + new for p, new in zip(prompts, res.tokens)]
 
 

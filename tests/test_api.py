@@ -24,8 +24,8 @@ def test_import_stays_light_and_the_api_is_at_the_top_level():
             "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules, sorted(sys.modules); "
             "print(sorted(n for n in mhaexport.__all__ if not n.startswith('_')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(["MhaExportError", "bench", "export_onnx", "export_torchscript", "generate", "load",
-                               "quantize", "verify"])
+    assert out.strip() == str(["MhaExportError", "bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2",
+                               "export_torchscript", "generate", "load", "quantize", "verify"])
     help_ = subprocess.run([sys.executable, "-c", "import sys; from mhaexport.cli import main\n"
                             "try: main(['--help'])\nexcept SystemExit: pass\n"
                             "assert 'torch' not in sys.modules and 'mhaexport.api' not in sys.modules"],
@@ -39,6 +39,9 @@ def test_verify_and_bench_are_callable_packages():
 
     assert mhaexport.verify is package and callable(package) and package.verify_folder is verify_folder
     assert callable(mhaexport.bench) and mhaexport.bench.BenchConfig
+    from mhaexport.evaluate.perplexity import evaluate_folder  # eval's subpackage, and mhaexport.evaluate the API's
+
+    assert callable(mhaexport.evaluate) and mhaexport.evaluate.perplexity.evaluate_folder is evaluate_folder
 
 
 def test_verify_returns_a_report_truthy_only_when_it_passed(tiny_export, tmp_path):
@@ -155,15 +158,15 @@ def _cli_option(param) -> str:
 # a repeated CLI option (--runtime X --runtime Y) is one list argument in the plural
 PLURAL = {"runtime": "runtimes", "provider": "providers", "prompt": "prompts"}
 # options with no argument of that name in the API, and why: -q (the API takes progress=), --json (printing),
-# --module/--mask (the attention block is not exported by the API yet), --text (in quality=QualitySettings),
-# --bisect/--case (a diagnosis verb of its own), bench's export steps (--lowerings/--quantize/--builder)
-# CLI compositions the API spells as calls of its own (--target: export_onnx, then quantize)
-CLI_ONLY = {"quiet", "json", "module", "mask", "text", "bisect", "case", "lowerings", "quantize", "builder", "target"}
+# --text (verify: in quality=QualitySettings; eval: the text's bytes, read by the CLI), --max-bytes (the CLI's cap on
+# what it reads), --bisect (verify's diagnosis: api.bisect_folder, which takes --case), CLI compositions the API spells as
+# calls of its own (--target: export_onnx, then quantize)
+CLI_ONLY = {"quiet", "json", "text", "max_bytes", "bisect", "target"}
 
 
 @pytest.mark.parametrize("verb, function", [("onnx", "export_onnx"), ("torchscript", "export_torchscript"),
                                              ("pt2", "export_pt2"), ("verify", "verify"), ("generate", "generate"),
-                                             ("bench", "bench"), ("quantize", "quantize")])
+                                             ("bench", "bench"), ("quantize", "quantize"), ("eval", "evaluate")])
 def test_every_cli_option_has_its_name_in_the_api(verb, function):
     import dataclasses
     import inspect
@@ -176,6 +179,8 @@ def test_every_cli_option_has_its_name_in_the_api(verb, function):
     params = set(inspect.signature(getattr(api, function)).parameters)
     if verb == "bench":  # its keywords are BenchConfig's fields, long_to under the CLI's name
         params |= {f.name for f in dataclasses.fields(BenchConfig)} - {"long_to"} | {"long"}
+    if verb == "verify":  # --bisect calls api.bisect_folder: its --case is that function's
+        params |= set(inspect.signature(api.bisect_folder).parameters)
     options = [_cli_option(p) for p in main.commands[verb].params if isinstance(p, click.Option)]
     missing = [o for o in options if PLURAL.get(o, o) not in params and o not in CLI_ONLY]
     assert not missing, f"mhaexport {verb} options the API calls otherwise or lacks: {missing}"
@@ -196,7 +201,7 @@ def test_old_names_are_deprecated_aliases_and_both_names_are_a_config_error(tiny
         mhaexport.verify(tiny_export, tokens=3, gen_tokens=3)
 
     configs = []
-    monkeypatch.setattr(mhaexport.bench, "run_bench", lambda folder, cfg, progress=None: configs.append(cfg))
+    monkeypatch.setattr(mhaexport.bench, "run_bench", lambda folder, cfg, progress=None, reads=None: configs.append(cfg))
     mhaexport.bench(tiny_export, long=0, runtimes="ort-cpu", compare=tiny_export, opt_levels="basic")
     with pytest.warns(DeprecationWarning, match="long_to= is deprecated: use long="):
         mhaexport.bench(tiny_export, long_to=40)
@@ -259,6 +264,13 @@ def _bad_arguments(folder, out):
         (lambda: m.bench(folder, repeats=0), "repeats=0"),
         (lambda: m.bench(folder, runtimes=["ort-cpu"], prompt_len=100), "exceeds the model's max_positions"),
         (lambda: m.quantize(folder, out, weights="int3"), "--weights 'int3'"),
+        (lambda: m.bench(folder, lowerings="flash"), "--lowerings 'flash': expected ATTENTION[:DTYPE]"),
+        (lambda: m.bench(folder, quantize=["int4", "int3"]), "--weights 'int3'"),
+        (lambda: m.bench(folder, builder="fp8"), "--builder 'fp8'"),
+        (lambda: m.export_onnx(out, config="tiny", mask="none"), "--mask applies to --module attention"),
+        (lambda: m.export_torchscript(out, config="tiny", module="attention", model="x.py:f"), "are decoders"),
+        (lambda: m.bisect_folder(folder, case=(0, 3, 2)), "batch and sequence must be >= 1"),
+        (lambda: m.evaluate(folder, runtimes="ort-tpu"), "unknown runtime(s) ort-tpu"),
     ]
 
 
@@ -273,6 +285,15 @@ def test_every_bad_argument_is_a_config_error(tiny_export, tmp_path):
         mhaexport.export_onnx(tmp_path / "out", config="tiny", attention="flash")
     with pytest.raises(RuntimeInputError):
         mhaexport.generate(tiny_export)
+
+
+def test_bisect_and_evaluate_are_api_functions(tiny_export):
+    """verify --bisect and eval as the API's functions: records, no printing, the folder opened once."""
+    run = mhaexport.bisect_folder(tiny_export, case=[1, 3, 2])
+    assert run and run.followed is None and run.report.ok and run.report.shapes["seq"] == 3
+    assert "bisect" in run.summary().lower()
+    report = mhaexport.evaluate(tiny_export, b"the quick brown fox jumps over the lazy dog " * 4, window=32)
+    assert [r.runtime for r in report.rows] == ["ort-cpu"] and report.rows[0].status == "ran"
 
 
 def test_py_typed_ships_in_the_wheel(tmp_path):

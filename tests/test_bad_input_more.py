@@ -51,7 +51,7 @@ def test_quantize_more_int8_blocks_than_the_model_has(tiny_export, cwd):
 
 def test_quantize_refuses_an_attention_block_before_quantizing(cwd, monkeypatch):
     from mhaexport.exporter import quantize
-    from mhaexport.exporter.module import export_module_onnx
+    from mhaexport.exporter.block import export_module_onnx
     from mhaexport.models.block import load_block
 
     export_module_onnx(load_block("tiny", None), cwd / "block")

@@ -602,7 +602,12 @@ def test_compare_refuses_another_model(tiny_export, tmp_path):
     cfg = json.loads((tiny_export / "manifest.json").read_text())["model"]["config"]
     (tmp_path / "other.json").write_text(json.dumps({**cfg, "n_layers": 1, "name": "other"}))
     other = tmp_path / "other"
-    assert CliRunner().invoke(main, ["onnx", "--config", str(tmp_path / "other.json"), "-o", str(other)]).exit_code == 0
+    made = CliRunner().invoke(main, ["onnx", "--config", str(tmp_path / "other.json"), "-o", str(other), "--json"])
+    assert made.exit_code == 0, made.output
+    from test_cli_json import check_export_json  # onnx --json: the export verbs' shape, checked here at no cost
+
+    data = check_export_json(made.stdout, "onnx", other, ["onnx"])
+    assert data["artifacts"][0]["details"]["opset"] == 18 and data["replaced"] is None
     r = CliRunner().invoke(main, ["bench", str(tiny_export), "--compare", str(other), "--runtimes", "ort-cpu",
                                   "--prompt-len", "4", "--new-tokens", "3", "-o", str(tmp_path / "out")])
     assert r.exit_code == 2

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from mhaexport.cli import main
 from mhaexport.verify import verify_folder
 from mhaexport.diagnose.follow import bisect_deploy, follow, followed_failure
+from mhaexport.verify.render import write_report
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_a_deploy_loop_failure_is_bisected_in_its_protocol(shared, tiny, monkeyp
     report = verify_folder(shared, loaded=tiny, runtimes=("ort-cpu",), checks=("parity", "kv-consistency"))
     assert report.results["ort-cpu"]["parity"].status is True
     assert report.results["ort-cpu"]["kv-consistency"].status is False
-    report.write(shared, "report-follow")
+    write_report(report, shared, "report-follow")
     try:
         kind, runtime, _ = followed_failure(shared)
         assert (kind, runtime) == ("deploy", "ort-cpu")

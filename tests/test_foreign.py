@@ -28,6 +28,7 @@ from mhaexport.models.loading import load_model
 from mhaexport.runtime.foreign import detect_layout
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify import verify_folder
+from mhaexport.verify.render import markdown
 
 pytest.importorskip("transformers")
 genai = pytest.importorskip("onnxruntime_genai")
@@ -107,7 +108,7 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
     assert not (rec.folder / "model.onnx").is_symlink()  # never a symlink: readers refuse one
 
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES)
-    assert report.verdict.code == 0, report.to_markdown()
+    assert report.verdict.code == 0, markdown(report)
     ort = report.results["ort-cpu"]
     assert all(ort[ch].status is True for ch in ("parity", "causality", "kv-consistency", "padding", "generation"))
     assert ort["parity"].figures["max_abs"] < 1e-4
@@ -116,7 +117,7 @@ def test_the_builders_file_is_verified_in_its_protocol_and_its_findings_in_the_p
     plain = other.results["ort-cpu:plain"]
     assert plain["padding"].status is False  # left padding is not this file's protocol
     assert "ort-cpu:plain" not in report.results and report.counts["failed"] == 0
-    md = report.to_markdown()
+    md = markdown(report)
     assert "Under the plain protocol (concat cache, left padding): findings, not in the verdict" in md
     assert "ort-cpu:plain" in md and "made by onnxruntime-genai" in md
 
@@ -173,7 +174,7 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     rec = adopt_onnx(loaded, path)
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES,
                            checks=("parity", "padding", "kv-consistency"))
-    assert report.verdict.code == 0, report.to_markdown()
+    assert report.verdict.code == 0, markdown(report)
     assert report.results["ort-cpu"]["parity"].figures["max_abs"] < 1e-4
     assert report.other_protocol is None  # its producer's protocol is the plain one
     # eval drives the adopted file as verify does (its own runner choice had fed it the contract's names)
@@ -208,7 +209,7 @@ def test_a_plain_torch_onnx_export_is_mapped_by_position(llama, tmp_path):
     layout, _ = detect_layout(path)
     assert layout.producer == "torch.onnx" and "mapped by position" in layout.notes[0]
     report = verify_folder(adopt_onnx(loaded, path).folder, loaded=loaded, runtimes=RUNTIMES)
-    assert report.verdict.code == 0, report.to_markdown()
+    assert report.verdict.code == 0, markdown(report)
 
 
 def test_a_layout_that_cannot_be_mapped_gets_one_line_listing_the_files_io(llama, tmp_path):
@@ -256,7 +257,7 @@ def test_the_builders_int4_file_is_lossy_and_verified_on_quality(llama, tmp_path
     from mhaexport.exporter.quantize import reproduce
 
     report = verify_folder(rec.folder, loaded=loaded, runtimes=RUNTIMES, reproduce=reproduce)
-    assert report.verdict.code == 0, report.to_markdown()
+    assert report.verdict.code == 0, markdown(report)
     ort = report.results["ort-cpu"]
     assert ort["parity"].status is None and ort["parity"].figures.get("lossy")  # exact parity does not apply
     # no recipe to re-run: each int4 weight (its packed QKV too) against the model's own, within its block's step

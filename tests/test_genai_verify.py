@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from mhaexport.cli import main
 from mhaexport.runtime.genai import GenAIUnavailable
 from mhaexport.verify import verify_folder
+from mhaexport.verify.render import markdown
 from planted.edit import edited_genai_config as edited
 
 pytest.importorskip("onnxruntime_genai")
@@ -32,7 +33,7 @@ def assert_healthy(report) -> None:
 
 def test_a_healthy_folder_passes_in_onnxruntime_genais_loop_and_it_is_a_default(tiny, tiny_export):
     report = verify_folder(tiny_export, loaded=tiny, checks=("parity", "padding", "generation", "genai-config"))
-    assert "ort-genai" in report.runtimes and report.verdict.code == 0, report.to_markdown()
+    assert "ort-genai" in report.runtimes and report.verdict.code == 0, markdown(report)
     res = report.results["ort-genai"]
     assert res["parity"].status is True and "prefill and every decode step of 5 rows" in res["parity"].message
     assert res["padding"].status is True and res["generation"].figures["tokens"] > 0
@@ -97,7 +98,7 @@ def test_our_layouts_and_dtypes_pass_in_its_loop(tmp_path, name):
     loaded = load_model("tiny-llama", random_weights=True) if name == "float16" else peaked("tiny-llama")
     export_onnx(loaded, tmp_path, **kw)
     report = verify_folder(tmp_path, loaded=loaded, runtimes=GENAI, checks=OWN_CHECKS)
-    assert report.verdict.code == 0, report.to_markdown()
+    assert report.verdict.code == 0, markdown(report)
     assert_healthy(report)
     assert report.results["ort-genai"]["generation"].figures["tokens"] >= 8
 
@@ -113,7 +114,7 @@ def test_the_builders_folders_pass_in_its_loop(hf_dir, tmp_path, precision):
     loaded = load_model(hf=hf)
     rec = adopt_onnx(loaded, build_with_genai(hf, tmp_path / precision, precision))
     report = verify_folder(rec.folder, loaded=loaded, runtimes=GENAI)
-    assert report.verdict.code == 0, report.to_markdown()
+    assert report.verdict.code == 0, markdown(report)
     assert_healthy(report)
     if precision == "int4":
         assert report.results["ort-genai"]["quality"].status is True

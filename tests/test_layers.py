@@ -161,16 +161,17 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
     return skip
 
 
-def file_graph(files: Iterable[tuple[str, Path]]) -> dict[str, dict[str, int]]:
+def file_graph(files: Iterable[tuple[str, Path]], *, type_only: bool = True) -> dict[str, dict[str, int]]:
     """{module: {module it imports: the first line}} over ``files`` ((module name, path) pairs): every import
-    statement that can run counts, at the top level or inside a function; one under ``if TYPE_CHECKING:`` names
-    types for annotations only and never runs, so it does not."""
+    statement counts, at the top level or inside a function, and (``type_only``, the default) one under ``if
+    TYPE_CHECKING:`` too: it never runs, but two modules that need each other's names, for annotations only, are
+    still one concept in two files (the project keeps none: docs/DESIGN.md "The map")."""
     files = list(files)
     known = {m for m, _ in files}
     graph: dict[str, dict[str, int]] = {m: {} for m in known}
     for module, path in files:
         tree = ast.parse(path.read_text(), str(path))
-        skip = _type_checking_only(tree)
+        skip = set() if type_only else _type_checking_only(tree)
         for node in ast.walk(tree):
             if id(node) in skip:
                 continue
@@ -255,7 +256,8 @@ def test_an_injected_edge_back_down_the_layers_is_a_cycle():
 
 def test_a_planted_file_cycle_hidden_in_a_function_is_found(tmp_path):
     """Two modules of a package that import each other, one lazily (inside a function, by a relative import); a
-    third imports one of them one way only; a fourth imports the third and, for annotations only, the first."""
+    third imports one of them one way only; a fourth imports the third and, for annotations only, the first; then
+    a cycle closed by an annotation-only import, found too."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -265,9 +267,13 @@ def test_a_planted_file_cycle_hidden_in_a_function_is_found(tmp_path):
     (pkg / "d.py").write_text("from typing import TYPE_CHECKING\n\nimport pkg.c\n\nif TYPE_CHECKING:\n"
                               "    from pkg.a import VALUE\n")  # annotations only: no edge back to a
     files = [("pkg", pkg / "__init__.py")] + [(f"pkg.{p.stem}", p) for p in sorted(pkg.glob("[abcd].py"))]
-    graph = file_graph(files)
+    graph = file_graph(files, type_only=False)
     assert graph["pkg.b"] == {"pkg.a": 2} and graph["pkg.c"] == {"pkg.a": 1, "pkg.b": 2}
     assert graph["pkg.d"] == {"pkg.c": 3}
     assert import_cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert file_graph(files)["pkg.d"] == {"pkg.c": 3, "pkg.a": 6}  # the annotation-only import counts by default
     (pkg / "b.py").write_text("def helper():\n    return 1\n")  # the lazy import gone: no cycle
     assert import_cycles(file_graph(files)) == []
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg.d import X\n")
+    assert import_cycles(file_graph(files)) == [["pkg.a", "pkg.c", "pkg.d"]]  # a cycle for annotations only
+    assert import_cycles(file_graph(files, type_only=False)) == []

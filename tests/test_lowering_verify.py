@@ -7,6 +7,7 @@ import pytest
 
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.verify import verify_folder
+from mhaexport.verify.render import markdown
 
 CASES = [
     pytest.param("onnx", "float32", marks=pytest.mark.slow),  # ~5 s; ort below verifies a lowered file fast
@@ -22,11 +23,11 @@ def test_lowering_passes_verify(tiny, tmp_path, attention, dtype):
     export_onnx(tiny, tmp_path, attention=attention, dtype=dtype)
     report = verify_folder(tmp_path, loaded=tiny, runtimes=("eager", "ort-cpu"))
     failed = {(rt, name) for rt, checks in report.results.items() for name, r in checks.items() if r.status is False}
-    assert not failed, report.to_markdown()
+    assert not failed, markdown(report)
     ort = report.results["ort-cpu"]
     for check in ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation"):
         assert ort[check].status is True, (check, ort[check].message)
-    assert f"attention {attention}" in report.to_markdown() and dtype in report.to_markdown()
+    assert f"attention {attention}" in markdown(report) and dtype in markdown(report)
 
 
 @pytest.mark.slow  # ~5 s; test_lowering's CLI test covers --attention on the export verbs
@@ -71,7 +72,7 @@ def test_gqa_onnx_attention_groups_the_heads_itself_and_takes_the_cache(tiny_lla
     kv = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
     assert kv["present.0.key"] == ["batch_size", 2, "total_sequence_length", 16]
     report = verify_folder(tmp_path, loaded=tiny_llama, runtimes=("ort-cpu",))
-    assert report.passed, report.to_markdown()
+    assert report.passed, markdown(report)
 
 
 @pytest.mark.slow
@@ -84,4 +85,4 @@ def test_gqa_lowerings_and_float16_pass_verify(tiny_llama, tmp_path, attention, 
     if attention == "ort":
         assert rec.manifest.artifacts["onnx"].details.lowering.kv_cache_in_op is False
     report = verify_folder(tmp_path, loaded=tiny_llama, runtimes=("ort-cpu",))
-    assert report.passed, report.to_markdown()
+    assert report.passed, markdown(report)

@@ -20,11 +20,12 @@ from click.testing import CliRunner
 from mhaexport import iospec
 from mhaexport.cli import main
 from mhaexport.errors import ArtifactError, ExportError, RuntimeInputError
-from mhaexport.exporter.module import export_module_onnx, export_module_torchscript
+from mhaexport.exporter.block import export_module_onnx, export_module_torchscript
 from mhaexport.models.block import AttentionBlock, load_block
 from mhaexport.verify import verify_folder
 from mhaexport.verify.results import MODULE_CHECKS
-from mhaexport.verify.module_runners import TorchMhaRunner, TorchModuleRunner
+from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner
+from mhaexport.verify.render import markdown
 from planted.bugs import _AfterSoftmax, _NoMask
 
 
@@ -203,7 +204,7 @@ def test_bidirectional_export_verifies_and_causality_is_not_applicable(tmp_path)
         demo = report.results[rt]["demonstration"]
         assert demo.status is True and demo.figures["weight_1_3_min"] > 0
         assert report.results[rt]["cache-consistency"].status is True
-    assert "⏭ n/a" in report.to_markdown()
+    assert "⏭ n/a" in markdown(report)
 
 
 @pytest.mark.parametrize("bug, why", [

@@ -19,6 +19,7 @@ from mhaexport.exporter.pt2 import AOTI_FILE, PT2_FILE, export_pt2
 from mhaexport.models.inputs import make_inputs
 from mhaexport.verify import verify_folder
 from mhaexport.verify.results import CHECKS
+from mhaexport.verify.render import markdown
 
 # never the export's example sizes (batch=2, seq=3, past=5); seq=1 and past=0 included
 SHAPES = [(1, 1, 0), (3, 7, 0), (1, 1, 13), (2, 5, 9)]
@@ -75,7 +76,7 @@ def test_default_list_leaves_out_a_strangers_program_and_says_why(tiny, pt2_fold
     assert report.results["pt2"] == {}  # not a single check ran on it, so nothing counted as passed
     assert report.passed  # the other default runtimes ran; a default runtime skipped does not fail the verdict
     assert "pt2" in report.verdict.message  # "runtime(s) skipped: ..., pt2"
-    assert "pt2" in report.to_markdown().split("### Details")[1]
+    assert "pt2" in markdown(report).split("### Details")[1]
 
 
 def test_own_export_is_loaded_without_trust(tiny, tiny_export, tmp_path):
@@ -212,8 +213,11 @@ def test_a_model_torch_export_cannot_take_gets_one_line(tmp_path, monkeypatch, f
 
 
 def test_the_attention_block_exports_and_verifies(tmp_path):
-    res = CliRunner().invoke(main, ["pt2", "--module", "attention", "--config", "tiny", "-o", str(tmp_path)])
+    res = CliRunner().invoke(main, ["pt2", "--module", "attention", "--config", "tiny", "-o", str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output
+    from test_cli_json import check_export_json
+
+    check_export_json(res.stdout, "pt2", tmp_path, ["pt2"])
     report = verify_folder(tmp_path, runtimes=("pt2",), trust_code=True)
     assert report.passed, report.verdict.message
     assert report.module == "attention" and report.runtimes["pt2"].providers == ["torch.export (cpu)"]
@@ -268,15 +272,76 @@ def test_tiny_llama_exports_and_verifies_on_every_check(tmp_path):
     assert {ch: report.results["pt2"][ch].status for ch in CHECKS} == {ch: True for ch in CHECKS}
 
 
-@pytest.mark.slow
-def test_hf_llama_program_that_cannot_serve_the_contract_is_refused_in_one_line(hf_dir, tmp_path):
-    """transformers' Llama (5.x): torch.export's guards narrow total_sequence_length to >= 4, and the program made
-    with torch's suggested fix checks attention_mask width != input_ids width (a non-empty cache): refused, naming
-    the guard and the shape it refuses, nothing written."""
-    from mhaexport.errors import ExportError
+def test_an_hf_llama_program_serves_every_contract_shape(hf_dir):
+    """transformers' Llama (one layer, grouped-query attention) under the --hf adapter: one program, no axis narrowed,
+    serves the empty-cache prefill (mask width == ids width), the one-token decode step and shapes the export never
+    saw, equal to eager (logits and the present cache); and it bisects clean under transformers' module paths."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from mhaexport.exporter.pt2 import export_program
     from mhaexport.models.loading import load_model
 
-    loaded = load_model(hf=str(hf_dir("llama")))
+    loaded = load_model(hf=str(hf_dir("llama-small")))
+    program, _, warns = export_program(loaded)
+    assert not any("narrowed" in w for w in warns), warns
+    module = program.module()
+    for b, s, p in SHAPES:
+        ids, mask, past = make_inputs(loaded.contract, b, s, p, seed=5)
+        with torch.no_grad():
+            ref, ref_present = loaded.module(ids, mask, past)
+            got, present = module(ids, mask, past)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(present[0][1], ref_present[0][1], atol=1e-5, rtol=0)
+        assert present[0][0].shape == (b, loaded.contract.n_kv_heads, p + s, loaded.contract.head_dim)
+    # its nodes keep transformers' module paths: the program bisects module by module (diagnose/bisect_pt2.py)
+    from mhaexport.diagnose.bisect_pt2 import bisect_program
+
+    report = bisect_program(program, loaded, batch=2, seq=3, past=4, pad=[0, 2])
+    assert report.ok and not report.unmatched, report.summary()
+    assert {"hf.model.layers.0.self_attn", "hf.model.layers.0.self_attn.v_proj", "hf.model.layers.0.mlp",
+            "hf.lm_head", "output logits"} <= {r.module for r in report.rows}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "mistral", "qwen2", "phi3", "gemma"])
+def test_hf_models_export_and_verify_on_every_check(hf_dir, tmp_path, arch):
+    """`mhaexport pt2 --hf DIR` on each proved architecture (two layers; ~10 s each on 2 cores: export and verify),
+    verified on every check with the dynamic axes kept."""
+    pytest.importorskip("transformers")
+    res = CliRunner().invoke(main, ["-q", "pt2", "--hf", str(hf_dir(arch, tokenizer=False)), "-o", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["artifacts"]["pt2"]["dynamic_axes"] == ["batch_size", "sequence_length", "past_sequence_length",
+                                                            "total_sequence_length"]
+    assert not any("narrowed" in w for w in manifest["artifacts"]["pt2"].get("warnings", [])), manifest
+    res = CliRunner().invoke(main, ["-q", "verify", str(tmp_path), "--runtime", "pt2", "--trust-code"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "report-pt2.json").read_text())  # a named --runtime's own report
+    assert {ch: report["results"]["pt2"][ch]["status"] for ch in CHECKS} == {ch: True for ch in CHECKS}
+
+
+@pytest.mark.slow
+def test_a_program_that_cannot_serve_the_contract_is_refused_in_one_line(hf_dir, tmp_path, monkeypatch):
+    """The --hf adapter as it was before it gathered its positions (a slice of the mask's last `seq` columns, no word
+    to torch.export that the mask is past + seq wide; two HF exports, ~15 s): torch's guards narrow
+    total_sequence_length to >= 4, and the program made with its suggested fix checks attention_mask width !=
+    input_ids width (a non-empty cache): the exporter's run at unseen shapes refuses it in one line, nothing
+    written."""
+    pytest.importorskip("transformers")
+    from mhaexport.errors import ExportError
+    from mhaexport.models import hf
+    from mhaexport.models.loading import load_model
+
+    def sliced_positions(self, input_ids, attention_mask, past_key_values=None):
+        T = input_ids.shape[1]
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -T:]
+        cache = self._cache_cls(tuple((k, v) for k, v in past_key_values or ()))
+        out = self.hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                      use_cache=True, return_dict=True, **{self._cache_kw: cache})
+        return out.logits, hf._cache_tuples(hf._output_cache(out))
+
+    monkeypatch.setattr(hf.HFCausalLM, "forward", sliced_positions)
+    loaded = load_model(hf=str(hf_dir("llama", tokenizer=False)))
     with pytest.raises(ExportError, match=r"^LlamaForCausalLM \(llama\): torch\.export cannot keep the dynamic axes: "
                                           r"the program it makes checks 'attention_mask\.size\(\)\[1\] != "
                                           r"input_ids\.size\(\)\[1\]' and refuses batch=1 seq=7 past=0"):

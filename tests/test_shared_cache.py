@@ -15,6 +15,7 @@ from mhaexport.errors import RuntimeInputError
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.runtime import GenerationConfig, Generator
 from mhaexport.verify import verify_folder
+from mhaexport.verify.render import markdown
 from planted.edit import peaked
 
 PROMPTS = [[72, 101, 108, 108, 111], [200, 17, 3], [9, 8, 7, 6, 5, 4, 3, 2]]
@@ -120,7 +121,7 @@ def test_logits_the_loop_cannot_hand_in_are_allocated_by_onnx_runtime_instead(sh
 def test_verify_translates_the_contract_and_every_check_passes(shared):
     loaded, folder, _ = shared
     report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",))
-    assert report.passed, report.to_markdown()
+    assert report.passed, markdown(report)
     assert all(r.status is True for r in report.results["ort-cpu"].values())
 
 
@@ -128,7 +129,7 @@ def test_verify_runs_the_deploy_loop_and_says_which_protocol_each_check_ran(shar
     loaded, folder, _ = shared
     report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=("kv-consistency", "padding",
                                                                                   "generation"))
-    assert report.passed, report.to_markdown()
+    assert report.passed, markdown(report)
     for name in ("kv-consistency", "padding", "generation"):
         assert "deploy loop: buffers in place, a ragged right-padded batch" in report.results["ort-cpu"][
             name].figures["protocol"]
@@ -258,7 +259,7 @@ def test_grouped_heads_and_float16_on_a_shared_cache(tmp_path, preset, dtype):
     loaded = peaked(preset) if dtype == "float32" else load_model(preset)
     export_onnx(loaded, tmp_path, kv_cache="shared", dtype=dtype)
     report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",))
-    assert report.passed, report.to_markdown()
+    assert report.passed, markdown(report)
     res = Generator(tmp_path, threads=1).generate(PROMPTS[:2], GenerationConfig(max_new_tokens=8))
     if dtype == "float32":
         assert res.tokens == [eager_greedy(loaded.module, p, 8) for p in PROMPTS[:2]]

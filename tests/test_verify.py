@@ -21,6 +21,7 @@ from mhaexport.verify.report import ReportModel, SweepInfo, ToleranceInfo, Verif
 from mhaexport.verify.results import CheckResult
 from mhaexport.runtime.choose import ort_runner_for
 from mhaexport.verify.runners import EagerRunner, Runner, session_config
+from mhaexport.verify.render import markdown, write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -115,7 +116,7 @@ def test_report_json_round_trip_and_skipped_is_not_passed(tmp_path):
     assert "nothing was verified" in only_eager.verdict.message
     only_skipped = _report({"ort-cuda": None}, "cpu-box")
     assert not only_skipped.passed  # nothing passed: skipped never counts as passed
-    js, md = rep.write(tmp_path)
+    js, md = write_report(rep, tmp_path)
     back = load_report(js)
     assert back.to_dict()["results"] == rep.to_dict()["results"]
     assert json.loads(js.read_text())["schema"].startswith("mhaexport.verify.report/")
@@ -132,7 +133,7 @@ def test_a_runtime_requested_by_name_and_skipped_is_not_verified():
     assert some.verdict.code == 4 and some.verdict.message.startswith("not verified as requested: ort-cuda skipped")
     failed = _report({"eager": True, "ort-cpu": False, "ort-cuda": None}, "cpu-box", requested=["ort-cpu", "ort-cuda"])
     assert failed.verdict.code == 1  # a failure outranks a skip
-    assert "NOT VERIFIED" in rep.to_markdown() and rep.default_name() == "report-ort-cuda"
+    assert "NOT VERIFIED" in markdown(rep) and rep.default_name() == "report-ort-cuda"
 
 
 def test_merge_keeps_runs_over_skips_and_labels_hosts():
@@ -141,7 +142,7 @@ def test_merge_keeps_runs_over_skips_and_labels_hosts():
     merged = merge_reports([cpu, gpu])
     assert set(merged.runtimes) == {"eager@cpu", "ort-cpu@cpu", "eager@gpu", "ort-cpu@gpu", "ort-cuda@gpu"}
     assert not merged.passed and merged.counts["failed"] == len(CHECKS)
-    assert "ort-cuda@gpu" in merged.to_markdown()
+    assert "ort-cuda@gpu" in markdown(merged)
 
 
 # --- the CLI on the tiny export -----------------------------------------------------------------------------------
@@ -282,7 +283,7 @@ def test_report_padding_cell_shows_the_worst_figure_and_merge_keeps_same_host_re
     failing = _report({"eager": True}, "box")
     failing.results["eager"]["padding"] = CheckResult("padding", False, {"left_prefill_max_abs": 0.0,
                                                                          "right_decode_max_abs": 0.25}, "right pads")
-    assert "❌ 2.5e-01" in failing.to_markdown()
+    assert "❌ 2.5e-01" in markdown(failing)
     passing = _report({"eager": True}, "box")
     merged = merge_reports([failing, passing])
     assert set(merged.runtimes) == {"eager@box", "eager@box#2"}
@@ -291,7 +292,7 @@ def test_report_padding_cell_shows_the_worst_figure_and_merge_keeps_same_host_re
 
 def test_report_merge_of_only_skipped_runs_is_not_verified(tmp_path):
     a = _report({"ort-cuda": None}, "a")
-    a.write(tmp_path / "a")
+    write_report(a, tmp_path / "a")
     res = CliRunner().invoke(main, ["report", "merge", str(tmp_path / "a"), "-o", str(tmp_path / "m")])
     assert res.exit_code == 4, res.output
     assert "nothing was verified" in res.output
@@ -327,7 +328,7 @@ def test_a_static_export_is_reported_static_not_failed(tiny, tmp_path):
 def test_report_write_keeps_sections_other_commands_own(tmp_path):
     rep = _report({"eager": True}, "cpu")
     (tmp_path / "report.md").write_text("old table\n<!-- bench -->\n## Bench\nrow\n<!-- /bench -->\n")
-    _, md = rep.write(tmp_path)
+    _, md = write_report(rep, tmp_path)
     text = md.read_text()
     assert "old table" not in text and "## Bench\nrow" in text and text.startswith("## mhaexport verify")
 

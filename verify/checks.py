@@ -774,7 +774,7 @@ CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
 def run_check(name: str, runner: Runner, ctx: SweepContext,
               funcs: dict[str, Callable] | None = None) -> CheckResult:
     """Run one check, looked up in ``funcs`` (the decoder's CHECK_FUNCS by default; the attention block's
-    ``verify.module.CHECK_FUNCS``). The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the
+    ``verify.block.CHECK_FUNCS``). The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the
     model's own code raised; or inputs it refused) is that check's failure, with its first line. Any other exception
     is a bug in mhaexport and propagates (the CLI exits 3 with the traceback)."""
     try:

@@ -16,7 +16,7 @@ from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.iospec import ModuleContract
 from mhaexport.runtime.choose import feed_of, ort_runner_for
 from mhaexport.runtime.runner import Runner, skipped
-from mhaexport.verify.module_runners import TorchMhaRunner, TorchModuleRunner, module_ort_runner
+from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner, module_ort_runner
 from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
 from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ONNX_REFERENCE, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT,
                                       EagerRunner, OnnxReferenceRunner, TorchScriptRunner, session_config)

@@ -1,16 +1,17 @@
 """The verify report as Markdown (report.md): functions of a :class:`~mhaexport.verify.report.VerifyReport`, which
-holds the data, the verdict and the JSON. A runtimes x checks table that reads as a CI job summary, the parity and
+holds the data, the verdict and the JSON (the report knows nothing of its presentation: this module imports it,
+not the other way), and :func:`write_report` (report.json + report.md). A runtimes x checks table that reads as a CI job summary, the parity and
 quality figures, the details of what failed or was skipped, the plain protocol's findings, provider against
 provider, and the lint findings."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from pathlib import Path
 
+from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
+from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.results import NOT_A_CHECK, QUALITY, CheckResult
-
-if TYPE_CHECKING:  # the report's types only: report.py imports this module, not the other way
-    from mhaexport.verify.report import RuntimeInfo, VerifyReport
 
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 # the cell of a result that is no check (CheckResult.counted) or was skipped for a static export
@@ -278,3 +279,18 @@ def cell(r: CheckResult | None) -> str:
 
 def _fig(x: float | None) -> str:
     return "—" if x is None else f"{x:.4g}"
+
+
+def write_report(report: VerifyReport, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
+    """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to the report's
+    :meth:`~VerifyReport.default_name`, so a subset run never overwrites the full report. Returns both paths."""
+    folder = ensure_writable_dir(folder)
+    name = name or report.default_name()
+    atomic_write_json(folder / f"{name}.json", report.to_dict())
+    text = markdown(report)
+    old = folder / f"{name}.md"
+    if old.is_file():  # keep sections other commands own, delimited <!-- name --> ... <!-- /name --> (bench)
+        blocks = re.finditer(r"<!-- ([\w-]+) -->.*?<!-- /\1 -->", old.read_text(errors="replace"), re.S)
+        text += "".join(f"\n{m.group(0)}\n" for m in blocks)
+    atomic_write_bytes(folder / f"{name}.md", text.encode())
+    return folder / f"{name}.json", folder / f"{name}.md"

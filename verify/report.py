@@ -8,21 +8,19 @@ across machines. report.md's text is rendered from it by :mod:`mhaexport.verify.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir, read_json, schema
+from mhaexport.artifact import read_json, schema
 from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.artifact.record import Environment, Record
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError
 from mhaexport.runtime.feed import Feed
 from mhaexport.verify.lint import LintReport
-from mhaexport.verify.render import markdown
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, CrossResult
 
 if TYPE_CHECKING:
@@ -360,25 +358,6 @@ class VerifyReport(Record):
             return super().from_dict(data, "")
         except ArtifactError as e:
             raise ArtifactError(f"{what}: field {e}") from None
-
-    def write(self, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
-        """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to :meth:`default_name`, so a
-        subset run never overwrites the full report. Returns both paths."""
-        folder = ensure_writable_dir(folder)
-        name = name or self.default_name()
-        atomic_write_json(folder / f"{name}.json", self.to_dict())
-        text = self.to_markdown()
-        old = folder / f"{name}.md"
-        if old.is_file():  # keep sections other commands own, delimited <!-- name --> ... <!-- /name --> (bench)
-            blocks = re.finditer(r"<!-- ([\w-]+) -->.*?<!-- /\1 -->", old.read_text(errors="replace"), re.S)
-            text += "".join(f"\n{m.group(0)}\n" for m in blocks)
-        atomic_write_bytes(folder / f"{name}.md", text.encode())
-        return folder / f"{name}.json", folder / f"{name}.md"
-
-    # --- Markdown (verify/render.py) ------------------------------------------------------------------------
-    def to_markdown(self) -> str:
-        """report.md's text (:func:`mhaexport.verify.render.markdown`)."""
-        return markdown(self)
 
 
 def refused_report(folder: str | Path, reason: str, requested: list[str] | None = None, sweep: str = "quick",

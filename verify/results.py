@@ -1,7 +1,7 @@
 """What checks are called and what they return: the check names, :class:`CheckResult` (data, not text), and the
 context the checks of one export share (:class:`SweepContext`; the decoder's :class:`Context`).
 
-The report reads the names and results; the checks (verify/checks.py, verify/module.py, verify/quality.py) fill
+The report reads the names and results; the checks (verify/checks.py, verify/block.py, verify/quality.py) fill
 them in. Nothing here runs a check.
 """
 
@@ -21,7 +21,7 @@ from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare_by_o
 from mhaexport.verify.sweep import Case
 
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
-# the checks of an attention-block export (--module attention), in verify/module.py
+# the checks of an attention-block export (--module attention), in verify/block.py
 MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstration")
 # A lossy (quantized) artifact adds this one: its figures against eager fp32 instead of exact parity
 # (verify/quality.py); verify runs it when an artifact's manifest entry records a quantization.
@@ -93,7 +93,7 @@ class SweepContext:
 
     A contract's context says how a case becomes inputs (:meth:`inputs`), how two runs of a case compare, per
     output kind (:meth:`compare`, kinds :attr:`output_kinds`), and what its outputs are called
-    (:meth:`named_outputs`): the decoder's :class:`Context`, the attention block's ``verify.module.ModuleContext``.
+    (:meth:`named_outputs`): the decoder's :class:`Context`, the attention block's ``verify.block.ModuleContext``.
     """
 
     contract: Any

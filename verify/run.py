@@ -1,6 +1,6 @@
 """Run every check on every runner of a verify run: activate each, skip what cannot run, hold each runtime to its
 own dtype's tolerance (a lossy one to its requantization step), collect the results. The decoder's verify and the
-attention block's (verify/module.py) both drive :func:`run_all`; one check is run by
+attention block's (verify/block.py) both drive :func:`run_all`; one check is run by
 :func:`mhaexport.verify.checks.run_check`.
 """
 

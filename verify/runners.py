@@ -34,7 +34,7 @@ DEFAULT_RUNTIMES = (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 ORT_GENAI = "ort-genai"
 ALL_RUNTIMES = ALL_RUNTIMES + (ORT_GENAI,)
 # an attention-block export (--module attention): torch's own attention with the block's weights is a second
-# reference beside eager (verify/module.py)
+# reference beside eager (verify/block.py)
 TORCH_MHA = "torch-mha"
 MODULE_RUNTIMES = (EAGER, TORCH_MHA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 REFERENCE_RUNTIMES = (EAGER, TORCH_MHA)  # references: running them alone verifies no artifact

@@ -82,13 +82,14 @@ def lossy_artifacts(ef: ExportFolder) -> dict[str, Quantization]:
             if isinstance(entry.details, OnnxDetails) and entry.details.quantization}
 
 
-def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed: int = 0,
+def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
                   atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
                   gen_tokens: int | None = None, threads: int | None = None, quality=None, reproduce=None,
                   trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
-    """Verify every artifact in ``folder`` against eager. A folder of the attention block on its own
-    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.module.verify_module`).
+    """Verify every artifact in ``folder`` against eager (a path: opened here, its snapshot removed when done; an
+    opened :class:`ExportFolder`: used as it is, its opener closes it). A folder of the attention block on its own
+    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.block.verify_module`).
 
     ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
     which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
@@ -116,19 +117,20 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     if unknown:
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
                           f"block: {', '.join(MODULE_CHECKS)})")
-    ef = ExportFolder.open(folder)
-    try:
-        check_external_data(ef)
-    except BaseException:
-        ef.close()
-        raise
+    if not isinstance(folder, ExportFolder):  # opened here once, its snapshot removed when done (on errors too)
+        with ExportFolder.open(folder) as ef:
+            return verify_folder(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
+                                 checks=checks, gen_tokens=gen_tokens, threads=threads, quality=quality,
+                                 reproduce=reproduce, trust_code=trust_code, progress=progress)
+    ef = folder
+    check_external_data(ef)
     if not ef.artifacts:
         raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
     refuse_untrusted(ef, runtimes, trust_code)
     if not runtimes:
         wanted += present_code_runtimes(ef)
     if ef.module is not None:
-        from mhaexport.verify.module import verify_module
+        from mhaexport.verify.block import verify_module
 
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress, trust_code=trust_code)
@@ -204,7 +206,6 @@ def verify_folder(folder: str | Path, *, loaded=None, sweep: str = "quick", seed
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
-    ef.close()  # every runner has loaded its files: the snapshot's copies go now, not at exit
     return build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
                         infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
                         started=started, export_sizes=ctx.export_sizes, dtype=dtype,

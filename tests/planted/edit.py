@@ -15,10 +15,11 @@ from mhaexport.artifact import atomic_write_json, read_json
 from mhaexport.artifact.files import file_entries
 
 
-def rehash(folder: Path, files: tuple[str, ...] = ("model.onnx",)) -> None:
-    """Make the manifest vouch for ``files`` as they are now (as if the exporter itself had written them)."""
+def rehash(folder: Path, files: tuple[str, ...] = ("model.onnx",), artifact: str = "onnx") -> None:
+    """Make the manifest vouch for ``files`` of ``artifact`` as they are now (as if the exporter itself had written
+    them)."""
     manifest = read_json(folder / "manifest.json", "manifest")
-    manifest["artifacts"]["onnx"]["files"].update(file_entries(folder, list(files)))
+    manifest["artifacts"][artifact]["files"].update(file_entries(folder, list(files)))
     atomic_write_json(folder / "manifest.json", manifest)
 
 

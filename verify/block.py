@@ -29,7 +29,7 @@ from mhaexport.errors import ConfigError
 from mhaexport.iospec import ModuleContract
 from mhaexport.verify.checks import causality_by_perturbation, check_finite, cross_provider, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
-from mhaexport.verify.module_runners import ModuleOutputs, ModuleRunner
+from mhaexport.verify.block_runners import ModuleOutputs, ModuleRunner
 from mhaexport.verify.registry import runner_for
 from mhaexport.verify.report import VerifyReport, build_report
 from mhaexport.verify.results import MODULE_CHECKS, CheckResult, SweepContext
