@@ -64,6 +64,11 @@ class BenchConfig:
     trust_code: bool = False
     # the project's own speed targets (bench.targets) judged and shown: a project benchmark, off in a user's report
     targets: bool = False
+    # sessions per loop row (the ORT CPU rows and ort-genai): identical sessions of one file can decode at different
+    # speeds on a shared machine (~1.2 x apart measured here), so a row opens this many, warms each up and times each
+    # in turn, ``repeats`` generations apiece; its token p50 is the median of its sessions' p50s (each in
+    # RuntimeBench.session_p50_ms). 1: one session per row
+    sessions: int = 1
 
     def __post_init__(self) -> None:
         """A BenchConfig is checked when it is made (:func:`check_config`: ConfigError in one line naming what is
@@ -113,6 +118,7 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
     for field, value, least in (("prompt_len", cfg.prompt_len, 1), ("batch", cfg.batch, 1),
                                 ("threads", cfg.threads, 1), ("repeats", cfg.repeats, 1),
                                 ("nocache_repeats", cfg.nocache_repeats, 1), ("long_repeats", cfg.long_repeats, 1),
+                                ("sessions", cfg.sessions, 1),
                                 ("long_to", 0 if cfg.long_to is None else cfg.long_to, 0)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
             raise ConfigError(f"{field}={value!r}: expected an integer >= {least}")

@@ -48,10 +48,31 @@ def runtimes_table(res: BenchResult) -> str:
             rows.append(f"| {r.label} | skipped: {r.reason} | | | | | | | | | | |")
             continue
         warm = f"{r.warmups}" if r.steady else f"{r.warmups}, not steady"
+        p50 = _f(r.token_p50_ms)
+        if r.session_p50_ms and len(r.session_p50_ms) > 1:  # --sessions: the median of the sessions' p50s
+            p50 += (f" ({len(r.session_p50_ms)} sessions: {_f(min(r.session_p50_ms))}-"
+                    f"{_f(max(r.session_p50_ms))})")
         rows.append(f"| {r.label} | {', '.join(r.providers)} | {_f(r.load_ms, 0)} | {warm} | {_f(r.prefill_ms)} | "
-                    f"{_f(r.ttft_ms)} | {_f(r.token_p50_ms)} | {_f(r.token_p90_ms)} | {_f(r.token_min_ms)} | "
+                    f"{_f(r.ttft_ms)} | {p50} | {_f(r.token_p90_ms)} | {_f(r.token_min_ms)} | "
                     f"{_f(r.token_spread)} | {_pct(r.repeat_spread)} | {_f(r.tokens_per_s, 1)} |")
     return "\n".join(rows)
+
+
+def loop_text(res: BenchResult) -> str:
+    """mhaexport's decode loop against onnxruntime-genai's on the same file: the ratio of their token p50s and how
+    many sessions each figure is the median of."""
+    lp = res.loop
+    threads = f"{lp.threads} thread{'s' if lp.threads != 1 else ''} each" if lp.threads else "threads as the run's"
+    if lp.sessions > 1:
+        ours = ", ".join(_f(m) for m in lp.ours_sessions_ms)
+        how = (f"each the median of {lp.sessions} sessions' p50s — ours {ours}, onnxruntime-genai's "
+               f"{', '.join(_f(m) for m in lp.genai_sessions_ms)} ms")
+    else:
+        how = ("one session each: identical sessions of one file can decode at different speeds, so this ratio "
+               "also holds the two sessions' difference; --sessions 3 times each loop over three")
+    return (f"mhaexport's decode loop ({lp.ours}, the deploy runtime's) / onnxruntime-genai's loop ({lp.genai}) "
+            f"on the same file: {_f(lp.ours_ms)} / {_f(lp.genai_ms)} ms per token = **{lp.ratio:.3f} x** "
+            f"({how}; {threads}).")
 
 
 def lowerings_table(res: BenchResult) -> str:
@@ -174,6 +195,8 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     """The bench section in markdown; ``plot_note`` (the bench.png link, or why there is none) ends it;
     ``scaling_note`` (the bench-scaling.png link) follows the how-cost-grows tables."""
     parts = [runtimes_table(res), "", floor_text(res)]
+    if res.loop:
+        parts += ["", loop_text(res)]
     for lr in res.long_runs:
         at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr.at.items())
         read = lr.bytes_at or {}

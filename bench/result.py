@@ -50,6 +50,9 @@ class RuntimeBench(Record):
     quant_label: str | None = None  # its full label ("int4 b32 sym acc4 (block 0 int8; float: embeddings)")
     weight_bytes_per_token: int | None = None  # bytes of weights one decode step of this row reads
     floor_ratio: float | None = None  # token p50 / the float model's weight-bandwidth floor (BenchResult.floor_ms)
+    # --sessions N: the row timed over N sessions of its file; token_p50_ms is then the median of these, each
+    # session's p50 over its own decode steps (None: one session)
+    session_p50_ms: list[float] | None = None
     notes: list[str] = field(default_factory=list)  # what a reader of this row must know (bench.md's notes)
 
     WRITE_NONE = ("*",)
@@ -57,6 +60,15 @@ class RuntimeBench(Record):
     def __post_init__(self) -> None:
         if not self.label:
             self.label = self.name if self.lowering is None else f"{self.name} [{self.lowering}]"
+
+    @property
+    def sessions_apart(self) -> float | None:
+        """(slowest - fastest) / median of the sessions' p50s, or None with one session."""
+        s = sorted(self.session_p50_ms or [])
+        if len(s) < 2:
+            return None
+        mid = s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+        return (s[-1] - s[0]) / mid if mid else None
 
 
 @dataclass
@@ -217,6 +229,23 @@ class Profile(Record):
 
 
 @dataclass
+class LoopComparison(Record):
+    """mhaexport's decode loop (``ours``: the folder's ort-cpu row, the deploy runtime's Generator) against
+    onnxruntime-genai's (``genai``: ort-genai) on the same file: their token p50s (with ``--sessions``, each the
+    median of its sessions' p50s, listed) and ``ratio`` = ours / genai, at ``threads`` threads each."""
+
+    ours: str
+    genai: str
+    ours_ms: float
+    genai_ms: float
+    ratio: float
+    sessions: int = 1
+    ours_sessions_ms: list[float] = field(default_factory=list)
+    genai_sessions_ms: list[float] = field(default_factory=list)
+    threads: int | None = None
+
+
+@dataclass
 class BenchResult(Record):
     """Everything bench.json holds (plus ``"schema": "mhaexport.bench/1"`` at the top)."""
 
@@ -237,9 +266,11 @@ class BenchResult(Record):
     versions: dict[str, Any] = field(default_factory=dict)  # mhaexport.env.tool_versions()
     # how cost grows (--batches / --prompts; bench.scaling): one per ONNX Runtime row, every asked point
     scaling: list[ScalingRow] = field(default_factory=list)
+    # mhaexport's loop / onnxruntime-genai's on the same file (run.loop_comparison); None unless both rows ran
+    loop: LoopComparison | None = None
 
     DERIVED = ("schema",)
-    WRITE_NONE = ("profile",)
+    WRITE_NONE = ("profile", "loop")
     KEY_ORDER = ("schema",)
     schema = SCHEMA
 

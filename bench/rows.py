@@ -125,6 +125,10 @@ class Row:
             return f"{need} positions pass {self.runner.limit_text()}"
         return None
 
+    def warmups_planned(self, most: int) -> int:
+        """The most warm-up generations this row runs (bench's time-left estimate): ``most``, once per session."""
+        return most
+
     def warm_up(self, prompt: np.ndarray, n: int, within: float, most: int, first: GenerationResult | None = None,
                 before: Callable[[int], None] | None = None, after: Callable[[float], None] | None = None) -> bool:
         """Untimed generations of ``n`` tokens until two in a row agree on the median step latency within
@@ -305,6 +309,105 @@ class GenAIRow(Row):
         return genai_generate(self.model, prompt, prompt.shape[1] + n, clock=self.clock)
 
 
+class SessionsRow(Row):
+    """One row timed over several sessions of its file (``--sessions N``): ``parts``, N rows of the same loop each
+    loading its own session (an ORT CPU row's Generator, onnxruntime-genai's Model). Identical sessions of one file
+    can decode at different speeds on a shared machine (BareRow's note), so one session per loop would count that
+    difference as the loop's. Each part is loaded and warmed up on its own; :meth:`generate` runs the next part in
+    turn (``repeats`` = N x the run's, so each session gets the run's repeats); :meth:`finish` gives the row the
+    figures over every step of every session, except ``token_p50_ms``: the median of the sessions' p50s (each part's
+    over its own steps, listed in ``session_p50_ms``). ``runner`` is the first session's (BareRow runs on it)."""
+
+    def __init__(self, record: RuntimeBench, parts: list[Row]) -> None:
+        super().__init__(record, self._load, parts[0].repeats * len(parts))
+        self.parts = parts
+        self._turn = 0
+        self._last: Row | None = None
+
+    @property
+    def sessions(self) -> int:
+        return len(self.parts)
+
+    def _load(self) -> Runner:
+        loads = []
+        for part in self.parts:
+            part.activate()
+            if not part.ok:  # one session that cannot load: the row says why
+                return _skip_runner(self.record.name, part.record.reason)
+            loads.append(part.record.load_ms)
+        self._load_ms = statistics.median(loads)
+        self.record.notes += [n for n in self.parts[0].record.notes if n not in self.record.notes]
+        return self.parts[0].runner
+
+    def activate(self) -> None:
+        super().activate()
+        if self.ok and self.runner is not None:
+            self.record.load_ms = round(self._load_ms, 4)  # a session's load (the median), not the N together
+
+    def too_long(self, prompt_len: int, n: int) -> str | None:
+        return self.parts[0].too_long(prompt_len, n)
+
+    def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
+        part = self.parts[self._turn]
+        self._turn = (self._turn + 1) % len(self.parts)
+        self._last = part
+        r = part.generate(prompt, n)
+        part.runs.append(r)
+        return r
+
+    def warmups_planned(self, most: int) -> int:
+        return most * len(self.parts)
+
+    def warm_up(self, prompt: np.ndarray, n: int, within: float, most: int, first: GenerationResult | None = None,
+                before: Callable[[int], None] | None = None, after: Callable[[float], None] | None = None) -> bool:
+        """Each session warmed up on its own until steady (``first``: the first session's first generation, run by
+        :meth:`generate`); the row is steady when every session is."""
+        for part in self.parts:
+            part.runs.clear()  # warm-ups are not timed runs
+        steady = [part.warm_up(prompt, n, within, most, first=first if part is self._last else None, before=before,
+                               after=after) for part in self.parts]
+        self._turn = 0
+        self.record.warmups = sum(p.record.warmups for p in self.parts)
+        self.record.steady = all(steady)
+        self.record.warmup_token_ms = [m for p in self.parts for m in p.record.warmup_token_ms]
+        return self.record.steady
+
+    def finish(self, batch: int, new_tokens: int) -> None:
+        if not self.ok:
+            return
+        for part in self.parts:
+            part.finish(batch, new_tokens)
+        self.runs = [r for part in self.parts for r in part.runs]
+        super().finish(batch, new_tokens)
+        p50s = [p.record.token_p50_ms for p in self.parts if p.record.token_p50_ms is not None]
+        if p50s:
+            self.record.session_p50_ms = p50s
+            self.record.token_p50_ms = round(statistics.median(p50s), 4)
+            self.record.notes.append(
+                f"timed over {len(self.parts)} sessions of its file, each warmed up on its own and timed "
+                f"{self.parts[0].repeats} time(s) in turn: token p50 {self.record.token_p50_ms:.2f} ms is the median "
+                f"of the sessions' p50s ({', '.join(f'{m:.2f}' for m in p50s)} ms; "
+                f"{self.record.sessions_apart * 100:.0f} % apart)")
+
+
+def _skip_runner(name: str, reason: str | None) -> Runner:
+    from mhaexport.runtime.runner import skipped
+
+    return skipped(name, None, reason or "a session could not be loaded")
+
+
+def with_sessions(row: Row, make: Callable[[], Row], sessions: int) -> Row:
+    """``row`` timed over ``sessions`` sessions (:class:`SessionsRow`; ``make()`` builds another part like it), or
+    ``row`` itself for one session or a row skipped at planning."""
+    if sessions <= 1 or row.load is None or not row.ok:
+        return row
+    record = row.record  # the row's record is the SessionsRow's; each part gets one of its own
+    parts = [row] + [make() for _ in range(sessions - 1)]
+    for i, part in enumerate(parts):
+        part.record = RuntimeBench(f"{record.name} #{i + 1}", label=f"{record.label} (session {i + 1}/{sessions})")
+    return SessionsRow(record, parts)
+
+
 # ---- planning the rows -----------------------------------------------------------------------------------------
 
 def skipped_row(name: str, reason: str, **kw: Any) -> Row:
@@ -369,6 +472,14 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
         rows.append(row)
         taken.update((row.record.name, row.record.label))
 
+    def sessions(row: Row) -> Row:
+        """A loop row (ORT CPU, onnxruntime-genai) over ``cfg.sessions`` sessions of its file (:class:`SessionsRow`)."""
+        if cfg.sessions <= 1 or (row.record.name.split(" [")[0] == ORT_CUDA):
+            return row
+        if isinstance(row, GenAIRow):
+            return with_sessions(row, lambda: GenAIRow(RuntimeBench(row.record.name), row.ef, cfg), cfg.sessions)
+        return with_sessions(row, lambda: Row(RuntimeBench(row.record.name), row.load, row.repeats), cfg.sessions)
+
     def ort_record(name: str, row_folder: Path, lowering: str | None, row_ef: ExportFolder = ef) -> RuntimeBench:
         label = name if lowering is None else f"{name} [{lowering}]"
         row_name = name if row_folder == folder else label
@@ -405,11 +516,12 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
                 add(Row(ort_record(name, folder, own_lowering), None, 0))
                 rows[-1].skip(why)
             else:
-                add(Row(ort_record(name, folder, own_lowering), _ort_loader(ef, provider, cfg), cfg.repeats))
+                add(sessions(Row(ort_record(name, folder, own_lowering), _ort_loader(ef, provider, cfg), cfg.repeats)))
             if name == ORT_CUDA and ("onnx" not in arts or why is not None):
                 continue  # CUDA is not really present (or nothing to compare with): the folder's own row says why
             for other, m in others:
-                add(Row(ort_record(name, other, lowering_of(m), m), _ort_loader(m, provider, cfg), cfg.repeats))
+                add(sessions(Row(ort_record(name, other, lowering_of(m), m), _ort_loader(m, provider, cfg),
+                                 cfg.repeats)))
         elif name in (ORT_BARE, ORT_GENAI):
             if "onnx" not in arts:
                 add(skipped_row(name, f"no ONNX export in {folder}"))
@@ -420,7 +532,7 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
 
                     add(BareRow(ort_record(name, folder, own_lowering), ef, cfg, share=own))
                 else:
-                    add(GenAIRow(ort_record(name, folder, own_lowering), ef, cfg))
+                    add(sessions(GenAIRow(ort_record(name, folder, own_lowering), ef, cfg)))
     if ORT_CPU in names and "onnx" in arts:
         for level in cfg.opt_levels:
             rb = with_quantization(RuntimeBench(f"{ORT_CPU}@{level}", lowering=own_lowering, opt_level=level,

@@ -18,11 +18,13 @@ import numpy as np
 from mhaexport import dtypes
 from mhaexport.artifact import ExportFolder, OpenFolders, same_model_folders
 from mhaexport.bench import probes
-from mhaexport.bench.config import DEFAULT_RUNTIMES, EAGER_NOCACHE, ORT_RUNTIMES, TORCH_RUNTIMES, BenchConfig
+from mhaexport.bench.config import (DEFAULT_RUNTIMES, EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES,
+                                    BenchConfig)
 from mhaexport.bench.eta import Eta
 from mhaexport.bench.lowerings import compare_lowerings
 from mhaexport.artifact.record import Environment
-from mhaexport.bench.result import BandwidthInfo, BenchModel, BenchResult, LongRun, OpTime, Profile
+from mhaexport.bench.result import (BandwidthInfo, BenchModel, BenchResult, LongRun, LoopComparison, OpTime,
+                                    Profile)
 from mhaexport.bench.rows import EagerModel, Row, plan_rows
 from mhaexport.bench.scaling import scaling_rows, scaling_runs, seeded_prompt
 from mhaexport.bench.stats import token_spread, window_median
@@ -107,7 +109,7 @@ def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: 
     eta = Eta(say)
     long_to_run = long_to > cfg.prompt_len + 1
     for row in loading:
-        eta.plan(row.record.label, cfg.max_warmups + row.repeats)
+        eta.plan(row.record.label, row.warmups_planned(cfg.max_warmups) + row.repeats)
         if long_to_run and row.record.name.split(" [")[0] == ORT_CPU and row.record.opt_level is None:
             # a long run in generations' worth: its tokens over new_tokens, the cache's growth counted by half
             eta.plan(row.record.label, cfg.long_repeats * 1.5 * (long_to - cfg.prompt_len) / cfg.new_tokens)
@@ -127,13 +129,14 @@ def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: 
     for row in timed:
         row.finish(cfg.batch, cfg.new_tokens)
     notes += quantized_rows([r.record for r in rows], int(wbytes), floor_s * 1000)
+    loop = loop_comparison([r.record for r in rows], cfg)
 
     res = BenchResult(str(folder), cfg, BenchModel(ef.model.spec, c.to_dict(), ef.model.fingerprint),
                       Environment.from_dict({**environment(), "threads": cfg.threads, "cuda_device": _cuda_device()},
                                             "environment"),
                       round(bandwidth.read_gbps, 3), BandwidthInfo.from_dict(bandwidth.to_dict(), "bandwidth"),
                       int(wbytes), round(floor_s * 1000, 4), [r.record for r in rows], notes=notes,
-                      versions=tool_versions())
+                      versions=tool_versions(), loop=loop)
 
     # The long runs: every ORT CPU lowering (not the opt-level variants), from the prompt out to long_to.
     long_rows = [r for r in timed if r.ok and r.record.ran and r.record.name.split(" [")[0] == ORT_CPU]
@@ -158,7 +161,10 @@ def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: 
     if EAGER_NOCACHE in names and cfg.nocache_repeats < cfg.repeats:
         notes.append(f"eager-nocache is timed {min(cfg.repeats, cfg.nocache_repeats)} time(s): recompute is O(n^2)")
     if len(timed) > 1:
-        notes.append(f"timed round-robin: {cfg.repeats} round(s), one generation of every row per round, after "
+        rounds = max(r.repeats for r in timed)
+        per = (f"; a row over {cfg.sessions} sessions runs one session per round, in turn, so {rounds} rounds"
+               if rounds > cfg.repeats else "")
+        notes.append(f"timed round-robin: {cfg.repeats} round(s), one generation of every row per round{per}, after "
                      "every row was loaded and warmed up")
     notes += [f"{r.label}: {n}" for r in res.runtimes for n in r.notes]
     res.lowerings = compare_lowerings(res)
@@ -190,6 +196,20 @@ def quantized_rows(records: list, float_bytes: int, floor_ms: float) -> list[str
                              f"{rb.weight_bytes_per_token / 1e6:.1f} MB of weights per token instead of "
                              f"{best.weight_bytes_per_token / 1e6:.1f} MB: its kernels cost more than the bytes save")
     return notes
+
+
+def loop_comparison(records: list, cfg: BenchConfig) -> LoopComparison | None:
+    """mhaexport's decode loop (the folder's ort-cpu row: the deploy runtime's Generator) against onnxruntime-genai's
+    (ort-genai) on the same file, when both ran: their token p50s (with --sessions, each the median of its
+    sessions' p50s) and ``ratio`` = ours / genai."""
+    ours = next((r for r in records if r.name == ORT_CPU and r.ran and r.token_p50_ms), None)
+    genai = next((r for r in records if r.name == ORT_GENAI and r.ran and r.token_p50_ms), None)
+    if ours is None or genai is None:
+        return None
+    return LoopComparison(ours.name, genai.name, ours.token_p50_ms, genai.token_p50_ms,
+                          round(ours.token_p50_ms / genai.token_p50_ms, 4), cfg.sessions,
+                          ours.session_p50_ms or [ours.token_p50_ms], genai.session_p50_ms or [genai.token_p50_ms],
+                          cfg.threads)
 
 
 def setup(row: Row, prompt: np.ndarray, cfg: BenchConfig, eta: Eta | None = None) -> GenerationResult | None:
@@ -234,7 +254,7 @@ def warm(row: Row, prompt: np.ndarray, cfg: BenchConfig, first: GenerationResult
         row.skip(e)
     if eta is not None:
         if row.ok:
-            eta.settled(label, cfg.max_warmups - row.record.warmups)
+            eta.settled(label, row.warmups_planned(cfg.max_warmups) - row.record.warmups)
         else:
             eta.drop(label)
 

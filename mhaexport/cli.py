@@ -745,9 +745,15 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
               metavar="cpu|cuda|NAME", help="ONNX Runtime execution provider(s), in order of preference.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, callback=_threads,
               help="ONNX Runtime intra-op threads (at most the machine's cores).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, stop reason, providers.")
+@click.option("--engine", type=click.Choice(["auto", "mhaexport", "onnxruntime-genai"]), default="auto",
+              show_default=True,
+              help="Whose decode loop: onnxruntime-genai's where it is installed and the folder's genai_config.json "
+                   "passes the genai-config check (auto), or mhaexport's. Greedy tokens are the same; sampling "
+                   "draws from each loop's own random generator.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: tokens, text, stop reason, providers, engine.")
 def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id, providers,
-                 threads, as_json) -> None:
+                 threads, engine, as_json) -> None:
     """Generate from an ONNX export with ONNX Runtime (no torch): prefill, then KV-cache decode.
 
     With --json, "tokens" is the list of new ids for one prompt, or a list of such lists for several.
@@ -758,13 +764,14 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 
     result = api.generate(folder, prompts, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id,
-                          providers=providers, threads=threads)
+                          providers=providers, threads=threads, engine=engine)
     for w in result.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     if as_json:
         click.echo(json.dumps(result.to_dict(result.texts)))
         return
     click.echo(f"providers: {', '.join(result.providers)}", err=True)
+    click.echo(f"engine: {result.engine} ({result.engine_reason})", err=True)
     for i, toks in enumerate(result.tokens):
         if i < len(prompts):
             click.echo(prompts[i] + result.texts[i])
@@ -789,6 +796,10 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed generations per runtime, round-robin (after untimed warm-ups until two in a row agree "
                    "within 10 %, at most 5).")
+@click.option("--sessions", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Sessions per loop row (ort-cpu rows, ort-genai): each is warmed up and timed --repeats times, "
+                   "in turn; the row's token p50 is the median of its sessions' p50s (identical sessions of one "
+                   "file can decode at different speeds). bench.md gives mhaexport's loop / onnxruntime-genai's.")
 @click.option("--long", "long_to", type=click.IntRange(min=0), default=0, metavar="POSITION",
               help="Also time one ORT CPU generation per lowering from the prompt up to this position (per-token "
                    "latency against position). Default: 0, off.")
@@ -827,15 +838,16 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
               help="Where bench.json/bench.md/bench.png (and --profile's trace) go. Default: the export folder (the "
                    "trace is then summed up and not kept).")
 @trust_code_option
-def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, long_to, long_repeats, opt_levels,
-              profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
+def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, sessions, long_to, long_repeats,
+              opt_levels, profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
               trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     from mhaexport import api, bench
 
     result = api.bench(folder, output=output or folder, progress=_progress, lowerings=lowerings, quantize=quantize,
                        builder=builder, prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, threads=threads,
-                       runtimes=runtimes or None, repeats=repeats, long=long_to, long_repeats=long_repeats,
+                       runtimes=runtimes or None, repeats=repeats, sessions=sessions, long=long_to,
+                       long_repeats=long_repeats,
                        opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), profile=profile,
                        profile_dir=output, targets=targets, compare=compare, batches=batches, prompts=prompts,
                        trust_code=trust_code)

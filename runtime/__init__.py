@@ -11,11 +11,15 @@ Text in, text out, streaming (:mod:`mhaexport.runtime.model`)::
     model = mhaexport.runtime.load("artifacts/onnx")
     model.generate("The river ", max_new_tokens=32)       # the continuation
     for piece in model.stream("The river "): ...          # pieces of it as they are decoded
+    model.engine                                          # "onnxruntime-genai" where it runs the folder, else
+                                                          # "mhaexport" (load(..., engine=...) forces either)
 """
 
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,
                                       GenerationConfig, GenerationResult, left_pad, pad_prompts)
+from mhaexport.runtime.engine import ENGINES, open_generator
 from mhaexport.runtime.feed import Feed
+from mhaexport.runtime.genai import GenAIGenerator
 from mhaexport.runtime.generator import Generator
 from mhaexport.runtime.model import TextModel, load
 from mhaexport.runtime.ort import OrtRunner
@@ -23,7 +27,8 @@ from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.sampling import SamplingConfig, filtered_probs, next_tokens
 from mhaexport.runtime.session import SessionConfig, provider_unavailable, resolve_providers
 
-__all__ = ["DecodeLoop", "DecodeState", "Feed", "GenerationConfig", "GenerationResult", "Generator", "OrtRunner",
-           "Runner", "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig", "SessionConfig",
+__all__ = ["DecodeLoop", "DecodeState", "ENGINES", "Feed", "GenAIGenerator", "GenerationConfig", "GenerationResult",
+           "Generator", "OrtRunner", "Runner", "STOP_EOS", "STOP_MAX_NEW", "STOP_MAX_POS", "SamplingConfig",
+           "SessionConfig", "open_generator",
            "filtered_probs", "left_pad", "next_tokens", "pad_prompts", "provider_unavailable", "resolve_providers",
            "skipped", "TextModel", "load"]

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mhaexport.artifact import opened, read_json
-from mhaexport.errors import ArtifactError, MhaExportError, RuntimeInputError
-from mhaexport.runtime.decode import STOP_EOS, STOP_MAX_NEW, GenerationResult, pad_prompts
+from mhaexport.artifact import ExportFolder, opened, read_json
+from mhaexport.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
+                              first_line)
+from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
+                                      pad_prompts)
 
 GENAI_CONFIG = "genai_config.json"
 
@@ -38,15 +40,20 @@ def import_og():
     return og
 
 
-def genai_model(folder: str | Path, threads: int | None = None):
+def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id: int | list[int] | None = None):
     """onnxruntime-genai's Model over ``folder``'s genai_config.json; with ``threads`` its decoder session gets that
-    many intra-op threads (an overlay on the config, the file untouched: it is hashed), as bench's other rows do."""
+    many intra-op threads (and one inter-op thread), with ``eos_token_id`` its loop stops at that id instead of the
+    config's — overlays on the config, the file untouched (it is hashed), as bench's other rows set their threads."""
     og = import_og()
-    if threads is None:
+    overlay: dict = {}
+    if threads is not None:
+        overlay["decoder"] = {"session_options": {"intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}
+    if eos_token_id is not None:
+        overlay["eos_token_id"] = eos_token_id
+    if not overlay:
         return og.Model(str(folder))
     config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": int(threads),
-                                                                          "inter_op_num_threads": 1}}}}))
+    config.overlay(json.dumps({"model": overlay}))
     return og.Model(config)
 
 
@@ -144,3 +151,194 @@ def genai_trace(model, prompts: Sequence[Sequence[int]], new_tokens: int, pad_to
         trace.tokens.append(new)
         trace.logits.append(np.stack([s[b] for s in steps[:len(new) + 1]]))  # (steps, V): up to len(new) + 1
     return trace
+
+
+# ---- deploying on onnxruntime-genai's loop ---------------------------------------------------------------------
+
+ENGINE = "onnxruntime-genai"
+_SEED_RANGE = 2 ** 31  # onnxruntime-genai's random_seed is a signed 32-bit int
+
+
+# onnxruntime-genai's provider names in a config's provider_options -> ONNX Runtime's
+_PROVIDERS = {"cuda": "CUDAExecutionProvider", "dml": "DmlExecutionProvider", "webgpu": "WebGpuExecutionProvider",
+              "qnn": "QNNExecutionProvider", "openvino": "OpenVINOExecutionProvider",
+              "nvtensorrtrtx": "NvTensorRTRTXExecutionProvider"}
+
+
+def config_providers(config: dict) -> list[str]:
+    """The providers a genai_config.json's decoder names in ``session_options.provider_options`` ([]: the CPU)."""
+    model = config.get("model") if isinstance(config, dict) else None
+    decoder = model.get("decoder") if isinstance(model, dict) else None
+    options = (decoder.get("session_options") or {}) if isinstance(decoder, dict) else {}
+    listed = options.get("provider_options") if isinstance(options, dict) else None
+    return [name for opt in listed or [] if isinstance(opt, dict) for name in opt]
+
+
+def _eos_set(eos: int | Sequence[int] | None) -> set[int]:
+    if eos is None or isinstance(eos, bool):
+        return set()
+    return {int(eos)} if isinstance(eos, (int, np.integer)) else {int(e) for e in eos}
+
+
+class GenAIGenerator:
+    """onnxruntime-genai's own loop (``og.Model`` / ``og.Generator``, its C++ search and KV cache) over an opened
+    export folder, in the deploy runtime's shape: ``generate(prompts, GenerationConfig, on_token=...)`` returns the
+    :class:`GenerationResult` mhaexport's :class:`~mhaexport.runtime.Generator` returns (tokens per prompt, eos
+    included, stop reason, message, timings), ``engine == "onnxruntime-genai"``.
+
+    It loads the folder's snapshot (``export.root``: the bytes whose hashes were checked, never the folder the
+    user named), its genai_config.json with ``threads`` (and an eos, see below) overlaid. Greedy decoding gives
+    mhaexport's loop's tokens (tests/test_deploy_genai.py); what differs, by onnxruntime-genai's design:
+
+    - sampling draws from its own random generator: a seed gives the same tokens run to run, not the tokens
+      mhaexport's sampler draws with that seed (``seed`` is taken modulo 2**31, its ``random_seed`` range);
+    - its loop always stops at an eos: the one asked (``eos_token_id``, overlaid on the config: one model per id
+      asked, loaded once), else the config's (``default_eos_token_id``; the first of a list when the folder ships
+      a tokenizer, as the tokenizer's eos is);
+    - it reads a prompt's trailing ``pad_token_id`` tokens as right padding, and its ``max_length`` (prompt + new
+      tokens) stops at ``context_length``, one token before mhaexport's loop stops at the last position.
+
+    Such a call (:meth:`why_not`) runs on ``fallback()`` (``engine="auto"``: mhaexport's loop over the same
+    snapshot, loaded on first need; the result's ``engine`` says so) or, without one, raises RuntimeInputError
+    (a prompt ending in the pad id) or stops at ``context_length`` (stop reason ``max_positions``).
+    """
+
+    engine = ENGINE
+
+    def __init__(self, export: ExportFolder, *, threads: int | None = None, reason: str = "",
+                 fallback: Callable[[], object] | None = None, clock: Callable[[], float] = time.perf_counter
+                 ) -> None:
+        og = import_og()
+        self.export, self.folder, self.contract = export, export.path, export.contract
+        self.entry = export.entry("onnx")
+        if GENAI_CONFIG not in self.entry.files:
+            raise ArtifactError(f"{export.path} ships no {GENAI_CONFIG}: onnxruntime-genai has nothing to run")
+        self.config = read_json(export.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")
+        model = self.config["model"]
+        self.context_length = int(model["context_length"])
+        self.pad_token_id = model.get("pad_token_id")
+        eos = model.get("eos_token_id")
+        if isinstance(eos, list) and eos and "tokenizer.json" in self.entry.files:
+            eos = eos[0]  # the shipped tokenizer's eos (mhaexport.runtime.tokenizer.for_folder)
+        self.default_eos_token_id = eos
+        self.threads, self.fallback, self.clock = threads, fallback, clock
+        self.engine_reason = reason
+        self.version = getattr(og, "__version__", "")
+        self.providers = [_PROVIDERS.get(n.lower(), n) for n in config_providers(self.config)] + \
+            ["CPUExecutionProvider"]  # the config's, in its order, then the CPU
+        self.warnings: list[str] = []
+        self._models: dict = {}
+        self._ours = None
+        self.model = self._model(None)  # loaded now, as the Generator creates its session
+
+    def __repr__(self) -> str:
+        return f"GenAIGenerator({self.folder}, onnxruntime-genai {self.version})"
+
+    def _model(self, eos: int | None):
+        """The og.Model whose loop stops at ``eos`` (None: the default eos), loaded once per id."""
+        key = self.default_eos_token_id if eos is None else int(eos)
+        key = tuple(key) if isinstance(key, list) else key
+        if key not in self._models:
+            config_eos = self.config["model"].get("eos_token_id")
+            same = key == (tuple(config_eos) if isinstance(config_eos, list) else config_eos)
+            try:
+                self._models[key] = genai_model(self.export.root, self.threads,
+                                                eos_token_id=None if same else list(key) if isinstance(key, tuple)
+                                                else key)
+            except MhaExportError:
+                raise
+            except Exception as e:  # noqa: BLE001 - onnxruntime-genai's own exceptions (a file it cannot load)
+                raise RuntimeFailure(f"onnxruntime-genai cannot load {self.folder}: {first_line(e)}") from None
+        return self._models[key]
+
+    def why_not(self, prompts: Sequence[Sequence[int]] | np.ndarray, config: GenerationConfig) -> str | None:
+        """Why onnxruntime-genai's loop would not generate what mhaexport's loop does for this call, or None."""
+        rows = [list(map(int, np.asarray(p).reshape(-1))) for p in prompts]
+        if isinstance(self.pad_token_id, int):
+            ends = [i for i, r in enumerate(rows) if r and r[-1] == self.pad_token_id]
+            if ends:
+                return (f"prompt {ends[0]} ends with token id {self.pad_token_id}, the config's pad_token_id: "
+                        "onnxruntime-genai reads trailing pad tokens as right padding")
+        longest = max((len(r) for r in rows), default=0)
+        if longest + config.max_new_tokens > self.context_length:
+            return (f"a prompt of {longest} tokens + max_new_tokens={config.max_new_tokens} passes "
+                    f"context_length={self.context_length}: onnxruntime-genai stops one token before mhaexport's "
+                    "loop does at the last position")
+        return None
+
+    def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray, config: GenerationConfig = GenerationConfig(),
+                 *, on_token: Callable[[np.ndarray], None] | None = None) -> GenerationResult:
+        """Generate up to ``config.max_new_tokens`` tokens after each prompt (a batch: right-padded with the
+        config's pad id, as onnxruntime-genai batches) on onnxruntime-genai's loop. ``on_token``: each step's (B,)
+        chosen tokens as they come (-1 for a row that had already stopped), as mhaexport's loop calls it."""
+        if config.max_new_tokens < 1:
+            raise RuntimeOptionError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
+        c = self.contract
+        pad = self.pad_token_id if isinstance(self.pad_token_id, int) else 0
+        ids, _mask, lengths = pad_prompts(prompts, c.vocab_size, c.max_positions, pad, side="right")
+        why = self.why_not(prompts, config)
+        if why is not None and self.fallback is not None:
+            if self._ours is None:
+                self._ours = self.fallback()
+            res = self._ours.generate(prompts, config, on_token=on_token)
+            res.message = f"{res.message} (on mhaexport's loop: {why})"
+            return res
+        if why is not None and why.startswith("prompt"):
+            raise RuntimeInputError(f"{why}; generate it with engine='mhaexport'")
+        B, L = ids.shape
+        max_length = min(L + config.max_new_tokens, self.context_length)
+        if max_length <= L:
+            raise RuntimeInputError(f"a prompt of {L} tokens leaves onnxruntime-genai no position to generate in "
+                                    f"(context_length={self.context_length}); use engine='mhaexport'")
+        eos = config.eos_token_id
+        stops = _eos_set(self.default_eos_token_id if eos is None else eos)
+        og = import_og()
+        params = og.GeneratorParams(self._model(eos))
+        s = config.sampling
+        search: dict = {"max_length": max_length, "batch_size": B, "do_sample": not s.greedy}
+        if not s.greedy:  # every option set: the config's search defaults (top_k 1) never leak in
+            search.update(temperature=float(s.temperature), top_k=int(s.top_k or c.vocab_size),
+                          top_p=float(s.top_p or 1.0),
+                          random_seed=-1 if s.seed is None else int(s.seed) % _SEED_RANGE)
+        params.set_search_options(**search)
+        res = GenerationResult([[] for _ in range(B)], STOP_MAX_NEW, "", lengths, providers=list(self.providers),
+                               engine=ENGINE)
+        done = np.zeros(B, dtype=bool)
+        clock = self.clock
+        try:
+            gen = og.Generator(self._model(eos), params)
+            t0 = clock()
+            gen.append_tokens(ids.astype(np.int32))
+            res.prefill_s = clock() - t0
+            first = True
+            while not gen.is_done():
+                t = clock()
+                gen.generate_next_token()  # the first: choose from the prefill's logits; then run one token + choose
+                token = np.asarray(gen.get_next_tokens(), dtype=np.int64)  # (B,)
+                if first:
+                    res.first_token_s, first = clock() - t0, False
+                else:
+                    res.step_s.append(clock() - t)
+                    res.step_positions.append(L + len(res.step_s) - 1)
+                live = ~done
+                for b in np.flatnonzero(live):
+                    res.tokens[b].append(int(token[b]))
+                    if int(token[b]) in stops:
+                        done[b] = True
+                if on_token is not None:
+                    on_token(np.where(live, token, -1))
+        except MhaExportError:
+            raise
+        except Exception as e:  # noqa: BLE001 - onnxruntime-genai's own exceptions: one line, ours
+            raise RuntimeFailure(f"onnxruntime-genai failed: {first_line(e)}") from None
+        n = max(map(len, res.tokens))
+        if stops and done.all():
+            shown = next(iter(stops)) if len(stops) == 1 else sorted(stops)
+            res.stop_reason, res.message = STOP_EOS, f"every row produced eos id {shown}"
+        elif max_length < L + config.max_new_tokens and n < config.max_new_tokens:
+            res.stop_reason = STOP_MAX_POS
+            res.message = (f"stopped at onnxruntime-genai's context_length={self.context_length} (its max_length "
+                           f"counts the prompt and every new token) after {n} new tokens")
+        else:
+            res.message = f"generated max_new_tokens={config.max_new_tokens}"
+        return res

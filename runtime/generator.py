@@ -7,7 +7,7 @@ binding: the cache stays an OrtValue on the session's device) driven by the one 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +22,17 @@ from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig
 
 
 class Generator:
-    """Generate from an export folder with ONNX Runtime.
+    """Generate from an export folder with ONNX Runtime, on mhaexport's decode loop (``engine == "mhaexport"``;
+    :func:`mhaexport.runtime.engine.open_generator` chooses between it and onnxruntime-genai's loop).
 
     ``providers``: ``("cpu",)``, ``("cuda",)`` or full provider names. With ``strict_providers`` a requested
     provider the session does not really use raises ProviderUnavailable; otherwise it is listed in ``warnings``.
     ``io_binding``: carry the cache as bound OrtValues; None (the default) binds on CUDA only, where it keeps the
     cache on the device (on CPU plain ``session.run`` was the faster; see ``OrtRunner.binds``).
     """
+
+    engine = "mhaexport"
+    engine_reason = "mhaexport.runtime.Generator"
 
     def __init__(self, folder: str | Path | ExportFolder, providers: Sequence[str] | str = ("cpu",), *,
                  threads: int | None = None, opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True,
@@ -91,6 +95,9 @@ class Generator:
         return self.loop.decode_one_token(token, state)
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray,
-                 config: GenerationConfig = GenerationConfig()) -> GenerationResult:
-        """Generate up to ``config.max_new_tokens`` tokens after each prompt (a batch, left-padded)."""
-        return self.loop.generate(prompts, config)
+                 config: GenerationConfig = GenerationConfig(), *,
+                 on_token: Callable[[np.ndarray], None] | None = None) -> GenerationResult:
+        """Generate up to ``config.max_new_tokens`` tokens after each prompt (a batch, left-padded; right-padded
+        for a shared cache). ``on_token``: each step's (B,) chosen tokens as they come (streaming; see
+        :meth:`DecodeLoop.generate`)."""
+        return self.loop.generate(prompts, config, on_token=on_token)

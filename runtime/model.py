@@ -9,8 +9,12 @@ Torch-free and transformers-free (numpy, onnxruntime, and ``tokenizers`` for a f
     model.generate("The river ", streamer=print_piece)       # a callable gets each piece; transformers'
                                                              # TextStreamer (put/end) gets the token ids
 
-It is the one decode loop (:class:`~mhaexport.runtime.decode.DecodeLoop`) verify proved and bench timed, on the
-folder's tokenizer (:mod:`mhaexport.runtime.tokenizer`: tokenizer.json, or UTF-8 bytes for the built-in models).
+It runs on onnxruntime-genai's own loop where that is installed and the folder ships a genai_config.json the
+genai-config check accepts, else on the decode loop verify proved and bench timed
+(:class:`~mhaexport.runtime.decode.DecodeLoop`); ``model.engine`` says which ("onnxruntime-genai" or "mhaexport"),
+``model.engine_reason`` why, ``load(..., engine="mhaexport")`` forces ours (:mod:`mhaexport.runtime.engine`). Greedy
+decoding gives the same tokens on both. The folder's tokenizer: :mod:`mhaexport.runtime.tokenizer` (tokenizer.json,
+or UTF-8 bytes for the built-in models).
 It is not a transformers ``GenerationMixin`` model: transformers' ``generate`` runs torch tensors and torch caches
 through ``forward``, which this runtime never imports (Optimum's ``ORTModelForCausalLM`` is that adapter, on torch).
 """
@@ -27,7 +31,9 @@ import numpy as np
 
 from mhaexport.errors import RuntimeInputError
 from mhaexport.runtime.decode import GenerationConfig, GenerationResult
+from mhaexport.runtime.engine import AUTO, open_generator
 from mhaexport.runtime.generator import Generator
+from mhaexport.runtime.genai import GenAIGenerator
 from mhaexport.runtime.sampling import SamplingConfig
 from mhaexport.runtime.tokenizer import TextTokenizer, for_folder
 
@@ -36,11 +42,14 @@ Streamer = Any
 
 
 def load(folder: str | Path, providers: Sequence[str] | str = ("cpu",), *, threads: int | None = None,
-         **session: Any) -> TextModel:
-    """Load an export folder for generation: its hash-checked ONNX session on ``providers`` (``"cpu"``,
-    ``"cuda"``; a requested provider that does not really run raises ProviderUnavailable) and its tokenizer.
-    ``session``: more :class:`~mhaexport.runtime.Generator` options (opt_level, io_binding, cache_optimized)."""
-    return TextModel(Generator(folder, providers, threads=threads, **session))
+         engine: str = AUTO, **session: Any) -> TextModel:
+    """Load an export folder for generation: its hash-checked snapshot on the loop ``engine`` picks (``"auto"``:
+    onnxruntime-genai's where it runs the folder as deployed, else mhaexport's; ``"mhaexport"``;
+    ``"onnxruntime-genai"``: see :func:`mhaexport.runtime.engine.open_generator`) on ``providers`` (``"cpu"``,
+    ``"cuda"``; a requested provider that does not really run raises ProviderUnavailable), and its tokenizer.
+    ``threads``: intra-op threads of either loop's session. ``session``: more :class:`~mhaexport.runtime.Generator`
+    options (opt_level, io_binding, cache_optimized; mhaexport's loop only, so ``"auto"`` picks it)."""
+    return TextModel(open_generator(folder, providers, threads=threads, engine=engine, **session))
 
 
 class _Pieces:
@@ -68,18 +77,24 @@ class _Pieces:
 
 class TextModel:
     """A loaded export folder: ``generate`` (text or ids in, the same out), ``stream`` (an iterator of text
-    pieces), ``tokenizer`` (encode / decode), ``generator`` (the lower-level :class:`Generator`: prefill,
-    decode_one_token, forward), ``providers`` (what the session really runs on)."""
+    pieces), ``tokenizer`` (encode / decode), ``engine`` (whose loop generates: "onnxruntime-genai" or
+    "mhaexport") and ``engine_reason`` (why), ``generator`` (mhaexport's :class:`Generator` — prefill,
+    decode_one_token, forward — or onnxruntime-genai's :class:`GenAIGenerator`), ``providers`` (what the session
+    really runs on), ``eos_token_id`` (where a generation stops unless told: the tokenizer's; on
+    onnxruntime-genai, whose loop always has one, else the config's)."""
 
-    def __init__(self, generator: Generator) -> None:
+    def __init__(self, generator: Generator | GenAIGenerator) -> None:
         self.generator = generator
+        self.engine, self.engine_reason = generator.engine, generator.engine_reason
         self.tokenizer: TextTokenizer | None = for_folder(generator.export)
         self.providers = generator.providers
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else None
+        if self.eos_token_id is None:
+            self.eos_token_id = getattr(generator, "default_eos_token_id", None)
 
     def __repr__(self) -> str:
         kind = self.tokenizer.kind if self.tokenizer is not None else "no tokenizer: token ids only"
-        return f"TextModel({self.generator.folder}, {self.providers[0]}, {kind})"
+        return f"TextModel({self.generator.folder}, {self.engine}, {self.providers[0]}, {kind})"
 
     def _config(self, max_new_tokens: int, do_sample: bool, temperature: float | None, top_k: int | None,
                 top_p: float | None, seed: int | None, eos_token_id: int | None) -> GenerationConfig:
@@ -123,14 +138,15 @@ class TextModel:
         ``eos_token_id`` (default: the folder's) or ``max_new_tokens``. ``streamer``: a callable given each text
         piece as it is decoded (one prompt), or an object with ``put(ids)`` / ``end()`` — transformers'
         ``TextStreamer`` protocol: the prompt's ids, then each new token, as numpy arrays. ``return_result``: the
-        :class:`GenerationResult` (tokens, stop reason, timings) with ``texts``, instead."""
+        :class:`GenerationResult` (tokens, stop reason, timings, ``engine``) with ``texts``, instead. On
+        onnxruntime-genai's loop greedy decoding gives the same tokens; sampling draws from its own random generator
+        (a seed repeats its tokens, not mhaexport's sampler's)."""
         rows, text, one = self._rows(inputs)
         cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
         on_token = None
         if streamer is not None:
             on_token, finish = self._streaming(streamer, rows)
-        result = self.generator.generate(rows, cfg) if on_token is None else \
-            self.generator.loop.generate(rows, cfg, on_token=on_token)
+        result = self.generator.generate(rows, cfg, on_token=on_token)
         if streamer is not None:
             finish()
         texts = ([self.tokenizer.continuation(r, t) for r, t in zip(rows, result.tokens)]

@@ -189,6 +189,14 @@ class Runner:
         (a shared cache's contract translation); None when the two are the same code."""
         return None
 
+    def stepper(self, cache: Cache, attention_mask: np.ndarray, steps: int, capacity: int | None = None) -> Any:
+        """The decode loop's steps after a state (``cache`` and its (B, S) ``attention_mask``; ``capacity``: the most
+        positions the cache was made for) with the least work between two runs, for up to ``steps`` steps: an
+        object with ``step(tokens) -> (B, V) logits`` (valid until the next step) and ``finish() -> (cache, mask)``;
+        None (the default) where the loop steps through :meth:`step`. Same calls, same results: only what the host
+        does between them differs."""
+        return None
+
     def empty_cache(self, batch: int, positions: int | None = None) -> Cache:
         """An empty cache (past length 0) in this runner's own form. ``positions``: the most positions it will hold
         (a hint: a runner with preallocated buffers sizes them to it; None: the most the runner takes)."""

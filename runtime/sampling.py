@@ -60,7 +60,7 @@ def filtered_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
 def next_tokens(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> np.ndarray:
     """(B, V) logits of the last position -> (B,) int64 token ids."""
     if cfg.greedy:
-        return logits.argmax(axis=-1).astype(np.int64)
+        return logits.argmax(axis=-1).astype(np.int64, copy=False)
     p = filtered_probs(logits, cfg)  # (B, V)
     u = 1.0 - rng.random(p.shape[0])  # (B,) in (0, 1]: never selects a zero-probability first token
     cdf = np.cumsum(p, axis=-1)  # (B, V)

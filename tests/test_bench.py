@@ -7,6 +7,7 @@ on 8 MiB."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -364,6 +365,67 @@ def test_round_robin_order_short_row_and_failing_row():
     assert [len(c) for c in calls] == [3, 1, 2, 3]
     assert [len(r.runs) for r in rows] == [3, 1, 1, 3]
     assert rows[2].record.ran is None and rows[2].record.reason == "bad broke"  # skipped with the first line of why
+
+
+def test_a_row_over_several_sessions_warms_each_and_takes_the_median_of_their_p50s():
+    from mhaexport.bench.rows import SessionsRow
+
+    parts = [fake_row(f"s{i}", [ms, ms]) for i, ms in enumerate((0.002, 0.004, 0.003))]  # three sessions' speeds
+    row = SessionsRow(RuntimeBench("ort-cpu"), parts)
+    row.activate()
+    assert row.ok and row.runner is parts[0].runner and row.repeats == 9 and row.warmups_planned(5) == 15
+    first = row.generate(PROMPT, 5)  # bench's first warm-up generation: the first session's
+    assert row.warm_up(PROMPT, 5, within=0.10, most=5, first=first) is True
+    assert [p.record.warmups for p in parts] == [2, 2, 2] and row.record.warmups == 6
+    other = fake_row("genai", [0.001, 0.001])
+    run_rounds([row, other], PROMPT, 5, lambda m: None)
+    assert [len(p.runs) for p in parts] == [3, 3, 3] and len(other.runs) == 3  # each session its repeats, in turn
+    row.finish(batch=1, new_tokens=5)
+    rb = row.record
+    assert rb.session_p50_ms == [2.0, 4.0, 3.0] and rb.token_p50_ms == 3.0  # the median session, not all steps
+    assert rb.repeats == 9 and rb.sessions_apart == pytest.approx(2 / 3)
+    assert "token p50 3.00 ms is the median of the sessions' p50s (2.00, 4.00, 3.00 ms; 67 % apart)" in rb.notes[-1]
+    broken = SessionsRow(RuntimeBench("ort-genai"), [fake_row("ok", [0.001]), fake_row("bad", [0.001], fail_at=1)])
+    broken.activate()
+    first = broken.generate(PROMPT, 5)
+    with pytest.raises(RuntimeFailure):
+        broken.warm_up(PROMPT, 5, within=0.10, most=5, first=first)  # a session that fails: bench skips the row
+
+
+def test_sessions_rows_and_the_loop_ratio_in_a_run(tiny_export, tmp_path):
+    """--sessions 2: ort-cpu and ort-genai over two sessions of the file each (two InferenceSessions, two
+    onnxruntime-genai Models), bench.json's loop figure and bench.md's line; the bare loop still runs on the
+    ort-cpu row's (first) session."""
+    pytest.importorskip("onnxruntime_genai")
+    from mhaexport.bench.rows import SessionsRow, plan_rows
+
+    cfg = BenchConfig(prompt_len=8, new_tokens=6, repeats=2, threads=1, runtimes=("ort-cpu", "ort-bare", "ort-genai"),
+                      sessions=2, max_warmups=2)
+    from mhaexport.artifact import ExportFolder
+
+    ef = ExportFolder.open(tiny_export)
+    rows = plan_rows(tiny_export, ef, cfg, cfg.runtimes, [], None, "no eager")
+    cpu, genai = rows[0], rows[2]
+    assert isinstance(cpu, SessionsRow) and isinstance(genai, SessionsRow) and not isinstance(rows[1], SessionsRow)
+    for row in (cpu, genai):
+        row.activate()
+    assert cpu.parts[0].runner.session is not cpu.parts[1].runner.session
+    assert genai.parts[0].model is not genai.parts[1].model
+    res = run_bench(tiny_export, cfg, probe=fake_probe)
+    ours, theirs = res.get("ort-cpu"), res.get("ort-genai")
+    assert len(ours.session_p50_ms) == 2 and len(theirs.session_p50_ms) == 2 and ours.repeats == 4
+    assert ours.token_p50_ms == pytest.approx(float(np.median(ours.session_p50_ms)), abs=1e-3)
+    assert res.loop.sessions == 2 and res.loop.threads == 1
+    assert res.loop.ratio == pytest.approx(ours.token_p50_ms / theirs.token_p50_ms, abs=1e-3)
+    assert res.get("ort-bare").notes[0] == "runs on the ort-cpu row's InferenceSession"
+    body = markdown_body(res)
+    assert f"**{res.loop.ratio:.3f} x** (each the median of 2 sessions' p50s" in body
+    assert "(2 sessions: " in body
+    one = run_bench(tiny_export, dataclasses.replace(cfg, sessions=1, runtimes=("ort-cpu", "ort-genai")),
+                    probe=fake_probe)
+    assert one.get("ort-cpu").session_p50_ms is None and "one session each" in markdown_body(one)
+    with pytest.raises(ConfigError, match="sessions=0"):
+        bench.check_config(BenchConfig(sessions=0))
 
 
 def test_spread_ignores_growth_with_position_but_not_noise():

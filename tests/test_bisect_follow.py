@@ -26,23 +26,36 @@ def shared(tiny, tmp_path_factory):
 
 
 def _plant_deploy_bug(monkeypatch, bug: str) -> None:
-    """A defect only the deploy loop shows (tests/test_shared_cache.py's): the in-place protocol's own code."""
-    from mhaexport.runtime.ort import SharedCacheOrtRunner
+    """A defect only the deploy loop shows (tests/test_shared_cache.py's): the in-place protocol's own code — its
+    decode steps (the decode loop's stepper, SharedSteps, where it runs; Runner.step's _run_shared elsewhere)."""
+    from mhaexport.runtime.ort import SharedCacheOrtRunner, SharedSteps
 
-    real = SharedCacheOrtRunner._run_shared
+    real, real_step = SharedCacheOrtRunner._run_shared, SharedSteps.step
+
+    def lose_slot(bufs, mask) -> None:
+        for buf in bufs:  # the slot just written for row 1, lost
+            arr = buf.numpy()
+            arr[1, :, int(mask[1].sum()) - 1] = 0
+            buf.update_inplace(arr)
 
     def buggy(self, ids, mask, bufs):
         if bug == "ragged" and not self.contract_steps and ids.shape[1] == 1:
             mask = np.ones_like(mask)  # every row fed as if as long as the longest: the shorter row reads holes
         out = real(self, ids, mask, bufs)
         if bug == "reused" and not self.contract_steps and ids.shape[0] > 1 and ids.shape[1] == 1:
-            for buf in bufs:  # the slot just written for row 1, lost
-                arr = buf.numpy()
-                arr[1, :, int(mask[1].sum()) - 1] = 0
-                buf.update_inplace(arr)
+            lose_slot(bufs, mask)
+        return out
+
+    def buggy_step(self, tokens):
+        if bug == "ragged":
+            self.mask[:] = 1
+        out = real_step(self, tokens)
+        if bug == "reused" and self.ids.shape[0] > 1:
+            lose_slot(self.bufs, self.mask[:, :self.length])
         return out
 
     monkeypatch.setattr(SharedCacheOrtRunner, "_run_shared", buggy)
+    monkeypatch.setattr(SharedSteps, "step", buggy_step)
 
 
 @pytest.mark.slow  # the planted ones below prove the same path fails; this one that it passes (~3 s)

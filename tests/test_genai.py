@@ -126,6 +126,25 @@ def test_genai_greedy_equals_eager_right_padded_batch(peaked):
         assert g == eager_greedy(loaded.module, p, max_length - T + len(p), eos=0)
 
 
+def test_the_deploy_api_gives_the_same_greedy_tokens_on_both_engines(peaked):
+    """mhaexport.runtime.load on onnxruntime-genai's loop (auto) and on mhaexport's: the same greedy tokens for a
+    batch of prompts of different lengths (each engine pads it its own way), ids and text, streamed or not."""
+    _og_or_skip()
+    import mhaexport.runtime as rt
+
+    _, folder = peaked
+    genai, ours = rt.load(folder, threads=1), rt.load(folder, threads=1, engine="mhaexport")
+    assert (genai.engine, ours.engine) == ("onnxruntime-genai", "mhaexport")
+    eos = genai.eos_token_id  # onnxruntime-genai's loop always stops at one: give ours the same
+    a = genai.generate(PROMPTS, max_new_tokens=16, eos_token_id=eos, return_result=True)
+    b = ours.generate(PROMPTS, max_new_tokens=16, eos_token_id=eos, return_result=True)
+    assert a.tokens == b.tokens and a.stop_reason == b.stop_reason and a.engine == "onnxruntime-genai"
+    assert len(set(a.tokens[0])) > 3  # not two constant runs
+    text = [genai.generate("Hello", max_new_tokens=16, eos_token_id=eos)]
+    assert text == [ours.generate("Hello", max_new_tokens=16, eos_token_id=eos)]
+    assert "".join(genai.stream("Hello", max_new_tokens=16, eos_token_id=eos)) == text[0]
+
+
 @pytest.mark.slow
 def test_genai_greedy_equals_eager_on_a_grouped_query_model(tmp_path):
     """num_key_value_heads in genai_config.json: onnxruntime-genai runs the Llama-shaped preset's (B, 2, S, D) cache

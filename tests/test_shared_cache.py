@@ -136,28 +136,52 @@ def test_verify_runs_the_deploy_loop_and_says_which_protocol_each_check_ran(shar
     assert report.results["ort-cpu"]["kv-consistency"].figures["deploy_rows"] == [10, 7]  # ragged
 
 
+def test_the_loops_stepper_runs_the_same_calls_as_its_generic_step(shared, monkeypatch):
+    """The decode loop steps a shared cache through SharedSteps (ids, logits and a mask bound once, rebound views):
+    the same logits at every step as through Runner.step, a ragged batch, sampling and a stop at eos included."""
+    from mhaexport.runtime import SamplingConfig
+    from mhaexport.runtime.ort import SharedCacheOrtRunner, SharedSteps
+
+    _, folder, _ = shared
+    gen = Generator(folder, threads=1)
+    made = []
+    real = SharedCacheOrtRunner.stepper
+    monkeypatch.setattr(SharedCacheOrtRunner, "stepper", lambda *a: made.append(real(*a)) or made[-1])
+    cfg = GenerationConfig(max_new_tokens=10, sampling=SamplingConfig(temperature=1.0, seed=2))
+    fast = gen.loop.generate(PROMPTS, cfg, keep_logits=True)
+    assert made and all(isinstance(m, SharedSteps) for m in made)
+    monkeypatch.setattr(SharedCacheOrtRunner, "stepper", lambda *a: None)  # every step through Runner.step
+    slow = gen.loop.generate(PROMPTS, cfg, keep_logits=True)
+    assert fast.tokens == slow.tokens and len(set(fast.tokens[0])) > 3
+    assert all(np.array_equal(a, b) for a, b in zip(fast.step_logits, slow.step_logits))
+    eos = fast.tokens[1][4]
+    stop = GenerationConfig(max_new_tokens=10, eos_token_id=eos, sampling=cfg.sampling)
+    monkeypatch.setattr(SharedCacheOrtRunner, "stepper", real)
+    assert gen.generate(PROMPTS, stop).tokens[1] == fast.tokens[1][:fast.tokens[1].index(eos) + 1]
+
+
 @pytest.mark.parametrize("bug", ["a reused buffer loses the last slot of row 1", "ragged rows share a length"])
 def test_a_bug_only_the_deploy_loop_shows_fails_verify(shared, monkeypatch, bug):
     """A defect of the in-place protocol itself (the loop generate and bench run): verify's contract translation
     never binds a buffer across calls nor packs ragged rows in one call with a past, so only the deploy loop sees
     it; kv-consistency must fail and say the deploy loop differs."""
-    from mhaexport.runtime.ort import SharedCacheOrtRunner
+    from mhaexport.runtime.ort import SharedSteps
 
     loaded, folder, _ = shared
-    real = SharedCacheOrtRunner._run_shared
+    real = SharedSteps.step  # the deploy loop's decode steps (the decode loop's stepper for a shared cache)
 
-    def buggy(self, ids, mask, bufs):
-        if bug.startswith("ragged") and not self.contract_steps and ids.shape[1] == 1:
-            mask = np.ones_like(mask)  # every row fed as if as long as the longest: the shorter row's holes read
-        out = real(self, ids, mask, bufs)
-        if bug.startswith("a reused") and not self.contract_steps and ids.shape[0] > 1 and ids.shape[1] == 1:
-            for buf in bufs:  # (B, H, max_cache, D): the slot just written for row 1, lost
+    def buggy(self, tokens):
+        if bug.startswith("ragged"):
+            self.mask[:] = 1  # every row fed as if as long as the longest: the shorter row's holes read
+        out = real(self, tokens)
+        if bug.startswith("a reused") and self.ids.shape[0] > 1:
+            for buf in self.bufs:  # (B, H, max_cache, D): the slot just written for row 1, lost
                 arr = buf.numpy()
-                arr[1, :, int(mask[1].sum()) - 1] = 0
+                arr[1, :, int(self.mask[1, :self.length].sum()) - 1] = 0
                 buf.update_inplace(arr)
         return out
 
-    monkeypatch.setattr(SharedCacheOrtRunner, "_run_shared", buggy)
+    monkeypatch.setattr(SharedSteps, "step", buggy)
     report = verify_folder(folder, loaded=loaded, runtimes=("ort-cpu",), checks=("kv-consistency",))
     res = report.results["ort-cpu"]["kv-consistency"]
     assert res.status is False, res.message
@@ -210,6 +234,20 @@ def test_genai_greedy_equals_eager_on_a_shared_cache(shared):
     T = max(len(p) for p in PROMPTS)  # og's max_length counts the padded prompt
     for p, g in zip(PROMPTS, got):
         assert g[len(p):] == eager_greedy(loaded.module, p, 24 - T)
+
+
+def test_the_deploy_api_gives_the_same_greedy_tokens_on_both_engines(shared):
+    """onnxruntime-genai's loop over the shared buffers (past_present_share_buffer) and mhaexport's IO-bound loop:
+    the same greedy tokens for a right-padded batch."""
+    pytest.importorskip("onnxruntime_genai")
+    import mhaexport.runtime as rt
+
+    _, folder, _ = shared
+    genai, ours = rt.load(folder, threads=1), rt.load(folder, threads=1, engine="mhaexport")
+    assert genai.engine == "onnxruntime-genai"
+    eos = genai.eos_token_id
+    a = genai.generate(PROMPTS, max_new_tokens=12, eos_token_id=eos, return_result=True)
+    assert a.tokens == ours.generate(PROMPTS, max_new_tokens=12, eos_token_id=eos) and len(set(a.tokens[0])) > 3
 
 
 @pytest.mark.slow

@@ -15,380 +15,44 @@ given the model's contract, the manifest's file and cache layout and the tokeniz
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mhaexport.errors import ArtifactError
-
-GENAI_CONFIG = "genai_config.json"
-GENAI_CHECK = "genai-config"
-CACHE_OPS_IN_PLACE = ("GroupQueryAttention", "PagedAttention")  # the ops that write a shared past/present buffer
-# the inputs onnxruntime-genai's decoder feeds besides the named ones (its defaults when the config names none)
-DEFAULT_NAMES = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
-                 "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
-                 "logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
-# inputs it may feed that are not the model's tokens or cache
-OTHER_FED = ("past_sequence_length", "total_sequence_length", "cache_indirection", "inputs_embeds",
-             "current_sequence_length", "seqlens_k")
+# the findings themselves are the deploy runtime's too (torch- and onnx-free): imported from there, names kept here
+from mhaexport.runtime.genai_config import (CACHE_OPS_IN_PLACE, DEFAULT_NAMES, GENAI_CHECK, GENAI_CONFIG,  # noqa: F401
+                                            OTHER_FED, ConfigFinding, Expected, GraphIO, config_findings,
+                                            deploy_findings, findings_for, folder_expected, manifest_graph,
+                                            model_special_ids, tokenizer_special_ids)
 
 
-@dataclass
-class ConfigFinding:
-    """One field of the config that disagrees with what it describes: ``field`` is its JSON path
-    ("model.decoder.num_key_value_heads", "search.repetition_penalty"), ``message`` what was found and expected."""
+def read_graph_io(path: str | Path) -> GraphIO:
+    """The :class:`GraphIO` of the ONNX file at ``path`` (its external data not loaded)."""
+    import onnx
 
-    field: str
-    message: str
-    severity: str = "error"
-
-    def line(self) -> str:
-        return f"{self.field}: {self.message}"
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+    return graph_io_of(model)
 
 
-@dataclass
-class GraphIO:
-    """What a config is checked against in the graph: input/output names with their shapes (ints or dim names),
-    the op types present and the attributes of the first attention op (num_heads, kv_num_heads)."""
+def graph_io_of(model) -> GraphIO:
+    """The :class:`GraphIO` of an onnx.ModelProto: its I/O shapes, op types and first attention op's head counts."""
+    import onnx
 
-    inputs: dict[str, list] = field(default_factory=dict)
-    outputs: dict[str, list] = field(default_factory=dict)
-    ops: set[str] = field(default_factory=set)
-    attention: dict[str, Any] = field(default_factory=dict)
+    def shape(vi) -> list:
+        return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in vi.type.tensor_type.shape.dim]
 
-    @classmethod
-    def read(cls, path: str | Path) -> GraphIO:
-        import onnx
-
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-            raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
-        return cls.of(model)
-
-    @classmethod
-    def of(cls, model) -> GraphIO:
-        """The I/O of an onnx.ModelProto."""
-        import onnx
-
-        def shape(vi) -> list:
-            return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                    for d in vi.type.tensor_type.shape.dim]
-
-        io = cls({vi.name: shape(vi) for vi in model.graph.input}, {vi.name: shape(vi) for vi in model.graph.output},
+    io = GraphIO({vi.name: shape(vi) for vi in model.graph.input}, {vi.name: shape(vi) for vi in model.graph.output},
                  {n.op_type for n in model.graph.node})
-        for n in model.graph.node:
-            if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention"):
-                io.attention = {"op": n.op_type, **{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
-                                                    if a.name in ("num_heads", "kv_num_heads", "q_num_heads")}}
-                break
-        return io
-
-
-@dataclass
-class Expected:
-    """What the config must say, where it is known: the model's contract, the manifest's file name and cache
-    layout, and the special ids of the model's config and the shipped tokenizer."""
-
-    contract: Any = None  # iospec.ModelContract
-    filename: str | None = None  # the manifest's hashed ONNX file (its name inside the folder)
-    shared: bool | None = None  # the manifest's cache layout: one buffer written in place
-    capacity: int | None = None  # a shared buffer's length when the graph fixes it
-    special: dict[str, tuple[set[int], str]] = field(default_factory=dict)  # {bos_token_id: ({ids}, "where from")}
-
-
-def _ints(v) -> list[int] | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return [v]
-    if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        return list(v)
-    return None
-
-
-def _search_findings(search: dict) -> list[ConfigFinding]:
-    """``search`` defaults that make onnxruntime-genai's output differ from greedy decoding."""
-    out = []
-
-    def f(key: str, why: str) -> None:
-        out.append(ConfigFinding(f"search.{key}", f"{search.get(key)!r}: {why}"))
-
-    sampling = search.get("do_sample") is True
-    if sampling:
-        f("do_sample", "onnxruntime-genai samples by default instead of decoding greedily (what verify proves)")
-    beams = search.get("num_beams", 1)
-    if isinstance(beams, int) and beams > 1:
-        f("num_beams", "beam search by default, not greedy decoding")
-    if search.get("num_return_sequences", 1) not in (1, None):
-        f("num_return_sequences", "several sequences per prompt: the batch onnxruntime-genai runs is not the prompts'")
-    rp = search.get("repetition_penalty", 1.0)
-    if isinstance(rp, (int, float)) and rp != 1.0:
-        f("repetition_penalty", "penalizes tokens already generated: the tokens differ from greedy decoding")
-    ngram = search.get("no_repeat_ngram_size", 0)
-    if isinstance(ngram, int) and ngram > 0:
-        f("no_repeat_ngram_size", "forbids repeated n-grams: the tokens differ from greedy decoding")
-    ml = search.get("min_length", 0)
-    if isinstance(ml, int) and ml > 0:
-        f("min_length", "suppresses eos before that length: the tokens differ from greedy decoding")
-    if sampling:  # only with sampling do these change the output
-        if search.get("temperature", 1.0) not in (1, 1.0, None):
-            f("temperature", "with do_sample: scales the logits before sampling")
-        if isinstance(search.get("top_k"), int) and search["top_k"] not in (0, 1):
-            f("top_k", "with do_sample: samples among the top k")
-        if search.get("top_p", 1.0) not in (1, 1.0, None, 0, 0.0):
-            f("top_p", "with do_sample: nucleus sampling")
-    if isinstance(beams, int) and beams > 1:
-        if search.get("length_penalty", 1.0) not in (1, 1.0, None):
-            f("length_penalty", "with beams: rescores sequences by length")
-        if search.get("diversity_penalty", 0.0) not in (0, 0.0, None):
-            f("diversity_penalty", "with beams: penalizes similar beams")
-    return out
-
-
-def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None) -> list[ConfigFinding]:
-    """Every field onnxruntime-genai reads, against the graph (always) and ``expected`` (what is known of the model,
-    the manifest and the tokenizer). Returns the findings; [] when the config describes the file and greedy
-    decoding."""
-    exp = expected or Expected()
-    out: list[ConfigFinding] = []
-
-    def bad(path: str, message: str, severity: str = "error") -> None:
-        out.append(ConfigFinding(path, message, severity))
-
-    model = cfg.get("model") if isinstance(cfg, dict) else None
-    if not isinstance(model, dict) or not isinstance(model.get("decoder"), dict):
-        return [ConfigFinding("model.decoder", "missing: onnxruntime-genai has no decoder to run")]
-    dec = model["decoder"]
-    search = cfg.get("search") if isinstance(cfg.get("search"), dict) else {}
-    c = exp.contract
-
-    # --- the file -------------------------------------------------------------------------------------------
-    fname = dec.get("filename")
-    if not isinstance(fname, str) or not fname:
-        bad("model.decoder.filename", f"{fname!r}: not a file name")
-    elif Path(fname).name != fname or fname in (".", ".."):
-        bad("model.decoder.filename", f"{fname!r}: not a file inside the folder (onnxruntime-genai would load "
-                                      "another file than the one verified)")
-    elif exp.filename is not None and fname != exp.filename:
-        bad("model.decoder.filename", f"{fname!r}: the manifest's hashed ONNX file is {exp.filename!r} — "
-                                      "onnxruntime-genai would run a file verify never checked")
-
-    # --- names: every input onnxruntime-genai feeds exists, every graph input is fed ---------------------------
-    names_in = dec.get("inputs") if isinstance(dec.get("inputs"), dict) else {}
-    names_out = dec.get("outputs") if isinstance(dec.get("outputs"), dict) else {}
-    layers = dec.get("num_hidden_layers")
-    n_layers = layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else None
-    fed: set[str] = set()
-    for key, where, group in (("input_ids", "inputs", names_in), ("attention_mask", "inputs", names_in),
-                              ("logits", "outputs", names_out)):
-        name = group.get(key, DEFAULT_NAMES[key])
-        have = graph.inputs if where == "inputs" else graph.outputs
-        if name not in have:
-            bad(f"model.decoder.{where}.{key}", f"{name!r} is not a graph {where[:-1]} (the graph's: "
-                                                f"{', '.join(list(have)[:6])}{' ...' if len(have) > 6 else ''})")
-        fed.add(name)
-    pos = names_in.get("position_ids", DEFAULT_NAMES["position_ids"])
-    if pos in graph.inputs:
-        fed.add(pos)
-    elif "position_ids" in names_in:
-        bad("model.decoder.inputs.position_ids", f"{pos!r} is not a graph input")
-    templates = (("inputs", "past_key_names", names_in, graph.inputs), ("inputs", "past_value_names", names_in,
-                 graph.inputs), ("outputs", "present_key_names", names_out, graph.outputs),
-                 ("outputs", "present_value_names", names_out, graph.outputs))
-    for where, key, group, have in templates:
-        t = group.get(key, DEFAULT_NAMES[key])
-        if not isinstance(t, str) or "%d" not in t:
-            bad(f"model.decoder.{where}.{key}", f"{t!r}: not a per-layer name template (with %d)")
-            continue
-        pattern = re.compile(re.escape(t).replace("%d", r"(\d+)") + "$")
-        found = sorted(int(m.group(1)) for n in have if (m := pattern.match(n)))
-        if where == "inputs":
-            fed.update(t % i for i in found)
-        if n_layers is not None and found != list(range(n_layers)):
-            missing = [t % i for i in range(n_layers) if i not in found][:2]
-            extra = [t % i for i in found if i >= n_layers][:2]
-            said = (f"{', '.join(missing)} not a graph {where[:-1]}" if missing else
-                    f"the graph has {len(found)} layers' ({', '.join(extra)} beyond num_hidden_layers={n_layers})")
-            bad(f"model.decoder.{where}.{key}", f"{t!r}: {said}")
-    unfed = [n for n in graph.inputs if n not in fed and n not in OTHER_FED]
-    if unfed:
-        bad("model.decoder.inputs", f"the graph input(s) {', '.join(unfed)} are named by no field: "
-                                    "onnxruntime-genai would not feed them")
-
-    # --- sizes ------------------------------------------------------------------------------------------------
-    past_key = names_in.get("past_key_names", DEFAULT_NAMES["past_key_names"])
-    shape0 = graph.inputs.get(past_key % 0, []) if isinstance(past_key, str) and "%d" in past_key else []
-    graph_kv = shape0[1] if len(shape0) == 4 and isinstance(shape0[1], int) else None
-    graph_hd = shape0[3] if len(shape0) == 4 and isinstance(shape0[3], int) else None
-    graph_layers = None
-    if isinstance(past_key, str) and "%d" in past_key:
-        pattern = re.compile(re.escape(past_key).replace("%d", r"(\d+)") + "$")
-        graph_layers = sum(1 for n in graph.inputs if pattern.match(n)) or None
-    logits_shape = graph.outputs.get(names_out.get("logits", "logits"), [])
-    graph_vocab = logits_shape[-1] if logits_shape and isinstance(logits_shape[-1], int) else None
-    heads_attr = graph.attention.get("num_heads") or graph.attention.get("q_num_heads")
-    kv_attr = graph.attention.get("kv_num_heads")  # GroupQueryAttention's (MultiHeadAttention may repeat them)
-    sizes = (
-        ("model.decoder.head_size", dec.get("head_size"), [(graph_hd, "the graph's cache"),
-                                                          (c and c.head_dim, "the model's head_dim")]),
-        ("model.decoder.num_attention_heads", dec.get("num_attention_heads"),
-         [(heads_attr, f"the graph's {graph.attention.get('op')} num_heads"), (c and c.n_heads, "the model's")]),
-        ("model.decoder.num_key_value_heads", dec.get("num_key_value_heads"),
-         [(graph_kv, "the graph's cache"), (kv_attr, f"the graph's {graph.attention.get('op')} kv_num_heads"),
-          (c and c.n_kv_heads, "the model's")]),
-        ("model.decoder.num_hidden_layers", n_layers if n_layers is not None else layers,
-         [(graph_layers, "the graph's past inputs"), (c and c.n_layers, "the model's")]),
-        ("model.vocab_size", model.get("vocab_size"), [(graph_vocab, "the graph's logits"),
-                                                       (c and c.vocab_size, "the model's")]),
-    )
-    for path, value, against in sizes:
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            bad(path, f"{value!r}: not a positive integer")
-            continue
-        for want, where in against:
-            if isinstance(want, int) and want > 0 and want != value:
-                bad(path, f"{value} but {where} is {want}")
-                break
-    hs, nh, hd = dec.get("hidden_size"), dec.get("num_attention_heads"), dec.get("head_size")
-    if isinstance(hs, int) and isinstance(nh, int) and isinstance(hd, int) and hs != nh * hd and \
-            (c is None or hs != c.n_heads * c.head_dim):
-        bad("model.decoder.hidden_size", f"{hs} but num_attention_heads x head_size is {nh * hd}")
-
-    # --- lengths ----------------------------------------------------------------------------------------------
-    ctx_len = model.get("context_length")
-    if not isinstance(ctx_len, int) or isinstance(ctx_len, bool) or ctx_len <= 0:
-        bad("model.context_length", f"{ctx_len!r}: not a positive integer")
-    else:
-        if c is not None and ctx_len > c.max_positions:
-            bad("model.context_length", f"{ctx_len} but the model has {c.max_positions} positions: "
-                                        "onnxruntime-genai would feed positions the model never learned")
-        elif c is not None and ctx_len < c.max_positions:
-            bad("model.context_length", f"{ctx_len} but the model has {c.max_positions} positions: "
-                                        f"onnxruntime-genai refuses any max_length above {ctx_len}")
-        if exp.capacity is not None and ctx_len > exp.capacity:
-            bad("model.context_length", f"{ctx_len} but the file's cache holds {exp.capacity} positions")
-        ml = search.get("max_length")
-        if isinstance(ml, int) and ml > ctx_len:
-            bad("search.max_length", f"{ml} but context_length is {ctx_len}: onnxruntime-genai refuses it")
-
-    # --- the cache layout ---------------------------------------------------------------------------------------
-    share = search.get("past_present_share_buffer", False)
-    if exp.shared is not None and bool(share) != exp.shared:
-        bad("search.past_present_share_buffer",
-            f"{share!r} but the file's cache is {'one shared buffer per layer, written in place' if exp.shared else 'concat-style (present = concat(past, new))'}: "  # noqa: E501
-            f"onnxruntime-genai would {'allocate a new present each step and lose the in-place writes' if exp.shared else 'bind one buffer as past and present, which the graph does not write in place'}")  # noqa: E501
-    elif share and graph.ops and not graph.ops & set(CACHE_OPS_IN_PLACE):
-        bad("search.past_present_share_buffer", f"{share!r} but no op of the graph writes its cache in place "
-                                                f"({'/'.join(CACHE_OPS_IN_PLACE)}): a concat-style cache")
-
-    # --- special tokens -----------------------------------------------------------------------------------------
-    vocab = c.vocab_size if c is not None else model.get("vocab_size")
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        v = model.get(key)
-        ids = _ints(v)
-        if ids is None:
-            if v is not None or key == "eos_token_id":
-                bad(f"model.{key}", f"{v!r}: not a token id")
-            continue
-        if isinstance(vocab, int) and any(not 0 <= i < vocab for i in ids):
-            bad(f"model.{key}", f"{v!r} is outside the vocabulary [0, {vocab})")
-            continue
-        want = exp.special.get(key)
-        if want is not None:
-            allowed, where = want
-            # eos may be a list that adds end-of-turn ids to the model's: one of them is the model's
-            ok = bool(set(ids) & allowed) if key == "eos_token_id" else set(ids) <= allowed
-            if not ok:
-                bad(f"model.{key}", f"{v!r} but {where} says {sorted(allowed)[0] if len(allowed) == 1 else sorted(allowed)}")
-
-    out += _search_findings(search)
-    return out
-
-
-# ---- what a folder ships: the special ids of the tokenizer's and the model's configs ------------------------------
-
-def _token_id(tok: Any, tokenizer_json: dict | None) -> int | None:
-    """A tokenizer_config.json token (a string or {"content": ...}) as its id in tokenizer.json."""
-    content = tok.get("content") if isinstance(tok, dict) else tok
-    if not isinstance(content, str) or tokenizer_json is None:
-        return None
-    for added in tokenizer_json.get("added_tokens", []) or []:
-        if added.get("content") == content and isinstance(added.get("id"), int):
-            return added["id"]
-    vocab = (tokenizer_json.get("model") or {}).get("vocab")
-    if isinstance(vocab, dict) and isinstance(vocab.get(content), int):
-        return vocab[content]
-    return None
-
-
-def tokenizer_special_ids(files: dict[str, Path]) -> dict[str, tuple[set[int], str]]:
-    """{bos/eos/pad_token_id: ({ids}, where from)} read from the shipped tokenizer_config.json (tokens resolved
-    through tokenizer.json), generation_config.json and config.json where the folder has them (``files``: name ->
-    the checked path)."""
-
-    def load(name: str) -> dict | None:
-        p = files.get(name)
-        if p is None:
-            return None
-        try:
-            data = json.loads(Path(p).read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    out: dict[str, tuple[set[int], str]] = {}
-    tj = load("tokenizer.json")
-    tc = load("tokenizer_config.json")
-    for key in ("bos", "eos", "pad"):
-        ids: set[int] = set()
-        where = []
-        for name in ("generation_config.json", "config.json"):
-            d = load(name)
-            got = _ints(d.get(f"{key}_token_id")) if d else None
-            if got:
-                ids.update(got)
-                where.append(name)
-        if tc is not None and f"{key}_token" in tc:
-            tid = _token_id(tc[f"{key}_token"], tj)
-            if tid is not None:
-                ids.add(tid)
-                where.append("tokenizer_config.json")
-        if ids:
-            out[f"{key}_token_id"] = (ids, " and ".join(where))
-    return out
-
-
-def model_special_ids(model_config: Any, own_export: bool) -> dict[str, tuple[set[int], str]]:
-    """The special ids the model's config states; for mhaexport's own exports, what its exporter writes for that
-    config (:func:`mhaexport.exporter.genai.special_ids`: the model's ids, else NUL)."""
-    out: dict[str, tuple[set[int], str]] = {}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        v = model_config.get(key) if isinstance(model_config, dict) else getattr(model_config, key, None)
-        ids = _ints(v)
-        if ids and all(i >= 0 for i in ids):
-            out[key] = (set(ids), "the model's config")
-        elif own_export:
-            out[key] = ({0}, "mhaexport's export of this model (no id in its config: NUL)")
-    return out
-
-
-def folder_expected(ef, contract=None, model_config: Any = None) -> Expected:
-    """What the config of an opened export folder's ONNX artifact must say: the manifest's hashed file and cache
-    layout, and — with ``contract`` / ``model_config`` (verify) — the model's sizes and ids."""
-    from mhaexport.artifact.details import OnnxDetails
-
-    entry = ef.entry("onnx")
-    details = entry.details
-    layout = details.layout if isinstance(details, OnnxDetails) else None
-    files = {name: ef.file("onnx", name) for name in entry.files}
-    special = tokenizer_special_ids(files)
-    if model_config is not None and (layout is None or not special):
-        special = {**model_special_ids(model_config, own_export=layout is None), **special}
-    # an adopted file's layout was read from this config: its cache layout is the graph's to say (the ops)
-    shared = details.cache.shared if layout is None else None
-    return Expected(contract=contract, filename=entry.file, shared=shared, special=special)
+    for n in model.graph.node:
+        if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention"):
+            io.attention = {"op": n.op_type, **{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
+                                                if a.name in ("num_heads", "kv_num_heads", "q_num_heads")}}
+            break
+    return io
 
 
 def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigFinding] | None:
@@ -401,17 +65,9 @@ def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigF
         cfg = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         return [ConfigFinding("genai_config.json", f"not readable JSON: {e}")]
-    graph = GraphIO.read(ef.file("onnx"))
+    graph = read_graph_io(ef.file("onnx"))
     exp = folder_expected(ef, contract, model_config)
     return findings_for(cfg, graph, exp)
-
-
-def findings_for(cfg: dict, graph: GraphIO, exp: Expected) -> list[ConfigFinding]:
-    """:func:`config_findings`, with a shared buffer's length read from the graph where it fixes one."""
-    shape0 = next(iter(v for k, v in graph.inputs.items() if k not in ("input_ids", "attention_mask")), [])
-    if exp.shared and len(shape0) == 4 and isinstance(shape0[2], int):
-        exp.capacity = shape0[2]  # a buffer whose length the graph fixes
-    return config_findings(cfg, graph, exp)
 
 
 def result_of(findings: list[ConfigFinding] | None):
@@ -481,4 +137,4 @@ def lint_findings(model, file: Path, ef=None) -> list[ConfigFinding] | None:
     if ef is None and isinstance(named, str) and named != Path(file).name:
         return None  # it describes another file of the folder
     exp = folder_expected(ef) if ef is not None else Expected()
-    return findings_for(cfg, GraphIO.of(model), exp)
+    return findings_for(cfg, graph_io_of(model), exp)
