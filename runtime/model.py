@@ -159,6 +159,10 @@ class TextModel:
 
     def _streaming(self, streamer: Streamer, rows: list[list[int]]) -> tuple[Callable, Callable]:
         if hasattr(streamer, "put") and hasattr(streamer, "end"):  # transformers' BaseStreamer protocol
+            if len({len(r) for r in rows}) > 1:  # its put() takes one (batch, length) array of prompt ids
+                raise RuntimeInputError("a put/end streamer takes one prompt or prompts of one length (transformers' "
+                                        f"streamers take a (batch, length) array); these have lengths "
+                                        f"{sorted({len(r) for r in rows})}")
             streamer.put(np.asarray(rows[0] if len(rows) == 1 else rows, dtype=np.int64))
             return (lambda tokens: streamer.put(np.asarray(tokens[tokens >= 0], dtype=np.int64))), streamer.end
         if not callable(streamer):

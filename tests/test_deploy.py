@@ -56,6 +56,12 @@ def test_a_put_end_streamer_gets_the_prompt_then_each_token(model):
     rec = Recorder()
     new = model.generate([7, 8, 9], max_new_tokens=5, streamer=rec)
     assert rec.calls == [[7, 8, 9], *[[t] for t in new], "end"]
+    rec = Recorder()
+    both = model.generate([[7, 8, 9], [4, 5, 6]], max_new_tokens=3, streamer=rec)
+    assert rec.calls[0] == [[7, 8, 9], [4, 5, 6]] and rec.calls[-1] == "end" and len(rec.calls) == 2 + 3
+    assert [c[0] for c in rec.calls[1:-1]] == both[0] and [c[1] for c in rec.calls[1:-1]] == both[1]
+    with pytest.raises(RuntimeInputError, match="prompts of one length"):  # a ragged batch: one line, not numpy's
+        model.generate([[7, 8, 9], [5]], max_new_tokens=3, streamer=Recorder())
 
 
 def test_an_unfinished_character_is_held_back_until_its_bytes_are_there():
