@@ -296,6 +296,17 @@ def _inputs(feed: Feed, ids, mask, cache, kv_dtype) -> dict:
     return inputs
 
 
+
+def check_shapes(c, batch: int, seq: int, past: int, pad) -> None:
+    """MhaExportError unless (batch, seq, past) and the padding counts are a case the contract ``c`` can run."""
+    if seq < 1 or batch < 1 or past < 0 or past + seq > c.max_positions:
+        raise MhaExportError(f"bisect shapes batch={batch} seq={seq} past={past}: need batch, seq >= 1, past >= 0 "
+                             f"and past + seq <= max_positions={c.max_positions}")
+    if pad is not None and (len(pad) > batch or any(p < 0 or p >= past + seq for p in pad)):
+        raise MhaExportError(f"bisect padding {list(pad)} at batch={batch} seq={seq} past={past}: one count per row "
+                             f"at most, each below past + seq = {past + seq}")
+
+
 def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: int = 4, past: int = 3,
                 pad: list[int] | None = None, seed: int = 0, tol: float = 1e-3,
                 provider: str = "CPUExecutionProvider", opt_level: str = DEFAULT_OPT_LEVEL,
@@ -347,12 +358,7 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         notes.append(f"the file ({feed.producer}) carries no module scopes: compared on its outputs only "
                      "(logits, each layer's key and value)")
     c = loaded.contract
-    if seq < 1 or batch < 1 or past < 0 or past + seq > c.max_positions:
-        raise MhaExportError(f"bisect shapes batch={batch} seq={seq} past={past}: need batch, seq >= 1, past >= 0 "
-                             f"and past + seq <= max_positions={c.max_positions}")
-    if pad is not None and (len(pad) > batch or any(p < 0 or p >= past + seq for p in pad)):
-        raise MhaExportError(f"bisect padding {list(pad)} at batch={batch} seq={seq} past={past}: one count per row "
-                             f"at most, each below past + seq = {past + seq}")
+    check_shapes(c, batch, seq, past, pad)
     ids, mask, cache = make_inputs(c, batch=batch, seq=seq, past=past, seed=seed, pad=pad)
     shared = feed is not None and feed.shared
     protocol = (f"one shared buffer per layer ({feed.max_cache} slots), each row alone, packed from slot 0"

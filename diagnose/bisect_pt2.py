@@ -22,7 +22,7 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.artifact.trust import AOTI, PT2, refusal
 from mhaexport.errors import ConfigError, MhaExportError
-from mhaexport.diagnose.bisect import BisectReport, _compare, _eager_values
+from mhaexport.diagnose.bisect import BisectReport, _compare, _eager_values, check_shapes
 
 PROVIDER = "torch.export (cpu)"
 _EMPTY = "_empty_nn_module_stack_from_metadata_hook"  # torch's placeholder scope for nodes it made itself
@@ -98,12 +98,7 @@ def bisect_program(program, loaded, *, batch: int = 2, seq: int = 4, past: int =
     else:
         label = "<in-memory ExportedProgram>"
     c = loaded.contract
-    if seq < 1 or batch < 1 or past < 0 or past + seq > c.max_positions:
-        raise MhaExportError(f"bisect shapes batch={batch} seq={seq} past={past}: need batch, seq >= 1, past >= 0 "
-                             f"and past + seq <= max_positions={c.max_positions}")
-    if pad is not None and (len(pad) > batch or any(p < 0 or p >= past + seq for p in pad)):
-        raise MhaExportError(f"bisect padding {list(pad)} at batch={batch} seq={seq} past={past}: one count per row "
-                             f"at most, each below past + seq = {past + seq}")
+    check_shapes(c, batch, seq, past, pad)
     gm = program.module()
     graph_nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     if not any(_scope(n) for n in graph_nodes):
