@@ -43,7 +43,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,6 +285,19 @@ class OpenFolders:
         ef = ExportFolder.open(folder, artifact)
         self._open[(key, artifact)] = ef
         return ef
+
+    def reusable(self, folder: str | Path, same: Callable[[ExportFolder], bool]) -> bool:
+        """Whether ``folder`` holds a hash-checked ONNX export that ``same`` accepts (the same model and variant: kept,
+        opened once); a folder that is absent or unreadable is not, and one that ``same`` refuses is forgotten, to be
+        written anew."""
+        try:
+            ef = self.open(folder, "onnx")
+        except ArtifactError:
+            return False
+        if same(ef):
+            return True
+        self.forget(folder)
+        return False
 
     def forget(self, folder: str | Path) -> None:
         """Close ``folder``'s snapshots before something writes into it (the next :meth:`open` reads it anew)."""

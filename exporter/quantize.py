@@ -548,16 +548,14 @@ def export_quantized(folder: str | Path | ExportFolder, schemes: list[str] | lis
                 out.append(known[cfg.label()])
                 continue
             sub = Path(out_dir) / "quantized" / cfg.weights
-            try:
-                m = reads.open(sub, "onnx")
+            def same(m, label=cfg.label()) -> bool:  # another model or scheme: quantized anew below
                 q = m.artifacts["onnx"].details.quantization
-                if m.model.fingerprint == src.model.fingerprint and q and q.label == cfg.label():
-                    say(f"reusing {sub} ({cfg.label()})")
-                    out.append(sub)
-                    continue
-                reads.forget(sub)  # another model or scheme: quantized anew below
-            except ArtifactError:
-                pass
+                return m.model.fingerprint == src.model.fingerprint and bool(q) and q.label == label
+
+            if reads.reusable(sub, same):
+                say(f"reusing {sub} ({cfg.label()})")
+                out.append(sub)
+                continue
             say(f"quantizing {cfg.label()} -> {sub} ...")
             quantize_folder(src, sub, cfg)
             out.append(sub)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mhaexport.artifact import ExportFolder, OpenFolders, lowering_of, same_model_folders
 from mhaexport.dtypes import NAMES as DTYPES
-from mhaexport.errors import ArtifactError, RuntimeOptionError
+from mhaexport.errors import RuntimeOptionError
 
 
 SHARED = "shared"  # in --lowerings: the shared KV cache (GroupQueryAttention writing one buffer in place)
@@ -61,15 +61,11 @@ def export_lowerings(folder: str | Path | ExportFolder, wanted: list[tuple[str, 
                 out.append(known[lowering])
                 continue
             sub = Path(out_dir) / "lowerings" / f"{attention}-{dtype}"
-            try:
-                m = reads.open(sub, "onnx")
-                if m.model.fingerprint == source.model.fingerprint and lowering_of(m) == lowering:
-                    say(f"reusing {sub} ({lowering})")
-                    out.append(sub)
-                    continue
-                reads.forget(sub)  # another model or lowering: exported anew below
-            except ArtifactError:
-                pass
+            if reads.reusable(sub, lambda m, lowering=lowering: m.model.fingerprint == source.model.fingerprint
+                              and lowering_of(m) == lowering):  # else another model or lowering: exported anew below
+                say(f"reusing {sub} ({lowering})")
+                out.append(sub)
+                continue
             if loaded is None:
                 from mhaexport.models.loading import load_recorded
 
