@@ -94,6 +94,10 @@ class ModelContract:
     vocab_size: int
     max_positions: int
     n_kv_heads: int | None = None  # None: n_heads (multi-head attention)
+    # per layer, the sliding window W (query position p sees key positions p-W+1..p, counted on each row's own
+    # tokens) or 0 for full causal attention; None: every layer full (the article's decoder). A model exposes it as
+    # ``model.config.layer_windows`` (a sequence of n_layers ints).
+    windows: tuple[int, ...] | None = None
 
     FIELDS: ClassVar[tuple[str, ...]] = ("n_layers", "n_heads", "head_dim", "vocab_size", "max_positions")
     OPTIONAL: ClassVar[tuple[str, ...]] = ("n_kv_heads",)
@@ -106,6 +110,23 @@ class ModelContract:
 
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}: grouped-"
                               "query attention shares each key/value head among n_heads / n_kv_heads query heads")
+        if self.windows is not None:
+            from mhaexport.errors import ConfigError
+
+            w = tuple(self.windows)
+            if len(w) != self.n_layers or any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in w):
+                raise ConfigError(f"windows must be {self.n_layers} non-negative ints (0: full attention), got "
+                                  f"{list(w)!r}"[:200])
+            object.__setattr__(self, "windows", w if any(w) else None)
+
+    @property
+    def windowed(self) -> bool:
+        """True when some layer attends to a sliding window rather than every earlier token."""
+        return self.windows is not None
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window, 0 for full causal attention."""
+        return self.windows[layer] if self.windows is not None else 0
 
     @property
     def grouped(self) -> bool:
@@ -117,12 +138,16 @@ class ModelContract:
         out = {f: getattr(self, f) for f in self.FIELDS}
         if self.grouped:
             out["n_kv_heads"] = self.n_kv_heads
+        if self.windows is not None:
+            out["windows"] = list(self.windows)
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelContract:
         kv = data.get("n_kv_heads")
-        return cls(**{f: int(data[f]) for f in cls.FIELDS}, n_kv_heads=None if kv is None else int(kv))
+        windows = data.get("windows")
+        return cls(**{f: int(data[f]) for f in cls.FIELDS}, n_kv_heads=None if kv is None else int(kv),
+                   windows=None if windows is None else tuple(windows))
 
 
 KVPairs = tuple  # n_layers (key, value) pairs of arrays, each (B, H_kv, past, D)

@@ -129,6 +129,9 @@ def contract_of(module: nn.Module) -> ModelContract:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelLoadError(f"model.config.{f} must be a positive int, found {v!r}")
         values[f] = v
+    windows = cfg.get("layer_windows") if isinstance(cfg, dict) else getattr(cfg, "layer_windows", None)
+    if windows is not None:
+        values["windows"] = tuple(windows)
     try:
         return ModelContract(**values)
     except ConfigError as e:
