@@ -382,8 +382,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
 def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Sequence[Sequence[int]] = (),
              max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, eos_id: int | None = None,
-             providers: Sequence[str] = ("cpu",), threads: int | None = None, engine: str = "auto"
-             ) -> GenerationResult:
+             providers: Sequence[str] = ("cpu",), threads: int | None = None, engine: str = "auto",
+             trust_code: bool = False) -> GenerationResult:
     """``mhaexport generate``: prefill and KV-cache decode with ONNX Runtime (no torch), on the loop ``engine``
     picks (``"auto"``: onnxruntime-genai's where it is installed and the folder's genai_config.json passes the
     genai-config check, else mhaexport's; ``"mhaexport"``; ``"onnxruntime-genai"``; the result's ``engine`` says
@@ -393,8 +393,9 @@ def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Seq
     ``message``, timings, ``providers``, ``engine``, ``warnings``) with ``texts``: the decoded continuation per text
     prompt (None without a tokenizer) and ``engine_reason`` (why that loop). Raises ConfigError for a bad argument
     (RuntimeOptionError: no prompt, text for a model without a tokenizer, a sampling setting out of range, an unknown
-    engine), RuntimeInputError for ids the model cannot take, ArtifactError, ProviderUnavailable. The folder is
-    opened (hash-checked) once; its snapshot goes when done."""
+    engine), RuntimeInputError for ids the model cannot take, ArtifactError, ProviderUnavailable; UntrustedCode when
+    onnxruntime-genai would load code or write files as the folder's genai_config.json asks (``trust_code``:
+    ``--trust-code``). The folder is opened (hash-checked) once; its snapshot goes when done."""
     from mhaexport.artifact import ExportFolder
     from mhaexport.runtime import GenerationConfig, SamplingConfig
     from mhaexport.runtime.engine import open_generator
@@ -410,7 +411,8 @@ def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Seq
         raise RuntimeOptionError("give prompts (text) or prompt_ids", cli="give --prompt TEXT or --prompt-ids 5,17,42")
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     with ExportFolder.open(folder, "onnx") as ef:
-        gen = open_generator(ef, tuple(providers), threads=threads, engine=engine)  # --engine
+        gen = open_generator(ef, tuple(providers), threads=threads, engine=engine,  # --engine
+                             trust_code=trust_code)
         tok = for_folder(ef)  # the folder's tokenizer.json, byte-level, or None
         if prompts and tok is None:
             said = (f"text prompts are encoded as bytes (ids 0..255) but this model's vocab_size is "

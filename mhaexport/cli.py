@@ -401,9 +401,10 @@ trust_code_option = click.option(
     "--trust-code", "trust_code", is_flag=True, default=False,
     help="The folder is yours: run the code it holds — rebuild its eager model from a manifest source that is code "
          "(a factory file or module) and load its torch.export program (model.pt2, unpickled) and AOTInductor "
-         "package (model.aoti.pt2, a native library). Without it such a model source is refused (name the model "
-         "with --model instead) and pt2/aoti are skipped with the reason (refused when named): nothing runs because "
-         "a folder says so.")
+         "package (model.aoti.pt2, a native library), and let its genai_config.json's onnxruntime-genai options load a "
+         "custom-op library, profile or name paths. Without it such a model source is refused (name the model "
+         "with --model instead), pt2/aoti are skipped with the reason (refused when named) and such options are "
+         "refused: nothing runs because a folder says so.")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -752,8 +753,9 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
                    "draws from each loop's own random generator.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: tokens, text, stop reason, providers, engine.")
+@trust_code_option
 def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id, providers,
-                 threads, engine, as_json) -> None:
+                 threads, engine, as_json, trust_code) -> None:
     """Generate from an ONNX export with ONNX Runtime (no torch): prefill, then KV-cache decode.
 
     With --json, "tokens" is the list of new ids for one prompt, or a list of such lists for several.
@@ -764,7 +766,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 
     result = api.generate(folder, prompts, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id,
-                          providers=providers, threads=threads, engine=engine)
+                          providers=providers, threads=threads, engine=engine, trust_code=trust_code)
     for w in result.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     if as_json:

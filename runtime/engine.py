@@ -60,13 +60,16 @@ def genai_refusal(ef: ExportFolder, providers: Sequence[str], session: dict) -> 
 
 
 def open_generator(folder: str | Path | ExportFolder, providers: Sequence[str] | str = ("cpu",), *,
-                   threads: int | None = None, engine: str = AUTO, **session: Any) -> Generator | GenAIGenerator:
+                   threads: int | None = None, engine: str = AUTO, trust_code: bool = False,
+                   **session: Any) -> Generator | GenAIGenerator:
     """The generator of an export folder on the loop ``engine`` names (see the module's table): a
     :class:`Generator` or a :class:`GenAIGenerator`, each with ``engine``, ``engine_reason`` and ``generate(prompts,
     config, on_token=...)``. With ``engine="auto"`` a call onnxruntime-genai's loop would not generate as
     mhaexport's does (:meth:`GenAIGenerator.why_not`) runs on mhaexport's loop, the result says so.
     RuntimeOptionError for an unknown engine or options onnxruntime-genai cannot take; GenAIUnavailable when it is
-    asked for and cannot be imported; ArtifactError when the folder's config cannot be deployed."""
+    asked for and cannot be imported; ArtifactError when the folder's config cannot be deployed, UntrustedCode when
+    onnxruntime-genai would load code or write files as its config asks and ``trust_code`` (``--trust-code``) is
+    not given (:func:`mhaexport.runtime.genai.check_options`; ``engine="auto"`` refuses too, never hides it)."""
     if engine not in ENGINES:
         raise RuntimeOptionError(f"engine={engine!r}: one of {', '.join(ENGINES)}")
     providers = (providers,) if isinstance(providers, str) else tuple(providers)
@@ -79,10 +82,15 @@ def open_generator(folder: str | Path | ExportFolder, providers: Sequence[str] |
 
     if engine == MHAEXPORT:
         return ours("asked (engine='mhaexport')")
+    if GENAI_CONFIG in ef.entry("onnx").files:  # options that load code or write files: refused, never hidden
+        from mhaexport.runtime.genai import check_options
+
+        check_options(ef.root, ef.path, trust_code=trust_code)
     why = genai_refusal(ef, providers, session)
     if engine == ONNXRUNTIME_GENAI:
         if why is None:
-            return GenAIGenerator(ef, threads=threads, reason="asked (engine='onnxruntime-genai')")
+            return GenAIGenerator(ef, threads=threads, reason="asked (engine='onnxruntime-genai')",
+                                  trust_code=trust_code)
         import_og()  # not importable: GenAIUnavailable, with its install line
         if GENAI_CONFIG not in ef.entry("onnx").files or "genai-config" in why:
             raise ArtifactError(f"engine='onnxruntime-genai': {why}")
@@ -91,7 +99,7 @@ def open_generator(folder: str | Path | ExportFolder, providers: Sequence[str] |
         return ours(f"auto: {why}")
     og = import_og()
     try:
-        return GenAIGenerator(ef, threads=threads,
+        return GenAIGenerator(ef, threads=threads, trust_code=trust_code,
                               fallback=lambda: ours("auto: a call onnxruntime-genai's loop would generate otherwise"),
                               reason=f"auto: onnxruntime-genai {getattr(og, '__version__', '')} is installed and the "
                                      f"folder's {GENAI_CONFIG} passes the genai-config check")

@@ -40,11 +40,33 @@ def import_og():
     return og
 
 
-def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id: int | list[int] | None = None):
+def check_options(folder: str | Path, shown: object = None, *, trust_code: bool = False) -> dict:
+    """``folder``'s genai_config.json (read inside it, never through a link), held to the classified fields of
+    :mod:`mhaexport.runtime.genai_fields` before onnxruntime-genai sees it: a name that leaves the folder is
+    UnsafeFolder, an option that loads code or writes files (custom_ops_library, enable_profiling, path-valued
+    config entries and provider options, unknown fields) UntrustedCode unless ``trust_code``. ``shown``: how
+    messages name the folder (the folder the user named, not its snapshot). Returns the document."""
+    from mhaexport.artifact.confine import read_inside
+    from mhaexport.runtime.genai_fields import refuse_unsafe
+
+    data = read_inside(folder, GENAI_CONFIG, f"{shown or folder}/{GENAI_CONFIG}")
+    try:
+        config = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ArtifactError(f"{shown or folder}/{GENAI_CONFIG} is not valid JSON: {first_line(e)}") from None
+    refuse_unsafe(config, shown or folder, trust_code)
+    return config
+
+
+def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id: int | list[int] | None = None,
+                trust_code: bool = False, shown: object = None):
     """onnxruntime-genai's Model over ``folder``'s genai_config.json; with ``threads`` its decoder session gets that
     many intra-op threads (and one inter-op thread), with ``eos_token_id`` its loop stops at that id instead of the
-    config's — overlays on the config, the file untouched (it is hashed), as bench's other rows set their threads."""
+    config's — overlays on the config, the file untouched (it is hashed), as bench's other rows set their threads.
+    The config is first held to :func:`check_options` (``trust_code``: the user's ``--trust-code``; ``shown``: the
+    folder as messages name it): the one place og.Model is created, so no option reaches it unchecked."""
     og = import_og()
+    check_options(folder, shown, trust_code=trust_code)
     overlay: dict = {}
     if threads is not None:
         overlay["decoder"] = {"session_options": {"intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}
@@ -91,9 +113,11 @@ def genai_generate(model, ids: np.ndarray, max_length: int, *, eos_token_id: int
     return res
 
 
-def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_length: int) -> list[list[int]]:
+def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_length: int, *,
+                 trust_code: bool = False) -> list[list[int]]:
     """Greedy generation through onnxruntime-genai: each prompt plus new tokens, up to ``max_length`` tokens in all
-    (or eos). Prompts of different lengths are batched right-padded; pad tokens are removed from the result."""
+    (or eos). Prompts of different lengths are batched right-padded; pad tokens are removed from the result.
+    ``trust_code``: the config may load code or write files (:func:`check_options`)."""
     with opened(folder, "onnx") as ef:  # hashes of model.onnx and genai_config.json; the snapshot goes when done
         if GENAI_CONFIG not in ef.entry("onnx").files:
             raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
@@ -105,7 +129,8 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
             raise RuntimeInputError(f"max_length={max_length} exceeds the model's "
                                     f"context_length={cfg['context_length']}")
         # the snapshot: the files whose hashes were checked
-        res = genai_generate(genai_model(ef.root), ids, max_length, eos_token_id=cfg["eos_token_id"])
+        res = genai_generate(genai_model(ef.root, trust_code=trust_code, shown=ef.path), ids, max_length,
+                             eos_token_id=cfg["eos_token_id"])
     return [list(p) + new for p, new in zip(prompts, res.tokens)]
 
 
@@ -206,9 +231,10 @@ class GenAIGenerator:
     engine = ENGINE
 
     def __init__(self, export: ExportFolder, *, threads: int | None = None, reason: str = "",
-                 fallback: Callable[[], object] | None = None, clock: Callable[[], float] = time.perf_counter
-                 ) -> None:
+                 fallback: Callable[[], object] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 trust_code: bool = False) -> None:
         og = import_og()
+        self.trust_code = trust_code  # the config's options may load code or write files (check_options)
         self.export, self.folder, self.contract = export, export.path, export.contract
         self.entry = export.entry("onnx")
         if GENAI_CONFIG not in self.entry.files:
@@ -242,9 +268,9 @@ class GenAIGenerator:
             config_eos = self.config["model"].get("eos_token_id")
             same = key == (tuple(config_eos) if isinstance(config_eos, list) else config_eos)
             try:
-                self._models[key] = genai_model(self.export.root, self.threads,
-                                                eos_token_id=None if same else list(key) if isinstance(key, tuple)
-                                                else key)
+                eos = None if same else list(key) if isinstance(key, tuple) else key
+                self._models[key] = genai_model(self.export.root, self.threads, eos_token_id=eos,
+                                                trust_code=self.trust_code, shown=self.folder)
             except MhaExportError:
                 raise
             except Exception as e:  # noqa: BLE001 - onnxruntime-genai's own exceptions (a file it cannot load)

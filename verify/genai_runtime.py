@@ -57,9 +57,10 @@ class GenAIRunner(Runner):
     names). ``ours``: verify's own ONNX Runtime runner of the same file (the in-loop reference of kv-consistency)."""
 
     def __init__(self, contract, root: str | Path, config: dict, *, dtype: str = "float32",
-                 ours: Runner | None = None) -> None:
+                 ours: Runner | None = None, trust_code: bool = False, shown: object = None) -> None:
         super().__init__(ORT_GENAI, contract, dtype=dtype)
         self.root = Path(root)
+        self.trust_code, self.shown = trust_code, shown  # its options may load code only with --trust-code
         self.config = config
         self.ours = ours
         self.model = None
@@ -72,7 +73,7 @@ class GenAIRunner(Runner):
             og = import_og()
         except GenAIUnavailable as e:
             raise ProviderUnavailable(str(e)) from None
-        self.model = genai_model(self.root)
+        self.model = genai_model(self.root, trust_code=self.trust_code, shown=self.shown)
         self.providers = [f"onnxruntime-genai {getattr(og, '__version__', '')} (its generator, "
                           f"past_present_share_buffer={bool(self.config.get('search', {}).get('past_present_share_buffer'))})"]  # noqa: E501
         if self.ours is not None:
@@ -87,7 +88,7 @@ class GenAIRunner(Runner):
         raise RuntimeInputError("ort-genai runs onnxruntime-genai's own loop: it takes no contract call")
 
 
-def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None) -> Runner:
+def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None, trust_code: bool = False) -> Runner:
     """The ``ort-genai`` runner of an opened folder; skipped with why where onnxruntime-genai cannot be imported, the
     folder ships no genai_config.json, or (``infos``: the other runtimes as verify met them) ONNX Runtime could not
     load the file — that is one failure, reported by its row, not one more here."""
@@ -112,7 +113,7 @@ def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None) -
     except (OSError, ValueError):
         config = {}
     return GenAIRunner(contract, ef.root, config if isinstance(config, dict) else {},
-                       dtype=ef.entry("onnx").dtype, ours=ours)
+                       dtype=ef.entry("onnx").dtype, ours=ours, trust_code=trust_code, shown=ef.path)
 
 
 # ---- the traces ------------------------------------------------------------------------------------------------

@@ -136,6 +136,10 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                              checks=checks, threads=threads, progress=progress, trust_code=trust_code)
     if not runtimes and ships_genai(ef) and genai_unavailable() is None:
         wanted += (ORT_GENAI,)  # a default where onnxruntime-genai is installed and the folder ships its config
+    if ORT_GENAI in wanted and ships_genai(ef):  # its options load no code, write no file: refused before any work
+        from mhaexport.runtime.genai import check_options
+
+        check_options(ef.root, ef.path, trust_code=trust_code)
     lossy = lossy_artifacts(ef)
     checks_given = bool(checks)
     checks = tuple(checks) if checks else (ALL_CHECKS if lossy else CHECKS)
@@ -199,7 +203,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
             other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
             ours = runner_for(ef, ORT_CPU, c) if ef.has("onnx") else None
-            g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos)], ctx, checks, say,
+            g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos, trust_code)], ctx, checks, say,
                                          funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
             infos.update(g_infos)
             results.update(g_results)
