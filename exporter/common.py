@@ -99,19 +99,16 @@ def module_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -> i
 
 
 def copy_tokenizer(loaded: LoadedModel, dest: Path) -> list[str]:
-    """Copy the tokenizer of an ``--hf`` folder (``tokenizer.json`` and its companions) into ``dest``; returns the
-    names copied, [] for a model without one (the built-in models are byte-level)."""
-    import shutil
-
-    from mhaexport.runtime.tokenizer import tokenizer_files
-
+    """Write the tokenizer of an ``--hf`` folder (``tokenizer.json`` and its companions) into ``dest``: the bytes
+    read when the model was loaded (:mod:`mhaexport.models.hf_files`: inside the folder, no link followed), never
+    the folder read again; returns the names written, [] for a model without one (the built-in models are
+    byte-level)."""
     if loaded.origin.get("kind") != "hf":
         return []
-    names = []
-    for src in tokenizer_files(loaded.origin["path"]):
-        shutil.copyfile(src, dest / src.name)
-        names.append(src.name)
-    return names
+    files = getattr(getattr(loaded, "module", None), "tokenizer", None) or {}
+    for name, data in files.items():
+        (dest / name).write_bytes(data)
+    return list(files)
 
 
 def finish(loaded: LoadedModel, staged: Staging, *, fmt: str, main_file: str, files: list[str], dtype: str,

@@ -10,8 +10,9 @@ keep mhaexport's I/O names and every verify check applies unchanged.
 transformers is an optional extra (``pip install -e '.[hf]'``), imported only here and only when ``--hf`` is
 used. ``--hf org/name`` names a Hub model: :mod:`mhaexport.models.hub` finds its snapshot in the user's cache
 (downloading only when allowed); transformers then reads that folder like any other. transformers itself never
-downloads (``local_files_only=True``), and there is no ``trust_remote_code`` (a folder that needs its own Python
-code is refused, as ``--model`` is the way to run user code).
+downloads (``local_files_only=True``), and ``trust_remote_code=False`` (a folder that needs its own Python code is
+refused, with no prompt even at a terminal, as ``--model`` is the way to run user code); it reads a private copy of
+the folder's files, opened inside it without following a link (:mod:`mhaexport.models.hf_files`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class HFCausalLM(nn.Module):
         self.config = config
         self._cache_kw = cache_kw  # "cache" (transformers 5.x) or "past_key_values"
         self._cache_cls = cache_cls  # transformers.DynamicCache
+        self.tokenizer: dict[str, bytes] = {}  # the folder's tokenizer files as read (hf_adapter)
         self.eval()  # inference only: the wrapped model is in eval mode, and so is its wrapper (torch.onnx warns else)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -202,29 +204,40 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
                             max_positions=max_pos, n_kv_heads=n_kv, notes=notes, **ids)
 
 
-def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, dict]:
-    """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`) and the origin
-    to record; see :func:`mhaexport.models.loading.load_hf`. ``shown``: how messages name the model (default:
-    ``path``)."""
+def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True) -> tuple[HFCausalLM, dict]:
+    """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`, ``.tokenizer``
+    the tokenizer files' bytes as read) and the origin to record; see :func:`mhaexport.models.loading.load_hf`.
+    ``shown``: how messages name the model (default: ``path``). ``confine``: transformers loads a private copy of
+    the folder's files, each opened inside it without following a link (:mod:`mhaexport.models.hf_files`); off for
+    a Hub snapshot, held to the cache's own rules. transformers never runs the folder's code
+    (``trust_remote_code=False``: a config with ``auto_map`` is refused, no prompt)."""
+    from mhaexport.models.hf_files import hf_files
+
     folder = Path(path)
     path = shown or path
     if not (folder / "config.json").is_file():
         what = "does not exist" if not folder.exists() else "has no config.json"
         raise ModelLoadError(f"--hf {path}: {what} (expected a Hugging Face save_pretrained folder)")
-    label = architecture_label(folder)
     transformers = import_transformers()
-    with _quiet(transformers):
+    with hf_files(folder, str(path), confine=confine) as files, _quiet(transformers):
+        label = architecture_label(files.dir)
         try:
-            hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+            hf_config = transformers.AutoConfig.from_pretrained(str(files.dir), local_files_only=True,
+                                                                trust_remote_code=False)
         except Exception as e:
+            if isinstance(e, ValueError) and "custom code" in str(e):
+                raise ModelLoadError(f"--hf {path} ({label}): its config.json names Python code of its own "
+                                     "(auto_map): mhaexport never runs a folder's code through transformers "
+                                     "(trust_remote_code=False); wrap the model with --model SPEC instead") from None
             raise ModelLoadError(f"--hf {path} ({label}): transformers cannot read config.json: "
-                                 f"{first_line(e)}") from None
+                                 f"{first_line(e).replace(str(files.dir), str(path))}") from None
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(folder), local_files_only=True, attn_implementation="eager", dtype=torch.float32)
+                str(files.dir), local_files_only=True, attn_implementation="eager", dtype=torch.float32,
+                trust_remote_code=False)
         except Exception as e:
             raise ModelLoadError(f"--hf {path} ({label}): transformers cannot load it as a causal LM: "
-                                 f"{first_line(e)}") from None
+                                 f"{first_line(e).replace(str(files.dir), str(path))}") from None
         # torch.jit.trace reads every property of every module; `loss_function` logs once ("loss_type=None ... is
         # unrecognized") on the inner base model: read it here, where transformers' logs are silenced
         for module in model.modules():
@@ -257,5 +270,6 @@ def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, 
     config = _contract_config(text_cfg, cache, label)
     config.model_type, config.architecture = model_type, arch
     adapter.config = config
+    adapter.tokenizer = files.tokenizer  # {name: bytes} of tokenizer.json & co as read (what an export ships)
     origin = {"kind": "hf", "path": str(folder.resolve()), "model_type": model_type, "architecture": arch}
     return adapter, origin

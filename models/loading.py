@@ -278,7 +278,7 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
         module, origin = hf_adapter(path)
         spec = f"hf:{Path(path).resolve().name}"
     else:
-        module, origin = hf_adapter(source.folder, shown=source.repo_id)
+        module, origin = hf_adapter(source.folder, shown=source.repo_id, confine=False)  # the cache's own rules
         origin.update(source.record)
         spec = source.spec
     loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes))
