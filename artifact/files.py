@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mhaexport.errors import ArtifactError, ConfigError
+from mhaexport.errors import ArtifactError, ConfigError, UnsafeFolder
 
 # protobuf cannot serialize one message past 2 GiB: larger ONNX models keep their weights in external data
 TWO_GB = 2 * 1024**3
@@ -113,10 +113,26 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def refuse_link(path: str | Path, what: str = "output folder") -> Path:
+    """``path`` unless it is a symlink: UnsafeFolder (one line) for an output folder that is one — a verb writes only
+    into a real folder, never through a link into another export or somewhere the user did not name. (The folders
+    above it are the user's path, links included.)"""
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        raise UnsafeFolder(f"{what} {path} is a symlink (to {target}); mhaexport writes outputs only into a real "
+                           "folder, never through a link: refused (name the folder itself)")
+    return path
+
+
 def ensure_writable_dir(path: str | Path) -> Path:
     """Create the output folder if needed and prove it is writable (a real file is created and removed) with at least
-    MIN_FREE_BYTES free, or raise ArtifactError. Every verb that writes calls this before any work."""
-    path = Path(path)
+    MIN_FREE_BYTES free, or raise ArtifactError (UnsafeFolder for a symlink: :func:`refuse_link`). Every verb that
+    writes calls this before any work."""
+    path = refuse_link(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-") as f:
@@ -131,7 +147,7 @@ def ensure_writable_dir(path: str | Path) -> Path:
 def probe_writable(path: str | Path) -> Path:
     """Prove that ``path`` can be created and written, leaving nothing behind: folders created for the probe are
     removed again. Verbs call this before any work (and create the folder when they write)."""
-    path = Path(path)
+    path = refuse_link(path)
     top = None  # the highest folder of ``path`` that does not exist yet
     p = path.absolute()
     while not p.exists():

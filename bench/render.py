@@ -356,7 +356,9 @@ def write_bench(res: BenchResult, out_dir: str | Path) -> list[Path]:
     """bench.json, bench.md, bench.png and, when the run timed how cost grows, bench-scaling.png (both when
     matplotlib is installed); refresh the bench section of report.md when the folder has one. Returns the paths
     written."""
-    out_dir = Path(out_dir)
+    from mhaexport.artifact.files import refuse_link
+
+    out_dir = refuse_link(out_dir, "bench output folder")  # never written through a link
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     png = plot(res, out_dir / "bench.png")

@@ -351,6 +351,10 @@ def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> P
     keep = cfg.profile_dir is not None and Path(cfg.profile_dir).resolve() != Path(ef.path).resolve()
     with tempfile.TemporaryDirectory(prefix="mhaexport-profile-") as tmp:
         out = Path(cfg.profile_dir) if keep else Path(tmp)
+        if keep:
+            from mhaexport.artifact.files import refuse_link
+
+            refuse_link(out, "bench output folder")  # the trace is never written through a link
         out.mkdir(parents=True, exist_ok=True)
         gen = Generator(ef, providers=("cpu",), threads=cfg.threads, profile_prefix=str(out / "ort-profile"))
         gen.generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))

@@ -21,8 +21,9 @@ import onnx
 from mhaexport import iospec
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization
-from mhaexport.errors import ArtifactError
-from mhaexport.exporter.common import ExportRecord, finish
+from mhaexport.artifact.files import refuse_link
+from mhaexport.errors import ArtifactError, UnsafeFolder
+from mhaexport.exporter.common import ExportRecord, finish, previous_model
 from mhaexport.graph import weights_read
 from mhaexport.models.loading import LoadedModel
 from mhaexport.runtime.foreign import GENAI_CONFIG, Layout, detect_layout
@@ -131,27 +132,40 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None = None) -> ExportRecord:
+def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None = None, *,
+               replace: bool = False) -> ExportRecord:
     """Record the ONNX file ``path`` (made by another tool) in ``out_dir`` (default :func:`default_folder`) as the
     ONNX artifact of ``loaded``: hard links to (or copies of) the file and its companions, its layout and hashes in
     the manifest.
 
     ArtifactError (one line) when the file cannot be mapped onto the contract or is not an export of ``loaded``
-    (another number of layers, heads, head size or vocabulary)."""
+    (another number of layers, heads, head size or vocabulary). UnsafeFolder when the folder is a symlink; an
+    ArtifactError when it holds another model's export, unless ``replace`` (a folder mhaexport manages itself, as
+    the peer comparison's builder folders)."""
     started = time.perf_counter()
     path = Path(path).resolve()
     if path.suffix != ".onnx" or not path.is_file():
         raise ArtifactError(f"{path} is not an ONNX file (*.onnx)")
-    out = Path(out_dir).resolve() if out_dir is not None else default_folder(path)
+    out = refuse_link(Path(out_dir) if out_dir is not None else default_folder(path), "the adopted folder")
+    out = out.resolve()  # a real folder (never written through a link into another export)
     if out == path.parent:
         raise ArtifactError(f"-o {out}: the adopted folder links to the file's, so it must be another folder "
                             f"(default: {default_folder(path)})")
+    prev = previous_model(out)  # nor over another model's export: adoption replaces nothing
+    if prev is not None and not replace and (prev.fingerprint != loaded.fingerprint or prev.module):
+        raise ArtifactError(f"{out} holds {prev.what}, {prev.spec} (fingerprint {prev.fingerprint}); adopting "
+                            f"{path.name} as {loaded.spec} (fingerprint {loaded.fingerprint}) there would replace "
+                            "it: refused (give -o DIR, another folder)")
     layout, cache = detect_layout(path, max_positions=loaded.contract.max_positions)
     notes = _check_sizes(layout, loaded, path) + list(layout.notes)
     names = [path.name] + _external_files(path)
     if (path.parent / GENAI_CONFIG).is_file():
         names.append(GENAI_CONFIG)  # onnxruntime-genai reads the folder as its producer wrote it
     names += [p.name for p in tokenizer_files(path.parent) if p.name not in names]
+    for name in names[1:]:  # the companions the file's folder supplies: read there, never through a link
+        if (path.parent / name).is_symlink():
+            raise UnsafeFolder(f"{path.parent / name} is a symlink; mhaexport adopts the files beside {path.name} only "
+                               "when they are in that folder, never through a link: refused")
     quant = quantization_of(path)
     details = OnnxDetails(
         producer=layout.producer, adopted_from=str(path), layout=layout,

@@ -88,6 +88,6 @@ def export_builder(folder: str | Path | ExportFolder, precisions: list[str], out
                 raise ExportError(f"onnxruntime-genai's builder failed on {hf} ({precision}): {tail}")
             if loaded is None:
                 loaded = load_recorded(ef, trust_code=trust_code)
-            adopt_onnx(loaded, build / "raw" / "model.onnx", adopted)
+            adopt_onnx(loaded, build / "raw" / "model.onnx", adopted, replace=True)  # its own folder
             out.append(adopted)
     return out
