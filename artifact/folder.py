@@ -84,6 +84,12 @@ def _remove_live_snapshots() -> None:
     _live_snapshots.clear()
 
 
+def folders_being_read() -> list[Path]:
+    """The export folders this process has open for reading (each snapshot's source folder, resolved): where no
+    cache or output of a reader may go."""
+    return [Path(f).resolve() for f in _live_snapshots.values()]
+
+
 def snapshot_dir() -> Path:
     """Where readers' private snapshots go: the system's temporary folder (``TMPDIR``), never the export folder."""
     return Path(tempfile.gettempdir())

@@ -8,9 +8,12 @@ onnxruntime only)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import io
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,22 +75,35 @@ def resolve_providers(names: tuple[str, ...] | list[str] | str) -> list[str]:
 CACHE_ENV = "MHAEXPORT_CACHE_DIR"
 
 
-def cache_root() -> Path:
-    """This user's cache of optimized graphs: ``MHAEXPORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/mhaexport``, else
-    ``~/.cache/mhaexport``. Never inside an export folder: a folder someone else made must not supply the graph a
-    reader runs (the cache is keyed by the sha256 of the file the reader hashed) nor be written by a reader."""
+def cache_root(model: str | Path | None = None) -> Path:
+    """This user's cache of optimized graphs: ``MHAEXPORT_CACHE_DIR`` (a relative value taken from the working
+    directory), else ``$XDG_CACHE_HOME/mhaexport``, else ``~/.cache/mhaexport``; resolved. Never inside a folder
+    being read: ConfigError (one line, naming the variable) when it is inside the folder of ``model`` or of an export
+    folder this process has open (a folder someone else made must not supply the graph a reader runs, nor be
+    written by a reader)."""
+    from mhaexport.artifact.folder import folders_being_read
+
     explicit = os.environ.get(CACHE_ENV)
     if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "mhaexport"
+        root = Path(explicit).expanduser().resolve()
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        root = (Path(base) / "mhaexport").resolve()
+    read = folders_being_read() + ([Path(model).resolve().parent] if model is not None else [])
+    for folder in read:
+        if root == folder or folder in root.parents:
+            raise ConfigError(f"{CACHE_ENV if explicit else 'the optimized-graph cache'}={root} is inside {folder}, "
+                              "a folder being read: the optimized-graph cache never lives in a folder a reader "
+                              f"reads (set {CACHE_ENV} to a folder of your own)")
+    return root
 
 
-def optimized_path(source_sha256: str, model_file: str, opt_level: str, provider: str) -> Path:
-    """Where the cached optimized graph of the file whose sha256 is ``source_sha256`` lives (in :func:`cache_root`):
-    keyed by that hash, level, provider and ORT version."""
+def optimized_path(source_sha256: str, model_file: str, opt_level: str, provider: str,
+                   root: Path | None = None) -> Path:
+    """Where the cached optimized graph of the file whose sha256 is ``source_sha256`` lives (in :func:`cache_root`,
+    or ``root``): keyed by that whole hash, the level, provider and ORT version."""
     tag = f"{opt_level}-{provider.replace('ExecutionProvider', '').lower()}-ort{ort.__version__}"
-    return cache_root() / "ort" / source_sha256[:32] / f"{Path(model_file).stem}.{tag}.onnx"
+    return (root or cache_root()) / "ort" / source_sha256 / f"{Path(model_file).stem}.{tag}.onnx"
 
 
 def _cache_data(cache: Path) -> Path:
@@ -95,10 +111,60 @@ def _cache_data(cache: Path) -> Path:
     return cache.with_name(cache.name + ".data")
 
 
-def _cache_stamp(source_sha256: str, cache: Path) -> str:
-    """What the cache's .sha256 stamp holds: the source file's sha256, then the cache's files' own."""
+_KEY_FILE = "key"
+
+
+def _cache_key(root: Path) -> bytes:
+    """This user's secret for the cache's stamps (``root/key``, 32 random bytes, mode 0600, made once): a stamp is
+    an HMAC under it, so a stamp cannot be computed by whoever merely knows the file's hash."""
+    path = root / _KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not _private(os.fstat(f.fileno())):
+            raise OSError(f"{path} is not this user's private file")
+        return f.read(64)
+
+
+def _private(st: os.stat_result) -> bool:
+    """Owned by this user and writable by no one else."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _cache_usable(root: Path, cache: Path) -> bool:
+    """Every folder from the cache root down to ``cache`` and the cache's files are this user's own, writable by no
+    one else, and no symlink among them: else the cache is not read (nor written)."""
+    try:
+        p = cache
+        chain = [cache, _cache_data(cache), cache.with_suffix(".sha256")]
+        while p != root and root in p.parents:
+            p = p.parent
+            chain.append(p)
+        for path in chain:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # not made yet: made below, by this user
+            if stat.S_ISLNK(st.st_mode) or not _private(st):
+                return False
+        return True
+    except OSError:
+        return False
+
+
+def _cache_stamp(source_sha256: str, cache: Path, key: bytes) -> str:
+    """What the cache's .sha256 stamp holds: an HMAC-SHA256, under this user's key, of the source file's sha256 and
+    the cache's files' own (so the graph is checked against its files on each use, and a stamp cannot be forged
+    without the key)."""
     data = _cache_data(cache)
-    return f"{source_sha256} {sha256_file(cache)} {sha256_file(data) if data.is_file() else '-'}"
+    what = f"{source_sha256} {sha256_file(cache)} {sha256_file(data) if data.is_file() else '-'}"
+    return hmac.new(key, what.encode(), hashlib.sha256).hexdigest()
 
 
 @contextlib.contextmanager
@@ -239,14 +305,21 @@ def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig()
     if cfg.cache_optimized and source_sha256 is not None and not isinstance(model, bytes):
         if cfg.optimized_file:
             raise ConfigError("cache_optimized and optimized_file both ask where the optimized graph goes")
-        optimized_cache = optimized_path(source_sha256, Path(model).name, cfg.opt_level, requested[0])
+        root = cache_root(model)  # ConfigError when inside a folder being read
+        optimized_cache = optimized_path(source_sha256, Path(model).name, cfg.opt_level, requested[0], root)
         stamp = optimized_cache.with_suffix(".sha256")
-        if (optimized_cache.is_file() and stamp.is_file()
-                and stamp.read_text().strip() == _cache_stamp(source_sha256, optimized_cache)):
+        optimized_cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            key = _cache_key(root) if _cache_usable(root, optimized_cache) else None
+        except OSError:  # a key file that is not this user's private file
+            key = None
+        if key is None:  # not this user's private cache: neither read nor written
+            optimized_cache = None
+        elif (optimized_cache.is_file() and stamp.is_file() and hmac.compare_digest(
+                stamp.read_text().strip(), _cache_stamp(source_sha256, optimized_cache, key))):
             source, from_cache = optimized_cache, True
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
         else:
-            optimized_cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             so.optimized_model_filepath = str(optimized_cache)
             # the optimized graph keeps its weights in a file beside it, as a model past 2 GB must
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
@@ -258,7 +331,7 @@ def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig()
         what = "the model" if isinstance(source, bytes) else shown_path(source)
         raise ArtifactError(f"ONNX Runtime cannot load {what}: {first}") from None
     if optimized_cache is not None and not from_cache and optimized_cache.is_file():
-        optimized_cache.with_suffix(".sha256").write_text(_cache_stamp(source_sha256, optimized_cache) + "\n")
+        optimized_cache.with_suffix(".sha256").write_text(_cache_stamp(source_sha256, optimized_cache, key) + "\n")
     if missing:
         if cfg.strict_providers:
             raise ProviderUnavailable(missing)
