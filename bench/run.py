@@ -79,6 +79,10 @@ def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: 
                probe: probes.Probe, reads: OpenFolders) -> BenchResult:
     folder = ef.path
     refuse_untrusted(ef, cfg.runtimes, cfg.trust_code, option="--runtimes")  # code named without --trust-code
+    if ORT_GENAI in names and ef.has("onnx") and "genai_config.json" in ef.entry("onnx").files:
+        from mhaexport.runtime.genai import check_options
+
+        check_options(ef.root, folder, trust_code=cfg.trust_code)  # options that load code: refused before work
     c = ef.contract
     if cfg.prompt_len + cfg.new_tokens > c.max_positions:
         raise RuntimeOptionError(f"--prompt-len {cfg.prompt_len} + --new-tokens {cfg.new_tokens} exceeds the model's "

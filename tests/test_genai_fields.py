@@ -101,6 +101,9 @@ def test_a_custom_op_library_is_refused_and_never_loaded(tiny_export, custom_op_
     assert "custom_ops_library" in msg
     msg = cli_error(["verify", str(folder), "--runtime", "ort-genai"])
     assert "custom_ops_library" in msg
+    msg = cli_error(["bench", str(folder), "--runtimes", "ort-genai", "--prompt-len", "4", "--new-tokens", "2",
+                     "-o", str(tmp_path / "bench")])
+    assert "custom_ops_library" in msg and not (tmp_path / "bench").exists()
     assert not marker.exists()  # nothing ran
     # the library really runs when loaded: with --trust-code onnxruntime-genai loads it (and then fails: it
     # registers no op), so the absence above is the refusal's doing
