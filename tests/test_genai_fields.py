@@ -61,7 +61,10 @@ def test_mhaexports_own_config_passes(tiny_export):
 
 MARKER_C = r"""
 #include <stdio.h>
-__attribute__((constructor)) static void ran(void) { FILE *f = fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); } }
+__attribute__((constructor)) static void ran(void) {
+    FILE *f = fopen("%s", "w");
+    if (f) { fputs("ran", f); fclose(f); }
+}
 """
 
 
