@@ -85,3 +85,36 @@ def test_what_transformers_loads_is_the_copy_hashed_from_the_bytes_read(llama_co
         assert files.tokenizer["tokenizer.json"] == (llama_copy / "tokenizer.json").read_bytes()
         private = files.dir
     assert not Path(private).exists()  # the private copy goes when loaded
+
+
+@pytest.mark.slow
+def test_at_a_terminal_nothing_asks_to_run_the_folders_code(llama_copy, tmp_path):
+    """The same folder through a real subprocess whose stdin/stdout are a terminal (a pty), a "y" already typed."""
+    import pty
+    import subprocess
+    import sys
+
+    marker = tmp_path / "marker"
+    (llama_copy / "custom.py").write_text(CODE.format(marker=str(marker)))
+    cfg = json.loads((llama_copy / "config.json").read_text())
+    cfg.update(model_type="custom-llama", auto_map={"AutoConfig": "custom.CustomConfig"})
+    (llama_copy / "config.json").write_text(json.dumps(cfg))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "mhaexport", "onnx", "--hf", str(llama_copy), "-o",
+                             str(tmp_path / "out")], stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    os.write(master, b"y\ny\n")  # would answer transformers' "[y/N]"
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's other end closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(timeout=600) == 2, out
+    text = out.decode(errors="replace")
+    assert "(auto_map)" in text and "[y/N]" not in text and "Traceback" not in text
+    assert not marker.exists() and not (tmp_path / "out").exists()
