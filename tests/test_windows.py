@@ -34,3 +34,79 @@ def test_contract_of_reads_the_config_names():
     c = contract_of(m)
     assert c.windows == (4, 0) and c.attn_softcap == 20.0 and c.final_softcap is None and c.attn_scale == 0.5
     assert c.attn_sinks
+
+
+def _gqa_alone(local_window_size: int, T: int = 12, D: int = 8):
+    """com.microsoft.GroupQueryAttention on its own (one head, no past) with ``local_window_size``: (y, q, k, v)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    node = h.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tot"], ["y", "ok", "ov"],
+                       domain="com.microsoft", num_heads=1, kv_num_heads=1, local_window_size=local_window_size)
+    ins = [h.make_tensor_value_info(x, TP.FLOAT, None) for x in ("q", "k", "v", "pk", "pv")]
+    ins += [h.make_tensor_value_info(x, TP.INT32, None) for x in ("sl", "tot")]
+    outs = [h.make_tensor_value_info(x, TP.FLOAT, None) for x in ("y", "ok", "ov")]
+    model = h.make_model(h.make_graph([node], "gqa", ins, outs),
+                         opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((1, T, D)).astype(np.float32) * 3 for _ in range(2))  # (B, T, H*D)
+    v = rng.standard_normal((1, T, D)).astype(np.float32)
+    empty = np.zeros((1, 1, 16, D), np.float32)  # (B, H_kv, max_cache, D)
+    y = sess.run(None, dict(q=q, k=k, v=v, pk=empty, pv=empty, sl=np.array([T - 1], np.int32),
+                            tot=np.array(T, np.int32)))[0]
+    return y, q, k, v
+
+
+@pytest.mark.parametrize("window", [3, 5])
+def test_gqa_local_window_size_is_the_contracts_window(window):
+    """The lowering writes local_window_size = W (rules.gqa_local_window); onnxruntime's kernel must then see the
+    same W keys (the current one included) as the model's sliding_window rule, and W - 1 must not."""
+    import numpy as np
+    import torch
+
+    from mhaexport.exporter.lowering.rules import gqa_local_window
+    from mhaexport.models.attention import build_causal_mask
+
+    assert gqa_local_window(0, (window, 0)) == window and gqa_local_window(1, (window, 0)) == -1
+    T = 12
+    allowed = build_causal_mask(T, 0, torch.ones(1, T, dtype=torch.long), window=window)[0, 0].numpy()  # (T, S)
+    for lws, same in ((gqa_local_window(0, (window,)), True), (window - 1, False)):
+        y, q, k, v = _gqa_alone(lws, T)
+        scores = np.where(allowed, q[0] @ k[0].T / np.sqrt(8), -1e30)  # (T, S)
+        p = np.exp(scores - scores.max(1, keepdims=True))
+        want = (p / p.sum(1, keepdims=True)) @ v[0]  # (T, D)
+        assert (np.abs(want - y[0]).max() < 1e-4) == same
+
+
+@pytest.mark.parametrize("attention,kv_cache,preset,feature", [
+    ("onnx", "concat", "tiny-gemma", "attn_softcap=50.0 of layer 0"),
+    ("fused", "concat", "tiny-sinks", "attn_sinks=True of layer 0"),
+    ("decomposed", "shared", "tiny-gemma", "attn_softcap=50.0 of layer 0"),
+])
+def test_a_lowering_that_cannot_express_a_feature_refuses_naming_it(tmp_path, attention, kv_cache, preset, feature):
+    """Refused in one line, exit 2, before any export work; nothing is written."""
+    from click.testing import CliRunner
+
+    from mhaexport.cli import main
+
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["-q", "onnx", "--config", preset, "--attention", attention, "--kv-cache", kv_cache,
+                                  "--opset", "23", "--output", str(out)])
+    assert r.exit_code == 2, r.output
+    assert feature in r.output and "export with --attention decomposed" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (out / "model.onnx").exists()
+
+
+def test_every_lowering_expresses_the_window_and_scale():
+    from mhaexport.exporter.lowering.guard import refuse_unexpressible
+    from mhaexport.models.config import PRESETS
+    from mhaexport.models.loading import load_model
+
+    c = load_model(config="tiny-window").contract
+    assert c.windows == (8, 8) and PRESETS["tiny-gemma"].layer_windows == (8, 0)
+    for attention in ("decomposed", "onnx", "ort", "fused"):
+        for kv in ("concat", "shared"):
+            refuse_unexpressible(c, attention, kv)  # no refusal: the window travels (bias or local_window_size)
