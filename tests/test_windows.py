@@ -134,3 +134,31 @@ def test_genai_sliding_window_is_checked_per_layer_against_the_graph():
     full_cache = GraphIO(windows={})  # a concat cache: the window is in the graph's mask
     assert "full-length" in window_findings(dec, full_cache, c)[0].message
     assert window_findings({"num_hidden_layers": 2}, full_cache, c) == []
+
+
+def test_lint_flags_a_window_dropped_or_shifted_per_layer():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from mhaexport.verify.lint import lint_model
+
+    def graph(sizes):
+        nodes = [h.make_node("GroupQueryAttention", ["q", "k", "v", f"past_key_values.{i}.key",
+                                                     f"past_key_values.{i}.value", "sl", "tot"],
+                             [f"y{i}", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
+                             num_heads=4, kv_num_heads=2, local_window_size=w) for i, w in enumerate(sizes)]
+        ins = [h.make_tensor_value_info(n, TP.FLOAT, None) for n in ("q", "k", "v")]
+        return h.make_model(h.make_graph(nodes, "g", ins, [h.make_tensor_value_info("y0", TP.FLOAT, None)]),
+                            opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)])
+
+    c = ModelContract(2, 4, 16, 256, 128, n_kv_heads=2, windows=(8, 0))
+
+    def window_findings(sizes):
+        return [f for f in lint_model(graph(sizes), contract=c).findings if f.rule == "window"]
+
+    assert window_findings([8, -1]) == []
+    for sizes, says in (([-1, -1], "dropped"), ([9, -1], "shifted by +1"), ([7, -1], "shifted by -1"),
+                        ([8, 8], "does not have")):
+        (f,) = window_findings(sizes)
+        assert f.severity == "error" and says in f.message and "layer" in f.node
+    assert [f for f in lint_model(graph([-1, -1])).findings if f.rule == "window"] == []  # no contract: not judged

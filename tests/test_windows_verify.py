@@ -21,7 +21,7 @@ def _export(out, *args):
 
 def _verify(folder):
     r = CliRunner().invoke(main, ["verify", str(folder), "--runtime", "ort-cpu"])
-    report = json.loads((folder / "report.json").read_text())["results"]["ort-cpu"]
+    report = json.loads((folder / "report-ort-cpu.json").read_text())["results"]["ort-cpu"]
     return r, {name: res["status"] for name, res in report.items()}, report
 
 
