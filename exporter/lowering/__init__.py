@@ -80,7 +80,7 @@ def op_counts(model: onnx.ModelProto | ir.Model) -> dict[str, int]:
 
 
 def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, head_dim: int,
-                    n_kv_heads: int | None = None) -> LoweringReport:
+                    n_kv_heads: int | None = None, windows: tuple[int, ...] | None = None) -> LoweringReport:
     """Rewrite the ModelProto ``model`` in place so each attention is one fused node of the ``attention`` lowering
     (one of LOWERINGS, or "gqa": GroupQueryAttention over a shared KV buffer).
 
@@ -96,7 +96,8 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
 
     rewrites = op_counts(model).get("Softmax", 0) > 0  # else nothing to lower (or an error below)
     ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
-    report = lower_attention_ir(ir_model, attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads)
+    report = lower_attention_ir(ir_model, attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads,
+                                windows=windows)
     if rewrites:
         _write_back(ir_model, model)
     return report
