@@ -54,14 +54,15 @@ def softcap_dropped(proto: onnx.ModelProto) -> None:
     g = proto.graph
     producer = {o: n for n in g.node for o in n.output}
     for tanh in [n for n in g.node if n.op_type == "Tanh"]:
-        div = producer[tanh.input[0]]
-        mul = next(n for n in g.node if tanh.output[0] in n.input)
-        if mul.op_type != "Mul" or div.op_type != "Div":
-            continue
+        div = producer.get(tanh.input[0])
+        mul = next((n for n in g.node if tanh.output[0] in n.input), None)
+        if mul is None or div is None or mul.op_type != "Mul" or div.op_type != "Div":
+            continue  # the final softcap (its Tanh writes the logits): kept
         out = mul.output[0]
         for n in g.node:  # readers of c * tanh(s / c) read s
-            n.input[:] = [div.input[0] if i == out else i for i in n.input]
-        g.output[:] = g.output  # outputs are never the scores
+            for k, name in enumerate(n.input):
+                if name == out:
+                    n.input[k] = div.input[0]
 
 
 WINDOW_BUGS = {"window_removed": lambda p: gqa_window(p, None), "window_plus_one": lambda p: gqa_window(p, 1),
