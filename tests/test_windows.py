@@ -84,7 +84,7 @@ def test_gqa_local_window_size_is_the_contracts_window(window):
 @pytest.mark.parametrize("attention,kv_cache,preset,feature", [
     ("onnx", "concat", "tiny-gemma", "attn_softcap=0.02 of layer 0"),
     ("fused", "concat", "tiny-sinks", "attn_sinks=True of layer 0"),
-    ("decomposed", "shared", "tiny-gemma", "attn_softcap=0.02 of layer 0"),
+    ("ort", "concat", "tiny-gemma", "attn_softcap=0.02 of layer 0"),
 ])
 def test_a_lowering_that_cannot_express_a_feature_refuses_naming_it(tmp_path, attention, kv_cache, preset, feature):
     """Refused in one line, exit 2, before any export work; nothing is written."""

@@ -10,8 +10,12 @@ window, a softcap, a scale or a sink is never written. How each one travels:
   ``scale``; the final softcap acts on the logits, outside attention.
 - ``gqa`` (``--kv-cache shared``): GroupQueryAttention builds its own causal mask from sequence lengths, so a
   window is written as its per-layer ``local_window_size`` (and the self-check crosses it); the scale as ``scale``.
-- A softcap on the scores or a sink in the softmax sits between the scores and the Softmax: no rewrite here matches
-  it into a fused op, so those lowerings refuse it by name (decomposed exports it).
+- A softcap on the scores: GroupQueryAttention's ``softcap`` (its CPU kernel caps before its causal mask, as the
+  model does); MultiHeadAttention has none and the ONNX ``Attention`` op caps after adding the mask bias, so the
+  concat-cache lowerings refuse it.
+- A sink in the softmax (a Concat before the Softmax and a Slice after): no rewrite here matches it yet, though
+  onnxruntime 1.32's GroupQueryAttention takes a ``head_sink`` input with the same meaning (tried on the op alone);
+  every fused lowering refuses it (decomposed exports it).
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ EXPRESSES: dict[str, frozenset[str]] = {
     "onnx": frozenset({"windows", "final_softcap", "attn_scale"}),
     "ort": frozenset({"windows", "final_softcap", "attn_scale"}),
     "fused": frozenset({"windows", "final_softcap", "attn_scale"}),
-    "gqa": frozenset({"windows", "final_softcap", "attn_scale"}),
+    "gqa": frozenset({"windows", "final_softcap", "attn_scale", "attn_softcap"}),
 }
-WHY = {"attn_softcap": "a tanh softcap between the scores and the Softmax, which no fused attention here takes",
+WHY = {"attn_softcap": "a tanh softcap between the scores and the mask, which only GroupQueryAttention takes: "
+                       "--kv-cache shared",
        "attn_sinks": "a sink logit joining the Softmax's denominator, which no fused attention here takes",
        "windows": "a sliding window", "final_softcap": "a softcap on the logits",
        "attn_scale": "a score scale"}

@@ -52,6 +52,7 @@ class MatchedAttention:
     k: ir.Value | None  # (B, H, S, D), when Kᵀ is a Transpose of it
     kt: ir.Value | None  # (B, H, D, S), when K is not a Transpose away
     scale: float
+    softcap: float = 0.0  # c of c * tanh(scores / c) before the mask; 0: none
     q_factor: ir.Value | None = None  # a Mul on Q by a non-constant: kept, Q := Mul(q, q_factor)
     k_factor: ir.Value | None = None  # the same on Kᵀ
     masked: ir.Value | None = None  # bool (B|1, 1, T, S), True where attention may NOT look
@@ -121,7 +122,7 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         self._match: MatchedAttention | None = None  # set by check, read by rewrite (called right after it)
 
     def pattern(self, op, q, q_scale, k, kt, k_scale, v, past_key, past_value, new_key, new_value, qk_scale, cond,
-                fill, bias, nan_zero, k_axes, k_expand, k_shape, v_axes, v_expand, v_shape):
+                fill, bias, nan_zero, k_axes, k_expand, k_shape, v_axes, v_expand, v_shape, cap_in, cap_out):
         if self.kv_cache:
             kc = op.Concat(past_key, new_key, axis=pattern.AttrVar("k_axis"))  # (B, H_kv, S, D): present.i.key
             vc = op.Concat(past_value, new_value, axis=pattern.AttrVar("v_axis"))  # (B, H_kv, S, D)
@@ -139,6 +140,9 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         scores = op.MatMul(query, key_t)  # (B, H, T, S)
         scores = pattern.OrValue([op.Div(scores, qk_scale), op.Mul(scores, qk_scale), scores],
                                  tag_var="qk_scaling", tag_values=["Div", "Mul", "none"])
+        # an attention softcap c * tanh(scores / c) (Gemma 2): only GroupQueryAttention takes it (``softcap``)
+        scores = pattern.OrValue([op.Mul(op.Tanh(op.Div(scores, cap_in)), cap_out), scores], tag_var="softcapped",
+                                 tag_values=[True, False])
         scores = pattern.OrValue([op.Where(cond, fill, scores), op.Where(cond, scores, fill),
                                   op.Add(scores, bias), op.Add(bias, scores), scores],
                                  tag_var="mask", tag_values=["masked", "allowed", "bias", "bias", "none"])
@@ -176,6 +180,15 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         a = MatchedAttention(q=b["q"], v=b["v"], k=b["k"], kt=b["kt"], scale=scale, q_factor=factors["q"],
                              k_factor=factors["k"], metadata=dict(context.root.metadata_props),
                              graph=context.graph_or_function)
+        if b.get("softcapped"):
+            cap, cap_out = _scalar(b["cap_in"]), _scalar(b["cap_out"])
+            tanh = nodes["Tanh"]
+            if cap is None or cap <= 0.0 or cap != cap_out:
+                return result.fail(f"Tanh {_label(tanh)} before the mask is not a softcap c * tanh(scores / c)", tanh)
+            if self.attention != "gqa":
+                return result.fail(f"Tanh {_label(tanh)}: an attention softcap ({cap:g}); only GroupQueryAttention "
+                                   "(--kv-cache shared) takes one", tanh)
+            a.softcap = cap
         if self.attention == "gqa" and not self.kv_cache:
             return result.fail(f"Softmax {_label(softmax)}: the shared KV cache needs K and V to be "
                                "Concat(past_key_values.i.*, new) of the graph's cache inputs", softmax)
@@ -353,6 +366,8 @@ def _fuse_gqa(rule: AttentionRule, op, a: MatchedAttention) -> Any:
 
     seqlens, total = rule.sequence_lengths(op, a.graph)
     window = {"local_window_size": gqa_local_window(_layer_of(past_key), rule.windows)} if rule.windows else {}
+    if a.softcap:
+        window["softcap"] = a.softcap
     y3, present_key, present_value = rule.node(
         op, "GroupQueryAttention", bsh(rule.query(op, a), H), bsh(new_key, Hkv), bsh(new_value, Hkv), past_key,
         past_value, seqlens, total, base="GroupQueryAttention", domain=MS_DOMAIN, n_out=3, num_heads=H,
