@@ -69,3 +69,18 @@ def test_the_gemma_preset_passes_and_its_softcap_dropped_fails(gemma_decomposed,
     folder = rehashed_copy(gemma_decomposed, tmp_path / "nocap", softcap_dropped)
     r, status, _ = _verify(folder)
     assert r.exit_code == 1 and status["parity"] is False, (r.output, status)
+
+
+def test_the_gemma_preset_on_the_shared_cache_carries_window_softcap_and_scale_per_layer(tmp_path):
+    """GroupQueryAttention gets local_window_size per layer (8, then -1 for the global layer), the softcap and the
+    query scale; verify passes beyond the window."""
+    import onnx
+
+    folder = _export(tmp_path / "gs", "--config", "tiny-gemma", "--kv-cache", "shared")
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in proto.graph.node
+             if n.op_type == "GroupQueryAttention"]
+    assert [a["local_window_size"] for a in attrs] == [8, -1]
+    assert all(abs(a["softcap"] - 0.02) < 1e-6 and abs(a["scale"] - 0.2) < 1e-6 for a in attrs)
+    r, status, _ = _verify(folder)
+    assert r.exit_code == 0, r.output
