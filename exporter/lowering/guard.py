@@ -11,8 +11,8 @@ window, a softcap, a scale or a sink is never written. How each one travels:
 - ``gqa`` (``--kv-cache shared``): GroupQueryAttention builds its own causal mask from sequence lengths, so a
   window is written as its per-layer ``local_window_size`` (and the self-check crosses it); the scale as ``scale``.
 - A softcap on the scores: GroupQueryAttention's ``softcap`` (its CPU kernel caps before its causal mask, as the
-  model does); MultiHeadAttention has none and the ONNX ``Attention`` op caps after adding the mask bias, so the
-  concat-cache lowerings refuse it.
+  model does); MultiHeadAttention has none, and the ONNX ``Attention`` op's ``softcap`` is not lowered here (where it
+  sits against the mask bias is untested), so the concat-cache lowerings refuse it.
 - A sink in the softmax (a Concat before the Softmax and a Slice after): no rewrite here matches it yet, though
   onnxruntime 1.32's GroupQueryAttention takes a ``head_sink`` input with the same meaning (tried on the op alone);
   every fused lowering refuses it (decomposed exports it).
