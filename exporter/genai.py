@@ -37,6 +37,7 @@ from mhaexport import iospec
 from mhaexport.artifact import atomic_write_json
 from mhaexport.errors import RuntimeInputError
 from mhaexport.runtime.genai import GENAI_CONFIG
+from mhaexport.runtime.genai_config import sliding_window_entry
 
 # The byte-level built-in models have no special tokens; NUL (0) never occurs in text, so it serves as bos, eos
 # and pad unless the model's config names its own ids (``eos_token_id``, ``pad_token_id``, ``bos_token_id``).
@@ -112,5 +113,8 @@ def write_genai_config(folder: str | Path, contract: iospec.ModelContract, *, fi
                        model_config: Any = None, kv_cache: str = "concat") -> str:
     """Write ``folder/genai_config.json`` atomically; returns its file name (for the manifest's file list)."""
     data = genai_config(contract, filename=filename, ids=special_ids(model_config), kv_cache=kv_cache)
+    window = sliding_window_entry(contract)  # None: mhaexport's caches are full-length (the graph windows itself)
+    if window is not None:
+        data["model"]["decoder"]["sliding_window"] = window
     atomic_write_json(Path(folder) / GENAI_CONFIG, data)
     return GENAI_CONFIG

@@ -25,6 +25,7 @@ from mhaexport.exporter.common import (ExportRecord, captured_warnings, copy_tok
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
+from mhaexport.exporter.lowering.guard import refuse_unexpressible, self_check_sizes
 from mhaexport.exporter.precision import precision_report
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
@@ -223,6 +224,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     """
     opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+    refuse_unexpressible(loaded.contract, attention, kv_cache)  # a file that drops a mask feature is never written
     lowering_name = attention
     if kv_cache == "shared":
         lowering_name = "fused" if attention == "fused" else "gqa"
@@ -269,7 +271,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             decomposed = ir.serde.serialize_model(model).SerializeToString()
         lowering = lower_attention_ir(model, lowering_name, n_heads=c.n_heads, head_dim=c.head_dim,
                                       n_kv_heads=c.n_kv_heads, max_positions=c.max_positions,
-                                      shared_fused=kv_cache == "shared" and attention == "fused")
+                                      shared_fused=kv_cache == "shared" and attention == "fused", windows=c.windows)
         if kv_cache == "shared":
             _name_cache_dims(model)
         if lowering_name == "decomposed" and (n_attn := lowering.op_counts.get("Attention", 0)):
@@ -282,11 +284,13 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         check_onnx(tmp / ONNX_FILE)
         checked = None
         if decomposed is not None:
+            # beyond the longest window where the axes are dynamic, so a dropped or shifted window cannot pass
+            cseq, cpast = self_check_sizes(c, seq, past, max_cache) if seq_dynamic else (seq, past)
             if kv_cache == "shared":
-                checked = self_check_shared(decomposed, tmp / ONNX_FILE, c, dtype, seq=seq, past=past,
+                checked = self_check_shared(decomposed, tmp / ONNX_FILE, c, dtype, seq=cseq, past=cpast,
                                             max_cache=max_cache)
             else:
-                checked = self_check(decomposed, tmp / ONNX_FILE, c, dtype, attention, seq=seq, past=past)
+                checked = self_check(decomposed, tmp / ONNX_FILE, c, dtype, attention, seq=cseq, past=cpast)
             del decomposed
         precision = precision_report(tmp / ONNX_FILE, dtype, casts_in_graph=casts, not_run=too_big)
         if precision.session_error:

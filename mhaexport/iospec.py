@@ -6,6 +6,7 @@ Names follow the ONNX Runtime GenAI / Optimum convention.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -98,9 +99,16 @@ class ModelContract:
     # tokens) or 0 for full causal attention; None: every layer full (the article's decoder). A model exposes it as
     # ``model.config.layer_windows`` (a sequence of n_layers ints).
     windows: tuple[int, ...] | None = None
+    # what acts on the scores, each off (None/False) for the article's decoder and recorded only when set; a model
+    # exposes them under the same names on ``model.config``:
+    attn_softcap: float | None = None  # scores become attn_softcap * tanh(scores / attn_softcap) before the mask
+    final_softcap: float | None = None  # logits become final_softcap * tanh(logits / final_softcap)
+    attn_scale: float | None = None  # the score scale replacing 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar**-0.5)
+    attn_sinks: bool = False  # a learned per-head sink logit joins every softmax denominator (gpt-oss)
 
     FIELDS: ClassVar[tuple[str, ...]] = ("n_layers", "n_heads", "head_dim", "vocab_size", "max_positions")
     OPTIONAL: ClassVar[tuple[str, ...]] = ("n_kv_heads",)
+    SCORE_FIELDS: ClassVar[tuple[str, ...]] = ("attn_softcap", "final_softcap", "attn_scale")
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -118,6 +126,15 @@ class ModelContract:
                 raise ConfigError(f"windows must be {self.n_layers} non-negative ints (0: full attention), got "
                                   f"{list(w)!r}"[:200])
             object.__setattr__(self, "windows", w if any(w) else None)
+        for name in ("attn_softcap", "final_softcap", "attn_scale"):
+            v = getattr(self, name)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                    from mhaexport.errors import ConfigError
+
+                    raise ConfigError(f"{name} must be a positive finite number or absent, got {v!r}"[:200])
+                object.__setattr__(self, name, float(v))
+        object.__setattr__(self, "attn_sinks", bool(self.attn_sinks))
 
     @property
     def windowed(self) -> bool:
@@ -127,6 +144,15 @@ class ModelContract:
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window, 0 for full causal attention."""
         return self.windows[layer] if self.windows is not None else 0
+
+    @property
+    def score_features(self) -> dict:
+        """What acts on the attention scores or logits besides the causal mask, by contract field name (only those
+        set): the features every lowering must honour or refuse."""
+        out = {name: getattr(self, name) for name in self.SCORE_FIELDS if getattr(self, name) is not None}
+        if self.attn_sinks:
+            out["attn_sinks"] = True
+        return out
 
     @property
     def grouped(self) -> bool:
@@ -140,6 +166,7 @@ class ModelContract:
             out["n_kv_heads"] = self.n_kv_heads
         if self.windows is not None:
             out["windows"] = list(self.windows)
+        out.update(self.score_features)
         return out
 
     @classmethod
@@ -147,7 +174,9 @@ class ModelContract:
         kv = data.get("n_kv_heads")
         windows = data.get("windows")
         return cls(**{f: int(data[f]) for f in cls.FIELDS}, n_kv_heads=None if kv is None else int(kv),
-                   windows=None if windows is None else tuple(windows))
+                   windows=None if windows is None else tuple(windows),
+                   **{f: data[f] for f in cls.SCORE_FIELDS if data.get(f) is not None},
+                   attn_sinks=bool(data.get("attn_sinks", False)))
 
 
 KVPairs = tuple  # n_layers (key, value) pairs of arrays, each (B, H_kv, past, D)
@@ -243,6 +272,15 @@ class ModuleContract:
     @property
     def causal(self) -> bool:
         return self.mask == "causal"
+
+    @property
+    def score_features(self) -> dict:
+        """What acts on the attention scores or logits besides the causal mask, by contract field name (only those
+        set): the features every lowering must honour or refuse."""
+        out = {name: getattr(self, name) for name in self.SCORE_FIELDS if getattr(self, name) is not None}
+        if self.attn_sinks:
+            out["attn_sinks"] = True
+        return out
 
     @property
     def grouped(self) -> bool:

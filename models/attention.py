@@ -7,6 +7,8 @@ graph holds no sequence-length constant: it grows with the KV cache on every dec
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,22 +19,93 @@ from mhaexport.errors import ConfigError
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
+# ---- the mask rules -------------------------------------------------------------------------------------------
+# As transformers' masking_utils writes them: each rule is one small function saying which (query, key) pairs may
+# attend, and a mask is their ``and``. Each rule takes the Positions of one call and returns a bool tensor that
+# broadcasts to (B, T, S). Positions are counted two ways: ``*_slot`` is the index in the key sequence (past + T
+# slots, padding included); ``*_pos`` is the token's position among its row's REAL tokens (what RoPE and learned
+# positions use). The causal rule compares slots; the sliding window compares positions, so left padding, right
+# padding with holes (onnxruntime-genai's layout) and a shared cache all give a row the same keys.
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where the queries and keys of one call sit. q_slot (T,), k_slot (S,): slot indices; q_pos (B|1, T), k_pos
+    (B|1, S): positions among each row's real tokens; real (B, S) bool, or None without a padding mask."""
+
+    q_slot: torch.Tensor
+    k_slot: torch.Tensor
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    real: torch.Tensor | None
+
+
+MaskRule = Callable[[Positions], torch.Tensor]  # Positions -> bool, broadcasting to (B, T, S)
+
+
+def positions_of(q_len: int | torch.SymInt, past_len: int | torch.SymInt, attention_mask: torch.Tensor | None = None,
+                 device: torch.device | None = None, *, own: bool = True) -> Positions:
+    """The Positions of ``q_len`` queries after ``past_len`` cached keys. ``attention_mask`` ([B, past + T], 1 =
+    real token) gives each row's own token positions (its running count of real tokens, minus one); without it, or
+    with ``own`` False (no rule reads them: the graph then holds no CumSum for them), the slots are the positions."""
+    q_slot = torch.arange(q_len, device=device) + past_len  # (T,)
+    k_slot = torch.arange(past_len + q_len, device=device)  # (S,)
+    real = None if attention_mask is None else attention_mask.bool()  # (B, S)
+    if attention_mask is None or not own:
+        return Positions(q_slot, k_slot, q_slot[None], k_slot[None], real)
+    k_pos = torch.cumsum(attention_mask, dim=-1) - 1  # (B, S): padded slots repeat the last real position
+    return Positions(q_slot, k_slot, k_pos[:, -q_len:], k_pos, real)
+
+
+def causal(p: Positions) -> torch.Tensor:
+    """A query sees keys at its own slot and before: (1, T, S)."""
+    return (p.k_slot[None, :] <= p.q_slot[:, None])[None]
+
+
+def padding(p: Positions) -> torch.Tensor:
+    """No query sees a padded key: (B, 1, S)."""
+    return p.real[:, None, :]
+
+
+def sliding_window(window: int) -> MaskRule:
+    """A query at position p sees keys at positions p-W+1..p (W keys, the current token included, as transformers'
+    ``sliding_window``), counted on the row's own tokens: (B, T, S)."""
+
+    def rule(p: Positions) -> torch.Tensor:
+        return (p.q_pos[:, :, None] - p.k_pos[:, None, :]) < window
+
+    return rule
+
+
+def and_masks(*rules: MaskRule) -> MaskRule:
+    """The rule allowing what every one of ``rules`` allows."""
+
+    def rule(p: Positions) -> torch.Tensor:
+        out = rules[0](p)
+        for r in rules[1:]:
+            out = out & r(p)
+        return out
+
+    return rule
+
+
+def mask_rule(window: int = 0, padded: bool = False) -> MaskRule:
+    """Causal, then the padding rule where there is a padding mask, then a sliding window when ``window`` > 0."""
+    return and_masks(causal, *([padding] if padded else []), *([sliding_window(window)] if window else []))
+
+
 def build_causal_mask(q_len: int | torch.SymInt, past_len: int | torch.SymInt,
                       attention_mask: torch.Tensor | None = None,
-                      device: torch.device | None = None) -> torch.Tensor:
+                      device: torch.device | None = None, window: int = 0) -> torch.Tensor:
     """Boolean mask of allowed (query, key) pairs, True where attention may look.
 
-    Query row t sits at absolute position ``past_len + t`` and sees keys ``0 .. past_len + t``.
-    ``attention_mask`` ([B, past_len + q_len], 1 = real token, 0 = padding) hides padded keys.
-    Returns [1, 1, T, S] without a padding mask, [B, 1, T, S] with one, where S = past_len + q_len.
+    Query row t sits at slot ``past_len + t`` and sees keys ``0 .. past_len + t``.
+    ``attention_mask`` ([B, past_len + q_len], 1 = real token, 0 = padding) hides padded keys; ``window`` > 0 keeps
+    only the last ``window`` positions of the row's own tokens (:func:`sliding_window`).
+    Returns [1, 1, T, S] without a padding mask, [B, 1, T, S] with one (or with a window), where S = past_len + q_len.
     """
-    q_pos = torch.arange(q_len, device=device) + past_len  # (T,)
-    k_pos = torch.arange(past_len + q_len, device=device)  # (S,)
-    allowed = k_pos[None, :] <= q_pos[:, None]  # (T, S)
-    allowed = allowed[None, None]  # (1, 1, T, S)
-    if attention_mask is not None:
-        allowed = allowed & attention_mask[:, None, None, :].bool()  # (B, 1, T, S)
-    return allowed
+    p = positions_of(q_len, past_len, attention_mask, device, own=window > 0)
+    return mask_rule(window, attention_mask is not None)(p)[:, None]  # (B|1, 1, T, S)
 
 
 def masked_fill_value(dtype: torch.dtype) -> float:
@@ -77,7 +150,8 @@ class MultiHeadAttention(nn.Module):
     positions before K is cached (rotary embeddings).
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None) -> None:
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, softcap: float | None = None,
+                 scale: float | None = None, sinks: bool = False) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
@@ -92,6 +166,10 @@ class MultiHeadAttention(nn.Module):
         self.W_k = nn.Linear(d_model, n_kv_heads * self.d_k, bias=False)
         self.W_v = nn.Linear(d_model, n_kv_heads * self.d_k, bias=False)
         self.W_o = nn.Linear(d_model, d_model, bias=False)
+        self.softcap = softcap  # scores -> softcap * tanh(scores / softcap), before the mask
+        self.scale = scale  # None: 1/sqrt(d_k)
+        # one learned logit per head that joins the softmax's denominator (gpt-oss): weight may go "nowhere"
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
 
     def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -105,9 +183,15 @@ class MultiHeadAttention(nn.Module):
     def attend(self, scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """Attention weights: masked scores, the mask applied BEFORE softmax (the step the classic bugs get wrong).
         ``allowed`` None: every key is allowed (bidirectional attention)."""
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)  # (B, H, T, S)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, masked_fill_value(scores.dtype))  # (B, H, T, S)
-        return F.softmax(scores, dim=-1)
+        if self.sinks is None:
+            return F.softmax(scores, dim=-1)
+        B, H, T, _ = scores.shape
+        sink = self.sinks.to(scores.dtype)[None, :, None, None].expand(B, H, T, 1)  # (B, H, T, 1)
+        return F.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # (B, H, T, S): the sink's share dropped
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor | None, past: KV | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, KV]:
@@ -133,7 +217,8 @@ class MultiHeadAttention(nn.Module):
         if past is not None:
             k = torch.cat([past[0], k], dim=2)  # (B, H_kv, S, D)
             v = torch.cat([past[1], v], dim=2)  # (B, H_kv, S, D)
-        scores = (q @ self.repeat_kv(k).transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, T, S)
+        scores = q @ self.repeat_kv(k).transpose(-2, -1)  # (B, H, T, S)
+        scores = scores / math.sqrt(self.d_k) if self.scale is None else scores * self.scale
         weights = self.attend(scores, allowed)  # (B, H, T, S)
         out = weights @ self.repeat_kv(v)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model): heads concatenated

@@ -14,6 +14,8 @@ from mhaexport.iospec import EXAMPLE_PAST, EXAMPLE_SEQ
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
+SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' layer_types
+LAYER_TYPES = (SLIDING, FULL)
 MIN_POSITIONS = EXAMPLE_SEQ + EXAMPLE_PAST  # the example the export traces must fit
 # Upper bounds of the integer fields: far above any model this toolkit builds (Llama-3-405B: d_model 16384, 126
 # layers, d_ff 53248, vocab 128256, 131072 positions), low enough that a typo (1e12) is one line, not an allocation
@@ -40,6 +42,15 @@ class DecoderConfig:
     mlp: str = "gelu"  # "gelu": Linear-GELU-Linear (the article's) or "swiglu": W2(silu(W1 x) * W3 x) (Llama's)
     positions: str = "learned"  # "learned" position embeddings (the article's) or "rope" (rotary, Llama's)
     rope_theta: float = 10000.0  # RoPE's base
+    # the masks and score features of today's decoders (issue 37), each off by default (the article's decoder):
+    sliding_window: int | None = None  # W: a local layer's query at position p sees positions p-W+1..p (Mistral's)
+    layer_types: tuple[str, ...] | None = None  # per layer "sliding_attention" | "full_attention" (transformers'
+    #                                             names); None: every layer sliding when a window is set
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the mask (Gemma 2's)
+    final_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2's final_logit_softcapping)
+    query_scale: float | None = None  # the score scale replacing 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar**-0.5)
+    rope_local_theta: float | None = None  # RoPE's base on sliding layers (Gemma 3's rope_local_base_freq)
+    attn_sinks: bool = False  # a learned sink logit per head joins every softmax denominator (gpt-oss's)
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
@@ -76,9 +87,47 @@ class DecoderConfig:
                 raise ConfigError(f"config field {f!r} must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
         if self.positions == "rope" and self.head_dim % 2:
             raise ConfigError(f"positions='rope' needs an even head_dim, got {self.head_dim}")
+        self._check_masks()
         if self.parameters > MAX_PARAMETERS:
             raise ConfigError(f"this config has ~{self.parameters:.2e} parameters, above the most this toolkit "
                               f"builds ({MAX_PARAMETERS:.2e}): check its sizes")
+
+    def _check_masks(self) -> None:
+        w = self.sliding_window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= self.max_positions):
+            raise ConfigError(f"config field 'sliding_window' must be an integer from 1 to max_positions="
+                              f"{self.max_positions}, or null, got {w!r}")
+        if self.layer_types is not None:
+            types = self.layer_types
+            if not isinstance(types, (list, tuple)) or len(types) != self.n_layers or any(
+                    t not in LAYER_TYPES for t in types):
+                raise ConfigError(f"config field 'layer_types' must list {self.n_layers} of "
+                                  f"{', '.join(LAYER_TYPES)} (one per layer), got {types!r}"[:300])
+            object.__setattr__(self, "layer_types", tuple(types))
+            if SLIDING in types and w is None:
+                raise ConfigError("config field 'layer_types' names sliding_attention layers but 'sliding_window' "
+                                  "is not set")
+        for f in ("attn_softcap", "final_softcap", "query_scale", "rope_local_theta"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf")):
+                raise ConfigError(f"config field {f!r} must be a finite positive number or null, got {v!r}")
+        if not isinstance(self.attn_sinks, bool):
+            raise ConfigError(f"config field 'attn_sinks' must be true or false, got {self.attn_sinks!r}")
+
+    @property
+    def layer_windows(self) -> tuple[int, ...] | None:
+        """Per layer its sliding window, 0 for full attention; None when no layer has one (the contract's
+        ``windows``, read by ``contract_of``)."""
+        if self.sliding_window is None:
+            return None
+        types = self.layer_types or (SLIDING,) * self.n_layers
+        windows = tuple(self.sliding_window if t == SLIDING else 0 for t in types)
+        return windows if any(windows) else None
+
+    @property
+    def attn_scale(self) -> float | None:
+        """The contract's name for ``query_scale``."""
+        return self.query_scale
 
     @property
     def head_dim(self) -> int:
@@ -128,6 +177,24 @@ PRESETS: dict[str, DecoderConfig] = {
     "tiny-llama": DecoderConfig(vocab_size=256, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=176,
                                 max_positions=128, tie_embeddings=False, layer_norm_eps=1e-6, norm="rmsnorm",
                                 mlp="swiglu", positions="rope", name="tiny-llama"),
+    # issue 37's masks at the tiny size, windows far shorter than max_positions (the sweep crosses them):
+    # Mistral-like: every layer slides over 8 positions
+    "tiny-window": DecoderConfig(vocab_size=256, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=176,
+                                 max_positions=128, tie_embeddings=False, layer_norm_eps=1e-6, norm="rmsnorm",
+                                 mlp="swiglu", positions="rope", sliding_window=8, name="tiny-window"),
+    # Gemma-2/3-like: local and global layers, attention and final softcaps, a query scale, a local RoPE base. The
+    # caps are far below Gemma's (50, 30) so that they bite on seeded weights (scores ~0.02, logits ~1): a file that
+    # drops one differs from eager by more than verify's tolerance
+    "tiny-gemma": DecoderConfig(vocab_size=256, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=176,
+                                max_positions=128, tie_embeddings=True, layer_norm_eps=1e-6, norm="rmsnorm",
+                                mlp="swiglu", positions="rope", rope_theta=1000000.0, sliding_window=8,
+                                layer_types=(SLIDING, FULL), attn_softcap=0.02, final_softcap=1.0,
+                                query_scale=0.2, rope_local_theta=10000.0, name="tiny-gemma"),
+    # gpt-oss-like: sliding and full layers alternating, a learned sink per head
+    "tiny-sinks": DecoderConfig(vocab_size=256, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=176,
+                                max_positions=128, tie_embeddings=False, layer_norm_eps=1e-6, norm="rmsnorm",
+                                mlp="swiglu", positions="rope", sliding_window=8, layer_types=(SLIDING, FULL),
+                                attn_sinks=True, name="tiny-sinks"),
 }
 DEFAULT_PRESET = "small"
 

@@ -36,7 +36,8 @@ class DecoderBlock(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.ln_1 = make_norm(config)
-        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads)
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads,
+                                       softcap=config.attn_softcap, scale=config.query_scale, sinks=config.attn_sinks)
         self.ln_2 = make_norm(config)
         if config.mlp == "swiglu":
             self.ffn = SwiGLU(config.d_model, config.d_ff)
@@ -94,22 +95,34 @@ class DecoderLM(nn.Module):
                         module.bias.zero_()
         if self.config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        for block in self.blocks:  # after every other weight: a model without sinks draws exactly as before
+            if block.attn.sinks is not None:
+                with torch.no_grad():
+                    block.attn.sinks.copy_(torch.randn(block.attn.sinks.shape, generator=gen))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 past_key_values: tuple[KV, ...] | None = None) -> tuple[torch.Tensor, tuple[KV, ...]]:
         B, T = input_ids.shape
         past_len = past_key_values[0][0].shape[2] if past_key_values else 0
-        allowed = build_causal_mask(T, past_len, attention_mask, device=input_ids.device)  # (B, 1, T, S)
+        cfg = self.config
+        windows = cfg.layer_windows or (0,) * cfg.n_layers
+        allowed = {w: build_causal_mask(T, past_len, attention_mask, device=input_ids.device, window=w)
+                   for w in sorted(set(windows))}  # per window: (B, 1, T, S)
         pos = position_ids_from_mask(attention_mask, T)  # (B, T)
         x = self.tok_emb(input_ids)  # (B, T, d_model)
-        rope = None
-        if self.config.positions == "rope":
-            rope = rope_tables(pos, self.config.head_dim, self.config.rope_theta, x.dtype)  # (B, 1, T, D) each
+        rope = {}
+        if cfg.positions == "rope":
+            rope[0] = rope_tables(pos, cfg.head_dim, cfg.rope_theta, x.dtype)  # (B, 1, T, D) each
+            local = cfg.rope_local_theta
+            rope[1] = rope[0] if local is None else rope_tables(pos, cfg.head_dim, local, x.dtype)  # sliding layers
         else:
             x = x + self.pos_emb(pos)
         present = []
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, allowed, past_key_values[i] if past_key_values else None, rope)
+            w = windows[i]
+            x, kv = block(x, allowed[w], past_key_values[i] if past_key_values else None, rope.get(int(w > 0)))
             present.append(kv)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        if cfg.final_softcap is not None:
+            logits = cfg.final_softcap * torch.tanh(logits / cfg.final_softcap)  # (B, T, vocab)
         return logits, tuple(present)

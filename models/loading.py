@@ -132,6 +132,10 @@ def contract_of(module: nn.Module) -> ModelContract:
     windows = cfg.get("layer_windows") if isinstance(cfg, dict) else getattr(cfg, "layer_windows", None)
     if windows is not None:
         values["windows"] = tuple(windows)
+    for f in ModelContract.SCORE_FIELDS + ("attn_sinks",):
+        v = cfg.get(f) if isinstance(cfg, dict) else getattr(cfg, f, None)
+        if v is not None:
+            values[f] = v
     try:
         return ModelContract(**values)
     except ConfigError as e:

@@ -58,6 +58,9 @@ class GraphIO:
     outputs: dict[str, list] = field(default_factory=dict)
     ops: set[str] = field(default_factory=set)
     attention: dict[str, Any] = field(default_factory=dict)
+    # per layer (from its past_key_values.{i}.key input) the attributes of its GroupQueryAttention that say its
+    # window: {layer: {"local_window_size": int, "sliding_window_cache": int}}; None where not read (the manifest)
+    windows: dict[int, dict[str, int]] | None = None
 
 
 @dataclass
@@ -277,7 +280,88 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
             if not ok:
                 bad(f"model.{key}", f"{v!r} but {where} says {sorted(allowed)[0] if len(allowed) == 1 else sorted(allowed)}")
 
+    out += window_findings(dec, graph, c)
     out += _search_findings(search)
+    return out
+
+
+# ---- sliding windows: one rule for the writer and the checker -----------------------------------------------------
+#
+# onnxruntime-genai reads ``model.decoder.sliding_window`` ({window_size, layers, slide_key_value_cache,
+# slide_inputs, alignment, pad_value, cache_slack}) as "these layers keep a window-sized cache" (window_size plus a
+# slack, 16 slots on CPU; its builder writes it only with GroupQueryAttention's ``sliding_window_cache=1``). A graph
+# whose cache is full-length (mhaexport's, concat or shared: the window lives in the graph's mask or in
+# GroupQueryAttention's local_window_size) must not have one: measured with onnxruntime-genai 0.18 on CPU, both
+# layouts fail at the first step past window_size + 16 ("present.0.key has shape {1,2,24,16} but the computed
+# output shape ... is {1,2,25,16}").
+
+SLIDING_WINDOW = "model.decoder.sliding_window"
+
+
+def sliding_window_entry(contract: Any, window_sized_cache: bool = False) -> dict | None:
+    """What genai_config.json's ``sliding_window`` says for a model of ``contract`` (its per-layer windows):
+    nothing unless the graph keeps a window-sized cache (``window_sized_cache``), then the window and the layers
+    that have it. The writer writes it; :func:`window_findings` checks a config against the same rule."""
+    if contract is None or not contract.windowed or not window_sized_cache:
+        return None
+    sizes = {w for w in contract.windows if w}
+    if len(sizes) != 1:
+        return None  # onnxruntime-genai takes one window_size for every listed layer
+    return {"window_size": sizes.pop(), "slide_key_value_cache": False, "slide_inputs": False,
+            "layers": [i for i, w in enumerate(contract.windows) if w]}
+
+
+def window_findings(dec: dict, graph: GraphIO, contract: Any = None) -> list[ConfigFinding]:
+    """``sliding_window`` against the graph's GroupQueryAttention windows (per layer, where read) and the model's
+    contract: the same window on the same layers, and a window-sized cache only over a graph that keeps one."""
+    entry = dec.get("sliding_window")
+    if entry is None:
+        return []
+    if not isinstance(entry, dict):
+        return [ConfigFinding(SLIDING_WINDOW, f"{type(entry).__name__}, not an object")]
+    w = entry.get("window_size")
+    if not isinstance(w, int) or isinstance(w, bool) or w <= 0:
+        return [ConfigFinding(f"{SLIDING_WINDOW}.window_size", f"{w!r}: not a positive integer")]
+    n = dec.get("num_hidden_layers") if isinstance(dec.get("num_hidden_layers"), int) else None
+    listed = entry.get("layers")
+    if listed in (None, []):
+        layers = list(range(n)) if n else []
+    elif isinstance(listed, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in listed) and \
+            len(listed) <= 4096:
+        layers = sorted(set(listed))
+    else:
+        return [ConfigFinding(f"{SLIDING_WINDOW}.layers", f"{str(listed)[:80]}: not a list of layer indices")]
+    out: list[ConfigFinding] = []
+    for i in layers:
+        where = f"{SLIDING_WINDOW} (layer {i})"
+        if n is not None and not 0 <= i < n:
+            out.append(ConfigFinding(where, f"no such layer (num_hidden_layers={n})"))
+            continue
+        if contract is not None and contract.window(i) != w:
+            out.append(ConfigFinding(where, f"window {w} but the model's layer {i} has "
+                                            f"{contract.window(i) or 'full attention'}"))
+        if graph.windows is None:
+            continue
+        attrs = graph.windows.get(i)
+        if attrs is None:
+            out.append(ConfigFinding(where, f"window {w} but the graph's cache for layer {i} is full-length "
+                                            "(no GroupQueryAttention there): onnxruntime-genai would keep a "
+                                            "window-sized cache the graph does not write"))
+            continue
+        lws = attrs.get("local_window_size", -1)
+        if lws != w:
+            out.append(ConfigFinding(where, f"window {w} but the graph's GroupQueryAttention has "
+                                            f"local_window_size {lws}{' (full attention)' if lws <= 0 else ''}"))
+        elif not attrs.get("sliding_window_cache"):
+            out.append(ConfigFinding(where, f"window {w} over a full-length cache (GroupQueryAttention without "
+                                            "sliding_window_cache=1): onnxruntime-genai would keep window_size + "
+                                            "slack slots and fail past them"))
+    if graph.windows is not None:
+        for i, attrs in sorted(graph.windows.items()):
+            if attrs.get("local_window_size", -1) > 0 and i not in layers:
+                out.append(ConfigFinding(f"{SLIDING_WINDOW} (layer {i})",
+                                         f"not listed, but the graph's layer {i} has local_window_size "
+                                         f"{attrs['local_window_size']}"))
     return out
 
 

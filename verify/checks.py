@@ -23,6 +23,7 @@ from mhaexport.verify.results import (GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, Chec
                                       SweepContext)
 from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
+from mhaexport.verify.windows import crossing, span
 
 
 def _scheme(ctx: Context) -> str:
@@ -48,6 +49,8 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
                             lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol),
                             rounding=(dtype, _EPS[dtype] * scale) if scale else None)
     present = res.figures.get("per_output", {}).get("present", {})
+    ran = [case for case, out in outputs.items() if not isinstance(out, BaseException)]
+    res = crossing(res, ctx.contract, max((case.past + case.seq - 1 for case in ran), default=None))
     if res.status is True and dtype == "float32" and scale:  # within tolerance: but float32 all through?
         lost = _precision_lost(runner, ctx)
         if lost:
@@ -331,7 +334,7 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     if runner.fixed is not None:
         return CheckResult("kv-consistency", None, {"static": True}, _static_reason(runner))
     c = ctx.contract
-    N = min(12, c.max_positions)
+    N = span(c, min(12, c.max_positions))
     case = Case(2, N, 0, (0, 3), seed=ctx.seed + 23)
     ids, mask, _ = ctx.inputs(case)
     rows, keys = case.real_rows(), case.real_keys()
@@ -368,14 +371,15 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     if not long_diff.ok:
         bad.append(f"{long_label} differs from one prefill of the whole sequence from position {first_bad} on "
                    f"(max abs {long_diff.max_abs:.3g}): the decode path goes wrong past some length")
+    longest = max(N - 1, long_fig["long_to"])
     if bad:
-        return CheckResult("kv-consistency", False, fig, "; ".join(bad))
+        return crossing(CheckResult("kv-consistency", False, fig, "; ".join(bad)), c, longest)
     worst = max(d.max_abs for d in parts.values())
     deploy = (f"; the deploy loop (in place, ragged) agrees with {'itself' if ctx.lossy else 'eager'}"
               if "deploy_max_abs" in fig else "")
-    return CheckResult("kv-consistency", True, fig,
-                       f"decode, chunked prefill and recompute agree, out to position {long_fig['long_to']}"
-                       f"{deploy} (max abs {worst:.3g})")
+    return crossing(CheckResult("kv-consistency", True, fig,
+                                f"decode, chunked prefill and recompute agree, out to position {long_fig['long_to']}"
+                                f"{deploy} (max abs {worst:.3g})"), c, longest)
 
 
 def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, dict]:
@@ -420,7 +424,7 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
     if runner.fixed is not None:
         return CheckResult("padding", None, {"static": True}, _static_reason(runner))
     c = ctx.contract
-    T, p, steps = min(10, c.max_positions - 2), 4, 2
+    T, p, steps = span(c, min(10, c.max_positions - 2), room=2), 4, 2
     p = min(p, T - 1)
     if p < 1:
         return CheckResult("padding", None, {}, f"max_positions={c.max_positions} leaves no room for padding")
@@ -464,9 +468,11 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
             return CheckResult("padding", False, fig, f"in the deploy loop a row of a ragged right-padded batch "
                                                       f"differs from the same row alone (max abs {d.max_abs:.3g})")
         worst = max(worst, d.max_abs)
-        return CheckResult("padding", True, fig, f"left- and right-padded == unpadded, and in the deploy loop a "
-                                                 f"ragged batch's rows == each row alone (max abs {worst:.3g})")
-    return CheckResult("padding", True, fig, f"left- and right-padded == unpadded (max abs {worst:.3g})")
+        return crossing(CheckResult("padding", True, fig, f"left- and right-padded == unpadded, and in the deploy "
+                                                          f"loop a ragged batch's rows == each row alone (max abs "
+                                                          f"{worst:.3g})"), c, T - p + steps - 1)
+    return crossing(CheckResult("padding", True, fig, f"left- and right-padded == unpadded (max abs {worst:.3g})"),
+                    c, T - p + steps - 1)
 
 
 def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
@@ -649,8 +655,8 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
         return CheckResult("generation", False, fig, short.message)
     tie = " (a near-tie)" if fig.get("tie") or fig.get("long_tie") else ""
     deploy = "; the deploy loop's ragged batch matches too" if "deploy_tokens" in fig else ""
-    return CheckResult("generation", True, fig, f"{short.message}; from a {P_long}-token prompt: "
-                                                f"{long.message}{tie}{deploy}")
+    return crossing(CheckResult("generation", True, fig, f"{short.message}; from a {P_long}-token prompt: "
+                                                         f"{long.message}{tie}{deploy}"), c, P_long + n - 1)
 
 
 def _deploy_generation(runner: Runner, ctx: Context, n: int) -> CheckResult:

@@ -15,6 +15,7 @@ given the model's contract, the manifest's file and cache layout and the tokeniz
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,26 @@ def graph_io_of(model) -> GraphIO:
             io.attention = {"op": n.op_type, **{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
                                                 if a.name in ("num_heads", "kv_num_heads", "q_num_heads")}}
             break
+    io.windows = gqa_windows(model.graph)
     return io
+
+
+def gqa_windows(graph) -> dict[int, dict[str, int]]:
+    """Per layer (its past_key_values.{i}.key input, the 4th input of GroupQueryAttention) the window attributes
+    of its GroupQueryAttention: local_window_size (-1: full) and sliding_window_cache (0 unless set)."""
+    import onnx
+
+    out: dict[int, dict[str, int]] = {}
+    for n in graph.node:
+        if n.op_type != "GroupQueryAttention" or len(n.input) < 4:
+            continue
+        m = re.fullmatch(r"past_key_values\.(\d+)\.key", n.input[3])
+        if m is None:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        out[int(m.group(1))] = {"local_window_size": int(attrs.get("local_window_size", -1)),
+                                "sliding_window_cache": int(attrs.get("sliding_window_cache", 0))}
+    return out
 
 
 def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigFinding] | None:

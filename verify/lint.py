@@ -307,6 +307,27 @@ def rule_causal_alignment(g: _Graph, ctx: dict) -> list[Finding]:
     return out
 
 
+def rule_window(g: _Graph, ctx: dict) -> list[Finding]:
+    """Per layer, GroupQueryAttention's local_window_size against the model's sliding window (when the folder's
+    contract says it): a window dropped (-1), shifted (W±1) or added where the model has none."""
+    contract = ctx.get("contract")
+    if contract is None:
+        return []
+    from mhaexport.verify.genai_check import gqa_windows
+
+    out = []
+    for layer, attrs in sorted(gqa_windows(g.model.graph).items()):
+        got, want = attrs["local_window_size"], contract.window(layer) if layer < contract.n_layers else 0
+        if (got if got > 0 else 0) != want:
+            what = ("dropped: every key is seen" if got <= 0 else
+                    f"shifted by {got - want:+d}" if want else "a window the model does not have")
+            out.append(Finding("error", "window", f"GroupQueryAttention of layer {layer}",
+                               f"local_window_size {got} but the model's layer {layer} has "
+                               f"{f'a sliding window of {want}' if want else 'full attention'} ({what})",
+                               f"re-export: local_window_size {want if want else -1} (W keys, the current included)"))
+    return out
+
+
 def rule_fp16_min_fill(g: _Graph, ctx: dict) -> list[Finding]:
     logits = g.outputs.get(iospec.LOGITS)
     elem = logits.type.tensor_type.elem_type if logits is not None else None
@@ -418,17 +439,19 @@ RULES = {
     "causal-alignment": rule_causal_alignment,
     "fp16-min-fill": rule_fp16_min_fill,
     "versions": rule_versions,
+    "window": rule_window,
 }
 
 
 def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions: int | None = None,
-               static: bool = False, feed=None) -> LintReport:
+               static: bool = False, feed=None, contract=None) -> LintReport:
     """Run every rule on ``model`` (graph only; weights in external data are not read). ``max_positions``: the
     contract's, when known (constants of that size are the model's own tables, not an example length);
     ``static``: the file is a static export by request (fixed sequence axes are then expected); ``feed``: an
-    adopted file's :class:`~mhaexport.runtime.feed.Feed` (its names for the contract's I/O)."""
+    adopted file's :class:`~mhaexport.runtime.feed.Feed` (its names for the contract's I/O); ``contract``: the
+    model's, when known (its per-layer sliding windows)."""
     g = _Graph(model)
-    ctx = {"max_positions": max_positions, "static": static, "feed": feed}
+    ctx = {"max_positions": max_positions, "static": static, "feed": feed, "contract": contract}
     report = LintReport(label, rules=list(RULES))
     for rule in RULES.values():
         report.findings.extend(rule(g, ctx))
@@ -444,7 +467,7 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not isinstance(path, ExportFolder) and Path(path).is_dir():
         with ExportFolder.open(path, "onnx") as opened:  # the snapshot removed when the lint is done
             return lint_path(opened, genai=genai)
-    max_positions, static, feed, ef = None, False, None, None
+    max_positions, static, feed, ef, contract = None, False, None, None, None
     if isinstance(path, ExportFolder):
         from mhaexport.runtime.feed import Feed
 
@@ -454,6 +477,7 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
         check_external_data(ef)
         entry = ef.entry("onnx")
         max_positions, static, feed = ef.contract.max_positions, not entry.seq_dynamic, Feed.of(entry, ef.contract)
+        contract = ef.contract
         feed = feed if feed.adopted else None  # mhaexport's own export: the contract's names, checked as such
         path = ef.file("onnx")
     path = Path(path)
@@ -466,7 +490,8 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
                             f"({path.stat().st_size} bytes)")
-    report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, feed=feed)
+    report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, feed=feed,
+                        contract=contract)
     if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)
         from mhaexport.verify.genai_check import GENAI_CHECK, lint_findings
 

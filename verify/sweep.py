@@ -1,7 +1,8 @@
 """The seeded input sweep: which (batch, seq, past, left padding) shapes verify runs every artifact at.
 
 Covers batch 1 and > 1; seq 1, 2, lengths the exporter never used (it traced batch=2, seq=3, past=5) up to
-max_positions; past 0, 1 and many; left-padded rows. Same seed, same inputs, on every machine.
+max_positions; past 0, 1 and many; left-padded rows; for a windowed model, prompts and cached decodes at each
+layer's window W-1, W, W+1 and far beyond it. Same seed, same inputs, on every machine.
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ def build_sweep(contract: ModelContract, kind: str = "quick", seed: int = 0) -> 
         (1, M, 0, ()),          # the longest prompt
         (1, 1, M - 1, ()),      # the last decode step max_positions allows
     ]
+    for w in sorted({w for w in contract.windows or () if w}):  # across every sliding window (issue 37)
+        specs += [
+            (1, w - 1, 0, ()), (1, w, 0, ()), (1, w + 1, 0, ()),  # prompts ending at W-2, W-1 (inside), W (beyond)
+            (2, w + 2, 0, (0, 3)),      # a left-padded row whose real tokens still cross W
+            (1, 1, w - 1, ()), (1, 1, w, ()), (1, 1, w + 1, ()),  # cached decodes at positions W-1, W, W+1
+            (2, 3, 2 * w, (0, w)),      # chunked prefill far beyond, one row padded by a whole window
+            (1, 1, 4 * w, ()),          # a decode far beyond
+        ]
     if kind == "full":
         rng = np.random.default_rng(seed)
         for past in (0, 1, 2, 8, 33, M // 2):

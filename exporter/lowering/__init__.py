@@ -80,7 +80,7 @@ def op_counts(model: onnx.ModelProto | ir.Model) -> dict[str, int]:
 
 
 def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, head_dim: int,
-                    n_kv_heads: int | None = None) -> LoweringReport:
+                    n_kv_heads: int | None = None, windows: tuple[int, ...] | None = None) -> LoweringReport:
     """Rewrite the ModelProto ``model`` in place so each attention is one fused node of the ``attention`` lowering
     (one of LOWERINGS, or "gqa": GroupQueryAttention over a shared KV buffer).
 
@@ -96,7 +96,8 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
 
     rewrites = op_counts(model).get("Softmax", 0) > 0  # else nothing to lower (or an error below)
     ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
-    report = lower_attention_ir(ir_model, attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads)
+    report = lower_attention_ir(ir_model, attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads,
+                                windows=windows)
     if rewrites:
         _write_back(ir_model, model)
     return report
@@ -104,12 +105,13 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
 
 def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_dim: int,
                        n_kv_heads: int | None = None, shared_fused: bool = False,
-                       max_positions: int | None = None) -> LoweringReport:
+                       max_positions: int | None = None, windows: tuple[int, ...] | None = None) -> LoweringReport:
     """Rewrite the onnx_ir ``model`` in place so each attention is one fused node of the ``attention`` lowering.
 
     ``fused``: the ``ort`` lowering's attention, then onnxscript's ort_fusions for the rest (``fused.py``);
     ``shared_fused``: the same over a shared cache (``gqa``'s attention, then the fusions).
-    n_heads / head_dim / n_kv_heads (and max_positions: the fused rotary tables) come from the model's contract.
+    n_heads / head_dim / n_kv_heads (and max_positions: the fused rotary tables; windows: GroupQueryAttention's
+    per-layer ``local_window_size``) come from the model's contract.
     Raises ExportError when the graph holds no attention this pass recognizes, or when some Softmax is left
     unmatched (``model`` may then be partly rewritten: discard it). Works on tensors as the model holds them (a
     torch export's ``ONNXProgram.model`` wraps torch's own parameters), so a model of any size is lowered without a
@@ -121,7 +123,7 @@ def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_di
         from mhaexport.exporter.lowering.fused import fuse_for_ort
 
         report = lower_attention_ir(model, "gqa" if shared_fused else "ort", n_heads=n_heads, head_dim=head_dim,
-                                    n_kv_heads=n_kv_heads)
+                                    n_kv_heads=n_kv_heads, windows=windows)
         report.attention, report.fusions = "fused", fuse_for_ort(model, max_positions, head_dim)
         report.op_counts = op_counts(model)
         return report
@@ -152,8 +154,8 @@ def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_di
 
     from mhaexport.exporter.lowering.rules import attention_rules, why_unmatched
 
-    fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads).apply_to_model(
-        model)
+    fused = attention_rules(attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads,
+                            windows=windows).apply_to_model(model)
     left = [n for n in model.graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
     if left:
         why = why_unmatched(model, left[0], attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads)

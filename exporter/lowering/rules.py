@@ -25,6 +25,7 @@ included, so bisect places the fused op in the attention module that computed it
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from mhaexport.errors import ExportError
 from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN
 
 KEY_AXES = (-1, 3)  # Softmax over the key axis of (B, H, T, S)
@@ -50,6 +52,7 @@ class MatchedAttention:
     k: ir.Value | None  # (B, H, S, D), when Kᵀ is a Transpose of it
     kt: ir.Value | None  # (B, H, D, S), when K is not a Transpose away
     scale: float
+    softcap: float = 0.0  # c of c * tanh(scores / c) before the mask; 0: none
     q_factor: ir.Value | None = None  # a Mul on Q by a non-constant: kept, Q := Mul(q, q_factor)
     k_factor: ir.Value | None = None  # the same on Kᵀ
     masked: ir.Value | None = None  # bool (B|1, 1, T, S), True where attention may NOT look
@@ -109,16 +112,17 @@ class AttentionRule(pattern.RewriteRuleClassBase):
     """Match one decomposed attention; rewrite it into the ``attention`` lowering's fused op."""
 
     def __init__(self, attention: str, *, kv_cache: bool, n_heads: int, head_dim: int, shared: Shared,
-                 n_kv_heads: int | None = None) -> None:
+                 n_kv_heads: int | None = None, windows: tuple[int, ...] | None = None) -> None:
         super().__init__(name=f"{attention}-attention-{'kv-cache' if kv_cache else 'plain'}")
         self.attention, self.kv_cache = attention, kv_cache
         self.n_heads, self.head_dim = n_heads, head_dim
         self.n_kv_heads = n_kv_heads or n_heads
         self.shared = shared
+        self.windows = windows  # per layer the contract's sliding window (0: full); GroupQueryAttention's own mask
         self._match: MatchedAttention | None = None  # set by check, read by rewrite (called right after it)
 
     def pattern(self, op, q, q_scale, k, kt, k_scale, v, past_key, past_value, new_key, new_value, qk_scale, cond,
-                fill, bias, nan_zero, k_axes, k_expand, k_shape, v_axes, v_expand, v_shape):
+                fill, bias, nan_zero, k_axes, k_expand, k_shape, v_axes, v_expand, v_shape, cap_in, cap_out):
         if self.kv_cache:
             kc = op.Concat(past_key, new_key, axis=pattern.AttrVar("k_axis"))  # (B, H_kv, S, D): present.i.key
             vc = op.Concat(past_value, new_value, axis=pattern.AttrVar("v_axis"))  # (B, H_kv, S, D)
@@ -136,6 +140,9 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         scores = op.MatMul(query, key_t)  # (B, H, T, S)
         scores = pattern.OrValue([op.Div(scores, qk_scale), op.Mul(scores, qk_scale), scores],
                                  tag_var="qk_scaling", tag_values=["Div", "Mul", "none"])
+        # an attention softcap c * tanh(scores / c) (Gemma 2): only GroupQueryAttention takes it (``softcap``)
+        scores = pattern.OrValue([op.Mul(op.Tanh(op.Div(scores, cap_in)), cap_out), scores], tag_var="softcapped",
+                                 tag_values=[True, False])
         scores = pattern.OrValue([op.Where(cond, fill, scores), op.Where(cond, scores, fill),
                                   op.Add(scores, bias), op.Add(bias, scores), scores],
                                  tag_var="mask", tag_values=["masked", "allowed", "bias", "bias", "none"])
@@ -173,6 +180,15 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         a = MatchedAttention(q=b["q"], v=b["v"], k=b["k"], kt=b["kt"], scale=scale, q_factor=factors["q"],
                              k_factor=factors["k"], metadata=dict(context.root.metadata_props),
                              graph=context.graph_or_function)
+        if b.get("softcapped"):
+            cap, cap_out = _scalar(b["cap_in"]), _scalar(b["cap_out"])
+            tanh = nodes["Tanh"]
+            if cap is None or cap <= 0.0 or cap != cap_out:
+                return result.fail(f"Tanh {_label(tanh)} before the mask is not a softcap c * tanh(scores / c)", tanh)
+            if self.attention != "gqa":
+                return result.fail(f"Tanh {_label(tanh)}: an attention softcap ({cap:g}); only GroupQueryAttention "
+                                   "(--kv-cache shared) takes one", tanh)
+            a.softcap = cap
         if self.attention == "gqa" and not self.kv_cache:
             return result.fail(f"Softmax {_label(softmax)}: the shared KV cache needs K and V to be "
                                "Concat(past_key_values.i.*, new) of the graph's cache inputs", softmax)
@@ -349,13 +365,34 @@ def _fuse_gqa(rule: AttentionRule, op, a: MatchedAttention) -> Any:
         return rule.node(op, "Reshape", t, shape3, base="bsh")  # (B, T, heads*D)
 
     seqlens, total = rule.sequence_lengths(op, a.graph)
+    window = {"local_window_size": gqa_local_window(_layer_of(past_key), rule.windows)} if rule.windows else {}
+    if a.softcap:
+        window["softcap"] = a.softcap
     y3, present_key, present_value = rule.node(
         op, "GroupQueryAttention", bsh(rule.query(op, a), H), bsh(new_key, Hkv), bsh(new_value, Hkv), past_key,
         past_value, seqlens, total, base="GroupQueryAttention", domain=MS_DOMAIN, n_out=3, num_heads=H,
-        kv_num_heads=Hkv, scale=a.scale)  # (B, T, H*D), present: the buffers, written in place
+        kv_num_heads=Hkv, scale=a.scale, **window)  # (B, T, H*D), present: the buffers, written in place
     y4 = rule.node(op, "Reshape", y3, shape4, base="gqa_bsnh")  # (B, T, H, D)
     out = rule.node(op, "Transpose", y4, base="gqa_out", perm=BHTD_TO_BTHD)  # (B, H, T, D)
     return out, present_key, present_value
+
+
+def _layer_of(past_key: ir.Value) -> int:
+    """The layer whose cache input ``past_key`` is (``past_key_values.{i}.key``)."""
+    m = re.fullmatch(r"past_key_values\.(\d+)\.key", past_key.name or "")
+    if m is None:
+        raise ExportError(f"GroupQueryAttention over a sliding window: the cache input {past_key.name!r} names no "
+                          "layer (past_key_values.{i}.key)")
+    return int(m.group(1))
+
+
+def gqa_local_window(layer: int, windows: tuple[int, ...]) -> int:
+    """GroupQueryAttention's ``local_window_size`` for a layer of sliding window W (the contract's: W keys, the
+    current one included), or -1 for full attention. onnxruntime 1.32's CPU kernel lets a query see
+    ``local_window_size`` keys, its own included: W (tests/test_windows.py pins it on the op alone, and the
+    lowering's self-check crosses the window, so a kernel that changes meaning fails the export)."""
+    w = windows[layer] if layer < len(windows) else 0
+    return w if w else -1
 
 
 # lowering -> writer of its fused node(s); a writer returns what replaces the pattern's outputs
@@ -363,13 +400,13 @@ FUSE: dict[str, Callable[[AttentionRule, Any, MatchedAttention], Any]] = {"onnx"
                                                                         "gqa": _fuse_gqa}
 
 
-def attention_rules(attention: str, *, n_heads: int, head_dim: int,
-                    n_kv_heads: int | None = None) -> pattern.RewriteRuleSet:
+def attention_rules(attention: str, *, n_heads: int, head_dim: int, n_kv_heads: int | None = None,
+                    windows: tuple[int, ...] | None = None) -> pattern.RewriteRuleSet:
     """The rules of one lowering call: the kv-cache form first, the plain form where it does not apply."""
     shared = Shared()
     return pattern.RewriteRuleSet([
         AttentionRule.rule(attention, kv_cache=kv, n_heads=n_heads, head_dim=head_dim, shared=shared,
-                           n_kv_heads=n_kv_heads)
+                           n_kv_heads=n_kv_heads, windows=windows)
         for kv in (True, False)])
 
 

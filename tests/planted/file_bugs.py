@@ -37,3 +37,33 @@ def fp16_cache(proto: onnx.ModelProto, layer: int = 1) -> None:
 
 
 FILE_BUGS = {"weight_column": weight_column, "position_row": position_row, "fp16_cache": fp16_cache}
+
+
+def gqa_window(proto: onnx.ModelProto, shift: int | None) -> None:
+    """Every GroupQueryAttention's local_window_size moved by ``shift`` (W+1, W-1), or removed (None: -1, full
+    attention): the window a shared-cache file drops or shifts while its model and its config stay right."""
+    for n in proto.graph.node:
+        if n.op_type == "GroupQueryAttention":
+            a = next(a for a in n.attribute if a.name == "local_window_size")
+            a.i = -1 if shift is None else a.i + shift
+
+
+def softcap_dropped(proto: onnx.ModelProto) -> None:
+    """The attention softcap c * tanh(s / c) taken out of the graph (each Mul reads the Div's input instead): what a
+    fused kernel without ``softcap`` would compute (onnxruntime-genai#692)."""
+    g = proto.graph
+    producer = {o: n for n in g.node for o in n.output}
+    for tanh in [n for n in g.node if n.op_type == "Tanh"]:
+        div = producer.get(tanh.input[0])
+        mul = next((n for n in g.node if tanh.output[0] in n.input), None)
+        if mul is None or div is None or mul.op_type != "Mul" or div.op_type != "Div":
+            continue  # the final softcap (its Tanh writes the logits): kept
+        out = mul.output[0]
+        for n in g.node:  # readers of c * tanh(s / c) read s
+            for k, name in enumerate(n.input):
+                if name == out:
+                    n.input[k] = div.input[0]
+
+
+WINDOW_BUGS = {"window_removed": lambda p: gqa_window(p, None), "window_plus_one": lambda p: gqa_window(p, 1),
+               "window_minus_one": lambda p: gqa_window(p, -1)}

@@ -1,0 +1,164 @@
+"""Sliding windows, local/global layers, softcaps, query scales and sinks (issue 37): the contract's fields, the
+mask predicates, the built-in decoder's presets and every lowering's guard."""
+
+from __future__ import annotations
+
+import pytest
+
+from mhaexport.errors import ConfigError
+from mhaexport.iospec import ModelContract
+
+
+def test_contract_records_score_features_only_when_set():
+    plain = ModelContract(2, 2, 4, 10, 64)
+    assert plain.to_dict() == {"n_layers": 2, "n_heads": 2, "head_dim": 4, "vocab_size": 10, "max_positions": 64}
+    assert plain.score_features == {}
+    c = ModelContract(2, 2, 4, 10, 64, windows=(8, 0), attn_softcap=50, final_softcap=30.0, attn_scale=0.25,
+                      attn_sinks=True)
+    d = c.to_dict()
+    assert d["windows"] == [8, 0] and d["attn_softcap"] == 50.0 and d["attn_sinks"] is True
+    assert ModelContract.from_dict(d) == c
+    with pytest.raises(ConfigError, match="attn_softcap must be a positive finite number"):
+        ModelContract(2, 2, 4, 10, 64, attn_softcap=-1.0)
+
+
+def test_contract_of_reads_the_config_names():
+    import torch.nn as nn
+
+    from mhaexport.models.loading import contract_of
+
+    m = nn.Module()
+    m.config = {"n_layers": 2, "n_heads": 2, "head_dim": 4, "vocab_size": 10, "max_positions": 64,
+                "layer_windows": [4, 0], "attn_softcap": 20.0, "final_softcap": None, "attn_scale": 0.5,
+                "attn_sinks": True}
+    c = contract_of(m)
+    assert c.windows == (4, 0) and c.attn_softcap == 20.0 and c.final_softcap is None and c.attn_scale == 0.5
+    assert c.attn_sinks
+
+
+def _gqa_alone(local_window_size: int, T: int = 12, D: int = 8):
+    """com.microsoft.GroupQueryAttention on its own (one head, no past) with ``local_window_size``: (y, q, k, v)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    node = h.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tot"], ["y", "ok", "ov"],
+                       domain="com.microsoft", num_heads=1, kv_num_heads=1, local_window_size=local_window_size)
+    ins = [h.make_tensor_value_info(x, TP.FLOAT, None) for x in ("q", "k", "v", "pk", "pv")]
+    ins += [h.make_tensor_value_info(x, TP.INT32, None) for x in ("sl", "tot")]
+    outs = [h.make_tensor_value_info(x, TP.FLOAT, None) for x in ("y", "ok", "ov")]
+    model = h.make_model(h.make_graph([node], "gqa", ins, outs),
+                         opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((1, T, D)).astype(np.float32) * 3 for _ in range(2))  # (B, T, H*D)
+    v = rng.standard_normal((1, T, D)).astype(np.float32)
+    empty = np.zeros((1, 1, 16, D), np.float32)  # (B, H_kv, max_cache, D)
+    y = sess.run(None, dict(q=q, k=k, v=v, pk=empty, pv=empty, sl=np.array([T - 1], np.int32),
+                            tot=np.array(T, np.int32)))[0]
+    return y, q, k, v
+
+
+@pytest.mark.parametrize("window", [3, 5])
+def test_gqa_local_window_size_is_the_contracts_window(window):
+    """The lowering writes local_window_size = W (rules.gqa_local_window); onnxruntime's kernel must then see the
+    same W keys (the current one included) as the model's sliding_window rule, and W - 1 must not."""
+    import numpy as np
+    import torch
+
+    from mhaexport.exporter.lowering.rules import gqa_local_window
+    from mhaexport.models.attention import build_causal_mask
+
+    assert gqa_local_window(0, (window, 0)) == window and gqa_local_window(1, (window, 0)) == -1
+    T = 12
+    allowed = build_causal_mask(T, 0, torch.ones(1, T, dtype=torch.long), window=window)[0, 0].numpy()  # (T, S)
+    for lws, same in ((gqa_local_window(0, (window,)), True), (window - 1, False)):
+        y, q, k, v = _gqa_alone(lws, T)
+        scores = np.where(allowed, q[0] @ k[0].T / np.sqrt(8), -1e30)  # (T, S)
+        p = np.exp(scores - scores.max(1, keepdims=True))
+        want = (p / p.sum(1, keepdims=True)) @ v[0]  # (T, D)
+        assert (np.abs(want - y[0]).max() < 1e-4) == same
+
+
+@pytest.mark.parametrize("attention,kv_cache,preset,feature", [
+    ("onnx", "concat", "tiny-gemma", "attn_softcap=0.02 of layer 0"),
+    ("fused", "concat", "tiny-sinks", "attn_sinks=True of layer 0"),
+    ("ort", "concat", "tiny-gemma", "attn_softcap=0.02 of layer 0"),
+])
+def test_a_lowering_that_cannot_express_a_feature_refuses_naming_it(tmp_path, attention, kv_cache, preset, feature):
+    """Refused in one line, exit 2, before any export work; nothing is written."""
+    from click.testing import CliRunner
+
+    from mhaexport.cli import main
+
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["-q", "onnx", "--config", preset, "--attention", attention, "--kv-cache", kv_cache,
+                                  "--opset", "23", "--output", str(out)])
+    assert r.exit_code == 2, r.output
+    assert feature in r.output and "export with --attention decomposed" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (out / "model.onnx").exists()
+
+
+def test_every_lowering_expresses_the_window_and_scale():
+    from mhaexport.exporter.lowering.guard import refuse_unexpressible
+    from mhaexport.models.config import PRESETS
+    from mhaexport.models.loading import load_model
+
+    c = load_model(config="tiny-window").contract
+    assert c.windows == (8, 8) and PRESETS["tiny-gemma"].layer_windows == (8, 0)
+    for attention in ("decomposed", "onnx", "ort", "fused"):
+        for kv in ("concat", "shared"):
+            refuse_unexpressible(c, attention, kv)  # no refusal: the window travels (bias or local_window_size)
+
+
+def test_genai_sliding_window_is_checked_per_layer_against_the_graph():
+    """A config that says 8 over a graph that says -1 fails naming the layer; the writer writes no entry for a
+    full-length cache, and the checker accepts exactly that."""
+    from mhaexport.runtime.genai_config import GraphIO, sliding_window_entry, window_findings
+
+    c = ModelContract(2, 4, 16, 256, 128, n_kv_heads=2, windows=(8, 0))
+    assert sliding_window_entry(c) is None  # mhaexport's caches are full-length: onnxruntime-genai must not slide
+    entry = sliding_window_entry(c, window_sized_cache=True)
+    assert entry["window_size"] == 8 and entry["layers"] == [0]
+    dec = {"num_hidden_layers": 2, "sliding_window": entry}
+    builder = GraphIO(windows={0: {"local_window_size": 8, "sliding_window_cache": 1},
+                               1: {"local_window_size": -1, "sliding_window_cache": 0}})
+    assert window_findings(dec, builder, c) == []
+    dropped = GraphIO(windows={0: {"local_window_size": -1, "sliding_window_cache": 1},
+                               1: {"local_window_size": -1, "sliding_window_cache": 0}})
+    (f,) = window_findings(dec, dropped, c)
+    assert "(layer 0)" in f.field and "window 8" in f.message and "local_window_size -1" in f.message
+    unlisted = {"num_hidden_layers": 2, "sliding_window": {**entry, "layers": []}}  # [] means every layer
+    assert any("(layer 1)" in f.field and "full attention" in f.message for f in window_findings(unlisted, builder, c))
+    full_cache = GraphIO(windows={})  # a concat cache: the window is in the graph's mask
+    assert "full-length" in window_findings(dec, full_cache, c)[0].message
+    assert window_findings({"num_hidden_layers": 2}, full_cache, c) == []
+
+
+def test_lint_flags_a_window_dropped_or_shifted_per_layer():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from mhaexport.verify.lint import lint_model
+
+    def graph(sizes):
+        nodes = [h.make_node("GroupQueryAttention", ["q", "k", "v", f"past_key_values.{i}.key",
+                                                     f"past_key_values.{i}.value", "sl", "tot"],
+                             [f"y{i}", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
+                             num_heads=4, kv_num_heads=2, local_window_size=w) for i, w in enumerate(sizes)]
+        ins = [h.make_tensor_value_info(n, TP.FLOAT, None) for n in ("q", "k", "v")]
+        return h.make_model(h.make_graph(nodes, "g", ins, [h.make_tensor_value_info("y0", TP.FLOAT, None)]),
+                            opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)])
+
+    c = ModelContract(2, 4, 16, 256, 128, n_kv_heads=2, windows=(8, 0))
+
+    def window_findings(sizes):
+        return [f for f in lint_model(graph(sizes), contract=c).findings if f.rule == "window"]
+
+    assert window_findings([8, -1]) == []
+    for sizes, says in (([-1, -1], "dropped"), ([9, -1], "shifted by +1"), ([7, -1], "shifted by -1"),
+                        ([8, 8], "does not have")):
+        (f,) = window_findings(sizes)
+        assert f.severity == "error" and says in f.message and "layer" in f.node
+    assert [f for f in lint_model(graph([-1, -1])).findings if f.rule == "window"] == []  # no contract: not judged

@@ -1,0 +1,86 @@
+"""Windowed presets exported and verified, and windows or softcaps planted away in a shipped file (issue 37):
+each caught by verify naming the check. Slow: each export takes about a minute on 2 shared cores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mhaexport.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _export(out, *args):
+    r = CliRunner().invoke(main, ["-q", "onnx", "--output", str(out), *args])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _verify(folder):
+    r = CliRunner().invoke(main, ["verify", str(folder), "--runtime", "ort-cpu"])
+    report = json.loads((folder / "report-ort-cpu.json").read_text())["results"]["ort-cpu"]
+    return r, {name: res["status"] for name, res in report.items()}, report
+
+
+@pytest.fixture(scope="module")
+def window_shared(tmp_path_factory):
+    return _export(tmp_path_factory.mktemp("w") / "shared", "--config", "tiny-window", "--kv-cache", "shared")
+
+
+@pytest.fixture(scope="module")
+def gemma_decomposed(tmp_path_factory):
+    return _export(tmp_path_factory.mktemp("g") / "dec", "--config", "tiny-gemma")
+
+
+def test_a_windowed_shared_cache_file_passes_beyond_its_window(window_shared):
+    import onnx
+
+    proto = onnx.load(str(window_shared / "model.onnx"), load_external_data=False)
+    sizes = [a.i for n in proto.graph.node if n.op_type == "GroupQueryAttention" for a in n.attribute
+             if a.name == "local_window_size"]
+    assert sizes == [8, 8]
+    r, status, report = _verify(window_shared)
+    assert r.exit_code == 0, r.output
+    assert report["parity"]["figures"]["longest_position"] >= 8 and report["parity"]["figures"]["windows_crossed"] == [8]
+    for check in ("kv-consistency", "padding", "generation"):
+        assert status[check] is True and report[check]["figures"]["longest_position"] >= 8, check
+
+
+@pytest.mark.parametrize("bug", ["window_removed", "window_plus_one", "window_minus_one"])
+def test_a_window_dropped_or_shifted_in_the_file_fails_verify(window_shared, tmp_path, bug):
+    from planted.edit import rehashed_copy
+    from planted.file_bugs import WINDOW_BUGS
+
+    folder = rehashed_copy(window_shared, tmp_path / bug, WINDOW_BUGS[bug])
+    r, status, _ = _verify(folder)
+    assert r.exit_code == 1, r.output
+    assert status["parity"] is False and status["kv-consistency"] is False, status
+
+
+def test_the_gemma_preset_passes_and_its_softcap_dropped_fails(gemma_decomposed, tmp_path):
+    from planted.edit import rehashed_copy
+    from planted.file_bugs import softcap_dropped
+
+    r, status, _ = _verify(gemma_decomposed)
+    assert r.exit_code == 0, r.output
+    folder = rehashed_copy(gemma_decomposed, tmp_path / "nocap", softcap_dropped)
+    r, status, _ = _verify(folder)
+    assert r.exit_code == 1 and status["parity"] is False, (r.output, status)
+
+
+def test_the_gemma_preset_on_the_shared_cache_carries_window_softcap_and_scale_per_layer(tmp_path):
+    """GroupQueryAttention gets local_window_size per layer (8, then -1 for the global layer), the softcap and the
+    query scale; verify passes beyond the window."""
+    import onnx
+
+    folder = _export(tmp_path / "gs", "--config", "tiny-gemma", "--kv-cache", "shared")
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in proto.graph.node
+             if n.op_type == "GroupQueryAttention"]
+    assert [a["local_window_size"] for a in attrs] == [8, -1]
+    assert all(abs(a["softcap"] - 0.02) < 1e-6 and abs(a["scale"] - 0.2) < 1e-6 for a in attrs)
+    r, status, _ = _verify(folder)
+    assert r.exit_code == 0, r.output
