@@ -154,12 +154,11 @@ class PreviousModel:
 
 def previous_model(folder: str | Path) -> PreviousModel | None:
     """The model ``folder``'s manifest.json records, or None (no folder, no manifest, a manifest not ours)."""
-    import json
-
     from mhaexport.artifact.manifest import FILENAME
+    from mhaexport.untrusted import load_json
 
     try:
-        data = json.loads((Path(folder) / FILENAME).read_text())
+        data = load_json(Path(folder) / FILENAME, f"{folder}/{FILENAME}")
         model = data["model"]
         contract = model.get("contract") or {}
         files = []

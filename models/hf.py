@@ -146,10 +146,10 @@ def _first_int(value: Any) -> int | None:
 def architecture_label(path: str | Path) -> str:
     """``LlamaForCausalLM (llama)`` from ``DIR/config.json`` without importing transformers; the folder's name
     when it cannot be read."""
-    import json
+    from mhaexport.untrusted import load_json
 
     try:
-        data = json.loads((Path(path) / "config.json").read_text())
+        data = load_json(Path(path) / "config.json", f"{path}/config.json")
         arch = (data.get("architectures") or ["?"])[0]
         return f"{arch} ({data.get('model_type', '?')})"
     except Exception:
@@ -202,6 +202,11 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
                             max_positions=max_pos, n_kv_heads=n_kv, notes=notes, **ids)
 
 
+# the JSON files of a Hugging Face folder that transformers or tokenizers parse (from_pretrained, the export's copy)
+HF_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json")
+
+
 def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, dict]:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`) and the origin
     to record; see :func:`mhaexport.models.loading.load_hf`. ``shown``: how messages name the model (default:
@@ -211,6 +216,11 @@ def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, 
     if not (folder / "config.json").is_file():
         what = "does not exist" if not folder.exists() else "has no config.json"
         raise ModelLoadError(f"--hf {path}: {what} (expected a Hugging Face save_pretrained folder)")
+    from mhaexport.untrusted import load_json
+
+    for name in HF_JSON_FILES:  # bounded (size, depth) by mhaexport's reader before transformers parses them
+        if (folder / name).is_file():
+            load_json(folder / name, f"--hf {path}: {name}")
     label = architecture_label(folder)
     transformers = import_transformers()
     with _quiet(transformers):

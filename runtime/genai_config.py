@@ -16,13 +16,13 @@ manifest's file and cache layout and the tokenizer's ids it checks those too.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mhaexport.errors import ArtifactError
+from mhaexport.errors import ArtifactError, UntrustedInput
+from mhaexport.untrusted import load_json
 
 GENAI_CONFIG = "genai_config.json"
 GENAI_CHECK = "genai-config"
@@ -307,8 +307,8 @@ def tokenizer_special_ids(files: dict[str, Path]) -> dict[str, tuple[set[int], s
         if p is None:
             return None
         try:
-            data = json.loads(Path(p).read_text())
-        except (OSError, ValueError):
+            data = load_json(Path(p), name)
+        except UntrustedInput:
             return None
         return data if isinstance(data, dict) else None
 
@@ -396,9 +396,9 @@ def deploy_findings(ef) -> list[ConfigFinding] | None:
     if GENAI_CONFIG not in entry.files:
         return None
     try:
-        cfg = json.loads(Path(ef.file("onnx", GENAI_CONFIG)).read_text())
-    except (OSError, ValueError) as e:
-        return [ConfigFinding(GENAI_CONFIG, f"not readable JSON: {e}")]
+        cfg = load_json(Path(ef.file("onnx", GENAI_CONFIG)), GENAI_CONFIG)
+    except UntrustedInput as e:
+        return [ConfigFinding(GENAI_CONFIG, str(e))]
     if not isinstance(cfg, dict):
         return [ConfigFinding(GENAI_CONFIG, f"{type(cfg).__name__}, not a JSON object")]
     try:

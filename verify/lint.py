@@ -33,6 +33,7 @@ from onnx import numpy_helper
 
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder, shown_path
+from mhaexport.untrusted import shown
 from mhaexport.artifact.record import Record
 from mhaexport.errors import ArtifactError
 from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
@@ -85,11 +86,11 @@ class LintReport(Record):
         c = self.counts()
         lines = [f"{heading} Lint: {c['error']} error(s), {c['warning']} warning(s), {c['info']} note(s)", ""]
         if not self.findings:
-            return "\n".join(lines + [f"No findings ({len(self.rules)} rules: {', '.join(self.rules)}).", ""])
+            return "\n".join(map(shown, lines + [f"No findings ({len(self.rules)} rules: {', '.join(self.rules)}).", ""]))
         lines += ["| severity | rule | node | finding | fix |", "| --- | --- | --- | --- | --- |"]
         for f in self.findings:
             lines.append(f"| {ICON[f.severity]} {f.severity} | {f.rule} | `{f.node}` | {f.message} | {f.fix} |")
-        return "\n".join(lines + [""])
+        return "\n".join(map(shown, lines + [""]))  # one line each: a node name from the file cannot start another
 
 
 class _Graph(GraphIndex):
