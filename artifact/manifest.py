@@ -33,6 +33,7 @@ from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.details import Details, details_from_dict
 from mhaexport.errors import ArtifactError
 from mhaexport.iospec import Contract, ModuleContract, contract_from_dict
+from mhaexport.untrusted import check_dims
 
 KIND = "manifest"
 VERSION = 2
@@ -139,6 +140,7 @@ class ModelRecord:
         check_types(data, _RECORD_TYPES, "model")
         if isinstance(contract := data.get("contract"), dict):
             check_types(contract, _MODULE_TYPES if "kind" in contract else _CONTRACT_TYPES, "model.contract")
+            check_dims(contract, "manifest field model.contract")
         check_types(data.get("source") or {}, _SOURCE_TYPES, "model.source")
         try:
             contract = contract_from_dict(data["contract"])

@@ -26,6 +26,36 @@ MAX_JSON_BYTES = 64 << 20
 MAX_JSON_DEPTH = 64
 
 
+# the largest model dimensions a folder may declare (a manifest's contract): the largest models published have ~126
+# layers, 128 heads, 256k-token vocabularies and 10M positions; a crafted 10**9 layers is one line, not an allocation
+# that takes the machine down
+MAX_DIMS = {"n_layers": 1 << 10, "n_heads": 1 << 10, "n_kv_heads": 1 << 10, "head_dim": 1 << 14,
+            "d_model": 1 << 16, "vocab_size": 1 << 22, "max_positions": 1 << 24}
+# the KV cache of one position over all layers (2 x n_layers x n_kv_heads x head_dim float32 values): a real model's
+# is at most a few MB; verify's sweep holds a few hundred positions of it at once
+MAX_CACHE_BYTES_PER_POSITION = 1 << 28
+
+
+def check_dims(dims: dict, where: str) -> None:
+    """UntrustedInput naming ``where``.field when a model dimension of ``dims`` (a manifest's contract) is not a
+    positive integer within :data:`MAX_DIMS`, or the KV cache of one position exceeds
+    :data:`MAX_CACHE_BYTES_PER_POSITION` (what a machine can hold for verify's sweep)."""
+    for key, limit in MAX_DIMS.items():
+        v = dims.get(key)
+        if v is None or isinstance(v, bool) or not isinstance(v, int):
+            continue  # absent or mistyped: the field's own type check says so
+        if not 1 <= v <= limit:
+            raise UntrustedInput(f"{where}.{key}: {v} is outside 1..{limit}, the sizes mhaexport runs: refused")
+    layers, kv, dim = (dims.get(k) for k in ("n_layers", "n_kv_heads", "head_dim"))
+    kv = kv if kv is not None else dims.get("n_heads")
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in (layers, kv, dim)):
+        per_position = 2 * layers * kv * dim * 4
+        if per_position > MAX_CACHE_BYTES_PER_POSITION:
+            raise UntrustedInput(f"{where}: n_layers={layers} x n_kv_heads={kv} x head_dim={dim} makes a KV cache of "
+                                 f"{per_position / 2**20:.0f} MiB a position, more than the "
+                                 f"{MAX_CACHE_BYTES_PER_POSITION >> 20} MiB mhaexport runs: refused")
+
+
 def shown(text: object) -> str:
     """``text`` as it may be shown to people or CI: every character that is not printable — control characters
     (the ESC that starts an ANSI escape, line breaks, tab, DEL, C1 controls), format characters (bidi overrides,
@@ -40,6 +70,7 @@ def shown(text: object) -> str:
 
 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
 
 
 def json_depth(raw: bytes) -> int:
@@ -50,14 +81,18 @@ def json_depth(raw: bytes) -> int:
     # every quote left after taking out escaped backslashes and escaped quotes opens or closes a string: the text
     # outside strings is every other piece between quotes
     plain = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-    brackets = b"".join(plain.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    # the brackets outside strings, as one kind: a { closed by ] is not JSON, which the parser then says
+    brackets = b"".join(plain.split(b'"')[::2]).translate(_ONE_KIND, _NOT_BRACKETS)
     depth = 0
-    while brackets:  # take out the innermost pairs, one level a pass
-        inner = brackets.replace(b"[]", b"").replace(b"{}", b"")
-        if inner == brackets:  # unbalanced: count what it opens before closing
-            return depth + max(itertools.accumulate(1 if b in b"[{" else -1 for b in brackets))
+    while brackets and depth <= MAX_JSON_DEPTH:  # take out the innermost pairs, one level a pass
+        inner = brackets.replace(b"[]", b"")  # non-overlapping, on the text as it was: one level
+        if inner == brackets:
+            break
         brackets, depth = inner, depth + 1
-    return depth
+    if not brackets:
+        return depth
+    # deeper than any limit, or unbalanced: count, once, how deep it opens (linear, no recursion)
+    return depth + max(itertools.accumulate(1 if b == 0x5B else -1 for b in brackets))
 
 
 def load_json(source: bytes | str | os.PathLike, where: str, *, max_bytes: int = MAX_JSON_BYTES,
