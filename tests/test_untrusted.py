@@ -182,3 +182,57 @@ def test_model_dimensions_from_a_folder_are_bounded():
         check_dims({**ok, "n_layers": 1024, "n_kv_heads": 1024, "head_dim": 64}, "manifest field model.contract")
     with pytest.raises(UntrustedInput, match="n_heads: 0 is outside"):
         check_dims({**ok, "n_heads": 0}, "m")
+
+
+def test_a_tensor_whose_dims_disagree_with_its_data_is_named():
+    from onnx import TensorProto, helper
+
+    from mhaexport.graph import tensor_size_error
+
+    ok = helper.make_tensor("w", TensorProto.FLOAT, [2, 3], [0.0] * 6)
+    raw = helper.make_tensor("r", TensorProto.FLOAT16, [4], b"\0" * 8, raw=True)
+    assert tensor_size_error(ok) is None and tensor_size_error(raw) is None
+    ok.dims[0] = 2_000_000_000  # what numpy would try to reshape (or allocate) to
+    assert tensor_size_error(ok) == "dims [2000000000, 3] declare 6000000000 values of data, the tensor holds 6"
+    raw.dims[0] = -1
+    assert tensor_size_error(raw) == "dims [-1] hold a negative size"
+
+
+def test_lint_and_verify_refuse_an_initializer_whose_dims_disagree_with_its_data(tiny_export, tmp_path):
+    import hashlib
+    import shutil
+
+    import onnx
+
+    folder = tmp_path / "f"
+    shutil.copytree(tiny_export, folder)
+    model = onnx.load(str(folder / "model.onnx"))
+    t = next(t for t in model.graph.initializer if len(t.dims) == 2 and t.raw_data)
+    t.dims[0] *= 1000
+    onnx.save(model, str(folder / "model.onnx"))
+    manifest = json.loads((folder / "manifest.json").read_text())  # re-hashed, as someone preparing it would
+    data = (folder / "model.onnx").read_bytes()
+    manifest["artifacts"]["onnx"]["files"]["model.onnx"] = {"sha256": hashlib.sha256(data).hexdigest(),
+                                                            "bytes": len(data)}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    for args in (["lint", folder], ["verify", folder, "--runtime", "ort-cpu", "-o", tmp_path / "out"]):
+        r = CliRunner().invoke(main, [str(a) for a in args])
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().splitlines()[-1] == (f"Error: {folder}/model.onnx: tensor {t.name!r}: dims "
+                                                     f"{list(t.dims)} declare {t.dims[0] * t.dims[1] * 4} bytes of "
+                                                     f"data, the tensor holds {len(t.raw_data)}: refused")
+
+
+def test_bisect_reads_only_a_case_name_from_a_report_nobody_hashed(tmp_path):
+    """A report.json in the folder names the worst case; its shapes are verify's own sweep's, so a crafted report
+    cannot make bisect allocate a batch of a million rows."""
+    from mhaexport.diagnose.bisect import case_of_report
+    from mhaexport.iospec import ModelContract
+
+    contract = ModelContract(n_layers=2, n_heads=4, head_dim=16, vocab_size=256, max_positions=128)
+    for worst, expected in (("b=1000000 seq=4 past=0", None), ("b=3 seq=11 past=6 pad=[0, 2, 9]", (3, 11, 6))):
+        rep = _report(host="h")
+        rep.results["ort-cpu"]["parity"] = CheckResult("parity", False, {"worst_case": worst}, "failed")
+        path = write_report(rep, tmp_path, "report")[0]
+        found = case_of_report(path, contract)
+        assert (found and (found[0].batch, found[0].seq, found[0].past)) == (expected or None), worst

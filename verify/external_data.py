@@ -13,15 +13,18 @@ from onnx.external_data_helper import _get_all_tensors
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.manifest import FILENAME
-from mhaexport.errors import UnsafeFolder
+from mhaexport.errors import UnsafeFolder, UntrustedInput
+from mhaexport.graph import tensor_size_error
+from mhaexport.untrusted import shown
 
 
-def external_data_names(onnx_path: str | Path) -> list[str]:
+def external_data_names(onnx_path: str | Path, tensors: list | None = None) -> list[str]:
     """The external-data locations an ONNX file names (initializers and tensor attributes, subgraphs included), in
-    first-reference order; the file is parsed without its data."""
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    first-reference order; the file is parsed without its data (``tensors``: its tensors, already read)."""
+    if tensors is None:
+        tensors = list(_get_all_tensors(onnx.load(str(onnx_path), load_external_data=False)))
     found: list[str] = []
-    for t in _get_all_tensors(model):
+    for t in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             loc = next((e.value for e in t.external_data if e.key == "location"), "")
             if loc not in found:
@@ -40,9 +43,13 @@ def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
         if not fname.endswith(".onnx") or not ef.file(artifact, fname).is_file():
             continue
         try:
-            locations = external_data_names(ef.file(artifact, fname))
+            tensors = list(_get_all_tensors(onnx.load(str(ef.file(artifact, fname)), load_external_data=False)))
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends: an unreadable file, reported later
             continue
+        for t in tensors:  # dims that disagree with the data: refused before lint's rules or a runtime read them
+            if (why := tensor_size_error(t)) is not None:
+                raise UntrustedInput(f"{ef.path / fname}: tensor {shown(t.name)!r}: {why}: refused")
+        locations = external_data_names(ef.file(artifact, fname), tensors)
         for loc in locations:
             check_name(loc, f"{ef.path / fname}: external data")
             if loc not in entry.files:
