@@ -255,7 +255,60 @@ def _config_reader(folder: Path):
     return dict(PRESETS["tiny"].to_dict()), read
 
 
-READERS = ["manifest", "genai_config", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+@st.composite
+def hostile_onnx(draw, model) -> bytes:
+    """An ONNX file (the tiny export's graph) with a few protobuf fields edited: an initializer's dims, data type
+    or data; a node's op, input name or attribute; a graph input's dims or type; the opset; or the bytes cut."""
+    m = copy.deepcopy(model)
+    g = m.graph
+    for _ in range(draw(st.integers(1, 3))):
+        what = draw(st.sampled_from(["dims", "dtype", "data", "op", "name", "attr", "input", "opset", "cut"]))
+        if what in ("dims", "dtype", "data") and len(g.initializer):
+            t = g.initializer[draw(st.integers(0, len(g.initializer) - 1))]
+            if what == "dims" and len(t.dims):
+                t.dims[draw(st.integers(0, len(t.dims) - 1))] = draw(st.sampled_from([-1, 0, 1, 3, 2**31, 2**40]))
+            elif what == "dtype":
+                t.data_type = draw(st.integers(0, 25))
+            else:
+                t.raw_data = draw(st.binary(max_size=16))
+        elif what in ("op", "name", "attr") and len(g.node):
+            n = g.node[draw(st.integers(0, len(g.node) - 1))]
+            if what == "op":
+                n.op_type = draw(st.sampled_from(["Softmax", "Where", "Reshape", "Cast", "NoSuchOp", "", "\x00"]))
+            elif what == "name" and len(n.input):
+                n.input[0] = draw(st.sampled_from(HOSTILE_TEXT).filter(lambda x: "\ud800" not in x))
+            elif len(n.attribute):
+                a = n.attribute[0]
+                a.i, a.f = draw(st.integers(-(2**63), 2**63 - 1)), draw(st.floats(allow_nan=True, width=32))
+        elif what == "input" and len(g.input):
+            vi = g.input[draw(st.integers(0, len(g.input) - 1))]
+            vi.type.tensor_type.elem_type = draw(st.integers(0, 25))
+            for d in vi.type.tensor_type.shape.dim:
+                if draw(st.booleans()):
+                    d.dim_value = draw(st.sampled_from([0, 1, 7, 2**40]))
+        elif what == "opset" and len(m.opset_import):
+            m.opset_import[0].version = draw(st.integers(-1, 1000))
+    data = m.SerializeToString()
+    if draw(st.integers(0, 9)) == 0:
+        data = data[:draw(st.integers(0, len(data)))]
+    return data
+
+
+def _onnx_reader(folder: Path, tiny_export: Path):
+    import onnx
+
+    from mhaexport.verify.lint import lint_path
+
+    model = onnx.load(str(tiny_export / "model.onnx"))
+
+    def read(raw: bytes):
+        (folder / "model.onnx").write_bytes(raw)
+        lint_path(folder / "model.onnx")
+
+    return model, read
+
+
+READERS = ["onnx", "manifest", "genai_config", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
            "report", "bench", "config"]
 
 
@@ -282,6 +335,10 @@ def _reader(name: str, world: Path, tiny_export):
 
 
 def _run(name, world, tiny_export, record_property, examples):
+    if name == "onnx":
+        model, read = _onnx_reader(world / "in", tiny_export)
+        assert drive(hostile_onnx(model), read, examples, world, record_property) == examples
+        return
     base, read = _reader(name, world, tiny_export)
     assert drive(hostile_json(base), read, examples, world, record_property) == examples
 

@@ -32,6 +32,17 @@ def external_data_names(onnx_path: str | Path, tensors: list | None = None) -> l
     return found
 
 
+def check_tensors(tensors, where: str | Path) -> None:
+    """UntrustedInput naming ``where`` and the tensor when an in-file tensor's dims disagree with its data (or are
+    negative): refused before lint's rules or a runtime read it (numpy would raise, or allocate what the dims
+    claim). ``tensors``: a ModelProto's tensors (``_get_all_tensors``), or the ModelProto itself."""
+    if isinstance(tensors, onnx.ModelProto):
+        tensors = _get_all_tensors(tensors)
+    for t in tensors:
+        if (why := tensor_size_error(t)) is not None:
+            raise UntrustedInput(f"{where}: tensor {shown(t.name)!r}: {why}: refused")
+
+
 def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
     """UnsafeFolder unless every external-data location of each ONNX file of ``ef``'s ``artifact`` is one of the
     artifact's hashed files. A file onnx cannot parse is left to the runtimes, which report it."""
@@ -46,9 +57,7 @@ def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
             tensors = list(_get_all_tensors(onnx.load(str(ef.file(artifact, fname)), load_external_data=False)))
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends: an unreadable file, reported later
             continue
-        for t in tensors:  # dims that disagree with the data: refused before lint's rules or a runtime read them
-            if (why := tensor_size_error(t)) is not None:
-                raise UntrustedInput(f"{ef.path / fname}: tensor {shown(t.name)!r}: {why}: refused")
+        check_tensors(tensors, ef.path / fname)
         locations = external_data_names(ef.file(artifact, fname), tensors)
         for loc in locations:
             check_name(loc, f"{ef.path / fname}: external data")

@@ -467,6 +467,10 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
                             f"({path.stat().st_size} bytes)")
+    if ef is None:  # a file on its own (a folder's are checked with its external data)
+        from mhaexport.verify.external_data import check_tensors
+
+        check_tensors(model, shown_path(path))
     report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, feed=feed)
     if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)
         from mhaexport.verify.genai_check import GENAI_CHECK, lint_findings
