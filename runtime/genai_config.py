@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.errors import ArtifactError, UntrustedInput
-from mhaexport.untrusted import load_json
+from mhaexport.untrusted import load_json, shown
 
 GENAI_CONFIG = "genai_config.json"
 GENAI_CHECK = "genai-config"
@@ -150,8 +150,13 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
                                       "onnxruntime-genai would run a file verify never checked")
 
     # --- names: every input onnxruntime-genai feeds exists, every graph input is fed ---------------------------
-    names_in = dec.get("inputs") if isinstance(dec.get("inputs"), dict) else {}
-    names_out = dec.get("outputs") if isinstance(dec.get("outputs"), dict) else {}
+    names_in, names_out = ({k: v for k, v in group.items() if isinstance(v, str)} if isinstance(group, dict) else {}
+                           for group in (dec.get("inputs"), dec.get("outputs")))
+    for where in ("inputs", "outputs"):  # a name that is not a string: said once, then the default name is checked
+        group = dec.get(where)
+        for k, v in (group.items() if isinstance(group, dict) else ()):
+            if not isinstance(v, str):
+                bad(f"model.decoder.{where}.{shown(k)}", f"{shown(repr(v))[:60]}: not a name")
     layers = dec.get("num_hidden_layers")
     n_layers = layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else None
     fed: set[str] = set()
@@ -288,10 +293,12 @@ def _token_id(tok: Any, tokenizer_json: dict | None) -> int | None:
     content = tok.get("content") if isinstance(tok, dict) else tok
     if not isinstance(content, str) or tokenizer_json is None:
         return None
-    for added in tokenizer_json.get("added_tokens", []) or []:
-        if added.get("content") == content and isinstance(added.get("id"), int):
+    added_tokens = tokenizer_json.get("added_tokens")
+    for added in added_tokens if isinstance(added_tokens, list) else []:  # any field may be junk in a crafted file
+        if isinstance(added, dict) and added.get("content") == content and isinstance(added.get("id"), int):
             return added["id"]
-    vocab = (tokenizer_json.get("model") or {}).get("vocab")
+    model = tokenizer_json.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict) and isinstance(vocab.get(content), int):
         return vocab[content]
     return None
