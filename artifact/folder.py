@@ -54,7 +54,7 @@ from mhaexport.artifact.lock import FolderLock, reader_lock
 from mhaexport.artifact.manifest import FILENAME, ArtifactEntry, Manifest, ModelRecord
 from mhaexport.errors import ArtifactError, UnsafeFolder
 from mhaexport.iospec import ModelContract
-from mhaexport.untrusted import load_json
+from mhaexport.untrusted import check_json, load_json
 
 STAGING_PREFIX = ".staging-"
 SNAPSHOT_PREFIX = ".snapshot-"
@@ -162,6 +162,8 @@ class ExportFolder:
             entry = self.entry(name)
             where = f"{self.path / FILENAME}: artifacts.{name}"
             for fname in entry.files:
+                if fname.endswith(".json") and fname in self._copied:  # onnxruntime-genai's C++ parser reads these
+                    check_json(self.root / fname, str(self.path / fname))  # bounded (size, depth) before anyone
                 if Path(fname).name == GENAI_CONFIG and fname in self._copied:
                     self._check_genai_config(fname, entry, where)
 

@@ -104,16 +104,7 @@ def load_json(source: bytes | str | os.PathLike, where: str, *, max_bytes: int =
     the tokenizer files, Hugging Face configs, reports, ``--config FILE.json``. What the value must hold is the
     caller's to check (a field's type, a number's range)."""
     where = shown(where)
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        raw = bytes(source)
-    else:
-        raw = _read_capped(Path(source), where, max_bytes)
-    if len(raw) > max_bytes:
-        raise UntrustedInput(f"{where}: {len(raw)} bytes, more than the {max_bytes} a JSON file may hold: refused")
-    depth = json_depth(raw)
-    if depth > max_depth:
-        raise UntrustedInput(f"{where}: JSON nested {depth} deep, deeper than the {max_depth} levels mhaexport reads: "
-                       "refused")
+    raw = check_json(source, where, max_bytes=max_bytes, max_depth=max_depth)
     import json
 
     try:
@@ -125,6 +116,25 @@ def load_json(source: bytes | str | os.PathLike, where: str, *, max_bytes: int =
     except ValueError as e:  # JSONDecodeError, and an integer of more digits than Python converts
         raise UntrustedInput(f"{where}: not valid JSON ({shown(str(e).splitlines()[0] if str(e) else type(e).__name__)})"
                        ) from None
+
+
+def check_json(source: bytes | str | os.PathLike, where: str, *, max_bytes: int = MAX_JSON_BYTES,
+               max_depth: int = MAX_JSON_DEPTH) -> bytes:
+    """The bytes of ``source`` once its size and nesting are within the limits (the first half of
+    :func:`load_json`, without parsing): for a JSON file another program parses (onnxruntime-genai's C++ reader of
+    a folder's tokenizer and config files), and for :func:`load_json` itself."""
+    where = shown(where)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        raw = bytes(source)
+    else:
+        raw = _read_capped(Path(source), where, max_bytes)
+    if len(raw) > max_bytes:
+        raise UntrustedInput(f"{where}: {len(raw)} bytes, more than the {max_bytes} a JSON file may hold: refused")
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise UntrustedInput(f"{where}: JSON nested {depth} deep, deeper than the {max_depth} levels mhaexport reads: "
+                             "refused")
+    return raw
 
 
 def _read_capped(path: Path, where: str, max_bytes: int) -> bytes:

@@ -236,3 +236,28 @@ def test_bisect_reads_only_a_case_name_from_a_report_nobody_hashed(tmp_path):
         path = write_report(rep, tmp_path, "report")[0]
         found = case_of_report(path, contract)
         assert (found and (found[0].batch, found[0].seq, found[0].past)) == (expected or None), worst
+
+
+def test_a_folders_json_files_are_bounded_at_open_and_a_nul_in_a_source_is_refused(tiny_export, tmp_path):
+    """Every JSON file a folder lists (a tokenizer's, read later by tokenizers or onnxruntime-genai's C++ parser) is
+    bounded when the folder is opened; a manifest source path holding a NUL is refused: both exit 2, one line."""
+    import hashlib
+    import shutil
+
+    deep, nul = tmp_path / "deep", tmp_path / "nul"
+    for folder in (deep, nul):
+        shutil.copytree(tiny_export, folder)
+    (deep / "tokenizer_config.json").write_bytes(b'{"a": ' + b"[" * 3000 + b"]" * 3000 + b"}")
+    manifest = json.loads((deep / "manifest.json").read_text())
+    data = (deep / "tokenizer_config.json").read_bytes()
+    manifest["artifacts"]["onnx"]["files"]["tokenizer_config.json"] = {"sha256": hashlib.sha256(data).hexdigest(),
+                                                                        "bytes": len(data)}
+    (deep / "manifest.json").write_text(json.dumps(manifest))
+    manifest = json.loads((nul / "manifest.json").read_text())
+    manifest["model"]["source"] = {"kind": "hf", "path": "../hf\x00/x"}
+    (nul / "manifest.json").write_text(json.dumps(manifest))
+    for folder, line in ((deep, f"Error: {deep}/tokenizer_config.json: JSON nested 3001 deep, deeper than the 64 "
+                                "levels mhaexport reads: refused"),
+                         (nul, "Error: manifest field model.source.path: '../hf\\x00/x' holds a NUL: refused")):
+        r = CliRunner().invoke(main, ["lint", str(folder)])
+        assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == line, r.output
