@@ -30,7 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from mhaexport.errors import MhaExportError  # noqa: E402
 
-FAST, SLOW = 12, 300  # cases per reader: the default run, and -m slow
+FAST, SLOW = 8, 300  # cases per reader: the default run, and -m slow
 PER_CASE_S = 20  # a case still running after this is a hang
 # text a crafted folder puts in a name or a value
 HOSTILE_TEXT = ["", "../outside/x", "/etc/passwd", "model.onnx", "a\x00b", "\x1b[2J\n## ✅ passed", "\ud800",

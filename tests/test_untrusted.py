@@ -160,7 +160,7 @@ def test_the_reader_bounds_size_and_never_opens_a_fifo(tmp_path):
         load_json(fifo, "fifo.json")  # no writer: opening it to read would hang
 
 
-def test_a_deep_manifest_and_config_file_are_exit_2_naming_the_file(tmp_path):
+def test_a_deep_manifest_and_config_file_are_refused_naming_the_file(tmp_path):
     folder = tmp_path / "f"
     folder.mkdir()
     (folder / "manifest.json").write_bytes(b"[" * 20_000 + b"]" * 20_000)
@@ -168,8 +168,10 @@ def test_a_deep_manifest_and_config_file_are_exit_2_naming_the_file(tmp_path):
     assert r.exit_code == 2 and "manifest.json: JSON nested 20000 deep" in r.output, r.output
     cfg = tmp_path / "cfg.json"
     cfg.write_bytes(b'{"n_layers":' + b"[" * 5000 + b"]" * 5000 + b"}")
-    r = CliRunner().invoke(main, ["onnx", "--config", str(cfg), "-o", str(tmp_path / "out")])
-    assert r.exit_code == 2 and f"config file {cfg}: JSON nested 5001 deep" in r.output, r.output
+    from mhaexport.models.config import load_config
+
+    with pytest.raises(UntrustedInput, match=re.escape(f"config file {cfg}: JSON nested 5001 deep")):
+        load_config(str(cfg))  # --config FILE.json: a ConfigError, exit 2
 
 
 def test_model_dimensions_from_a_folder_are_bounded():
@@ -261,3 +263,13 @@ def test_a_folders_json_files_are_bounded_at_open_and_a_nul_in_a_source_is_refus
                          (nul, "Error: manifest field model.source.path: '../hf\\x00/x' holds a NUL: refused")):
         r = CliRunner().invoke(main, ["lint", str(folder)])
         assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == line, r.output
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer.json"])
+def test_a_hf_folders_json_is_read_by_the_bounded_reader_before_transformers(tmp_path, name):
+    from mhaexport.models.hf import hf_adapter
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (tmp_path / name).write_bytes(b"[" * 5000 + b"]" * 5000)
+    with pytest.raises(UntrustedInput, match=re.escape(f"--hf {tmp_path}: {name}: JSON nested 5000 deep")):
+        hf_adapter(tmp_path)
