@@ -254,7 +254,7 @@ def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str
 
     loaded = api.load(**_model_args(config, model, checkpoint, hf))
     for note in loaded.notes:
-        click.secho(f"note: {note}", fg="yellow", err=True)
+        click.secho(shown(f"note: {note}"), fg="yellow", err=True)
     return loaded
 
 
@@ -358,7 +358,7 @@ def _size(path: Path) -> str:
 
 def _warn(rec) -> None:
     for w in rec.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+        click.secho(shown(f"warning: {w}"), fg="yellow", err=True)
 
 
 def _show_record(rec, as_json: bool = False) -> None:
@@ -458,7 +458,7 @@ class Reporter:
 
         if isinstance(msg, Note):  # a note on the input: said even with --quiet
             self.close()
-            click.secho(f"note: {msg}", fg="yellow", err=True)
+            click.secho(shown(f"note: {msg}"), fg="yellow", err=True)
             return
         if self.quiet:
             return
@@ -773,7 +773,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id,
                           providers=providers, threads=threads, engine=engine)
     for w in result.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+        click.secho(shown(f"warning: {w}"), fg="yellow", err=True)
     if as_json:
         click.echo(json.dumps(result.to_dict(result.texts)))
         return
