@@ -52,10 +52,12 @@ def _paths(doc, at=()) -> list[tuple]:
     return out
 
 
-def _set(doc, path: tuple, value, delete: bool) -> None:
+def _set(doc, path: tuple, value, delete: bool, rename: str | None = None) -> None:
     for k in path[:-1]:
         doc = doc[k]
-    if delete and isinstance(doc, dict):
+    if rename is not None and isinstance(doc, dict):  # a hostile key: a file name, a runtime's name
+        doc[rename] = doc.pop(path[-1])
+    elif delete and isinstance(doc, dict):
         doc.pop(path[-1], None)
     else:
         doc[path[-1]] = value
@@ -71,7 +73,8 @@ def hostile_json(draw, base) -> bytes:
         paths = _paths(doc)
         for path in draw(st.lists(st.sampled_from(paths), min_size=1, max_size=3)) if paths else []:
             try:
-                _set(doc, path, draw(VALUES), draw(st.booleans()))
+                rename = draw(st.sampled_from(HOSTILE_TEXT)) if draw(st.integers(0, 4)) == 0 else None
+                _set(doc, path, draw(VALUES), draw(st.booleans()), rename)
             except (KeyError, IndexError, TypeError):
                 pass  # an earlier edit took its parent away
     text = json.dumps(doc, allow_nan=True).encode()

@@ -258,8 +258,16 @@ def test_a_folders_json_files_are_bounded_at_open_and_a_nul_in_a_source_is_refus
     manifest = json.loads((nul / "manifest.json").read_text())
     manifest["model"]["source"] = {"kind": "hf", "path": "../hf\x00/x"}
     (nul / "manifest.json").write_text(json.dumps(manifest))
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_export, odd)
+    manifest = json.loads((odd / "manifest.json").read_text())
+    manifest["artifacts"]["onnx"]["files"]["\ud800\n.bin"] = {"sha256": "0" * 64, "bytes": 1}
+    (odd / "manifest.json").write_text(json.dumps(manifest))
     for folder, line in ((deep, f"Error: {deep}/tokenizer_config.json: JSON nested 3001 deep, deeper than the 64 "
                                 "levels mhaexport reads: refused"),
+                         (odd, f"Error: {odd}/manifest.json: artifacts.onnx.files: '\\ud800\\n.bin' holds a control "
+                               "character or a character no file system name holds; mhaexport reads only files inside "
+                               "the folder: refused"),
                          (nul, "Error: manifest field model.source.path: '../hf\\x00/x' holds a NUL: refused")):
         r = CliRunner().invoke(main, ["lint", str(folder)])
         assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == line, r.output
