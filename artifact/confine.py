@@ -16,6 +16,7 @@ import errno
 import hashlib
 import os
 import stat
+import unicodedata
 from pathlib import Path, PurePosixPath
 
 from mhaexport.errors import ArtifactError, UnsafeFolder
@@ -40,6 +41,8 @@ def check_name(name: object, where: str) -> str:
     bad = None
     if "\0" in name or "\\" in name:
         bad = "holds a NUL or a backslash"
+    elif any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name):  # a line break, an escape, a lone surrogate
+        bad = "holds a control character or a character no file system name holds"
     elif name.startswith("/") or PurePosixPath(name).is_absolute():
         bad = "is an absolute path"
     else:

@@ -77,14 +77,14 @@ def atomic_write_json(path: str | Path, data: dict) -> None:
 
 
 def read_json(path: str | Path, what: str) -> dict:
-    """A JSON object from ``path``, or ArtifactError naming ``what`` it was supposed to be."""
+    """A JSON object from ``path``, read by the one bounded reader (:func:`mhaexport.untrusted.load_json`: size and
+    depth limited), or ArtifactError naming ``what`` it was supposed to be."""
+    from mhaexport.untrusted import load_json
+
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ArtifactError(f"{what} {path} does not exist") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{what} {path} is not readable JSON: {e}") from None
+    if not path.exists() and not path.is_symlink():
+        raise ArtifactError(f"{what} {path} does not exist")
+    data = load_json(path, f"{what} {path}")
     if not isinstance(data, dict):
         raise ArtifactError(f"{what} {path} holds a JSON {type(data).__name__}, expected an object")
     return data

@@ -39,7 +39,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -55,6 +54,7 @@ from mhaexport.artifact.lock import FolderLock, reader_lock
 from mhaexport.artifact.manifest import FILENAME, ArtifactEntry, Manifest, ModelRecord
 from mhaexport.errors import ArtifactError, UnsafeFolder
 from mhaexport.iospec import ModelContract
+from mhaexport.untrusted import check_json, load_json
 
 STAGING_PREFIX = ".staging-"
 SNAPSHOT_PREFIX = ".snapshot-"
@@ -168,14 +168,16 @@ class ExportFolder:
             entry = self.entry(name)
             where = f"{self.path / FILENAME}: artifacts.{name}"
             for fname in entry.files:
+                if fname.endswith(".json") and fname in self._copied:  # onnxruntime-genai's C++ parser reads these
+                    check_json(self.root / fname, str(self.path / fname))  # bounded (size, depth) before anyone
                 if Path(fname).name == GENAI_CONFIG and fname in self._copied:
                     self._check_genai_config(fname, entry, where)
 
     def _check_genai_config(self, fname: str, entry: ArtifactEntry, where: str) -> None:
         try:
-            config = json.loads((self.root / fname).read_bytes())
+            config = load_json((self.root / fname).read_bytes(), f"{self.path / fname}")
             filename = config["model"]["decoder"]["filename"]
-        except (ValueError, KeyError, TypeError):
+        except (KeyError, TypeError, ArtifactError):
             return  # not a config onnxruntime-genai could read: the genai runtime and lint report it
         check_name(filename, f"{self.path / fname}: model.decoder.filename")
         base = str(Path(fname).parent)
@@ -449,8 +451,8 @@ def _uncommitted(folder: Path, scratch: Path) -> dict | None:
     if journal_path.is_symlink() or not journal_path.is_file():
         return None
     try:
-        journal = json.loads(journal_path.read_text())
-    except (OSError, ValueError):
+        journal = load_json(journal_path.read_bytes(), str(journal_path))
+    except (OSError, ArtifactError):
         return None  # written atomically: a torn journal was never in force
     if isinstance(journal, dict) and _sha256_or_none(folder / FILENAME) == journal.get("manifest_sha256"):
         return journal

@@ -22,6 +22,7 @@ from pathlib import Path
 from mhaexport.artifact.confine import LOCK_FILE
 from mhaexport.artifact.files import env_number
 from mhaexport.errors import ArtifactError, UnsafeFolder
+from mhaexport.untrusted import load_json, shown
 # how long a writer waits for another one to finish its critical section (seconds); MHAEXPORT_LOCK_TIMEOUT overrides
 DEFAULT_TIMEOUT = 120.0
 LOCK_TIMEOUT_ENV = "MHAEXPORT_LOCK_TIMEOUT"
@@ -38,15 +39,15 @@ def _holder_line(fd: int) -> str:
     """Who holds the lock, from the lock file's JSON (written by a writer; any field may be junk in a folder someone
     else made: each is shown only when it has the expected type)."""
     try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
-    except (OSError, ValueError):
+        info = load_json(os.pread(fd, 4096, 0) or b"{}", LOCK_FILE)
+    except (OSError, ArtifactError):
         info = {}
     if not isinstance(info, dict) or not info:
         return "another process"
     pid, host, command, since = (info.get(k) for k in ("pid", "host", "command", "since"))
     pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else "?"
-    host = host if isinstance(host, str) else "?"
-    command = command[:200] if isinstance(command, str) else "?"
+    host = shown(host) if isinstance(host, str) else "?"
+    command = shown(command[:200]) if isinstance(command, str) else "?"
     try:
         when = time.strftime("%H:%M:%S", time.localtime(float(since)))
     except (TypeError, ValueError, OverflowError, OSError):

@@ -31,8 +31,9 @@ from pathlib import Path
 from mhaexport.artifact import schema
 from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.details import Details, details_from_dict
-from mhaexport.errors import ArtifactError
+from mhaexport.errors import ArtifactError, UntrustedInput
 from mhaexport.iospec import Contract, ModuleContract, contract_from_dict
+from mhaexport.untrusted import check_dims, shown
 
 KIND = "manifest"
 VERSION = 2
@@ -139,7 +140,13 @@ class ModelRecord:
         check_types(data, _RECORD_TYPES, "model")
         if isinstance(contract := data.get("contract"), dict):
             check_types(contract, _MODULE_TYPES if "kind" in contract else _CONTRACT_TYPES, "model.contract")
+            check_dims(contract, "manifest field model.contract")
         check_types(data.get("source") or {}, _SOURCE_TYPES, "model.source")
+        named = {"spec": data.get("spec"), "checkpoint": data.get("checkpoint"),
+                 **{f"source.{k}": v for k, v in (data.get("source") or {}).items()}}
+        for key, value in named.items():  # a path or name with a NUL: no file system takes it
+            if isinstance(value, str) and "\0" in value:
+                raise UntrustedInput(f"manifest field model.{shown(key)}: {value[:80]!r} holds a NUL: refused")
         try:
             contract = contract_from_dict(data["contract"])
             return cls(spec=str(data["spec"]), contract=contract, fingerprint=str(data["fingerprint"]),

@@ -9,6 +9,7 @@ from pathlib import Path
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.targets import TARGETS, describe_conditions
+from mhaexport.untrusted import shown
 
 REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
 
@@ -55,7 +56,7 @@ def runtimes_table(res: BenchResult) -> str:
         rows.append(f"| {r.label} | {', '.join(r.providers)} | {_f(r.load_ms, 0)} | {warm} | {_f(r.prefill_ms)} | "
                     f"{_f(r.ttft_ms)} | {p50} | {_f(r.token_p90_ms)} | {_f(r.token_min_ms)} | "
                     f"{_f(r.token_spread)} | {_pct(r.repeat_spread)} | {_f(r.tokens_per_s, 1)} |")
-    return "\n".join(rows)
+    return "\n".join(map(shown, rows))  # one line each: text from a folder cannot start another
 
 
 def loop_text(res: BenchResult) -> str:
@@ -89,7 +90,7 @@ def lowerings_table(res: BenchResult) -> str:
     for lw in res.lowerings:
         rows.append(f"| {lw.label} | {lw.provider} | {_f(lw.token_p50_ms)} | {_f(lw.vs_fastest)} | "
                     f"{_f(lw.near_ms)} | {_f(lw.far_ms)} | {_f(lw.far_over_near)} |")
-    return "\n".join(rows)
+    return "\n".join(map(shown, rows))  # one line each: text from a folder cannot start another
 
 
 def quantized_table(res: BenchResult) -> str:
@@ -108,7 +109,7 @@ def quantized_table(res: BenchResult) -> str:
         out.append(f"| {r.label} | {r.quant_label or 'float'} | {mb / 1e6:.1f} | "
                    f"{mb / res.weight_bytes_per_token:.3f} | {_f(r.token_p50_ms)} | {_f(r.floor_ratio)} | "
                    f"{_f(r.token_p50_ms / min(floats) if floats and r.token_p50_ms else None)} |")
-    return "\n".join(out)
+    return "\n".join(map(shown, out))
 
 
 def _ratio(x: float | None, base: float | None) -> str:
@@ -141,8 +142,8 @@ def scaling_tables(res: BenchResult) -> str:
                      cell(pt, None if pt is base or base.reason else base) for pt in getattr(entry, key)]
             lines.append(f"| {entry.label} | " + " | ".join(cells) + " |")
         for why in dict.fromkeys(common.values()):
-            lines.append(f"\n{', '.join(f'{x} {at}' for at, w in common.items() if w == why)}: skipped for every "
-                         f"row, {why}.")
+            lines += ["", f"{', '.join(f'{x} {at}' for at, w in common.items() if w == why)}: skipped for every "
+                          f"row, {why}."]
         return lines
 
     if res.scaling and res.scaling[0].batches:
@@ -159,7 +160,7 @@ def scaling_tables(res: BenchResult) -> str:
             f"Time to first token (prefill + choosing it, ms) at batch 1 for each prompt length; x prompt {p0} = "
             f"TTFT / TTFT at prompt {p0}:"),
             lambda pt, base: f"{_f(pt.ttft_ms)} ms" + (_ratio(pt.ttft_ms, base.ttft_ms) if base else ""))
-    return "\n".join(out)
+    return "\n".join(map(shown, out))
 
 
 def floor_text(res: BenchResult) -> str:
@@ -188,7 +189,7 @@ def targets_table(res: BenchResult) -> str:
             verdict = f"{t.verdict} (other run conditions: a figure, not a verdict)"
         limit = f"{'<=' if t.direction == 'at most' else '>='} {t.limit:g}"
         rows.append(f"| {t.target} ({t.detail}) | {_f(t.measured)} | {limit} | {verdict} |")
-    return "\n".join(rows)
+    return "\n".join(map(shown, rows))  # one line each: text from a folder cannot start another
 
 
 def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: str | None = None) -> str:
@@ -203,7 +204,7 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
         near, far = str(lr.near), str(lr.far)
         grow = (f"; bytes a step reads at least (weights + the cache so far) at {far} / at {near}: "
                 f"{read[far] / read[near]:.2f}" if near in read and far in read and near != far else "")
-        parts.append(f"\n{lr.label}: per-token latency against position (median of positions +-8), "
+        parts.append(f"\n{shown(lr.label)}: per-token latency against position (median of positions +-8), "
                      f"{lr.repeats} run(s) to position {lr.positions[-1] + 1}: {at}; spread "
                      f"{_f(lr.spread)}{grow}.")
     if len(res.lowerings) > 1:
@@ -213,17 +214,17 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     if res.scaling:
         parts += ["", scaling_tables(res)]
         if scaling_note:
-            parts.append(f"\n{scaling_note}")
+            parts.append(f"\n{shown(scaling_note)}")
     if res.targets:  # the project's speed targets, when the run asked for them (--targets)
         parts += ["", targets_table(res)]
     if res.profile:
         ops = ", ".join(f"{o.op} {o.share * 100:.0f}%" for o in res.profile.ops[:8])
         where = res.profile.file or "not kept: give -o DIR to keep the trace there"
-        parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({where}): {ops}.")
+        parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({shown(where)}): {shown(ops)}.")
     for n in res.notes:
-        parts.append(f"\nNote: {n}.")
+        parts.append(f"\nNote: {shown(n)}.")
     if plot_note:
-        parts.append(f"\n{plot_note}")
+        parts.append(f"\n{shown(plot_note)}")
     return "\n".join(parts)
 
 

@@ -832,22 +832,29 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict, trust_code: bool = 
 
 def case_of_report(path: str | Path, contract, runtimes: tuple[str, ...] | None = None) -> tuple[Case, str] | None:
     """The case parity failed at worst in a verify report (report.json): an ONNX Runtime runner's parity, ort-cpu
-    first (``runtimes``: those runtimes' only); None when parity failed nowhere (or the report names no case)."""
+    first (``runtimes``: those runtimes' only); None when parity failed nowhere (or the report names no case).
+
+    A report in a folder is hashed by nobody: anyone may write one. Only the worst case's *name* is read from it;
+    the case itself (batch, lengths, padding) is the one verify's own sweep of that name makes for ``contract``
+    (:func:`~mhaexport.verify.sweep.build_sweep`, the report's sweep kind and seed), so a report cannot ask for a
+    batch of 10**6 rows — a name the sweep does not make is not a case."""
     from mhaexport.verify.report import load_report
 
     report = load_report(path)
-    shapes = {s.name: s for s in report.sweep.shapes or []}
+    try:
+        made = {cs.name: cs for cs in build_sweep(contract, report.sweep.kind, report.sweep.seed)}
+    except (MhaExportError, TypeError, ValueError, OverflowError):
+        return None  # a sweep verify does not make: no case from this report
     order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
     for rt in order:
         res = report.results[rt].get("parity")
         if (rt not in runtimes if runtimes else rt == "torchscript") or res is None or res.status is not False:
             continue
-        shape = shapes.get(res.figures.get("worst_case"))
-        if shape is None:
-            continue  # no such case in the report's sweep
-        case = Case(shape.batch, shape.seq, shape.past, tuple(shape.pad), shape.seed)
-        if case.batch >= 1 and case.seq >= 1 and case.past >= 0 and case.seq + case.past <= contract.max_positions:
-            return case, f"{rt}'s worst parity case in {Path(path).name}"
+        name = res.figures.get("worst_case") if isinstance(res.figures, dict) else None
+        case = made.get(name) if isinstance(name, str) else None
+        if case is None:
+            continue  # no such case in verify's sweep
+        return case, f"{rt}'s worst parity case in {Path(path).name}"
     return None
 
 

@@ -16,7 +16,7 @@ import torch
 from mhaexport.artifact import ArtifactEntry, Manifest, Staging
 from mhaexport.artifact.details import Details
 from mhaexport.env import tool_versions
-from mhaexport.errors import ExportError
+from mhaexport.errors import ExportError, UntrustedInput
 from mhaexport.exporter.records import Replaced, record_dict
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, io_schema
 from mhaexport.models.inputs import make_inputs
@@ -151,12 +151,11 @@ class PreviousModel:
 
 def previous_model(folder: str | Path) -> PreviousModel | None:
     """The model ``folder``'s manifest.json records, or None (no folder, no manifest, a manifest not ours)."""
-    import json
-
     from mhaexport.artifact.manifest import FILENAME
+    from mhaexport.untrusted import load_json
 
     try:
-        data = json.loads((Path(folder) / FILENAME).read_text())
+        data = load_json(Path(folder) / FILENAME, f"{folder}/{FILENAME}")
         model = data["model"]
         contract = model.get("contract") or {}
         files = []
@@ -166,7 +165,7 @@ def previous_model(folder: str | Path) -> PreviousModel | None:
         return PreviousModel(spec=str(model.get("spec")), fingerprint=str(model.get("fingerprint")),
                              module=contract.get("kind") if isinstance(contract, dict) else None,
                              files=list(dict.fromkeys(files)))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (UntrustedInput, KeyError, TypeError, AttributeError):  # none, unreadable, not ours
         return None
 
 

@@ -16,10 +16,17 @@ import click
 
 from mhaexport import __version__
 from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line
+from mhaexport.untrusted import shown
 
 
 class BadInput(click.ClickException):
+    """Exit 2 with one line: the message shown escaped (a name from a folder holds no line break nor escape that
+    reaches the terminal)."""
+
     exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(shown(message))
 
 
 INTERNAL_ERROR = 3  # neither a verdict (0/1/4) nor bad input (2): a bug, reported with its traceback
@@ -129,7 +136,7 @@ class Group(click.Group):
             return super().invoke(ctx)
         except VerificationFailed as e:
             label = "NOT VERIFIED" if isinstance(e, NotVerified) else "FAILED"
-            click.echo(f"{label}: {e}", err=True)
+            click.echo(shown(f"{label}: {e}"), err=True)
             ctx.exit(e.exit_code)
         except (KeyboardInterrupt, click.exceptions.Abort):
             click.echo("interrupted", err=True)
@@ -150,9 +157,9 @@ class Group(click.Group):
                                "model's config) need more memory than this machine has; give smaller ones") from None
             if (bad := bad_path(e)) is not None:
                 name = str(bad.filename or "a path")
-                shown = name if len(name) <= 80 else f"{name[:40]}…{name[-30:]} ({len(name)} characters)"
-                raise BadInput(f"{shown}: {bad.strerror}: give a shorter path (each name at most 255 bytes)"
-                               if bad.errno == errno.ENAMETOOLONG else f"{shown}: {bad.strerror}") \
+                short = name if len(name) <= 80 else f"{name[:40]}…{name[-30:]} ({len(name)} characters)"
+                raise BadInput(f"{short}: {bad.strerror}: give a shorter path (each name at most 255 bytes)"
+                               if bad.errno == errno.ENAMETOOLONG else f"{short}: {bad.strerror}") \
                     from None
             if (full := disk_full(e)) is not None:  # not a bug: the machine's disk; the folder is as it was
                 raise BadInput(f"no space left on the device{f' writing {full.filename}' if full.filename else ''}"
@@ -247,7 +254,7 @@ def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str
 
     loaded = api.load(**_model_args(config, model, checkpoint, hf))
     for note in loaded.notes:
-        click.secho(f"note: {note}", fg="yellow", err=True)
+        click.secho(shown(f"note: {note}"), fg="yellow", err=True)
     return loaded
 
 
@@ -351,7 +358,7 @@ def _size(path: Path) -> str:
 
 def _warn(rec) -> None:
     for w in rec.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+        click.secho(shown(f"warning: {w}"), fg="yellow", err=True)
 
 
 def _show_record(rec, as_json: bool = False) -> None:
@@ -452,7 +459,7 @@ class Reporter:
 
         if isinstance(msg, Note):  # a note on the input: said even with --quiet
             self.close()
-            click.secho(f"note: {msg}", fg="yellow", err=True)
+            click.secho(shown(f"note: {msg}"), fg="yellow", err=True)
             return
         if self.quiet:
             return
@@ -768,7 +775,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id,
                           providers=providers, threads=threads, engine=engine, trust_code=trust_code)
     for w in result.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+        click.secho(shown(f"warning: {w}"), fg="yellow", err=True)
     if as_json:
         click.echo(json.dumps(result.to_dict(result.texts)))
         return
@@ -1069,7 +1076,7 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
         raise VerificationFailed(v.message)
     if v.code == 4:
         raise NotVerified(v.message)
-    click.echo(f"verify passed in {report.seconds:.1f} s: {v.message}", err=True)
+    click.echo(shown(f"verify passed in {report.seconds:.1f} s: {v.message}"), err=True)
     return report
 
 

@@ -44,6 +44,13 @@ class UnsafeFolder(ArtifactError):
     any work (docs/DESIGN.md, "Folders from elsewhere")."""
 
 
+class UntrustedInput(ConfigError, ArtifactError):
+    """A file or value from outside (a folder, a ``--hf`` folder, a report, ``--config FILE.json``) is beyond what
+    mhaexport reads: not JSON, larger or nested deeper than the limits, a number beyond what the machine can do, a
+    name holding a NUL. A ConfigError and an ArtifactError, so either ``except`` catches it
+    (mhaexport/untrusted.py)."""
+
+
 class UntrustedCode(ArtifactError):
     """Loading what a folder names would run code (a manifest's model source that is a factory file or module, a
     compiled or pickled artifact) and the user did not ask for it (``--trust-code`` / ``trust_code=True``, or naming

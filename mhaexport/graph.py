@@ -91,3 +91,42 @@ def weights_read(model: Any) -> dict[str, int]:
         elif t.name in gathered or t.name in other:
             fixed += size
     return {"fixed_bytes": int(fixed), "per_row_bytes": int(per_row)}
+
+
+# bytes of one element by TensorProto data type (FLOAT, UINT8, INT8, UINT16, INT16, INT32, INT64, BOOL, FLOAT16,
+# DOUBLE, UINT32, UINT64, COMPLEX64, COMPLEX128, BFLOAT16, the float8s); 4-bit types hold two elements a byte
+_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2,
+               17: 1, 18: 1, 19: 1, 20: 1}
+_HALF_BYTE = {21, 22, 23}  # UINT4, INT4, FLOAT4E2M1
+# the typed field that holds each data type's values when there is no raw_data (one element an entry)
+_TYPED = {1: "float_data", 6: "int32_data", 7: "int64_data", 11: "double_data", 13: "uint64_data", 12: "uint64_data"}
+
+
+def tensor_size_error(t: Any) -> str | None:
+    """Why the in-file tensor ``t`` (a TensorProto; external data is checked against its file elsewhere) cannot be
+    read as its dims say — a negative dim, or data of another size than the dims declare — or None. Checked before
+    anything reads the values: numpy would raise deep inside a rule, or allocate what the dims claim."""
+    if t.data_location == 1:  # EXTERNAL
+        return None
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        return f"dims {dims} hold a negative size"
+    n = 1
+    for d in dims:
+        n *= d
+    if t.raw_data:
+        if t.data_type in _HALF_BYTE:
+            want = (n + 1) // 2
+        elif t.data_type in _ITEM_BYTES:
+            want = n * _ITEM_BYTES[t.data_type]
+        else:
+            return None
+        have = len(t.raw_data)
+    elif t.data_type in _TYPED:
+        want, have = n, len(getattr(t, _TYPED[t.data_type]))
+    else:
+        return None
+    if have != want:
+        unit = "bytes" if t.raw_data else "values"
+        return f"dims {dims} declare {want} {unit} of data, the tensor holds {have}"
+    return None

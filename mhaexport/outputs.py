@@ -4,7 +4,6 @@ before any work. Torch-free; the CLI calls it and turns :class:`OutputClash` int
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,6 +13,7 @@ from mhaexport.artifact.manifest import FILENAME
 from mhaexport.errors import MhaExportError
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
+from mhaexport.untrusted import load_json
 
 # what an export writes into its folder (whichever formats): never an output's name there
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.pt", "model.pt2", "model.aoti.pt2", FILENAME, GENAI_CONFIG,
@@ -38,8 +38,8 @@ def resolved(path: str | Path) -> Path:
 def _listed(folder: Path) -> list[str]:
     """The file names manifest.json lists (read leniently: a broken manifest protects only what exists)."""
     try:
-        data = json.loads((folder / FILENAME).read_text())
-    except (OSError, ValueError):
+        data = load_json(folder / FILENAME, str(folder / FILENAME))
+    except MhaExportError:
         return []
     names: list[str] = []
     arts = data.get("artifacts") if isinstance(data, dict) else None

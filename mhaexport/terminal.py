@@ -10,6 +10,8 @@ import unicodedata
 
 import click
 
+from mhaexport.untrusted import shown
+
 CELL = 40  # widest table cell shown whole; a longer one is cut and told in full under its table
 
 _INLINE = [
@@ -82,7 +84,7 @@ def _table(lines: list[str], style: bool) -> list[str]:
 def to_terminal(markdown: str, style: bool = False) -> str:
     """``markdown`` as terminal text (see the module docstring); ``style``: bold headings and table headers."""
     out: list[str] = []
-    lines = markdown.splitlines()
+    lines = [shown(line) for line in markdown.split("\n")]  # before any style: no escape but mhaexport's own
     i = 0
     while i < len(lines):
         line = lines[i]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,11 +208,8 @@ def load_config(spec: str | None) -> DecoderConfig:
     if spec.endswith(".json") or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file {spec} {'is not a regular file' if path.exists() else 'does not exist'}")
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"cannot read config file {spec}: {e}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config file {spec} is not valid JSON: {e}") from None
+        from mhaexport.untrusted import load_json
+
+        data = load_json(path, f"config file {spec}")
         return DecoderConfig.from_dict(data, name=path.stem)
     raise ConfigError(f"unknown config {spec!r}: use a preset ({', '.join(PRESETS)}) or a .json file")

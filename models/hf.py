@@ -148,10 +148,10 @@ def _first_int(value: Any) -> int | None:
 def architecture_label(path: str | Path) -> str:
     """``LlamaForCausalLM (llama)`` from ``DIR/config.json`` without importing transformers; the folder's name
     when it cannot be read."""
-    import json
+    from mhaexport.untrusted import load_json
 
     try:
-        data = json.loads((Path(path) / "config.json").read_text())
+        data = load_json(Path(path) / "config.json", f"{path}/config.json")
         arch = (data.get("architectures") or ["?"])[0]
         return f"{arch} ({data.get('model_type', '?')})"
     except Exception:
@@ -204,6 +204,11 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
                             max_positions=max_pos, n_kv_heads=n_kv, notes=notes, **ids)
 
 
+# the JSON files of a Hugging Face folder that transformers or tokenizers parse (from_pretrained, the export's copy)
+HF_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json")
+
+
 def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True) -> tuple[HFCausalLM, dict]:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`, ``.tokenizer``
     the tokenizer files' bytes as read) and the origin to record; see :func:`mhaexport.models.loading.load_hf`.
@@ -212,6 +217,7 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
     a Hub snapshot, held to the cache's own rules. transformers never runs the folder's code
     (``trust_remote_code=False``: a config with ``auto_map`` is refused, no prompt)."""
     from mhaexport.models.hf_files import hf_files
+    from mhaexport.untrusted import load_json
 
     folder = Path(path)
     path = shown or path
@@ -220,6 +226,9 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
         raise ModelLoadError(f"--hf {path}: {what} (expected a Hugging Face save_pretrained folder)")
     transformers = import_transformers()
     with hf_files(folder, str(path), confine=confine) as files, _quiet(transformers):
+        for name in HF_JSON_FILES:  # bounded (size, depth) by mhaexport's reader before transformers parses them
+            if (files.dir / name).is_file():
+                load_json(files.dir / name, f"--hf {path}: {name}")
         label = architecture_label(files.dir)
         try:
             hf_config = transformers.AutoConfig.from_pretrained(str(files.dir), local_files_only=True,

@@ -20,7 +20,6 @@ A file that none of these fit is refused with one line listing its inputs and ou
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from mhaexport import dtypes, iospec
 from mhaexport.artifact import ArtifactEntry, read_manifest
 from mhaexport.artifact.details import AdoptedLayout, CacheLayout, OnnxDetails
 from mhaexport.errors import ArtifactError
+from mhaexport.untrusted import load_json, shown
 
 GENAI_CONFIG = "genai_config.json"
 POSITION_IDS = "position_ids"
@@ -79,10 +79,13 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> tupl
     genai = None
     if (path.parent / GENAI_CONFIG).is_file():
         try:
-            genai = json.loads((path.parent / GENAI_CONFIG).read_text())["model"]
-        except (OSError, ValueError, KeyError) as e:
-            raise ArtifactError(f"{path.parent / GENAI_CONFIG} is not a readable onnxruntime-genai config: {e}") from None
-    if genai is not None and genai.get("decoder", {}).get("filename") not in (None, path.name):
+            genai = load_json(path.parent / GENAI_CONFIG, str(path.parent / GENAI_CONFIG))["model"]
+            decoder = genai.get("decoder", {})
+            named = decoder.get("filename") if isinstance(decoder, dict) else None
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ArtifactError(f"{path.parent / GENAI_CONFIG} is not a readable onnxruntime-genai config: "
+                                f"{shown(e)}") from None
+    if genai is not None and named not in (None, path.name):
         genai = None  # the config describes another file of the folder
     own = _own_export(path)
     if own is not None:
@@ -156,9 +159,10 @@ def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> tuple
 
 def _search(path: Path) -> dict:
     try:
-        return json.loads((path.parent / GENAI_CONFIG).read_text()).get("search", {})
-    except (OSError, ValueError):
+        search = load_json(path.parent / GENAI_CONFIG, str(path.parent / GENAI_CONFIG)).get("search", {})
+    except (ArtifactError, AttributeError):
         return {}
+    return search if isinstance(search, dict) else {}
 
 
 def _own_export(path: Path) -> ArtifactEntry | None:

@@ -16,13 +16,13 @@ manifest's file and cache layout and the tokenizer's ids it checks those too.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mhaexport.errors import ArtifactError
+from mhaexport.errors import ArtifactError, UntrustedInput
+from mhaexport.untrusted import load_json, shown
 
 GENAI_CONFIG = "genai_config.json"
 GENAI_CHECK = "genai-config"
@@ -153,8 +153,13 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
                                       "onnxruntime-genai would run a file verify never checked")
 
     # --- names: every input onnxruntime-genai feeds exists, every graph input is fed ---------------------------
-    names_in = dec.get("inputs") if isinstance(dec.get("inputs"), dict) else {}
-    names_out = dec.get("outputs") if isinstance(dec.get("outputs"), dict) else {}
+    names_in, names_out = ({k: v for k, v in group.items() if isinstance(v, str)} if isinstance(group, dict) else {}
+                           for group in (dec.get("inputs"), dec.get("outputs")))
+    for where in ("inputs", "outputs"):  # a name that is not a string: said once, then the default name is checked
+        group = dec.get(where)
+        for k, v in (group.items() if isinstance(group, dict) else ()):
+            if not isinstance(v, str):
+                bad(f"model.decoder.{where}.{shown(k)}", f"{shown(repr(v))[:60]}: not a name")
     layers = dec.get("num_hidden_layers")
     n_layers = layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else None
     fed: set[str] = set()
@@ -372,10 +377,12 @@ def _token_id(tok: Any, tokenizer_json: dict | None) -> int | None:
     content = tok.get("content") if isinstance(tok, dict) else tok
     if not isinstance(content, str) or tokenizer_json is None:
         return None
-    for added in tokenizer_json.get("added_tokens", []) or []:
-        if added.get("content") == content and isinstance(added.get("id"), int):
+    added_tokens = tokenizer_json.get("added_tokens")
+    for added in added_tokens if isinstance(added_tokens, list) else []:  # any field may be junk in a crafted file
+        if isinstance(added, dict) and added.get("content") == content and isinstance(added.get("id"), int):
             return added["id"]
-    vocab = (tokenizer_json.get("model") or {}).get("vocab")
+    model = tokenizer_json.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict) and isinstance(vocab.get(content), int):
         return vocab[content]
     return None
@@ -391,8 +398,8 @@ def tokenizer_special_ids(files: dict[str, Path]) -> dict[str, tuple[set[int], s
         if p is None:
             return None
         try:
-            data = json.loads(Path(p).read_text())
-        except (OSError, ValueError):
+            data = load_json(Path(p), name)
+        except UntrustedInput:
             return None
         return data if isinstance(data, dict) else None
 
@@ -480,9 +487,9 @@ def deploy_findings(ef) -> list[ConfigFinding] | None:
     if GENAI_CONFIG not in entry.files:
         return None
     try:
-        cfg = json.loads(Path(ef.file("onnx", GENAI_CONFIG)).read_text())
-    except (OSError, ValueError) as e:
-        return [ConfigFinding(GENAI_CONFIG, f"not readable JSON: {e}")]
+        cfg = load_json(Path(ef.file("onnx", GENAI_CONFIG)), GENAI_CONFIG)
+    except UntrustedInput as e:
+        return [ConfigFinding(GENAI_CONFIG, str(e))]
     if not isinstance(cfg, dict):
         return [ConfigFinding(GENAI_CONFIG, f"{type(cfg).__name__}, not a JSON object")]
     try:

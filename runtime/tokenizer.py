@@ -17,6 +17,7 @@ from typing import Any
 from mhaexport.artifact import ExportFolder, read_json
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.runtime.genai import GENAI_CONFIG
+from mhaexport.untrusted import load_json, shown
 
 # A Hugging Face tokenizer's files, as an export carries them; tokenizer.json is the one that must be there
 # (onnxruntime-genai also reads tokenizer_config.json for the special tokens).
@@ -81,10 +82,11 @@ def load_tokenizer_file(path: str | Path) -> Any:
         from tokenizers import Tokenizer
     except ImportError as e:
         raise TokenizerUnavailable(f"{path} needs the tokenizers library ({e}): {INSTALL_LINE}") from None
+    load_json(path, str(path))  # bounded (size, depth) before tokenizers parses it
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:
-        raise RuntimeInputError(f"{path} cannot be read by tokenizers: {type(e).__name__}: {e}") from None
+        raise RuntimeInputError(f"{path} cannot be read by tokenizers: {type(e).__name__}: {shown(e)}") from None
 
 
 def for_folder(export: ExportFolder, artifact: str = "onnx") -> TextTokenizer | None:
@@ -94,7 +96,8 @@ def for_folder(export: ExportFolder, artifact: str = "onnx") -> TextTokenizer | 
     if TOKENIZER_JSON in entry.files:
         eos = None
         if GENAI_CONFIG in entry.files:  # the model config's ids, written at export
-            eos = read_json(export.file(artifact, GENAI_CONFIG), "onnxruntime-genai config")["model"].get("eos_token_id")
+            model = read_json(export.file(artifact, GENAI_CONFIG), "onnxruntime-genai config").get("model")
+            eos = model.get("eos_token_id") if isinstance(model, dict) else None
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         return TextTokenizer(TOKENIZER_JSON, load_tokenizer_file(export.file(artifact, TOKENIZER_JSON)),

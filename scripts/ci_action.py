@@ -36,7 +36,6 @@ Exit status: mhaexport's (0 passed, 1 failed, 2 bad input, 3 a bug, 4 not verifi
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import secrets
@@ -185,19 +184,24 @@ def main() -> int:
     for f in ("report.json", "report.md"):
         if (report_dir / f).is_file():
             shutil.copyfile(report_dir / f, reports / f)
+    from mhaexport.errors import MhaExportError
+    from mhaexport.untrusted import load_json, shown  # installed by now: the one reader and the one escaping
+
     message = tail[-1] if tail else ""
     if (reports / "report.json").is_file():
         try:
-            message = json.loads((reports / "report.json").read_text())["verdict"]["message"]
-        except (OSError, ValueError, KeyError, TypeError):
+            message = load_json(reports / "report.json", "report.json")["verdict"]["message"]
+        except (MhaExportError, KeyError, TypeError):
             pass
+    message, tail = shown(message), [shown(line) for line in tail]  # text from the folder: no line of its own
     icon = ICONS.get(code, "💥")
     what = folder or model or "the default model"
-    summary = [f"## mhaexport · {name}: {icon} {verdict}", "", f"`{shlex.join(cmd[2:])}` → exit {code}: {message}", ""]
+    summary = [f"## mhaexport · {shown(name)}: {icon} {verdict}", "",
+               f"`{shown(shlex.join(cmd[2:]))}` → exit {code}: {message}", ""]
     if (reports / "report.md").is_file() and code in (0, 1, 2, 4):  # 2: a refused folder's report says why
         summary.append((reports / "report.md").read_text())
     else:
-        summary += [f"No report for {what}: mhaexport stopped before verify wrote one. The log's last lines:", "",
+        summary += [f"No report for {shown(what)}: mhaexport stopped before verify wrote one. The log's last lines:", "",
                     "```", *tail, "```"]
     _append("GITHUB_STEP_SUMMARY", "\n".join(summary) + "\n")
     _outputs(verdict=verdict, exit_code=code, reports=reports, folder=verified)

@@ -47,7 +47,7 @@ def test_unknown_preset(cwd):
 def test_malformed_json_config(cwd):
     (cwd / "bad.json").write_text('{"d_model": 64,')
     msg = cli_error(["torchscript", "--config", "bad.json", "-o", "out"])
-    assert msg.startswith("Error: config file bad.json is not valid JSON: Expecting property name")
+    assert msg.startswith("Error: config file bad.json: not valid JSON (Expecting property name")
     assert not (cwd / "out").exists()
 
 

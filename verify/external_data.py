@@ -13,20 +13,34 @@ from onnx.external_data_helper import _get_all_tensors
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.manifest import FILENAME
-from mhaexport.errors import UnsafeFolder
+from mhaexport.errors import UnsafeFolder, UntrustedInput
+from mhaexport.graph import tensor_size_error
+from mhaexport.untrusted import shown
 
 
-def external_data_names(onnx_path: str | Path) -> list[str]:
+def external_data_names(onnx_path: str | Path, tensors: list | None = None) -> list[str]:
     """The external-data locations an ONNX file names (initializers and tensor attributes, subgraphs included), in
-    first-reference order; the file is parsed without its data."""
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    first-reference order; the file is parsed without its data (``tensors``: its tensors, already read)."""
+    if tensors is None:
+        tensors = list(_get_all_tensors(onnx.load(str(onnx_path), load_external_data=False)))
     found: list[str] = []
-    for t in _get_all_tensors(model):
+    for t in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             loc = next((e.value for e in t.external_data if e.key == "location"), "")
             if loc not in found:
                 found.append(loc)
     return found
+
+
+def check_tensors(tensors, where: str | Path) -> None:
+    """UntrustedInput naming ``where`` and the tensor when an in-file tensor's dims disagree with its data (or are
+    negative): refused before lint's rules or a runtime read it (numpy would raise, or allocate what the dims
+    claim). ``tensors``: a ModelProto's tensors (``_get_all_tensors``), or the ModelProto itself."""
+    if isinstance(tensors, onnx.ModelProto):
+        tensors = _get_all_tensors(tensors)
+    for t in tensors:
+        if (why := tensor_size_error(t)) is not None:
+            raise UntrustedInput(f"{where}: tensor {shown(t.name)!r}: {why}: refused")
 
 
 def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
@@ -40,9 +54,11 @@ def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
         if not fname.endswith(".onnx") or not ef.file(artifact, fname).is_file():
             continue
         try:
-            locations = external_data_names(ef.file(artifact, fname))
+            tensors = list(_get_all_tensors(onnx.load(str(ef.file(artifact, fname)), load_external_data=False)))
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends: an unreadable file, reported later
             continue
+        check_tensors(tensors, ef.path / fname)
+        locations = external_data_names(ef.file(artifact, fname), tensors)
         for loc in locations:
             check_name(loc, f"{ef.path / fname}: external data")
             if loc not in entry.files:

@@ -14,12 +14,12 @@ given the model's contract, the manifest's file and cache layout and the tokeniz
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from mhaexport.errors import ArtifactError
+from mhaexport.errors import ArtifactError, UntrustedInput
+from mhaexport.untrusted import load_json
 # the findings themselves are the deploy runtime's too (torch- and onnx-free): imported from there, names kept here
 from mhaexport.runtime.genai_config import (CACHE_OPS_IN_PLACE, DEFAULT_NAMES, GENAI_CHECK, GENAI_CONFIG,  # noqa: F401
                                             OTHER_FED, ConfigFinding, Expected, GraphIO, config_findings,
@@ -82,9 +82,9 @@ def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigF
         return None
     path = ef.file("onnx", GENAI_CONFIG)
     try:
-        cfg = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        return [ConfigFinding("genai_config.json", f"not readable JSON: {e}")]
+        cfg = load_json(Path(path), GENAI_CONFIG)
+    except UntrustedInput as e:
+        return [ConfigFinding("genai_config.json", str(e))]
     graph = read_graph_io(ef.file("onnx"))
     exp = folder_expected(ef, contract, model_config)
     return findings_for(cfg, graph, exp)
@@ -150,9 +150,9 @@ def lint_findings(model, file: Path, ef=None) -> list[ConfigFinding] | None:
     if ef is not None and not ships_genai(ef):
         return None
     try:
-        cfg = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        return [ConfigFinding("genai_config.json", f"not readable JSON: {e}")]
+        cfg = load_json(Path(path), GENAI_CONFIG)
+    except UntrustedInput as e:
+        return [ConfigFinding("genai_config.json", str(e))]
     named = ((cfg.get("model") or {}).get("decoder") or {}).get("filename") if isinstance(cfg, dict) else None
     if ef is None and isinstance(named, str) and named != Path(file).name:
         return None  # it describes another file of the folder

@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.errors import MhaExportError, ProviderUnavailable, RuntimeFailure, RuntimeInputError, first_line
+from mhaexport.errors import (MhaExportError, ProviderUnavailable, RuntimeFailure, RuntimeInputError, UntrustedInput,
+                              first_line)
 from mhaexport.runtime.runner import Runner
+from mhaexport.untrusted import load_json
 from mhaexport.verify.compare import Diff, compare
 from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
 from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context
@@ -92,8 +94,6 @@ def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None, t
     """The ``ort-genai`` runner of an opened folder; skipped with why where onnxruntime-genai cannot be imported, the
     folder ships no genai_config.json, or (``infos``: the other runtimes as verify met them) ONNX Runtime could not
     load the file — that is one failure, reported by its row, not one more here."""
-    import json
-
     from mhaexport.runtime.runner import skipped
 
     if not ef.has("onnx"):
@@ -109,8 +109,8 @@ def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None, t
     if why is not None:
         return skipped(ORT_GENAI, contract, why)
     try:
-        config = json.loads(ef.file("onnx", GENAI_CONFIG).read_text())
-    except (OSError, ValueError):
+        config = load_json(ef.file("onnx", GENAI_CONFIG), GENAI_CONFIG)
+    except UntrustedInput:
         config = {}
     return GenAIRunner(contract, ef.root, config if isinstance(config, dict) else {},
                        dtype=ef.entry("onnx").dtype, ours=ours, trust_code=trust_code, shown=ef.path)

@@ -28,19 +28,22 @@ given, goes in ``<system-out>``.
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mhaexport.verify.results import CheckResult
+from mhaexport.untrusted import shown
 from mhaexport.verify.report import EXIT_NOT_VERIFIED, VerifyReport
-
-# characters XML 1.0 cannot hold (a runtime's message may carry terminal escapes)
-_NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _text(s: object) -> str:
-    return _NOT_XML.sub("?", str(s))
+    """One value as an attribute or text: shown escaped (no control characters, so nothing XML 1.0 cannot hold)."""
+    return shown(s)
+
+
+def _lines(text: str) -> str:
+    """A text of several lines (report.md, a check's figures): each line escaped, the line breaks kept."""
+    return "\n".join(shown(line) for line in str(text).split("\n"))
 
 
 def _figures(figures: dict, prefix: str = "") -> list[str]:
@@ -80,7 +83,7 @@ def _result(case: ET.Element, runtime: str, r: CheckResult) -> str:
         return "skipped"
     failure = ET.SubElement(case, "failure", {"message": _text(f"{r.check} on {runtime}: {r.message or 'failed'}"),
                                               "type": _text(f"mhaexport.{r.check}")})
-    failure.text = _text("\n".join(_figures(r.figures)) or r.message)
+    failure.text = _lines("\n".join(_figures(r.figures)) or r.message)
     return "failed"
 
 
@@ -110,7 +113,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
         ET.SubElement(verdict, "failure", {"message": _text(f"{v.status}: {v.message}"),
                                            "type": f"mhaexport.verdict.exit{v.code}"}).text = _text(v.message)
     if markdown:
-        ET.SubElement(suite, "system-out").text = _text(markdown)
+        ET.SubElement(suite, "system-out").text = _lines(markdown)
     tests = sum(counts.values())
     figures = {"tests": str(tests), "failures": str(counts["failed"]), "errors": str(counts["errors"]),
                "skipped": str(counts["skipped"]), "time": f"{report.seconds:.3f}"}

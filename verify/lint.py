@@ -33,6 +33,7 @@ from onnx import numpy_helper
 
 from mhaexport import iospec
 from mhaexport.artifact import ExportFolder, shown_path
+from mhaexport.untrusted import shown
 from mhaexport.artifact.record import Record
 from mhaexport.errors import ArtifactError
 from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
@@ -85,11 +86,11 @@ class LintReport(Record):
         c = self.counts()
         lines = [f"{heading} Lint: {c['error']} error(s), {c['warning']} warning(s), {c['info']} note(s)", ""]
         if not self.findings:
-            return "\n".join(lines + [f"No findings ({len(self.rules)} rules: {', '.join(self.rules)}).", ""])
+            return "\n".join(map(shown, lines + [f"No findings ({len(self.rules)} rules: {', '.join(self.rules)}).", ""]))
         lines += ["| severity | rule | node | finding | fix |", "| --- | --- | --- | --- | --- |"]
         for f in self.findings:
             lines.append(f"| {ICON[f.severity]} {f.severity} | {f.rule} | `{f.node}` | {f.message} | {f.fix} |")
-        return "\n".join(lines + [""])
+        return "\n".join(map(shown, lines + [""]))  # one line each: a node name from the file cannot start another
 
 
 class _Graph(GraphIndex):
@@ -490,6 +491,10 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph "
                             f"({path.stat().st_size} bytes)")
+    if ef is None:  # a file on its own (a folder's are checked with its external data)
+        from mhaexport.verify.external_data import check_tensors
+
+        check_tensors(model, shown_path(path))
     report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, feed=feed,
                         contract=contract)
     if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)

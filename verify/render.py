@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
+from mhaexport.untrusted import shown
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.results import NOT_A_CHECK, QUALITY, CheckResult
 
@@ -25,9 +26,9 @@ def markdown(report: VerifyReport) -> str:
     protocol's findings, provider against provider, the lint findings and where it ran."""
     env = report.environment
     if report.refused is not None:  # nothing ran: the reason, and where
-        return (f"## mhaexport verify: ⛔ REFUSED\n\n**Folder** `{report.folder}` was refused before any check ran; "
-                f"nothing was verified.\n\n**Why:** {report.refused}\n\n<sub>{env.host or '?'} · "
-                f"{env.platform or '?'} · {report.created}</sub>\n")
+        return (f"## mhaexport verify: ⛔ REFUSED\n\n**Folder** `{shown(report.folder)}` was refused before any "
+                f"check ran; nothing was verified.\n\n**Why:** {shown(report.refused)}\n\n<sub>{shown(env.host or '?')}"
+                f" · {shown(env.platform or '?')} · {shown(report.created)}</sub>\n")
     cols = report.all_checks
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
     lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)
@@ -37,11 +38,12 @@ def markdown(report: VerifyReport) -> str:
         lines += ["### Provider against provider", ""]
         lines += [f"- {ICONS[c.status]} **{c.a} vs {c.b}**: {c.message}" for c in report.cross]
         lines.append("")
+    lines = [shown(line) for line in lines]  # one line each: a name or message from a folder cannot start another
     if report.lint is not None:
-        lines += [report.lint.to_markdown("###")]
+        lines += [report.lint.to_markdown("###")]  # escaped line by line by lint
     vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
-    lines.append(f"<sub>{env.host or '?'} · {env.platform or '?'} · {env.cpus or '?'} CPUs · "
-                 f"{vers} · {report.seconds:.1f} s · {report.created}</sub>")
+    lines.append(shown(f"<sub>{env.host or '?'} · {env.platform or '?'} · {env.cpus or '?'} CPUs · "
+                       f"{vers} · {report.seconds:.1f} s · {report.created}</sub>"))
     return "\n".join(lines) + "\n"
 
 
