@@ -1131,14 +1131,19 @@ def _parse_case(ctx, param, value):
 
 
 def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False,
-                runtimes=()) -> None:
+                runtimes=(), output=None) -> None:
     """verify --bisect (:func:`mhaexport.api.bisect_folder`): print where the ONNX graph (or the torch.export
     program: ``--runtime pt2``, or as the folder's report says) first departs from eager;
     VerificationFailed if it does. Without FOLDER: the model exported to a temporary folder first."""
     import tempfile
 
     from mhaexport import api
+    from mhaexport.artifact import ensure_writable_dir
+    from mhaexport.diagnose.model_explorer import NODE_DATA, how_to_open, write_node_data
 
+    node_data = Path(output or folder) / NODE_DATA if folder is not None else None  # the divergence on the graph
+    if node_data is not None:
+        _check_outputs({"bisect's node data": node_data}, reading=[folder])
     with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
         if folder is None or (loaded is None and (config or model or checkpoint or hf)):
             loaded = _load(config, model, checkpoint, hf)
@@ -1156,6 +1161,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
             raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
                                      f"difference is {followed.where}")
     click.echo(report.summary())
+    if report.kind == "onnx" and node_data is not None:  # Model Explorer's node data, in -o or FOLDER
+        ensure_writable_dir(node_data.parent)
+        click.echo(f"wrote {write_node_data(report, node_data)}: {how_to_open(report.model, node_data)}")
     if not report.ok:
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
@@ -1234,7 +1242,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
                    f"{rec.folder}", err=True)
         _warn(rec)
         if bisect_:
-            _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded)
+            _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded, output=output)
             return
         _progress(f"Verifying {rec.folder} ...")
         _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings)
@@ -1243,12 +1251,14 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
                                  param_hint="FOLDER")
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code, runtimes=runtimes)
+        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code, runtimes=runtimes,
+                    output=output)
         return
     if folder is not None:
         out = output or folder
         _check_outputs({"--junit": junit}, reading=[folder], reports=out)
-        _check_outputs({f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md")}, reading=[folder])
+        _check_outputs({f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md", "report.html")},
+                       reading=[folder])
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
@@ -1361,7 +1371,7 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
         raise click.UsageError(f"--name given {len(names)} times for {len(reports)} reports")
     from mhaexport.outputs import check_reports_out
 
-    check_reports_out(output, reports, ("report.json", "report.md"))
+    check_reports_out(output, reports, ("report.json", "report.md", "report.html"))
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
     from mhaexport.verify.render import markdown as render_markdown, write_report
