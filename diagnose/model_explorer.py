@@ -3,8 +3,9 @@
 
 The file is Model Explorer's ``GraphNodeData`` JSON (model_explorer/node_data_builder.py): ``results`` keyed by a
 node's output tensor name (the ONNX value bisect compared) with ``value`` the relative error max|onnx - eager| /
-max|eager|, coloured by ``thresholds`` (within bisect's tolerance, within 100x, beyond); the culprit red and the
-first divergence orange by their own ``bgColor``. Plain JSON, written whether the viewer is installed or not.
+max|eager| (and each attention step bisect compared inside the culprit), coloured by ``thresholds`` (within bisect's
+tolerance, within 100x, beyond); the culprit's output and its first divergent step red, the first divergence
+orange, by their own ``bgColor``. Plain JSON, written whether the viewer is installed or not.
 """
 
 from __future__ import annotations
@@ -27,13 +28,22 @@ def node_data(report: BisectReport) -> dict:
     """The report's rows as Model Explorer node data: one result per ONNX value compared (the largest relative
     error where several modules end at the same value)."""
     results: dict[str, dict] = {}
+
+    def put(name: str, rel: float | None) -> None:
+        value = rel if rel is not None and math.isfinite(rel) else NON_FINITE
+        if name and (name not in results or value > results[name]["value"]):
+            results[name] = {"value": float(f"{value:.3g}")}
+
     for r in report.rows:
-        value = r.rel if math.isfinite(r.rel) else NON_FINITE
-        if r.onnx_value not in results or value > results[r.onnx_value]["value"]:
-            results[r.onnx_value] = {"value": float(f"{value:.3g}")}
-    for row, colour in ((report.first_divergent, FIRST), (report.culprit, CULPRIT)):
-        if row is not None and row.onnx_value in results:
-            results[row.onnx_value].update(bgColor=colour, textColor="#ffffff")
+        put(r.onnx_value, r.rel)
+    for s in report.steps:  # inside the culprit's attention: scores, scale, mask fill, softmax, ...
+        if s.rel is not None:
+            put(s.onnx_value, s.rel)
+    step = report.step if report.step is not None and report.step.onnx_value else None
+    for name, colour in ((report.first_divergent and report.first_divergent.onnx_value, FIRST),
+                         (report.culprit and report.culprit.onnx_value, CULPRIT), (step and step.onnx_value, CULPRIT)):
+        if name in results:
+            results[name].update(bgColor=colour, textColor="#ffffff")
     tol = report.tol
     return {"results": results,
             "thresholds": [{"value": tol, "bgColor": "#d8f3dc"}, {"value": 100 * tol, "bgColor": "#fff3bf"},

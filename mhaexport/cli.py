@@ -1141,9 +1141,10 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
     from mhaexport.artifact import ensure_writable_dir
     from mhaexport.diagnose.model_explorer import NODE_DATA, how_to_open, write_node_data
 
-    node_data = Path(output or folder) / NODE_DATA if folder is not None else None  # the divergence on the graph
+    # the divergence on the graph, where -o says (of a FOLDER: a temporary export leaves no file to open it on)
+    node_data = Path(output) / NODE_DATA if output and folder is not None else None
     if node_data is not None:
-        _check_outputs({"bisect's node data": node_data}, reading=[folder])
+        _check_outputs({"-o (its node data)": node_data}, reading=[folder])
     with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
         if folder is None or (loaded is None and (config or model or checkpoint or hf)):
             loaded = _load(config, model, checkpoint, hf)
@@ -1161,9 +1162,11 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
             raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
                                      f"difference is {followed.where}")
     click.echo(report.summary())
-    if report.kind == "onnx" and node_data is not None:  # Model Explorer's node data, in -o or FOLDER
+    if report.kind == "onnx" and node_data is not None:  # Model Explorer's node data
         ensure_writable_dir(node_data.parent)
         click.echo(f"wrote {write_node_data(report, node_data)}: {how_to_open(report.model, node_data)}")
+    elif report.kind == "onnx" and folder != tmp:
+        click.echo(f"(-o DIR writes DIR/{NODE_DATA}: this divergence on the graph, for Model Explorer)")
     if not report.ok:
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
@@ -1181,9 +1184,11 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 @model_options
 @verify_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Where report.json and report.md go (default: FOLDER, where a run of named --runtime's writes "
-                   "report-RUNTIMES.json/.md instead, never replacing the full report; with model options only: "
-                   "not written). For FILE.onnx: the folder it is adopted into (default: FILE's folder/mhaexport).")
+              help="Where report.json, report.md and report.html go (default: FOLDER, where a run of named "
+                   "--runtime's writes report-RUNTIMES.json/.md/.html instead, never replacing the full report; with "
+                   "model options only: not written); with --bisect, where bisect-node-data.json goes (Model "
+                   "Explorer's view of the divergence). For FILE.onnx: the folder it is adopted into (default: FILE's "
+                   "folder/mhaexport).")
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does). Runs at the "
