@@ -42,7 +42,7 @@ def html(res: BenchResult) -> str:
     windows = [w for w in (res.model.contract or {}).get("windows") or [] if isinstance(w, int) and w > 0]
     if series:
         body.append(figure(Chart("Per-token latency against position", "position of the token fed (tokens)",
-                                 "ms per token", series, logy=False,
+                                 "ms per token", series,
                                  vlines=[(float(w), f"window {w}") for w in sorted(set(windows))]),
                            "each row's median over the timed repeats at each decode step: a cache that grows "
                            "costs more per token further out; a window caps it."))

@@ -124,6 +124,6 @@ def svg(chart: Chart) -> str:
                            f"<title>{_e(s.label)}: {_fmt(x)}, {y:.3g}</title></circle>")
         ly = TOP + 14 + 16 * i
         out.append(f'<line x1="{W - RIGHT + 10}" x2="{W - RIGHT + 30}" y1="{ly - 4}" y2="{ly - 4}" '
-                   f'stroke="{colour}" stroke-width="3"/><text x="{W - RIGHT + 34}" y="{ly}">{_e(s.label[:22])}</text>')
+                   f'stroke="{colour}" stroke-width="3"/><text x="{W - RIGHT + 34}" y="{ly}">{_e(s.label[:26])}</text>')
     out.append("</svg>")
     return "\n".join(out)
