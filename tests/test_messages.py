@@ -68,3 +68,15 @@ def test_cases_that_fail_to_run_do_not_hide_the_errors_of_those_that_ran():
     assert "in the 1 case(s) that ran, 51/100 values differ" in res.message and "1.02" in res.message
     ok = parity_over_sweep(outputs, ("logits",), tol, lambda case, out: {"logits": Diff(total=100)})
     assert "the 1 case(s) that ran agree" in ok.message and ok.status is False
+
+
+def test_a_long_message_is_cut_at_a_word_and_says_so():
+    """ONNX Runtime's messages in one-line findings were cut mid-word at 300 characters; now at a word, with "…"."""
+    from mhaexport.errors import RuntimeFailure, clip, first_line
+
+    ort = ("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Add node. Name:'node_add_3' "
+           "Status Message: ") + "broadcasting dimensions of the past key and the new key do not match " * 6
+    line = first_line(RuntimeFailure(ort))
+    assert len(line) <= len("RuntimeFailure: ") + 300 and line.endswith("…")
+    assert line[:-1].split()[-1] in ort.split()  # the last word shown is a whole word of the message
+    assert clip("short message") == "short message" and clip("x" * 400, 100) == "x" * 99 + "…"
