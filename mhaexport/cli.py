@@ -10,6 +10,7 @@ import errno
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -350,8 +351,15 @@ def _size(path: Path) -> str:
 
 
 def _warn(rec) -> None:
+    """An export's warnings, one line each; what is no fault of the model (torch.jit's deprecation, the tracer's
+    note that a value was traced as a constant: verify's dynamic shapes run the file at other sizes) a plain note."""
+    from mhaexport.exporter.common import is_note
+
     for w in rec.warnings:
-        click.secho(f"warning: {w}", fg="yellow", err=True)
+        if is_note(w):
+            click.echo(f"note: {w}", err=True)
+        else:
+            click.secho(f"warning: {w}", fg="yellow", err=True)
 
 
 def _show_record(rec, as_json: bool = False) -> None:
@@ -1151,7 +1159,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
         if folder is None:
             folder = tmp
             _progress(f"Exporting {loaded.spec} to ONNX in a temporary folder ...")
+            started = time.perf_counter()
             api.export_onnx(tmp, model=loaded)
+            _progress(f"exported in {time.perf_counter() - started:.0f} s")
         run = api.bisect_folder(folder, model=loaded, case=case, seed=seed, trust_code=trust_code,
                                 runtimes=runtimes, progress=_progress)
     _progress_done()
@@ -1280,8 +1290,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     loaded = _load(config, model, checkpoint, hf)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
         _progress(f"Exporting {loaded.spec} to a temporary folder ...")
+        started = time.perf_counter()
         _export_both(loaded, tmp)
-        _progress(f"Verifying {loaded.spec} ...")
+        _progress(f"exported in {time.perf_counter() - started:.0f} s; verifying {loaded.spec} ...")
         _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
