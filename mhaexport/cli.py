@@ -940,7 +940,9 @@ def _show(markdown: str) -> None:
     if _stdout_is_tty():
         from mhaexport.terminal import to_terminal, wants_style
 
-        click.echo(to_terminal(markdown, style=wants_style(True)))
+        import shutil
+
+        click.echo(to_terminal(markdown, style=wants_style(True), columns=shutil.get_terminal_size().columns))
     else:
         click.echo(markdown)
 

@@ -55,21 +55,33 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", body)]
 
 
-def _table(lines: list[str], style: bool) -> list[str]:
-    rows = [_cells(ln) for ln in lines if not _SEPARATOR.match(ln.strip())]
-    if not rows:
+def _cut(cell: str, limit: int) -> str:
+    """``cell`` as shown in at most ``limit`` columns: whole, or cut with "…"."""
+    if _plain_width(cell) <= limit:
+        return cell
+    plain = click.unstyle(cell)
+    while width(plain) > limit - 1:
+        plain = plain[:-1]
+    return plain + "…"
+
+
+def _table(lines: list[str], style: bool, columns: int | None = None) -> list[str]:
+    full = [_cells(ln) for ln in lines if not _SEPARATOR.match(ln.strip())]
+    if not full:
         return []
-    n = max(len(r) for r in rows)
+    n = max(len(r) for r in full)
     sep = next((_cells(ln) for ln in lines if _SEPARATOR.match(ln.strip())), [])
     right = [c.endswith(":") and not c.startswith(":") for c in sep] + [False] * n  # `---:`: numbers, right-aligned
-    rows = [[_inline(c, style) for c in r] + [""] * (n - len(r)) for r in rows]
-    notes: list[str] = []
-    for r in rows[1:]:
-        for j, cell in enumerate(r):
-            if _plain_width(cell) > CELL:
-                notes.append(f"  {click.unstyle(r[0])}: {click.unstyle(cell)}")
-                r[j] = click.unstyle(cell)[:CELL - 1] + "…"
-    widths = [max(_plain_width(r[j]) for r in rows) for j in range(n)]
+    full = [[_inline(c, style) for c in r] + [""] * (n - len(r)) for r in full]
+    limit = CELL  # the widest cell shown whole; narrowed (not the first column's) until the table fits ``columns``
+    while True:
+        rows = [[_cut(c, CELL if j == 0 else limit) for j, c in enumerate(r)] for r in full]
+        widths = [max(_plain_width(r[j]) for r in rows) for j in range(n)]
+        if columns is None or sum(widths) + 2 * (n - 1) <= columns or limit <= 6:
+            break
+        limit = min(limit, max(widths[1:], default=6)) - 1
+    notes = [f"  {click.unstyle(r[0])}: {click.unstyle(c)}" for r, shown in zip(full[1:], rows[1:])
+             for c, cut in zip(r, shown) if cut is not c and c.strip()]
     out = []
     for i, r in enumerate(rows):
         cells = [" " * (w - _plain_width(c)) + c if right[j] and i else c + " " * (w - _plain_width(c))
@@ -79,8 +91,9 @@ def _table(lines: list[str], style: bool) -> list[str]:
     return out + notes
 
 
-def to_terminal(markdown: str, style: bool = False) -> str:
-    """``markdown`` as terminal text (see the module docstring); ``style``: bold headings and table headers."""
+def to_terminal(markdown: str, style: bool = False, columns: int | None = None) -> str:
+    """``markdown`` as terminal text (see the module docstring); ``style``: bold headings and table headers;
+    ``columns``: the terminal's width, which every table is fitted to (its widest cells cut and told under it)."""
     out: list[str] = []
     lines = markdown.splitlines()
     i = 0
@@ -91,7 +104,7 @@ def to_terminal(markdown: str, style: bool = False) -> str:
             while i < len(lines) and lines[i].lstrip().startswith("|"):
                 block.append(lines[i])
                 i += 1
-            out += _table(block, style)
+            out += _table(block, style, columns)
             continue
         if m := re.match(r"^(#{1,6})\s+(.*)$", line):
             title = click.unstyle(_inline(m.group(2), False))

@@ -77,3 +77,17 @@ def test_a_terminal_gets_text_a_pipe_the_markdown_and_scripts_json(report_json, 
     assert (tmp_path / "c" / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()  # unchanged
     js = CliRunner().invoke(main, ["report", "merge", str(report_json), "--json", "-o", str(tmp_path / "d")])
     assert json.loads(js.stdout) == json.loads((tmp_path / "d" / "report.json").read_text())
+
+
+def test_a_table_is_fitted_to_the_terminal_width():
+    """A 10-column table was 171-186 columns wide at 80: now its widest cells are cut until it fits COLUMNS, each
+    told whole under the table; the first column (the row's name) keeps its width."""
+    wide = ("| runtime | a | b | c | d |\n|---|---|---|---|---|\n"
+            "| ort-genai | onnxruntime-genai 0.18.0 (its generator) | ✅ 8/8 tokens, 8/8 after 119 | ✅ 4.2e-07 to 127 "
+            "| ✅ 9/9 shapes |\n")
+    assert max(len(ln) for ln in to_terminal(wide).splitlines()) > 80  # unfitted
+    lines = to_terminal(wide, columns=80).splitlines()
+    table = [ln for ln in lines if not ln.startswith("  ")]
+    assert max(sum(2 if ch == "✅" else 1 for ch in ln) for ln in table) <= 80
+    assert table[1].startswith("ort-genai  ") and "…" in table[1]
+    assert "  ort-genai: onnxruntime-genai 0.18.0 (its generator)" in lines  # the cut cells, whole, under it
