@@ -55,39 +55,38 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", body)]
 
 
-def _cut(cell: str, limit: int) -> str:
-    """``cell`` as shown in at most ``limit`` columns: whole, or cut with "…"."""
-    if _plain_width(cell) <= limit:
-        return cell
-    plain = click.unstyle(cell)
-    while width(plain) > limit - 1:
-        plain = plain[:-1]
-    return plain + "…"
-
-
 def _table(lines: list[str], style: bool, columns: int | None = None) -> list[str]:
-    full = [_cells(ln) for ln in lines if not _SEPARATOR.match(ln.strip())]
-    if not full:
+    rows = [_cells(ln) for ln in lines if not _SEPARATOR.match(ln.strip())]
+    if not rows:
         return []
-    n = max(len(r) for r in full)
+    n = max(len(r) for r in rows)
     sep = next((_cells(ln) for ln in lines if _SEPARATOR.match(ln.strip())), [])
     right = [c.endswith(":") and not c.startswith(":") for c in sep] + [False] * n  # `---:`: numbers, right-aligned
-    full = [[_inline(c, style) for c in r] + [""] * (n - len(r)) for r in full]
-    limit = CELL  # the widest cell shown whole; narrowed (not the first column's) until the table fits ``columns``
-    while True:
-        rows = [[_cut(c, CELL if j == 0 else limit) for j, c in enumerate(r)] for r in full]
-        widths = [max(_plain_width(r[j]) for r in rows) for j in range(n)]
-        if columns is None or sum(widths) + 2 * (n - 1) <= columns or limit <= 6:
-            break
-        limit = min(limit, max(widths[1:], default=6)) - 1
-    notes = [f"  {click.unstyle(r[0])}: {click.unstyle(c)}" for r, shown in zip(full[1:], rows[1:])
-             for c, cut in zip(r, shown) if cut is not c and c.strip()]
+    rows = [[_inline(c, style) for c in r] + [""] * (n - len(r)) for r in rows]
+    notes: list[str] = []
+    for r in rows[1:]:
+        for j, cell in enumerate(r):
+            if _plain_width(cell) > CELL:
+                notes.append(f"  {click.unstyle(r[0])}: {click.unstyle(cell)}")
+                r[j] = click.unstyle(cell)[:CELL - 1] + "…"
+    widths = [max(_plain_width(r[j]) for r in rows) for j in range(n)]
+    groups = [list(range(1, n))]
+    if columns is not None and sum(widths) + 2 * (n - 1) > columns:  # too wide: the columns in groups that fit,
+        groups, used = [[]], widths[0]  # one table under the other, each with the first column (the row's name)
+        for j in range(1, n):
+            if groups[-1] and used + 2 + widths[j] > columns:
+                groups.append([])
+                used = widths[0]
+            groups[-1].append(j)
+            used += 2 + widths[j]
     out = []
-    for i, r in enumerate(rows):
-        cells = [" " * (w - _plain_width(c)) + c if right[j] and i else c + " " * (w - _plain_width(c))
-                 for j, (c, w) in enumerate(zip(r, widths))]
-        line = "  ".join(cells).rstrip()
-        out.append(click.style(line, bold=True) if style and i == 0 else line)
+    for k, group in enumerate(groups):
+        out += [""] if k else []
+        for i, r in enumerate(rows):
+            cells = [" " * (widths[j] - _plain_width(r[j])) + r[j] if right[j] and i
+                     else r[j] + " " * (widths[j] - _plain_width(r[j])) for j in [0] + group]
+            line = "  ".join(cells).rstrip()
+            out.append(click.style(line, bold=True) if style and i == 0 else line)
     return out + notes
 
 
