@@ -11,7 +11,8 @@ import re
 
 from mhaexport.diagnose import model_explorer
 from mhaexport.diagnose.bisect import BisectReport, TensorDiff
-from mhaexport.verify.html import html
+from mhaexport.verify.html import html as page_of
+from mhaexport.verify.render import cell
 from mhaexport.verify.report import ReportModel, RuntimeInfo, SweepInfo, ToleranceInfo, VerifyReport
 from mhaexport.verify.results import CheckResult
 from mhaexport.verify.svg import Chart, Series, svg
@@ -43,7 +44,7 @@ def report(windows=None, parity_ok=True) -> VerifyReport:
 
 def test_a_page_has_its_counts_tables_and_plots_and_fetches_nothing():
     r = report()
-    page = html(r)
+    page = page_of(r, cell)
     c = r.counts
     assert f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped" in page
     assert c == {"passed": 5, "failed": 0, "skipped": 3}  # eager: 2 (its parity is no check); ort-cuda: 3 skipped
@@ -55,14 +56,14 @@ def test_a_page_has_its_counts_tables_and_plots_and_fetches_nothing():
 
 
 def test_names_from_folders_and_messages_are_escaped():
-    page = html(report(parity_ok=False))
+    page = page_of(cell=cell, report=report(parity_ok=False))
     assert "<script>" not in page and "\x1b" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;" in page  # the model, the folder and the failed message
     assert "FAILED" in page and "differs at &lt;script&gt;" in page
 
 
 def test_each_layers_window_is_marked_on_the_position_plots():
-    page = html(report(windows=[0, 16]))
+    page = page_of(cell=cell, report=report(windows=[0, 16]))
     assert page.count("window 16 (layer 1)") == 2  # error against position, and parity over the sweep
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from html import escape
 from pathlib import Path
+from typing import Callable
 
 from mhaexport.artifact import atomic_write_bytes
 from mhaexport.verify.report import VerifyReport
@@ -56,8 +57,12 @@ _ICONS = {True: "✓", False: "✗", None: "–"}
 _PLAIN = str.maketrans({"✅": "✓", "❌": "✗", "⏭": "–"})
 
 
-def html(report: VerifyReport) -> str:
-    """The report as an HTML page (see the module's docstring)."""
+Cell = Callable[[CheckResult | None], str]  # a result's table cell: report.md's (verify.render.cell)
+
+
+def html(report: VerifyReport, cell: Cell) -> str:
+    """The report as an HTML page (see the module's docstring); ``cell``: the text of a result's table cell,
+    report.md's (:func:`mhaexport.verify.render.cell`, handed in: render writes this page)."""
     spec = report.model.spec or "?"
     title = f"mhaexport verify: {spec}"
     v = report.verdict
@@ -80,7 +85,7 @@ def html(report: VerifyReport) -> str:
     for rt, info in report.runtimes.items():
         prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
         if info.status == "ran":
-            cells = [_cell(report.results.get(rt, {}).get(ch)) for ch in cols]
+            cells = [_cell(report.results.get(rt, {}).get(ch), cell) for ch in cols]
         else:
             cells = [e(f"{info.status}: {info.reason}")] + ["—"] * (len(cols) - 1)
         rows.append([f"<b>{e(rt)}</b>", e(prov)] + cells)
@@ -106,10 +111,8 @@ def html(report: VerifyReport) -> str:
     return page(title, body + [_footer(report)])
 
 
-def _cell(r: CheckResult | None) -> str:
-    """report.md's cell (:func:`mhaexport.verify.render.cell`), its icon drawn in any font, coloured by status."""
-    from mhaexport.verify.render import cell
-
+def _cell(r: CheckResult | None, cell: Cell) -> str:
+    """report.md's cell, its icon drawn in any font, coloured by status."""
     text = e(cell(r).translate(_PLAIN))
     return text if r is None or not r.counted else f'<span class="{_CLASS[r.status]}">{text}</span>'
 
@@ -222,8 +225,8 @@ def _quality(report: VerifyReport) -> list[str]:
             table(["runtime", "scheme", "figure", "sweep", "text", "threshold"], rows, classes)]
 
 
-def write_html(report: VerifyReport, path: str | Path) -> Path:
+def write_html(report: VerifyReport, path: str | Path, cell: Cell) -> Path:
     """Write :func:`html` of ``report`` to ``path`` atomically; returns the path."""
     path = Path(path)
-    atomic_write_bytes(path, html(report).encode())
+    atomic_write_bytes(path, html(report, cell).encode())
     return path

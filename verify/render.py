@@ -294,5 +294,5 @@ def write_report(report: VerifyReport, folder: str | Path, name: str | None = No
         blocks = re.finditer(r"<!-- ([\w-]+) -->.*?<!-- /\1 -->", old.read_text(errors="replace"), re.S)
         text += "".join(f"\n{m.group(0)}\n" for m in blocks)
     atomic_write_bytes(folder / f"{name}.md", text.encode())
-    write_html(report, folder / f"{name}.html")  # report.html beside them (verify/html.py)
+    write_html(report, folder / f"{name}.html", cell)  # report.html beside them (verify/html.py)
     return folder / f"{name}.json", folder / f"{name}.md"
