@@ -1,4 +1,4 @@
-"""A bench result on paper: bench.json, bench.md, bench.png and bench-scaling.png (matplotlib optional), the
+"""A bench result on paper: bench.json, bench.md, bench.html, bench.png and bench-scaling.png (matplotlib optional), the
 delimited section of the export folder's report.md, and the terminal summary. Nothing here measures or prints."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json
+from mhaexport.bench.html import write_html
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.targets import TARGETS, describe_conditions
 from mhaexport.untrusted import shown
@@ -374,6 +375,7 @@ def write_bench(res: BenchResult, out_dir: str | Path) -> list[Path]:
          f"{markdown_body(res, note, scaling_note)}\n"
     atomic_write_bytes(out_dir / "bench.md", md.encode())
     written.append(out_dir / "bench.md")
+    written.append(write_html(res, out_dir / "bench.html"))  # bench.html beside them (bench/html.py)
     if png:
         written.append(Path(png))
     if scaling_png:

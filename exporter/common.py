@@ -50,6 +50,17 @@ def example_inputs(contract: ModelContract, seq: int = EXAMPLE_SEQ, past: int = 
     return make_inputs(contract, batch=batch, seq=seq, past=past, seed=1234, dtype=dtype)
 
 
+# Export warnings that are no fault of the model, shown by the CLI as a note (not a yellow warning): torch.jit's
+# deprecation, and the tracer's warnings folded into one line (verify runs the trace at other sizes and says so)
+JIT_DEPRECATED = "torch.jit is deprecated in recent PyTorch; the .pt file still loads with torch.jit.load"
+TRACED_CONSTANTS = "torch.jit.trace recorded"
+
+
+def is_note(warning: str) -> bool:
+    """Whether an export's warning is a note (:data:`JIT_DEPRECATED`, the folded tracer warnings)."""
+    return warning == JIT_DEPRECATED or warning.startswith(TRACED_CONSTANTS)
+
+
 @contextlib.contextmanager
 def captured_warnings() -> Iterator[list[str]]:
     """Collect Python warnings and torch.onnx's logged warnings as strings instead of letting them print."""

@@ -16,7 +16,7 @@ import traceback
 
 import torch
 
-from mhaexport.errors import first_line
+from mhaexport.errors import clip, first_line
 from mhaexport.models.tracebacks import exception_chain, failing_module
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -59,7 +59,7 @@ def _root_line(e: BaseException) -> str:
     for exc in reversed(list(exception_chain(e))):
         lines = [ln.strip() for ln in ANSI.sub("", str(exc)).splitlines() if ln.strip()]
         if lines and "This is step" not in lines[0] and not lines[0].startswith("Error when translating node"):
-            return f"{type(exc).__name__}: {lines[0][:300]}"
+            return f"{type(exc).__name__}: {clip(lines[0])}"
     return first_line(e)
 
 

@@ -14,23 +14,34 @@ import torch
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import ExampleSizes, TorchScriptDetails
 from mhaexport.errors import ExportError, ExportOptionError
-from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, module_bytes
+from mhaexport.errors import clip
+from mhaexport.exporter.common import (JIT_DEPRECATED, TRACED_CONSTANTS, ExportRecord, captured_warnings,
+                                       example_inputs, finish, module_bytes)
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.models.loading import LoadedModel
 
 TS_FILE = "model.pt"
 MODES = ("trace", "script")
-DEPRECATION_NOTE = "torch.jit is deprecated in recent PyTorch; the .pt file still loads with torch.jit.load"
+DEPRECATION_NOTE = JIT_DEPRECATED
 
 
 def _summarize(warns: list[str]) -> list[str]:
-    """Keep tracer warnings (they say where tracing may have baked in a value); fold jit deprecations into one."""
-    out, deprecated = [], False
+    """Fold the tracer's warnings into one line that says what they mean and what checks it (each may mark a value
+    baked into the trace: verify's dynamic-shapes and kv-consistency run the file at sizes it was not traced at, and
+    fail it there), and jit deprecations into one note."""
+    out, deprecated, traced = [], False, []
     for w in warns:
         if "deprecat" in w.lower() and "jit" in w.lower():
             deprecated = True
-            continue
-        out.append(w)
+        elif w.startswith("TracerWarning:"):
+            traced.append(w.removeprefix("TracerWarning:").strip())
+        else:
+            out.append(w)
+    if traced:
+        first = clip(traced[0].split(". ")[0], 80)
+        more = "; ..." if len(traced) > 1 else ""
+        out.append(f"{TRACED_CONSTANTS} {len(traced)} value(s) as constants (TracerWarning: {first}{more}); verify "
+                   "runs the file at sizes it was not traced at, and fails it if one mattered")
     if deprecated:
         out.append(DEPRECATION_NOTE)
     return out

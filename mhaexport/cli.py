@@ -10,6 +10,7 @@ import errno
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -357,8 +358,15 @@ def _size(path: Path) -> str:
 
 
 def _warn(rec) -> None:
+    """An export's warnings, one line each; what is no fault of the model (torch.jit's deprecation, the tracer's
+    note that a value was traced as a constant: verify's dynamic shapes run the file at other sizes) a plain note."""
+    from mhaexport.exporter.common import is_note
+
     for w in rec.warnings:
-        click.secho(shown(f"warning: {w}"), fg="yellow", err=True)
+        if is_note(w):
+            click.echo(shown(f"note: {w}"), err=True)
+        else:
+            click.secho(shown(f"warning: {w}"), fg="yellow", err=True)
 
 
 def _show_record(rec, as_json: bool = False) -> None:
@@ -941,7 +949,9 @@ def _show(markdown: str) -> None:
     if _stdout_is_tty():
         from mhaexport.terminal import to_terminal, wants_style
 
-        click.echo(to_terminal(markdown, style=wants_style(True)))
+        import shutil
+
+        click.echo(to_terminal(markdown, style=wants_style(True), columns=shutil.get_terminal_size().columns))
     else:
         click.echo(markdown)
 
@@ -1140,21 +1150,29 @@ def _parse_case(ctx, param, value):
 
 
 def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False,
-                runtimes=()) -> None:
+                runtimes=(), output=None) -> None:
     """verify --bisect (:func:`mhaexport.api.bisect_folder`): print where the ONNX graph (or the torch.export
     program: ``--runtime pt2``, or as the folder's report says) first departs from eager;
     VerificationFailed if it does. Without FOLDER: the model exported to a temporary folder first."""
     import tempfile
 
     from mhaexport import api
+    from mhaexport.artifact import ensure_writable_dir
+    from mhaexport.diagnose.model_explorer import NODE_DATA, how_to_open, write_node_data
 
+    # the divergence on the graph, where -o says (of a FOLDER: a temporary export leaves no file to open it on)
+    node_data = Path(output) / NODE_DATA if output and folder is not None else None
+    if node_data is not None:
+        _check_outputs({"-o (its node data)": node_data}, reading=[folder])
     with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
         if folder is None or (loaded is None and (config or model or checkpoint or hf)):
             loaded = _load(config, model, checkpoint, hf)
         if folder is None:
             folder = tmp
             _progress(f"Exporting {loaded.spec} to ONNX in a temporary folder ...")
+            started = time.perf_counter()
             api.export_onnx(tmp, model=loaded)
+            _progress(f"exported in {time.perf_counter() - started:.0f} s")
         run = api.bisect_folder(folder, model=loaded, case=case, seed=seed, trust_code=trust_code,
                                 runtimes=runtimes, progress=_progress)
     _progress_done()
@@ -1165,6 +1183,11 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
             raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
                                      f"difference is {followed.where}")
     click.echo(report.summary())
+    if report.kind == "onnx" and node_data is not None:  # Model Explorer's node data
+        ensure_writable_dir(node_data.parent)
+        click.echo(f"wrote {write_node_data(report, node_data)}: {how_to_open(report.model, node_data)}")
+    elif report.kind == "onnx" and folder != tmp:
+        click.echo(f"(-o DIR writes DIR/{NODE_DATA}: this divergence on the graph, for Model Explorer)")
     if not report.ok:
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
@@ -1182,9 +1205,11 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 @model_options
 @verify_options
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Where report.json and report.md go (default: FOLDER, where a run of named --runtime's writes "
-                   "report-RUNTIMES.json/.md instead, never replacing the full report; with model options only: "
-                   "not written). For FILE.onnx: the folder it is adopted into (default: FILE's folder/mhaexport).")
+              help="Where report.json, report.md and report.html go (default: FOLDER, where a run of named "
+                   "--runtime's writes report-RUNTIMES.json/.md/.html instead, never replacing the full report; with "
+                   "model options only: not written); with --bisect, where bisect-node-data.json goes (Model "
+                   "Explorer's view of the divergence). For FILE.onnx: the folder it is adopted into (default: FILE's "
+                   "folder/mhaexport).")
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
               help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
                    "by module, and name the first block and tensor that diverge (exit 1 when one does). Runs at the "
@@ -1243,7 +1268,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
                    f"{rec.folder}", err=True)
         _warn(rec)
         if bisect_:
-            _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded)
+            _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded, output=output)
             return
         _progress(f"Verifying {rec.folder} ...")
         _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings)
@@ -1252,12 +1277,14 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
                                  param_hint="FOLDER")
     if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code, runtimes=runtimes)
+        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code, runtimes=runtimes,
+                    output=output)
         return
     if folder is not None:
         out = output or folder
         _check_outputs({"--junit": junit}, reading=[folder], reports=out)
-        _check_outputs({f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md")}, reading=[folder])
+        _check_outputs({f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md", "report.html")},
+                       reading=[folder])
         _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
@@ -1274,8 +1301,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     loaded = _load(config, model, checkpoint, hf)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
         _progress(f"Exporting {loaded.spec} to a temporary folder ...")
+        started = time.perf_counter()
         _export_both(loaded, tmp)
-        _progress(f"Verifying {loaded.spec} ...")
+        _progress(f"exported in {time.perf_counter() - started:.0f} s; verifying {loaded.spec} ...")
         _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
 
 
@@ -1370,7 +1398,7 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
         raise click.UsageError(f"--name given {len(names)} times for {len(reports)} reports")
     from mhaexport.outputs import check_reports_out
 
-    check_reports_out(output, reports, ("report.json", "report.md"))
+    check_reports_out(output, reports, ("report.json", "report.md", "report.html"))
     _writable(output)
     merged = merge_reports([load_report(p) for p in reports], list(names) or None)
     from mhaexport.verify.render import markdown as render_markdown, write_report

@@ -91,6 +91,16 @@ class NotVerified(VerificationFailed):
     exit_code = 4
 
 
+def clip(text: str, limit: int = 300) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with "…" where it was cut (a message shown
+    in one line never ends mid-word: "Non-zero status code returned while running Ad…" was ONNX Runtime's)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
+
+
 def first_line(e: BaseException) -> str:
     """``Type: first line`` of an exception, for one-line messages; for TorchScript interpreter errors, the line
     that says what failed."""
@@ -100,4 +110,4 @@ def first_line(e: BaseException) -> str:
         line = lines[-1]
     if not line:
         return type(e).__name__
-    return line[:300] if line.startswith(f"{type(e).__name__}:") else f"{type(e).__name__}: {line[:300]}"
+    return clip(line) if line.startswith(f"{type(e).__name__}:") else f"{type(e).__name__}: {clip(line)}"

@@ -19,8 +19,8 @@ from mhaexport.untrusted import load_json
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.pt", "model.pt2", "model.aoti.pt2", FILENAME, GENAI_CONFIG,
                 LOCK_FILE, *TOKENIZER_FILES)
 # files a command's outputs may replace in a folder it reads: its own earlier outputs (reports, bench, JUnit)
-REPLACEABLE = re.compile(r"^(report|bench)[\w.+@-]*\.(json|md|png)$|^[\w.+@-]+\.xml$")
-RUN_REPORT = re.compile(r"^report[\w.+@-]*\.(json|md)$")
+REPLACEABLE = re.compile(r"^(report|bench|bisect)[\w.+@-]*\.(json|md|png|html)$|^[\w.+@-]+\.xml$")
+RUN_REPORT = re.compile(r"^report[\w.+@-]*\.(json|md|html)$")
 
 
 class OutputClash(MhaExportError):

@@ -57,7 +57,7 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", body)]
 
 
-def _table(lines: list[str], style: bool) -> list[str]:
+def _table(lines: list[str], style: bool, columns: int | None = None) -> list[str]:
     rows = [_cells(ln) for ln in lines if not _SEPARATOR.match(ln.strip())]
     if not rows:
         return []
@@ -72,17 +72,29 @@ def _table(lines: list[str], style: bool) -> list[str]:
                 notes.append(f"  {click.unstyle(r[0])}: {click.unstyle(cell)}")
                 r[j] = click.unstyle(cell)[:CELL - 1] + "…"
     widths = [max(_plain_width(r[j]) for r in rows) for j in range(n)]
+    groups = [list(range(1, n))]
+    if columns is not None and sum(widths) + 2 * (n - 1) > columns:  # too wide: the columns in groups that fit,
+        groups, used = [[]], widths[0]  # one table under the other, each with the first column (the row's name)
+        for j in range(1, n):
+            if groups[-1] and used + 2 + widths[j] > columns:
+                groups.append([])
+                used = widths[0]
+            groups[-1].append(j)
+            used += 2 + widths[j]
     out = []
-    for i, r in enumerate(rows):
-        cells = [" " * (w - _plain_width(c)) + c if right[j] and i else c + " " * (w - _plain_width(c))
-                 for j, (c, w) in enumerate(zip(r, widths))]
-        line = "  ".join(cells).rstrip()
-        out.append(click.style(line, bold=True) if style and i == 0 else line)
+    for k, group in enumerate(groups):
+        out += [""] if k else []
+        for i, r in enumerate(rows):
+            cells = [" " * (widths[j] - _plain_width(r[j])) + r[j] if right[j] and i
+                     else r[j] + " " * (widths[j] - _plain_width(r[j])) for j in [0] + group]
+            line = "  ".join(cells).rstrip()
+            out.append(click.style(line, bold=True) if style and i == 0 else line)
     return out + notes
 
 
-def to_terminal(markdown: str, style: bool = False) -> str:
-    """``markdown`` as terminal text (see the module docstring); ``style``: bold headings and table headers."""
+def to_terminal(markdown: str, style: bool = False, columns: int | None = None) -> str:
+    """``markdown`` as terminal text (see the module docstring); ``style``: bold headings and table headers;
+    ``columns``: the terminal's width, which every table is fitted to (its widest cells cut and told under it)."""
     out: list[str] = []
     lines = [shown(line) for line in markdown.split("\n")]  # before any style: no escape but mhaexport's own
     i = 0
@@ -93,7 +105,7 @@ def to_terminal(markdown: str, style: bool = False) -> str:
             while i < len(lines) and lines[i].lstrip().startswith("|"):
                 block.append(lines[i])
                 i += 1
-            out += _table(block, style)
+            out += _table(block, style, columns)
             continue
         if m := re.match(r"^(#{1,6})\s+(.*)$", line):
             title = click.unstyle(_inline(m.group(2), False))

@@ -23,7 +23,7 @@ import onnxruntime as ort
 
 from mhaexport.artifact import sha256_file, shown_path
 from mhaexport.devices import no_cuda_device
-from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable
+from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -194,7 +194,7 @@ def _load_failure(lines: list[str]) -> str:
             return m.group(1)
     for ln in lines:
         if "Failed to" in ln or "error" in ln.lower():
-            return ln.split("] ", 1)[-1][:240]
+            return clip(ln.split("] ", 1)[-1], 240)
     return "no device or its libraries did not load"
 
 

@@ -181,7 +181,7 @@ def main() -> int:
     cmd, verified, report_dir = build_command(folder, model, runtimes, sweep, _input("args"), out, junit)
     code, tail = _run(cmd, env)
     verdict = VERDICTS.get(code, "error")
-    for f in ("report.json", "report.md"):
+    for f in ("report.json", "report.md", "report.html"):
         if (report_dir / f).is_file():
             shutil.copyfile(report_dir / f, reports / f)
     from mhaexport.errors import MhaExportError

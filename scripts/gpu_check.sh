@@ -13,7 +13,8 @@
 #   --presets P    the presets to verify (default "small bench")
 #   --skip-install do not pip-install the package (it must be importable already)
 #   --quick        verify float32 concat and shared only, bench 32 new tokens (a smoke run)
-# exit codes: 0 all verified on the GPU, 1 a check failed, 2 bad usage, 4 CUDA does not really run here
+# exit codes: 0 all verified on the GPU, 1 a check failed, 2 bad usage, 4 CUDA does not really run here (no GPU at
+#   all: before anything is installed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +36,12 @@ PY="${PYTHON:-python3}"
 say() { printf '\n== %s\n' "$*" >&2; }
 START=$(date +%s)
 
+if [ "$INSTALL" = 1 ] || [ -n "$WHEEL" ]; then  # no GPU: install nothing (onnxruntime-gpu is ~340 MB)
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+    echo "gpu_check: no NVIDIA GPU here (nvidia-smi is missing or lists none): nothing installed, nothing verified" >&2
+    exit 4
+  fi
+fi
 if [ "$INSTALL" = 1 ]; then
   say "install"
   "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install torch

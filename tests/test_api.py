@@ -110,7 +110,7 @@ def test_the_readmes_python_example_runs(tmp_path, monkeypatch, capsys):
     exec(compile(readme_block("python example"), "README.md (python example)", "exec"), {})
     out = capsys.readouterr().out
     assert "max abs" in out and "max_new_tokens" in out
-    assert (tmp_path / "out-int4" / "manifest.json").is_file()
+    assert (tmp_path / "out" / "api-int4" / "manifest.json").is_file()  # under out/, not beside the checkout's files
 
 
 # --- issue 26, "the Python API surprises": what help() shows, the CLI's names, list arguments, one error family ---

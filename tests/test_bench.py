@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,10 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     report = tmp_path / "report.md"
     report.write_text("# Verify report\n\nall checks passed\n")
     written = write_bench(result, tmp_path)
-    assert {p.name for p in written} >= {"bench.json", "bench.md", "report.md"}
+    assert {p.name for p in written} >= {"bench.json", "bench.md", "bench.html", "report.md"}
+    page = (tmp_path / "bench.html").read_text()  # self-contained, its plot inline
+    assert not re.search(r"<script|<link|(?:src|href)\s*=\s*[\"']?\s*(?:https?:|//)", page, re.I)
+    assert "<svg" in page and "Per-token latency against position" in page and "<b>ort-cpu" in page
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["schema"] == "mhaexport.bench/1" and list(data)[0] == "schema"
     assert data["runtimes"][0]["name"] == "eager" and "floor_ms" in data
@@ -157,7 +161,7 @@ def test_without_matplotlib_says_so_and_skips_only_the_plot(result, tmp_path, mo
     written = write_bench(result, tmp_path)
     assert not (tmp_path / "bench.png").exists() and (tmp_path / "bench.json").exists()
     assert "No plot: matplotlib is not installed" in (tmp_path / "bench.md").read_text()
-    assert len(written) == 2
+    assert len(written) == 3 and "<svg" in (tmp_path / "bench.html").read_text()  # bench.html draws its own
     assert "plot" not in json.loads((tmp_path / "bench.json").read_text())["environment"]
     assert "No plot" not in markdown_body(result)  # the terminal summary has no plot line
 
@@ -909,8 +913,10 @@ def test_scaling_skips_a_point_per_row_and_the_others_go_on(tmp_path, monkeypatc
     assert "| fine [attention=fake float32] | 1.10 ms | 2.40 ms (x 2.18) | 6.30 ms (x 5.73) | skipped |" in md
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # without matplotlib: the tables stay, only the plot goes
     written = write_bench(res, tmp_path)
-    assert not (tmp_path / "bench-scaling.png").exists() and len(written) == 2
+    assert not (tmp_path / "bench-scaling.png").exists() and len(written) == 3
     assert "How cost grows" in (tmp_path / "bench.md").read_text()
+    page = (tmp_path / "bench.html").read_text()
+    assert "Per-token latency against the batch" in page and "Time to first token against the prompt" in page
     assert json.loads((tmp_path / "bench.json").read_text())["scaling"][0]["name"] == "fine"
 
 

@@ -88,13 +88,17 @@ def test_cli_verify_bisect(tiny_export, tmp_path):
     runner = CliRunner()
     ok = runner.invoke(main, ["verify", str(tiny_export), "--bisect"])
     assert ok.exit_code == 0, ok.output
-    assert "no divergence" in ok.stdout
+    assert "no divergence" in ok.stdout and "-o DIR writes DIR/bisect-node-data.json" in ok.stdout
 
     bad = tmp_path / "bad"
     rehashed_copy(tiny_export, bad, lambda p: plant_attention_scale_bug(p, block=1))
-    res = runner.invoke(main, ["verify", str(bad), "--bisect"])
+    res = runner.invoke(main, ["verify", str(bad), "--bisect", "-o", str(tmp_path / "r")])
     assert res.exit_code == 1, res.output
     assert "culprit in block blocks.1: blocks.1.attn: input agrees" in res.stdout
+    node_data = json.loads((tmp_path / "r" / "bisect-node-data.json").read_text())  # Model Explorer's view
+    assert node_data["results"]["div_1"]["bgColor"] == "#d00000"  # the culprit's output value, red
+    assert f"model-explorer {bad / 'model.onnx'} --node_data_paths={tmp_path / 'r' / 'bisect-node-data.json'}" \
+        in res.stdout
     assert "first divergence: blocks.1.attn at step 'scale' (value div_1, Div node_div_1, rel err 5.0e-01): " \
            "scores match, scaled scores do not (ONNX/eager = 0.5 everywhere" in res.stdout
     assert "FAILED: the ONNX graph diverges from eager PyTorch at blocks.1.attn" in res.stderr

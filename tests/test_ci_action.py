@@ -62,7 +62,7 @@ def test_a_folder_verified_on_a_runtime_passes_with_summary_outputs_and_reports(
     assert p.returncode == 0, p.stdout + p.stderr
     reports = Path(out["reports"])
     assert out["verdict"] == "passed" and out["exit-code"] == "0" and out["folder"] == str(tiny_export)
-    assert {f.name for f in reports.iterdir()} == {"report.json", "report.md", "junit.xml"}
+    assert {f.name for f in reports.iterdir()} == {"report.json", "report.md", "report.html", "junit.xml"}
     report = json.loads((reports / "report.json").read_text())
     assert report["environment"]["host"] == "tiny-ort-cpu"  # the merged table's column
     assert report["requested"] == ["ort-cpu"]
@@ -112,7 +112,7 @@ def test_a_refused_folder_has_reports_to_upload(altered_export, tmp_path):
     p, out, summary = run_action(tmp_path, folder=str(altered_export), runtimes="ort-cpu")
     assert p.returncode == 2 and out["verdict"] == "bad input", p.stdout
     reports = Path(out["reports"])
-    assert {f.name for f in reports.iterdir()} == {"report.json", "report.md", "junit.xml"}
+    assert {f.name for f in reports.iterdir()} == {"report.json", "report.md", "report.html", "junit.xml"}
     assert "REFUSED" in summary and "does not match the manifest" in summary
 
 

@@ -4,6 +4,7 @@ nothing written) when CUDA does not really run — a CPU fallback is never repor
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,13 @@ def test_without_cuda_it_stops_before_anything_and_never_reports_a_fallback(tmp_
     assert f"gpu_check: ONNX Runtime does not run on CUDA here: CUDAExecutionProvider requested; {why}" in res.stderr
     assert not out.exists() and "verify" not in res.stdout
     assert "Failed to load" not in res.stdout + res.stderr  # ONNX Runtime's preload chatter stays out of the output
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="nvidia-smi is here: the install would start")
+def test_without_a_gpu_it_installs_nothing(tmp_path):
+    """Before pip installs onnxruntime-gpu (~340 MB) or a --wheel: no nvidia-smi listing a GPU, exit 4."""
+    out = tmp_path / "gpu"
+    res = _run("-o", str(out), tmp=tmp_path)
+    assert res.returncode == 4, res.stderr
+    assert "gpu_check: no NVIDIA GPU here (nvidia-smi is missing or lists none): nothing installed" in res.stderr
+    assert "== install" not in res.stderr and not out.exists()

@@ -98,6 +98,11 @@ def test_a_clean_run_counts_the_same_everywhere(verified):
     assert (int(m.group(1)), int(m.group(2) or 0)) == (counts["passed"], counts["skipped"]), line
     md = (out / "report.md").read_text()
     assert f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped" in md
+    page = (out / "report.html").read_text()  # self-contained: no script, no link, nothing fetched; plots inline
+    assert f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped" in page
+    assert not re.search(r"<script|<link|(?:src|href)\s*=\s*[\"']?\s*(?:https?:|//)", page, re.I)
+    assert page.count("<svg") >= 3 and "Cached decode: error against position" in page
+    assert all(f"<b>{rt}</b>" in page for rt in report.runtimes)
     suite = validate(junit).find("testsuite")
     n_tests, n_failed, n_skipped = (int(suite.get(k)) for k in ("tests", "failures", "skipped"))
     assert (n_tests - n_failed - n_skipped, n_failed, n_skipped) == (counts["passed"], 0, counts["skipped"])

@@ -68,3 +68,31 @@ def test_cases_that_fail_to_run_do_not_hide_the_errors_of_those_that_ran():
     assert "in the 1 case(s) that ran, 51/100 values differ" in res.message and "1.02" in res.message
     ok = parity_over_sweep(outputs, ("logits",), tol, lambda case, out: {"logits": Diff(total=100)})
     assert "the 1 case(s) that ran agree" in ok.message and ok.status is False
+
+
+def test_a_long_message_is_cut_at_a_word_and_says_so():
+    """ONNX Runtime's messages in one-line findings were cut mid-word at 300 characters; now at a word, with "…"."""
+    from mhaexport.errors import RuntimeFailure, clip, first_line
+
+    ort = ("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Add node. Name:'node_add_3' "
+           "Status Message: ") + "broadcasting dimensions of the past key and the new key do not match " * 6
+    line = first_line(RuntimeFailure(ort))
+    assert len(line) <= len("RuntimeFailure: ") + 300 and line.endswith("…")
+    assert line[:-1].split()[-1] in ort.split()  # the last word shown is a whole word of the message
+    assert clip("short message") == "short message" and clip("x" * 400, 100) == "x" * 99 + "…"
+
+
+def test_tracer_and_jit_warnings_are_one_note_each():
+    """A --hf export printed two raw TracerWarnings and torch.jit's deprecation as yellow warnings; now one note
+    each (verify runs the trace at other sizes), and a warning of another kind stays a warning."""
+    from mhaexport.exporter.common import is_note
+    from mhaexport.exporter.torchscript import DEPRECATION_NOTE, _summarize
+
+    got = _summarize(["TracerWarning: torch.tensor results are registered as constants in the trace. You can ...",
+                      "TracerWarning: Converting a tensor to a Python boolean might cause the trace to be incorrect.",
+                      "UserWarning: torch.jit.trace is deprecated", "UserWarning: something about the model"])
+    assert got == ["UserWarning: something about the model",
+                   "torch.jit.trace recorded 2 value(s) as constants (TracerWarning: torch.tensor results are "
+                   "registered as constants in the trace; ...); verify runs the file at sizes it was not traced at, "
+                   "and fails it if one mattered", DEPRECATION_NOTE]
+    assert [is_note(w) for w in got] == [False, True, True]

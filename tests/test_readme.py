@@ -160,9 +160,11 @@ def test_quick_start_keeps_its_promises():
     """The Quick start shows the main job and the test command, with .ci/run's install lines."""
     text = README.read_text()
     quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    main = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+    # the CPU wheel: on Linux the package index's torch is the CUDA build with ~17 nvidia-* packages
+    cpu = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    main = ("python3 -m venv .venv && . .venv/bin/activate && " + cpu + " && "
             "pip install -e '.[cpu,test]' && mhaexport all -o artifacts/default")
-    tests = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+    tests = ("python3 -m venv .venv && . .venv/bin/activate && " + cpu + " && "
              "pip install -e '.[cpu,test]' && pip install --no-deps onnxruntime-genai==0.18.0 && python -m pytest -q")
     assert main in quick and tests in quick
     ci = (ROOT / ".ci" / "run").read_text()

@@ -183,6 +183,9 @@ def test_report_merge_cli(verified, tmp_path):
     assert result.exit_code == 0, result.output
     md = (tmp_path / "report.md").read_text()
     assert "| ort-cpu@cpu |" in md and "| ort-cpu@gpu |" in md
+    page = (tmp_path / "report.html").read_text()  # the merged report's page: both machines' rows and plots
+    assert "<b>ort-cpu@cpu</b>" in page and "<b>ort-cpu@gpu</b>" in page and "Merged from: " in page
+    assert ">ort-cpu@gpu</text>" in page  # in the plots' legends
 
 
 def test_verify_refuses_a_tampered_export_with_exit_2(tiny_export, tmp_path):
@@ -415,3 +418,16 @@ def test_ort_cuda_and_ort_cpu_are_compared_with_each_other(offset, agree):
     assert cross.figures["max_abs"] == pytest.approx(2 * offset, rel=1e-3)
     infos["ort-cuda"] = RuntimeInfo("ort-cuda", "skipped", "no CUDA")
     assert cross_provider(runners, infos, ctx) == []  # only when both ran
+
+
+def test_a_default_run_leaves_out_the_runtimes_of_artifacts_the_folder_lacks(tiny_lowered, tiny):
+    """An ONNX-only folder verified with the default runtimes: TorchScript was not asked for, so it is neither a row
+    nor a skipped check (it was "8 skipped" per run); named, it is skipped and the verdict says not verified."""
+    folder = tiny_lowered["onnx"]  # the ONNX lowering's export: no model.pt
+    from mhaexport.verify import verify_folder
+
+    report = verify_folder(folder, loaded=tiny, checks=("finite",))
+    assert "torchscript" not in report.runtimes and "ort-cpu" in report.runtimes
+    assert report.counts["skipped"] == sum(info.status == "skipped" for info in report.runtimes.values())  # ort-cuda
+    named = verify_folder(folder, loaded=tiny, checks=("finite",), runtimes=("torchscript", "ort-cpu"))
+    assert named.runtimes["torchscript"].status == "skipped" and named.verdict.code == 4

@@ -128,19 +128,22 @@ def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
     and one message (the first case that failed to run, or which kinds differ and the atol that would pass)."""
     total, worst_case, errors = Diff(), None, []
     by_kind = {k: Diff() for k in kinds}
+    by_case = []  # [batch, seq, past, max abs or None (failed to run)]: report.html's error over the sweep
     for case, out in outputs.items():
         if isinstance(out, BaseException):
             errors.append(f"{case.name}: {first_line(out)}")
+            by_case.append([case.batch, case.seq, case.past, None])
             continue
         by = compare_case(case, out)
         d = merged(by.values())
+        by_case.append([case.batch, case.seq, case.past, rounded(d.max_abs)])
         if worst_case is None or d.max_abs > total.max_abs:
             worst_case = case.name
         total = total.merge(d)
         by_kind = {k: by_kind[k].merge(by[k]) for k in kinds}
     fig = {**total.figures(), "cases": len(outputs), "worst_case": worst_case, "errors": len(errors),
            "per_output": {k: {**v.stats(), "atol": tol.for_output(k).atol, "rtol": tol.for_output(k).rtol}
-                          for k, v in by_kind.items()}}
+                          for k, v in by_kind.items()}, "by_case": by_case}
     differ = ""
     if not total.ok:
         bad = ", ".join(f"{k} {v.mismatched}/{v.total} (max abs {v.max_abs:.3g})" for k, v in by_kind.items()
@@ -411,8 +414,23 @@ def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, 
         err = np.abs(got.astype(np.float64) - want.astype(np.float64))
         bad = (err > tol.atol + tol.rtol * np.abs(want)).any(axis=-1)
         first = positions[int(np.argmax(bad))]
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64)).max(axis=-1)  # (len(positions),)
     return label, d, first, {"long_to": positions[-1], "long_positions": len(positions),
-                             "long_max_abs": rounded(d.max_abs), "long_first_bad": first}
+                             "long_max_abs": rounded(d.max_abs), "long_first_bad": first,
+                             "long_by_position": by_position(positions, err)}
+
+
+# at most this many [position, error] points per curve in a report (a long model's curve keeps each bin's worst)
+CURVE_POINTS = 128
+
+
+def by_position(positions: list[int], err: np.ndarray) -> list[list]:
+    """[[position, max abs error], ...] for report.html's error-against-position plot: every position up to
+    :data:`CURVE_POINTS`, beyond that each bin's last position with its bin's worst error."""
+    if len(positions) <= CURVE_POINTS:
+        return [[int(p), rounded(float(e))] for p, e in zip(positions, err)]
+    bins = np.array_split(np.arange(len(positions)), CURVE_POINTS)
+    return [[int(positions[b[-1]]), rounded(float(err[b].max()))] for b in bins]
 
 
 def check_padding(runner: Runner, ctx: Context) -> CheckResult:
@@ -697,11 +715,15 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
     tol = ctx.ltol
     div = next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
     upto = n if div is None else div + 1
-    logit_diff = Diff()
+    logit_diff, steps = Diff(), []
     for i in range(upto):
-        logit_diff = logit_diff.merge(compare(got.logits[i], ref.logits[i], tol))
+        step = compare(got.logits[i], ref.logits[i], tol)
+        steps.append(rounded(step.max_abs))
+        logit_diff = logit_diff.merge(step)
+    # per step, the reference's top-1 minus top-2 logit: a step's error beyond it can flip the token (report.html)
+    margins = [rounded(float(t[1] - t[0])) for t in (np.sort(lg)[-2:] for lg in ref.logits[:upto])]
     fig = {"tokens": n, "matched": n if div is None else div, "first_divergence": div,
-           "max_abs": rounded(logit_diff.max_abs)}
+           "max_abs": rounded(logit_diff.max_abs), "step_max_abs": steps, "step_margin": margins}
     if div is None:
         if not logit_diff.ok:
             return CheckResult("generation", False, fig, f"same {n} tokens but step logits differ from {against} "

@@ -1,6 +1,6 @@
 """The verify report as Markdown (report.md): functions of a :class:`~mhaexport.verify.report.VerifyReport`, which
 holds the data, the verdict and the JSON (the report knows nothing of its presentation: this module imports it,
-not the other way), and :func:`write_report` (report.json + report.md). A runtimes x checks table that reads as a CI job summary, the parity and
+not the other way), and :func:`write_report` (report.json + report.md + report.html). A runtimes x checks table that reads as a CI job summary, the parity and
 quality figures, the details of what failed or was skipped, the plain protocol's findings, provider against
 provider, and the lint findings."""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from mhaexport.untrusted import shown
+from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.results import NOT_A_CHECK, QUALITY, CheckResult
 
@@ -295,4 +296,5 @@ def write_report(report: VerifyReport, folder: str | Path, name: str | None = No
         blocks = re.finditer(r"<!-- ([\w-]+) -->.*?<!-- /\1 -->", old.read_text(errors="replace"), re.S)
         text += "".join(f"\n{m.group(0)}\n" for m in blocks)
     atomic_write_bytes(folder / f"{name}.md", text.encode())
+    write_html(report, folder / f"{name}.html", cell)  # report.html beside them (verify/html.py)
     return folder / f"{name}.json", folder / f"{name}.md"

@@ -42,8 +42,7 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     todo = runners[1:] if skip_first else runners
-    done, total = 0, len(todo) * len(checks)  # the counted steps: one check on one runtime
-    for runner in todo:
+    for runner in todo:  # every runner activated first, so the progress total is known once and never jumps
         info = RuntimeInfo(name=runner.name, status="ran", artifact=_artifact_of(runner))
         infos[runner.name] = info
         results[runner.name] = {}
@@ -58,8 +57,12 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         if not runner.available:
             info.status, info.reason = "skipped", runner.skip_reason or ""
         if info.status != "ran":
-            total -= len(checks)  # nothing to wait for there
-            say(Step(f"{runner.name}: {info.status} ({info.reason})", done, total))
+            say(f"{runner.name}: {info.status} ({info.reason})")
+    done = 0
+    total = sum(infos[r.name].status == "ran" for r in todo) * len(checks)  # the counted steps: a check on a runtime
+    for runner in todo:
+        info = infos[runner.name]
+        if info.status != "ran":
             continue
         t0 = time.perf_counter()
         # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one

@@ -23,7 +23,7 @@ from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
 from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_runner, genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
-from mhaexport.verify.registry import runner_for
+from mhaexport.verify.registry import ARTIFACT, runner_for
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
@@ -127,7 +127,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     if not ef.artifacts:
         raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
     refuse_untrusted(ef, runtimes, trust_code)
-    if not runtimes:
+    if not runtimes:  # the defaults: those of an artifact the folder lacks were not asked for (left out, not skipped)
+        wanted = tuple(rt for rt in wanted if ARTIFACT.get(rt) is None or ef.has(ARTIFACT[rt]))
         wanted += present_code_runtimes(ef)
     if ef.module is not None:
         from mhaexport.verify.block import verify_module
