@@ -830,12 +830,16 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict, trust_code: bool = 
     return report
 
 
-def case_of_report(path: str | Path, contract, runtimes: tuple[str, ...] | None = None) -> tuple[Case, str] | None:
-    """The case parity failed at worst in a verify report (report.json): an ONNX Runtime runner's parity, ort-cpu
-    first (``runtimes``: those runtimes' only); None when parity failed nowhere (or the report names no case)."""
-    from mhaexport.verify.report import load_report
+def case_of_report(report, contract, runtimes: tuple[str, ...] | None = None,
+                   where: str = "") -> tuple[Case, str] | None:
+    """The case parity failed at worst in a verify report (a VerifyReport, or the path of its report.json): an ONNX
+    Runtime runner's parity, ort-cpu first (``runtimes``: those runtimes' only); None when parity failed nowhere (or
+    the report names no case). ``where``: how the reason names the report (default: its file's name)."""
+    from mhaexport.verify.report import VerifyReport, load_report
 
-    report = load_report(path)
+    if not isinstance(report, VerifyReport):
+        where = where or f" in {Path(report).name}"
+        report = load_report(report)
     shapes = {s.name: s for s in report.sweep.shapes or []}
     order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
     for rt in order:
@@ -847,42 +851,24 @@ def case_of_report(path: str | Path, contract, runtimes: tuple[str, ...] | None 
             continue  # no such case in the report's sweep
         case = Case(shape.batch, shape.seq, shape.past, tuple(shape.pad), shape.seed)
         if case.batch >= 1 and case.seq >= 1 and case.past >= 0 and case.seq + case.past <= contract.max_positions:
-            return case, f"{rt}'s worst parity case in {Path(path).name}"
+            return case, f"{rt}'s worst parity case{where}"
     return None
 
 
-def failing_case(folder, loaded, progress=None, runtime: str = "ort-cpu",
-                 trust_code: bool = False) -> tuple[Case | None, str]:
-    """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json (or a
-    ``--runtime`` run's report-*.json) when written after the folder's last export (its manifest), else from a
-    parity run now (ort-cpu, the quick sweep). (None, why) when parity passes there, or for a quantized file
-    (parity does not apply): bisect's default case. ``runtime="pt2"``: the torch.export program's parity instead
-    (loaded only as :mod:`mhaexport.artifact.trust` allows: ``trust_code``)."""
+def failing_case(folder, loaded, verified: tuple[str, object], runtime: str = "ort-cpu") -> tuple[Case | None, str]:
+    """Where to bisect when no case is given: the case parity failed at worst in the verify report bisect follows
+    (``verified``: (its name — a report-*.json written since the folder's last export, or "run now" — and the
+    VerifyReport)). (None, why) when parity passed there, or for a quantized file (parity does not apply): bisect's
+    default case. ``runtime="pt2"``: the torch.export program's parity instead."""
     from mhaexport.artifact import opened
 
     ort = runtime.startswith("ort-")
     with opened(folder, "onnx" if ort else runtime, check=False) as ef:
         if ort and _quantization(ef.entry("onnx")):
             return None, "a quantized file: no exact parity case"
-    checked, folder = folder, ef.path  # an opened folder goes on to verify_folder as it is
-    exported = (folder / "manifest.json").stat().st_mtime
-    # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)
-    reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
-    for report in reports:
-        try:
-            found = case_of_report(report, loaded.contract, None if runtime.startswith("ort-") else (runtime,))
-        except MhaExportError:
-            continue  # an unreadable report: the next one, or parity is run below
-        return found if found is not None else (None, f"parity passed in {report.name}")
-    from mhaexport.verify.verify import verify_folder
-
-    if progress:
-        progress(f"looking for the failing case: parity on {runtime}, quick sweep")
-    run = verify_folder(checked, loaded=loaded, runtimes=(runtime,), checks=("parity",), trust_code=trust_code)
-    res = run.results.get(runtime, {}).get("parity")
-    if res is None or res.status is not False:
-        return None, f"parity passes on {runtime}"
-    by_name = {cs.name: cs for cs in build_sweep(loaded.contract, "quick", 0)}
-    case = by_name.get(res.figures.get("worst_case"))
-    return (case, f"{runtime}'s worst parity case, run now") if case else (None, "parity failed at no one case")
+    name, report = verified
+    where = ", run now" if name == "run now" else f" in {name}"
+    found = case_of_report(report, loaded.contract, None if ort else (runtime,), where)
+    if found is not None:
+        return found
+    return None, (f"parity passes on {runtime}" if name == "run now" else f"parity passed in {name}")
