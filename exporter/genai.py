@@ -37,20 +37,7 @@ from mhaexport import iospec
 from mhaexport.artifact import atomic_write_json
 from mhaexport.errors import RuntimeInputError
 from mhaexport.runtime.genai import GENAI_CONFIG
-
-# The byte-level built-in models have no special tokens; NUL (0) never occurs in text, so it serves as bos, eos
-# and pad unless the model's config names its own ids (``eos_token_id``, ``pad_token_id``, ``bos_token_id``).
-DEFAULT_SPECIAL_ID = 0
-
-
-def special_ids(model_config: Any) -> dict[str, int]:
-    """bos/eos/pad ids from a model's ``config`` (attribute or dict key), defaulting to :data:`DEFAULT_SPECIAL_ID`."""
-    out = {}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        v = model_config.get(key) if isinstance(model_config, dict) else getattr(model_config, key, None)
-        out[key] = v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else DEFAULT_SPECIAL_ID
-    return out
-
+from mhaexport.runtime.genai_config import DEFAULT_SPECIAL_ID, special_ids  # noqa: F401 (re-exported)
 
 def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx",
                  ids: dict[str, int] | None = None, kv_cache: str = "concat") -> dict:
@@ -109,8 +96,10 @@ def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx"
 
 
 def write_genai_config(folder: str | Path, contract: iospec.ModelContract, *, filename: str = "model.onnx",
-                       model_config: Any = None, kv_cache: str = "concat") -> str:
-    """Write ``folder/genai_config.json`` atomically; returns its file name (for the manifest's file list)."""
-    data = genai_config(contract, filename=filename, ids=special_ids(model_config), kv_cache=kv_cache)
+                       model_config: Any = None, kv_cache: str = "concat", tokenizer: dict[str, Path] | None = None) -> str:
+    """Write ``folder/genai_config.json`` atomically; returns its file name (for the manifest's file list). Its
+    special ids are :func:`mhaexport.runtime.genai_config.special_ids` of ``model_config`` and the ``tokenizer``
+    files the export ships (name -> path): the rule the genai-config check holds it to."""
+    data = genai_config(contract, filename=filename, ids=special_ids(model_config, tokenizer), kv_cache=kv_cache)
     atomic_write_json(Path(folder) / GENAI_CONFIG, data)
     return GENAI_CONFIG

@@ -292,10 +292,11 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if precision.session_error:
             warns.append(f"ONNX Runtime CPU cannot run this {dtype} graph ({precision.session_error}); "
                          f"it needs an execution provider with {dtype} kernels (CUDA)")
+        shipped = copy_tokenizer(loaded, tmp)  # an --hf folder's tokenizer travels with the model
         if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
-            files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
-                                            model_config=getattr(loaded.module, "config", None), kv_cache=kv_cache))
-        files += copy_tokenizer(loaded, tmp)  # an --hf folder's tokenizer travels with the model
+            files.append(write_genai_config(tmp, c, filename=ONNX_FILE, model_config=getattr(loaded.module, "config",
+                                            None), kv_cache=kv_cache, tokenizer={n: tmp / n for n in shipped}))
+        files += shipped
         shared = kv_cache == "shared"
         details = OnnxDetails(
             opset=opset, attention=lowering_name,
