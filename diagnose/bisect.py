@@ -259,22 +259,21 @@ def _calls(feed: Feed, ids, mask, cache) -> list[tuple[int | None, tuple]]:
     """The calls that feed the case in the file's protocol: [(row or None, (ids, mask, cache))] as torch tensors.
 
     The contract's concat cache (mhaexport's own exports, adopted concat files): the whole batch in one call, its
-    left padding as it is. A shared buffer (``--kv-cache shared``, onnxruntime-genai's builder): GroupQueryAttention
-    takes new tokens with a past only one row at a time and packs each row's tokens from slot 0, so each row is
-    one call holding its real tokens only — the same positions as in the padded batch (positions count real
-    tokens), the row's real past in the buffer's first slots."""
+    left padding as it is. A shared buffer (``--kv-cache shared``, onnxruntime-genai's builder): the protocol's
+    translation of the contract call (:meth:`mhaexport.runtime.protocol.SharedBuffer.calls`), each row alone (bisect
+    compares rows one by one) — its real tokens only, at the same positions as in the padded batch (positions count
+    real tokens), the row's real past in the buffer's first slots."""
+    import torch
+
     if not feed.shared:
         return [(None, (ids, mask, cache))]
-    P = mask.shape[1] - ids.shape[1]
-    calls = []
-    for b in range(ids.shape[0]):
-        real_past, real_new = mask[b, :P].nonzero().flatten(), mask[b, P:].nonzero().flatten()
-        if not len(real_new):
-            continue  # an all-padding row: the protocol runs nothing for it
-        row_cache = tuple((k[b:b + 1, :, real_past], v[b:b + 1, :, real_past]) for k, v in cache)  # (1, H_kv, p, D)
-        row_mask = mask.new_ones((1, len(real_past) + len(real_new)))
-        calls.append((b, (ids[b:b + 1, real_new], row_mask, row_cache)))
-    return calls
+    calls, _idle = feed.protocol_object().calls(ids.numpy(), mask.numpy(), rows_alone=True)
+    out = []
+    for call in calls:  # one row each
+        (b,), at = call.rows, torch.from_numpy(call.past_at[0])
+        row_cache = tuple((k[b:b + 1][:, :, at], v[b:b + 1][:, :, at]) for k, v in cache)  # (1, H_kv, p, D)
+        out.append((b, (torch.from_numpy(call.ids), torch.from_numpy(call.mask), row_cache)))
+    return out
 
 
 def _inputs(feed: Feed, ids, mask, cache, kv_dtype) -> dict:
@@ -284,11 +283,11 @@ def _inputs(feed: Feed, ids, mask, cache, kv_dtype) -> dict:
     ids_np, mask_np = ids.numpy(), mask.numpy()
     inputs = feed.token_inputs(ids_np, mask_np)
     flat = [t.numpy().astype(kv_dtype) for kv in cache for t in kv]  # (B, H_kv, past, D) each
-    slots = feed.max_cache if feed.shared else None
-    if slots is not None:
+    if feed.shared:
+        slots = feed.protocol_object().slots(mask_np.shape[1], at_least=True)
         bufs = []
         for t in flat:
-            buf = np.zeros(t.shape[:2] + (max(slots, mask_np.shape[1]),) + t.shape[3:], kv_dtype)  # (B, H_kv, S, D)
+            buf = np.zeros(t.shape[:2] + (slots,) + t.shape[3:], kv_dtype)  # (B, H_kv, slots, D)
             buf[:, :, :t.shape[2]] = t
             bufs.append(buf)
         flat = bufs

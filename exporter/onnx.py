@@ -29,6 +29,7 @@ from mhaexport.exporter.precision import precision_report
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
+from mhaexport.runtime.protocol import padding_of
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
 MIN_OPSET, MAX_OPSET = 18, 23
@@ -300,7 +301,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         shared = kv_cache == "shared"
         details = OnnxDetails(
             opset=opset, attention=lowering_name,
-            cache=CacheLayout(kv_cache, max_cache if shared else None, "right" if shared else None),
+            cache=CacheLayout(kv_cache, max_cache if shared else None, padding_of(kv_cache) if shared else None),
             lowering=Lowering.from_dict({**lowering.to_dict(), "self_check_max_abs_diff": checked,
                                          "self_check_not_run": _self_check_not_run(lowering_name, dtype, too_big)}),
             precision=Precision.from_dict(precision.to_dict()), external_data=external,
