@@ -21,12 +21,8 @@ slots) is one more subclass: its padding, its buffer sizing and its translation 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from mhaexport.runtime.feed import Feed
 
 CONCAT, SHARED = "concat", "shared"
 LEFT, RIGHT = "left", "right"
@@ -59,7 +55,7 @@ class Protocol:
     padding = LEFT
     in_place = False  # whether the cache is one buffer bound as past and present
 
-    def __init__(self, feed: Feed) -> None:
+    def __init__(self, feed) -> None:  # a mhaexport.runtime.feed.Feed (which imports this module)
         self.feed = feed
 
     def __repr__(self) -> str:
@@ -84,7 +80,7 @@ class SharedBuffer(Protocol):
     padding = padding_of(SHARED)
     in_place = True
 
-    def __init__(self, feed: Feed) -> None:
+    def __init__(self, feed) -> None:
         super().__init__(feed)
         if not feed.shared or not feed.max_cache:
             raise ValueError(f"a shared-buffer protocol needs a shared feed with its slots, not {feed.protocol}")
@@ -137,7 +133,7 @@ class ContractOverShared(SharedBuffer):
     padding = LEFT
 
 
-def protocol_of(feed: Feed, *, contract_calls: bool = False) -> Protocol:
+def protocol_of(feed, *, contract_calls: bool = False) -> Protocol:
     """The protocol that drives a file as ``feed`` describes it: its own (:class:`Concat`, :class:`SharedBuffer`),
     or with ``contract_calls`` verify's contract calls translated into it (:class:`ContractOverShared` for a shared
     file; a concat file takes them as they are)."""

@@ -33,8 +33,8 @@ from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Diff, compare
 from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
 from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context
+from mhaexport.verify.runners import ORT_GENAI  # noqa: F401 (the one name; re-exported)
 
-ORT_GENAI = "ort-genai"
 SHORT_PROMPT = 4  # tokens
 LONG_PROMPT = 24  # tokens, at most (a quarter of the model's positions when that is less)
 NOT_APPLICABLE = "n/a: onnxruntime-genai's loop feeds only its own shapes (prefill, then one token a step); see " \
