@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from mhaexport import __version__
-from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line
+from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
 
 
 class BadInput(click.ClickException):
@@ -1063,10 +1063,7 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     v = report.verdict
     if report.refused is not None:
         raise BadInput(report.refused)
-    if v.code == 1:
-        raise VerificationFailed(v.message)
-    if v.code == 4:
-        raise NotVerified(v.message)
+    raise_for_verdict(v.code, v.message)
     click.echo(f"verify passed in {report.seconds:.1f} s: {v.message}", err=True)
     return report
 
@@ -1169,10 +1166,8 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
     verdict = run.verdict  # the exit is verify's verdict; a difference bisect found fails a passing one too
     said = "; ".join(x for x in (None if verdict is None or verdict else f"verify ({run.verified}): "
                                  f"{verdict.message}", found) if x)
-    if found is not None or (verdict is not None and not verdict and verdict.code != 4):
-        raise VerificationFailed(said)
-    if verdict is not None and not verdict:
-        raise NotVerified(said)
+    code = verdict.code if verdict is not None else 0
+    raise_for_verdict(VerificationFailed.exit_code if found is not None else code, said)
 
 
 @main.command("verify")
@@ -1385,10 +1380,7 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
         _show(render_markdown(merged))
     click.echo(f"wrote {js} and {md}", err=True)
     v = merged.verdict  # the same rules as verify
-    if v.code == 1:
-        raise VerificationFailed(f"merged reports: {v.message}")
-    if v.code == 4:
-        raise NotVerified(f"merged reports: {v.message}")
+    raise_for_verdict(v.code, f"merged reports: {v.message}")
 
 
 if __name__ == "__main__":  # pragma: no cover
