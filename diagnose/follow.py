@@ -186,7 +186,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
         twin.activate()
         try:
             prompts = [p.tolist() for p in _ragged_prompts(SimpleNamespace(contract=c), n_new, seed + 43)]
-            padding = getattr(twin, "padding", "left")
+            padding = twin.protocol.padding  # the protocol the deploy loop drives the file in
             ids, mask, lengths = pad_prompts(prompts, c.vocab_size, c.max_positions, 0, side=padding)
             loop = DecodeLoop(twin)
             logits, state = loop.prefill(ids, mask, ids.shape[1] + n_new)
@@ -202,7 +202,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
         finally:
             twin.deactivate()
             runner.deactivate()
-    shared = padding == "right"
+    shared = twin.protocol.in_place  # rows packed from slot 0 in one buffer per layer
     protocol = (f"the deploy loop ({'one buffer per layer reused in place, ' if shared else ''}a ragged "
                 f"{padding}-padded batch of {len(prompts)} rows of {[len(p) for p in prompts]} tokens, rows "
                 f"together, {n_new} steps)")
