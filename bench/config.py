@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mhaexport.errors import ConfigError, RuntimeOptionError
-from mhaexport.verify.runners import AOTI, EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, PT2, TORCHSCRIPT
+from mhaexport.verify.runners import AOTI, EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, ORT_GENAI, PT2, TORCHSCRIPT, refuse_unknown
 
 # bench's own rows besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner), a bare
 # session.run loop over the folder's ONNX file (what the runtime's loop costs), onnxruntime-genai's generator loop
 EAGER_NOCACHE = "eager-nocache"
 ORT_BARE = "ort-bare"
-ORT_GENAI = "ort-genai"
 # pt2 / aoti: the torch.export program and AOTInductor package, code loaded only on trust (``trust_code``); in the
 # default run only where the folder holds them
 ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA, PT2, AOTI)
@@ -94,9 +93,7 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
     from mhaexport.runtime.session import OPT_LEVELS
 
     names = cfg.runtimes or DEFAULT_RUNTIMES
-    unknown = [n for n in names if n not in ALL_RUNTIMES]
-    if unknown:
-        raise RuntimeOptionError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
+    refuse_unknown(names, ALL_RUNTIMES, RuntimeOptionError)
     bad_levels = [x for x in cfg.opt_levels if x not in OPT_LEVELS]
     if bad_levels:
         raise ConfigError(f"--opt-levels: unknown graph optimization level(s) {', '.join(bad_levels)}; "

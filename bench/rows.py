@@ -232,14 +232,13 @@ class BareRow(Row):
         if feed.shared:
             import onnxruntime as ort
 
+            protocol = feed.protocol_object()  # the shared buffer's: its sizing and binding, as the runner's
             # sized to the generation, as the decode loop and onnxruntime-genai size theirs
-            shape = (B, c.n_kv_heads, min(feed.max_cache, P + n), c.head_dim)
+            shape = (B, c.n_kv_heads, protocol.slots(P + n), c.head_dim)  # (B, H_kv, slots, D)
             bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in feed.past]
             io = self.session.io_binding()
             io.bind_output(feed.logits, "cpu")  # bound first: get_outputs()[0]
-            for pn, qn, buf in zip(feed.past, feed.present, bufs):
-                io.bind_ortvalue_input(pn, buf)
-                io.bind_ortvalue_output(qn, buf)
+            protocol.bind(io, bufs)
 
             def run(ids: np.ndarray, mask: np.ndarray, past):
                 for name, value in feed.token_inputs(ids, mask).items():

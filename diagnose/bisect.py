@@ -259,22 +259,21 @@ def _calls(feed: Feed, ids, mask, cache) -> list[tuple[int | None, tuple]]:
     """The calls that feed the case in the file's protocol: [(row or None, (ids, mask, cache))] as torch tensors.
 
     The contract's concat cache (mhaexport's own exports, adopted concat files): the whole batch in one call, its
-    left padding as it is. A shared buffer (``--kv-cache shared``, onnxruntime-genai's builder): GroupQueryAttention
-    takes new tokens with a past only one row at a time and packs each row's tokens from slot 0, so each row is
-    one call holding its real tokens only — the same positions as in the padded batch (positions count real
-    tokens), the row's real past in the buffer's first slots."""
+    left padding as it is. A shared buffer (``--kv-cache shared``, onnxruntime-genai's builder): the protocol's
+    translation of the contract call (:meth:`mhaexport.runtime.protocol.SharedBuffer.calls`), each row alone (bisect
+    compares rows one by one) — its real tokens only, at the same positions as in the padded batch (positions count
+    real tokens), the row's real past in the buffer's first slots."""
+    import torch
+
     if not feed.shared:
         return [(None, (ids, mask, cache))]
-    P = mask.shape[1] - ids.shape[1]
-    calls = []
-    for b in range(ids.shape[0]):
-        real_past, real_new = mask[b, :P].nonzero().flatten(), mask[b, P:].nonzero().flatten()
-        if not len(real_new):
-            continue  # an all-padding row: the protocol runs nothing for it
-        row_cache = tuple((k[b:b + 1, :, real_past], v[b:b + 1, :, real_past]) for k, v in cache)  # (1, H_kv, p, D)
-        row_mask = mask.new_ones((1, len(real_past) + len(real_new)))
-        calls.append((b, (ids[b:b + 1, real_new], row_mask, row_cache)))
-    return calls
+    calls, _idle = feed.protocol_object().calls(ids.numpy(), mask.numpy(), rows_alone=True)
+    out = []
+    for call in calls:  # one row each
+        (b,), at = call.rows, torch.from_numpy(call.past_at[0])
+        row_cache = tuple((k[b:b + 1][:, :, at], v[b:b + 1][:, :, at]) for k, v in cache)  # (1, H_kv, p, D)
+        out.append((b, (torch.from_numpy(call.ids), torch.from_numpy(call.mask), row_cache)))
+    return out
 
 
 def _inputs(feed: Feed, ids, mask, cache, kv_dtype) -> dict:
@@ -284,11 +283,11 @@ def _inputs(feed: Feed, ids, mask, cache, kv_dtype) -> dict:
     ids_np, mask_np = ids.numpy(), mask.numpy()
     inputs = feed.token_inputs(ids_np, mask_np)
     flat = [t.numpy().astype(kv_dtype) for kv in cache for t in kv]  # (B, H_kv, past, D) each
-    slots = feed.max_cache if feed.shared else None
-    if slots is not None:
+    if feed.shared:
+        slots = feed.protocol_object().slots(mask_np.shape[1], at_least=True)
         bufs = []
         for t in flat:
-            buf = np.zeros(t.shape[:2] + (max(slots, mask_np.shape[1]),) + t.shape[3:], kv_dtype)  # (B, H_kv, S, D)
+            buf = np.zeros(t.shape[:2] + (slots,) + t.shape[3:], kv_dtype)  # (B, H_kv, slots, D)
             buf[:, :, :t.shape[2]] = t
             bufs.append(buf)
         flat = bufs
@@ -830,17 +829,21 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict, trust_code: bool = 
     return report
 
 
-def case_of_report(path: str | Path, contract, runtimes: tuple[str, ...] | None = None) -> tuple[Case, str] | None:
-    """The case parity failed at worst in a verify report (report.json): an ONNX Runtime runner's parity, ort-cpu
-    first (``runtimes``: those runtimes' only); None when parity failed nowhere (or the report names no case).
+def case_of_report(report, contract, runtimes: tuple[str, ...] | None = None,
+                   where: str = "") -> tuple[Case, str] | None:
+    """The case parity failed at worst in a verify report (a VerifyReport, or the path of its report.json): an ONNX
+    Runtime runner's parity, ort-cpu first (``runtimes``: those runtimes' only); None when parity failed nowhere (or
+    the report names no case). ``where``: how the reason names the report (default: its file's name).
 
     A report in a folder is hashed by nobody: anyone may write one. Only the worst case's *name* is read from it;
     the case itself (batch, lengths, padding) is the one verify's own sweep of that name makes for ``contract``
     (:func:`~mhaexport.verify.sweep.build_sweep`, the report's sweep kind and seed), so a report cannot ask for a
     batch of 10**6 rows — a name the sweep does not make is not a case."""
-    from mhaexport.verify.report import load_report
+    from mhaexport.verify.report import VerifyReport, load_report
 
-    report = load_report(path)
+    if not isinstance(report, VerifyReport):
+        where = where or f" in {Path(report).name}"
+        report = load_report(report)
     try:
         made = {cs.name: cs for cs in build_sweep(contract, report.sweep.kind, report.sweep.seed)}
     except (MhaExportError, TypeError, ValueError, OverflowError):
@@ -854,42 +857,24 @@ def case_of_report(path: str | Path, contract, runtimes: tuple[str, ...] | None 
         case = made.get(name) if isinstance(name, str) else None
         if case is None:
             continue  # no such case in verify's sweep
-        return case, f"{rt}'s worst parity case in {Path(path).name}"
+        return case, f"{rt}'s worst parity case{where}"
     return None
 
 
-def failing_case(folder, loaded, progress=None, runtime: str = "ort-cpu",
-                 trust_code: bool = False) -> tuple[Case | None, str]:
-    """Where to bisect when no case is given: the case parity failed at worst — from the folder's report.json (or a
-    ``--runtime`` run's report-*.json) when written after the folder's last export (its manifest), else from a
-    parity run now (ort-cpu, the quick sweep). (None, why) when parity passes there, or for a quantized file
-    (parity does not apply): bisect's default case. ``runtime="pt2"``: the torch.export program's parity instead
-    (loaded only as :mod:`mhaexport.artifact.trust` allows: ``trust_code``)."""
+def failing_case(folder, loaded, verified: tuple[str, object], runtime: str = "ort-cpu") -> tuple[Case | None, str]:
+    """Where to bisect when no case is given: the case parity failed at worst in the verify report bisect follows
+    (``verified``: (its name — a report-*.json written since the folder's last export, or "run now" — and the
+    VerifyReport)). (None, why) when parity passed there, or for a quantized file (parity does not apply): bisect's
+    default case. ``runtime="pt2"``: the torch.export program's parity instead."""
     from mhaexport.artifact import opened
 
     ort = runtime.startswith("ort-")
     with opened(folder, "onnx" if ort else runtime, check=False) as ef:
         if ort and _quantization(ef.entry("onnx")):
             return None, "a quantized file: no exact parity case"
-    checked, folder = folder, ef.path  # an opened folder goes on to verify_folder as it is
-    exported = (folder / "manifest.json").stat().st_mtime
-    # verify's reports written since the last export, newest first (report.json, or a --runtime run's own)
-    reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
-    for report in reports:
-        try:
-            found = case_of_report(report, loaded.contract, None if runtime.startswith("ort-") else (runtime,))
-        except MhaExportError:
-            continue  # an unreadable report: the next one, or parity is run below
-        return found if found is not None else (None, f"parity passed in {report.name}")
-    from mhaexport.verify.verify import verify_folder
-
-    if progress:
-        progress(f"looking for the failing case: parity on {runtime}, quick sweep")
-    run = verify_folder(checked, loaded=loaded, runtimes=(runtime,), checks=("parity",), trust_code=trust_code)
-    res = run.results.get(runtime, {}).get("parity")
-    if res is None or res.status is not False:
-        return None, f"parity passes on {runtime}"
-    by_name = {cs.name: cs for cs in build_sweep(loaded.contract, "quick", 0)}
-    case = by_name.get(res.figures.get("worst_case"))
-    return (case, f"{runtime}'s worst parity case, run now") if case else (None, "parity failed at no one case")
+    name, report = verified
+    where = ", run now" if name == "run now" else f" in {name}"
+    found = case_of_report(report, loaded.contract, None if ort else (runtime,), where)
+    if found is not None:
+        return found
+    return None, (f"parity passes on {runtime}" if name == "run now" else f"parity passed in {name}")

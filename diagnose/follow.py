@@ -52,10 +52,13 @@ class BisectRun:
 
     followed: FollowReport | None
     report: object | None
+    verdict: object | None = None  # verify's verdict (a Verdict) bisect followed; its exit is bisect's
+    verified: str = ""  # where that verdict came from: a report's name, or "verify run now"
 
     @property
     def ok(self) -> bool:
-        return all(r is None or r.ok for r in (self.followed, self.report))
+        return (self.verdict is None or bool(self.verdict)) and all(
+            r is None or r.ok for r in (self.followed, self.report))
 
     def __bool__(self) -> bool:
         return self.ok
@@ -64,10 +67,12 @@ class BisectRun:
         return "\n".join(r.summary() for r in (self.followed, self.report) if r is not None)
 
 
-def followed_failure(folder) -> tuple[str, str, object] | None:
-    """(kind, runtime, CheckResult) of the failure bisect should follow in the folder's newest verify report written
-    since its last export: ("weights", ...) when a weights check failed, ("deploy", ...) when a deploy-loop check
-    failed and parity did not; None when parity failed (bisect's own question), or no such report."""
+CONTRACT_RUNTIMES = ("ort-cpu", "ort-cuda")  # runtimes verify drives in the contract's protocol (parity's)
+
+
+def newest_report(folder):
+    """(name, VerifyReport) of the folder's newest verify report written since its last export (report.json or a
+    ``--runtime`` run's report-*.json; an unreadable one is passed over); None when there is none."""
     from mhaexport.artifact import ExportFolder
     from mhaexport.verify.report import load_report
 
@@ -77,24 +82,47 @@ def followed_failure(folder) -> tuple[str, str, object] | None:
                      key=lambda p: p.stat().st_mtime, reverse=True)
     for path in reports:
         try:
-            report = load_report(path)
+            return path.name, load_report(path)
         except MhaExportError:
             continue
-        ort = {rt: checks for rt, checks in report.results.items() if rt.startswith("ort-") and ":" not in rt}
-        if any(checks.get("parity") is not None and checks["parity"].status is False for checks in ort.values()):
-            return None
-        for rt, checks in ort.items():
-            r = checks.get("weights")
-            if r is not None and r.status is False:
-                return "weights", rt, r
-        for rt, checks in ort.items():
-            for name in DEPLOY_CHECKS:
-                r = checks.get(name)
-                if r is not None and r.status is False and (
-                        "deploy loop" in r.message or "deploy" in str(r.figures.get("protocol", ""))):
-                    return "deploy", rt, r
-        return None
     return None
+
+
+def failure_to_follow(report) -> tuple[str, str, object] | None:
+    """(kind, runtime, CheckResult) of the failed check of a verify report that bisect follows, in that check's
+    protocol: ("parity", ...) when a contract runtime's parity failed (bisect's module comparison, at its worst
+    case), else ("weights", ...) when a quantized tensor differs from its recipe, else ("deploy", ...) when a check
+    run in a deploy protocol failed — the deploy loop's kv-consistency, padding or generation (a ragged batch over
+    a shared buffer), or any of onnxruntime-genai's (its generator drives the file that way); None when nothing
+    bisect can follow failed."""
+    ort = {rt: checks for rt, checks in report.results.items() if rt.startswith("ort-") and ":" not in rt}
+
+    def failed(rt, name):
+        r = ort[rt].get(name)
+        return r if r is not None and r.status is False else None
+
+    for rt in sorted(ort, key=lambda r: r != "ort-cpu"):
+        if rt in CONTRACT_RUNTIMES and failed(rt, "parity") is not None:  # (a failed result is falsy)
+            return "parity", rt, failed(rt, "parity")
+    for rt in ort:
+        if failed(rt, "weights") is not None:
+            return "weights", rt, failed(rt, "weights")
+    for rt in sorted(ort, key=lambda r: r != "ort-cpu"):  # ort-cpu's own deploy loop first: it replays exactly
+        for name in ("parity",) + DEPLOY_CHECKS:
+            r = failed(rt, name)
+            if r is not None and (rt not in CONTRACT_RUNTIMES or "deploy loop" in r.message
+                                  or "deploy" in str(r.figures.get("protocol", ""))):
+                return "deploy", rt, r
+    return None
+
+
+def followed_failure(folder) -> tuple[str, str, object] | None:
+    """(kind, runtime, CheckResult) of the failure bisect should follow in the folder's newest verify report written
+    since its last export: ("weights", ...) or ("deploy", ...) as :func:`failure_to_follow` says; None when parity
+    failed (bisect's own question), nothing followable failed, or no such report."""
+    found = newest_report(folder)
+    failure = failure_to_follow(found[1]) if found is not None else None
+    return failure if failure is not None and failure[0] != "parity" else None
 
 
 def follow_weights(folder, runtime: str, result) -> FollowReport:
@@ -158,7 +186,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
         twin.activate()
         try:
             prompts = [p.tolist() for p in _ragged_prompts(SimpleNamespace(contract=c), n_new, seed + 43)]
-            padding = getattr(twin, "padding", "left")
+            padding = twin.protocol.padding  # the protocol the deploy loop drives the file in
             ids, mask, lengths = pad_prompts(prompts, c.vocab_size, c.max_positions, 0, side=padding)
             loop = DecodeLoop(twin)
             logits, state = loop.prefill(ids, mask, ids.shape[1] + n_new)
@@ -174,7 +202,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
         finally:
             twin.deactivate()
             runner.deactivate()
-    shared = padding == "right"
+    shared = twin.protocol.in_place  # rows packed from slot 0 in one buffer per layer
     protocol = (f"the deploy loop ({'one buffer per layer reused in place, ' if shared else ''}a ragged "
                 f"{padding}-padded batch of {len(prompts)} rows of {[len(p) for p in prompts]} tokens, rows "
                 f"together, {n_new} steps)")
@@ -230,13 +258,14 @@ def _eager(module, seq: np.ndarray):
     return logits.float().numpy(), [(k.float().numpy(), v.float().numpy()) for k, v in present]
 
 
-def follow(folder, loaded=None, *, seed: int = 0) -> FollowReport | None:
-    """What ``verify --bisect`` runs first: the failure of the folder's verify report it should follow (a weights or
-    a deploy-loop failure) bisected in that check's terms; None when there is none to follow (parity failed, or no
-    report since the last export): bisect's module comparison answers then. ``folder`` (here and in the functions
-    it calls): a path, opened and closed here, or an opened ExportFolder, used as it is."""
-    found = followed_failure(folder)
-    if found is None:
+def follow(folder, loaded=None, *, seed: int = 0, failure=None) -> FollowReport | None:
+    """What ``verify --bisect`` runs first: the failed check it should follow (``failure``: :func:`failure_to_follow`
+    of verify's report; default: the folder's newest report's) — a weights or a deploy-loop failure — bisected in
+    that check's terms; None when there is none to follow (parity failed, or nothing followable): bisect's module
+    comparison answers then. ``folder`` (here and in the functions it calls): a path, opened and closed here, or an
+    opened ExportFolder, used as it is."""
+    found = followed_failure(folder) if failure is None else failure
+    if found is None or found[0] == "parity":
         return None
     kind, runtime, result = found
     if kind == "weights":

@@ -17,7 +17,7 @@ from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.registry import runner_for
 from mhaexport.verify.quality import TextScore, score_text, windows
-from mhaexport.verify.runners import ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT
+from mhaexport.verify.runners import ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT, refuse_unknown
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 
@@ -107,9 +107,7 @@ def evaluate_folder(folder: str | Path | ExportFolder, text: bytes | None = None
     from mhaexport.runtime.tokenizer import for_folder
     from mhaexport.verify.quality import text_tokens
 
-    unknown = [r for r in runtimes if r not in ALL_RUNTIMES]
-    if unknown:
-        raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(ALL_RUNTIMES)}")
+    refuse_unknown(runtimes, ALL_RUNTIMES)
     if not isinstance(folder, ExportFolder):  # opened here once, its snapshot removed when done (on errors too)
         with ExportFolder.open(folder) as ef:
             return evaluate_folder(ef, text, text_source=text_source, runtimes=runtimes, window=window,

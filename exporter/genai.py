@@ -37,20 +37,7 @@ from mhaexport import iospec
 from mhaexport.artifact import atomic_write_json
 from mhaexport.errors import RuntimeInputError
 from mhaexport.runtime.genai import GENAI_CONFIG
-from mhaexport.runtime.genai_config import sliding_window_entry
-
-# The byte-level built-in models have no special tokens; NUL (0) never occurs in text, so it serves as bos, eos
-# and pad unless the model's config names its own ids (``eos_token_id``, ``pad_token_id``, ``bos_token_id``).
-DEFAULT_SPECIAL_ID = 0
-
-
-def special_ids(model_config: Any) -> dict[str, int]:
-    """bos/eos/pad ids from a model's ``config`` (attribute or dict key), defaulting to :data:`DEFAULT_SPECIAL_ID`."""
-    out = {}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        v = model_config.get(key) if isinstance(model_config, dict) else getattr(model_config, key, None)
-        out[key] = v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else DEFAULT_SPECIAL_ID
-    return out
+from mhaexport.runtime.genai_config import DEFAULT_SPECIAL_ID, sliding_window_entry, special_ids  # noqa: F401
 
 
 def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx",
@@ -110,9 +97,12 @@ def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx"
 
 
 def write_genai_config(folder: str | Path, contract: iospec.ModelContract, *, filename: str = "model.onnx",
-                       model_config: Any = None, kv_cache: str = "concat") -> str:
-    """Write ``folder/genai_config.json`` atomically; returns its file name (for the manifest's file list)."""
-    data = genai_config(contract, filename=filename, ids=special_ids(model_config), kv_cache=kv_cache)
+                       model_config: Any = None, kv_cache: str = "concat",
+                       tokenizer: dict[str, Path] | None = None) -> str:
+    """Write ``folder/genai_config.json`` atomically; returns its file name (for the manifest's file list). Its
+    special ids are :func:`mhaexport.runtime.genai_config.special_ids` of ``model_config`` and the ``tokenizer``
+    files the export ships (name -> path): the rule the genai-config check holds it to."""
+    data = genai_config(contract, filename=filename, ids=special_ids(model_config, tokenizer), kv_cache=kv_cache)
     window = sliding_window_entry(contract)  # None: mhaexport's caches are full-length (the graph windows itself)
     if window is not None:
         data["model"]["decoder"]["sliding_window"] = window

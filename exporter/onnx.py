@@ -30,6 +30,7 @@ from mhaexport.exporter.precision import precision_report
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
+from mhaexport.runtime.protocol import padding_of
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
 MIN_OPSET, MAX_OPSET = 18, 23
@@ -296,14 +297,15 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if precision.session_error:
             warns.append(f"ONNX Runtime CPU cannot run this {dtype} graph ({precision.session_error}); "
                          f"it needs an execution provider with {dtype} kernels (CUDA)")
+        shipped = copy_tokenizer(loaded, tmp)  # an --hf folder's tokenizer travels with the model
         if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
-            files.append(write_genai_config(tmp, c, filename=ONNX_FILE,
-                                            model_config=getattr(loaded.module, "config", None), kv_cache=kv_cache))
-        files += copy_tokenizer(loaded, tmp)  # an --hf folder's tokenizer travels with the model
+            files.append(write_genai_config(tmp, c, filename=ONNX_FILE, model_config=getattr(loaded.module, "config",
+                                            None), kv_cache=kv_cache, tokenizer={n: tmp / n for n in shipped}))
+        files += shipped
         shared = kv_cache == "shared"
         details = OnnxDetails(
             opset=opset, attention=lowering_name,
-            cache=CacheLayout(kv_cache, max_cache if shared else None, "right" if shared else None),
+            cache=CacheLayout(kv_cache, max_cache if shared else None, padding_of(kv_cache) if shared else None),
             lowering=Lowering.from_dict({**lowering.to_dict(), "self_check_max_abs_diff": checked,
                                          "self_check_not_run": _self_check_not_run(lowering_name, dtype, too_big)}),
             precision=Precision.from_dict(precision.to_dict()), external_data=external,

@@ -48,6 +48,7 @@ import contextlib
 import numbers
 import os
 import warnings
+from functools import partial
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -610,21 +611,25 @@ def bisect_folder(folder: str | Path, *, model: str | LoadedModel | None = None,
     naming ``pt2``, a folder with a program and no ONNX file, or a report with only the program's parity failing;
     :func:`mhaexport.diagnose.bisect_pt2.bisect_target`) first departs from eager PyTorch.
 
-    First the failure of the folder's newest verify report it should follow, if any (a weights check: the
-    tensor and its module; a deploy-loop check: the first step, row and tensor that differ in that loop): a
-    difference found there ends the run. Then bisect's module-by-module comparison, at ``case`` (batch, seq, past:
-    the CLI's ``--case B,S,P``) when given, else at the case parity failed at worst (the folder's report, or a
-    parity run now), else at bisect's default shapes. The eager model is rebuilt from the manifest (``trust_code``:
+    ``verify --bisect`` is verify plus a diagnosis: its verdict is verify's — the folder's newest verify report
+    written since its last export, else a verify run now (every check, ``runtimes`` or the defaults) — and it
+    follows the check that failed, in that check's protocol: a weights check (the tensor and its module), a check run
+    in a deploy protocol (a ragged batch over a shared buffer; onnxruntime-genai's: the first step, row and tensor
+    that differ in that loop) — a difference found there ends the run. Then bisect's module-by-module comparison, at
+    ``case`` (batch, seq, past: the CLI's ``--case B,S,P``) when given, else at the case parity failed at worst in
+    that report, else at bisect's default shapes. The eager model is rebuilt from the manifest (``trust_code``:
     also from a source that is code) or given (``model``/``config``/``hf``/``checkpoint``: the exported model).
 
     The folder is opened (hash-checked) once for all of it; its snapshot goes when done. Returns the
-    :class:`~mhaexport.diagnose.follow.BisectRun`: ``bool(run)`` is True when no difference was found;
-    ``run.followed`` / ``run.report``: the two steps' reports (``.summary()``: their text)."""
+    :class:`~mhaexport.diagnose.follow.BisectRun`: ``bool(run)`` is True only when verify's verdict passed and no
+    difference was found (a verify that failed is never turned green by a bisect that found nothing);
+    ``run.verdict``: verify's; ``run.followed`` / ``run.report``: the two steps' reports (``.summary()``: their
+    text)."""
     from mhaexport.artifact import ExportFolder
     from mhaexport.models.loading import load_recorded
     from mhaexport.diagnose.bisect import bisect as _bisect, failing_case
     from mhaexport.diagnose.bisect_pt2 import bisect_pt2, bisect_target, refuse_untrusted_program
-    from mhaexport.diagnose.follow import BisectRun, follow
+    from mhaexport.diagnose.follow import BisectRun, failure_to_follow, follow, newest_report
 
     say = _say(progress)
     target = bisect_target(folder, _names(runtimes, "runtimes"))
@@ -641,20 +646,28 @@ def bisect_folder(folder: str | Path, *, model: str | LoadedModel | None = None,
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
         loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
-    with ExportFolder.open(folder, target) as ef:
+    with ExportFolder.open(folder) as ef:  # every artifact: verify's verdict is the folder's
         if loaded is None:
             loaded = load_recorded(ef, trust_code=trust_code)
+        verified = newest_report(ef)
+        if verified is None:  # no verdict since the last export: verify runs now (not a quick parity sweep)
+            from mhaexport.exporter.quantize import reproduce
+            from mhaexport.verify import verify_folder
+
+            say(f"Verifying {ef.path} (bisect follows its failed check and exits with its verdict) ...")
+            verified = "run now", verify_folder(ef, loaded=loaded, runtimes=_names(runtimes, "runtimes") or None,
+                                                seed=seed, reproduce=reproduce, trust_code=trust_code)
         shapes: dict = {"seed": seed}
         followed = None
+        run = partial(BisectRun, verdict=verified[1].verdict, verified=verified[0])
         if case is not None:
             shapes.update(batch=case[0], seq=case[1], past=case[2], case_from="--case")
         else:
-            if target == "onnx":  # a weights or deploy-loop failure: bisected in its terms
-                followed = follow(ef, loaded, seed=seed)
-                if followed is not None and not followed.ok:
-                    return BisectRun(followed, None)
-            found, why = failing_case(ef, loaded, progress=progress, runtime="pt2" if target == "pt2" else "ort-cpu",
-                                      trust_code=trust_code)
+            failure = failure_to_follow(verified[1]) if target == "onnx" else None
+            followed = follow(ef, loaded, seed=seed, failure=failure)  # a weights or deploy failure: in its terms
+            if followed is not None and not followed.ok:
+                return run(followed, None)
+            found, why = failing_case(ef, loaded, verified, runtime="pt2" if target == "pt2" else "ort-cpu")
             if found is not None:
                 shapes.update(batch=found.batch, seq=found.seq, past=found.past, pad=list(found.pad),
                               seed=found.seed, case_from=f"{found.name}: {why}")
@@ -662,5 +675,5 @@ def bisect_folder(folder: str | Path, *, model: str | LoadedModel | None = None,
                 shapes["case_from"] = f"default case: {why}"
         say(f"Bisecting {ef.path} against eager PyTorch ...")
         if target == "pt2":
-            return BisectRun(followed, bisect_pt2(ef, loaded, trust_code=trust_code, **shapes))
-        return BisectRun(followed, _bisect(ef, loaded, trust_code=trust_code, **shapes))
+            return run(followed, bisect_pt2(ef, loaded, trust_code=trust_code, **shapes))
+        return run(followed, _bisect(ef, loaded, trust_code=trust_code, **shapes))

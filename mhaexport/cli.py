@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from mhaexport import __version__
-from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line
+from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
 from mhaexport.untrusted import shown
 
 
@@ -1082,10 +1082,7 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     v = report.verdict
     if report.refused is not None:
         raise BadInput(report.refused)
-    if v.code == 1:
-        raise VerificationFailed(v.message)
-    if v.code == 4:
-        raise NotVerified(v.message)
+    raise_for_verdict(v.code, v.message)
     click.echo(shown(f"verify passed in {report.seconds:.1f} s: {v.message}"), err=True)
     return report
 
@@ -1177,26 +1174,32 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                                 runtimes=runtimes, progress=_progress)
     _progress_done()
     followed, report = run.followed, run.report
+    found = None  # the one-line location of the difference bisect found
     if followed is not None:
         click.echo(followed.summary())
         if not followed.ok:
-            raise VerificationFailed(f"bisect followed {followed.runtime}'s {followed.check} check: the first "
-                                     f"difference is {followed.where}")
-    click.echo(report.summary())
-    if report.kind == "onnx" and node_data is not None:  # Model Explorer's node data
-        ensure_writable_dir(node_data.parent)
-        click.echo(f"wrote {write_node_data(report, node_data)}: {how_to_open(report.model, node_data)}")
-    elif report.kind == "onnx" and folder != tmp:
-        click.echo(f"(-o DIR writes DIR/{NODE_DATA}: this divergence on the graph, for Model Explorer)")
-    if not report.ok:
+            found = f"bisect followed {followed.runtime}'s {followed.check} check: the first difference is " \
+                    f"{followed.where}"
+    if report is not None:
+        click.echo(report.summary())
+        if report.kind == "onnx" and node_data is not None:  # Model Explorer's node data
+            ensure_writable_dir(node_data.parent)
+            click.echo(f"wrote {write_node_data(report, node_data)}: {how_to_open(report.model, node_data)}")
+        elif report.kind == "onnx" and folder != tmp:
+            click.echo(f"(-o DIR writes DIR/{NODE_DATA}: this divergence on the graph, for Model Explorer)")
+    if report is not None and not report.ok:
         where = report.culprit or report.first_divergent
         step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
         s = report.shapes
         fused = f" inside its fused {report.fused_op}" if getattr(report, "fused_op", None) else ""
         what = "the torch.export program" if report.kind == "pt2" else "the ONNX graph"
-        raise VerificationFailed(f"{what} diverges from eager PyTorch at {where.module}{fused} "
-                                 f"({where.onnx_value}, rel err {where.rel:.1e}){step} at batch={s['batch']} "
-                                 f"seq={s['seq']} past={s['past']}")
+        found = (f"{what} diverges from eager PyTorch at {where.module}{fused} ({where.onnx_value}, rel err "
+                 f"{where.rel:.1e}){step} at batch={s['batch']} seq={s['seq']} past={s['past']}")
+    verdict = run.verdict  # the exit is verify's verdict; a difference bisect found fails a passing one too
+    said = "; ".join(x for x in (None if verdict is None or verdict else f"verify ({run.verified}): "
+                                 f"{verdict.message}", found) if x)
+    code = verdict.code if verdict is not None else 0
+    raise_for_verdict(VerificationFailed.exit_code if found is not None else code, said)
 
 
 @main.command("verify")
@@ -1211,9 +1214,11 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                    "Explorer's view of the divergence). For FILE.onnx: the folder it is adopted into (default: FILE's "
                    "folder/mhaexport).")
 @click.option("--bisect", "bisect_", is_flag=True, default=False,
-              help="Instead of the checks: compare the ONNX graph's intermediate values with eager PyTorch's, module "
-                   "by module, and name the first block and tensor that diverge (exit 1 when one does). Runs at the "
-                   "case parity failed at (FOLDER's report.json, or a parity run now) unless --case says. The "
+              help="Verify plus a diagnosis: take verify's verdict (FOLDER's report since its export, or a verify "
+                   "run now; the exit is that verdict's, 1 also when bisect finds a difference) and follow the check "
+                   "that failed in its protocol (a deploy loop's ragged batch step by step), else compare the ONNX "
+                   "graph's intermediate values with eager PyTorch's, module by module, and name the first block and "
+                   "tensor that diverge. Runs at the case parity failed at unless --case says. The "
                    "torch.export program (model.pt2) instead with --runtime pt2, in a folder without an ONNX file, "
                    "or when FOLDER's report has its parity failing and no ONNX Runtime's (with --trust-code).")
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
@@ -1412,10 +1417,7 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
         _show(render_markdown(merged))
     click.echo(f"wrote {js} and {md}", err=True)
     v = merged.verdict  # the same rules as verify
-    if v.code == 1:
-        raise VerificationFailed(f"merged reports: {v.message}")
-    if v.code == 4:
-        raise NotVerified(f"merged reports: {v.message}")
+    raise_for_verdict(v.code, f"merged reports: {v.message}")
 
 
 if __name__ == "__main__":  # pragma: no cover

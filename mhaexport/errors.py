@@ -101,6 +101,16 @@ def clip(text: str, limit: int = 300) -> str:
     return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
 
 
+def raise_for_verdict(code: int, message: str) -> None:
+    """Every verdict -> exit mapping, in one place: 0 (passed) returns; 1 raises VerificationFailed, 4 NotVerified
+    (the CLI exits with the exception's ``exit_code``). A refused verdict (2) is raised where it was refused, as
+    bad input."""
+    if code == VerificationFailed.exit_code:
+        raise VerificationFailed(message)
+    if code == NotVerified.exit_code:
+        raise NotVerified(message)
+
+
 def first_line(e: BaseException) -> str:
     """``Type: first line`` of an exception, for one-line messages; for TorchScript interpreter errors, the line
     that says what failed."""

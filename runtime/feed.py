@@ -24,9 +24,7 @@ from mhaexport import iospec
 from mhaexport.artifact import ArtifactEntry
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.errors import ArtifactError
-
-CONCAT, SHARED = "concat", "shared"
-LEFT, RIGHT = "left", "right"
+from mhaexport.runtime.protocol import CONCAT, LEFT, RIGHT, SHARED, padding_of  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class Feed:
                    tuple(n for i in range(n_layers) for n in iospec.past_names(i)),
                    tuple(n for i in range(n_layers) for n in iospec.present_names(i)),
                    cache=cache, max_cache=max_cache if cache == SHARED else None,
-                   padding=RIGHT if cache == SHARED else LEFT, cache_dtype=cache_dtype, fixed=fixed)
+                   padding=padding_of(cache), cache_dtype=cache_dtype, fixed=fixed)
 
     @classmethod
     def of(cls, entry: ArtifactEntry, contract=None) -> Feed:
@@ -73,7 +71,7 @@ class Feed:
             feed = cls(layout.input_ids, layout.attention_mask, layout.logits, tuple(layout.past),
                        tuple(layout.present), layout.position_ids, kind, cache.max_cache if cache.shared else None,
                        producer=details.producer or layout.producer)
-        padding = cache.padding or (RIGHT if cache.shared else LEFT)
+        padding = cache.padding or padding_of(kind)
         dtype = entry.dtype
         if feed.past:
             try:
@@ -108,6 +106,12 @@ class Feed:
         padding"."""
         cache = "one shared buffer per layer" if self.shared else "concat cache"
         return f"{cache}, {self.padding} padding"
+
+    def protocol_object(self, *, contract_calls: bool = False):
+        """The object that drives the file as this feed describes it (:func:`mhaexport.runtime.protocol.protocol_of`)."""
+        from mhaexport.runtime.protocol import protocol_of
+
+        return protocol_of(self, contract_calls=contract_calls)
 
     def plain(self) -> Feed:
         """The same names in the plain protocol: a concat cache, left padding (verify drives an adopted file in it

@@ -27,6 +27,7 @@ from mhaexport import dtypes, iospec
 from mhaexport.artifact import ArtifactEntry, read_manifest
 from mhaexport.artifact.details import AdoptedLayout, CacheLayout, OnnxDetails
 from mhaexport.errors import ArtifactError
+from mhaexport.runtime.protocol import SHARED, padding_of
 from mhaexport.untrusted import load_json, shown
 
 GENAI_CONFIG = "genai_config.json"
@@ -93,7 +94,7 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> tupl
     layout, protocol = _from_genai(path, genai, in_names, out_names) if genai else \
         (_by_names(in_names, out_names, path), CONCAT_LEFT)
     if layout is not None and own is not None and own.details.cache.shared:
-        protocol = ("shared", "right")  # --kv-cache shared: GroupQueryAttention's protocol
+        protocol = (SHARED, padding_of(SHARED))  # --kv-cache shared: GroupQueryAttention's protocol
     if layout is None:
         layout = _by_position(inputs, outputs)
     if layout is None:

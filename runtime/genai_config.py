@@ -388,55 +388,111 @@ def _token_id(tok: Any, tokenizer_json: dict | None) -> int | None:
     return None
 
 
+def _load_json(files: dict[str, Path] | None, name: str) -> dict | None:
+    p = (files or {}).get(name)
+    if p is None:
+        return None
+    try:
+        data = load_json(Path(p), name)  # the one bounded reader: a hostile file is no ids, never a crash
+    except UntrustedInput:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tokenizer_ids(files: dict[str, Path] | None) -> dict[str, int]:
+    """{bos/eos/pad_token_id: id} of the special tokens the shipped tokenizer_config.json names (resolved through
+    tokenizer.json)."""
+    tj, tc = _load_json(files, "tokenizer.json"), _load_json(files, "tokenizer_config.json")
+    out = {}
+    for key in ("bos", "eos", "pad"):
+        if tc is not None and f"{key}_token" in tc:
+            tid = _token_id(tc[f"{key}_token"], tj)
+            if tid is not None:
+                out[f"{key}_token_id"] = tid
+    return out
+
+
 def tokenizer_special_ids(files: dict[str, Path]) -> dict[str, tuple[set[int], str]]:
     """{bos/eos/pad_token_id: ({ids}, where from)} read from the shipped tokenizer_config.json (tokens resolved
     through tokenizer.json), generation_config.json and config.json where the folder has them (``files``: name ->
-    the checked path)."""
-
-    def load(name: str) -> dict | None:
-        p = files.get(name)
-        if p is None:
-            return None
-        try:
-            data = load_json(Path(p), name)
-        except UntrustedInput:
-            return None
-        return data if isinstance(data, dict) else None
-
+    the checked path): what another producer's config may say."""
     out: dict[str, tuple[set[int], str]] = {}
-    tj = load("tokenizer.json")
-    tc = load("tokenizer_config.json")
+    tokenizer = _tokenizer_ids(files)
     for key in ("bos", "eos", "pad"):
         ids: set[int] = set()
         where = []
         for name in ("generation_config.json", "config.json"):
-            d = load(name)
+            d = _load_json(files, name)
             got = _ints(d.get(f"{key}_token_id")) if d else None
             if got:
                 ids.update(got)
                 where.append(name)
-        if tc is not None and f"{key}_token" in tc:
-            tid = _token_id(tc[f"{key}_token"], tj)
-            if tid is not None:
-                ids.add(tid)
-                where.append("tokenizer_config.json")
+        if f"{key}_token_id" in tokenizer:
+            ids.add(tokenizer[f"{key}_token_id"])
+            where.append("tokenizer_config.json")
         if ids:
             out[f"{key}_token_id"] = (ids, " and ".join(where))
     return out
 
 
-def model_special_ids(model_config: Any, own_export: bool) -> dict[str, tuple[set[int], str]]:
-    """The special ids the model's config states; for mhaexport's own exports, what its exporter writes for that
-    config (:func:`mhaexport.exporter.genai.special_ids`: the model's ids, else NUL)."""
+# The byte-level built-in models have no special tokens; NUL (0) never occurs in text, so it serves as bos, eos
+# and pad unless the model's config or its tokenizer names its own ids.
+DEFAULT_SPECIAL_ID = 0
+
+
+def special_ids(model_config: Any, files: dict[str, Path] | None = None) -> dict[str, int]:
+    """The bos/eos/pad ids mhaexport's genai_config.json says — the one decision its writer
+    (:func:`mhaexport.exporter.genai.write_genai_config`) and the ``genai-config`` check of its exports share.
+    ``model_config``: the model's ``config`` (attributes or dict keys); ``files``: the tokenizer files the export
+    ships (name -> path). pad: the tokenizer's pad token (the tokenizer pads the batches onnxruntime-genai reads
+    back), else the model's pad id; bos and eos: the model's ids (it was trained to stop at its eos), else the
+    tokenizer's; else NUL (:data:`DEFAULT_SPECIAL_ID`). A GPT-2 whose config has ``pad_token_id: null`` (the
+    loader pads with eos then) and whose tokenizer pads with 0 gets 0."""
+    return {key: v for key, (v, _where) in _decided_ids(model_config, files).items()}
+
+
+def _decided_ids(model_config: Any, files: dict[str, Path] | None) -> dict[str, tuple[int, str]]:
+    """:func:`special_ids` with where each id came from."""
+    tokenizer = _tokenizer_ids(files)
+    out = {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = model_config.get(key) if isinstance(model_config, dict) else getattr(model_config, key, None)
+        own = v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+        tok = tokenizer.get(key)
+        order = [(tok, "tokenizer_config.json"), (own, "the model's config")]
+        if key != "pad_token_id":
+            order.reverse()
+        out[key] = next(((i, where) for i, where in order if i is not None),
+                        (DEFAULT_SPECIAL_ID, "mhaexport's export of this model (no id in its config or tokenizer: NUL)"))
+    return out
+
+
+def model_special_ids(model_config: Any) -> dict[str, tuple[set[int], str]]:
+    """The special ids the model's config states (what another producer's config of this model may say)."""
     out: dict[str, tuple[set[int], str]] = {}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = model_config.get(key) if isinstance(model_config, dict) else getattr(model_config, key, None)
         ids = _ints(v)
         if ids and all(i >= 0 for i in ids):
             out[key] = (set(ids), "the model's config")
-        elif own_export:
-            out[key] = ({0}, "mhaexport's export of this model (no id in its config: NUL)")
     return out
+
+
+def expected_special_ids(files: dict[str, Path], model_config: Any = None,
+                         own_export: bool = True) -> dict[str, tuple[set[int], str]]:
+    """The special ids the ``genai-config`` check holds a folder's config to ({key: ({ids}, where from)}): for
+    mhaexport's own export, exactly what its writer decided (:func:`special_ids` of the model's config and the
+    shipped tokenizer ``files``; without the model's config, the shipped tokenizer's pad token and the ids the
+    tokenizer files state); for another producer's file, any id its shipped configs state (else the model's)."""
+    special = tokenizer_special_ids(files)
+    if own_export and model_config is not None:
+        return {key: ({i}, f"{where} ({key} as mhaexport decides it: genai_config.special_ids)")
+                for key, (i, where) in _decided_ids(model_config, files).items()}
+    if own_export and "pad_token_id" in _tokenizer_ids(files):  # the tokenizer's pad decides, as for the writer
+        special["pad_token_id"] = ({_tokenizer_ids(files)["pad_token_id"]}, "tokenizer_config.json")
+    if model_config is not None and not special:
+        special = model_special_ids(model_config)
+    return special
 
 
 def folder_expected(ef, contract=None, model_config: Any = None) -> Expected:
@@ -448,9 +504,7 @@ def folder_expected(ef, contract=None, model_config: Any = None) -> Expected:
     details = entry.details
     layout = details.layout if isinstance(details, OnnxDetails) else None
     files = {name: ef.file("onnx", name) for name in entry.files}
-    special = tokenizer_special_ids(files)
-    if model_config is not None and (layout is None or not special):
-        special = {**model_special_ids(model_config, own_export=layout is None), **special}
+    special = expected_special_ids(files, model_config, own_export=layout is None)
     # an adopted file's layout was read from this config: its cache layout is the graph's to say (the ops)
     shared = details.cache.shared if layout is None else None
     return Expected(contract=contract, filename=entry.file, shared=shared, special=special)

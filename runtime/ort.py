@@ -21,6 +21,7 @@ from mhaexport import dtypes, iospec
 from mhaexport.errors import RuntimeFailure, first_line
 from mhaexport.iospec import Contract, ModelContract
 from mhaexport.runtime.feed import Feed
+from mhaexport.runtime.protocol import ContractOverShared, Protocol, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
 from mhaexport.runtime.session import CUDA, SessionConfig, open_session
 
@@ -78,14 +79,11 @@ class OrtRunner(OrtSessionRunner):
     the decode loop's cache as bound OrtValues. :func:`mhaexport.runtime.choose.ort_runner_for` builds it from a
     folder's manifest."""
 
-    # how the decode loop pads a batch of prompts for this runner: a concat cache takes any padding the mask says, and
-    # the contract's is left (a producer that pads right, onnxruntime-genai's, pads so only for its shared buffer)
-    padding = "left"
-
     def __init__(self, name: str, contract: ModelContract, path: str | Path | bytes, *, feed: Feed | None = None,
                  config: SessionConfig = SessionConfig(), io_binding: bool | None = None,
-                 source_sha256: str | None = None) -> None:
+                 source_sha256: str | None = None, protocol: Protocol | None = None) -> None:
         feed = feed or Feed.contract(contract.n_layers)
+        self.protocol = protocol or protocol_of(feed)  # how the file is driven: padding, buffers, calls
         super().__init__(name, contract, path, config=config, dtype=feed.cache_dtype, fixed=feed.fixed,
                          source_sha256=source_sha256)
         self.io_binding = io_binding
@@ -93,6 +91,11 @@ class OrtRunner(OrtSessionRunner):
         self.out_logits = feed.logits
         self.past_names, self.present_names = list(feed.past), list(feed.present)
         self.output_names = [self.out_logits] + self.present_names
+
+    @property
+    def padding(self) -> str:
+        """The side the decode loop pads a batch of prompts on for this runner: its protocol's."""
+        return self.protocol.padding
 
     @property
     def layout(self) -> Feed | None:
@@ -186,28 +189,31 @@ class SharedCacheOrtRunner(OrtRunner):
       verify's decoding checks see the contract's semantics.
     """
 
-    padding = "right"
-
     def __init__(self, *args, contract_steps: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if not self.feed.shared or not self.feed.max_cache:
             raise ValueError(f"{self.name}: a shared-cache runner needs a shared feed with its slots, not "
                              f"{self.feed.protocol}")
-        self.max_cache = self.feed.max_cache
+        if not isinstance(self.protocol, SharedBuffer) or contract_steps:
+            self.protocol = protocol_of(self.feed, contract_calls=contract_steps)
+        self.max_cache = self.protocol.max_cache
         # the numpy dtype the decode loop hands ONNX Runtime the logits in (set with the session; None: ORT allocates)
         self._into: np.dtype | None = None
-        self.contract_steps = contract_steps
-        if contract_steps:
-            self.padding = "left"
+
+    @property
+    def contract_steps(self) -> bool:
+        """Whether the decode loop runs verify's contract calls translated (:class:`ContractOverShared`)."""
+        return isinstance(self.protocol, ContractOverShared)
 
     def deploy_runner(self) -> SharedCacheOrtRunner | None:
-        """With ``contract_steps`` (verify's runner): the same session in the file's own protocol, as the Generator,
-        bench and onnxruntime-genai drive it — buffers bound in place across steps, prompts right-padded and packed
-        from slot 0. Active when this runner is. None without contract_steps (this runner is that already)."""
+        """With ``contract_steps`` (verify's runner): the same session in the file's own protocol
+        (:class:`SharedBuffer`), as the Generator, bench and onnxruntime-genai drive it — buffers bound in place
+        across steps, prompts right-padded and packed from slot 0. Active when this runner is. None without
+        contract_steps (this runner is that already)."""
         if not self.contract_steps:
             return None
         twin = copy.copy(self)
-        twin.contract_steps, twin.padding, twin.times = False, "right", []
+        twin.protocol, twin.times = SharedBuffer(self.feed), []
         twin.name = f"{self.name} (deploy loop)"
         return twin
 
@@ -228,7 +234,7 @@ class SharedCacheOrtRunner(OrtRunner):
         """Zeroed (B, H_kv, slots, D) buffers (default ``max_cache`` slots), one per past/present name, on the
         session's device."""
         c = self.contract
-        shape = (batch, c.n_kv_heads, slots or self.max_cache, c.head_dim)  # (B, H_kv, slots, D)
+        shape = (batch, c.n_kv_heads, slots or self.protocol.slots(), c.head_dim)  # (B, H_kv, slots, D)
         np_dtype = dtypes.numpy_dtype(self.dtype)
         return BoundBuffers(ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np_dtype), self.device, 0)
                             for _ in self.past_names)
@@ -254,9 +260,7 @@ class SharedCacheOrtRunner(OrtRunner):
         if io is None:
             io = self.session.io_binding()
             io.bind_output(self.out_logits, "cpu")  # bound first: get_outputs() follows the binding order
-            for past, present, buf in zip(self.past_names, self.present_names, bufs):
-                io.bind_ortvalue_input(past, buf)
-                io.bind_ortvalue_output(present, buf)  # the same OrtValue: written in place
+            self.protocol.bind(io, bufs)  # each buffer as its layer's past and present: written in place
             if isinstance(bufs, BoundBuffers):
                 bufs.io = io
         ids = np.ascontiguousarray(ids, dtype=np.int64)
@@ -299,7 +303,7 @@ class SharedCacheOrtRunner(OrtRunner):
         prefill (~2 ms for 160 slots), and the decode steps over 160-slot buffers ran ~2 % faster."""
         if self.contract_steps:
             return super().empty_cache(batch)
-        return self.buffers(batch, min(positions or self.max_cache, self.max_cache))
+        return self.buffers(batch, self.protocol.slots(positions))
 
     def cache_from_numpy(self, past: KVPairs):
         if self.contract_steps:
@@ -319,50 +323,38 @@ class SharedCacheOrtRunner(OrtRunner):
 
     # ---- the contract, translated ------------------------------------------------------------------------------
     def run_impl(self, ids: np.ndarray, mask: np.ndarray, past: KVPairs) -> Outputs:
+        """A contract call in the file's calls (:meth:`SharedBuffer.calls`), each with fresh buffers holding its rows'
+        real past; the outputs scattered back to the contract's positions (padded positions left 0: nothing compares
+        them)."""
         B, T = ids.shape
         P = mask.shape[1] - T
         c = self.contract
-        slots = max(self.max_cache, P + T)  # the buffer's length is the graph's to take: a call may need more
+        slots = self.protocol.slots(P + T, at_least=True)
         np_dtype = dtypes.numpy_dtype(self.dtype)
         logits = None
         present = [np.zeros((B, c.n_kv_heads, P + T, c.head_dim), np_dtype) for _ in self.past_names]
-        rows = [np.flatnonzero(mask[b]) for b in range(B)]  # each row's real positions, in order
-        # rows with no real token in this call (all padding so far) are not run: nothing reads their outputs
-        live = [b for b in range(B) if mask[b, P:].any()]
-        for b in range(B):
-            if b not in live:  # its real past, if any, is its present
-                real = np.flatnonzero(mask[b, :P])
-                for li in range(len(present)):
-                    present[li][b][:, real] = past[li // 2][li % 2][b][:, real]
-        groups = ([live] if live else []) if P == 0 else [[b] for b in live]  # with a past: one call per row
-        for group in groups:
-            host = [np.zeros((len(group), c.n_kv_heads, slots, c.head_dim), np_dtype)
+        calls, idle = self.protocol.calls(ids, mask)
+        for b in idle:  # no real token in this call: its real past, if any, is its present
+            real = np.flatnonzero(mask[b, :P])
+            for li in range(len(present)):
+                present[li][b][:, real] = past[li // 2][li % 2][b][:, real]
+        for call in calls:
+            host = [np.zeros((len(call.rows), c.n_kv_heads, slots, c.head_dim), np_dtype)
                     for _ in self.past_names]  # (G, H_kv, slots, D)
-            if P == 0:  # a prompt: each row's real tokens packed to the left (right padding)
-                width = max(len(rows[b]) for b in group)
-                g_ids = np.zeros((len(group), width), np.int64)
-                g_mask = np.zeros((len(group), width), np.int64)
-                for j, b in enumerate(group):
-                    g_ids[j, :len(rows[b])] = ids[b, rows[b]]
-                    g_mask[j, :len(rows[b])] = 1
-                new_at = [rows[b] for b in group]  # contract positions of the packed new tokens
-            else:  # one row and its past: the real past copied into the buffer's first slots
-                (b,) = group
-                real_past, real_new = np.flatnonzero(mask[b, :P]), P + np.flatnonzero(mask[b, P:])
+            for j, b in enumerate(call.rows):  # the row's real past in the buffer's first slots
+                at = call.past_at[j]
                 for li, arr in enumerate(host):
-                    arr[0, :, :len(real_past)] = past[li // 2][li % 2][b][:, real_past]
-                g_ids = ids[b, real_new - P][None]  # (1, t)
-                g_mask = np.ones((1, len(real_past) + len(real_new)), np.int64)
-                new_at = [real_new]
+                    arr[j, :, :len(at)] = past[li // 2][li % 2][b][:, at]
             bufs = [ort.OrtValue.ortvalue_from_numpy(arr, self.device, 0) for arr in host]
-            out = self._run_shared(g_ids, g_mask, bufs)  # (G, t, V)
+            out = self._run_shared(call.ids, call.mask, bufs)  # (G, t, V)
             if logits is None:
                 logits = np.zeros((B, T, out.shape[-1]), out.dtype)
-            written = [buf.numpy() for buf in bufs]  # (G, H_kv, max_cache, D): each row's positions packed
-            for j, b in enumerate(group):
-                logits[b, new_at[j] - P] = out[j, :len(new_at[j])]
+            written = [buf.numpy() for buf in bufs]  # (G, H_kv, slots, D): each row's positions packed
+            for j, b in enumerate(call.rows):
+                real = np.concatenate([call.past_at[j], call.new_at[j]])  # the row's positions, in order
+                logits[b, call.new_at[j] - P] = out[j, :len(call.new_at[j])]
                 for li in range(len(present)):
-                    present[li][b][:, rows[b]] = written[li][j][:, :len(rows[b])]
+                    present[li][b][:, real] = written[li][j][:, :len(real)]
         if logits is None:  # no row had a real token: nothing ran
             logits = np.zeros((B, T, c.vocab_size), np.float32)
         return logits, tuple((present[2 * i], present[2 * i + 1]) for i in range(c.n_layers))

@@ -101,7 +101,8 @@ def test_cli_verify_bisect(tiny_export, tmp_path):
         in res.stdout
     assert "first divergence: blocks.1.attn at step 'scale' (value div_1, Div node_div_1, rel err 5.0e-01): " \
            "scores match, scaled scores do not (ONNX/eager = 0.5 everywhere" in res.stdout
-    assert "FAILED: the ONNX graph diverges from eager PyTorch at blocks.1.attn" in res.stderr
+    assert "FAILED: verify (run now): " in res.stderr and "ort-cpu/parity" in res.stderr, res.stderr  # its verdict
+    assert "; the ONNX graph diverges from eager PyTorch at blocks.1.attn" in res.stderr
     assert "step 'scale'" in res.stderr
 
 
@@ -362,6 +363,34 @@ def test_a_weight_planted_in_a_shared_cache_file_is_found_in_its_protocol(tiny_s
     assert "diverges from eager PyTorch at blocks.1.attn.W_v" in res.stderr
 
 
+def test_bisect_exits_with_verify_s_verdict_and_follows_the_ragged_batch(tiny_shared, tmp_path):
+    """A shared-cache file whose seqlens_k is wrong for ragged batches only: every parity case agrees, the deploy
+    loop's ragged batch over the shared buffer does not. --bisect used to bisect the default case in a quick parity
+    sweep, print "no divergence" and exit 0; it now takes verify's verdict (run now: no report since the export),
+    follows the deploy-loop check that failed, in its protocol, and exits 1 — --case too."""
+    from planted.file_bugs import ragged_seqlens
+
+    bad = rehashed_copy(tiny_shared, tmp_path / "bad", ragged_seqlens)
+    res = CliRunner().invoke(main, ["verify", str(bad), "--bisect", "--runtime", "ort-cpu"])
+    assert res.exit_code == 1, res.output
+    assert "bisect follows ort-cpu's kv-consistency check: the deploy loop (one buffer per layer reused in place, " \
+           "a ragged right-padded batch" in res.stdout, res.output
+    assert "<-- first difference" in res.stdout and "no divergence" not in res.stdout
+    assert "FAILED: verify (run now): " in res.stderr and "ort-cpu/kv-consistency" in res.stderr
+    assert "the first difference is decode step 1, row 1" in res.stderr, res.stderr
+
+
+@pytest.mark.slow  # a verify and a bisect through the CLI (~5 s here)
+def test_a_case_bisect_finds_clean_does_not_turn_verify_s_failure_green(tiny_shared, tmp_path):
+    from planted.file_bugs import ragged_seqlens
+
+    bad = rehashed_copy(tiny_shared, tmp_path / "bad", ragged_seqlens)
+    assert CliRunner().invoke(main, ["-q", "verify", str(bad), "--runtime", "ort-cpu"]).exit_code == 1
+    res = CliRunner().invoke(main, ["verify", str(bad), "--bisect", "--case", "2,4,3"])
+    assert res.exit_code == 1 and "no divergence" in res.stdout, res.output
+    assert "FAILED: verify (report-ort-cpu.json): 3 check(s) failed" in res.stderr, res.stderr
+
+
 def test_damage_at_high_positions_is_bisected_at_the_case_verify_failed(tiny_export, tmp_path):
     """A corrupted row 100 of the position table: verify fails (only its seq=128 case reaches it); bisect's default
     shapes (seq 4, past 3) see nothing, and bisect without --case runs at the case parity failed at — from the
@@ -369,7 +398,7 @@ def test_damage_at_high_positions_is_bisected_at_the_case_verify_failed(tiny_exp
     bad = rehashed_copy(tiny_export, tmp_path / "bad", plant_position_row)
     runner = CliRunner()
     res = runner.invoke(main, ["verify", str(bad), "--bisect", "--case", "2,4,3"])
-    assert res.exit_code == 0 and "no divergence" in res.stdout, res.output  # the low positions agree
+    assert res.exit_code == 1 and "no divergence" in res.stdout, res.output  # the low positions agree: verify fails
 
     res = runner.invoke(main, ["verify", str(bad), "--bisect"])  # no report yet: parity runs first
     assert res.exit_code == 1, res.output

@@ -176,3 +176,111 @@ def test_an_edited_builder_config_is_named(builder_fp32, tmp_path, path, value, 
         assert found == {}, found
     else:
         assert field in found and says in found[field], found
+
+
+# ---- one rule: what the writer says is what the check expects, for every family mhaexport exports ------------------
+
+def _graph_of(contract, shared: bool):
+    """The I/O an export of ``contract`` has (iospec's names, the contract's sizes): what the check reads."""
+    from mhaexport import iospec
+    from mhaexport.runtime.genai_config import GraphIO
+
+    cache = ["batch_size", contract.n_kv_heads, "max_cache" if shared else "past_sequence_length", contract.head_dim]
+    inputs = {iospec.INPUT_IDS: ["batch_size", "sequence_length"],
+              iospec.ATTENTION_MASK: ["batch_size", "total_sequence_length"]}
+    outputs = {iospec.LOGITS: ["batch_size", "sequence_length", contract.vocab_size]}
+    for i in range(contract.n_layers):
+        inputs.update(dict.fromkeys(iospec.past_names(i), cache))
+        outputs.update(dict.fromkeys(iospec.present_names(i), cache))
+    return GraphIO(inputs, outputs, {"GroupQueryAttention"} if shared else set())
+
+
+def _families():
+    """(name, contract, model_config) for each preset and each Hugging Face family tests/hf_models.py builds — the
+    latter's config made by the loader's own code from the family's config (pad_token_id as given and null)."""
+    from types import SimpleNamespace
+
+    from mhaexport.models.config import PRESETS
+    from mhaexport.models.hf import _contract_config
+    from mhaexport.iospec import ModelContract
+
+    out = []
+    for name, cfg in PRESETS.items():
+        c = ModelContract(n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                          vocab_size=cfg.vocab_size, max_positions=cfg.max_positions, n_kv_heads=cfg.n_kv_heads)
+        out.append((name, c, cfg))
+    pytest.importorskip("transformers")
+    from hf_models import configs
+
+    for name, cfg in configs().items():
+        for pad in ("as built", None):
+            if pad is None:
+                cfg = cfg.__class__(**{**cfg.to_dict(), "pad_token_id": None})
+            heads = cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head
+            kv = getattr(cfg, "num_key_value_heads", None) or heads
+            dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads)
+            layers = cfg.num_hidden_layers
+            probe = [(SimpleNamespace(shape=(1, kv, 2, dim)),) * 2] * layers  # the cache a probe call returns
+            mc = _contract_config(cfg, probe, name)
+            c = ModelContract(n_layers=mc.n_layers, n_heads=mc.n_heads, head_dim=mc.head_dim,
+                              vocab_size=mc.vocab_size, max_positions=mc.max_positions, n_kv_heads=mc.n_kv_heads)
+            out.append((f"{name} (pad_token_id {pad})", c, mc))
+    return out
+
+
+@pytest.fixture(scope="module")
+def shipped_tokenizer(tmp_path_factory):
+    """tests/hf_models.py's tokenizer files (pad <pad>=0, bos <s>=1, eos </s>=2), as an --hf export ships them."""
+    from hf_models import train_tokenizer
+
+    folder = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(folder)
+    return {p.name: p for p in folder.iterdir()}
+
+
+def test_the_written_config_passes_its_own_check_for_every_family(shipped_tokenizer):
+    """The writer of genai_config.json and the genai-config check take the special ids from one function
+    (runtime.genai_config.special_ids): every family, with and without its tokenizer, with each cache layout, gets
+    a config the check passes — a GPT-2 whose config has pad_token_id null (the loader pads with eos, 2) and whose
+    tokenizer pads with 0 was written with 2 and failed its own check ("2 but tokenizer_config.json says 0")."""
+    from mhaexport.exporter.genai import genai_config
+    from mhaexport.runtime.genai_config import Expected, config_findings, expected_special_ids, special_ids
+
+    seen = []
+    for name, contract, model_config in _families():
+        for files in ({}, shipped_tokenizer) if contract.vocab_size >= 300 else ({},):
+            ids = special_ids(model_config, files)
+            for shared in (False, True):
+                cfg = genai_config(contract, ids=ids, kv_cache="shared" if shared else "concat")
+                exp = Expected(contract=contract, filename="model.onnx", shared=shared,
+                               special=expected_special_ids(files, model_config))
+                found = [f.line() for f in config_findings(cfg, _graph_of(contract, shared), exp)
+                         if f.severity == "error"]
+                assert found == [], (name, sorted(files), shared, found)
+                # the check holds the ids to the writer's decision: another pad id is named
+                wrong = json.loads(json.dumps(cfg))
+                wrong["model"]["pad_token_id"] = (ids["pad_token_id"] + 1) % contract.vocab_size
+                found = config_findings(wrong, _graph_of(contract, shared), exp)
+                assert any(f.field == "model.pad_token_id" for f in found), (name, found)
+            seen.append((name, bool(files), ids["pad_token_id"]))
+    assert ("gpt2 (pad_token_id None)", True, 0) in seen  # the tokenizer's pad, not eos
+    assert ("gpt2 (pad_token_id None)", False, 2) in seen  # no tokenizer: eos pads (the loader's rule)
+    assert ("tiny", False, 0) in seen  # built-in: NUL
+
+
+@pytest.mark.slow  # save a tiny GPT-2, then `mhaexport all --hf` (~60 s here)
+def test_all_passes_on_a_gpt2_whose_config_has_no_pad_id(tmp_path):
+    """GPT-2's config has pad_token_id null; its tokenizer pads with 0: `all --hf` failed its own genai-config check
+    on ort-cpu and ort-genai ("model.pad_token_id: 2 but tokenizer_config.json says 0")."""
+    pytest.importorskip("transformers")
+    from hf_models import save_tiny
+
+    hf = save_tiny("gpt2", tmp_path / "gpt2")
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["pad_token_id"] = None
+    (hf / "config.json").write_text(json.dumps(cfg))
+    res = CliRunner().invoke(main, ["-q", "all", "--hf", str(hf), "-o", str(tmp_path / "out"), "--runtime",
+                                    "ort-cpu", "--runtime", "ort-genai"])
+    assert res.exit_code == 0, res.output
+    written = json.loads(next((tmp_path / "out").rglob(GENAI_CONFIG)).read_text())["model"]
+    assert (written["pad_token_id"], written["eos_token_id"]) == (0, 2)

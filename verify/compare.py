@@ -106,6 +106,17 @@ class Diff:
                 "compared": self.total}
 
 
+def near_tie(reference: np.ndarray, chosen: int, tol: Tolerance, logits_agree: bool) -> tuple[bool, float]:
+    """The generation check's one tie rule, for every runtime (verify's loops, the deploy loop, onnxruntime-genai's):
+    a greedy token that differs from the reference's at a step is a near-tie — passed, reported as such — when the
+    reference's (V,) logits there put the chosen token within tolerance of its best (``best - chosen <= atol + rtol
+    * |best|``) and the runtime's logits agreed with the reference's at every step up to and including that one.
+    Returns (tie, that margin)."""
+    best = int(np.argmax(reference))
+    margin = float(reference[best] - reference[chosen])
+    return (logits_agree and margin <= tol.atol + tol.rtol * abs(float(reference[best]))), margin
+
+
 def rounded(x: float) -> float:
     """x to 3 significant digits: how figures are recorded (report.json reads as written)."""
     return float(f"{x:.3g}")

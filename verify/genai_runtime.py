@@ -32,11 +32,11 @@ from mhaexport.errors import (MhaExportError, ProviderUnavailable, RuntimeFailur
                               first_line)
 from mhaexport.runtime.runner import Runner
 from mhaexport.untrusted import load_json
-from mhaexport.verify.compare import Diff, compare
+from mhaexport.verify.compare import Diff, compare, near_tie
 from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
 from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context
+from mhaexport.verify.runners import ORT_GENAI  # noqa: F401 (the one name; re-exported)
 
-ORT_GENAI = "ort-genai"
 SHORT_PROMPT = 4  # tokens
 LONG_PROMPT = 24  # tokens, at most (a quarter of the model's positions when that is less)
 NOT_APPLICABLE = "n/a: onnxruntime-genai's loop feeds only its own shapes (prefill, then one token a step); see " \
@@ -282,15 +282,17 @@ def check_generation(runner: GenAIRunner, ctx: Context) -> CheckResult:
     matched, total, ties = 0, 0, 0
     for label, p, toks, lg in _rows(tr):
         ref = _full_logits(reference, ctx, p + toks, key)
+        agree = True  # its logits agree with the reference's at every step so far (the tie rule's condition)
         for k, t in enumerate(toks):
             r = ref[len(p) - 1 + k]
             total += 1
+            agree = agree and lg is not None and k < len(lg) and compare(np.asarray(lg[k]), r, tol).ok
             best = int(np.argmax(r))
             if t == best:
                 matched += 1
                 continue
-            margin = float(r[best] - r[t])
-            if margin <= tol.atol + tol.rtol * abs(float(r[best])):
+            tie, margin = near_tie(r, t, tol, agree)  # the one tie rule
+            if tie:
                 ties += 1
                 break  # a tie: the rest follows another path
             return CheckResult("generation", False, {"matched": matched, "step": k, "margin": round(margin, 6)},

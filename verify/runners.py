@@ -17,7 +17,7 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.artifact.trust import AOTI, PT2
 from mhaexport.devices import no_cuda_device
-from mhaexport.errors import ProviderUnavailable
+from mhaexport.errors import ConfigError, ProviderUnavailable
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner, skipped
@@ -25,19 +25,26 @@ from mhaexport.runtime.session import CUDA, SessionConfig
 
 EAGER, EAGER_CUDA, TORCHSCRIPT = "eager", "eager-cuda", "torchscript"
 ORT_CPU, ORT_CUDA, ONNX_REFERENCE = "ort-cpu", "ort-cuda", "onnx-reference"
-# pt2 / aoti (torch.export, AOTInductor): code, loaded from a folder only on trust (verify/pt2.py); the default list
-# gains them where the folder holds them
-ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE, PT2, AOTI)
-DEFAULT_RUNTIMES = (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 # onnxruntime-genai's own generator on the folder (verify/genai_runtime.py): verify adds it to the defaults where it
 # is installed and the folder ships a genai_config.json; asked for by name, it is skipped (never passed) elsewhere
 ORT_GENAI = "ort-genai"
-ALL_RUNTIMES = ALL_RUNTIMES + (ORT_GENAI,)
+# pt2 / aoti (torch.export, AOTInductor): code, loaded from a folder only on trust (verify/pt2.py); the default list
+# gains them where the folder holds them
+ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE, PT2, AOTI, ORT_GENAI)
+DEFAULT_RUNTIMES = (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 # an attention-block export (--module attention): torch's own attention with the block's weights is a second
 # reference beside eager (verify/block.py)
 TORCH_MHA = "torch-mha"
 MODULE_RUNTIMES = (EAGER, TORCH_MHA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 REFERENCE_RUNTIMES = (EAGER, TORCH_MHA)  # references: running them alone verifies no artifact
+
+def refuse_unknown(names, known, error: type[ConfigError] = ConfigError) -> None:
+    """The one refusal of runtime names a verb does not know: ``error`` (a ConfigError) naming them and the known
+    ones, in one line."""
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise error(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(known)}")
+
 
 __all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
            "ORT_CUDA", "ORT_GENAI", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",

@@ -27,7 +27,7 @@ from mhaexport.verify.registry import ARTIFACT, runner_for
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
-                                      ORT_GENAI, Runner, session_config)
+                                      ORT_GENAI, Runner, refuse_unknown, session_config)
 from mhaexport.verify.pt2 import present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
@@ -110,9 +110,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
     known = ALL_RUNTIMES + tuple(r for r in MODULE_RUNTIMES if r not in ALL_RUNTIMES)
-    unknown = [r for r in wanted if r not in known]
-    if unknown:
-        raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    refuse_unknown(wanted, known)
     unknown = [c for c in checks or () if c not in ALL_CHECKS + MODULE_CHECKS]
     if unknown:
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "

@@ -36,6 +36,21 @@ def fp16_cache(proto: onnx.ModelProto, layer: int = 1) -> None:
                    helper.make_node("Cast", [f"{name}_f16"], [name], to=TensorProto.FLOAT)])
 
 
+def ragged_seqlens(proto: onnx.ModelProto) -> None:
+    """GroupQueryAttention's ``seqlens_k`` taken from the batch's longest row for every row: right for a batch of
+    equal rows (every parity case, each row alone), wrong for a ragged batch over the shared buffer (the deploy
+    loop's, onnxruntime-genai's)."""
+    g = proto.graph.node
+    i, node = next((i, n) for i, n in enumerate(g) if n.op_type == "Cast" and
+                   any("seqlens_k" in o for o in n.output))
+    real = node.input[0]  # int64 (B,): real tokens - 1 per row
+    node.input[0] = "planted_seqlens"
+    for j, n in enumerate([helper.make_node("ReduceMax", [real], ["planted_max"], keepdims=1),  # (1,)
+                           helper.make_node("Shape", [real], ["planted_shape"]),
+                           helper.make_node("Expand", ["planted_max", "planted_shape"], ["planted_seqlens"])]):
+        g.insert(i + j, n)
+
+
 FILE_BUGS = {"weight_column": weight_column, "position_row": position_row, "fp16_cache": fp16_cache}
 
 
