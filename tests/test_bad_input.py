@@ -40,7 +40,7 @@ def cwd(tmp_path, monkeypatch):
 
 def test_unknown_preset(cwd):
     msg = cli_error(["onnx", "--config", "nope", "-o", "out"])
-    assert msg == "Error: unknown config 'nope': use a preset (tiny, small, bench, llama, tiny-llama) or a .json file"
+    assert msg == "Error: unknown config 'nope': use a preset (tiny, small, bench, llama, tiny-llama, tiny-window, tiny-gemma, tiny-sinks) or a .json file"
     assert not (cwd / "out").exists()
 
 
