@@ -292,6 +292,19 @@ def _windows(cfg: Any, n_layers: int, max_pos: int, label: str) -> tuple[list[in
     return windows, plan
 
 
+# transformers' mixture-of-experts implementation the adapter runs: each token's experts gathered and multiplied as
+# batched matrices (plain ops). Its default, "grouped_mm", is a custom op (``transformers::grouped_mm_fallback``
+# on CPU) that torch.onnx cannot translate, and "eager" loops over the experts a batch hits (data-dependent).
+EXPERTS = "batched_mm"
+
+
+def _exportable_experts(model: nn.Module) -> None:
+    """Switch a mixture-of-experts model (gpt-oss, Qwen3-MoE, ...) to :data:`EXPERTS`; other models are untouched."""
+    can = getattr(model, "_can_set_experts_implementation", None)
+    if callable(can) and can() and getattr(model.config, "_experts_implementation", EXPERTS) != EXPERTS:
+        model.set_experts_implementation(EXPERTS)
+
+
 def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, dict]:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`) and the origin
     to record; see :func:`mhaexport.models.loading.load_hf`. ``shown``: how messages name the model (default:
@@ -315,6 +328,7 @@ def hf_adapter(path: str | Path, shown: str | None = None) -> tuple[HFCausalLM, 
         except Exception as e:
             raise ModelLoadError(f"--hf {path} ({label}): transformers cannot load it as a causal LM: "
                                  f"{first_line(e)}") from None
+        _exportable_experts(model)
         # torch.jit.trace reads every property of every module; `loss_function` logs once ("loss_type=None ... is
         # unrecognized") on the inner base model: read it here, where transformers' logs are silenced
         for module in model.modules():

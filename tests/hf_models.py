@@ -154,3 +154,33 @@ def export_plain(loaded, path: str | Path) -> Path:
                                  dynamic_shapes=dynamic_shapes(c.n_layers, True))
     prog.save(str(path))
     return Path(path)
+
+
+def beyond_window(folder: str | Path, hf_folder: str | Path, seq: int = 3 * WINDOW, seed: int = 0) -> float:
+    """Max abs difference between an export's logits (ONNX Runtime on CPU, driven as its folder says) and
+    transformers' own forward of the model in ``hf_folder``, over one unpadded prompt's positions from WINDOW on."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.verify.registry import runner_for
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, TOKENIZER_VOCAB, size=(1, seq), dtype=np.int64)
+    mask = np.ones((1, seq), dtype=np.int64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_folder), attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    ef = ExportFolder.open(folder, "onnx")
+    try:
+        runner = runner_for(ef, "ort-cpu", ef.contract)
+        runner.activate()
+        try:
+            got = runner.run(ids, mask)[0]
+        finally:
+            runner.deactivate()
+    finally:
+        ef.close()
+    return float(np.abs(got[:, WINDOW:] - want[:, WINDOW:]).max())

