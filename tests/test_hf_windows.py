@@ -107,3 +107,97 @@ def _full_causal(T: int) -> dict:
     """Every layer type's mask full causal (additive, (1, 1, T, T))."""
     blocked = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]  # (1, 1, T, T)
     return {"sliding_attention": blocked, "full_attention": blocked}
+
+
+# --- slow: every family exported, compared with transformers past the window, verified -------------------------
+
+LAYOUTS = [("decomposed", "concat"), ("fused", "shared"), ("fused", "concat")]
+
+
+def run_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mhaexport", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention,cache", LAYOUTS)
+@pytest.mark.parametrize("name", WINDOWED)
+def test_each_family_exports_right_past_the_window_or_refuses(hf_dir, tmp_path, name, attention, cache):
+    """Every lowering x cache layout: a file that matches transformers past the window and passes verify (with
+    onnxruntime-genai's decode), or a refusal in one line, exit 2; never a published file that drops the window."""
+    hf, out = hf_dir(name), tmp_path / "out"
+    res = run_cli("onnx", "-q", "--hf", str(hf), "-o", str(out), "--attention", attention, "--kv-cache", cache)
+    if res.returncode == 2:
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+        assert not (out / "model.onnx").exists()
+        return
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert beyond_window(out, hf) < 1e-4
+    verdict = run_cli("verify", str(out))
+    assert verdict.returncode == 0, verdict.stdout[-4000:]
+    assert "| ort-genai |" in verdict.stdout
+
+
+# --- slow: adopted files (torch.onnx's plain export; onnxruntime-genai's builder) ------------------------------
+
+def _variant(hf: Path, folder: Path, window: int | None) -> Path:
+    """A copy of ``hf`` whose config says another sliding window (None: none): the same weights, the window moved."""
+    import shutil
+
+    shutil.copytree(hf, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["sliding_window"] = window
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [WINDOW, None, WINDOW - 1, WINDOW + 1])
+def test_a_plain_torch_onnx_export_passes_and_a_moved_window_fails(hf_dir, tmp_path, window):
+    """A plain torch.onnx export of the model (right: passes without a false alarm) and of the same weights with the
+    window dropped or shifted by one, adopted against the real model: parity fails past the window."""
+    from hf_models import export_plain
+
+    from mhaexport.exporter.adopt import adopt_onnx
+    from mhaexport.verify import verify_folder
+    from mhaexport.verify.render import markdown
+
+    hf = hf_dir("mistral-window")
+    source = hf if window == WINDOW else _variant(hf, tmp_path / "variant", window)
+    (tmp_path / "plain").mkdir()
+    path = export_plain(load_model(hf=source), tmp_path / "plain" / "model.onnx")
+    loaded = load_model(hf=hf)
+    report = verify_folder(adopt_onnx(loaded, path).folder, loaded=loaded, runtimes=("eager", "ort-cpu"))
+    if window == WINDOW:
+        assert report.verdict.code == 0, markdown(report)
+    else:
+        assert report.verdict.code == 1, markdown(report)
+        assert "❌" in next(line for line in markdown(report).splitlines() if line.startswith("| ort-cpu"))
+
+
+@pytest.mark.slow
+def test_the_builders_mistral_file_drops_the_window_and_fails(hf_dir, tmp_path):
+    """onnxruntime-genai's builder writes Mistral's GroupQueryAttention with local_window_size -1 (its genai_config
+    says window 8 on no layer): adopted against the model, parity fails past the window."""
+    pytest.importorskip("onnxruntime_genai")
+    import onnx
+
+    from mhaexport.exporter.adopt import adopt_onnx
+    from mhaexport.verify import verify_folder
+    from mhaexport.verify.render import markdown
+
+    hf, out = hf_dir("mistral-window"), tmp_path / "builder"
+    res = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-o", str(out),
+                          "-p", "fp32", "-e", "cpu", "-c", str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    windows = [a.i for n in graph.node if n.op_type == "GroupQueryAttention"
+               for a in n.attribute if a.name == "local_window_size"]
+    assert windows == [-1, -1]  # the builder's drop, as measured; if it ever keeps the window, this test says so
+    loaded = load_model(hf=hf)
+    report = verify_folder(adopt_onnx(loaded, out / "model.onnx").folder, loaded=loaded, runtimes=("eager", "ort-cpu"))
+    assert report.verdict.code == 1, markdown(report)
+    text = markdown(report)
+    assert "**ort-cpu / parity**" in text
