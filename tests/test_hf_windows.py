@@ -201,3 +201,21 @@ def test_the_builders_mistral_file_drops_the_window_and_fails(hf_dir, tmp_path):
     assert report.verdict.code == 1, markdown(report)
     text = markdown(report)
     assert "**ort-cpu / parity**" in text
+
+
+@pytest.mark.slow
+def test_an_optimum_layout_file_with_transformers_own_window_passes(hf_dir, tmp_path):
+    """Optimum's layout (position_ids an input, concat cache, left padding) exported from transformers' own masks,
+    the window on cache slots: right under its protocol, where slots and positions agree, so no false alarm."""
+    from test_foreign import export_optimum_layout
+
+    from mhaexport.exporter.adopt import adopt_onnx
+    from mhaexport.verify import verify_folder
+    from mhaexport.verify.render import markdown
+
+    loaded = load_model(hf=hf_dir("mistral-window"))
+    (tmp_path / "optimum").mkdir()
+    path = export_optimum_layout(loaded, tmp_path / "optimum" / "model.onnx")
+    report = verify_folder(adopt_onnx(loaded, path).folder, loaded=loaded, runtimes=("eager", "ort-cpu"))
+    assert report.verdict.code == 0, markdown(report)
+    assert report.results["ort-cpu"]["parity"].figures["max_abs"] < 1e-4
