@@ -91,6 +91,9 @@ def window_masks(attention_mask: torch.Tensor, last: torch.Tensor, plan: WindowP
     pos = attention_mask.cumsum(-1) - 1  # (B, S) each key's own position
     q_pos = pos.index_select(1, last)  # (B, T)
     seen = (slots[None, None, :] <= last[None, :, None]) & attention_mask[:, None, :].bool()  # (B, T, S)
+    # a padding query sees itself: its row stays finite (float16's min fill overflows a row of nothing to -inf,
+    # and its NaN keys and values would reach real rows through 0 * NaN); real rows see themselves already
+    seen = seen | (slots[None, None, :] == last[None, :, None])  # (B, T, S)
     out = {}
     for kind, W in plan.windows.items():
         allowed = seen & (pos[:, None, :] > q_pos[:, :, None] - W) if W else seen  # (B, T, S)
