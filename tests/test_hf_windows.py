@@ -3,9 +3,10 @@ gpt-oss. Tiny random models (tests/hf_models.py: 2 layers, window 8, 128 positio
 
 Fast set: each family's per-layer windows, softcaps, scale and sinks read from its config class; the adapter's
 window on each row's own positions on Qwen2 (transformers' own forward on an unpadded row is the ground truth;
-padded rows equal it; gpt-oss's sinks and experts the same way in the slow set). Slow set (`-m slow`): every family exported by each lowering and cache layout, compared with
-transformers beyond the window and verified; onnxruntime-genai's builder files adopted, right and with the window
-planted away.
+padded rows equal it; gpt-oss's sinks and experts the same way in the slow set). Slow set (`-m slow`): every
+family exported by each lowering and cache layout, compared with transformers beyond the window and verified;
+adopted files: a plain torch.onnx export right and with the window dropped or shifted, the builder's Mistral
+(window dropped), an Optimum-layout file.
 """
 
 from __future__ import annotations
