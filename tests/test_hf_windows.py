@@ -85,7 +85,7 @@ def test_the_adapter_windows_each_rows_own_positions(hf_dir, name):
         whole, _ = m(torch.cat([ids, nxt], 1), _ones(1, T + 1))
         # transformers' cache-slot window after the same right-padded prefill: the pad slots fill the window
         slots = hf(input_ids=nxt, attention_mask=torch.cat([right_mask, _ones(1, 1)], 1),
-                   position_ids=torch.tensor([[T]]), cache=_dynamic(present), use_cache=True).logits
+                   position_ids=torch.tensor([[T]]), use_cache=True, **{m._cache_kw: _dynamic(present)}).logits
     assert (ours - own).abs().max() < 1e-5  # beyond the window too
     assert (left[:, P:] - own).abs().max() < 1e-5
     assert (right[:, :T] - own).abs().max() < 1e-5
