@@ -7,6 +7,15 @@ offset and onnxruntime-genai's right padding all give each row its own positions
 contract's tuples (a ``DynamicCache`` is built from them inside forward) and comes out as tuples. The exports so
 keep mhaexport's I/O names and every verify check applies unchanged.
 
+Sliding windows (Mistral, Phi-3, Gemma 2/3, Qwen2/3 with ``use_sliding_window``, gpt-oss) are read from the config:
+``layer_types`` where the config has it (Qwen2Config, Gemma2Config... build it themselves), else one
+``sliding_window`` for every layer (Mistral, Phi-3). transformers places a window on cache *slots* (``kv_idx >
+q_idx - W``), which right padding inside the window shifts; the adapter instead hands transformers its own 4D masks,
+one per layer type, with the window on each row's own token positions (query position p sees p-W+1..p, the current
+token inside), so an unpadded row gets exactly transformers' mask and a padded row the same attention as unpadded.
+Softcaps, the query scale and attention sinks stay transformers' own code; the adapter's config names them
+(``attn_softcap``, ``final_softcap``, ``attn_scale``, ``attn_sinks``) for the contract and the lowerings.
+
 transformers is an optional extra (``pip install -e '.[hf]'``), imported only here and only when ``--hf`` is
 used. ``--hf org/name`` names a Hub model: :mod:`mhaexport.models.hub` finds its snapshot in the user's cache
 (downloading only when allowed); transformers then reads that folder like any other. transformers itself never
@@ -56,18 +65,56 @@ class HFContractConfig:
     model_type: str = ""
     architecture: str = ""
     notes: list[str] = field(default_factory=list)
+    # per layer the sliding window W (query position p sees p-W+1..p on the row's own positions) or 0 for full;
+    # None: every layer full
+    layer_windows: list[int] | None = None
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the mask (Gemma 2/3)
+    final_softcap: float | None = None  # the same on the logits (Gemma 2)
+    attn_scale: float | None = None  # the score scale when it is not 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar)
+    attn_sinks: bool = False  # a learned per-head logit in the softmax's denominator (gpt-oss)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How the adapter masks a windowed model: the window of each transformers layer type (0: full), and whether
+    transformers takes them as a dict keyed by layer type (models with ``layer_types``) or as one 4D mask."""
+
+    windows: dict[str, int]
+    by_type: bool
+
+
+def window_masks(attention_mask: torch.Tensor, last: torch.Tensor, plan: WindowPlan,
+                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """{layer type: (B, 1, T, S) additive mask} for the query slots ``last`` (T of the mask's S): causal on slots,
+    padding, and each type's window on the row's own positions (``cumsum(mask) - 1``), so padding never moves a
+    window."""
+    slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)  # (S,)
+    pos = attention_mask.cumsum(-1) - 1  # (B, S) each key's own position
+    q_pos = pos.index_select(1, last)  # (B, T)
+    seen = (slots[None, None, :] <= last[None, :, None]) & attention_mask[:, None, :].bool()  # (B, T, S)
+    # a padding query sees itself: its row stays finite (float16's min fill overflows a row of nothing to -inf,
+    # and its NaN keys and values would reach real rows through 0 * NaN); real rows see themselves already
+    seen = seen | (slots[None, None, :] == last[None, :, None])  # (B, T, S)
+    out = {}
+    for kind, W in plan.windows.items():
+        allowed = seen & (pos[:, None, :] > q_pos[:, :, None] - W) if W else seen  # (B, T, S)
+        blocked = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
+        out[kind] = blocked.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]  # (B, 1, T, S)
+    return out
 
 
 class HFCausalLM(nn.Module):
     """A transformers causal LM under the decoder contract (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, config: HFContractConfig, cache_kw: str, cache_cls: type) -> None:
+    def __init__(self, model: nn.Module, config: HFContractConfig, cache_kw: str, cache_cls: type,
+                 window_plan: WindowPlan | None = None) -> None:
         super().__init__()
         self.hf = model
         self.config = config
         self._cache_kw = cache_kw  # "cache" (transformers 5.x) or "past_key_values"
         self._cache_cls = cache_cls  # transformers.DynamicCache
         self.tokenizer: dict[str, bytes] = {}  # the folder's tokenizer files as read (hf_adapter)
+        self._window_plan = window_plan  # None: no layer has a window, transformers builds its masks
         self.eval()  # inference only: the wrapped model is in eval mode, and so is its wrapper (torch.onnx warns else)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -85,7 +132,12 @@ class HFCausalLM(nn.Module):
         last = torch.arange(T, device=attention_mask.device) + (total - T)  # (T,)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0).index_select(1, last)  # (B, T) of each new token
         cache = self._cache_cls(tuple((k, v) for k, v in past_key_values or ()))  # layers of (B, H_kv, past, D)
-        out = self.hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+        mask: Any = attention_mask
+        if self._window_plan is not None:
+            dtype = self.hf.get_input_embeddings().weight.dtype
+            masks = window_masks(attention_mask, last, self._window_plan, dtype)  # type -> (B, 1, T, total)
+            mask = masks if self._window_plan.by_type else next(iter(masks.values()))
+        out = self.hf(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                       use_cache=True, return_dict=True, **{self._cache_kw: cache})
         present = _cache_tuples(_output_cache(out))  # layers of (B, H_kv, past + T, D)
         return out.logits, present  # (B, T, V)
@@ -158,7 +210,7 @@ def architecture_label(path: str | Path) -> str:
         return Path(path).name
 
 
-def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
+def _contract_config(cfg: Any, cache: tuple, label: str) -> tuple[HFContractConfig, WindowPlan | None]:
     """The contract's ints from the text config and the cache a probe call returned (the cache's own shapes decide
     n_layers, n_kv_heads and head_dim, so a config that names them otherwise cannot mislead)."""
     notes = []
@@ -188,10 +240,7 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
         notes.append(f"config.max_position_embeddings={max_pos} capped at max_positions={MAX_POSITIONS_CAP} (the "
                      "contract's context length: verify's longest prompt and genai_config's context_length)")
         max_pos = MAX_POSITIONS_CAP
-    window = getattr(cfg, "sliding_window", None)
-    if isinstance(window, int) and window < max_pos and getattr(cfg, "use_sliding_window", True) is not False:
-        notes.append(f"sliding_window={window} < max_positions={max_pos}: the cache keeps every position (the "
-                     "window is applied by the mask); mhaexport's tests prove architectures without a window")
+    windows, plan = _windows(cfg, n_layers, max_pos, label)
     eos = _first_int(getattr(cfg, "eos_token_id", None))
     pad = _first_int(getattr(cfg, "pad_token_id", None))
     vocab = getattr(cfg, "vocab_size", None)
@@ -200,8 +249,65 @@ def _contract_config(cfg: Any, cache: tuple, label: str) -> HFContractConfig:
     ids = {"bos_token_id": _first_int(getattr(cfg, "bos_token_id", None)), "eos_token_id": eos,
            "pad_token_id": pad if pad is not None else eos}  # no pad id: eos pads (onnxruntime-genai's builder)
     ids = {k: (v if v is not None and v < vocab else None) for k, v in ids.items()}
-    return HFContractConfig(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab_size=vocab,
-                            max_positions=max_pos, n_kv_heads=n_kv, notes=notes, **ids)
+    config = HFContractConfig(n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, vocab_size=vocab,
+                              max_positions=max_pos, n_kv_heads=n_kv, notes=notes, layer_windows=windows, **ids)
+    config.attn_softcap = _positive(getattr(cfg, "attn_logit_softcapping", None))
+    config.final_softcap = _positive(getattr(cfg, "final_logit_softcapping", None))
+    scalar = _positive(getattr(cfg, "query_pre_attn_scalar", None))
+    if scalar is not None and scalar != head_dim:
+        config.attn_scale = scalar ** -0.5
+    return config, plan
+
+
+def _positive(value: Any) -> float | None:
+    """A config's optional float (a softcap, a scalar): None when unset or not a positive number."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return float(value) if ok else None
+
+
+# transformers' names of the layer types the adapter masks itself: a window, or full causal attention
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def _windows(cfg: Any, n_layers: int, max_pos: int, label: str) -> tuple[list[int] | None, WindowPlan | None]:
+    """Each layer's window from the config and how to hand transformers the masks; (None, None) when no layer has
+    one. ``layer_types`` decides where the config has it (every family that mixes local and global layers builds it
+    in its config class: Qwen2's from ``use_sliding_window`` and ``max_window_layers``); a config without it windows
+    every layer with ``sliding_window`` (Mistral, Phi-3). A window that covers ``max_positions`` is full attention."""
+    W = getattr(cfg, "sliding_window", None)
+    W = W if isinstance(W, int) and not isinstance(W, bool) and 0 < W < max_pos else 0
+    if getattr(cfg, "use_sliding_window", True) is False:
+        W = 0
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, (list, tuple)) and types:
+        types = [str(t) for t in types]
+        if len(types) != n_layers:
+            raise ModelLoadError(f"{label}: config.layer_types names {len(types)} layers, the cache has {n_layers}")
+        other = sorted(set(types) - {SLIDING, FULL})
+        if other:
+            raise ModelLoadError(f"{label}: config.layer_types has {other[0]!r}; mhaexport masks "
+                                 f"{SLIDING!r} and {FULL!r} layers only")
+        windows = [W if t == SLIDING else 0 for t in types]
+        plan = WindowPlan({t: (W if t == SLIDING else 0) for t in dict.fromkeys(types)}, by_type=True)
+    else:
+        windows = [W] * n_layers
+        plan = WindowPlan({SLIDING if W else FULL: W}, by_type=False)
+    if not any(windows):
+        return None, None
+    return windows, plan
+
+
+# transformers' mixture-of-experts implementation the adapter runs: each token's experts gathered and multiplied as
+# batched matrices (plain ops). Its default, "grouped_mm", is a custom op (``transformers::grouped_mm_fallback``
+# on CPU) that torch.onnx cannot translate, and "eager" loops over the experts a batch hits (data-dependent).
+EXPERTS = "batched_mm"
+
+
+def _exportable_experts(model: nn.Module) -> None:
+    """Switch a mixture-of-experts model (gpt-oss, Qwen3-MoE, ...) to :data:`EXPERTS`; other models are untouched."""
+    can = getattr(model, "_can_set_experts_implementation", None)
+    if callable(can) and can() and getattr(model.config, "_experts_implementation", EXPERTS) != EXPERTS:
+        model.set_experts_implementation(EXPERTS)
 
 
 # the JSON files of a Hugging Face folder that transformers or tokenizers parse (from_pretrained, the export's copy)
@@ -247,6 +353,7 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
         except Exception as e:
             raise ModelLoadError(f"--hf {path} ({label}): transformers cannot load it as a causal LM: "
                                  f"{first_line(e).replace(str(files.dir), str(path))}") from None
+        _exportable_experts(model)
         # torch.jit.trace reads every property of every module; `loss_function` logs once ("loss_type=None ... is
         # unrecognized") on the inner base model: read it here, where transformers' logs are silenced
         for module in model.modules():
@@ -276,9 +383,11 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
         where = failing_module(e)
         raise ModelLoadError(f"--hf {path} ({label}): forward failed{f' in {where}' if where else ''}: "
                              f"{first_line(e)}") from None
-    config = _contract_config(text_cfg, cache, label)
+    config, plan = _contract_config(text_cfg, cache, label)
     config.model_type, config.architecture = model_type, arch
+    config.attn_sinks = any(isinstance(getattr(m, "sinks", None), nn.Parameter) for m in model.modules())
     adapter.config = config
     adapter.tokenizer = files.tokenizer  # {name: bytes} of tokenizer.json & co as read (what an export ships)
+    adapter._window_plan = plan
     origin = {"kind": "hf", "path": str(folder.resolve()), "model_type": model_type, "architecture": arch}
     return adapter, origin

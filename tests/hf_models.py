@@ -26,6 +26,14 @@ def _common(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int | N
     return out
 
 
+WINDOW = 8  # the windowed families' sliding window: far inside WINDOW_POSITIONS, so verify's sweep crosses it
+WINDOW_POSITIONS = 128
+
+
+def _windowed(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2) -> dict:
+    return {**_common(layers, hidden, heads, kv_heads), "max_position_embeddings": WINDOW_POSITIONS}
+
+
 def configs():
     """{name: config} for the proved architectures (transformers imported here, so a missing one skips cleanly)."""
     import transformers as T
@@ -42,10 +50,34 @@ def configs():
         "gemma": T.GemmaConfig(**_common(kv_heads=1), head_dim=16),
         # the fast test's model: the smallest Llama that still has grouped-query attention
         "llama-small": T.LlamaConfig(**_common(layers=1, hidden=32, kv_heads=2)),
+        # --- sliding windows (issue 37): 2 layers, window 8, 128 positions; the layer pattern is each config
+        # class's own (layer_types where it has one), never set here but for Gemma 3's 2-layer local/global mix
+        "mistral-window": T.MistralConfig(**_windowed(), sliding_window=WINDOW),  # every layer windowed
+        "phi3-window": T.Phi3Config(**_windowed(), sliding_window=WINDOW),
+        # local then global; scores and logits capped with tanh; queries scaled by 1/sqrt(64), not 1/sqrt(16)
+        "gemma2-window": T.Gemma2Config(**_windowed(), head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=64,
+                                        attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+        # a second RoPE base for the local layer (rope_parameters per layer type)
+        "gemma3-window": T.Gemma3TextConfig(**_windowed(), head_dim=16, sliding_window=WINDOW,
+                                            query_pre_attn_scalar=64, layer_types=["sliding_attention",
+                                                                                   "full_attention"]),
+        # Qwen's rule: layers from max_window_layers on are windowed (Qwen2Config builds layer_types from it)
+        "qwen2-window": T.Qwen2Config(**_windowed(), use_sliding_window=True, sliding_window=WINDOW,
+                                      max_window_layers=1),
+        "qwen3-window": T.Qwen3Config(**_windowed(), head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
+                                      max_window_layers=1),
+        # local/global with a learned sink per head, and a mixture of 4 experts (2 per token)
+        "gpt-oss-window": T.GptOssConfig(**_windowed(), head_dim=16, sliding_window=WINDOW, num_local_experts=4,
+                                         num_experts_per_tok=2),
     }
 
 
 PROVED = ("gpt2", "llama", "mistral", "qwen2", "phi3", "gemma")
+WINDOWED = ("mistral-window", "phi3-window", "gemma2-window", "gemma3-window", "qwen2-window", "qwen3-window",
+            "gpt-oss-window")
+# random init leaves attention scores near 0 (every mask then looks right): the windowed models' query and key
+# projections get this std, and gpt-oss's sinks std 1
+ATTENTION_STD = 0.3
 
 
 def config_summary(cfg) -> dict:
@@ -83,12 +115,26 @@ def save_tiny(name: str, folder: str | Path, *, tokenizer: bool = True, seed: in
     cfg = configs()[name]
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
+    if name in WINDOWED:
+        scale_attention(model)
     folder = Path(folder)
     transformers.utils.logging.disable_progress_bar()
     model.save_pretrained(str(folder))
     if tokenizer:
         train_tokenizer(folder)
     return folder
+
+
+def scale_attention(model, std: float = ATTENTION_STD) -> None:
+    """Query/key projections drawn with ``std`` and attention sinks with std 1 (seeded by the caller)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+                param.normal_(0.0, std)
+            elif name.endswith(".sinks"):
+                param.normal_(0.0, 1.0)
 
 
 def export_plain(loaded, path: str | Path) -> Path:
@@ -108,3 +154,33 @@ def export_plain(loaded, path: str | Path) -> Path:
                                  dynamic_shapes=dynamic_shapes(c.n_layers, True))
     prog.save(str(path))
     return Path(path)
+
+
+def beyond_window(folder: str | Path, hf_folder: str | Path, seq: int = 3 * WINDOW, seed: int = 0) -> float:
+    """Max abs difference between an export's logits (ONNX Runtime on CPU, driven as its folder says) and
+    transformers' own forward of the model in ``hf_folder``, over one unpadded prompt's positions from WINDOW on."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.verify.registry import runner_for
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, TOKENIZER_VOCAB, size=(1, seq), dtype=np.int64)
+    mask = np.ones((1, seq), dtype=np.int64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_folder), attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    ef = ExportFolder.open(folder, "onnx")
+    try:
+        runner = runner_for(ef, "ort-cpu", ef.contract)
+        runner.activate()
+        try:
+            got = runner.run(ids, mask)[0]
+        finally:
+            runner.deactivate()
+    finally:
+        ef.close()
+    return float(np.abs(got[:, WINDOW:] - want[:, WINDOW:]).max())

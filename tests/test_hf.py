@@ -235,9 +235,12 @@ def test_contract_ints_and_notes_from_a_config():
     cfg = SimpleNamespace(num_attention_heads=4, num_hidden_layers=3, max_position_embeddings=1 << 20,
                           sliding_window=4096, vocab_size=100, bos_token_id=1, eos_token_id=[7, 9],
                           pad_token_id=None)
-    got = _contract_config(cfg, cache, "X (x)")
+    got, plan = _contract_config(cfg, cache, "X (x)")
     assert (got.n_layers, got.n_heads, got.n_kv_heads, got.head_dim) == (3, 4, 2, 8)
-    assert got.max_positions == MAX_POSITIONS_CAP and "capped" in got.notes[0] and "sliding_window" in got.notes[1]
+    assert got.max_positions == MAX_POSITIONS_CAP and "capped" in got.notes[0] and len(got.notes) == 1
+    # no layer_types: sliding_window windows every layer (Mistral, Phi-3), one 4D mask for all of them
+    assert got.layer_windows == [4096] * 3 and plan.windows == {"sliding_attention": 4096} and not plan.by_type
+    assert (got.attn_softcap, got.final_softcap, got.attn_scale, got.attn_sinks) == (None, None, None, False)
     assert (got.bos_token_id, got.eos_token_id, got.pad_token_id) == (1, 7, 7)  # first eos; no pad: eos pads
     with pytest.raises(ModelLoadError, match="not a multiple of the cache's 2 key/value heads"):
         _contract_config(SimpleNamespace(**{**vars(cfg), "num_attention_heads": 3}), cache, "X (x)")
