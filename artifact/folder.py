@@ -1,7 +1,7 @@
 """An export folder: its manifest read as typed objects and trusted only after its hashes are checked, and the one
 way to write an artifact into it (staged, locked, published by rename, then recorded). Torch-free.
 
-Two guarantees (docs/DESIGN.md, "The export folder"):
+Two guarantees (docs/DESIGN.md, "Artifacts"):
 
 **A good artifact stays trusted until its replacement is published.** Writing, as :func:`stage_artifact` does it:
 

@@ -1,7 +1,7 @@
 """Which artifacts are code, and when a reader may load one from a folder. Torch-free.
 
 A torch.export program (``model.pt2``) and an AOTInductor package (``model.aoti.pt2``) are not data the way an
-ONNX graph is: loading them runs what the file says (docs/DESIGN.md, "Code in an export folder"):
+ONNX graph is: loading them runs what the file says (docs/DESIGN.md, "Folders from elsewhere"):
 
 - ``torch.export.load`` evaluates the program's symbolic-shape expressions with ``sympy.sympify`` (Python ``eval``
   of strings from the file), unpickles with ``torch.load(weights_only=False)`` every weight or constant the file's

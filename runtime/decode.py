@@ -171,7 +171,7 @@ class DecodeLoop:
         through it: the same calls with nothing else between them (its logits array is reused from step to step,
         which is why this loop hands them to no one but the sampler and ``keep_logits``'s copies); else each step
         is :meth:`decode_one_token`. Measured: the host's time between two runs of the bench-size Llama fell from
-        ~0.58 to ~0.25 ms, onnxruntime-genai's loop's ~0.20 (docs/DESIGN.md, "The deploy loop's steps").
+        ~0.58 to ~0.25 ms, onnxruntime-genai's loop's ~0.20 (docs/CHANGELOG.md, "The deploy loop's steps").
         """
         eos = config.eos_token_id
         limit = self.runner.max_length
