@@ -49,11 +49,10 @@ def check_options(folder: str | Path, shown: object = None, *, trust_code: bool 
     from mhaexport.artifact.confine import read_inside
     from mhaexport.runtime.genai_fields import refuse_unsafe
 
-    data = read_inside(folder, GENAI_CONFIG, f"{shown or folder}/{GENAI_CONFIG}")
-    try:
-        config = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise ArtifactError(f"{shown or folder}/{GENAI_CONFIG} is not valid JSON: {first_line(e)}") from None
+    from mhaexport.untrusted import load_json
+
+    where = f"{shown or folder}/{GENAI_CONFIG}"
+    config = load_json(read_inside(folder, GENAI_CONFIG, where), where)  # the one bounded reader (size, depth)
     refuse_unsafe(config, shown or folder, trust_code)
     return config
 
