@@ -36,7 +36,7 @@ AOTI_FILE = "model.aoti.pt2"  # torch's package loader wants the .pt2 suffix too
 DTYPE = "float32"
 EXPORTER = "torch.export.export(strict=False)"
 AXES = [iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL]
-# What to change, when torch.export cannot take a model (the README's "torch.export and AOTInductor" says more)
+# What to change, when torch.export cannot take a model (docs/torch-export.md, "torch.export and AOTInductor", says more)
 DATA_DEPENDENT_HINT = ("forward branches on a tensor's values (data-dependent control flow): compute both sides "
                        "with torch.where, use torch.cond, or move the decision out of forward")
 GUARD_HINT = ("forward fixes or branches on that length (an `if seq > n`, a buffer or mask of fixed size): build "

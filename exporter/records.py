@@ -1,7 +1,7 @@
 """What an export or quantize wrote, for scripts: the ``--json`` of ``mhaexport onnx|torchscript|pt2|quantize``.
 Torch-free.
 
-The shape is stable (``schema`` ``mhaexport.export/1``; README, "Output for scripts"): keys are only ever added.
+The shape is stable (``schema`` ``mhaexport.export/1``; docs/reference.md, "Output for scripts"): keys are only ever added.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class DeployTarget:
     kv_cache: str  # --kv-cache
     dtype: str  # --dtype of the export
     weights: str | None  # mhaexport quantize --weights, after the export
-    when: str  # when to use it (the CLI's help, the README's table)
+    when: str  # when to use it (the CLI's help, docs/export.md's table)
 
     @property
     def options(self) -> dict[str, str]:

@@ -397,7 +397,7 @@ def _print_json(command: str, records: list) -> None:
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print what was written as one JSON object on stdout (schema mhaexport.export/1: the "
-                                "files with their bytes and sha256, seconds, details; README, \"Output for "
+                                "files with their bytes and sha256, seconds, details; docs/reference.md, \"Output for "
                                 "scripts\"); progress, warnings and errors stay on stderr.")
 
 
@@ -1004,7 +1004,7 @@ def verify_options(f):
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
     @click.option("--quality", "quality", multiple=True, metavar="FIGURE=X", callback=_parse_quality,
                   help="Override a lossy artifact's threshold (repeat): top1, greedy (at least), kl_mean, kl_p99, "
-                       "logit_err, ppl_ratio (at most), e.g. --quality top1=0.9. Defaults per scheme (README).")
+                       "logit_err, ppl_ratio (at most), e.g. --quality top1=0.9. Defaults per scheme (docs/quantize.md).")
     @click.option("--text", "quality_text", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
                   help="Real text for a lossy artifact's quality figures (UTF-8 bytes; byte-level models). Default: "
                        "the held-out text of the shipped weights.")

@@ -12,7 +12,7 @@ for the folder); a field this table does not know is refused the same way, so a 
 adds is classified here before a folder can use it (tests/test_genai_fields.py holds this table to the list of
 fields in onnxruntime-genai's own parser, tests/data/genai_config_fields.txt).
 
-The classes (README, "Verifying folders you did not make", has the table per input):
+The classes (docs/untrusted-folders.md, "Verifying folders you did not make", has the table per input):
 
 - ``number``: an int/float/bool setting (bounded by the genai-config check against the graph and the model);
 - ``data``: a graph I/O name, an enum, a token id list — read, compared, never a path;

@@ -99,8 +99,9 @@ def test_generate_bench_quantize_and_torchscript(tiny, tiny_export, tmp_path):
 
 
 def readme_block(marker: str) -> str:
-    m = re.search(rf"<!-- {re.escape(marker)}[^>]*-->\s*```\w*\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert m, f"README.md has no block after <!-- {marker} -->"
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    m = re.search(rf"<!-- {re.escape(marker)}[^>]*-->\s*```\w*\n(.*?)```", text, re.S)
+    assert m, f"README.md and docs/*.md have no block after <!-- {marker} -->"
     return m.group(1)
 
 

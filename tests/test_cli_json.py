@@ -1,5 +1,5 @@
 """``--json`` on the verbs that report (issue 28 item 3): one JSON object on stdout and nothing else there, in the
-documented shape (README, "Output for scripts"). The export verbs share schema mhaexport.export/1: what was written,
+documented shape (docs/reference.md, "Output for scripts"). The export verbs share schema mhaexport.export/1: what was written,
 each file's bytes and sha256 as the manifest records them, the seconds, the details, what a --replace replaced.
 (onnx: tests/test_bench.py's other-model export; pt2: tests/test_pt2.py's block export; bench, eval, generate,
 verify and report merge: their own modules.)"""

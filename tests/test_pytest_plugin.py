@@ -79,8 +79,9 @@ def test_bad_input_and_a_refused_folder_fail_in_one_line(pytester, tmp_path, alt
 
 def readme_block(marker: str) -> str:
     """The fenced code block that follows ``<!-- {marker} -->`` in README.md."""
-    m = re.search(rf"<!-- {re.escape(marker)}[^>]*-->\s*```\w*\n(.*?)```", README.read_text(), re.S)
-    assert m, f"README.md has no block after <!-- {marker} -->"
+    text = "\n".join(p.read_text() for p in [README.parent / "README.md", *sorted((README.parent / "docs").glob("*.md"))])
+    m = re.search(rf"<!-- {re.escape(marker)}[^>]*-->\s*```\w*\n(.*?)```", text, re.S)
+    assert m, f"README.md and docs/*.md have no block after <!-- {marker} -->"
     return m.group(1)
 
 

@@ -1,6 +1,8 @@
-"""The README's shell examples, run as a new user runs them: in order, on a fresh copy, as real subprocesses.
+"""The shell examples of README.md and of the documentation pages, run as a new user runs them: in order, on a fresh
+copy, as real subprocesses.
 
-Every fenced ```bash block of README.md is an example. The HTML comment right before a block says how this test
+The documents are README.md (the landing page) then the pages of mkdocs.yml's ``nav`` under docs/, in the nav's order
+(``DOCUMENTS``; a test checks that it is the nav's order). Every fenced ```bash block of them is an example. The HTML comment right before a block says how this test
 treats it:
 
 - ``<!-- readme-test: fast -->``: run by the fast test (``test_fast_examples_run_in_order``), in document order in
@@ -13,8 +15,9 @@ treats it:
 Both tests run each block with ``bash -e -o pipefail`` from a temporary folder holding a copy of the checkout's
 ``examples/``, ``data/`` and ``scripts/`` (what a fresh clone has next to the commands), with this environment's
 ``mhaexport`` and ``python`` first on PATH, and fail on the first block whose exit code is not 0, naming the block's
-line and the end of its output. Also checked: every ``#anchor`` link of the README names a heading of it, and the
-promises of the Quick start (the main job's command and the test command).
+file, line and the end of its output. Also checked: every ``#anchor`` link of a document names a heading of it,
+every ``page.md#anchor`` link a heading of that page, and the promises of the Quick start (the main job's command and
+the test command).
 """
 
 from __future__ import annotations
@@ -31,13 +34,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+MKDOCS = ROOT / "mkdocs.yml"
 MARKER = re.compile(r"<!--\s*readme-test:\s*(fast|slow|skip)\s*(?:\((.*?)\))?\s*-->")
 # what a fresh clone puts beside the README's commands (the package itself comes from the environment)
 COPIED = ("examples", "data", "scripts")
 
 
+def documents() -> list[Path]:
+    """README.md, then the nav's pages (docs/), in the nav's order: the order the examples run in."""
+    pages = re.findall(r"^\s*- (?:[^:\n]+: )?([\w/.-]+\.md)\s*$", MKDOCS.read_text(), re.M)
+    return [README] + [ROOT / "docs" / p for p in pages if p != "index.md"]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
 @dataclass
 class Block:
+    file: str     # the document, relative to the checkout
     line: int     # 1-based line of the opening fence
     lang: str
     code: str
@@ -45,7 +60,7 @@ class Block:
     reason: str
 
 
-def fenced_blocks(text: str) -> list[Block]:
+def fenced_blocks(text: str, file: str = "README.md") -> list[Block]:
     """Every fenced code block with the readme-test marker on the last non-blank line before it (if any)."""
     blocks, lines, i = [], text.split("\n"), 0
     while i < len(lines):
@@ -62,13 +77,14 @@ def fenced_blocks(text: str) -> list[Block]:
             k -= 1
         marker = MARKER.search(lines[k]) if k >= 0 else None
         mode, reason = (marker.group(1), (marker.group(2) or "").strip()) if marker else ("slow", "")
-        blocks.append(Block(start + 1, lang, "\n".join(lines[start + 1:j]), mode, reason))
+        blocks.append(Block(file, start + 1, lang, "\n".join(lines[start + 1:j]), mode, reason))
         i = j + 1
     return blocks
 
 
 def bash_blocks() -> list[Block]:
-    return [b for b in fenced_blocks(README.read_text()) if b.lang == "bash"]
+    """Every ```bash block of every document, in run order."""
+    return [b for doc in documents() for b in fenced_blocks(doc.read_text(), rel(doc)) if b.lang == "bash"]
 
 
 def headings_outside_code(text: str) -> list[str]:
@@ -117,42 +133,58 @@ def run_blocks(blocks: list[Block], cwd: Path, timeout: float) -> None:
         res = subprocess.run(["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", b.code], cwd=cwd,
                              env=env, capture_output=True, text=True, timeout=timeout)
         assert res.returncode == 0, (
-            f"README.md line {b.line}: the block exited {res.returncode}\n{b.code}\n--- stdout (end)\n"
+            f"{b.file} line {b.line}: the block exited {res.returncode}\n{b.code}\n--- stdout (end)\n"
             f"{res.stdout[-3000:]}\n--- stderr (end)\n{res.stderr[-3000:]}")
 
 
 # ---- checks on the text ---------------------------------------------------------------------------------------
 
+def test_documents_are_the_nav_in_order():
+    """Every Markdown page under docs/ but the measurements is in the nav (so its examples run), README first."""
+    docs = documents()
+    assert docs[0] == README and len(docs) == len(set(docs)) and all(d.exists() for d in docs), docs
+    pages = {p for p in (ROOT / "docs").rglob("*.md") if "measurements" not in p.parts}
+    assert pages <= set(docs), f"pages missing from mkdocs.yml's nav: {sorted(map(rel, pages - set(docs)))}"
+
+
 def test_markers_are_known_and_skips_say_why():
-    text = README.read_text()
-    for m in re.finditer(r"<!--\s*readme-test[^>]*-->", text):
-        assert MARKER.fullmatch(m.group(0)), f"unknown readme-test marker: {m.group(0)}"
+    for doc in documents():
+        for m in re.finditer(r"<!--\s*readme-test[^>]*-->", doc.read_text()):
+            assert MARKER.fullmatch(m.group(0)), f"{rel(doc)}: unknown readme-test marker: {m.group(0)}"
     blocks = bash_blocks()
-    assert blocks, "README.md has no ```bash blocks"
+    assert blocks, "README.md and the pages have no ```bash blocks"
     for b in blocks:
         if b.mode == "skip":
-            assert b.reason, f"README.md line {b.line}: a skipped block must say why: <!-- readme-test: skip (why) -->"
+            assert b.reason, f"{b.file} line {b.line}: a skipped block must say why: <!-- readme-test: skip (why) -->"
     skipped = [b for b in blocks if b.mode == "skip"]
     assert len(skipped) <= 6, f"{len(skipped)} skipped blocks: skips must stay few"
     assert sum(b.mode == "fast" for b in blocks) >= 4
 
 
 def test_every_internal_link_names_a_heading():
-    text = README.read_text()
-    known = anchors(text)
-    links = re.findall(r"\]\(#([^)\s]+)\)", text)
-    assert links, "README.md has no internal links (its table of contents?)"
-    broken = sorted({a for a in links if a not in known})
+    """``#a`` names a heading of the same document, ``page.md#a`` one of that page (README's links into the pages,
+    the pages' links between them and back to the README's Quick start)."""
+    broken, count, known = [], 0, {}
+    for doc in documents() + [ROOT / "docs" / "measurements" / "README-figures.md"]:
+        text = doc.read_text()
+        for target, anchor in re.findall(r"\]\(((?!https?:)[^)\s#]*)#([^)\s]+)\)", text):
+            dest = (doc.parent / target).resolve() if target else doc
+            count += 1
+            if dest.exists() and dest not in known:
+                known[dest] = anchors(dest.read_text())
+            if anchor not in known.get(dest, ()):
+                broken.append(f"{rel(doc)}: {target}#{anchor}")
+    assert count > 50, "the README and the pages have no internal links (the README's contents?)"
     assert not broken, f"links to no heading: {broken}"
 
 
 def test_relative_links_name_files_of_the_checkout():
-    text = README.read_text()
     missing = []
-    for target in re.findall(r"\]\(((?!https?:|#|mailto:)[^)\s]+)\)", text):
-        path = target.split("#", 1)[0]
-        if path and not (ROOT / path).exists():
-            missing.append(target)
+    for doc in documents():
+        for target in re.findall(r"\]\(((?!https?:|#|mailto:)[^)\s]+)\)", doc.read_text()):
+            path = target.split("#", 1)[0]
+            if path and not (doc.parent / path).exists():
+                missing.append(f"{rel(doc)}: {target}")
     assert not missing, f"links to files that are not in the checkout: {missing}"
 
 
@@ -168,7 +200,8 @@ def test_quick_start_keeps_its_promises():
              "pip install -e '.[cpu,test]' && pip install --no-deps onnxruntime-genai==0.18.0 && python -m pytest -q")
     assert main in quick and tests in quick
     ci = (ROOT / ".ci" / "run").read_text()
-    for line in ("pip install torch==2.13.0", "pip install -e '.[cpu,test]'",
+    # .ci/run installs the docs extra too, to build the site (tests/test_docs_site.py)
+    for line in ("pip install torch==2.13.0", "pip install -e '.[cpu,test,docs]'",
                  "pip install --no-deps onnxruntime-genai==0.18.0", "python -m pytest -q"):
         assert line in ci, f".ci/run no longer has {line!r}: update the Quick start with it"
 
@@ -176,7 +209,7 @@ def test_quick_start_keeps_its_promises():
 def test_install_lines_work_from_the_checkout():
     """mhaexport is installed from the checkout, not an index: no `pip install mhaexport...` in an example."""
     for b in bash_blocks():
-        assert not re.search(r"pip install[^\n]*['\"]?mhaexport\[", b.code), f"README.md line {b.line}: {b.code}"
+        assert not re.search(r"pip install[^\n]*['\"]?mhaexport\[", b.code), f"{b.file} line {b.line}: {b.code}"
 
 
 # ---- the examples, run ----------------------------------------------------------------------------------------
