@@ -1195,6 +1195,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
         what = "the torch.export program" if report.kind == "pt2" else "the ONNX graph"
         found = (f"{what} diverges from eager PyTorch at {where.module}{fused} ({where.onnx_value}, rel err "
                  f"{where.rel:.1e}){step} at batch={s['batch']} seq={s['seq']} past={s['past']}")
+    if report is not None and report.kind == "onnx" and report.masks:  # a window or softcap, whatever the case
+        mask = f"the graph's mask differs from the model's at {report.masks[0].line()}"
+        found = f"{found}; {mask}" if found else mask
     verdict = run.verdict  # the exit is verify's verdict; a difference bisect found fails a passing one too
     said = "; ".join(x for x in (None if verdict is None or verdict else f"verify ({run.verified}): "
                                  f"{verdict.message}", found) if x)

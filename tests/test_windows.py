@@ -162,3 +162,33 @@ def test_lint_flags_a_window_dropped_or_shifted_per_layer():
         (f,) = window_findings(sizes)
         assert f.severity == "error" and says in f.message and "layer" in f.node
     assert [f for f in lint_model(graph([-1, -1])).findings if f.rule == "window"] == []  # no contract: not judged
+
+
+def test_bisect_names_the_layer_and_the_mask_feature_a_graph_dropped_or_shifted():
+    """bisect reads each GroupQueryAttention's window and softcap against the contract: the layer and the feature
+    that differ are named from the node's attributes, whatever case the numbers were compared at."""
+    from onnx import helper as h
+
+    from mhaexport.diagnose.bisect import BisectReport, mask_diffs
+
+    def graph(sizes, caps=(50.0, 50.0)):
+        nodes = [h.make_node("GroupQueryAttention", ["q", "k", "v", f"past_key_values.{i}.key",
+                                                     f"past_key_values.{i}.value", "sl", "tot"],
+                             [f"y{i}"], name=f"gqa{i}", domain="com.microsoft", num_heads=4, kv_num_heads=2,
+                             local_window_size=w, **({"softcap": cap} if cap else {}))
+                 for i, (w, cap) in enumerate(zip(sizes, caps))]
+        return h.make_graph(nodes, "g", [], [])
+
+    c = ModelContract(2, 4, 16, 256, 128, n_kv_heads=2, windows=(0, 8), attn_softcap=50.0)
+    assert mask_diffs(graph([-1, 8]), c) == []
+    for sizes, caps, layer, feature, says in (
+            ([-1, -1], (50.0, 50.0), 1, "sliding window", "dropped"),
+            ([-1, 9], (50.0, 50.0), 1, "sliding window", "shifted by +1"),
+            ([-1, 7], (50.0, 50.0), 1, "sliding window", "shifted by -1"),
+            ([8, 8], (50.0, 50.0), 0, "sliding window", "does not have"),
+            ([-1, 8], (50.0, 0.0), 1, "attention softcap", "dropped")):
+        (d,) = mask_diffs(graph(sizes, caps), c)
+        assert (d.layer, d.feature) == (layer, feature) and says in d.note, d
+        report = BisectReport("m.onnx", {"batch": 1, "seq": 4, "past": 3}, 1e-3, "cpu", masks=[d])
+        assert f"layer {layer} (blocks.{layer}): {feature} differs: the graph's GroupQueryAttention gqa{layer}" \
+            in report.summary()

@@ -84,3 +84,16 @@ def test_the_gemma_preset_on_the_shared_cache_carries_window_softcap_and_scale_p
     assert all(abs(a["softcap"] - 0.02) < 1e-6 and abs(a["scale"] - 0.2) < 1e-6 for a in attrs)
     r, status, _ = _verify(folder)
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("bug, says", [("window_removed", "dropped"), ("window_plus_one", "shifted by +1")])
+def test_bisect_names_the_layer_and_the_window_a_file_dropped_or_shifted(window_shared, tmp_path, bug, says):
+    from planted.edit import rehashed_copy
+    from planted.file_bugs import WINDOW_BUGS
+
+    folder = rehashed_copy(window_shared, tmp_path / bug, WINDOW_BUGS[bug])
+    _verify(folder)
+    r = CliRunner().invoke(main, ["verify", str(folder), "--bisect"])
+    assert r.exit_code == 1, r.output
+    assert "layer 0 (blocks.0): sliding window differs: the graph's GroupQueryAttention" in r.output, r.output
+    assert f"local_window_size={-1 if bug == 'window_removed' else 9}, the model's is 8 ({says}" in r.output
