@@ -514,10 +514,13 @@ def lowering_options(f):
 @click.option("--past-len", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --seq-static: the fixed past (KV cache) length.")
 @lowering_options
-@click.option("--kv-cache", "kv_cache", type=click.Choice(["concat", "shared"]), default="concat", show_default=True,
+@click.option("--kv-cache", "kv_cache", type=click.Choice(["concat", "shared", "window"]), default="concat",
+              show_default=True,
               help="concat: present = concat(past, new), a new tensor each step; shared: past and present are one "
                    "preallocated buffer per layer, written in place by com.microsoft GroupQueryAttention "
-                   "(onnxruntime-genai's past_present_share_buffer; prompts right-padded).")
+                   "(onnxruntime-genai's past_present_share_buffer; prompts right-padded); window: the shared "
+                   "buffer, its sliding-window layers window-sized (W + 16 slots; GroupQueryAttention evicts in "
+                   "place: sliding_window_cache=1; genai_config's sliding_window).")
 @click.option("--max-cache", "max_cache", type=click.IntRange(min=1), default=None,
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
 @click.option("--target", type=click.Choice(["portable", "ort-cpu", "ort-cuda"]), default=None,
