@@ -272,6 +272,10 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         if not loaded.contract.windowed:
             raise ExportOptionError("--kv-cache window: the model has no sliding window (every layer attends to every "
                                     "earlier token, so every buffer is full-length): use --kv-cache shared")
+        if max_cache is not None and max_cache < max(loaded.contract.windows):
+            raise ExportOptionError(f"--kv-cache window --max-cache {max_cache}: below the sliding window of "
+                                    f"{max(loaded.contract.windows)} (GroupQueryAttention's window-sized buffer holds "
+                                    "at least its window)")
         kv_cache = "shared"  # exported as the shared cache, then its windowed layers' nodes evict in place
     refuse_unexpressible(loaded.contract, attention, kv_cache)  # a file that drops a mask feature is never written
     lowering_name = attention

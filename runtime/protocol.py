@@ -96,10 +96,11 @@ class SharedBuffer(Protocol):
 
     def layer_slots(self, slots: int) -> list[int]:
         """Per layer, the slots of the decode loop's buffer of ``slots``: a window cache's sliding-window layer holds
-        at most its ``window_slots`` (GroupQueryAttention's ``sliding_window_cache=1`` evicts in place, the most
-        recent positions kept from row 0), every other layer ``slots``."""
+        its ``window_slots`` whatever the loop's length (GroupQueryAttention's ``sliding_window_cache=1`` evicts in
+        place, the most recent positions kept from row 0, and refuses a buffer shorter than its window: "KV cache
+        capacity (48) must be at least local_window_size (64)"), every other layer ``slots``."""
         windows = self.feed.window_slots or (0,) * self.feed.n_layers
-        return [min(slots, w) if w else slots for w in windows]
+        return [w if w else slots for w in windows]
 
     def bind(self, io, buffers) -> None:
         """Bind each layer's buffer as its past and its present (the same OrtValue: written in place)."""

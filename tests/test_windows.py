@@ -245,6 +245,12 @@ def test_window_cache_buffers_and_deploy_steps_reach_past_the_window_sized_slots
     assert deploy_steps(gemma, (24, 0), 10, 4) == 18  # 10 + 18 = 28 positions: past the 24 slots
     assert deploy_steps(gemma, None, 10, 4) == 4 and deploy_steps(gemma, (0, 0), 10, 4) == 4
 
+    class Feed:  # what the protocol reads of a window cache's feed
+        window_slots, n_layers, shared, max_cache = (24, 0), 2, True, 128
+    from mhaexport.runtime.protocol import SharedBuffer
+    # a windowed layer's buffer is its W + 16 slots even for a shorter loop (the op refuses one below its window)
+    assert SharedBuffer(Feed()).layer_slots(10) == [24, 10] and SharedBuffer(Feed()).layer_slots(100) == [24, 100]
+
 
 def test_kv_cache_window_refuses_a_model_without_a_window(tmp_path):
     from click.testing import CliRunner
