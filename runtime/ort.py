@@ -237,6 +237,10 @@ class SharedCacheOrtRunner(OrtRunner):
         c = self.contract
         slots = slots or self.protocol.slots()
         per_layer = self.protocol.layer_slots(slots) if windowed else [slots] * c.n_layers
+        if windowed and self.device == "cuda" and self.feed.window_slots:
+            # ONNX Runtime's CUDA GroupQueryAttention takes a window-sized buffer of exactly W slots (its CPU kernel
+            # any C >= W; onnxruntime 1.32's operator doc): not run on a GPU in this work
+            per_layer = [c.window(i) if w else s for i, (w, s) in enumerate(zip(self.feed.window_slots, per_layer))]
         np_dtype = dtypes.numpy_dtype(self.dtype)
         return BoundBuffers(ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, c.n_kv_heads, per_layer[i // 2],
                                                                        c.head_dim), np_dtype), self.device, 0)
