@@ -221,7 +221,7 @@ def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool 
                                     "buffer is written by com.microsoft GroupQueryAttention (--attention ort, fused "
                                     "or the default)")
     elif max_cache is not None:
-        raise ExportOptionError("--max-cache sizes a shared cache: give it with --kv-cache shared (or window)")
+        raise ExportOptionError("--max-cache sizes a shared cache: give it with --kv-cache shared")
 
 
 def check_options(*, opset: int | None = None, seq_dynamic: bool = True, seq_len: int | None = None,
