@@ -28,14 +28,18 @@ from mhaexport.errors import ArtifactError
 class CacheLayout(Record):
     """How the KV cache is held (keys ``kv_cache``, ``max_cache``, ``padding`` of the entry itself)."""
 
-    kind: str | None = field(default=None, metadata={"key": "kv_cache"})  # "concat" | "shared"; None: unstated (concat)
+    kind: str | None = field(default=None, metadata={"key": "kv_cache"})  # "concat" | "shared" | "window"; None: concat
     max_cache: int | None = None  # shared: the length of each layer's one buffer
     padding: str | None = None  # the protocol's: "left" (the contract's) | "right" (rows packed from slot 0)
+    # "window": per layer, the slots a decode loop's buffer needs at most (W + slack for a sliding-window layer, whose
+    # GroupQueryAttention evicts in place: sliding_window_cache=1), 0 for a full layer (max_cache)
+    window_slots: list[int] | None = None
 
     @property
     def shared(self) -> bool:
-        """One preallocated buffer per layer, bound as past and present (GroupQueryAttention writes it in place)."""
-        return self.kind == "shared"
+        """One preallocated buffer per layer, bound as past and present (GroupQueryAttention writes it in place); a
+        window cache is one too, whose windowed layers also take a buffer of their ``window_slots``."""
+        return self.kind in ("shared", "window")
 
     def validate(self, where: str) -> None:
         if self.shared and self.max_cache is None:
@@ -180,7 +184,7 @@ class OnnxDetails(Details):
     quantization: Quantization | None = None  # set: the weights are lossy
 
     KEY_ORDER = ("module", "mask", "weights", "producer", "adopted_from", "layout", "opset", "attention", "kv_cache",
-                 "max_cache", "padding", "lowering", "precision", "external_data", "weight_bytes", "dynamic_axes",
+                 "max_cache", "padding", "window_slots", "lowering", "precision", "external_data", "weight_bytes", "dynamic_axes",
                  "example_sizes", "exporter", "quantization")
 
     def validate(self, where: str) -> None:

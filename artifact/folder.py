@@ -332,7 +332,7 @@ def lowering_of(ef: ExportFolder) -> str | None:
     onnx_art = ef.artifacts.get("onnx")
     if onnx_art is None or not isinstance(d := onnx_art.details, OnnxDetails):
         return None
-    shared = " kv=shared" if d.cache.shared else ""
+    shared = f" kv={d.cache.kind}" if d.cache.shared else ""  # kv=shared, or kv=window (a window-sized cache)
     quant = f" {d.quantization.weights}" if d.quantization and d.quantization.weights else ""
     if d.producer:
         return f"{d.producer} {onnx_art.dtype}{quant}{shared}"

@@ -234,8 +234,9 @@ class BareRow(Row):
 
             protocol = feed.protocol_object()  # the shared buffer's: its sizing and binding, as the runner's
             # sized to the generation, as the decode loop and onnxruntime-genai size theirs
-            shape = (B, c.n_kv_heads, protocol.slots(P + n), c.head_dim)  # (B, H_kv, slots, D)
-            bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype)) for _ in feed.past]
+            per_layer = protocol.layer_slots(protocol.slots(P + n))  # a window cache's windowed layers: W + slack
+            bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros((B, c.n_kv_heads, per_layer[i // 2], c.head_dim),
+                                                              self.kv_dtype)) for i in range(len(feed.past))]
             io = self.session.io_binding()
             io.bind_output(feed.logits, "cpu")  # bound first: get_outputs()[0]
             protocol.bind(io, bufs)

@@ -59,6 +59,25 @@ class TensorDiff:
 
 
 @dataclass
+class MaskDiff:
+    """One layer's mask or score feature as the graph's fused attention node writes it against the model's contract
+    (issue 37): a sliding window dropped or shifted, a softcap missing. Read from the node's attributes, so it is named
+    whatever case bisect runs at (a window shows in values only from position W on)."""
+
+    layer: int
+    feature: str  # the contract's field: "windows", "attn_softcap"
+    node: str  # "GroupQueryAttention node_name"
+    attribute: str  # "local_window_size", "softcap"
+    graph: float  # the attribute's value in the graph
+    model: float  # the value the model's contract asks for (the attribute's spelling: -1 / 0 for none)
+    note: str  # what the difference means: "dropped: every earlier key is seen", "shifted by +1"
+
+    def line(self) -> str:
+        return (f"layer {self.layer} (blocks.{self.layer}): {self.feature} differs: the graph's {self.node} has "
+                f"{self.attribute}={self.graph:g}, the model's is {self.model:g} ({self.note})")
+
+
+@dataclass
 class BisectReport:
     """Where the ONNX graph first departs from eager PyTorch. ``ok`` is True when nothing diverged."""
 
@@ -86,6 +105,7 @@ class BisectReport:
     positions: tuple[int, int] = (0, 0)  # the lowest and highest token position the (shown) call computed
     fused_op: str | None = None  # the culprit is one fused node ("GroupQueryAttention node_x"): damage inside it
     kind: str = "onnx"  # what was bisected: "onnx" (the ONNX graph) or "pt2" (a torch.export program)
+    masks: list[MaskDiff] = field(default_factory=list)  # the graph's per-layer mask attributes against the model's
 
     @property
     def ok(self) -> bool:
@@ -148,6 +168,9 @@ class BisectReport:
                 inp = f"input agrees ({c.input_rel:.1e}), " if c.input_rel is not None else ""
                 lines.append(f"culprit{where}: {c.module}: {inp}output differs ({c.rel:.1e})")
         lines += self._steps_lines()
+        if self.masks:
+            lines.append("the graph's masks against the model's, per layer (the fused node's attributes):")
+            lines += [f"  {m.line()}" for m in self.masks]
         if not self.ok and self.culprit is not None and self.culprit_nodes:
             lines.append(f"  {self._nodes_name} nodes of {self.culprit.module} itself: {', '.join(self.culprit_nodes)}")
         if self.unmatched:
@@ -418,7 +441,39 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     if target is not None:
         _inside_attention(report, target, proto, index, scopes, values, loaded.module, call,
                           explicit=steps_of is not None)
+    report.masks = mask_diffs(proto.graph, c)
     return report
+
+
+def mask_diffs(graph, contract) -> list[MaskDiff]:
+    """Per layer, the mask and score features a GroupQueryAttention node carries as attributes (its sliding window
+    ``local_window_size``, its ``softcap``) against the model's contract: a window dropped (-1 where the layer has one),
+    shifted (W±1), added (where the layer attends to every key), a softcap dropped or changed. The layer is the one
+    whose ``past_key_values.{i}.key`` the node reads, else the node's order. Empty where every node agrees or the graph
+    has no such node (a decomposed graph builds its window from positions: a wrong one shows in values only)."""
+    import onnx
+
+    out: list[MaskDiff] = []
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    for order, n in enumerate(gqa):
+        m = re.fullmatch(r"\S*?(\d+)\S*", n.input[3]) if len(n.input) > 3 and n.input[3] else None
+        layer = int(m.group(1)) if m else order
+        if layer >= contract.n_layers:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        label = f"GroupQueryAttention {n.name}"
+        got, want = int(attrs.get("local_window_size", -1)), contract.window(layer)
+        if (got if got > 0 else 0) != want:
+            note = ("dropped: every earlier key is seen" if got <= 0 else
+                    f"shifted by {got - want:+d}: a query sees {got} keys, not {want}" if want else
+                    "a window the model does not have")
+            out.append(MaskDiff(layer, "sliding window", label, "local_window_size", got, want or -1, note))
+        cap, want_cap = float(attrs.get("softcap", 0.0)), float(contract.attn_softcap or 0.0)
+        if not np.isclose(cap, want_cap, rtol=1e-6, atol=0.0):
+            note = ("dropped: the scores are not capped" if not cap else
+                    "a softcap the model does not have" if not want_cap else f"{cap:g} instead of {want_cap:g}")
+            out.append(MaskDiff(layer, "attention softcap", label, "softcap", cap, want_cap, note))
+    return out
 
 
 def _first_position(actual: np.ndarray, expected: np.ndarray, positions: np.ndarray, tol: float) -> int | None:

@@ -91,7 +91,7 @@ def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx"
             "diversity_penalty": 0.0,
             "early_stopping": True,
             # concat-style cache: present = concat(past, new), a new buffer each step; shared: one buffer
-            "past_present_share_buffer": kv_cache == "shared",
+            "past_present_share_buffer": kv_cache in ("shared", "window"),
         },
     }
 
@@ -103,7 +103,9 @@ def write_genai_config(folder: str | Path, contract: iospec.ModelContract, *, fi
     special ids are :func:`mhaexport.runtime.genai_config.special_ids` of ``model_config`` and the ``tokenizer``
     files the export ships (name -> path): the rule the genai-config check holds it to."""
     data = genai_config(contract, filename=filename, ids=special_ids(model_config, tokenizer), kv_cache=kv_cache)
-    window = sliding_window_entry(contract)  # None: mhaexport's caches are full-length (the graph windows itself)
+    # a full-length cache (concat, shared) has none: the graph windows itself; a window cache's windowed layers are
+    # window-sized, as onnxruntime-genai sizes them from this entry
+    window = sliding_window_entry(contract, window_sized_cache=kv_cache == "window")
     if window is not None:
         data["model"]["decoder"]["sliding_window"] = window
     atomic_write_json(Path(folder) / GENAI_CONFIG, data)

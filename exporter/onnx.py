@@ -134,6 +134,48 @@ def _name_cache_dims(model: ir.Model) -> None:
     _name_axis2([*model.graph.inputs, *model.graph.outputs], ("past_key_values.", "present."), iospec.MAX_CACHE)
 
 
+def _window_sized_cache(model: ir.Model) -> None:
+    """``--kv-cache window``: every GroupQueryAttention with a sliding window (``local_window_size`` > 0) takes a
+    window-sized buffer and evicts in place (``sliding_window_cache=1``, onnxruntime 1.32): its rows [0, L) hold the L
+    most recent positions, W <= L <= C for a buffer of C slots. A full-length buffer (C = max_cache) is still right, so
+    verify's contract calls feed it as a shared cache; the decode loop and onnxruntime-genai give it W + slack.
+
+    Such a node also takes ``query_seqlens`` (its input 16: each row's real new tokens, the attention mask's last S
+    columns summed): without it ONNX Runtime takes min(S, T) new tokens per row and refuses a right-padded prompt
+    batch ("seqlens_k[1] = 3 is too small for sequence_length 7"), which a full-length cache accepts."""
+    windowed = [n for n in model.graph if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"
+                and (a := n.attributes.get("local_window_size")) is not None and a.as_int() > 0]
+    if not windowed:
+        return
+    inputs = {v.name: v for v in model.graph.inputs}
+    mask, ids = inputs[iospec.ATTENTION_MASK], inputs[iospec.INPUT_IDS]
+
+    def const(name: str, array: np.ndarray) -> ir.Value:
+        return ir.node("Constant", [], attributes={"value": ir.tensor(array, name=name)}, name=name,
+                       num_outputs=1).outputs[0]
+
+    one, big = const("wc_axis1", np.array([1], np.int64)), const("wc_end", np.array([2**62], np.int64))
+    width = ir.node("Shape", [ids], attributes={"start": 1, "end": 2}, name="wc_new_tokens")  # (1,): S
+    start = ir.node("Neg", [width.outputs[0]], name="wc_neg_new_tokens")  # (1,): -S
+    new = ir.node("Slice", [mask, start.outputs[0], big, one], name="wc_new_mask")  # (B, S): the call's columns
+    real = ir.node("ReduceSum", [new.outputs[0], one], attributes={"keepdims": 0}, name="wc_real_new")  # (B,)
+    q = ir.node("Cast", [real.outputs[0]], attributes={"to": ir.DataType.INT32}, name="query_seqlens")
+    q.outputs[0].name = "query_seqlens"
+    nodes = [one.producer(), big.producer(), width, start, new, real, q]
+    model.graph.insert_before(next(iter(model.graph)), nodes)  # graph inputs only: first is in order
+    for n in windowed:
+        n.attributes["sliding_window_cache"] = ir.AttrInt64("sliding_window_cache", 1)
+        if len(n.inputs) < 17:
+            n.resize_inputs(17)
+        n.replace_input_with(16, q.outputs[0])
+
+
+def window_slots(contract: iospec.ModelContract, max_cache: int) -> list[int]:
+    """Per layer, a window cache's decode-loop buffer: W + slack slots (onnxruntime-genai's CPU default, so the two
+    loops hold the same layout) within ``max_cache`` on a sliding-window layer, 0 (the full ``max_cache``) elsewhere."""
+    return [min(w + iospec.WINDOW_SLACK, max_cache) if w else 0 for w in contract.windows or ()]
+
+
 # ONNX Runtime contrib ops that ORT registers in the default ONNX domain (onnx.checker does not know them): written by
 # onnxscript's ort_fusions (--attention fused) for a norm with no residual to fuse
 ORT_ONNX_DOMAIN_CONTRIB = frozenset({"SimplifiedLayerNormalization"})
@@ -170,12 +212,12 @@ def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool 
     no model (the CLI asks before loading)."""
     if kv_cache not in iospec.KV_CACHES:
         raise ExportOptionError(f"--kv-cache {kv_cache!r}: expected one of {', '.join(iospec.KV_CACHES)}")
-    if kv_cache == "shared":
+    if kv_cache in ("shared", "window"):
         if not seq_dynamic:
-            raise ExportOptionError("--kv-cache shared needs dynamic axes (a decode loop over one buffer): "
+            raise ExportOptionError(f"--kv-cache {kv_cache} needs dynamic axes (a decode loop over one buffer): "
                                     "drop --seq-static")
         if attention == "onnx":
-            raise ExportOptionError("--kv-cache shared: the ONNX Attention op has no in-place cache; the shared "
+            raise ExportOptionError(f"--kv-cache {kv_cache}: the ONNX Attention op has no in-place cache; the shared "
                                     "buffer is written by com.microsoft GroupQueryAttention (--attention ort, fused "
                                     "or the default)")
     elif max_cache is not None:
@@ -225,6 +267,16 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     """
     opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
+    window_cache = kv_cache == "window"  # the shared cache, its sliding-window layers' buffers window-sized
+    if window_cache:
+        if not loaded.contract.windowed:
+            raise ExportOptionError("--kv-cache window: the model has no sliding window (every layer attends to every "
+                                    "earlier token, so every buffer is full-length): use --kv-cache shared")
+        if max_cache is not None and max_cache < max(loaded.contract.windows):
+            raise ExportOptionError(f"--kv-cache window --max-cache {max_cache}: below the sliding window of "
+                                    f"{max(loaded.contract.windows)} (GroupQueryAttention's window-sized buffer holds "
+                                    "at least its window)")
+        kv_cache = "shared"  # exported as the shared cache, then its windowed layers' nodes evict in place
     refuse_unexpressible(loaded.contract, attention, kv_cache)  # a file that drops a mask feature is never written
     lowering_name = attention
     if kv_cache == "shared":
@@ -275,6 +327,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                                       shared_fused=kv_cache == "shared" and attention == "fused", windows=c.windows)
         if kv_cache == "shared":
             _name_cache_dims(model)
+        if window_cache:
+            _window_sized_cache(model)
         if lowering_name == "decomposed" and (n_attn := lowering.op_counts.get("Attention", 0)):
             warns.append(f"--attention decomposed: torch.onnx already wrote {n_attn} ONNX Attention node(s) (the "
                          f"model calls scaled_dot_product_attention, opset {opset}); export at --opset 18 for a "
@@ -300,12 +354,15 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         shipped = copy_tokenizer(loaded, tmp)  # an --hf folder's tokenizer travels with the model
         if seq_dynamic:  # onnxruntime-genai's generator loop needs dynamic sequence and past axes
             files.append(write_genai_config(tmp, c, filename=ONNX_FILE, model_config=getattr(loaded.module, "config",
-                                            None), kv_cache=kv_cache, tokenizer={n: tmp / n for n in shipped}))
+                                            None), kv_cache="window" if window_cache else kv_cache,
+                                            tokenizer={n: tmp / n for n in shipped}))
         files += shipped
         shared = kv_cache == "shared"
         details = OnnxDetails(
             opset=opset, attention=lowering_name,
-            cache=CacheLayout(kv_cache, max_cache if shared else None, padding_of(kv_cache) if shared else None),
+            cache=CacheLayout("window" if window_cache else kv_cache, max_cache if shared else None,
+                              padding_of(kv_cache) if shared else None,
+                              window_slots=window_slots(c, max_cache) if window_cache else None),
             lowering=Lowering.from_dict({**lowering.to_dict(), "self_check_max_abs_diff": checked,
                                          "self_check_not_run": _self_check_not_run(lowering_name, dtype, too_big)}),
             precision=Precision.from_dict(precision.to_dict()), external_data=external,

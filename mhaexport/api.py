@@ -241,7 +241,8 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
     loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
-        cache = "" if kv_cache == "concat" else ", shared KV cache (GroupQueryAttention)"
+        cache = {"concat": "", "window": ", window-sized KV cache (GroupQueryAttention)"}.get(
+            kv_cache, ", shared KV cache (GroupQueryAttention)")
         say(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
         return done(_export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
                             past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache,

@@ -514,10 +514,13 @@ def lowering_options(f):
 @click.option("--past-len", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --seq-static: the fixed past (KV cache) length.")
 @lowering_options
-@click.option("--kv-cache", "kv_cache", type=click.Choice(["concat", "shared"]), default="concat", show_default=True,
+@click.option("--kv-cache", "kv_cache", type=click.Choice(["concat", "shared", "window"]), default="concat",
+              show_default=True,
               help="concat: present = concat(past, new), a new tensor each step; shared: past and present are one "
                    "preallocated buffer per layer, written in place by com.microsoft GroupQueryAttention "
-                   "(onnxruntime-genai's past_present_share_buffer; prompts right-padded).")
+                   "(onnxruntime-genai's past_present_share_buffer; prompts right-padded); window: the shared "
+                   "buffer, its sliding-window layers window-sized (W + 16 slots; GroupQueryAttention evicts in "
+                   "place: sliding_window_cache=1; genai_config's sliding_window).")
 @click.option("--max-cache", "max_cache", type=click.IntRange(min=1), default=None,
               help="With --kv-cache shared: the buffer's length (default: max_positions).")
 @click.option("--target", type=click.Choice(["portable", "ort-cpu", "ort-cuda"]), default=None,
@@ -1195,6 +1198,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
         what = "the torch.export program" if report.kind == "pt2" else "the ONNX graph"
         found = (f"{what} diverges from eager PyTorch at {where.module}{fused} ({where.onnx_value}, rel err "
                  f"{where.rel:.1e}){step} at batch={s['batch']} seq={s['seq']} past={s['past']}")
+    if report is not None and report.kind == "onnx" and report.masks:  # a window or softcap, whatever the case
+        mask = f"the graph's mask differs from the model's at {report.masks[0].line()}"
+        found = f"{found}; {mask}" if found else mask
     verdict = run.verdict  # the exit is verify's verdict; a difference bisect found fails a passing one too
     said = "; ".join(x for x in (None if verdict is None or verdict else f"verify ({run.verified}): "
                                  f"{verdict.message}", found) if x)

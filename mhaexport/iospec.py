@@ -17,7 +17,9 @@ SEQ = "sequence_length"
 PAST = "past_sequence_length"
 TOTAL = "total_sequence_length"
 MAX_CACHE = "max_cache_length"  # a shared KV cache's buffer length (past and present are one buffer)
-KV_CACHES = ("concat", "shared")  # present = concat(past, new) | one preallocated buffer written in place
+KV_CACHES = ("concat", "shared", "window")  # present = concat(past, new) | one preallocated buffer written in place
+# | "window": the shared buffer, its sliding-window layers window-sized (GroupQueryAttention sliding_window_cache=1)
+WINDOW_SLACK = 16  # a window-sized buffer holds W + this many slots (onnxruntime-genai's CPU default cache_slack)
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"

@@ -44,6 +44,9 @@ class Feed:
     cache_dtype: str = "float32"  # the cache's dtype as the file takes it
     fixed: tuple[int, int] | None = None  # a static export's (sequence_length, past_sequence_length)
     producer: str | None = None
+    # a window cache (``--kv-cache window``): per layer, the slots a decode loop's buffer needs at most (W + slack on a
+    # sliding-window layer, whose GroupQueryAttention evicts in place), 0 for a full layer; None: every buffer full
+    window_slots: tuple[int, ...] | None = None
 
     @classmethod
     def contract(cls, n_layers: int, *, cache: str = CONCAT, max_cache: int | None = None,
@@ -78,7 +81,9 @@ class Feed:
                 dtype = entry.input_dtype(feed.past[0])
             except ArtifactError:  # an I/O schema that does not list it: the artifact's dtype
                 pass
-        return dataclasses.replace(feed, padding=padding, cache_dtype=dtype, fixed=entry.fixed_sizes)
+        window_slots = tuple(cache.window_slots) if cache.kind == "window" and cache.window_slots else None
+        return dataclasses.replace(feed, padding=padding, cache_dtype=dtype, fixed=entry.fixed_sizes,
+                                   window_slots=window_slots)
 
     # ---- what it says ------------------------------------------------------------------------------------------
     @property
@@ -104,7 +109,8 @@ class Feed:
     def protocol(self) -> str:
         """The protocol in words (reports): "concat cache, left padding", "one shared buffer per layer, right
         padding"."""
-        cache = "one shared buffer per layer" if self.shared else "concat cache"
+        cache = ("one shared buffer per layer" + (", window-sized on sliding-window layers" if self.window_slots else "")
+                 if self.shared else "concat cache")
         return f"{cache}, {self.padding} padding"
 
     def protocol_object(self, *, contract_calls: bool = False):

@@ -230,14 +230,21 @@ class SharedCacheOrtRunner(OrtRunner):
             return f"the shared cache's {self.max_length} slots (--max-cache)"
         return super().limit_text()
 
-    def buffers(self, batch: int, slots: int | None = None) -> BoundBuffers:
+    def buffers(self, batch: int, slots: int | None = None, *, windowed: bool = False) -> BoundBuffers:
         """Zeroed (B, H_kv, slots, D) buffers (default ``max_cache`` slots), one per past/present name, on the
-        session's device."""
+        session's device; ``windowed`` (the decode loop's): a window cache's sliding-window layers window-sized
+        (:meth:`SharedBuffer.layer_slots`)."""
         c = self.contract
-        shape = (batch, c.n_kv_heads, slots or self.protocol.slots(), c.head_dim)  # (B, H_kv, slots, D)
+        slots = slots or self.protocol.slots()
+        per_layer = self.protocol.layer_slots(slots) if windowed else [slots] * c.n_layers
+        if windowed and self.device == "cuda" and self.feed.window_slots:
+            # ONNX Runtime's CUDA GroupQueryAttention takes a window-sized buffer of exactly W slots (its CPU kernel
+            # any C >= W; onnxruntime 1.32's operator doc): not run on a GPU in this work
+            per_layer = [c.window(i) if w else s for i, (w, s) in enumerate(zip(self.feed.window_slots, per_layer))]
         np_dtype = dtypes.numpy_dtype(self.dtype)
-        return BoundBuffers(ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np_dtype), self.device, 0)
-                            for _ in self.past_names)
+        return BoundBuffers(ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, c.n_kv_heads, per_layer[i // 2],
+                                                                       c.head_dim), np_dtype), self.device, 0)
+                            for i in range(len(self.past_names)))  # (B, H_kv, slots, D); past: k0, v0, k1, ...
 
     def _adopt(self, session: ort.InferenceSession, warnings: list[str], from_cache: bool) -> None:
         """The session, and whether the decode loop can hand it the array to write the logits into: on CPU, for a
@@ -303,7 +310,7 @@ class SharedCacheOrtRunner(OrtRunner):
         prefill (~2 ms for 160 slots), and the decode steps over 160-slot buffers ran ~2 % faster."""
         if self.contract_steps:
             return super().empty_cache(batch)
-        return self.buffers(batch, self.protocol.slots(positions))
+        return self.buffers(batch, self.protocol.slots(positions), windowed=True)
 
     def cache_from_numpy(self, past: KVPairs):
         if self.contract_steps:

@@ -94,6 +94,14 @@ class SharedBuffer(Protocol):
             return self.max_cache
         return max(self.max_cache, positions) if at_least else min(positions, self.max_cache)
 
+    def layer_slots(self, slots: int) -> list[int]:
+        """Per layer, the slots of the decode loop's buffer of ``slots``: a window cache's sliding-window layer holds
+        its ``window_slots`` whatever the loop's length (GroupQueryAttention's ``sliding_window_cache=1`` evicts in
+        place, the most recent positions kept from row 0, and refuses a buffer shorter than its window: "KV cache
+        capacity (48) must be at least local_window_size (64)"), every other layer ``slots``."""
+        windows = self.feed.window_slots or (0,) * self.feed.n_layers
+        return [w if w else slots for w in windows]
+
     def bind(self, io, buffers) -> None:
         """Bind each layer's buffer as its past and its present (the same OrtValue: written in place)."""
         for past, present, buf in zip(self.feed.past, self.feed.present, buffers):

@@ -162,3 +162,101 @@ def test_lint_flags_a_window_dropped_or_shifted_per_layer():
         (f,) = window_findings(sizes)
         assert f.severity == "error" and says in f.message and "layer" in f.node
     assert [f for f in lint_model(graph([-1, -1])).findings if f.rule == "window"] == []  # no contract: not judged
+
+
+def test_bisect_names_the_layer_and_the_mask_feature_a_graph_dropped_or_shifted():
+    """bisect reads each GroupQueryAttention's window and softcap against the contract: the layer and the feature
+    that differ are named from the node's attributes, whatever case the numbers were compared at."""
+    from onnx import helper as h
+
+    from mhaexport.diagnose.bisect import BisectReport, mask_diffs
+
+    def graph(sizes, caps=(50.0, 50.0)):
+        nodes = [h.make_node("GroupQueryAttention", ["q", "k", "v", f"past_key_values.{i}.key",
+                                                     f"past_key_values.{i}.value", "sl", "tot"],
+                             [f"y{i}"], name=f"gqa{i}", domain="com.microsoft", num_heads=4, kv_num_heads=2,
+                             local_window_size=w, **({"softcap": cap} if cap else {}))
+                 for i, (w, cap) in enumerate(zip(sizes, caps))]
+        return h.make_graph(nodes, "g", [], [])
+
+    c = ModelContract(2, 4, 16, 256, 128, n_kv_heads=2, windows=(0, 8), attn_softcap=50.0)
+    assert mask_diffs(graph([-1, 8]), c) == []
+    for sizes, caps, layer, feature, says in (
+            ([-1, -1], (50.0, 50.0), 1, "sliding window", "dropped"),
+            ([-1, 9], (50.0, 50.0), 1, "sliding window", "shifted by +1"),
+            ([-1, 7], (50.0, 50.0), 1, "sliding window", "shifted by -1"),
+            ([8, 8], (50.0, 50.0), 0, "sliding window", "does not have"),
+            ([-1, 8], (50.0, 0.0), 1, "attention softcap", "dropped")):
+        (d,) = mask_diffs(graph(sizes, caps), c)
+        assert (d.layer, d.feature) == (layer, feature) and says in d.note, d
+        report = BisectReport("m.onnx", {"batch": 1, "seq": 4, "past": 3}, 1e-3, "cpu", masks=[d])
+        assert f"layer {layer} (blocks.{layer}): {feature} differs: the graph's GroupQueryAttention gqa{layer}" \
+            in report.summary()
+
+
+def _gqa_cache(sliding_window_cache: int, W: int, H: int = 4, KV: int = 2, D: int = 8):
+    """One GroupQueryAttention (window W) over a buffer bound as past and present, as an ORT session."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    ins = [h.make_tensor_value_info(n, TP.FLOAT, [1, None, w]) for n, w in (("q", H * D), ("k", KV * D), ("v", KV * D))]
+    ins += [h.make_tensor_value_info(n, TP.FLOAT, [1, KV, None, D]) for n in ("pk", "pv")]
+    ins += [h.make_tensor_value_info("sl", TP.INT32, [1]), h.make_tensor_value_info("tot", TP.INT32, [])]
+    node = h.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tot"], ["y", "ok", "ov"],
+                       domain="com.microsoft", num_heads=H, kv_num_heads=KV, local_window_size=W,
+                       sliding_window_cache=sliding_window_cache)
+    model = h.make_model(h.make_graph([node], "g", ins, [h.make_tensor_value_info(n, TP.FLOAT, None)
+                                                         for n in ("y", "ok", "ov")]),
+                         opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)])
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_a_window_sized_cache_decodes_like_a_full_length_one_past_its_slots():
+    """GroupQueryAttention's sliding_window_cache=1 (what --kv-cache window writes on a windowed layer): a buffer of
+    W + 4 slots, decoded 40 tokens one at a time, gives the full-length cache's outputs, and its rows [0, L) hold the
+    L most recent keys (ONNX Runtime's documented L(T): eviction reclaims C - W + 1 slots at once)."""
+    import numpy as np
+
+    W, C, N = 8, 12, 40
+    full, win = _gqa_cache(0, W), _gqa_cache(1, W)
+    rng = np.random.default_rng(0)
+    bf = [np.zeros((1, 2, 64, 8), np.float32)] * 2
+    bw = [np.zeros((1, 2, C, 8), np.float32)] * 2
+    for t in range(N):
+        x = {n: rng.standard_normal((1, 1, w)).astype(np.float32) for n, w in (("q", 32), ("k", 16), ("v", 16))}
+        x |= {"sl": np.array([t], np.int32), "tot": np.array(t + 1, np.int32)}
+        yf, *bf = full.run(None, {**x, "pk": bf[0], "pv": bf[1]})
+        yw, *bw = win.run(None, {**x, "pk": bw[0], "pv": bw[1]})
+        np.testing.assert_allclose(yw, yf, atol=1e-6)
+        T, G = t + 1, C - W + 1
+        L = T if T <= C else T - G * -(-(T - C) // G)
+        assert bw[0].shape[2] == C and W <= L or L == T
+        np.testing.assert_array_equal(bw[0][:, :, :L], bf[0][:, :, T - L:T])
+    assert L < N  # it evicted
+
+
+def test_window_cache_buffers_and_deploy_steps_reach_past_the_window_sized_slots():
+    from mhaexport.exporter.onnx import window_slots
+    from mhaexport.verify.windows import deploy_steps
+
+    gemma = ModelContract(2, 4, 16, 256, 128, n_kv_heads=2, windows=(8, 0))
+    assert window_slots(gemma, 128) == [24, 0] and window_slots(gemma, 20) == [20, 0]
+    assert deploy_steps(gemma, (24, 0), 10, 4) == 18  # 10 + 18 = 28 positions: past the 24 slots
+    assert deploy_steps(gemma, None, 10, 4) == 4 and deploy_steps(gemma, (0, 0), 10, 4) == 4
+
+    class Feed:  # what the protocol reads of a window cache's feed
+        window_slots, n_layers, shared, max_cache = (24, 0), 2, True, 128
+    from mhaexport.runtime.protocol import SharedBuffer
+    # a windowed layer's buffer is its W + 16 slots even for a shorter loop (the op refuses one below its window)
+    assert SharedBuffer(Feed()).layer_slots(10) == [24, 10] and SharedBuffer(Feed()).layer_slots(100) == [24, 100]
+
+
+def test_kv_cache_window_refuses_a_model_without_a_window(tmp_path):
+    from click.testing import CliRunner
+
+    from mhaexport.cli import main
+
+    r = CliRunner().invoke(main, ["onnx", "--config", "tiny", "--kv-cache", "window", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--kv-cache window: the model has no sliding window" in r.output, r.output
+    assert not (tmp_path / "x" / "model.onnx").exists()

@@ -23,7 +23,7 @@ from mhaexport.verify.results import (GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, Chec
                                       SweepContext)
 from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
-from mhaexport.verify.windows import crossing, span
+from mhaexport.verify.windows import crossing, deploy_steps, span
 
 
 def _scheme(ctx: Context) -> str:
@@ -361,7 +361,8 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
            "chunked_max_abs": rounded(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
            "recompute_max_abs": rounded(rec.max_abs), **long_fig, "protocol": _protocols(runner)}
     if runner.deploy_runner() is not None:  # in addition: the loop generate and bench run, in place and ragged
-        steps, deploy_fig, _, _ = _deploy_steps(runner, ctx, min(4, max(1, c.max_positions - 12)))
+        n_deploy = deploy_steps(c, runner.feed.window_slots, 10, min(4, max(1, c.max_positions - 12)))
+        steps, deploy_fig, _, _ = _deploy_steps(runner, ctx, n_deploy)
         parts["the deploy loop (buffers reused in place over a ragged right-padded batch)"] = steps
         chunked_deploy = _deploy_chunked(runner, ctx)
         parts["the deploy loop's chunked prefill"] = chunked_deploy

@@ -23,6 +23,16 @@ def span(contract: ModelContract, base: int, room: int = 0) -> int:
     return max(1, min(max(base, max(contract.windows) + BEYOND), contract.max_positions - room))
 
 
+def deploy_steps(contract: ModelContract, window_slots, prompt: int, base: int) -> int:
+    """The deploy loop's decode steps after a ``prompt``-token prefill: ``base``, or over a window cache (per layer
+    ``window_slots``, 0: full) enough to pass its largest window-sized buffer by BEYOND positions, so its in-place
+    eviction runs (GroupQueryAttention evicts once a row's length passes the buffer's slots), within max_positions."""
+    slots = max(window_slots or (0,))
+    if not slots:
+        return base
+    return max(base, min(slots + BEYOND - prompt, contract.max_positions - prompt - 1))
+
+
 def crossing(result: CheckResult, contract: ModelContract, longest: int | None) -> CheckResult:
     """``result`` with the longest position it checked (``longest``, 0-based) against the model's windows: the
     figures ``longest_position`` and ``windows_crossed``; a pass that crossed no window of the longest size is
