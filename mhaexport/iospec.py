@@ -252,6 +252,11 @@ class ModuleContract:
     kind: str = MODULE_ATTENTION
 
     FIELDS: ClassVar[tuple[str, ...]] = ("d_model", "n_heads", "mask", "max_positions")
+    # the block on its own has the decoder's mask or none: no sliding window, no score features (the decoder
+    # contract's names, so the sweep and the window figures read either contract)
+    windows: ClassVar[None] = None
+    windowed: ClassVar[bool] = False
+    score_features: ClassVar[dict] = {}
 
     def __post_init__(self) -> None:
         from mhaexport.errors import ConfigError

@@ -30,7 +30,7 @@ def test_json_config(tmp_path):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("{not json", "is not valid JSON"),
+    ("{not json", "not valid JSON"),
     ('{"d_model": 10, "n_heads": 4}', "d_model=10 is not divisible by n_heads=4"),
     ('{"layers": 3}', "unknown config field"),
     ('[1, 2]', "must be a JSON object"),

@@ -221,9 +221,10 @@ def _families():
             dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads)
             layers = cfg.num_hidden_layers
             probe = [(SimpleNamespace(shape=(1, kv, 2, dim)),) * 2] * layers  # the cache a probe call returns
-            mc = _contract_config(cfg, probe, name)
+            mc, _plan = _contract_config(cfg, probe, name)
             c = ModelContract(n_layers=mc.n_layers, n_heads=mc.n_heads, head_dim=mc.head_dim,
-                              vocab_size=mc.vocab_size, max_positions=mc.max_positions, n_kv_heads=mc.n_kv_heads)
+                              vocab_size=mc.vocab_size, max_positions=mc.max_positions, n_kv_heads=mc.n_kv_heads,
+                              windows=tuple(mc.layer_windows) if mc.layer_windows else None)
             out.append((f"{name} (pad_token_id {pad})", c, mc))
     return out
 
