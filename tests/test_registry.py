@@ -5,15 +5,13 @@ a function of verify/registry.py was on the stack when it was made."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.verify.registry import ARTIFACT, runner_for
 from mhaexport.verify.runners import ALL_RUNTIMES, MODULE_RUNTIMES, ORT_GENAI
 
-ROOT = Path(__file__).resolve().parent.parent
+
 def test_every_runtime_name_has_one_entry():
     assert set(ALL_RUNTIMES) - {ORT_GENAI} <= set(ARTIFACT) and set(MODULE_RUNTIMES) <= set(ARTIFACT)
 
