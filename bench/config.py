@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mhaexport.errors import ConfigError, RuntimeOptionError
-from mhaexport.verify.runners import AOTI, EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, ORT_GENAI, PT2, TORCHSCRIPT, refuse_unknown
+from mhaexport.verify.runners import AOTI, EAGER, EAGER_CUDA, EAGER_NOCACHE, ORT_CPU, ORT_CUDA, ORT_GENAI, PT2, TORCHSCRIPT, refuse_unknown
 
 # bench's own rows besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner), a bare
 # session.run loop over the folder's ONNX file (what the runtime's loop costs), onnxruntime-genai's generator loop
-EAGER_NOCACHE = "eager-nocache"
 ORT_BARE = "ort-bare"
 # pt2 / aoti: the torch.export program and AOTInductor package, code loaded only on trust (``trust_code``); in the
 # default run only where the folder holds them

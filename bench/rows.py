@@ -35,7 +35,7 @@ from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationRes
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.pt2 import CODE_RUNTIMES
 from mhaexport.verify.registry import runner_for
-from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT, RecomputeRunner
+from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
 
 
 def code_record(ef: ExportFolder, name: str) -> RuntimeBench:
@@ -493,8 +493,7 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
         if name in (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT) and eager is None:
             add(skipped_row(name, no_eager_reason or "no eager model"))
         elif name == EAGER_NOCACHE:
-            add(Row(RuntimeBench(name), RecomputeRunner(runner_for(ef, EAGER, c, eager=eager.module),
-                                                        EAGER_NOCACHE).activate,
+            add(Row(RuntimeBench(name), runner_for(ef, EAGER_NOCACHE, c, eager=eager.module).activate,
                     min(cfg.repeats, cfg.nocache_repeats), eager.load_s))
         elif name in (EAGER, EAGER_CUDA, TORCHSCRIPT) or name in CODE_RUNTIMES:
             # the registry's runner (verify/registry.py): the same artifact, the same skip reasons as verify's

@@ -44,6 +44,7 @@ A model is named as on the command line, by exactly one of ``config`` (a preset 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import numbers
 import os
@@ -67,8 +68,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Progress = Callable[[str], None]
 
-__all__ = ["bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2", "export_torchscript", "generate", "load",
-           "quantize", "verify"]
+# ``all`` is the API's too (mhaexport.all), left out here so that ``from mhaexport.api import *`` keeps the builtin
+__all__ = ["adopt", "bench", "bisect_folder", "check_junit", "check_threads", "eval_verdict", "evaluate",
+           "export_onnx", "export_onnx_target", "export_pt2", "export_torchscript", "generate", "lint", "lint_verdict",
+           "load", "merge_reports", "quantize", "target_options", "verify", "write_reports"]
 
 
 def _names(value: Any, arg: str, *, paths: bool = False) -> tuple | None:
@@ -356,9 +359,6 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
         loaded = _model(model, config, hf, checkpoint, revision, allow_download)
     from mhaexport.exporter.quantize import reproduce
 
-    from mhaexport.verify.junit import write_junit
-    from mhaexport.verify.render import write_report
-
     try:
         report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                                runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens,
@@ -369,15 +369,10 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
 
             refused = refused_report(folder, str(e), requested=list(runtimes) if runtimes else None, sweep=sweep,
                                      seed=seed)
-            if output is not None and Path(output).resolve() != Path(folder).resolve():
-                write_report(refused, output, "report")
-            if junit is not None:
-                write_junit(refused, junit)
+            into = output if output is not None and Path(output).resolve() != Path(folder).resolve() else None
+            write_reports(refused, into, junit, name="report")
         raise
-    if output is not None:
-        write_report(report, output, "report")
-    if junit is not None:
-        write_junit(report, junit)
+    write_reports(report, output, junit, name="report")
     return report
 
 
@@ -456,7 +451,7 @@ def _prompt_ids(value: Any) -> list[list[int]]:
         if isinstance(row, (str, bytes, Mapping)) or not isinstance(row, Iterable):
             return None
         row = list(row)
-        ok = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in row)
+        ok = builtins.all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in row)
         return [int(v) for v in row] if ok else None
 
     if value is None:
@@ -678,3 +673,266 @@ def bisect_folder(folder: str | Path, *, model: str | LoadedModel | None = None,
         if target == "pt2":
             return run(followed, bisect_pt2(ef, loaded, trust_code=trust_code, **shapes))
         return run(followed, _bisect(ef, loaded, trust_code=trust_code, **shapes))
+
+
+# The verbs the CLI used to compose itself: the one report writer, the input checks, --target, adoption, lint,
+# report merge, eval's and lint's verdicts, and the main job (``mhaexport.all``). The CLI parses, calls, prints.
+
+def write_reports(report: Any, output: str | Path | None = None, junit: str | Path | None = None, *,
+                  name: str | None = None, markdown: str | None = None) -> list[Path]:
+    """The one writer of a verify report (a run, a refused folder, a merge): NAME.json / .md / .html into folder
+    ``output`` (when given; ``name`` None: the report's own default name, so a subset run never replaces the full
+    report) and the JUnit XML file ``junit`` (when given). Returns the paths written. What cannot be written raises
+    :class:`~mhaexport.errors.ReportNotWritten` (an ArtifactError) after everything else was written; its
+    ``written`` lists those paths. Call it before printing anything: a closed stdout then loses no report."""
+    from mhaexport.errors import ReportNotWritten
+
+    written: list[Path] = []
+    failed: list[str] = []
+    if output is not None:
+        from mhaexport.verify.render import write_report
+
+        try:
+            written.extend(write_report(report, output, name))
+        except (OSError, MhaExportError) as e:
+            failed.append(f"cannot write the report into {output}: {getattr(e, 'strerror', None) or e}")
+    if junit is not None:
+        from mhaexport.verify.junit import write_junit
+
+        try:
+            written.append(write_junit(report, junit, markdown))
+        except (OSError, MhaExportError) as e:
+            failed.append(f"--junit {junit}: {getattr(e, 'strerror', None) or e}")
+    if failed:
+        raise ReportNotWritten("; ".join(failed), written=written)
+    return written
+
+
+def check_junit(path: str | Path) -> Path:
+    """A JUnit file path checked before any work: its folder may be made by the run (inside the output folder, say),
+    but what exists of the path must be writable folders, and no name in it longer than the file system takes.
+    ConfigError in one line otherwise. Returns the path."""
+    try:
+        full = Path(path).resolve()
+        longest = max(len(os.fsencode(part)) for part in full.parts)
+        name_max = os.pathconf("/", "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+        if longest > name_max:
+            raise ConfigError(f"junit={str(path)!r}: a name in the path is {longest} bytes long, longer than the file "
+                              f"system takes ({name_max})", cli=f"--junit {path}: a name in the path is {longest} "
+                              f"bytes long, longer than the file system takes ({name_max})")
+        parent = full.parent
+        while not parent.exists():
+            parent = parent.parent
+    except OSError as e:  # a name or path too long, a symlink loop, a folder we may not search
+        raise ConfigError(f"junit={str(path)!r}: {e.strerror or e}", cli=f"--junit {path}: {e.strerror or e}") from None
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError(f"junit={str(path)!r}: {parent} is not a writable folder",
+                          cli=f"--junit {path}: {parent} is not a writable folder")
+    return Path(path)
+
+
+def check_threads(threads: int | None) -> int | None:
+    """A thread count within this machine's cores: more threads than cores only contend (and time nothing real).
+    ConfigError otherwise; None (the runtime's default) passes."""
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        raise ConfigError(f"threads={threads}: this machine has {cores} CPU core(s); give at most {cores}",
+                          cli=f"--threads {threads}: this machine has {cores} CPU core(s); give at most {cores}")
+    return threads
+
+
+def target_options(target: str, given: Mapping[str, str] | None = None) -> tuple[str, str, str, str | None]:
+    """``--target NAME`` (portable, ort-cpu, ort-cuda): the (attention, kv_cache, dtype, weights) it sets.
+    ``given``: the options the caller set itself ({"dtype": "float16"}); one that contradicts the target is a
+    ConfigError rather than one of the two silently winning. ConfigError for an unknown target too."""
+    from mhaexport.exporter.targets import conflicts, deploy_target
+
+    t = deploy_target(target)
+    bad = conflicts(t, dict(given or {}))
+    if bad:
+        raise ConfigError(f"--target {target} and {', '.join(bad)}: give one or the other")
+    return t.attention, t.kv_cache, t.dtype, t.weights
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    """The options a caller set (not None): what a --target is checked against."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def export_onnx_target(output: str | Path, target: str | None = None, *, attention: str | None = None,
+                       kv_cache: str | None = None, dtype: str | None = None, replace: bool = False,
+                       progress: Progress | None = None, **export: Any) -> list:
+    """``mhaexport onnx --target NAME``: :func:`export_onnx` with the options the target sets (``attention``,
+    ``kv_cache``, ``dtype`` given too must agree with it: ConfigError otherwise, before any work). A target with
+    quantized weights (ort-cpu: int4) exports the float model to ``OUTPUT-DTYPE`` and quantizes it into ``output``.
+    ``export``: :func:`export_onnx`'s other keywords. Without ``target``: one :func:`export_onnx`. Returns the
+    records, the export's first (then the quantization's)."""
+    weights = None
+    if target is not None:
+        if export.get("module") is not None:
+            raise ConfigError(f"--module {export['module']} is exported with dynamic axes, decomposed attention and "
+                              f"float32; --target {target} does not apply")
+        attention, kv_cache, dtype, weights = target_options(
+            target, _given(attention=attention, kv_cache=kv_cache, dtype=dtype))
+        if weights:
+            writable_output(output)  # the target file's folder too, before the float export it is made from
+    options = _given(attention=attention, kv_cache=kv_cache, dtype=dtype)
+    float_out = Path(f"{Path(output)}-{options.get('dtype', 'float32')}") if weights else output
+    records = [export_onnx(float_out, replace=replace, progress=progress, **options, **export)]
+    if weights:
+        records.append(quantize(float_out, output, weights=weights, replace=replace, progress=progress))
+    return records
+
+
+def adopt(file: str | Path, output: str | Path | None = None, *, model: str | LoadedModel | None = None,
+          config: str | None = None, hf: str | Path | None = None, checkpoint: str | Path | None = None,
+          revision: str | None = None, allow_download: bool = False, replace: bool = False,
+          junit: str | Path | None = None) -> ExportRecord:
+    """``mhaexport verify FILE.onnx --hf DIR`` (or ``--model`` / ``--config``), its first half: adopt an ONNX
+    decoder another tool exported (onnxruntime-genai's model builder, Optimum, a plain torch.onnx.export) as the ONNX
+    artifact of the model it claims to be, in folder ``output`` (default: FILE's folder/mhaexport) — links to the
+    file, its layout and hashes in the manifest. ``junit``: the JUnit file the verify after it will write, checked
+    here before any work. :func:`verify` (``verify(record.folder, model=..., output=record.folder)``) then drives it
+    in its producer's cache and padding protocol; generate and bench run on that folder. Returns the ExportRecord
+    (``record.manifest.artifacts["onnx"].details``: the producer and protocol found). Raises ConfigError (no model
+    named, not a file), ArtifactError (a file that does not map onto the contract or is not that model's)."""
+    from mhaexport.exporter.adopt import adopt_onnx, default_folder
+    from mhaexport.outputs import check_outputs
+
+    path = Path(file)
+    if not path.is_file():
+        raise ConfigError(f"{file}: not a regular file (an ONNX file FILE.onnx to adopt)")
+    if model is None and config is None and hf is None and checkpoint is None:
+        raise ConfigError(f"{file} is a file: say which model it claims to be with --hf DIR, --model SPEC or --config "
+                          "NAME (verify compares it with that model in eager PyTorch)")
+    out = Path(output) if output is not None else default_folder(path)
+    check_outputs({"--junit": junit}, reading=[path.parent], writing=[out], reports=out)
+    writable_output(out, "" if output is not None else " (give -o DIR to adopt the file elsewhere)")
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
+    return adopt_onnx(loaded, path, out, replace=replace)
+
+
+def lint(path: str | Path) -> Any:
+    """``mhaexport lint PATH``: static findings on a decoder's ONNX graph (a FILE.onnx, ours or another tool's, or
+    an export folder), each with its severity, node and a one-line fix. Returns the
+    :class:`~mhaexport.verify.lint.LintReport` (``.errors``; :func:`lint_verdict`: its verdict)."""
+    from mhaexport.verify.lint import lint_path
+
+    return lint_path(path)
+
+
+def lint_verdict(report: Any) -> tuple[int, str]:
+    """A lint report's verdict as (code, message): 1 when a finding is an error, else 0 (``mhaexport.errors.
+    raise_for_verdict`` turns it into the exit)."""
+    if not report.errors:
+        return 0, "no error"
+    return 1, (f"lint found {len(report.errors)} error(s): "
+               + "; ".join(f"{f.rule} at {f.node}" for f in report.errors[:3]))
+
+
+def eval_verdict(report: Any) -> tuple[int, str]:
+    """An eval report's verdict as (code, message): 1 when a runtime failed, 4 when one asked for could not run
+    here, else 0."""
+    failed = [r for r in report.rows if r.status == "error"]
+    if failed:
+        return 1, "; ".join(f"{r.runtime}: {r.reason}" for r in failed)
+    missing = [r for r in report.rows if r.status == "skipped"]
+    if missing:
+        return 4, "; ".join(f"{r.runtime} skipped ({r.reason})" for r in missing)
+    return 0, "every runtime ran"
+
+
+def merge_reports(reports: Sequence[str | Path], output: str | Path, *, names: Sequence[str] | None = None,
+                  junit: str | Path | None = None) -> VerifyReport:
+    """``mhaexport report merge``: merge report.json files (or folders holding one) from different machines into
+    one table, written as report.json / .md / .html into folder ``output`` (never over one of the inputs).
+    ``names``: a label per report, in order (default: each report's host). Returns the merged report: its verdict
+    follows verify's rules (``bool(report)``: passed)."""
+    from mhaexport.outputs import check_reports_out
+    from mhaexport.verify.report import load_report, merge_reports as _merge
+
+    reports = _names(reports, "reports", paths=True) or ()
+    names = _names(names, "names")
+    if names and len(names) != len(reports):
+        raise ConfigError(f"names: {len(names)} given for {len(reports)} reports",
+                          cli=f"--name given {len(names)} times for {len(reports)} reports")
+    check_reports_out(output, reports, ("report.json", "report.md", "report.html"))
+    writable_output(output)
+    merged = _merge([load_report(p) for p in reports], list(names) if names else None)
+    write_reports(merged, output, junit, name="report")
+    return merged
+
+
+class AllRun:
+    """What ``mhaexport.all`` did: ``records`` (the exports and quantization, in order), ``report`` (verify's
+    :class:`~mhaexport.verify.report.VerifyReport`), ``written`` (the report files and JUnit file). Truthy only
+    when the verdict passed."""
+
+    def __init__(self, records: list, report: VerifyReport, written: list[Path]) -> None:
+        self.records, self.report, self.written = records, report, written
+
+    def __bool__(self) -> bool:
+        return bool(self.report)
+
+    def __repr__(self) -> str:
+        return f"AllRun({self.report.verdict.message!r}, {len(self.records)} record(s))"
+
+
+def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | None = None,
+        config: str | None = None, hf: str | Path | None = None, checkpoint: str | Path | None = None,
+        revision: str | None = None, allow_download: bool = False, runtimes: Sequence[str] | None = None,
+        sweep: str = "quick", seed: int = 0, atol: float | dict | None = None, rtol: float | dict | None = None,
+        tokens: int | None = None, quality: Any = None, opset: int | None = None, attention: str | None = None,
+        dtype: str | None = None, target: str | None = None, pt2: bool = False, aoti: bool = False,
+        replace: bool = False, junit: str | Path | None = None, progress: Progress | None = None) -> AllRun:
+    """``mhaexport all``, the main job: export ONNX and TorchScript into folder ``output``, verify both against
+    eager PyTorch, write report.json / .md / .html there (and ``junit``). ``target`` (portable, ort-cpu, ort-cuda):
+    the ONNX file for that runtime (``attention``/``dtype`` given too must agree; ort-cpu's float source goes to
+    ``OUTPUT-float32``); ``pt2`` / ``aoti``: also export with torch.export (and AOTInductor) and verify those.
+    Each stage is said through ``progress`` as a :class:`mhaexport.progress.Stage` (``[k/n]`` on the command line).
+    Everything is checked before any work. Returns an :class:`AllRun` (truthy only when the verdict passed;
+    ``.report``, ``.records``, ``.written``). Raises ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    from mhaexport.outputs import check_outputs
+    from mhaexport.progress import Stage
+
+    say = _say(progress)
+    kv_cache, weights = None, None
+    if target is not None:
+        attention, kv_cache, dtype, weights = target_options(target, _given(attention=attention, dtype=dtype))
+    attention, dtype = attention or "decomposed", dtype or "float32"
+    if junit is not None:
+        check_junit(junit)
+    check_outputs({"--junit": junit}, writing=[output], reports=output)
+    writable_output(output)  # every stage writes there: checked before the model loads
+    stages = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript",
+              *(["export pt2"] if pt2 or aoti else []), "verify"]
+    done = [0]
+
+    def stage(message: str) -> None:
+        done[0] += 1
+        say(Stage(message, done[0], len(stages)))
+
+    named = model if isinstance(model, str) else None
+    stage(f"load {named or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    onnx_out = Path(f"{Path(output)}-{dtype}") if weights else output
+    cache = "" if kv_cache in (None, "concat") else f", {kv_cache} KV cache"
+    stage(f"export ONNX (opset {opset or (23 if attention == 'onnx' else 18)}, dynamic axes, attention {attention}, "
+          f"{dtype}{cache}) -> {onnx_out}")
+    records: list = [export_onnx(onnx_out, model=loaded, opset=opset, attention=attention, dtype=dtype,
+                                 kv_cache=kv_cache or "concat", replace=replace)]
+    if weights:
+        stage(f"quantize ONNX ({weights}) -> {output}")
+        records.append(quantize(onnx_out, output, weights=weights, replace=replace))
+    stage(f"export TorchScript (trace) -> {output}")
+    records.append(export_torchscript(output, model=loaded, replace=replace))
+    if pt2 or aoti:  # this process's own export: verify loads it without trust_code (artifact/trust.py)
+        stage(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
+        records.extend(export_pt2(output, model=loaded, aoti=aoti, replace=replace))
+    stage(f"verify {output} ({sweep} sweep)")
+    report = verify(output, model=loaded, runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                    tokens=tokens, quality=quality, progress=progress)
+    from mhaexport.verify.render import markdown
+
+    written = write_reports(report, output, junit, name="report", markdown=markdown(report))
+    return AllRun(records, report, written)

@@ -227,19 +227,11 @@ def module_options(f):
     return wrapper
 
 
-def _apply_target(target: str, **given: str) -> tuple[str, str, str, str | None]:
-    """--target NAME: the (attention, kv_cache, dtype, weights) it sets; an option given on the command line that
-    contradicts it is refused (exit 2) rather than one of the two silently winning."""
-    from mhaexport.exporter.targets import conflicts, deploy_target
-
-    t = deploy_target(target)
+def _typed(**given: str) -> dict[str, str | None]:
+    """The options as typed on the command line, None where the default stands (a --target sets those)."""
     ctx = click.get_current_context()
-    typed = {k: v for k, v in given.items()
-             if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-    bad = conflicts(t, typed)
-    if bad:
-        raise click.UsageError(f"--target {target} and {', '.join(bad)}: give one or the other")
-    return t.attention, t.kv_cache, t.dtype, t.weights
+    return {k: v if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE else None
+            for k, v in given.items()}
 
 
 def _model_args(config: str | None, model: str | None, checkpoint: str | None, hf: str | None) -> dict:
@@ -539,21 +531,12 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
     from mhaexport import api
     from mhaexport.artifact.details import Lowering, Precision
 
-    weights = None
-    if target is not None and module is not None:
-        raise BadInput(f"--module {module} is exported with dynamic axes, decomposed attention and float32; --target "
-                       f"{target} does not apply")
-    if target is not None:
-        attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, kv_cache=kv_cache,
-                                                            dtype=dtype)
-        if weights:
-            _writable(output)  # the --target file's folder too, before the float export it is made from
-    float_out = Path(f"{Path(output)}-{dtype}") if weights else output  # the float export int4 is made from
-    rec = api.export_onnx(float_out, **_model_args(config, model, checkpoint, hf), module=module, mask=mask,
-                          opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
-                          attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache, replace=replace,
-                          progress=_progress)
-    records = [rec]
+    options = {"attention": attention, "kv_cache": kv_cache, "dtype": dtype}
+    records = api.export_onnx_target(output, target, **(_typed(**options) if target else options),
+                                     **_model_args(config, model, checkpoint, hf), module=module, mask=mask,
+                                     opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
+                                     max_cache=max_cache, replace=replace, progress=_progress)
+    rec = records[0]
     _show_record(rec, as_json)
     details = rec.manifest.artifacts["onnx"].details
     low, prec = getattr(details, "lowering", None) or Lowering(), getattr(details, "precision", None) or Precision()
@@ -562,10 +545,9 @@ def onnx_cmd(config, model, checkpoint, hf, module, mask, seq_dynamic, seq_len, 
                    f"{low.kv_cache_in_op}, Softmax left: {low.softmax_left}")
     if not as_json and prec.cast_by_ort_cpu:
         ops = ", ".join(f"{k} x{v}" for k, v in prec.cast_by_ort_cpu.items())
-        click.echo(f"{dtype}: ONNX Runtime CPU computes these in float32 (it casts them): {ops}")
-    if weights:
-        q = api.quantize(float_out, output, weights=weights, replace=replace, progress=_progress)
-        records.append(q)
+        click.echo(f"{prec.dtype or dtype}: ONNX Runtime CPU computes these in float32 (it casts them): {ops}")
+    if len(records) > 1:  # the --target's quantized file, made from the float export
+        q, float_out = records[1], rec.folder
         _warn(q)
         _show_replaced(q)
         if not as_json:
@@ -716,20 +698,18 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, tr
         click.echo(json.dumps(report.to_dict(), indent=1))
     else:
         _show(report.to_markdown())
-    failed = [r for r in report.rows if r.status == "error"]
-    if failed:
-        raise VerificationFailed("; ".join(f"{r.runtime}: {r.reason}" for r in failed))
-    missing = [r for r in report.rows if r.status == "skipped"]
-    if missing:
-        raise NotVerified("; ".join(f"{r.runtime} skipped ({r.reason})" for r in missing))
+    raise_for_verdict(*api.eval_verdict(report))
 
 
 def _threads(ctx, param, value: int | None) -> int | None:
     """--threads within this machine's cores: more threads than cores only contend (and time nothing real)."""
-    cores = os.cpu_count() or 1
-    given = ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT
-    if value is not None and value > cores and given:
-        raise click.BadParameter(f"{value}: this machine has {cores} CPU core(s); give at most {cores}")
+    from mhaexport.api import check_threads
+
+    if ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT:
+        try:
+            check_threads(value)
+        except MhaExportError as e:
+            raise click.BadParameter(str(e.cli).removeprefix("--threads ")) from None
     return value
 
 
@@ -970,20 +950,12 @@ def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | Non
     """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
     its path must be writable folders); kept in ctx.meta for _run_verify."""
     if value is not None:
+        from mhaexport.api import check_junit
+
         try:
-            path = Path(value).resolve()
-            longest = max(len(os.fsencode(part)) for part in path.parts)
-            name_max = os.pathconf("/", "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
-            if longest > name_max:
-                raise click.BadParameter(f"{value}: a name in the path is {longest} bytes long, longer than the file "
-                                         f"system takes ({name_max})", param_hint="--junit")
-            parent = path.parent
-            while not parent.exists():
-                parent = parent.parent
-        except OSError as e:  # a name or path too long, a symlink loop, a folder we may not search
-            raise click.BadParameter(f"{value}: {e.strerror or e}", param_hint="--junit") from None
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise click.BadParameter(f"{value}: {parent} is not a writable folder", param_hint="--junit")
+            check_junit(value)
+        except MhaExportError as e:
+            raise click.BadParameter(str(e.cli).removeprefix("--junit "), param_hint="--junit") from None
     return _remember(ctx, param, value)
 
 
@@ -1074,6 +1046,12 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
         if report.refused is None:
             raise
         raise BadInput(f"{report.refused}; {e.message}") from None
+    return _finish(report, markdown, written)
+
+
+def _finish(report, markdown: str, written: list[str]):
+    """Print a verify report written already (the table, or --json's object; the "wrote" lines) and exit with its
+    verdict (:func:`mhaexport.errors.raise_for_verdict`; a refused folder: bad input)."""
     if click.get_current_context().meta.get(JSON):
         import json
 
@@ -1090,51 +1068,38 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     return report
 
 
+def _wrote(paths: list[Path]) -> list[str]:
+    """The "wrote ..." lines of :func:`mhaexport.api.write_reports`' paths (report.json and .md on one line)."""
+    paths = list(paths)
+    lines = []
+    if len(paths) >= 2 and paths[0].suffix == ".json" and paths[1].suffix == ".md":
+        lines.append(f"wrote {paths[0]} and {paths[1]}")
+        paths = paths[2:]
+    return lines + [f"wrote {p}" for p in paths]
+
+
 def _write_reports(report, out, name, markdown: str) -> list[str]:
-    """Write report.json/.md into ``out`` (when given) and the --junit file (when asked); the "wrote ..." lines to
-    print. A path that cannot be written is bad input (exit 2), after whatever else could be written."""
-    lines, failed = [], []
-    if out is not None:
-        try:
-            from mhaexport.verify.render import write_report
+    """Write the report into ``out`` (when given) and the --junit file (when asked) through the API's one writer;
+    the "wrote ..." lines to print. A path that cannot be written is bad input (exit 2), after whatever else could
+    be written (its lines printed first)."""
+    from mhaexport.api import write_reports
+    from mhaexport.errors import ReportNotWritten
 
-            js, md = write_report(report, out, name)
-            lines.append(f"wrote {js} and {md}")
-        except (OSError, MhaExportError) as e:
-            failed.append(f"cannot write the report into {out}: {getattr(e, 'strerror', None) or e}")
-    junit = click.get_current_context().meta.get("mhaexport.junit")
-    if junit:
-        from mhaexport.verify.junit import write_junit
-
-        try:
-            lines.append(f"wrote {write_junit(report, junit, markdown)}")
-        except (OSError, MhaExportError) as e:
-            failed.append(f"--junit {junit}: {getattr(e, 'strerror', None) or e}")
-    if failed:
-        for line in lines:
+    try:
+        return _wrote(write_reports(report, out, click.get_current_context().meta.get("mhaexport.junit") or None,
+                                    name=name, markdown=markdown))
+    except ReportNotWritten as e:
+        for line in _wrote(e.written):
             click.echo(line, err=True)
-        raise BadInput("; ".join(failed))
-    return lines
+        raise BadInput(str(e)) from None
 
 
-def _export_both(loaded, folder, opset=None, step=None, attention="decomposed", dtype="float32", kv_cache="concat",
-                 weights=None, replace=False) -> None:
-    """ONNX and TorchScript into ``folder`` (the API's exports); ``weights`` (a --target's int4): the ONNX export
-    goes to FOLDER-DTYPE and its quantized copy into ``folder``."""
+def _export_both(loaded, folder) -> None:
+    """ONNX and TorchScript into ``folder`` (verify's temporary export of a model named without a FOLDER)."""
     from mhaexport import api
 
-    say = step or _progress
-    onnx_folder = Path(f"{Path(folder)}-{dtype}") if weights else folder
-    cache = "" if kv_cache == "concat" else f", {kv_cache} KV cache"
-    shown = opset or (23 if attention == "onnx" else 18)
-    say(f"export ONNX (opset {shown}, dynamic axes, attention {attention}, {dtype}{cache}) -> {onnx_folder}")
-    _show_record(api.export_onnx(onnx_folder, model=loaded, opset=opset, attention=attention, dtype=dtype,
-                                 kv_cache=kv_cache, replace=replace), as_json=True)
-    if weights:
-        say(f"quantize ONNX ({weights}) -> {folder}")
-        _show_record(api.quantize(onnx_folder, folder, weights=weights, replace=replace), as_json=True)
-    say(f"export TorchScript (trace) -> {folder}")
-    _show_record(api.export_torchscript(folder, model=loaded, replace=replace), as_json=True)
+    _show_record(api.export_onnx(folder, model=loaded, progress=_progress), as_json=True)
+    _show_record(api.export_torchscript(folder, model=loaded, progress=_progress), as_json=True)
 
 
 def _parse_case(ctx, param, value):
@@ -1266,13 +1231,10 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         if not (config or model or checkpoint or hf):
             raise click.UsageError(f"{folder} is a file: say which model it claims to be with --hf DIR, --model "
                                    "SPEC or --config NAME (verify compares it with that model in eager PyTorch)")
-        from mhaexport.exporter.adopt import adopt_onnx, default_folder
+        from mhaexport import api
 
-        out = Path(output) if output else default_folder(folder)
-        _check_outputs({"--junit": junit}, reading=[Path(folder).parent], writing=[out], reports=out)
-        _writable(out, "" if output else " (give -o DIR to adopt the file elsewhere)")
-        loaded = _load(config, model, checkpoint, hf)
-        rec = adopt_onnx(loaded, folder, out)
+        rec = api.adopt(folder, output, **_model_args(config, model, checkpoint, hf), junit=junit)
+        loaded = _load(config, model, checkpoint, hf)  # (loaded again: api.adopt checks the outputs before it loads)
         details = rec.manifest.artifacts["onnx"].details
         click.echo(f"Adopted {folder} ({details.producer} layout, driven as "
                    f"{details.cache.kind} cache, {details.cache.padding} padding) into "
@@ -1337,35 +1299,31 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 @replace_option
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
             opset, attention, dtype, output, pt2=False, aoti=False, replace=False, target=None) -> None:
-    """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report."""
-    kv_cache, weights = "concat", None
-    if target is not None:
-        attention, kv_cache, dtype, weights = _apply_target(target, attention=attention, dtype=dtype)
-    steps = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript",
-             *(["export pt2"] if pt2 or aoti else []), "verify"]
-    n = len(steps)
-    state = {"i": 0}
+    """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report
+    (:func:`mhaexport.api.all`)."""
+    from mhaexport import api
+    from mhaexport.progress import Stage
+    from mhaexport.verify.render import markdown as render_markdown
 
-    def step(msg: str) -> None:
-        state["i"] += 1
-        if not click.get_current_context().meta.get(QUIET):
-            click.secho(f"[{state['i']}/{n}] {msg}", err=True, bold=True)
+    quiet = click.get_current_context().meta.get(QUIET)
 
-    _check_outputs({"--junit": click.get_current_context().meta.get("mhaexport.junit")}, writing=[output],
-                   reports=output)
-    _writable(output)  # every step writes there: checked before the model loads
-    step(f"load {model or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
-    loaded = _load(config, model, checkpoint, hf)
-    _export_both(loaded, output, opset=opset, step=step, attention=attention, dtype=dtype, kv_cache=kv_cache,
-                 weights=weights, replace=replace)
-    if pt2 or aoti:  # this process's own export: verify loads it without --trust-code (artifact/trust.py)
-        from mhaexport import api
+    def progress(msg: str) -> None:
+        if isinstance(msg, Stage):
+            _progress_done()
+            if not quiet:
+                click.secho(f"[{msg.index}/{msg.total}] {msg}", err=True, bold=True)
+        else:
+            _progress(msg)
 
-        step(f"export torch.export{' + AOTInductor (CPU)' if aoti else ''} -> {output}")
-        for rec in api.export_pt2(output, model=loaded, aoti=aoti, replace=replace):
-            _show_record(rec, as_json=True)
-    step(f"verify {output} ({sweep} sweep)")
-    _run_verify(output, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
+    given = _typed(attention=attention, dtype=dtype) if target else {"attention": attention, "dtype": dtype}
+    run = api.all(output, **_model_args(config, model, checkpoint, hf), runtimes=runtimes or None, sweep=sweep,
+                  seed=seed, atol=atol, rtol=rtol, tokens=gen_tokens, quality=_quality_settings(quality, quality_text),
+                  opset=opset, **given, target=target, pt2=pt2, aoti=aoti, replace=replace,
+                  junit=click.get_current_context().meta.get("mhaexport.junit"), progress=progress)
+    _progress_done()
+    for rec in run.records:
+        _show_record(rec, as_json=True)
+    _finish(run.report, render_markdown(run.report), _wrote(run.written))
 
 
 @main.command("lint")
@@ -1376,16 +1334,14 @@ def lint_cmd(path, as_json) -> None:
     its severity, node and a one-line fix. Exit 1 when a finding is an error, 0 otherwise."""
     import json
 
-    from mhaexport.verify.lint import lint_path
+    from mhaexport import api
 
-    report = lint_path(path)
+    report = api.lint(path)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         _show(report.to_markdown("##"))
-    if report.errors:
-        raise VerificationFailed(f"lint found {len(report.errors)} error(s): "
-                                 + "; ".join(f"{f.rule} at {f.node}" for f in report.errors[:3]))
+    raise_for_verdict(*api.lint_verdict(report))
 
 
 @main.group("report")
@@ -1403,18 +1359,11 @@ def report_group() -> None:
 def report_merge_cmd(reports, names, output, as_json=False) -> None:
     """Merge report.json files (or folders holding one) from different machines into one table.
     Exit 1 when any merged check failed."""
-    from mhaexport.verify.report import load_report, merge_reports
+    from mhaexport import api
+    from mhaexport.verify.render import markdown as render_markdown
 
-    if names and len(names) != len(reports):
-        raise click.UsageError(f"--name given {len(names)} times for {len(reports)} reports")
-    from mhaexport.outputs import check_reports_out
-
-    check_reports_out(output, reports, ("report.json", "report.md", "report.html"))
-    _writable(output)
-    merged = merge_reports([load_report(p) for p in reports], list(names) or None)
-    from mhaexport.verify.render import markdown as render_markdown, write_report
-
-    js, md = write_report(merged, output, "report")
+    merged = api.merge_reports(reports, output, names=names)
+    js, md = Path(output) / "report.json", Path(output) / "report.md"
     if as_json:
         import json
 

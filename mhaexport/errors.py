@@ -39,6 +39,14 @@ class ArtifactError(MhaExportError):
     """An export folder is missing files, has an unreadable manifest, or a hash does not match."""
 
 
+class ReportNotWritten(ArtifactError):
+    """A report (or its JUnit file) could not be written where asked; ``written``: what was written before."""
+
+    def __init__(self, *args: object, written: list | None = None) -> None:
+        super().__init__(*args)
+        self.written = list(written or [])
+
+
 class UnsafeFolder(ArtifactError):
     """A folder names something outside itself (a path that leaves it, a symlink, a non-regular file): refused before
     any work (docs/DESIGN.md, "Folders from elsewhere")."""

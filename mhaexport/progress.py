@@ -41,6 +41,19 @@ class Note(str):
     model's config left out or capped, say. The Python API sends the loaded model's notes through ``progress`` so."""
 
 
+class Stage(str):
+    """One stage of a verb made of stages (``mhaexport.all``: load, export, quantize, verify): stage ``index`` of
+    ``total``, said as it starts (the CLI prints it as ``[index/total] message``, bold)."""
+
+    index: int
+    total: int
+
+    def __new__(cls, message: str, index: int, total: int) -> Stage:
+        obj = super().__new__(cls, message)
+        obj.index, obj.total = index, total
+        return obj
+
+
 Progress = Callable[[str], None]
 
 

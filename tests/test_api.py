@@ -24,8 +24,10 @@ def test_import_stays_light_and_the_api_is_at_the_top_level():
             "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules, sorted(sys.modules); "
             "print(sorted(n for n in mhaexport.__all__ if not n.startswith('_')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(["MhaExportError", "bench", "bisect_folder", "evaluate", "export_onnx", "export_pt2",
-                               "export_torchscript", "generate", "load", "quantize", "verify"])
+    assert out.strip() == str(["MhaExportError", "adopt", "bench", "bisect_folder", "check_junit", "check_threads",
+                               "eval_verdict", "evaluate", "export_onnx", "export_onnx_target", "export_pt2",
+                               "export_torchscript", "generate", "lint", "lint_verdict", "load", "merge_reports",
+                               "quantize", "target_options", "verify", "write_reports"])  # all: not in __all__
     help_ = subprocess.run([sys.executable, "-c", "import sys; from mhaexport.cli import main\n"
                             "try: main(['--help'])\nexcept SystemExit: pass\n"
                             "assert 'torch' not in sys.modules and 'mhaexport.api' not in sys.modules"],
@@ -167,7 +169,8 @@ CLI_ONLY = {"quiet", "json", "text", "max_bytes", "bisect", "target"}
 
 @pytest.mark.parametrize("verb, function", [("onnx", "export_onnx"), ("torchscript", "export_torchscript"),
                                              ("pt2", "export_pt2"), ("verify", "verify"), ("generate", "generate"),
-                                             ("bench", "bench"), ("quantize", "quantize"), ("eval", "evaluate")])
+                                             ("bench", "bench"), ("quantize", "quantize"), ("eval", "evaluate"),
+                                             ("all", "all")])
 def test_every_cli_option_has_its_name_in_the_api(verb, function):
     import dataclasses
     import inspect

@@ -1,32 +1,15 @@
-"""One registry maps runtime names to runners (verify/registry.py): verify, eval and bench build theirs there."""
+"""One registry maps runtime names to runners (verify/registry.py): verify, eval and bench build theirs there.
+
+The spy test watches real construction: every Runner made while a verb runs is recorded with whether
+a function of verify/registry.py was on the stack when it was made."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+import pytest
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.verify.registry import ARTIFACT, runner_for
 from mhaexport.verify.runners import ALL_RUNTIMES, MODULE_RUNTIMES, ORT_GENAI
-
-ROOT = Path(__file__).resolve().parent.parent
-RUNNER_CLASSES = {"EagerRunner", "TorchScriptRunner", "OnnxReferenceRunner", "TorchMhaRunner", "TorchModuleRunner",
-                  "code_runner", "module_ort_runner"}
-
-
-def test_runner_classes_are_built_only_in_the_registry():
-    """No verb builds a runtime's runner by its own if/elif chain: every call of a runner class or factory in the
-    package's source is in verify/registry.py (the classes' own modules define them; subclasses call super())."""
-    calls = []
-    for folder in ("artifact", "bench", "diagnose", "evaluate", "exporter", "models", "runtime", "verify", "mhaexport"):
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Call):
-                    name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-                    if name in RUNNER_CLASSES:
-                        calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
-    outside = [c for c in calls if not c.startswith("verify/registry.py:")]
-    assert calls and not outside, outside
 
 
 def test_every_runtime_name_has_one_entry():
@@ -54,3 +37,62 @@ def test_the_registry_drives_each_runtime_or_says_why(tiny, tiny_export):
         logits, _ = runner.step(ids, mask, runner.empty_cache(1))
         outs.append(np.asarray(logits))
     assert np.allclose(outs[0], outs[1], atol=1e-4) and np.allclose(outs[0], outs[2], atol=1e-4)
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """[(runner class, runtime name, built inside verify/registry.py)] of every Runner constructed from now on."""
+    import sys
+
+    from mhaexport.runtime.runner import Runner
+    from mhaexport.verify import registry
+
+    made: list = []
+    init = Runner.__init__
+    here = registry.__file__
+
+    def spy(self, name, *args, **kwargs):
+        frame, inside = sys._getframe(1), False
+        while frame is not None and not inside:
+            inside = frame.f_code.co_filename == here  # runner_for, or without_cache (the recompute protocol)
+            frame = frame.f_back
+        made.append((type(self).__name__, name, inside))
+        init(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "__init__", spy)
+    return made
+
+
+def test_every_runner_eval_and_bench_make_comes_from_the_registry(tiny_export, made):
+    import mhaexport
+
+    mhaexport.evaluate(tiny_export, b"a few words of text to score", runtimes=["ort-cpu"], window=8)
+    mhaexport.bench(tiny_export, runtimes=["eager", "eager-nocache"], prompt_len=4, new_tokens=2, repeats=1)
+    assert {"ort-cpu", "eager", "eager-nocache"} <= {n for _, n, _ in made}
+    outside = [(cls, n) for cls, n, inside in made if not inside]
+    assert not outside, f"runners built outside verify/registry.py: {outside}"
+
+
+@pytest.mark.slow  # verify on six runtimes, eval and bench (~13 s on 2 loaded cores)
+def test_every_runner_verify_eval_and_bench_make_comes_from_the_registry(tiny_export, made):
+    import mhaexport
+
+    mhaexport.verify(tiny_export, runtimes=["eager", "torchscript", "ort-cpu", "onnx-reference", "pt2", "ort-genai"],
+                     tokens=2)
+    verified = list(made)
+    mhaexport.evaluate(tiny_export, b"a few words of text to score", runtimes=["ort-cpu"], window=8)
+    mhaexport.bench(tiny_export, runtimes=["eager", "eager-nocache", "torchscript"], prompt_len=4, new_tokens=2,
+                    repeats=1)
+    names = {n for _, n, _ in made}
+    assert {"eager", "torchscript", "ort-cpu", "onnx-reference", "pt2", "ort-genai"} <= {n for _, n, _ in verified}
+    assert "eager-nocache" in names and len(made) > len(verified)  # eval's and bench's runners were seen too
+    outside = [(cls, n) for cls, n, inside in made if not inside]
+    assert not outside, f"runners built outside verify/registry.py: {outside}"
+
+
+def test_every_runtime_has_its_protocol():
+    from mhaexport.bench.config import ALL_RUNTIMES as BENCH_RUNTIMES
+    from mhaexport.verify.registry import PROTOCOLS
+
+    missing = (set(ALL_RUNTIMES) | set(MODULE_RUNTIMES) | set(BENCH_RUNTIMES) - {"ort-bare"}) - set(PROTOCOLS)
+    assert not missing, missing

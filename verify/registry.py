@@ -1,11 +1,15 @@
-"""Runtime name -> its runner: the one registry verify, eval and bench build their runners from.
+"""Runtime name -> its runner, as (runtime, protocol) pairs: the one registry verify, eval, bench and bisect build
+their runners from.
 
 A runtime is a name (``eager``, ``torchscript``, ``ort-cpu``, ``pt2``, ...) and a way to drive one artifact of an
 export folder (or the eager model itself) under the decoder's or the attention block's contract. Every verb that
 runs a folder asks :func:`runner_for` for it, so a runtime means the same thing in verify, eval and bench: the same
 artifact, driven as the folder's feed says (runtime/feed.py), skipped with the same reason where it cannot run.
-onnxruntime-genai's own loop (``ort-genai``) is not a runner of this protocol: verify builds it after the others
-(verify/genai_runtime.py) and bench has its own row for it.
+onnxruntime-genai's own loop (``ort-genai``: verify's checks of it, verify/genai_runtime.py), the eager model
+without a cache (``eager-nocache``: bench's row) and a file driven in the plain protocol besides its producer's
+(``protocol="plain"``: verify's findings on an adopted file, named ``ort-cpu:plain``) are built here too.
+:data:`PROTOCOLS` says how each runtime is driven. Bench's ONNX Runtime rows and profile still take their runner
+from the deploy Generator (runtime/generator.py), which builds it with runtime/choose.py's ``ort_runner_for``.
 """
 
 from __future__ import annotations
@@ -18,10 +22,22 @@ from mhaexport.runtime.choose import feed_of, ort_runner_for
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner, module_ort_runner
 from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
-from mhaexport.verify.runners import (EAGER, EAGER_CUDA, ONNX_REFERENCE, ORT_CPU, ORT_CUDA, TORCH_MHA, TORCHSCRIPT,
-                                      EagerRunner, OnnxReferenceRunner, TorchScriptRunner, session_config)
+from mhaexport.verify.runners import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI,
+                                      TORCH_MHA, TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, RecomputeRunner,
+                                      TorchScriptRunner, session_config)
 
-__all__ = ["REFERENCE_MAX_PARAMS", "runner_for"]
+__all__ = ["PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "runner_for", "without_cache"]
+
+PLAIN = "plain"  # runner_for(..., protocol=PLAIN): the contract's own protocol (concat cache, left padding)
+# (runtime, protocol): how each runtime drives what it runs
+PROTOCOLS = {
+    EAGER: "the eager model, contract calls", EAGER_CUDA: "the eager model on CUDA, contract calls",
+    EAGER_NOCACHE: "the eager model, the whole sequence each step (no cache)",
+    TORCH_MHA: "torch's MultiheadAttention with the block's weights", TORCHSCRIPT: "contract calls",
+    ORT_CPU: "the folder's feed (runtime/protocol.py: concat/left or shared buffer/right)", ORT_CUDA: "as ort-cpu",
+    ONNX_REFERENCE: "contract calls (onnx.reference)", ORT_GENAI: "onnxruntime-genai's own generation loop",
+    **{rt: "contract calls (code: only on trust)" for rt in CODE_RUNTIMES},
+}
 
 # The ONNX reference evaluator is pure Python: only models up to this many parameters (embedding included).
 REFERENCE_MAX_PARAMS = 2_000_000
@@ -31,14 +47,33 @@ ARTIFACT = {EAGER: None, EAGER_CUDA: None, TORCH_MHA: None, TORCHSCRIPT: "torchs
 _WHAT = {"torchscript": "TorchScript export", "onnx": "ONNX export"}
 
 
+def without_cache(runner: Runner, name: str | None = None) -> Runner:
+    """``runner`` in the recompute protocol: the whole sequence each step, no KV cache (``NAME-nocache`` unless
+    ``name``): the reference a runner's cached greedy decoding is held to, and bench's eager-nocache row."""
+    return RecomputeRunner(runner, name)
+
+
 def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_params: int | None = None,
-               trust_code: bool = False, threads: int | None = None) -> Runner:
+               trust_code: bool = False, threads: int | None = None, protocol: str | None = None,
+               ours: Runner | None = None, infos: dict | None = None) -> Runner:
     """The runner of runtime ``name`` on ``ef`` under ``contract`` (a decoder's ModelContract or the attention
     block's ModuleContract), not activated. ``eager``: the eager torch module (eager, eager-cuda, torch-mha; for
     torch-mha the attention block, whose ``attn`` is torch's MultiheadAttention's weights' source). Skipped with why
     where the artifact is absent, a code artifact may not be loaded (``trust_code``), the reference evaluator cannot
     take the file (an adopted file, past 2 GB, past :data:`REFERENCE_MAX_PARAMS` when ``n_params`` is known) or the
-    runtime does not run this contract. ``threads``: the attention block's ONNX Runtime intra-op threads."""
+    runtime does not run this contract. ``threads``: the attention block's ONNX Runtime intra-op threads.
+    ``protocol=PLAIN`` (ort-cpu, ort-cuda): the file driven in the contract's own protocol whatever its producer's
+    (named ``ort-cpu:plain``; its failures are findings). ``ours`` / ``infos`` (ort-genai): our ort-cpu runner of
+    the folder and the results so far (verify/genai_runtime.py)."""
+    if protocol == PLAIN:
+        return ort_runner_for(ef, f"{name}:{PLAIN}", session_config(name, log_severity=4),  # failures: findings
+                              contract=contract, feed=feed_of(ef, contract).plain())
+    if name == EAGER_NOCACHE:  # the eager runner, asked for the whole sequence each step
+        return without_cache(runner_for(ef, EAGER, contract, eager=eager), EAGER_NOCACHE)
+    if name == ORT_GENAI:
+        from mhaexport.verify.genai_runtime import genai_runner
+
+        return genai_runner(ef, contract, ours, infos, trust_code)
     block = isinstance(contract, ModuleContract)
     if name not in ARTIFACT or (name == TORCH_MHA and not block) or (name == ONNX_REFERENCE and block):
         return skipped(name, contract, f"runtime {name} does not run {'an attention-block' if block else 'a decoder'}"

@@ -149,6 +149,7 @@ class Context(SweepContext):
     tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
     weights: Callable[[], CheckResult] | None = None  # a lossy folder's weights check (verify/weights.py), run once
     genai_config: Callable[[], CheckResult] | None = None  # the folder's genai_config.json (verify/genai_check.py)
+    without_cache: Callable[[Any], Any] | None = None  # the registry's recompute protocol of a runner (verify.py sets it)
 
     def inputs(self, case: Case):
         return case.inputs(self.contract)

@@ -28,6 +28,8 @@ ORT_CPU, ORT_CUDA, ONNX_REFERENCE = "ort-cpu", "ort-cuda", "onnx-reference"
 # onnxruntime-genai's own generator on the folder (verify/genai_runtime.py): verify adds it to the defaults where it
 # is installed and the folder ships a genai_config.json; asked for by name, it is skipped (never passed) elsewhere
 ORT_GENAI = "ort-genai"
+# the eager model without a KV cache (the whole sequence each step): bench's row of what the cache saves
+EAGER_NOCACHE = "eager-nocache"
 # pt2 / aoti (torch.export, AOTInductor): code, loaded from a folder only on trust (verify/pt2.py); the default list
 # gains them where the folder holds them
 ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE, PT2, AOTI, ORT_GENAI)
@@ -46,7 +48,7 @@ def refuse_unknown(names, known, error: type[ConfigError] = ConfigError) -> None
         raise error(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(known)}")
 
 
-__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
+__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "EAGER_NOCACHE", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
            "ORT_CUDA", "ORT_GENAI", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",
            "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "session_config",
            "skipped"]

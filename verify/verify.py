@@ -15,19 +15,19 @@ from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError, ConfigError
-from mhaexport.runtime.choose import feed_of, ort_runner_for
+from mhaexport.runtime.choose import feed_of
 from mhaexport.runtime.feed import Feed
 from mhaexport.verify.external_data import check_external_data
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
-from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_runner, genai_unavailable
+from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
-from mhaexport.verify.registry import ARTIFACT, runner_for
+from mhaexport.verify.registry import ARTIFACT, PLAIN, runner_for, without_cache
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
 from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
-                                      ORT_GENAI, Runner, refuse_unknown, session_config)
+                                      ORT_GENAI, Runner, refuse_unknown)
 from mhaexport.verify.pt2 import present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
@@ -71,9 +71,7 @@ def other_protocol_runners(ef: ExportFolder, contract, runtimes: tuple[str, ...]
     feed = feed_of(ef, contract) if ef.has("onnx") else None
     if feed is None or not feed.adopted or feed.protocol == PLAIN_PROTOCOL:
         return []
-    return [ort_runner_for(ef, f"{rt}:plain", session_config(rt, log_severity=4),  # its failures are the findings
-                           contract=contract, feed=feed.plain())
-            for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
+    return [runner_for(ef, rt, contract, protocol=PLAIN) for rt in (ORT_CPU, ORT_CUDA) if rt in runtimes]
 
 
 def lossy_artifacts(ef: ExportFolder) -> dict[str, Quantization]:
@@ -174,8 +172,9 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     runners = build_runners(ef, loaded, wanted, trust_code)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
-                  export_sizes=_export_sizes(ef), gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed,
-                  quality=quality, tokenizer=tokenizer,
+                  without_cache=without_cache, export_sizes=_export_sizes(ef),
+                  gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed, quality=quality,
+                  tokenizer=tokenizer,
                   weights=(lambda: check_weights(ef, reproduce, lambda: _linear_weights(loaded.module)))
                   if "onnx" in lossy else None,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small,
@@ -202,7 +201,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
             other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
             ours = runner_for(ef, ORT_CPU, c) if ef.has("onnx") else None
-            g_infos, g_results = run_all([runners[0], genai_runner(ef, c, ours, infos, trust_code)], ctx, checks, say,
+            g_infos, g_results = run_all([runners[0], runner_for(ef, ORT_GENAI, c, ours=ours, infos=infos,
+                                                                      trust_code=trust_code)], ctx, checks, say,
                                          funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
             infos.update(g_infos)
             results.update(g_results)
