@@ -281,15 +281,6 @@ class ModuleContract:
         return self.mask == "causal"
 
     @property
-    def score_features(self) -> dict:
-        """What acts on the attention scores or logits besides the causal mask, by contract field name (only those
-        set): the features every lowering must honour or refuse."""
-        out = {name: getattr(self, name) for name in self.SCORE_FIELDS if getattr(self, name) is not None}
-        if self.attn_sinks:
-            out["attn_sinks"] = True
-        return out
-
-    @property
     def grouped(self) -> bool:
         return self.n_kv_heads != self.n_heads
 

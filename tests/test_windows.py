@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mhaexport.errors import ConfigError
-from mhaexport.iospec import ModelContract
+from mhaexport.iospec import ModelContract, ModuleContract
 
 
 def test_contract_records_score_features_only_when_set():
@@ -20,6 +20,8 @@ def test_contract_records_score_features_only_when_set():
     assert ModelContract.from_dict(d) == c
     with pytest.raises(ConfigError, match="attn_softcap must be a positive finite number"):
         ModelContract(2, 2, 4, 10, 64, attn_softcap=-1.0)
+    block = ModuleContract(d_model=8, n_heads=2, mask="causal", max_positions=16)  # the block alone: the mask only
+    assert block.score_features == {} and block.windows is None and not block.windowed
 
 
 def test_contract_of_reads_the_config_names():
