@@ -550,7 +550,8 @@ def test_setup_first_then_timed_rounds_round_robin(compared):
 
 def test_progress_on_every_generation_with_an_estimate_that_never_rises(compared):
     """Each row's first warm-up is run before any estimate (so a slow row reached late cannot raise it); then every
-    warm-up, timed and long generation has its line, the estimate falling (warm-ups counted at their cap)."""
+    warm-up, timed and long generation has its line, the estimate falling (warm-ups counted at their cap), the
+    count of steps moving forward against one total."""
     res, messages = compared
     steps = [m for m in messages if isinstance(m, Estimate)]
     loads = [m for m in steps if m.startswith("loading")]
@@ -563,6 +564,8 @@ def test_progress_on_every_generation_with_an_estimate_that_never_rises(compared
     assert left == sorted(left, reverse=True) and left[0] > 0
     done = [m.done for m in steps]
     assert done == sorted(done) and all(m.done <= m.total for m in steps)
+    # the total is fixed when the run is planned: warm-ups a row did not need count as done, never as a smaller total
+    assert len({m.total for m in steps}) == 1 and steps[-1].done > steps[len(loads)].done
 
 
 def test_long_runs_and_lowering_table_per_lowering(compared, tmp_path):

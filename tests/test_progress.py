@@ -80,3 +80,31 @@ def test_the_group_option_silences_any_verb(tiny_export, tmp_path):
     res = CliRunner().invoke(main, ["-q", "quantize", str(tiny_export), "-o", str(tmp_path / "q")])
     assert res.exit_code == 0, res.output
     assert "quantizing" not in res.output and "reading" not in res.output and "wrote" in res.output
+
+
+def test_bench_progress_keeps_its_total_when_rows_settle_early_or_are_skipped():
+    """Bench's ``[done/total]``: the total is the planned work; warm-ups a row does not need and a skipped row's
+    work count as done, so the count only moves forward against one total (issue 39: [2/40] -> [2/32] -> [6/29])."""
+    from mhaexport.bench.eta import Eta
+
+    said, now = [], [0.0]
+    eta = Eta(said.append, clock=lambda: now[0])
+    eta.plan("a", 10)  # warm-ups at their cap + timed repeats
+    eta.plan("b", 10)
+    eta.plan("c", 20)
+    eta.tell("loading")
+    for label in ("a", "b"):
+        now[0] += 1.0
+        eta.ran(label, 1.0)
+        eta.tell(f"ran {label}")
+    eta.drop("c")  # a runtime that failed to load
+    eta.tell("c skipped")
+    eta.settled("a", 6)  # steady after its first warm-ups: six of its cap unused
+    eta.tell("a steady")
+    for _ in range(3):
+        eta.ran("a", 1.0)
+        eta.tell("timed a")
+    assert {m.total for m in said} == {40}
+    done = [m.done for m in said]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == 1 + 1 + 20 + 6 + 3
+    assert said[-1].left_s == 9.0  # a has nothing left; b its nine generations at 1 s each
