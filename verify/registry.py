@@ -18,7 +18,9 @@ from typing import Any
 
 from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.iospec import ModuleContract
-from mhaexport.runtime.choose import feed_of, ort_runner_for
+from mhaexport.runtime.choose import feed_of, ort_runner_for, ort_runner_over
+from mhaexport.runtime.ort import OrtRunner
+from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner, module_ort_runner
 from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
@@ -26,9 +28,10 @@ from mhaexport.verify.runners import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REF
                                       TORCH_MHA, TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, RecomputeRunner,
                                       TorchScriptRunner, session_config)
 
-__all__ = ["PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "runner_for", "without_cache"]
+__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "runner_for", "without_cache"]
 
 PLAIN = "plain"  # runner_for(..., protocol=PLAIN): the contract's own protocol (concat cache, left padding)
+DEPLOY = "deploy"  # runner_for(..., protocol=DEPLOY) (ort-cpu, ort-cuda): the file's own protocol, as generate drives it
 # (runtime, protocol): how each runtime drives what it runs
 PROTOCOLS = {
     EAGER: "the eager model, contract calls", EAGER_CUDA: "the eager model on CUDA, contract calls",
@@ -63,7 +66,9 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
     take the file (an adopted file, past 2 GB, past :data:`REFERENCE_MAX_PARAMS` when ``n_params`` is known) or the
     runtime does not run this contract. ``threads``: the attention block's ONNX Runtime intra-op threads.
     ``protocol=PLAIN`` (ort-cpu, ort-cuda): the file driven in the contract's own protocol whatever its producer's
-    (named ``ort-cpu:plain``; its failures are findings). ``ours`` / ``infos`` (ort-genai): our ort-cpu runner of
+    (named ``ort-cpu:plain``; its failures are findings); ``protocol=DEPLOY``: the file in its own protocol (a
+    shared cache's buffers in place, as generate and bench drive it), else verify's contract calls (translated into
+    a shared file's, :class:`~mhaexport.runtime.protocol.ContractOverShared`). ``ours`` / ``infos`` (ort-genai): our ort-cpu runner of
     the folder and the results so far (verify/genai_runtime.py)."""
     if protocol == PLAIN:
         return ort_runner_for(ef, f"{name}:{PLAIN}", session_config(name, log_severity=4),  # failures: findings
@@ -110,6 +115,19 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
             return skipped(name, contract, f"model has {n_params:,} parameters; the pure-Python reference evaluator "
                                            f"runs models up to {REFERENCE_MAX_PARAMS:,}")
         return OnnxReferenceRunner(name, contract, ef.file("onnx"), dtype=onnx.dtype, fixed=feed.fixed)
-    # the Generator's choice of runner, on verify's strict session, driven by contract calls
-    return ort_runner_for(ef, name, session_config(name), contract=contract, contract_steps=True, feed=feed)
+    # the Generator's choice of runner, on verify's strict session, driven by contract calls (a shared file's
+    # translated); protocol=DEPLOY: the file's own protocol, as generate and bench drive it
+    return ort_runner_for(ef, name, session_config(name), contract=contract, feed=feed,
+                          protocol=protocol_of(feed, contract_calls=protocol != DEPLOY))
+
+
+def deploy_of(runner: Runner) -> Runner | None:
+    """The runner of ``runner``'s session in its file's own protocol when ``runner`` drives that file otherwise: a
+    shared-cache file's verify runner (the contract's calls translated, :class:`ContractOverShared`) -> the same
+    session driven as generate, bench and onnxruntime-genai drive it (:class:`SharedBuffer`: buffers bound in place
+    across steps, a ragged batch right-padded), named "NAME (deploy loop)"; None when the two are the same (a concat
+    file, a runner that is no ONNX Runtime decoder's). verify's checks ask for it through ``Context.deploy``."""
+    if not isinstance(runner, OrtRunner) or not isinstance(runner.protocol, ContractOverShared):
+        return None
+    return ort_runner_over(runner, SharedBuffer(runner.feed), f"{runner.name} (deploy loop)")
 
