@@ -18,7 +18,7 @@ import numpy as np
 from mhaexport import dtypes
 from mhaexport.artifact import ExportFolder, OpenFolders, same_model_folders
 from mhaexport.bench import probes
-from mhaexport.bench.config import (DEFAULT_RUNTIMES, EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES,
+from mhaexport.bench.config import (BENCH_RUNTIMES, EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES,
                                     BenchConfig)
 from mhaexport.bench.eta import Eta
 from mhaexport.bench.lowerings import compare_lowerings
@@ -52,7 +52,7 @@ def run_bench(folder: str | Path | ExportFolder, cfg: BenchConfig = BenchConfig(
     :class:`~mhaexport.artifact.OpenFolders` (the folders it opened already are not opened again; it closes them);
     without it the folders are opened here and their snapshots removed when the run ends. torch's thread count is
     ``cfg.threads`` during the run and restored afterwards."""
-    names = tuple(cfg.runtimes or DEFAULT_RUNTIMES)
+    names = tuple(cfg.runtimes or BENCH_RUNTIMES.default)
     with torch_threads(cfg.threads), OpenFolders() as own:
         reads = reads or own
         return _run_bench(reads.open(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe,

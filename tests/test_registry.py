@@ -96,3 +96,27 @@ def test_every_runtime_has_its_protocol():
 
     missing = (set(ALL_RUNTIMES) | set(MODULE_RUNTIMES) | set(BENCH_RUNTIMES) - {"ort-bare"}) - set(PROTOCOLS)
     assert not missing, missing
+
+
+def test_one_table_says_which_runtimes_each_verb_takes_and_one_function_refuses_the_rest():
+    import re
+
+    import mhaexport.bench as bench
+    from mhaexport.errors import ConfigError, RuntimeOptionError
+    from mhaexport.verify.runners import BENCH, DEFAULT_RUNTIMES, EVAL, RUNTIMES, VERIFY, refuse_unknown
+
+    for verb, table in RUNTIMES.items():
+        assert table.default and set(table.default) <= set(table.accepts), verb
+        refuse_unknown(table.accepts, verb)  # every name it accepts passes
+        known = re.escape(", ".join(table.accepts))
+        with pytest.raises(ConfigError, match=rf"^unknown runtime\(s\) nope, ort-tpu; known: {known}$"):
+            refuse_unknown(["eager", "nope", "ort-tpu"], verb)
+    with pytest.raises(RuntimeOptionError):  # bench's, as before: a ConfigError and a RuntimeInputError
+        refuse_unknown(["nope"], BENCH)
+    with pytest.raises(ConfigError, match="known: .*ort-genai, torch-mha$"):  # verify: a decoder's or a block's
+        refuse_unknown(["nope"], VERIFY, "verify --module attention")
+    # the names the API exports are the table's entries
+    assert (ALL_RUNTIMES, DEFAULT_RUNTIMES) == (RUNTIMES[VERIFY].accepts, RUNTIMES[VERIFY].default)
+    assert (bench.ALL_RUNTIMES, bench.DEFAULT_RUNTIMES) == (RUNTIMES[BENCH].accepts, RUNTIMES[BENCH].default)
+    assert "eager-nocache" in bench.ALL_RUNTIMES and "eager-nocache" not in bench.DEFAULT_RUNTIMES
+    assert RUNTIMES[EVAL].default == ("ort-cpu",)

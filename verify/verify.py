@@ -26,8 +26,8 @@ from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MOD
 from mhaexport.verify.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
-                                      ORT_GENAI, Runner, refuse_unknown)
+from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, ORT_CPU, ORT_CUDA, ORT_GENAI,
+                                      VERIFY, Runner, refuse_unknown)
 from mhaexport.verify.pt2 import present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
@@ -107,8 +107,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
-    known = ALL_RUNTIMES + tuple(r for r in MODULE_RUNTIMES if r not in ALL_RUNTIMES)
-    refuse_unknown(wanted, known)
+    refuse_unknown(wanted, VERIFY, MODULE)  # a decoder's or an attention block's: which, once the folder is open
     unknown = [c for c in checks or () if c not in ALL_CHECKS + MODULE_CHECKS]
     if unknown:
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
