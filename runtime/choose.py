@@ -36,6 +36,14 @@ def source_sha256(ef: ExportFolder) -> str:
     return entry.files[entry.file]["sha256"]
 
 
+def no_decode_loop(ef: ExportFolder) -> str | None:
+    """Why ``ef``'s ONNX export cannot be driven by a KV-cache decode loop (a static-shape export), or None."""
+    if ef.entry("onnx").seq_dynamic:
+        return None
+    return (f"{ef.path} holds a static-shape ONNX export (sequence and past lengths fixed); a KV-cache decode loop "
+            "needs `mhaexport onnx --seq-dynamic`")
+
+
 def ort_runner_for(ef: ExportFolder, name: str, config: SessionConfig = SessionConfig(), *,
                    contract: ModelContract | None = None, io_binding: bool | None = None,
                    feed: Feed | None = None, protocol: Protocol | None = None) -> OrtRunner:
