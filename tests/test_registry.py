@@ -102,7 +102,7 @@ def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, m
         assert type(verify_runner.protocol) is ContractOverShared and type(own.protocol) is SharedBuffer
         assert verify_runner.max_length == loaded.contract.max_positions and own.max_length == 64
         twin = deploy_of(verify_runner.activate())
-        assert type(twin.protocol) is SharedBuffer and twin.activate().session is verify_runner.session
+        assert type(twin.protocol) is SharedBuffer and twin.is_active and twin.session is verify_runner.session
         assert deploy_of(own) is None and deploy_of(runner_for(ef, "eager", loaded.contract, eager=loaded.module)) is None
 
 

@@ -132,8 +132,10 @@ def deploy_of(runner: Runner) -> Runner | None:
     shared-cache file's verify runner (the contract's calls translated, :class:`ContractOverShared`) -> the same
     session driven as generate, bench and onnxruntime-genai drive it (:class:`SharedBuffer`: buffers bound in place
     across steps, a ragged batch right-padded), named "NAME (deploy loop)"; None when the two are the same (a concat
-    file, a runner that is no ONNX Runtime decoder's). verify's checks ask for it through ``Context.deploy``."""
+    file, a runner that is no ONNX Runtime decoder's). Active when ``runner`` is (the decode loop sizes its buffers
+    on the session's device before its first call). verify's checks ask for it through ``Context.deploy``."""
     if not isinstance(runner, OrtRunner) or not isinstance(runner.protocol, ContractOverShared):
         return None
-    return ort_runner_over(runner, SharedBuffer(runner.feed), f"{runner.name} (deploy loop)")
+    twin = ort_runner_over(runner, SharedBuffer(runner.feed), f"{runner.name} (deploy loop)")
+    return twin.activate() if runner.is_active else twin
 
