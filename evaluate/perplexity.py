@@ -17,7 +17,7 @@ from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.registry import runner_for
 from mhaexport.verify.quality import TextScore, score_text, windows
-from mhaexport.verify.runners import EAGER, EAGER_CUDA, EVAL, ORT_CPU, RUNTIMES, TORCHSCRIPT, refuse_unknown
+from mhaexport.verify.runners import EAGER, EAGER_CUDA, EVAL, RUNTIMES, TORCHSCRIPT, refuse_unknown
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 
