@@ -8,17 +8,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mhaexport.errors import ConfigError, RuntimeOptionError
-from mhaexport.verify.runners import AOTI, EAGER, EAGER_CUDA, EAGER_NOCACHE, ORT_CPU, ORT_CUDA, ORT_GENAI, PT2, TORCHSCRIPT, refuse_unknown
+from mhaexport.verify.runners import (AOTI, BENCH, EAGER, EAGER_CUDA, EAGER_NOCACHE, ORT_BARE, ORT_CPU, ORT_CUDA,
+                                      ORT_GENAI, PT2, RUNTIMES, TORCHSCRIPT, refuse_unknown)
 
-# bench's own rows besides verify's runtimes: eager without the KV cache (verify's RecomputeRunner), a bare
-# session.run loop over the folder's ONNX file (what the runtime's loop costs), onnxruntime-genai's generator loop
-ORT_BARE = "ort-bare"
-# pt2 / aoti: the torch.export program and AOTInductor package, code loaded only on trust (``trust_code``); in the
-# default run only where the folder holds them
-ALL_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA, PT2, AOTI)
-# what a run times unless told: every runtime but eager-nocache (recompute is O(n^2): on the default model it took
-# more time than every other row together), which is opt-in by name
-DEFAULT_RUNTIMES = tuple(r for r in ALL_RUNTIMES if r != EAGER_NOCACHE)
+# bench's runtimes are its entry of the one table (verify/runners.py's RUNTIMES): verify's besides eager without the
+# KV cache (verify's RecomputeRunner), ort-bare (a bare session.run loop over the folder's ONNX file: what the
+# runtime's loop costs) and onnxruntime-genai's generator loop; what a run times unless told: every one but
+# eager-nocache, opt-in by name
+BENCH_RUNTIMES = RUNTIMES[BENCH]
+
+
+def __getattr__(name: str):
+    """``ALL_RUNTIMES`` / ``DEFAULT_RUNTIMES``: :data:`BENCH_RUNTIMES`' ``accepts`` / ``default`` under the names
+    bench exported before the one table (kept for ``mhaexport.bench``'s callers)."""
+    if name == "ALL_RUNTIMES":
+        return BENCH_RUNTIMES.accepts
+    if name == "DEFAULT_RUNTIMES":
+        return BENCH_RUNTIMES.default
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)
 ORT_RUNTIMES = (ORT_CPU, ORT_CUDA)
 _EXAMPLE = {"batches": "1,4,16", "prompts": "32,512,2048"}  # the issue's points, as the errors' example
@@ -32,7 +41,7 @@ class BenchConfig:
     new_tokens: int = 128
     batch: int = 1
     threads: int = 2  # torch's intra-op threads, ONNX Runtime's intra-op threads and the bandwidth probes'
-    runtimes: tuple[str, ...] | None = None  # None: DEFAULT_RUNTIMES (absent ones are reported skipped)
+    runtimes: tuple[str, ...] | None = None  # None: BENCH_RUNTIMES.default (absent ones are reported skipped)
     repeats: int = 3  # timed generations per row, round-robin over the rows
     nocache_repeats: int = 1  # recompute is slow (O(n^2)); it is timed this many times
     # ORT CPU runs (each lowering) out to this position; 0: off (the default: a long run is opt-in); None:
@@ -91,8 +100,8 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
     naming what is valid). Every BenchConfig is checked so when it is made."""
     from mhaexport.runtime.session import OPT_LEVELS
 
-    names = cfg.runtimes or DEFAULT_RUNTIMES
-    refuse_unknown(names, ALL_RUNTIMES, RuntimeOptionError)
+    names = cfg.runtimes or BENCH_RUNTIMES.default
+    refuse_unknown(names, BENCH)
     bad_levels = [x for x in cfg.opt_levels if x not in OPT_LEVELS]
     if bad_levels:
         raise ConfigError(f"--opt-levels: unknown graph optimization level(s) {', '.join(bad_levels)}; "

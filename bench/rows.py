@@ -3,8 +3,9 @@ decode loop, :class:`~mhaexport.runtime.decode.DecodeLoop` — the loop verify's
 drive, so what bench times is what verify proved. Every figure comes from :class:`GenerationResult`'s timings.
 
 The rows: ``eager`` (verify's EagerRunner, the KV cache kept as torch tensors), ``eager-nocache`` (RecomputeRunner
-around it: the whole sequence every step), ``eager-cuda``, ``torchscript``, ``ort-cpu`` / ``ort-cuda`` (the deploy
-runtime's :class:`~mhaexport.runtime.Generator`: hash-checked session, IO binding), the ORT rows of each
+around it: the whole sequence every step), ``eager-cuda``, ``torchscript``, ``ort-cpu`` / ``ort-cuda`` (the
+registry's runner in the file's own protocol, as the deploy runtime's Generator drives it: hash-checked session, IO
+binding), the ORT rows of each
 ``--compare`` folder labelled by lowering, and the ``--opt-levels`` variants of ORT CPU.
 
 A row is planned (:func:`plan_rows`), then loaded (:meth:`Row.activate`), warmed up until steady
@@ -33,8 +34,9 @@ from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.runner import Runner
+from mhaexport.runtime.session import SessionConfig
 from mhaexport.verify.pt2 import CODE_RUNTIMES
-from mhaexport.verify.registry import runner_for
+from mhaexport.verify.registry import DEPLOY, runner_for
 from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
 
 
@@ -415,15 +417,23 @@ def skipped_row(name: str, reason: str, **kw: Any) -> Row:
     return Row(RuntimeBench(name, reason=reason, **kw), None, 0)
 
 
+def ort_session(provider: str, cfg: BenchConfig, opt_level: str | None = None,
+                profile_prefix: str | None = None) -> SessionConfig:
+    """An ORT row's session (and the profile's): one provider, strict, ``--threads``, the optimization level."""
+    from mhaexport.runtime.session import DEFAULT_OPT_LEVEL
+
+    return SessionConfig(providers=(provider,), threads=cfg.threads, opt_level=opt_level or DEFAULT_OPT_LEVEL,
+                         strict_providers=True, profile_prefix=profile_prefix)
+
+
 def _ort_loader(ef: ExportFolder, provider: str, cfg: BenchConfig, opt_level: str | None = None
                 ) -> Callable[[], Runner]:
     def load() -> Runner:
-        from mhaexport.runtime import Generator
-        from mhaexport.runtime.session import DEFAULT_OPT_LEVEL
-
-        # the folder opened (and its snapshot hash-checked) once by the run: the rows run those bytes
-        gen = Generator(ef, providers=(provider,), threads=cfg.threads, opt_level=opt_level or DEFAULT_OPT_LEVEL)
-        return gen.runner
+        # the registry's runner in the file's own protocol (as generate drives it), on the folder opened (and its
+        # snapshot hash-checked) once by the run: the rows run those bytes
+        name = ORT_CPU if provider == "cpu" else ORT_CUDA
+        return runner_for(ef, name, ef.contract, protocol=DEPLOY, config=ort_session(provider, cfg, opt_level)
+                          ).activate()
 
     return load
 

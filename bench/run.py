@@ -18,22 +18,23 @@ import numpy as np
 from mhaexport import dtypes
 from mhaexport.artifact import ExportFolder, OpenFolders, same_model_folders
 from mhaexport.bench import probes
-from mhaexport.bench.config import (DEFAULT_RUNTIMES, EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES,
+from mhaexport.bench.config import (BENCH_RUNTIMES, EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES,
                                     BenchConfig)
 from mhaexport.bench.eta import Eta
 from mhaexport.bench.lowerings import compare_lowerings
 from mhaexport.artifact.record import Environment
 from mhaexport.bench.result import (BandwidthInfo, BenchModel, BenchResult, LongRun, LoopComparison, OpTime,
                                     Profile)
-from mhaexport.bench.rows import EagerModel, Row, plan_rows
+from mhaexport.bench.rows import EagerModel, Row, ort_session, plan_rows
 from mhaexport.bench.scaling import scaling_rows, scaling_runs, seeded_prompt
 from mhaexport.bench.stats import token_spread, window_median
 from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
-from mhaexport.errors import MhaExportError, RuntimeOptionError
+from mhaexport.errors import MhaExportError, ProviderUnavailable, RuntimeOptionError
 from mhaexport.progress import Step
-from mhaexport.runtime.decode import GenerationResult
+from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.verify.pt2 import refuse_untrusted
+from mhaexport.verify.registry import DEPLOY, runner_for
 from mhaexport.verify.runners import ORT_CPU
 from mhaexport.verify.threads import torch_threads
 
@@ -52,7 +53,7 @@ def run_bench(folder: str | Path | ExportFolder, cfg: BenchConfig = BenchConfig(
     :class:`~mhaexport.artifact.OpenFolders` (the folders it opened already are not opened again; it closes them);
     without it the folders are opened here and their snapshots removed when the run ends. torch's thread count is
     ``cfg.threads`` during the run and restored afterwards."""
-    names = tuple(cfg.runtimes or DEFAULT_RUNTIMES)
+    names = tuple(cfg.runtimes or BENCH_RUNTIMES.default)
     with torch_threads(cfg.threads), OpenFolders() as own:
         reads = reads or own
         return _run_bench(reads.open(folder), cfg, names, progress or (lambda m: None), probe or probes.default_probe,
@@ -350,8 +351,6 @@ def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> P
     one that is the export folder, it goes to a temporary folder and only the summary is kept (``file`` None)."""
     import tempfile
 
-    from mhaexport.runtime import GenerationConfig, Generator
-
     keep = cfg.profile_dir is not None and Path(cfg.profile_dir).resolve() != Path(ef.path).resolve()
     with tempfile.TemporaryDirectory(prefix="mhaexport-profile-") as tmp:
         out = Path(cfg.profile_dir) if keep else Path(tmp)
@@ -360,9 +359,16 @@ def profile_ort_cpu(ef: ExportFolder, cfg: BenchConfig, prompt: np.ndarray) -> P
 
             refuse_link(out, "bench output folder")  # the trace is never written through a link
         out.mkdir(parents=True, exist_ok=True)
-        gen = Generator(ef, providers=("cpu",), threads=cfg.threads, profile_prefix=str(out / "ort-profile"))
-        gen.generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))
-        summary = summarize_profile(gen.session.end_profiling())
+        # the registry's ort-cpu in the file's own protocol (as its row runs), with ONNX Runtime's profiler on
+        runner = runner_for(ef, ORT_CPU, ef.contract, protocol=DEPLOY,
+                            config=ort_session("cpu", cfg, profile_prefix=str(out / "ort-profile"))).activate()
+        if runner.skip_reason is not None:
+            raise ProviderUnavailable(runner.skip_reason)
+        try:
+            DecodeLoop(runner).generate(prompt, GenerationConfig(max_new_tokens=cfg.new_tokens))
+            summary = summarize_profile(runner.session.end_profiling())
+        finally:
+            runner.deactivate()
     if not keep:
         summary.file = None
     return summary

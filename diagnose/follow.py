@@ -168,7 +168,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
     from mhaexport.diagnose.bisect import _quantization, quantized_tolerance
     from mhaexport.verify.checks import _ragged_prompts
     from mhaexport.verify.runners import ORT_CPU
-    from mhaexport.verify.registry import runner_for
+    from mhaexport.verify.registry import DEPLOY, runner_for
 
     with opened(folder, "onnx") as ef:
         if loaded is None:
@@ -180,9 +180,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
         if tol is None:
             quant = _quantization(entry)
             tol = quantized_tolerance(quant)[0] if quant else (1e-2 if entry.dtype != "float32" else 1e-3)
-        runner = runner_for(ef, ORT_CPU, c)
-        runner.activate()
-        twin = runner.deploy_runner() or runner
+        twin = runner_for(ef, ORT_CPU, c, protocol=DEPLOY)  # the file in its own protocol, as generate drives it
         twin.activate()
         try:
             prompts = [p.tolist() for p in _ragged_prompts(SimpleNamespace(contract=c), n_new, seed + 43)]
@@ -201,7 +199,6 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
                     logits, state = loop.decode_one_token(nxt, state)
         finally:
             twin.deactivate()
-            runner.deactivate()
     shared = twin.protocol.in_place  # rows packed from slot 0 in one buffer per layer
     protocol = (f"the deploy loop ({'one buffer per layer reused in place, ' if shared else ''}a ragged "
                 f"{padding}-padded batch of {len(prompts)} rows of {[len(p) for p in prompts]} tokens, rows "

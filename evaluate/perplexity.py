@@ -17,7 +17,7 @@ from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.registry import runner_for
 from mhaexport.verify.quality import TextScore, score_text, windows
-from mhaexport.verify.runners import ALL_RUNTIMES, EAGER, EAGER_CUDA, ORT_CPU, TORCHSCRIPT, refuse_unknown
+from mhaexport.verify.runners import EAGER, EAGER_CUDA, EVAL, RUNTIMES, TORCHSCRIPT, refuse_unknown
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 
@@ -95,7 +95,7 @@ def _threads_for(ef: ExportFolder, name: str) -> int | None:
 
 
 def evaluate_folder(folder: str | Path | ExportFolder, text: bytes | None = None, *, text_source: str | None = None,
-                    runtimes: tuple[str, ...] = (ORT_CPU,), window: int | None = None,
+                    runtimes: tuple[str, ...] = RUNTIMES[EVAL].default, window: int | None = None,
                     stride: int | None = None, trust_code: bool = False,
                     progress: Callable[[str], None] | None = None) -> EvalReport:
     """Perplexity of ``folder``'s artifacts on ``text`` (default: the held-out text of the shipped weights) on each
@@ -107,7 +107,7 @@ def evaluate_folder(folder: str | Path | ExportFolder, text: bytes | None = None
     from mhaexport.runtime.tokenizer import for_folder
     from mhaexport.verify.quality import text_tokens
 
-    refuse_unknown(runtimes, ALL_RUNTIMES)
+    refuse_unknown(runtimes, EVAL)
     if not isinstance(folder, ExportFolder):  # opened here once, its snapshot removed when done (on errors too)
         with ExportFolder.open(folder) as ef:
             return evaluate_folder(ef, text, text_source=text_source, runtimes=runtimes, window=window,

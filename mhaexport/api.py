@@ -437,8 +437,9 @@ def evaluate(folder: str | Path, text: bytes | None = None, *, text_source: str 
     ConfigError for an unknown runtime or a bad ``window``/``stride``, RuntimeInputError for text the model cannot
     read. The folder is opened (hash-checked) once; its snapshot goes when done."""
     from mhaexport.evaluate.perplexity import evaluate_folder
+    from mhaexport.verify.runners import EVAL, RUNTIMES
 
-    runtimes = _names(runtimes, "runtimes") or ("ort-cpu",)
+    runtimes = _names(runtimes, "runtimes") or RUNTIMES[EVAL].default
     _count(stride, "stride")
     return evaluate_folder(folder, text, text_source=text_source, runtimes=runtimes, window=window, stride=stride,
                            trust_code=trust_code, progress=progress)

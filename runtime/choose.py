@@ -15,6 +15,7 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
+from mhaexport.runtime.protocol import Protocol, protocol_of
 from mhaexport.runtime.session import SessionConfig
 
 
@@ -35,16 +36,35 @@ def source_sha256(ef: ExportFolder) -> str:
     return entry.files[entry.file]["sha256"]
 
 
+def no_decode_loop(ef: ExportFolder) -> str | None:
+    """Why ``ef``'s ONNX export cannot be driven by a KV-cache decode loop (a static-shape export), or None."""
+    if ef.entry("onnx").seq_dynamic:
+        return None
+    return (f"{ef.path} holds a static-shape ONNX export (sequence and past lengths fixed); a KV-cache decode loop "
+            "needs `mhaexport onnx --seq-dynamic`")
+
+
 def ort_runner_for(ef: ExportFolder, name: str, config: SessionConfig = SessionConfig(), *,
                    contract: ModelContract | None = None, io_binding: bool | None = None,
-                   contract_steps: bool = False, feed: Feed | None = None) -> OrtRunner:
+                   feed: Feed | None = None, protocol: Protocol | None = None) -> OrtRunner:
     """The ONNX Runtime runner of ``ef``'s ONNX export, not yet activated: a :class:`SharedCacheOrtRunner` for a shared
-    cache (``contract_steps``: verify's contract calls, see that class), else an :class:`OrtRunner`; an adopted file
-    fed under its own names. ``contract``: the eager model's contract (default: the folder's). ``feed``: another
-    protocol than the file's own (verify's plain-protocol findings: :meth:`Feed.plain`)."""
+    cache, else an :class:`OrtRunner`; an adopted file fed under its own names. ``contract``: the eager model's
+    contract (default: the folder's). ``feed``: another feed than the file's own (verify's plain-protocol findings:
+    :meth:`Feed.plain`). ``protocol``: how it is driven (default: the file's own, :func:`protocol_of` its feed;
+    verify's registry asks for the contract's calls translated, :class:`ContractOverShared`)."""
     c = contract or ef.contract
     feed = feed or feed_of(ef, c)
-    common = dict(feed=feed, config=config, io_binding=io_binding, source_sha256=source_sha256(ef))
+    common = dict(feed=feed, config=config, io_binding=io_binding, source_sha256=source_sha256(ef),
+                  protocol=protocol or protocol_of(feed))
     if feed.shared:
-        return SharedCacheOrtRunner(name, c, ef.file("onnx"), contract_steps=contract_steps, **common)
+        return SharedCacheOrtRunner(name, c, ef.file("onnx"), **common)
     return OrtRunner(name, c, ef.file("onnx"), **common)
+
+
+def ort_runner_over(runner: OrtRunner, protocol: Protocol, name: str | None = None) -> OrtRunner:
+    """A runner of ``runner``'s session (opened once, by ``runner``) driven in ``protocol``: one file, one session,
+    two ways of driving it (verify's contract calls and the deploy loop's buffers in place). Not activated; its own
+    ``times``."""
+    return type(runner)(name or runner.name, runner.contract, runner.path, feed=runner.feed, config=runner.config,
+                        io_binding=runner.io_binding, source_sha256=runner.source_sha256, protocol=protocol,
+                        session_of=runner)

@@ -17,7 +17,7 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ArtifactError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
                                       GenerationConfig, GenerationResult, pad_prompts)
-from mhaexport.runtime.choose import open_folder, ort_runner_for
+from mhaexport.runtime.choose import no_decode_loop, open_folder, ort_runner_for
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig
 
 
@@ -46,9 +46,8 @@ class Generator:
         self.export = open_folder(folder)  # the ExportFolder: manifest as typed objects, files snapshot-checked
         self.entry = self.export.entry("onnx")
         self.folder = self.export.path
-        if not self.entry.seq_dynamic:
-            raise ArtifactError(f"{self.folder} holds a static-shape ONNX export (sequence and past lengths fixed); "
-                                "a KV-cache decode loop needs `mhaexport onnx --seq-dynamic`")
+        if (static := no_decode_loop(self.export)) is not None:
+            raise ArtifactError(static)
         self.contract = self.export.contract
         self.runner = ort_runner_for(self.export, "ort", cfg, io_binding=io_binding).activate()
         self.feed = self.runner.feed  # how the file is fed, read from the manifest once (runtime.feed.Feed)

@@ -10,7 +10,6 @@ file fixes) is :class:`OrtSessionRunner`, which verify's attention-block runner 
 
 from __future__ import annotations
 
-import copy
 import functools
 from pathlib import Path
 
@@ -18,10 +17,10 @@ import numpy as np
 import onnxruntime as ort
 
 from mhaexport import dtypes, iospec
-from mhaexport.errors import RuntimeFailure, first_line
+from mhaexport.errors import ProviderUnavailable, RuntimeFailure, first_line
 from mhaexport.iospec import Contract, ModelContract
 from mhaexport.runtime.feed import Feed
-from mhaexport.runtime.protocol import ContractOverShared, Protocol, SharedBuffer, protocol_of
+from mhaexport.runtime.protocol import Protocol, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
 from mhaexport.runtime.session import CUDA, SessionConfig, open_session
 
@@ -31,15 +30,17 @@ class OrtSessionRunner(Runner):
     ``path`` from :func:`~mhaexport.runtime.session.open_session`. ``config.providers`` says where; a provider that
     does not really run here (``get_providers()``) makes the runner skipped with ONNX Runtime's reason, never
     silently CPU. A contract's runner adds its feed (``run_impl``) and which input axes must stay dynamic
-    (:meth:`fixed_axes`): the decoder's :class:`OrtRunner`, verify's attention-block runner."""
+    (:meth:`fixed_axes`): the decoder's :class:`OrtRunner`, verify's attention-block runner. ``session_of``: another
+    runner of the same file whose session this one drives (opened once, by that runner: one file, two protocols)."""
 
     def __init__(self, name: str, contract: Contract, path: str | Path | bytes, *,
                  config: SessionConfig = SessionConfig(), dtype: str = "float32", fixed: tuple[int, int] | None = None,
-                 source_sha256: str | None = None) -> None:
+                 source_sha256: str | None = None, session_of: OrtSessionRunner | None = None) -> None:
         super().__init__(name, contract, dtype=dtype, fixed=fixed)
         self.path = path if isinstance(path, bytes) else Path(path)
         self.config = config
         self.source_sha256 = source_sha256  # the file's recorded sha256: keys the optimized-graph cache
+        self.session_of = session_of
         self.session: ort.InferenceSession | None = None
         self.device = "cpu"
         self.warnings: list[str] = []
@@ -55,6 +56,12 @@ class OrtSessionRunner(Runner):
         self._in_shapes = {i.name: list(i.shape) for i in session.get_inputs()}
 
     def activate_impl(self) -> None:
+        if (owner := self.session_of) is not None:  # the same session, driven in this runner's protocol
+            owner.activate()
+            if owner.skip_reason is not None:
+                raise ProviderUnavailable(owner.skip_reason)
+            self._adopt(owner.session, owner.warnings, owner.optimized_from_cache)
+            return
         session, warnings, from_cache = open_session(self.path, self.config, source_sha256=self.source_sha256)
         self._adopt(session, warnings, from_cache)
 
@@ -81,11 +88,12 @@ class OrtRunner(OrtSessionRunner):
 
     def __init__(self, name: str, contract: ModelContract, path: str | Path | bytes, *, feed: Feed | None = None,
                  config: SessionConfig = SessionConfig(), io_binding: bool | None = None,
-                 source_sha256: str | None = None, protocol: Protocol | None = None) -> None:
+                 source_sha256: str | None = None, protocol: Protocol | None = None,
+                 session_of: OrtRunner | None = None) -> None:
         feed = feed or Feed.contract(contract.n_layers)
         self.protocol = protocol or protocol_of(feed)  # how the file is driven: padding, buffers, calls
         super().__init__(name, contract, path, config=config, dtype=feed.cache_dtype, fixed=feed.fixed,
-                         source_sha256=source_sha256)
+                         source_sha256=source_sha256, session_of=session_of)
         self.io_binding = io_binding
         self.feed = feed  # the file's names for the contract's inputs and outputs, its cache
         self.out_logits = feed.logits
@@ -180,50 +188,35 @@ class SharedCacheOrtRunner(OrtRunner):
     and GroupQueryAttention writes each row's new keys/values into the buffer in place. Its protocol: every row's
     tokens packed from slot 0 (prompts right-padded), ``attention_mask`` telling each row's real length.
 
-    - ``step`` (the decode loop, the deploy path): the buffers are carried between steps and bound as both past and
-      present — the same OrtValue, never copied; the decode loop right-pads prompts (``padding = "right"``).
-    - ``run`` (verify's contract calls, any padding, any past): translated into the protocol — rows packed, a past
-      cache copied into fresh buffers, calls with a past split into one call per row (GroupQueryAttention takes more
-      than one new token with a past only at batch 1) — and the outputs scattered back to the contract's positions
-      (padded positions left 0: nothing compares them). With ``contract_steps`` the decode loop uses ``run`` too, so
-      verify's decoding checks see the contract's semantics.
+    It runs as its protocol (:mod:`mhaexport.runtime.protocol`, given by whoever builds it: the registry) says:
+
+    - :class:`SharedBuffer` (the file's own; the deploy loop, bench): ``step`` carries the buffers between steps,
+      bound as both past and present — the same OrtValue, never copied; the decode loop right-pads prompts.
+    - :class:`ContractOverShared` (verify's contract calls, any padding, any past): ``run`` and ``step`` translate
+      each call into the file's (:meth:`SharedBuffer.calls`) — rows packed, a past cache copied into fresh buffers,
+      calls with a past split into one call per row (GroupQueryAttention takes more than one new token with a past
+      only at batch 1) — and scatter the outputs back to the contract's positions (padded positions left 0: nothing
+      compares them); the cache between calls is the contract's arrays.
+
+    ``run`` translates a contract call in either protocol.
     """
 
-    def __init__(self, *args, contract_steps: bool = False, **kwargs) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if not self.feed.shared or not self.feed.max_cache:
             raise ValueError(f"{self.name}: a shared-cache runner needs a shared feed with its slots, not "
                              f"{self.feed.protocol}")
-        if not isinstance(self.protocol, SharedBuffer) or contract_steps:
-            self.protocol = protocol_of(self.feed, contract_calls=contract_steps)
+        if not isinstance(self.protocol, SharedBuffer):
+            self.protocol = protocol_of(self.feed)
         self.max_cache = self.protocol.max_cache
         # the numpy dtype the decode loop hands ONNX Runtime the logits in (set with the session; None: ORT allocates)
         self._into: np.dtype | None = None
 
     @property
-    def contract_steps(self) -> bool:
-        """Whether the decode loop runs verify's contract calls translated (:class:`ContractOverShared`)."""
-        return isinstance(self.protocol, ContractOverShared)
-
-    def deploy_runner(self) -> SharedCacheOrtRunner | None:
-        """With ``contract_steps`` (verify's runner): the same session in the file's own protocol
-        (:class:`SharedBuffer`), as the Generator, bench and onnxruntime-genai drive it — buffers bound in place
-        across steps, prompts right-padded and packed from slot 0. Active when this runner is. None without
-        contract_steps (this runner is that already)."""
-        if not self.contract_steps:
-            return None
-        twin = copy.copy(self)
-        twin.protocol, twin.times = SharedBuffer(self.feed), []
-        twin.name = f"{self.name} (deploy loop)"
-        return twin
-
-    @property
     def max_length(self) -> int:
-        """The most positions a decode loop can feed: the buffer's slots (and the model's max_positions); verify's
-        contract steps size their buffers per call, so there only max_positions."""
-        if self.contract_steps:
-            return self.contract.max_positions
-        return min(self.contract.max_positions, self.max_cache)
+        """The most positions a decode loop can feed: the buffer's slots (and the model's max_positions) where the
+        buffers are carried; translated contract calls size their buffers per call, so there only max_positions."""
+        return self.protocol.max_length(self.contract.max_positions)
 
     def limit_text(self) -> str:
         if self.max_length < self.contract.max_positions:
@@ -294,10 +287,10 @@ class SharedCacheOrtRunner(OrtRunner):
                 capacity: int | None = None) -> SharedSteps | None:
         """The decode loop's steps over these buffers with nothing but the run between them (:class:`SharedSteps`):
         on the CPU, for a file fed ids and mask only whose logits the loop hands in (``_into``), after a prefill
-        that bound the buffers; None otherwise (verify's contract steps, CUDA, an adopted file fed positions),
-        and where the steps would pass the buffers' ``capacity`` (the generic step refuses that)."""
+        that bound the buffers; None otherwise (verify's translated contract calls, CUDA, an adopted file fed
+        positions), and where the steps would pass the buffers' ``capacity`` (the generic step refuses that)."""
         B, S = attention_mask.shape
-        if (self.contract_steps or self._into is None or self.feed.position_ids is not None
+        if (not self.protocol.in_place or self._into is None or self.feed.position_ids is not None
                 or not isinstance(cache, BoundBuffers) or cache.io is None
                 or S + steps > min(capacity or self.max_length, self.max_cache)):
             return None
@@ -308,17 +301,17 @@ class SharedCacheOrtRunner(OrtRunner):
         prompt + new tokens, as onnxruntime-genai sizes its own), else ``max_cache``. Measured on the bench-size
         Llama (1024 positions, prompt 32 + 128 tokens): making zeroed 1024-slot buffers took 8-25 ms inside the
         prefill (~2 ms for 160 slots), and the decode steps over 160-slot buffers ran ~2 % faster."""
-        if self.contract_steps:
+        if not self.protocol.in_place:  # the contract's arrays
             return super().empty_cache(batch)
         return self.buffers(batch, self.protocol.slots(positions), windowed=True)
 
     def cache_from_numpy(self, past: KVPairs):
-        if self.contract_steps:
+        if not self.protocol.in_place:
             return past
         raise NotImplementedError("a shared-buffer cache is built by the decode loop, not from contract arrays")
 
     def step_impl(self, ids: np.ndarray, mask: np.ndarray, cache):
-        if self.contract_steps:
+        if not self.protocol.in_place:  # each call translated, the cache the contract's arrays
             logits, present = self.run_impl(ids, mask, self.cache_numpy(cache))
             return logits, present
         return self._run_shared(ids, mask, cache), cache

@@ -53,13 +53,20 @@ class Protocol:
 
     name = "concat cache, left padding"
     padding = LEFT
-    in_place = False  # whether the cache is one buffer bound as past and present
+    # whether the decode loop's cache is one buffer per layer bound as past and present and carried across calls
+    # (written in place); else the cache between calls is the contract's (key, value) arrays
+    in_place = False
 
     def __init__(self, feed) -> None:  # a mhaexport.runtime.feed.Feed (which imports this module)
         self.feed = feed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
+
+    def max_length(self, max_positions: int) -> int:
+        """The most positions (past + seq) a decode loop can feed the file in this protocol: the model's
+        ``max_positions`` (a shared buffer's slots cap it where the buffers are carried)."""
+        return max_positions
 
     def calls(self, ids: np.ndarray, mask: np.ndarray, *, rows_alone: bool = False) -> tuple[list[Call], list[int]]:
         """The file's calls for one contract call of (B, T) ``ids`` and (B, P + T) ``mask``, and the rows none runs
@@ -85,6 +92,9 @@ class SharedBuffer(Protocol):
         if not feed.shared or not feed.max_cache:
             raise ValueError(f"a shared-buffer protocol needs a shared feed with its slots, not {feed.protocol}")
         self.max_cache = feed.max_cache
+
+    def max_length(self, max_positions: int) -> int:
+        return min(max_positions, self.max_cache)
 
     def slots(self, positions: int | None = None, *, at_least: bool = False) -> int:
         """A buffer's slots for ``positions``: the loop's own need, capped at ``max_cache`` (as onnxruntime-genai
@@ -139,6 +149,10 @@ class ContractOverShared(SharedBuffer):
 
     name = "the contract's calls, translated into one shared buffer per layer"
     padding = LEFT
+    in_place = False  # fresh buffers per call, sized to it: the cache between calls is the contract's arrays
+
+    def max_length(self, max_positions: int) -> int:
+        return max_positions  # each call's buffers are sized to it (SharedBuffer.slots(at_least=True))
 
 
 def protocol_of(feed, *, contract_calls: bool = False) -> Protocol:

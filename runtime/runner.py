@@ -184,11 +184,6 @@ class Runner:
         checked = self.check_inputs(*inputs)
         return self._timed(self.run_impl, *checked, inputs=checked)
 
-    def deploy_runner(self) -> Runner | None:
-        """This runner as ``generate`` and ``bench`` drive the same file, when verify's runner speaks another protocol
-        (a shared cache's contract translation); None when the two are the same code."""
-        return None
-
     def stepper(self, cache: Cache, attention_mask: np.ndarray, steps: int, capacity: int | None = None) -> Any:
         """The decode loop's steps after a state (``cache`` and its (B, S) ``attention_mask``; ``capacity``: the most
         positions the cache was made for) with the least work between two runs, for up to ``steps`` steps: an

@@ -39,10 +39,10 @@ def _plant_deploy_bug(monkeypatch, bug: str) -> None:
             buf.update_inplace(arr)
 
     def buggy(self, ids, mask, bufs):
-        if bug == "ragged" and not self.contract_steps and ids.shape[1] == 1:
+        if bug == "ragged" and self.protocol.in_place and ids.shape[1] == 1:
             mask = np.ones_like(mask)  # every row fed as if as long as the longest: the shorter row reads holes
         out = real(self, ids, mask, bufs)
-        if bug == "reused" and not self.contract_steps and ids.shape[0] > 1 and ids.shape[1] == 1:
+        if bug == "reused" and self.protocol.in_place and ids.shape[0] > 1 and ids.shape[1] == 1:
             lose_slot(bufs, mask)
         return out
 

@@ -67,10 +67,43 @@ def test_every_runner_eval_and_bench_make_comes_from_the_registry(tiny_export, m
     import mhaexport
 
     mhaexport.evaluate(tiny_export, b"a few words of text to score", runtimes=["ort-cpu"], window=8)
-    mhaexport.bench(tiny_export, runtimes=["eager", "eager-nocache"], prompt_len=4, new_tokens=2, repeats=1)
+    evaluated = len(made)
+    res = mhaexport.bench(tiny_export, runtimes=["eager", "eager-nocache", "ort-cpu"], prompt_len=4, new_tokens=2,
+                          repeats=1, profile=True)
+    assert res.get("ort-cpu").ran and res.profile.ops  # bench's ORT row and its profile ran
     assert {"ort-cpu", "eager", "eager-nocache"} <= {n for _, n, _ in made}
+    assert sum(n == "ort-cpu" for _, n, _ in made[evaluated:]) >= 2  # the row's runner and the profile's
     outside = [(cls, n) for cls, n, inside in made if not inside]
     assert not outside, f"runners built outside verify/registry.py: {outside}"
+
+
+def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, made):
+    """verify's ort-cpu translates the contract's calls; its deploy-loop parts run the same session in the file's
+    own protocol (deploy_of); bench's row and profile run that protocol. All from the registry."""
+    import mhaexport
+    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer
+    from mhaexport.verify import verify_folder
+    from mhaexport.verify.registry import DEPLOY, deploy_of
+    from planted.edit import peaked
+
+    loaded = peaked("tiny")
+    export_onnx(loaded, tmp_path, kv_cache="shared", max_cache=64)
+    made.clear()  # the export's lowering self-check builds its two runners itself (not through the registry yet)
+    report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",), checks=("padding",))
+    assert report.passed and "deploy loop" in report.results["ort-cpu"]["padding"].figures["protocol"]
+    assert ("SharedCacheOrtRunner", "ort-cpu (deploy loop)", True) in made
+    mhaexport.bench(tmp_path, runtimes=["ort-cpu"], prompt_len=4, new_tokens=2, repeats=1, profile=True)
+    outside = [(cls, n) for cls, n, inside in made if not inside]
+    assert not outside, f"runners built outside verify/registry.py: {outside}"
+    with ExportFolder.open(tmp_path) as ef:
+        verify_runner = runner_for(ef, "ort-cpu", loaded.contract)
+        own = runner_for(ef, "ort-cpu", loaded.contract, protocol=DEPLOY)
+        assert type(verify_runner.protocol) is ContractOverShared and type(own.protocol) is SharedBuffer
+        assert verify_runner.max_length == loaded.contract.max_positions and own.max_length == 64
+        twin = deploy_of(verify_runner.activate())
+        assert type(twin.protocol) is SharedBuffer and twin.is_active and twin.session is verify_runner.session
+        assert deploy_of(own) is None and deploy_of(runner_for(ef, "eager", loaded.contract, eager=loaded.module)) is None
 
 
 @pytest.mark.slow  # verify on six runtimes, eval and bench (~13 s on 2 loaded cores)
@@ -96,3 +129,27 @@ def test_every_runtime_has_its_protocol():
 
     missing = (set(ALL_RUNTIMES) | set(MODULE_RUNTIMES) | set(BENCH_RUNTIMES) - {"ort-bare"}) - set(PROTOCOLS)
     assert not missing, missing
+
+
+def test_one_table_says_which_runtimes_each_verb_takes_and_one_function_refuses_the_rest():
+    import re
+
+    import mhaexport.bench as bench
+    from mhaexport.errors import ConfigError, RuntimeOptionError
+    from mhaexport.verify.runners import BENCH, DEFAULT_RUNTIMES, EVAL, RUNTIMES, VERIFY, refuse_unknown
+
+    for verb, table in RUNTIMES.items():
+        assert table.default and set(table.default) <= set(table.accepts), verb
+        refuse_unknown(table.accepts, verb)  # every name it accepts passes
+        known = re.escape(", ".join(table.accepts))
+        with pytest.raises(ConfigError, match=rf"^unknown runtime\(s\) nope, ort-tpu; known: {known}$"):
+            refuse_unknown(["eager", "nope", "ort-tpu"], verb)
+    with pytest.raises(RuntimeOptionError):  # bench's, as before: a ConfigError and a RuntimeInputError
+        refuse_unknown(["nope"], BENCH)
+    with pytest.raises(ConfigError, match="known: .*ort-genai, torch-mha$"):  # verify: a decoder's or a block's
+        refuse_unknown(["nope"], VERIFY, "verify --module attention")
+    # the names the API exports are the table's entries
+    assert (ALL_RUNTIMES, DEFAULT_RUNTIMES) == (RUNTIMES[VERIFY].accepts, RUNTIMES[VERIFY].default)
+    assert (bench.ALL_RUNTIMES, bench.DEFAULT_RUNTIMES) == (RUNTIMES[BENCH].accepts, RUNTIMES[BENCH].default)
+    assert "eager-nocache" in bench.ALL_RUNTIMES and "eager-nocache" not in bench.DEFAULT_RUNTIMES
+    assert RUNTIMES[EVAL].default == ("ort-cpu",)

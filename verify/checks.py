@@ -276,8 +276,16 @@ TRANSLATED_PROTOCOL = "contract calls translated into the shared buffer"
 DEPLOY_PROTOCOL = "deploy loop: buffers in place, a ragged right-padded batch"
 
 
-def _protocols(runner: Runner) -> str:
-    return CONTRACT_PROTOCOL if runner.deploy_runner() is None else f"{TRANSLATED_PROTOCOL} + {DEPLOY_PROTOCOL}"
+def _deploy_of(runner: Runner, ctx: Context) -> Runner | None:
+    """The registry's runner of ``runner``'s session in its file's own protocol (the deploy loop generate and bench
+    run: a shared cache's buffers in place, a ragged right-padded batch), None where ``runner`` drives its file so
+    already or the Context has no registry (tests' bare Contexts)."""
+    return ctx.deploy(runner) if ctx.deploy is not None else None
+
+
+def _protocols(runner: Runner, ctx: Context) -> str:
+    return (CONTRACT_PROTOCOL if _deploy_of(runner, ctx) is None
+            else f"{TRANSLATED_PROTOCOL} + {DEPLOY_PROTOCOL}")
 
 
 def _ragged_prompts(ctx: Context, n_new: int, seed: int) -> list[np.ndarray]:
@@ -296,10 +304,10 @@ def _deploy_reference(runner: Runner, ctx: Context) -> Runner:
 
 
 def _deploy_run(runner: Runner, ctx: Context, n_new: int, seed: int):
-    """The deploy loop (the runner's deploy twin) generating n_new greedy tokens for a ragged batch of two prompts,
-    keeping each step's logits: (the prompts, the GenerationResult)."""
+    """The deploy loop (the registry's runner of the same session in the file's protocol) generating n_new greedy
+    tokens for a ragged batch of two prompts, keeping each step's logits: (the prompts, the GenerationResult)."""
     prompts = _ragged_prompts(ctx, n_new, seed)
-    return prompts, DecodeLoop(runner.deploy_runner()).generate(
+    return prompts, DecodeLoop(_deploy_of(runner, ctx)).generate(
         [p.tolist() for p in prompts], GenerationConfig(max_new_tokens=n_new), keep_logits=True)
 
 
@@ -322,7 +330,7 @@ def _deploy_steps(runner: Runner, ctx: Context, n_new: int) -> tuple[Diff, dict,
 def _deploy_chunked(runner: Runner, ctx: Context) -> Diff:
     """The deploy loop's chunked prefill at batch 1 (the shared buffer takes several new tokens after a past only
     at batch 1): two chunks against one eager prefill."""
-    twin = runner.deploy_runner()
+    twin = _deploy_of(runner, ctx)
     c = ctx.contract
     N = min(9, c.max_positions)
     ids = np.random.default_rng(ctx.seed + 47).integers(0, c.vocab_size, (1, N), dtype=np.int64)
@@ -359,8 +367,8 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     parts[long_label] = long_diff
     fig = {"decode_max_abs": rounded(parts["token-by-token decode"].max_abs),
            "chunked_max_abs": rounded(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
-           "recompute_max_abs": rounded(rec.max_abs), **long_fig, "protocol": _protocols(runner)}
-    if runner.deploy_runner() is not None:  # in addition: the loop generate and bench run, in place and ragged
+           "recompute_max_abs": rounded(rec.max_abs), **long_fig, "protocol": _protocols(runner, ctx)}
+    if _deploy_of(runner, ctx) is not None:  # in addition: the loop generate and bench run, in place and ragged
         n_deploy = deploy_steps(c, runner.feed.window_slots, 10, min(4, max(1, c.max_positions - 12)))
         steps, deploy_fig, _, _ = _deploy_steps(runner, ctx, n_deploy)
         parts["the deploy loop (buffers reused in place over a ragged right-padded batch)"] = steps
@@ -474,8 +482,8 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
             return CheckResult("padding", False, fig, f"decode steps after a {side}-padded prefill differ from the "
                                                       f"unpadded sequence (max abs {d_decode.max_abs:.3g})")
         worst = max(worst, d_prefill.max_abs, d_decode.max_abs)
-    fig["protocol"] = _protocols(runner)
-    if (twin := runner.deploy_runner()) is not None:  # the file's own padding: ragged rows right-padded, in place
+    fig["protocol"] = _protocols(runner, ctx)
+    if (twin := _deploy_of(runner, ctx)) is not None:  # the file's own padding: ragged rows right-padded, in place
         prompts, batch = _deploy_run(runner, ctx, steps, ctx.seed + 53)
         d = Diff()
         for b, q in enumerate(prompts):
@@ -661,8 +669,8 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
         return short
     long = _generation_from(runner, ctx, rng.integers(0, c.vocab_size, (1, P_long), dtype=np.int64), n, "long")
     fig = {**short.figures, **{f"long_{k}": v for k, v in long.figures.items()}, "long_prompt": P_long,
-           "protocol": _protocols(runner)}
-    if runner.deploy_runner() is not None and not ctx.lossy:  # the loop generate runs: ragged batch, in place
+           "protocol": _protocols(runner, ctx)}
+    if _deploy_of(runner, ctx) is not None and not ctx.lossy:  # the loop generate runs: ragged batch, in place
         deploy = _deploy_generation(runner, ctx, n)
         fig.update({f"deploy_{k}": v for k, v in deploy.figures.items()})
         if deploy.status is False:

@@ -7,9 +7,9 @@ runs a folder asks :func:`runner_for` for it, so a runtime means the same thing 
 artifact, driven as the folder's feed says (runtime/feed.py), skipped with the same reason where it cannot run.
 onnxruntime-genai's own loop (``ort-genai``: verify's checks of it, verify/genai_runtime.py), the eager model
 without a cache (``eager-nocache``: bench's row) and a file driven in the plain protocol besides its producer's
-(``protocol="plain"``: verify's findings on an adopted file, named ``ort-cpu:plain``) are built here too.
-:data:`PROTOCOLS` says how each runtime is driven. Bench's ONNX Runtime rows and profile still take their runner
-from the deploy Generator (runtime/generator.py), which builds it with runtime/choose.py's ``ort_runner_for``.
+(``protocol="plain"``: verify's findings on an adopted file, named ``ort-cpu:plain``), the file in its own protocol
+(``protocol="deploy"``: bench's ONNX Runtime rows and profile, bisect's deploy loop) and verify's runner's deploy loop
+(:func:`deploy_of`) are built here too. :data:`PROTOCOLS` says how each runtime is driven.
 """
 
 from __future__ import annotations
@@ -18,17 +18,21 @@ from typing import Any
 
 from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.iospec import ModuleContract
-from mhaexport.runtime.choose import feed_of, ort_runner_for
+from mhaexport.runtime.choose import feed_of, no_decode_loop, ort_runner_for, ort_runner_over
+from mhaexport.runtime.ort import OrtRunner
+from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Runner, skipped
+from mhaexport.runtime.session import SessionConfig
 from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner, module_ort_runner
 from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
 from mhaexport.verify.runners import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI,
                                       TORCH_MHA, TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, RecomputeRunner,
                                       TorchScriptRunner, session_config)
 
-__all__ = ["PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "runner_for", "without_cache"]
+__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "runner_for", "without_cache"]
 
 PLAIN = "plain"  # runner_for(..., protocol=PLAIN): the contract's own protocol (concat cache, left padding)
+DEPLOY = "deploy"  # runner_for(..., protocol=DEPLOY) (ort-cpu, ort-cuda): the file's own protocol, as generate drives it
 # (runtime, protocol): how each runtime drives what it runs
 PROTOCOLS = {
     EAGER: "the eager model, contract calls", EAGER_CUDA: "the eager model on CUDA, contract calls",
@@ -55,7 +59,7 @@ def without_cache(runner: Runner, name: str | None = None) -> Runner:
 
 def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_params: int | None = None,
                trust_code: bool = False, threads: int | None = None, protocol: str | None = None,
-               ours: Runner | None = None, infos: dict | None = None) -> Runner:
+               ours: Runner | None = None, infos: dict | None = None, config: SessionConfig | None = None) -> Runner:
     """The runner of runtime ``name`` on ``ef`` under ``contract`` (a decoder's ModelContract or the attention
     block's ModuleContract), not activated. ``eager``: the eager torch module (eager, eager-cuda, torch-mha; for
     torch-mha the attention block, whose ``attn`` is torch's MultiheadAttention's weights' source). Skipped with why
@@ -63,7 +67,12 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
     take the file (an adopted file, past 2 GB, past :data:`REFERENCE_MAX_PARAMS` when ``n_params`` is known) or the
     runtime does not run this contract. ``threads``: the attention block's ONNX Runtime intra-op threads.
     ``protocol=PLAIN`` (ort-cpu, ort-cuda): the file driven in the contract's own protocol whatever its producer's
-    (named ``ort-cpu:plain``; its failures are findings). ``ours`` / ``infos`` (ort-genai): our ort-cpu runner of
+    (named ``ort-cpu:plain``; its failures are findings); ``protocol=DEPLOY``: the file in its own protocol (a
+    shared cache's buffers in place, as generate and bench drive it), else verify's contract calls (translated into
+    a shared file's, :class:`~mhaexport.runtime.protocol.ContractOverShared`); a static export is skipped in the
+    file's own protocol (a decode loop needs dynamic axes). ``config`` (ort-cpu, ort-cuda): the ONNX Runtime session
+    (bench's: its threads, optimization level, profiler), default verify's strict one (:func:`session_config`).
+    ``ours`` / ``infos`` (ort-genai): our ort-cpu runner of
     the folder and the results so far (verify/genai_runtime.py)."""
     if protocol == PLAIN:
         return ort_runner_for(ef, f"{name}:{PLAIN}", session_config(name, log_severity=4),  # failures: findings
@@ -110,6 +119,23 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
             return skipped(name, contract, f"model has {n_params:,} parameters; the pure-Python reference evaluator "
                                            f"runs models up to {REFERENCE_MAX_PARAMS:,}")
         return OnnxReferenceRunner(name, contract, ef.file("onnx"), dtype=onnx.dtype, fixed=feed.fixed)
-    # the Generator's choice of runner, on verify's strict session, driven by contract calls
-    return ort_runner_for(ef, name, session_config(name), contract=contract, contract_steps=True, feed=feed)
+    if protocol == DEPLOY and (static := no_decode_loop(ef)) is not None:
+        return skipped(name, contract, static)
+    # the Generator's choice of runner, on verify's strict session, driven by contract calls (a shared file's
+    # translated); protocol=DEPLOY: the file's own protocol, as generate and bench drive it
+    return ort_runner_for(ef, name, config or session_config(name), contract=contract, feed=feed,
+                          protocol=protocol_of(feed, contract_calls=protocol != DEPLOY))
+
+
+def deploy_of(runner: Runner) -> Runner | None:
+    """The runner of ``runner``'s session in its file's own protocol when ``runner`` drives that file otherwise: a
+    shared-cache file's verify runner (the contract's calls translated, :class:`ContractOverShared`) -> the same
+    session driven as generate, bench and onnxruntime-genai drive it (:class:`SharedBuffer`: buffers bound in place
+    across steps, a ragged batch right-padded), named "NAME (deploy loop)"; None when the two are the same (a concat
+    file, a runner that is no ONNX Runtime decoder's). Active when ``runner`` is (the decode loop sizes its buffers
+    on the session's device before its first call). verify's checks ask for it through ``Context.deploy``."""
+    if not isinstance(runner, OrtRunner) or not isinstance(runner.protocol, ContractOverShared):
+        return None
+    twin = ort_runner_over(runner, SharedBuffer(runner.feed), f"{runner.name} (deploy loop)")
+    return twin.activate() if runner.is_active else twin
 

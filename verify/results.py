@@ -150,6 +150,9 @@ class Context(SweepContext):
     weights: Callable[[], CheckResult] | None = None  # a lossy folder's weights check (verify/weights.py), run once
     genai_config: Callable[[], CheckResult] | None = None  # the folder's genai_config.json (verify/genai_check.py)
     without_cache: Callable[[Any], Any] | None = None  # the registry's recompute protocol of a runner (verify.py sets it)
+    # the registry's deploy protocol of a runner (verify.py sets it: registry.deploy_of): the same session in its file's
+    # own protocol where the checks' runner drives it otherwise (a shared cache's), else None
+    deploy: Callable[[Any], Any] | None = None
 
     def inputs(self, case: Case):
         return case.inputs(self.contract)

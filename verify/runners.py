@@ -9,6 +9,7 @@ is timed fairly in bench); only the logits come to the host. ONNX Runtime is the
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 from mhaexport import iospec
 from mhaexport.artifact.trust import AOTI, PT2
 from mhaexport.devices import no_cuda_device
-from mhaexport.errors import ConfigError, ProviderUnavailable
+from mhaexport.errors import ConfigError, ProviderUnavailable, RuntimeOptionError
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner, skipped
@@ -30,28 +31,61 @@ ORT_CPU, ORT_CUDA, ONNX_REFERENCE = "ort-cpu", "ort-cuda", "onnx-reference"
 ORT_GENAI = "ort-genai"
 # the eager model without a KV cache (the whole sequence each step): bench's row of what the cache saves
 EAGER_NOCACHE = "eager-nocache"
-# pt2 / aoti (torch.export, AOTInductor): code, loaded from a folder only on trust (verify/pt2.py); the default list
-# gains them where the folder holds them
-ALL_RUNTIMES = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE, PT2, AOTI, ORT_GENAI)
-DEFAULT_RUNTIMES = (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
+# bench's own row: a bare session.run loop over the folder's ONNX file (what the runtime's loop costs)
+ORT_BARE = "ort-bare"
 # an attention-block export (--module attention): torch's own attention with the block's weights is a second
 # reference beside eager (verify/block.py)
 TORCH_MHA = "torch-mha"
-MODULE_RUNTIMES = (EAGER, TORCH_MHA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
 REFERENCE_RUNTIMES = (EAGER, TORCH_MHA)  # references: running them alone verifies no artifact
 
-def refuse_unknown(names, known, error: type[ConfigError] = ConfigError) -> None:
-    """The one refusal of runtime names a verb does not know: ``error`` (a ConfigError) naming them and the known
-    ones, in one line."""
+VERIFY, MODULE, EVAL, BENCH = "verify", "verify --module attention", "eval", "bench"
+
+
+@dataclass(frozen=True)
+class VerbRuntimes:
+    """The runtimes one verb accepts by name (in the order it runs and shows them) and those it runs unless told;
+    ``error``: what an unknown name raises (a ConfigError)."""
+
+    accepts: tuple[str, ...]
+    default: tuple[str, ...]
+    error: type[ConfigError] = ConfigError
+
+
+_DECODER = (EAGER, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_CUDA, ONNX_REFERENCE, PT2, AOTI, ORT_GENAI)
+_BENCH = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT, ORT_CPU, ORT_BARE, ORT_GENAI, ORT_CUDA, PT2, AOTI)
+_MODULE = (EAGER, TORCH_MHA, TORCHSCRIPT, ORT_CPU, ORT_CUDA)
+# The one table of which runtimes each verb accepts and runs by default (verify, eval and bench read it; every one
+# refuses an unknown name with refuse_unknown). pt2 / aoti (torch.export, AOTInductor): code, loaded from a folder
+# only on trust (verify/pt2.py); verify's and bench's defaults gain them where the folder holds them. ort-genai:
+# verify adds it to its defaults where onnxruntime-genai is installed and the folder ships a genai_config.json.
+# bench runs every runtime but eager-nocache unless told (recompute is O(n^2): on the default model it took more
+# time than every other row together), which is opt-in by name.
+RUNTIMES = {
+    VERIFY: VerbRuntimes(_DECODER, (EAGER, TORCHSCRIPT, ORT_CPU, ORT_CUDA)),
+    MODULE: VerbRuntimes(_MODULE, _MODULE),
+    EVAL: VerbRuntimes(_DECODER, (ORT_CPU,)),
+    BENCH: VerbRuntimes(_BENCH, tuple(r for r in _BENCH if r != EAGER_NOCACHE), RuntimeOptionError),
+}
+ALL_RUNTIMES = RUNTIMES[VERIFY].accepts  # verify's (a decoder's), under the names the API exports
+DEFAULT_RUNTIMES = RUNTIMES[VERIFY].default
+MODULE_RUNTIMES = RUNTIMES[MODULE].accepts
+
+
+def refuse_unknown(names, *verbs: str) -> None:
+    """The one refusal of runtime names a verb does not know: the first verb's error (a ConfigError) naming them and
+    the names ``verbs`` accept together (:data:`RUNTIMES`; verify: a decoder's and an attention block's), in one
+    line."""
+    known = tuple(dict.fromkeys(n for v in verbs for n in RUNTIMES[v].accepts))
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise error(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        raise RUNTIMES[verbs[0]].error(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(known)}")
 
 
-__all__ = ["ALL_RUNTIMES", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "EAGER_NOCACHE", "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_CPU",
-           "ORT_CUDA", "ORT_GENAI", "REFERENCE_RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "EagerRunner", "OnnxReferenceRunner",
-           "OrtRunner", "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "session_config",
-           "skipped"]
+__all__ = ["ALL_RUNTIMES", "BENCH", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "EAGER_NOCACHE", "EVAL", "MODULE",
+           "MODULE_RUNTIMES", "ONNX_REFERENCE", "ORT_BARE", "ORT_CPU", "ORT_CUDA", "ORT_GENAI", "REFERENCE_RUNTIMES",
+           "RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "VERIFY", "EagerRunner", "OnnxReferenceRunner", "OrtRunner",
+           "Outputs", "RecomputeRunner", "Runner", "TorchScriptRunner", "VerbRuntimes", "refuse_unknown",
+           "session_config", "skipped"]
 
 
 class EagerRunner(Runner):

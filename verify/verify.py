@@ -23,11 +23,11 @@ from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
 from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
-from mhaexport.verify.registry import ARTIFACT, PLAIN, runner_for, without_cache
+from mhaexport.verify.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
-                                      ORT_GENAI, Runner, refuse_unknown)
+from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, ORT_CPU, ORT_CUDA, ORT_GENAI,
+                                      VERIFY, Runner, refuse_unknown)
 from mhaexport.verify.pt2 import present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
@@ -107,8 +107,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
-    known = ALL_RUNTIMES + tuple(r for r in MODULE_RUNTIMES if r not in ALL_RUNTIMES)
-    refuse_unknown(wanted, known)
+    refuse_unknown(wanted, VERIFY, MODULE)  # a decoder's or an attention block's: which, once the folder is open
     unknown = [c for c in checks or () if c not in ALL_CHECKS + MODULE_CHECKS]
     if unknown:
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
@@ -172,7 +171,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     runners = build_runners(ef, loaded, wanted, trust_code)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
-                  without_cache=without_cache, export_sizes=_export_sizes(ef),
+                  without_cache=without_cache, deploy=deploy_of, export_sizes=_export_sizes(ef),
                   gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed, quality=quality,
                   tokenizer=tokenizer,
                   weights=(lambda: check_weights(ef, reproduce, lambda: _linear_weights(loaded.module)))
