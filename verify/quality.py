@@ -32,7 +32,6 @@ from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.results import CheckResult, Context
-from mhaexport.verify.runners import EAGER
 
 if TYPE_CHECKING:
     from mhaexport.artifact.details import Quantization
@@ -377,11 +376,7 @@ class QualitySettings:
 
 def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     """A lossy artifact against eager fp32: the sweep's and the text's figures, greedy agreement, each judged by
-    the scheme's thresholds. Exact artifacts and eager are reported as not applicable."""
-    if runner.name == EAGER:
-        return CheckResult("quality", None, {"reference": True}, "reference: lossy artifacts are judged against eager")
-    if not ctx.lossy:
-        return CheckResult("quality", None, {"exact": True}, "exact artifact: judged by parity")
+    the scheme's thresholds (exact artifacts and eager: not applicable, the suite's row, verify/suite.py)."""
     settings = ctx.quality or QualitySettings()
     scheme = ctx.lossy.weights
     limits, table = thresholds_for(scheme, settings.overrides)
