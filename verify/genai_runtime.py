@@ -305,7 +305,8 @@ def check_generation(runner: GenAIRunner, ctx: Context) -> CheckResult:
 
 
 def check_quality(runner: GenAIRunner, ctx: Context) -> CheckResult:
-    from mhaexport.verify.quality import Agreement, judge, thresholds_for
+    from mhaexport.evaluate.scoring import Agreement
+    from mhaexport.verify.quality import judge, thresholds_for
 
     tr = traces(runner, ctx)
     limits, table = thresholds_for(ctx.lossy.weights, getattr(ctx.quality, "overrides", None))

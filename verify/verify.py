@@ -153,7 +153,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
 
         tokenizer = for_folder(ef)
     if lossy and quality is not None:  # refused before any work: an unknown figure, text the model cannot read
-        from mhaexport.verify.quality import text_tokens, thresholds_for
+        from mhaexport.evaluate.scoring import text_tokens
+        from mhaexport.verify.quality import thresholds_for
 
         thresholds_for(None, quality.overrides)
         if quality.text is not None:
