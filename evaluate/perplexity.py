@@ -2,7 +2,8 @@
 model) — the number a user asks for first, for a float export and a quantized one alike.
 
 Each runtime is a runner of the one protocol (verify's eager and TorchScript runners, the deploy runtime's ONNX
-Runtime runner); the text is scored in sliding windows (:func:`mhaexport.verify.quality.score_text`).
+Runtime runner); the text is scored in sliding windows (:func:`mhaexport.evaluate.scoring.score_text`, the scoring
+verify's quality check uses too).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from pathlib import Path
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.evaluate.scoring import TextScore, score_text, text_tokens, windows
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.registry import runner_for
-from mhaexport.verify.quality import TextScore, score_text, windows
 from mhaexport.verify.runners import EAGER, EAGER_CUDA, EVAL, RUNTIMES, TORCHSCRIPT, refuse_unknown
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
@@ -105,7 +106,6 @@ def evaluate_folder(folder: str | Path | ExportFolder, text: bytes | None = None
     manifest source that is code (``--trust-code``)."""
     from mhaexport.models.text import heldout_text
     from mhaexport.runtime.tokenizer import for_folder
-    from mhaexport.verify.quality import text_tokens
 
     refuse_unknown(runtimes, EVAL)
     if not isinstance(folder, ExportFolder):  # opened here once, its snapshot removed when done (on errors too)

@@ -180,7 +180,7 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     # eval drives the adopted file as verify does (its own runner choice had fed it the contract's names)
     from mhaexport.artifact import ExportFolder
     from mhaexport.evaluate.perplexity import _runner
-    from mhaexport.verify.quality import score_text
+    from mhaexport.evaluate.scoring import score_text
     from mhaexport.verify.runners import EagerRunner
 
     text_ids = np.random.default_rng(0).integers(0, loaded.contract.vocab_size, 40)

@@ -1,5 +1,5 @@
-"""The quality figures themselves (verify/quality.py), the held-out text and bench's quantized rows, on numbers made
-up for the purpose: no export, no session, milliseconds."""
+"""The quality figures themselves (evaluate/scoring.py, judged by verify/quality.py), the held-out text and bench's
+quantized rows, on numbers made up for the purpose: no export, no session, milliseconds."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from mhaexport.bench.result import RuntimeBench
 from mhaexport.bench.run import quantized_rows
 from mhaexport.models.text import HELDOUT_FILE, heldout_text, split_corpus
-from mhaexport.verify.quality import (THRESHOLDS, Agreement, _verdict, agreement_length, judge, thresholds_for,
-                                      windows)
+from mhaexport.evaluate.scoring import Agreement, agreement_length, windows
+from mhaexport.verify.quality import THRESHOLDS, _verdict, judge, thresholds_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

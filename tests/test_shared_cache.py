@@ -191,7 +191,7 @@ def test_a_bug_only_the_deploy_loop_shows_fails_verify(shared, monkeypatch, bug)
 def test_eval_drives_a_shared_cache_as_verify_does(shared):
     """eval builds its runners where verify does: on a shared-cache folder ort-cpu scores the text as eager does."""
     from mhaexport.evaluate.perplexity import evaluate_folder
-    from mhaexport.verify.quality import score_text, text_tokens
+    from mhaexport.evaluate.scoring import score_text, text_tokens
     from mhaexport.verify.runners import EagerRunner
 
     loaded, folder, _ = shared

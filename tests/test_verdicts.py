@@ -81,7 +81,7 @@ def test_an_export_output_probe_leaves_nothing_behind(tmp_path):
 def test_a_runtime_failing_inside_a_check_is_a_failed_check_but_a_bug_exits_3(tiny, tiny_export, monkeypatch):
     from mhaexport.iospec import ModelContract
     from mhaexport.runtime.runner import Runner
-    from mhaexport.verify import checks
+    from mhaexport.verify import suite
     from mhaexport.verify.compare import Tolerance
     from mhaexport.verify.results import Context
 
@@ -91,16 +91,16 @@ def test_a_runtime_failing_inside_a_check_is_a_failed_check_but_a_bug_exits_3(ti
 
     c = ModelContract(n_layers=1, n_heads=1, head_dim=2, vocab_size=4, max_positions=16)
     ctx = Context(contract=c, cases=[], tol=Tolerance(1e-4, 1e-3), eager=Broken("eager", c), export_sizes=(3, 5))
-    r = checks.run_check("causality", Broken("ort-cpu", c), ctx)
+    r = suite.run_check("causality", Broken("ort-cpu", c), ctx)
     assert r.status is False and r.message.startswith("RuntimeFailure: ort-cpu failed at batch=2 seq=10 past=0: "
                                                       "ValueError: kernel exploded")
 
     def buggy(runner, ctx):  # a bug in mhaexport's own check code
         return {}["missing"]
 
-    monkeypatch.setitem(checks.CHECK_FUNCS, "causality", buggy)
+    monkeypatch.setitem(suite.CHECK_FUNCS, "causality", buggy)
     with pytest.raises(KeyError):
-        checks.run_check("causality", Broken("ort-cpu", c), ctx)
+        suite.run_check("causality", Broken("ort-cpu", c), ctx)
     res = CliRunner().invoke(main, ["verify", str(tiny_export), "-o", str(tiny_export.parent / "bug-report")])
     assert res.exit_code == 3
     assert "Traceback" in res.output and "KeyError: 'missing'" in res.output

@@ -1,12 +1,13 @@
-"""Verify an export of the attention block on its own (``mhaexport onnx|torchscript --module attention``).
+"""The attention block on its own (``mhaexport onnx|torchscript --module attention``): its context and its checks,
+the suite's ``module`` subject (verify/suite.py: the one table of checks; verify/verify.py: ``verify_module``).
 
-``verify_folder`` dispatches here when the manifest's contract is a module's. Same report, verdicts and exit codes
-as the decoder (:class:`~mhaexport.verify.report.VerifyReport`); runtimes ``eager``, ``torch-mha`` (torch's own
-attention with the same weights: the second reference), ``torchscript``, ``ort-cpu``, ``ort-cuda``; checks:
+Same report, verdicts and exit codes as the decoder (:class:`~mhaexport.verify.report.VerifyReport`); runtimes
+``eager``, ``torch-mha`` (torch's own attention with the same weights: the second reference), ``torchscript``,
+``ort-cpu``, ``ort-cuda``; checks:
 
 - **parity**: output, present key/value and attention weights against eager over a seeded sweep of (batch, seq,
   past) — seq 1, lengths never used at export, past 0, 1 and many;
-- **finite**: no NaN/inf in any output;
+- **finite**: no NaN/inf in any output (the decoder's own check, on the block's named outputs);
 - **causality** (causal mask): changing x after position k changes no output, weight or cache entry before k;
   bidirectional: not applicable (reported skipped, never passed);
 - **cache-consistency**: attention over [past; new] fed with the cache (token by token and in chunks) == one call
@@ -17,27 +18,19 @@ attention with the same weights: the second reference), ``torchscript``, ``ort-c
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from mhaexport import iospec
-from mhaexport.artifact import ExportFolder
-from mhaexport.errors import ConfigError
 from mhaexport.iospec import ModuleContract
-from mhaexport.verify.checks import causality_by_perturbation, check_finite, cross_provider, parity_over_sweep
+from mhaexport.verify.checks import causality_by_perturbation, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
 from mhaexport.verify.block_runners import ModuleOutputs, ModuleRunner
-from mhaexport.verify.registry import runner_for
-from mhaexport.verify.report import VerifyReport, build_report
-from mhaexport.verify.results import MODULE_CHECKS, CheckResult, SweepContext
-from mhaexport.verify.runners import EAGER, MODULE_RUNTIMES
-from mhaexport.verify.pt2 import CODE_RUNTIMES, present_code_runtimes
+from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.sweep import Case, build_sweep
 
-Progress = Callable[[str], None]
 OUTPUTS = ("output", "present", "attention_weights")  # what parity reports per output (present: key and value)
 DEMO_QUERY, DEMO_KEY = 1, 3  # the article's demonstration: does position 1 attend to position 3?
 
@@ -85,9 +78,8 @@ def compare_module(actual: ModuleOutputs, expected: ModuleOutputs, tol: Toleranc
 
 
 def check_parity(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
-    """Every sweep case against eager: output, present key/value and attention weights."""
-    if runner.name == EAGER:
-        return CheckResult("parity", None, {"reference": True}, "reference: every runtime is compared with eager")
+    """Every sweep case against eager: output, present key/value and attention weights (eager itself: the suite's
+    row, verify/suite.py)."""
     baked = runner.baked_axes()
     if baked:
         return CheckResult("parity", False, {"baked_axes": len(baked)},
@@ -212,67 +204,3 @@ def check_demonstration(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult
     return CheckResult("demonstration", True, fig,
                        f"bidirectional: weights[b, h, 1, 3] > 0 for all {w13.size} (batch, head) pairs (min "
                        f"{w13.min():.3g}): position 1 attends to position 3; row 1 of head 0: {shown}")
-
-
-CHECK_FUNCS: dict[str, Callable[[ModuleRunner, ModuleContext], CheckResult]] = {
-    "parity": check_parity,
-    "finite": check_finite,  # the decoder's own check, on the block's named outputs
-    "causality": check_causality,
-    "cache-consistency": check_cache_consistency,
-    "demonstration": check_demonstration,
-}
-
-
-def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None,
-                         trust_code: bool = False) -> list[ModuleRunner]:
-    """Eager first, then one runner per requested runtime (the registry's, verify/registry.py); an artifact that is
-    absent makes its runtime skipped."""
-    c = loaded.contract
-    return [runner_for(ef, rt, c, eager=loaded.module, threads=threads, trust_code=trust_code)
-            for rt in (EAGER,) + tuple(r for r in runtimes if r != EAGER)]
-
-
-def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
-                  atol: float | dict | None = None, rtol: float | dict | None = None,
-                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
-                  threads: int | None = None, progress: Progress | None = None, trust_code: bool = False
-                  ) -> VerifyReport:
-    """Verify every artifact of an attention-block export folder (``ef``, hashes checked) against eager.
-
-    ``loaded``: the block (or the built-in decoder to take it from: re-pointing with --config/--checkpoint); rebuilt
-    from the manifest when None, and in every case checked against the recorded fingerprint. ``runtimes``: None =
-    all of MODULE_RUNTIMES; given = requested (one skipped entirely: not verified)."""
-    from mhaexport.models.block import load_recorded_block
-    from mhaexport.models.loading import check_same_model
-    from mhaexport.verify.run import run_all
-    from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
-
-    started = time.perf_counter()
-    say = progress or (lambda _m: None)
-    wanted = tuple(runtimes) if runtimes else MODULE_RUNTIMES + present_code_runtimes(ef)
-    if off := [r for r in wanted if r not in MODULE_RUNTIMES + CODE_RUNTIMES]:
-        raise ConfigError(f"runtime(s) {', '.join(off)} do not run an attention-block export; its runtimes: "
-                          f"{', '.join(MODULE_RUNTIMES)}")
-    checks = tuple(checks) if checks else MODULE_CHECKS
-    if off := [ch for ch in checks if ch not in MODULE_CHECKS]:
-        raise ConfigError(f"check(s) {', '.join(off)} do not apply to an attention-block export; its checks: "
-                          f"{', '.join(MODULE_CHECKS)}")
-    if loaded is None or not isinstance(loaded.contract, ModuleContract):
-        say(f"rebuilding the eager block from {ef.model.spec}")
-        loaded = load_recorded_block(ef, decoder=loaded)
-    else:
-        check_same_model(loaded, ef.model)
-    c: ModuleContract = loaded.contract
-    tol = Tolerance.for_dtype("float32", atol, rtol)
-    if threads is None and loaded.n_params <= ONE_THREAD_MAX_PARAMS:
-        threads = 1
-    runners = build_module_runners(ef, loaded, wanted, threads, trust_code)
-    ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,
-                        tol_override=(atol, rtol))
-    with torch_threads(threads):
-        infos, results = run_all(runners, ctx, checks, say, funcs=CHECK_FUNCS)
-    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
-    return build_report(ef, sweep=sweep, seed=seed, cases=ctx.cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
-                        infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
-                        started=started, export_sizes=(iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST), module=c.kind,
-                        cross=cross)

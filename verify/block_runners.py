@@ -27,6 +27,7 @@ from mhaexport.errors import RuntimeInputError
 from mhaexport.iospec import ModuleContract
 from mhaexport.runtime.ort import OrtSessionRunner
 from mhaexport.runtime.runner import Runner, to_numpy
+from mhaexport.verify.results import MODULE
 from mhaexport.verify.runners import _host, session_config
 
 # (output (B, T, d_model), present_key, present_value (B, H_kv, S, D), attention_weights (B, H, T, S))
@@ -36,9 +37,11 @@ ModuleOutputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 class ModuleRunner(Runner):
     """A runtime of the attention block: ``run(x, past_key=None, past_value=None)`` -> :data:`ModuleOutputs` as
     numpy. The base runner's input hook, for the module contract: x (B, T, d_model) with B, T >= 1; past_key and
-    past_value (B, H_kv, P, D) with P >= 0, both or neither (neither: an empty cache)."""
+    past_value (B, H_kv, P, D) with P >= 0, both or neither (neither: an empty cache). Checked as the suite's
+    ``module`` subject (verify/suite.py)."""
 
     contract: ModuleContract
+    checked_as = MODULE
 
     def check_inputs(self, x: Any, past_key: Any = None, past_value: Any = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""The checks verify runs on every runtime, eager included: each returns a :class:`CheckResult` (data, not text).
+"""The checks of a runtime driven by contract calls, eager included (the suite's ``contract`` subject:
+verify/suite.py holds the one table and run_check): each returns a :class:`CheckResult` (data, not text).
 
 parity and dynamic-shapes compare a runtime with eager; causality, kv-consistency and padding compare a
 runtime with *itself* under attention's invariants, so a bug that is wrong in eager and ONNX alike (a mask
@@ -17,17 +18,10 @@ from mhaexport import iospec
 from mhaexport.errors import MhaExportError, first_line
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, near_tie, rounded
-from mhaexport.verify.genai_check import check_genai_config
-from mhaexport.verify.quality import check_quality
-from mhaexport.verify.results import (GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context, CrossResult,
-                                      SweepContext)
+from mhaexport.verify.results import WEIGHTS, CheckResult, Context, CrossResult, SweepContext
 from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 from mhaexport.verify.windows import crossing, deploy_steps, span
-
-
-def _scheme(ctx: Context) -> str:
-    return str((ctx.lossy and (ctx.lossy.label or ctx.lossy.weights)) or "quantized")
 
 
 def _static_reason(runner: Runner) -> str:
@@ -35,12 +29,8 @@ def _static_reason(runner: Runner) -> str:
 
 
 def check_parity(runner: Runner, ctx: Context) -> CheckResult:
-    """Every sweep case against eager: logits on real rows, present on real keys."""
-    if runner.name == EAGER:
-        return CheckResult("parity", None, {"reference": True}, "reference: every runtime is compared with eager")
-    if ctx.lossy:
-        return CheckResult("parity", None, {"lossy": True},
-                           f"n/a: lossy artifact ({_scheme(ctx)}): exact parity does not apply; see quality")
+    """Every sweep case against eager: logits on real rows, present on real keys (eager itself and a lossy
+    artifact: not applicable, the suite's row says so)."""
     outputs = ctx.sweep(runner)
     scale = max((float(np.abs(ctx.reference(case)[0]).max()) for case, out in outputs.items()
                  if not isinstance(out, BaseException)), default=0.0)  # max |eager logits|
@@ -780,39 +770,10 @@ def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> lis
 
 def check_weights(runner: Runner, ctx: Context) -> CheckResult:
     """A lossy ONNX artifact's quantized weights against its recorded recipe (verify/weights.py): one result for the
-    file, shown on each ONNX Runtime row that runs it."""
-    if runner.name == EAGER:
-        return CheckResult(WEIGHTS, None, {"reference": True}, "reference: the weights of the files are checked")
-    if not ctx.lossy:
-        return CheckResult(WEIGHTS, None, {"exact": True}, "exact artifact: judged by parity")
+    file, shown on each ONNX Runtime row that runs it (onnxruntime-genai's included; eager and an exact artifact:
+    the suite's row)."""
     if ctx.weights is None:
         return CheckResult(WEIGHTS, None, {}, "not run: this runtime's artifact has no quantized weights")
     if WEIGHTS not in ctx._ref:
         ctx._ref[WEIGHTS] = ctx.weights()
     return ctx._ref[WEIGHTS]
-
-
-CHECK_FUNCS: dict[str, Callable[[Runner, Context], CheckResult]] = {
-    "parity": check_parity,
-    "finite": check_finite,
-    "causality": check_causality,
-    "kv-consistency": check_kv_consistency,
-    "padding": check_padding,
-    "dynamic-shapes": check_dynamic_shapes,
-    "generation": check_generation,
-    QUALITY: check_quality,
-    WEIGHTS: check_weights,
-    GENAI_CONFIG_CHECK: check_genai_config,
-}
-
-
-def run_check(name: str, runner: Runner, ctx: SweepContext,
-              funcs: dict[str, Callable] | None = None) -> CheckResult:
-    """Run one check, looked up in ``funcs`` (the decoder's CHECK_FUNCS by default; the attention block's
-    ``verify.block.CHECK_FUNCS``). The runtime failing inside it (RuntimeFailure: ONNX Runtime, TorchScript or the
-    model's own code raised; or inputs it refused) is that check's failure, with its first line. Any other exception
-    is a bug in mhaexport and propagates (the CLI exits 3 with the traceback)."""
-    try:
-        return (CHECK_FUNCS if funcs is None else funcs)[name](runner, ctx)
-    except MhaExportError as e:
-        return CheckResult(name, False, {}, first_line(e))

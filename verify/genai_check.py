@@ -108,13 +108,9 @@ def result_of(findings: list[ConfigFinding] | None):
 
 def check_genai_config(runner, ctx):
     """verify's ``genai-config``: one result for the folder (computed once), shown on each runtime that runs its
-    ONNX file; eager is the reference and TorchScript has no config."""
+    ONNX file (eager is the reference and TorchScript has no config: the suite's row, verify/suite.py)."""
     from mhaexport.verify.results import CheckResult
 
-    if runner.name == "eager":
-        return CheckResult(GENAI_CHECK, None, {"reference": True}, "reference: the folder's config is checked")
-    if runner.name == "torchscript" or runner.name.startswith("eager"):
-        return CheckResult(GENAI_CHECK, None, {"not_applicable": True}, f"n/a: {GENAI_CONFIG} describes the ONNX file")
     produce = getattr(ctx, "genai_config", None)
     if produce is None:
         return CheckResult(GENAI_CHECK, None, {}, f"not run: the folder ships no {GENAI_CONFIG}")

@@ -1,8 +1,9 @@
 """verify's ``ort-genai`` runtime: onnxruntime-genai's own generator on the folder, as deployed — its
 genai_config.json, its search options, its cache handling (share buffer or not), its right padding of a batch.
 
-onnxruntime-genai exposes no contract call (ids, mask, past -> logits, present): only its loop. So this runtime has
-checks of its own over a few traces of that loop (:func:`mhaexport.runtime.genai.genai_trace`): a short and a long
+onnxruntime-genai exposes no contract call (ids, mask, past -> logits, present): only its loop. So this runtime is
+the suite's ``loop`` subject (verify/suite.py: the one table of checks): what its runner provides is a few traces of
+that loop (:func:`mhaexport.runtime.genai.genai_trace`): a short and a long
 prompt each alone, and the three prompts of different lengths as one batch, ``gen_tokens`` decode steps each,
 every step's logits recorded. Then
 
@@ -15,9 +16,11 @@ every step's logits recorded. Then
 - ``generation``: its greedy tokens against eager's argmax at each step (ties within tolerance allowed; a lossy
   file: against the file's own logits recomputed in our loop),
 - ``quality`` (lossy): its logits against eager fp32 by the scheme's thresholds (KL, relative logit error),
-- ``weights`` and ``genai-config``: the folder's results, shown here as on the other ONNX rows.
+- ``weights`` and ``genai-config``: the folder's results, shown here as on the other ONNX rows (the suite's row
+  runs the same function for both subjects).
 
-causality and dynamic-shapes are not applicable: the loop feeds only its own shapes.
+causality and dynamic-shapes are not applicable (the loop feeds only its own shapes), and a lossy file's parity and
+an exact file's quality are not either: the suite's rows say so.
 """
 
 from __future__ import annotations
@@ -33,14 +36,12 @@ from mhaexport.errors import (MhaExportError, ProviderUnavailable, RuntimeFailur
 from mhaexport.runtime.runner import Runner
 from mhaexport.untrusted import load_json
 from mhaexport.verify.compare import Diff, compare, near_tie
-from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
-from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, Context
+from mhaexport.verify.genai_check import GENAI_CONFIG
+from mhaexport.verify.results import LOOP, QUALITY, CheckResult, Context
 from mhaexport.verify.runners import ORT_GENAI  # noqa: F401 (the one name; re-exported)
 
 SHORT_PROMPT = 4  # tokens
 LONG_PROMPT = 24  # tokens, at most (a quarter of the model's positions when that is less)
-NOT_APPLICABLE = "n/a: onnxruntime-genai's loop feeds only its own shapes (prefill, then one token a step); see " \
-                 "parity at the prefill and each decode step"
 
 
 def genai_unavailable() -> str | None:
@@ -56,7 +57,10 @@ def genai_unavailable() -> str | None:
 
 class GenAIRunner(Runner):
     """onnxruntime-genai's Model over the folder's checked snapshot (``root``: genai_config.json and the files it
-    names). ``ours``: verify's own ONNX Runtime runner of the same file (the in-loop reference of kv-consistency)."""
+    names). ``ours``: verify's own ONNX Runtime runner of the same file (the in-loop reference of kv-consistency).
+    Checked as the suite's ``loop`` subject: it provides :func:`traces` of its loop, not contract calls."""
+
+    checked_as = LOOP
 
     def __init__(self, contract, root: str | Path, config: dict, *, dtype: str = "float32",
                  ours: Runner | None = None, trust_code: bool = False, shown: object = None) -> None:
@@ -204,9 +208,6 @@ def _against(reference: Runner, ctx: Context, key: str, tr: dict, tol) -> tuple[
 # ---- the checks ------------------------------------------------------------------------------------------------
 
 def check_parity(runner: GenAIRunner, ctx: Context) -> CheckResult:
-    if ctx.lossy:
-        return CheckResult("parity", None, {"lossy": True}, "n/a: lossy artifact: exact parity does not apply; see "
-                                                            "quality")
     tr = traces(runner, ctx)
     d, where = _against(ctx.eager, ctx, "eager", tr, ctx.ltol)
     fig = {**d.figures(), "rows": len(_rows(tr)), "tolerance": ctx.ltol.describe()}
@@ -304,9 +305,8 @@ def check_generation(runner: GenAIRunner, ctx: Context) -> CheckResult:
 
 
 def check_quality(runner: GenAIRunner, ctx: Context) -> CheckResult:
-    if not ctx.lossy:
-        return CheckResult(QUALITY, None, {"exact": True}, "exact artifact: judged by parity")
-    from mhaexport.verify.quality import Agreement, judge, thresholds_for
+    from mhaexport.evaluate.scoring import Agreement
+    from mhaexport.verify.quality import judge, thresholds_for
 
     tr = traces(runner, ctx)
     limits, table = thresholds_for(ctx.lossy.weights, getattr(ctx.quality, "overrides", None))
@@ -327,27 +327,3 @@ def check_quality(runner: GenAIRunner, ctx: Context) -> CheckResult:
         return CheckResult(QUALITY, False, fig, f"{'; '.join(failures)} — onnxruntime-genai's logits keep less "
                                                 f"quality than {fig['scheme']} allows ({said})")
     return CheckResult(QUALITY, True, fig, f"{fig['scheme']} in onnxruntime-genai's loop: {said}")
-
-
-def _not_applicable(name: str):
-    return lambda runner, ctx: CheckResult(name, None, {"not_applicable": True}, NOT_APPLICABLE)
-
-
-def _weights(runner, ctx):
-    from mhaexport.verify.checks import check_weights
-
-    return check_weights(runner, ctx)
-
-
-CHECK_FUNCS = {
-    "parity": check_parity,
-    "finite": check_finite,
-    "causality": _not_applicable("causality"),
-    "kv-consistency": check_kv_consistency,
-    "padding": check_padding,
-    "dynamic-shapes": _not_applicable("dynamic-shapes"),
-    "generation": check_generation,
-    QUALITY: check_quality,
-    WEIGHTS: _weights,
-    GENAI_CONFIG_CHECK: check_genai_config,
-}

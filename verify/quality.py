@@ -1,14 +1,11 @@
-"""Quality of a lossy (quantized) artifact against eager fp32, and the perplexity of any runtime on text.
+"""verify's quality check: a lossy (quantized) artifact against eager fp32, judged by its scheme's thresholds.
 
 Exact parity does not apply to a lossy artifact: its logits differ from eager's by design. What can be asked is how
-much the model's *predictions* move, in the figures a user of a language model reads:
-
-- **top-1 agreement**: the fraction of positions where the artifact's most likely next token is eager's;
-- **KL divergence** KL(eager ‖ artifact) of the next-token distributions, per position: mean and p99;
-- **relative logit error**: ‖Δ logits‖ / ‖eager logits‖ with each position's mean removed (logits are shift-free),
-  a scale-free figure that still means something where eager's logits are flat (random weights);
-- **perplexity** of held-out text under both, and its ratio (bits per byte for a byte-level model);
-- **greedy agreement length**: greedy tokens from prompts of real text until the artifact's first differs.
+much the model's *predictions* move, in the figures evaluate's scoring computes (evaluate/scoring.py, the one
+implementation ``mhaexport eval`` uses too): top-1 agreement, KL(eager ‖ artifact) per position (mean, p99), the
+relative logit error, the perplexity of held-out text under both and its ratio, the greedy agreement length. Here:
+the thresholds per scheme (:data:`THRESHOLDS`), the check that measures and judges them, and the tolerance a lossy
+artifact's self-comparisons allow (:func:`self_tolerance`).
 
 The sweep's figures (random ids and caches at verify's shapes) and the text's (sliding windows over real text)
 are reported side by side; the thresholds (:data:`THRESHOLDS`, per scheme, overridable) judge each figure that is
@@ -21,220 +18,20 @@ Torch-free: everything here works on the runner protocol's numpy outputs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mhaexport.errors import ConfigError
-from mhaexport.progress import Step
-from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
+from mhaexport.evaluate.scoring import (Agreement, agreement_length, greedy_tokens, rounded4, score_text, text_prompts,
+                                        text_tokens)
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.results import CheckResult, Context
-from mhaexport.verify.runners import EAGER
 
 if TYPE_CHECKING:
     from mhaexport.artifact.details import Quantization
-
-FLAT_ENTROPY = 0.9  # eager's mean entropy above this fraction of log(vocab): flat logits, top-1 is not judged
-ROWS_PER_CHUNK = 256  # positions compared at once (a (256, 32000) float64 array is 65 MB)
-
-
-# ---- comparing next-token distributions --------------------------------------------------------------------
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """float64 log-probabilities over the last axis."""
-    x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-@dataclass
-class Agreement:
-    """Per-position comparison of eager's next-token distributions with an artifact's, accumulated over chunks."""
-
-    positions: int = 0
-    agree: int = 0
-    err_sq: float = 0.0  # sum over positions of |centered logit difference|^2
-    ref_sq: float = 0.0  # sum over positions of |centered eager logits|^2
-    entropy: float = 0.0  # sum of eager's entropies (nats)
-    vocab: int = 0
-    kl: list[np.ndarray] = field(default_factory=list)  # per-position KL(eager || artifact), chunks
-
-    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
-        """Add (N, V) logits of eager (``ref``) and the artifact (``got``) at the same N positions."""
-        ref = np.asarray(ref).reshape(-1, ref.shape[-1])
-        got = np.asarray(got).reshape(-1, got.shape[-1])
-        self.vocab = ref.shape[-1]
-        for i in range(0, ref.shape[0], ROWS_PER_CHUNK):
-            r, g = ref[i:i + ROWS_PER_CHUNK].astype(np.float64), got[i:i + ROWS_PER_CHUNK].astype(np.float64)
-            lr, lg = log_softmax(r), log_softmax(g)
-            pr = np.exp(lr)
-            self.kl.append(np.maximum((pr * (lr - lg)).sum(axis=-1), 0.0))
-            self.entropy += float(-(pr * lr).sum())
-            self.agree += int((r.argmax(-1) == g.argmax(-1)).sum())
-            rc, gc = r - r.mean(-1, keepdims=True), g - g.mean(-1, keepdims=True)
-            self.err_sq += float(((gc - rc) ** 2).sum())
-            self.ref_sq += float((rc ** 2).sum())
-            self.positions += r.shape[0]
-
-    @property
-    def flat(self) -> bool:
-        """Eager's distributions are nearly uniform: top-1 agreement there means nothing."""
-        return bool(self.positions) and self.entropy / self.positions > FLAT_ENTROPY * math.log(max(self.vocab, 2))
-
-    def figures(self) -> dict:
-        """top1, kl_mean, kl_p99, logit_err, eager_entropy (mean, nats), log_vocab, flat, positions."""
-        if not self.positions:
-            return {"positions": 0}
-        kl = np.concatenate(self.kl)
-        return {"top1": _r(self.agree / self.positions), "kl_mean": _r(float(kl.mean())),
-                "kl_p99": _r(float(np.quantile(kl, 0.99))),
-                "logit_err": _r(math.sqrt(self.err_sq / self.ref_sq) if self.ref_sq else 0.0),
-                "eager_entropy": _r(self.entropy / self.positions), "log_vocab": _r(math.log(max(self.vocab, 2))),
-                "flat": self.flat, "positions": self.positions}
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else float(f"{x:.4g}")  # None: a figure that does not apply (bits per byte of BPE)
-
-
-# ---- text: perplexity over sliding windows -------------------------------------------------------------------
-
-@dataclass
-class TextScore:
-    """Next-token loss of a runtime on a text: ``nll`` nats summed over ``tokens`` predicted positions."""
-
-    tokens: int
-    nll: float
-    byte_level: bool = False  # a token is a byte: bits per token are bits per byte
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(self.nll / self.tokens) if self.tokens else float("nan")
-
-    @property
-    def bits_per_token(self) -> float:
-        return self.nll / self.tokens / math.log(2) if self.tokens else float("nan")
-
-    @property
-    def bits_per_byte(self) -> float | None:
-        return self.bits_per_token if self.byte_level else None
-
-    def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "nll": _r(self.nll), "perplexity": _r(self.perplexity),
-                "bits_per_token": _r(self.bits_per_token),
-                "bits_per_byte": None if self.bits_per_byte is None else _r(self.bits_per_byte)}
-
-
-def windows(n: int, length: int, stride: int | None = None) -> list[tuple[int, int, int]]:
-    """Sliding windows over ``n`` tokens: (start, end, first scored index within the window). Windows of
-    ``length`` tokens advance by ``stride`` (default half a window); each scores the positions no earlier window
-    scored, so every prediction is scored at most once, with at least ``length - stride`` tokens of context (except at
-    the start). ``stride == length``: consecutive windows, the last one aligned to the text's end."""
-    if n < 2:
-        return []
-    length = max(2, min(length, n))
-    stride = max(1, min(stride or length // 2, length))
-    out, scored_to = [], 0  # scored_to: the last target index scored so far (targets are tokens 1..n-1)
-    start = 0
-    while True:
-        end = min(start + length, n)
-        first = max(scored_to - start, 0)  # window position whose prediction targets token scored_to + 1
-        out.append((start, end, first))
-        scored_to = end - 1
-        if end == n:
-            return out
-        start = min(start + stride, n - length)
-
-
-def _window_logits(runner: Runner, ids: np.ndarray) -> np.ndarray:
-    """(T, V) logits of one (T,) window, no cache."""
-    x = ids.reshape(1, -1)
-    logits, _ = runner.run(x, np.ones_like(x), None)
-    return logits[0]
-
-
-def _score(logits: np.ndarray, targets: np.ndarray) -> float:
-    """Summed nats of ``targets`` under (N, V) ``logits``."""
-    total = 0.0
-    for i in range(0, len(targets), ROWS_PER_CHUNK):
-        lp = log_softmax(logits[i:i + ROWS_PER_CHUNK])
-        total -= float(lp[np.arange(lp.shape[0]), targets[i:i + ROWS_PER_CHUNK]].sum())
-    return total
-
-
-def text_tokens(text: bytes, contract, tokenizer=None) -> tuple[np.ndarray, bool]:
-    """Text as the model's ids, and whether a token is a byte: the folder's tokenizer.json when it carries one
-    (an --hf export, an adopted file), else the bytes of a byte-level model (RuntimeInputError otherwise)."""
-    from mhaexport.models.text import text_ids
-
-    if tokenizer is not None and getattr(tokenizer, "kind", "") != "byte-level":
-        ids = np.asarray(tokenizer.encode(text.decode("utf-8", errors="replace")), dtype=np.int64)
-        if ids.size < 2:
-            from mhaexport.errors import RuntimeInputError
-
-            raise RuntimeInputError(f"the text is {ids.size} token(s): at least 2 are needed to predict one")
-        return ids, False
-    return text_ids(text, contract), True
-
-
-def score_text(runner: Runner, ids: np.ndarray, *, window: int | None = None, stride: int | None = None,
-               byte_level: bool = False, reference: Runner | None = None, memo: dict | None = None,
-               progress: Callable[[str], None] | None = None
-               ) -> tuple[TextScore, TextScore | None, Agreement | None]:
-    """Perplexity of ``runner`` on token ids (sliding windows of ``window`` tokens, default max_positions, advancing
-    by ``stride``, default half a window); with ``reference`` also eager's perplexity and the per-position
-    :class:`Agreement` of the two. ``memo`` keeps ``reference``'s window logits between calls. ``progress``: told
-    each window as a counted :class:`~mhaexport.progress.Step`."""
-    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    L = window or runner.contract.max_positions
-    got = TextScore(0, 0.0, byte_level)
-    ref = TextScore(0, 0.0, byte_level) if reference is not None else None
-    agreement = Agreement() if reference is not None else None
-    spans = list(windows(len(ids), L, stride))
-    for k, (start, end, first) in enumerate(spans):
-        if progress is not None:
-            progress(Step(f"{runner.name}: window {k + 1} of {len(spans)} (tokens {start}..{end - 1})", k, len(spans)))
-        w = ids[start:end]
-        targets = w[first + 1:]
-        logits = _window_logits(runner, w)[first:len(w) - 1]  # (N, V): predictions of targets
-        got.tokens += len(targets)
-        got.nll += _score(logits, targets)
-        if reference is not None:
-            key = ("text-window", start, end, len(ids), hash(w.tobytes()))
-            if memo is not None and key in memo:
-                ref_logits = memo[key]
-            else:
-                ref_logits = _window_logits(reference, w)[first:len(w) - 1]
-                if memo is not None:
-                    memo[key] = ref_logits
-            ref.tokens += len(targets)
-            ref.nll += _score(ref_logits, targets)
-            agreement.add(ref_logits, logits)
-    return got, ref, agreement
-
-
-# ---- greedy agreement --------------------------------------------------------------------------------------
-
-def greedy_tokens(runner: Runner, prompt: np.ndarray, n: int) -> list[int]:
-    """n greedy tokens after a (P,) prompt through the one decode loop (the runner's own cache)."""
-    r = DecodeLoop(runner).generate(prompt.reshape(1, -1), GenerationConfig(max_new_tokens=n))
-    return r.tokens[0]
-
-
-def agreement_length(a: list[int], b: list[int]) -> int:
-    """Tokens before the first that differs."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def text_prompts(ids: np.ndarray, count: int, length: int) -> list[np.ndarray]:
-    """``count`` prompts of ``length`` tokens taken at even offsets through the text."""
-    if len(ids) < length + 1:
-        return [ids[:max(1, len(ids) - 1)]]
-    starts = np.linspace(0, len(ids) - length - 1, count).astype(int)
-    return [ids[s:s + length] for s in sorted(set(starts.tolist()))]
 
 
 # ---- thresholds --------------------------------------------------------------------------------------------
@@ -377,11 +174,7 @@ class QualitySettings:
 
 def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     """A lossy artifact against eager fp32: the sweep's and the text's figures, greedy agreement, each judged by
-    the scheme's thresholds. Exact artifacts and eager are reported as not applicable."""
-    if runner.name == EAGER:
-        return CheckResult("quality", None, {"reference": True}, "reference: lossy artifacts are judged against eager")
-    if not ctx.lossy:
-        return CheckResult("quality", None, {"exact": True}, "exact artifact: judged by parity")
+    the scheme's thresholds (exact artifacts and eager: not applicable, the suite's row, verify/suite.py)."""
     settings = ctx.quality or QualitySettings()
     scheme = ctx.lossy.weights
     limits, table = thresholds_for(scheme, settings.overrides)
@@ -410,9 +203,9 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
         ids, byte_level = text_tokens(text, c, ctx.tokenizer)
         got, ref, agreement = score_text(runner, ids, byte_level=byte_level, reference=ctx.eager, memo=ctx._ref)
         fig["text"] = {"source": settings.text_source, "bytes": len(text), **agreement.figures(),
-                       "perplexity": _r(got.perplexity), "eager_perplexity": _r(ref.perplexity),
-                       "ppl_ratio": _r(got.perplexity / ref.perplexity),
-                       "bits_per_byte": _r(got.bits_per_byte), "eager_bits_per_byte": _r(ref.bits_per_byte)}
+                       "perplexity": rounded4(got.perplexity), "eager_perplexity": rounded4(ref.perplexity),
+                       "ppl_ratio": rounded4(got.perplexity / ref.perplexity),
+                       "bits_per_byte": rounded4(got.bits_per_byte), "eager_bits_per_byte": rounded4(ref.bits_per_byte)}
     # greedy agreement from prompts of the text (or seeded random prompts)
     n = max(1, min(settings.greedy_tokens, c.max_positions - settings.prompt_len))
     if ids is not None:
@@ -427,8 +220,9 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
             ctx._ref[key] = greedy_tokens(ctx.eager, p, n)
         lengths.append(agreement_length(greedy_tokens(runner, p, n), ctx._ref[key]))
     fig["greedy"] = {"prompts": len(prompts), "tokens": n, "lengths": lengths,
-                     "mean": _r(float(np.mean(lengths))), "min": int(min(lengths)),
-                     "fraction": _r(float(np.mean(lengths)) / n), "from": "text" if ids is not None else "random ids"}
+                     "mean": rounded4(float(np.mean(lengths))), "min": int(min(lengths)),
+                     "fraction": rounded4(float(np.mean(lengths)) / n),
+                     "from": "text" if ids is not None else "random ids"}
     return _verdict(fig, limits)
 
 

@@ -1,7 +1,7 @@
 """Run every check on every runner of a verify run: activate each, skip what cannot run, hold each runtime to its
-own dtype's tolerance (a lossy one to its requantization step), collect the results. The decoder's verify and the
-attention block's (verify/block.py) both drive :func:`run_all`; one check is run by
-:func:`mhaexport.verify.checks.run_check`.
+own dtype's tolerance (a lossy one to its requantization step), collect the results. The decoder's verify, its
+onnxruntime-genai loop and the attention block's all drive :func:`run_all`; one check is run by the one suite's
+:func:`mhaexport.verify.suite.run_check`, whatever the runner's subject.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Callable
 
 from mhaexport.errors import MhaExportError, ProviderUnavailable
 from mhaexport.progress import Step
-from mhaexport.verify.checks import run_check
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.quality import self_tolerance
 from mhaexport.verify.report import RuntimeInfo
 from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.runners import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT, Runner
+from mhaexport.verify.suite import run_check
 
 if TYPE_CHECKING:
     from mhaexport.artifact.details import Quantization
@@ -32,10 +32,10 @@ def _artifact_of(runner: Runner) -> str | None:
 
 
 def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
-            funcs: dict[str, Callable] | None = None, skip_first: bool = False,
+            skip_first: bool = False,
             lossy: dict[str, Quantization] | None = None):
-    """Activate each runner and run every check on it (``funcs``: the checks by name, the decoder's by default, the
-    attention block's with its context: :func:`~mhaexport.verify.checks.run_check`). A runtime that cannot run here
+    """Activate each runner and run every check on it (the one suite: :func:`~mhaexport.verify.suite.run_check`;
+    the context says the contract: the decoder's, the attention block's). A runtime that cannot run here
     is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
     not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
     runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
@@ -75,7 +75,7 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
         for ch in checks:
             say(Step(f"{runner.name}: {ch} ...", done, total))
-            results[runner.name][ch] = run_check(ch, runner, runner_ctx, funcs)
+            results[runner.name][ch] = run_check(ch, runner, runner_ctx)
             done += 1
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values() if r.counted]  # the report's counting

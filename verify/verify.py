@@ -15,20 +15,23 @@ from mhaexport import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError, ConfigError
+from mhaexport.iospec import ModuleContract
 from mhaexport.runtime.choose import feed_of
 from mhaexport.runtime.feed import Feed
+from mhaexport.verify.block import ModuleContext, module_sweep
+from mhaexport.verify.block_runners import ModuleRunner
 from mhaexport.verify.external_data import check_external_data
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
-from mhaexport.verify.genai_runtime import CHECK_FUNCS as GENAI_CHECK_FUNCS, genai_unavailable
+from mhaexport.verify.genai_runtime import genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
 from mhaexport.verify.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, ORT_CPU, ORT_CUDA, ORT_GENAI,
-                                      VERIFY, Runner, refuse_unknown)
-from mhaexport.verify.pt2 import present_code_runtimes, refuse_untrusted
+from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ORT_CPU,
+                                      ORT_CUDA, ORT_GENAI, VERIFY, Runner, refuse_unknown)
+from mhaexport.verify.pt2 import CODE_RUNTIMES, present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
 from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
@@ -87,7 +90,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                   trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager (a path: opened here, its snapshot removed when done; an
     opened :class:`ExportFolder`: used as it is, its opener closes it). A folder of the attention block on its own
-    (``--module attention``) gets the module's runtimes and checks (:func:`mhaexport.verify.block.verify_module`).
+    (``--module attention``) gets the module's runtimes and checks (:func:`verify_module`).
 
     ``loaded``: the eager model (rebuilt from the manifest when None); it must be the exported model (fingerprint),
     which is how a folder whose factory moved is re-pointed. ``runtimes``: None = the defaults (a default runtime
@@ -126,8 +129,6 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
         wanted = tuple(rt for rt in wanted if ARTIFACT.get(rt) is None or ef.has(ARTIFACT[rt]))
         wanted += present_code_runtimes(ef)
     if ef.module is not None:
-        from mhaexport.verify.block import verify_module
-
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress, trust_code=trust_code)
     if not runtimes and ships_genai(ef) and genai_unavailable() is None:
@@ -151,7 +152,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
 
         tokenizer = for_folder(ef)
     if lossy and quality is not None:  # refused before any work: an unknown figure, text the model cannot read
-        from mhaexport.verify.quality import text_tokens, thresholds_for
+        from mhaexport.evaluate.scoring import text_tokens
+        from mhaexport.verify.quality import thresholds_for
 
         thresholds_for(None, quality.overrides)
         if quality.text is not None:
@@ -198,11 +200,11 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                 f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
             p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
             other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
-        if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder, its own checks
+        if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder: the suite's loop subject
             ours = runner_for(ef, ORT_CPU, c) if ef.has("onnx") else None
             g_infos, g_results = run_all([runners[0], runner_for(ef, ORT_GENAI, c, ours=ours, infos=infos,
                                                                       trust_code=trust_code)], ctx, checks, say,
-                                         funcs=GENAI_CHECK_FUNCS, skip_first=True, lossy=lossy)
+                                         skip_first=True, lossy=lossy)
             infos.update(g_infos)
             results.update(g_results)
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
@@ -212,6 +214,60 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                         infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
                         started=started, export_sizes=ctx.export_sizes, dtype=dtype,
                         generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other)
+
+
+def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None,
+                         trust_code: bool = False) -> list[ModuleRunner]:
+    """Eager first, then one runner per requested runtime (the registry's, verify/registry.py); an artifact that is
+    absent makes its runtime skipped."""
+    c = loaded.contract
+    return [runner_for(ef, rt, c, eager=loaded.module, threads=threads, trust_code=trust_code)
+            for rt in (EAGER,) + tuple(r for r in runtimes if r != EAGER)]
+
+
+def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
+                  atol: float | dict | None = None, rtol: float | dict | None = None,
+                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
+                  threads: int | None = None, progress: Progress | None = None, trust_code: bool = False
+                  ) -> VerifyReport:
+    """Verify every artifact of an attention-block export folder (``ef``, hashes checked) against eager: the
+    suite's ``module`` subject (its context and checks: verify/block.py).
+
+    ``loaded``: the block (or the built-in decoder to take it from: re-pointing with --config/--checkpoint); rebuilt
+    from the manifest when None, and in every case checked against the recorded fingerprint. ``runtimes``: None =
+    all of MODULE_RUNTIMES; given = requested (one skipped entirely: not verified)."""
+    from mhaexport.models.block import load_recorded_block
+    from mhaexport.models.loading import check_same_model
+
+    started = time.perf_counter()
+    say = progress or (lambda _m: None)
+    wanted = tuple(runtimes) if runtimes else MODULE_RUNTIMES + present_code_runtimes(ef)
+    if off := [r for r in wanted if r not in MODULE_RUNTIMES + CODE_RUNTIMES]:
+        raise ConfigError(f"runtime(s) {', '.join(off)} do not run an attention-block export; its runtimes: "
+                          f"{', '.join(MODULE_RUNTIMES)}")
+    checks = tuple(checks) if checks else MODULE_CHECKS
+    if off := [ch for ch in checks if ch not in MODULE_CHECKS]:
+        raise ConfigError(f"check(s) {', '.join(off)} do not apply to an attention-block export; its checks: "
+                          f"{', '.join(MODULE_CHECKS)}")
+    if loaded is None or not isinstance(loaded.contract, ModuleContract):
+        say(f"rebuilding the eager block from {ef.model.spec}")
+        loaded = load_recorded_block(ef, decoder=loaded)
+    else:
+        check_same_model(loaded, ef.model)
+    c: ModuleContract = loaded.contract
+    tol = Tolerance.for_dtype("float32", atol, rtol)
+    if threads is None and loaded.n_params <= ONE_THREAD_MAX_PARAMS:
+        threads = 1
+    runners = build_module_runners(ef, loaded, wanted, threads, trust_code)
+    ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,
+                        tol_override=(atol, rtol))
+    with torch_threads(threads):
+        infos, results = run_all(runners, ctx, checks, say)
+    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
+    return build_report(ef, sweep=sweep, seed=seed, cases=ctx.cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
+                        infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
+                        started=started, export_sizes=(iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST), module=c.kind,
+                        cross=cross)
 
 
 def _linear_weights(module) -> dict[str, object]:

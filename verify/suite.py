@@ -1,0 +1,134 @@
+"""The one check suite: every check verify runs, on every runtime — the decoder's runtimes driven by contract calls,
+onnxruntime-genai's own generation loop (``ort-genai``) and the attention block's runtimes — in one table,
+:data:`CHECK_FUNCS`, with what does not apply to which runtime declared in its rows, and one :func:`run_check`.
+
+A runtime is checked as one of three *subjects*, by how it is driven (its runner's ``checked_as``, :func:`subject`):
+
+- ``contract``: contract calls (ids, mask, past -> logits, present) in the file's protocol — eager, TorchScript,
+  ONNX Runtime, the reference evaluator, torch.export (verify/checks.py);
+- ``loop``: onnxruntime-genai's generator, which takes no contract call: its runner provides traces of its own loop
+  (a short and a long prompt alone, three as one batch, every step's logits), which the checks judge
+  (verify/genai_runtime.py);
+- ``module``: the attention block on its own, under the module contract (verify/block.py).
+
+A row names the function each subject runs, or why the check does not apply to it (a string: the result is "n/a",
+counted nowhere), or None (not a check of that subject: verify refuses to be asked for it). Before any function,
+the row's rules about the runtime and the artifact: eager is the *reference* of parity, quality, weights and
+genai-config (not a check of eager); parity is not applicable to a lossy artifact, quality and weights only to one;
+genai-config only to a runtime that runs the ONNX file. Every generation check decides a near-tie by the one rule
+:func:`mhaexport.verify.compare.near_tie`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from mhaexport.errors import MhaExportError, first_line
+from mhaexport.runtime.runner import Runner
+from mhaexport.verify import block, checks, genai_runtime as loop
+from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
+from mhaexport.verify.quality import check_quality
+from mhaexport.verify.results import (CONTRACT, GENAI_CONFIG_CHECK, LOOP, MODULE, QUALITY, WEIGHTS, CheckResult,
+                                      SweepContext)
+from mhaexport.verify.runners import EAGER, TORCHSCRIPT
+
+CheckFn = Callable[[Runner, SweepContext], CheckResult]
+# a subject's entry in a row: the check's function, the reason it does not apply (n/a), or None (not its check)
+Entry = Union[CheckFn, str, None]
+
+SUBJECTS = (CONTRACT, LOOP, MODULE)
+
+# onnxruntime-genai's loop feeds only its own shapes: what a check of chosen shapes cannot ask of it
+LOOP_SHAPES = ("n/a: onnxruntime-genai's loop feeds only its own shapes (prefill, then one token a step); see "
+               "parity at the prefill and each decode step")
+
+
+def subject(runner: Runner) -> str:
+    """How ``runner`` is checked: ``loop`` (onnxruntime-genai's own generator), ``module`` (the attention block's
+    runtimes), else ``contract`` — what its class declares as ``checked_as``."""
+    return getattr(runner, "checked_as", CONTRACT)
+
+
+def _scheme(ctx) -> str:
+    lossy = getattr(ctx, "lossy", None)
+    return str((lossy and (lossy.label or lossy.weights)) or "quantized")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of the suite: ``contract`` / ``loop`` / ``module``, each subject's :data:`Entry`; ``reference``:
+    eager's result is "reference: ..." (eager is what this check holds the others to); ``artifact``: ``"exact"``
+    (not applicable to a lossy artifact: judged by quality) or ``"lossy"`` (only for a lossy one: an exact artifact
+    is judged by parity); ``onnx_only``: not applicable to a runtime that does not run the ONNX file (TorchScript and
+    the eager models). Calling it runs the check on one runner: the row's rules, then the subject's function."""
+
+    name: str
+    contract: Entry = None
+    loop: Entry = None
+    module: Entry = None
+    reference: str | None = None
+    artifact: str | None = None
+    onnx_only: str | None = None
+
+    def entry(self, runner: Runner) -> Entry:
+        return getattr(self, subject(runner))
+
+    def not_applicable(self, runner: Runner, ctx) -> CheckResult | None:
+        """The result the row's rules give ``runner`` without running anything (reference, n/a), or None."""
+        entry = self.entry(runner)
+        if entry is None:
+            raise ValueError(f"{self.name} is not a check of a {subject(runner)} runtime ({runner.name})")
+        if isinstance(entry, str):
+            return CheckResult(self.name, None, {"not_applicable": True}, entry)
+        if self.reference and runner.name == EAGER:
+            return CheckResult(self.name, None, {"reference": True}, f"reference: {self.reference}")
+        lossy = getattr(ctx, "lossy", None)
+        if self.artifact == "exact" and lossy:
+            return CheckResult(self.name, None, {"lossy": True},
+                               f"n/a: lossy artifact ({_scheme(ctx)}): exact {self.name} does not apply; see quality")
+        if self.artifact == "lossy" and not lossy:
+            return CheckResult(self.name, None, {"exact": True}, "exact artifact: judged by parity")
+        if self.onnx_only and (runner.name == TORCHSCRIPT or runner.name.startswith(EAGER)):
+            return CheckResult(self.name, None, {"not_applicable": True}, f"n/a: {self.onnx_only}")
+        return None
+
+    def __call__(self, runner: Runner, ctx) -> CheckResult:
+        given = self.not_applicable(runner, ctx)  # (a CheckResult is truthy only when it passed)
+        return given if given is not None else self.entry(runner)(runner, ctx)
+
+
+def _suite(*rows: Check) -> dict[str, Check]:
+    return {row.name: row for row in rows}
+
+
+# The one table: every check verify runs, on every runtime (docs/reference.md's check tables describe each row)
+CHECK_FUNCS = _suite(
+    Check("parity", checks.check_parity, loop.check_parity, block.check_parity,
+          reference="every runtime is compared with eager", artifact="exact"),
+    Check("finite", checks.check_finite, loop.check_finite, checks.check_finite),
+    Check("causality", checks.check_causality, LOOP_SHAPES, block.check_causality),
+    Check("kv-consistency", checks.check_kv_consistency, loop.check_kv_consistency),
+    Check("padding", checks.check_padding, loop.check_padding),
+    Check("dynamic-shapes", checks.check_dynamic_shapes, LOOP_SHAPES),
+    Check("generation", checks.check_generation, loop.check_generation),
+    Check("cache-consistency", module=block.check_cache_consistency),
+    Check("demonstration", module=block.check_demonstration),
+    Check(QUALITY, check_quality, loop.check_quality, reference="lossy artifacts are judged against eager",
+          artifact="lossy"),
+    Check(WEIGHTS, checks.check_weights, checks.check_weights, reference="the weights of the files are checked",
+          artifact="lossy"),
+    Check(GENAI_CONFIG_CHECK, check_genai_config, check_genai_config, reference="the folder's config is checked",
+          onnx_only=f"{GENAI_CONFIG} describes the ONNX file"),
+)
+
+
+def run_check(name: str, runner: Runner, ctx: SweepContext) -> CheckResult:
+    """Run one check of :data:`CHECK_FUNCS` on one runner, whatever its subject. The runtime failing inside it
+    (RuntimeFailure: ONNX Runtime, onnxruntime-genai, TorchScript or the model's own code raised; or inputs it
+    refused) is that check's failure, with its first line. Any other exception is a bug in mhaexport and propagates
+    (the CLI exits 3 with the traceback)."""
+    try:
+        return CHECK_FUNCS[name](runner, ctx)
+    except MhaExportError as e:
+        return CheckResult(name, False, {}, first_line(e))
