@@ -127,7 +127,8 @@ class AdoptedLayout(Record):
     the cache and pads a batch is the entry's own ``kv_cache`` / ``max_cache`` / ``padding`` (:class:`CacheLayout`),
     as for every ONNX file; a layout written by an earlier version (which wrote ``kv_cache`` and ``padding`` here
     too) keeps those keys (``legacy_kv_cache``, ``legacy_padding``), written back as read, and :class:`OnnxDetails`
-    reads them only where the entry has none. :class:`mhaexport.runtime.feed.Feed` is the one description of how the file is fed."""
+    reads them only where the entry has none. :class:`mhaexport.runtime.feed.Feed` is the one description of how the
+    file is fed."""
 
     producer: str  # one of runtime.foreign.PRODUCERS
     input_ids: str

@@ -16,8 +16,8 @@ Schema ``mhaexport.manifest/2``::
 ``source`` says how to rebuild the eager model, one typed record per kind (:mod:`mhaexport.artifact.source`), with
 file paths relative to the export folder (never an absolute path of the exporting machine). The model record and the
 entries are :class:`~mhaexport.artifact.record.Record` s: reading checks every key's type, naming its path
-(``manifest.json: model.contract.n_layers is '2' (str), expected int``). Version 1 (mhaexport 0.1: one top-level ``io`` for every artifact) is read and
-upgraded in memory.
+(``manifest.json: model.contract.n_layers is '2' (str), expected int``). Version 1 (mhaexport 0.1: one top-level
+``io`` for every artifact) is read as records too and upgraded in memory.
 """
 
 from __future__ import annotations

@@ -348,7 +348,8 @@ def test_the_api_writes_a_refused_folders_report_where_asked(altered_export, tmp
     (("model", "source"), {"kind": 7}, "manifest.json: model.source.kind is 7 (int), expected str or null"),
     (("model", "spec"), [], "manifest.json: model.spec is an array, expected str"),
     (("model", "fingerprint"), None, "manifest.json: model.fingerprint is null, expected str"),
-    (("artifacts", "onnx", "static_sizes"), "x", "artifacts.onnx.static_sizes is 'x' (str), expected an object or null"),
+    (("artifacts", "onnx", "static_sizes"), "x", "artifacts.onnx.static_sizes is 'x' (str), expected an object or "
+                                                 "null"),
     (("artifacts", "onnx", "static_sizes"), {"sequence_length": "1"}, "artifacts.onnx.static_sizes.sequence_length "
                                                                       "is '1' (str), expected int"),
     (("artifacts", "onnx", "seq_dynamic"), "yes", "artifacts.onnx.seq_dynamic is 'yes' (str), expected bool"),
