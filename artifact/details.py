@@ -126,8 +126,9 @@ class AdoptedLayout(Record):
     :func:`mhaexport.runtime.foreign.detect_layout` finds it): its names, sizes and producer. How its producer holds
     the cache and pads a batch is the entry's own ``kv_cache`` / ``max_cache`` / ``padding`` (:class:`CacheLayout`),
     as for every ONNX file; a layout written by an earlier version (which wrote ``kv_cache`` and ``padding`` here
-    too) keeps those keys in ``extra``, written back as read, and :class:`OnnxDetails` reads them only where the entry
-    has none. :class:`mhaexport.runtime.feed.Feed` is the one description of how the file is fed."""
+    too) keeps those keys (``legacy_kv_cache``, ``legacy_padding``), written back as read, and :class:`OnnxDetails`
+    reads them only where the entry has none. :class:`mhaexport.runtime.feed.Feed` is the one description of how the
+    file is fed."""
 
     producer: str  # one of runtime.foreign.PRODUCERS
     input_ids: str
@@ -144,6 +145,9 @@ class AdoptedLayout(Record):
     vocab_size: int = 0
     max_positions: int = 0
     notes: list[str] = field(default_factory=list)
+    # an earlier version's copy of the entry's cache layout (never written now; kept as read)
+    legacy_kv_cache: str | None = field(default=None, metadata={"key": "kv_cache"})
+    legacy_padding: str | None = field(default=None, metadata={"key": "padding"})
 
     WRITE_NONE = ("position_ids",)
 
@@ -190,11 +194,11 @@ class OnnxDetails(Details):
     def validate(self, where: str) -> None:
         """An adopted layout of an earlier version whose entry states no cache of its own: the layout's keys are the
         cache's (a shared buffer's slots: the layout's max_positions)."""
-        legacy = self.layout.extra if self.layout is not None else {}
-        if self.cache.kind is None and legacy.get("kv_cache") in ("concat", "shared"):
-            shared = legacy["kv_cache"] == "shared"
-            padding = legacy.get("padding") if legacy.get("padding") in ("left", "right") else None
-            self.cache = CacheLayout(legacy["kv_cache"], (self.layout.max_positions or None) if shared else None,
+        layout = self.layout
+        if self.cache.kind is None and layout is not None and layout.legacy_kv_cache in ("concat", "shared"):
+            shared = layout.legacy_kv_cache == "shared"
+            padding = layout.legacy_padding if layout.legacy_padding in ("left", "right") else None
+            self.cache = CacheLayout(layout.legacy_kv_cache, (layout.max_positions or None) if shared else None,
                                      padding or ("right" if shared else "left"))
             self.cache.validate(where)
 

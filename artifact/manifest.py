@@ -13,9 +13,11 @@ Schema ``mhaexport.manifest/2``::
 ``...details`` (opset, attention, kv_cache, quantization, mode, ...) are read into typed records
 (:mod:`mhaexport.artifact.details`) and written back key for key.
 
-``source`` says how to rebuild the eager model, with file paths relative to the export folder (never an absolute
-path of the exporting machine). Version 1 (mhaexport 0.1: one top-level ``io`` for every artifact) is read and
-upgraded in memory.
+``source`` says how to rebuild the eager model, one typed record per kind (:mod:`mhaexport.artifact.source`), with
+file paths relative to the export folder (never an absolute path of the exporting machine). The model record and the
+entries are :class:`~mhaexport.artifact.record.Record` s: reading checks every key's type, naming its path
+(``manifest.json: model.contract.n_layers is '2' (str), expected int``). Version 1 (mhaexport 0.1: one top-level
+``io`` for every artifact) is read as records too and upgraded in memory.
 """
 
 from __future__ import annotations
@@ -27,13 +29,16 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mhaexport.artifact import schema
 from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.details import Details, details_from_dict
+from mhaexport.artifact.record import Record, at
+from mhaexport.artifact.source import LegacySource, Source, V1Rebuild
 from mhaexport.errors import ArtifactError, UntrustedInput
 from mhaexport.iospec import Contract, ModuleContract, contract_from_dict
-from mhaexport.untrusted import check_dims, shown
+from mhaexport.untrusted import check_dims
 
 KIND = "manifest"
 VERSION = 2
@@ -54,131 +59,120 @@ def legacy_fingerprint(spec: str, contract: dict, config: dict | None, checkpoin
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# The JSON types of the manifest's fields that code reads as such (issue 25: a crafted manifest is bad input named by
-# its field, never a TypeError deep inside a verb). (type, ...): the types allowed; None among them: null allowed.
-_STR, _INT, _OPT_STR, _OPT_DICT = (str,), (int,), (str, None), (dict, None)
-_RECORD_TYPES = {"spec": _STR, "fingerprint": _STR, "contract": (dict,), "source": _OPT_DICT, "config": _OPT_DICT,
-                 "checkpoint": _OPT_STR, "checkpoint_sha256": _OPT_STR, "weights_sha256": _OPT_STR}
-_CONTRACT_TYPES = {"n_layers": _INT, "n_heads": _INT, "head_dim": _INT, "vocab_size": _INT, "max_positions": _INT,
-                   "n_kv_heads": (int, None)}
-_MODULE_TYPES = {"kind": _STR, "mask": _STR, "d_model": _INT, "n_heads": _INT, "n_kv_heads": _INT,
-                 "max_positions": _INT}
-_SOURCE_TYPES = {k: _OPT_STR for k in ("kind", "name", "file", "module", "callable", "path", "checkpoint", "repo_id",
-                                       "commit", "revision")}
-_ENTRY_TYPES = {"format": _STR, "file": _STR, "dtype": _STR, "files": (dict,), "io": _OPT_DICT,
-                "seq_dynamic": (bool,), "static_sizes": _OPT_DICT, "versions": _OPT_DICT,
-                "export_seconds": (int, float, None), "warnings": (list, None)}
-_JSON = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
-         bool: "true or false", None: "null"}
+@dataclass
+class _DecoderContractJson(Record):
+    """The JSON types of a decoder's recorded contract (:class:`~mhaexport.iospec.ModelContract` builds it)."""
 
-
-def check_types(data: object, types: dict[str, tuple], where: str) -> None:
-    """ArtifactError naming ``where``.field when ``data`` is not an object or one of its ``types`` fields holds
-    another JSON type (a missing field is left to the reader's own check). Integers are not booleans."""
-    if not isinstance(data, dict):
-        raise ArtifactError(f"manifest field {where}: expected an object, found {_shown(data)}")
-    for key, allowed in types.items():
-        if key not in data:
-            continue
-        value = data[key]
-        ok = (value is None and None in allowed) or any(
-            t is not None and isinstance(value, t) and (t is bool or not isinstance(value, bool)) for t in allowed)
-        if not ok:
-            raise ArtifactError(f"manifest field {where}.{key}: expected "
-                                f"{' or '.join(_JSON[t] for t in allowed)}, found {_shown(value)}")
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, (dict, list)) or value is None:
-        return _JSON[type(value) if value is not None else None]
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+    n_kv_heads: int | None = None
+    windows: list[int] | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    attn_scale: float | None = None
+    attn_sinks: bool | None = None
 
 
 @dataclass
-class ModelRecord:
+class _ModuleContractJson(Record):
+    """The JSON types of a block's recorded contract (:class:`~mhaexport.iospec.ModuleContract` builds it)."""
+
+    kind: str
+    mask: str
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    max_positions: int
+    head_dim: int | None = None
+
+
+def _contract(value: object, where: str) -> Contract:
+    """A recorded contract read: its JSON types (ArtifactError naming the key), its sizes within what mhaexport
+    runs (UntrustedInput), then the contract itself (a module's when it has ``kind``, else the decoder's)."""
+    (_ModuleContractJson if isinstance(value, dict) and "kind" in value else _DecoderContractJson).from_dict(value,
+                                                                                                           where)
+    check_dims(value, where)
+    try:
+        return contract_from_dict(value)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{where}: {type(e).__name__}: {e}") from None
+
+
+def _no_nul(record: Record, keys: tuple[str, ...], where: str) -> None:
+    """UntrustedInput when a name or path among ``keys`` holds a NUL: no file system takes it."""
+    for key in keys:
+        value = getattr(record, key)
+        if isinstance(value, str) and "\0" in value:
+            raise UntrustedInput(f"{at(where, key)}: {value[:80]!r} holds a NUL: refused")
+
+
+@dataclass
+class ModelRecord(Record):
     """The model an export folder was made from."""
 
     spec: str  # shown to people: "preset:small", "config:big", "factory:user_decoder.py:build"
-    contract: Contract  # the decoder's ModelContract, or a ModuleContract for ``--module attention``
+    # the decoder's ModelContract, or a ModuleContract for ``--module attention``
+    contract: Contract = field(metadata={"parse": _contract, "dump": lambda c: c.to_dict()})
     fingerprint: str
-    source: dict = field(default_factory=dict)  # how to rebuild it; paths relative to the export folder
-    config: dict | None = None  # the built-in decoder's DecoderConfig fields
+    # how to rebuild it, one record per kind; paths relative to the export folder (null reads as an empty source)
+    source: Source | None = field(default_factory=Source)
+    config: dict[str, Any] | None = None  # the built-in decoder's DecoderConfig fields
     checkpoint: str | None = None  # "shipped:small.pt", a file name, or None (the model's own weights)
     checkpoint_sha256: str | None = None
     weights_sha256: str | None = None
-    legacy: bool = False  # read from a version-1 manifest (fingerprint in schema 1's formula)
-    extra: dict = field(default_factory=dict)
+    # read from a version-1 manifest (fingerprint in schema 1's formula)
+    legacy: bool = field(default=False, metadata={"json": False})
 
-    _KNOWN = ("spec", "contract", "fingerprint", "source", "config", "checkpoint", "checkpoint_sha256",
-              "weights_sha256")
-    # the source keys that hold a path, relative to the export folder: a factory file, a checkpoint, an --hf folder
-    SOURCE_PATHS = ("file", "checkpoint", "path")
+    WRITE_NONE = ("*",)
+    KEY_ORDER = ("spec", "contract", "config", "source", "checkpoint", "checkpoint_sha256", "weights_sha256",
+                 "fingerprint")
+
+    def validate(self, where: str) -> None:
+        if self.source is None:
+            self.source = Source()
+        _no_nul(self, ("spec", "checkpoint"), where)
 
     def relocated(self, from_dir: str | Path, to_dir: str | Path) -> ModelRecord:
         """This record for a folder at ``to_dir`` (the same model; its source paths, relative to ``from_dir``,
         made relative to ``to_dir``)."""
-        source = dict(self.source)
-        for key in self.SOURCE_PATHS:
-            if source.get(key):
-                source[key] = os.path.relpath((Path(from_dir) / source[key]).resolve(), Path(to_dir).resolve())
-        return dataclasses.replace(self, source=source, extra=dict(self.extra))
+        def move(path: str) -> str:
+            return os.path.relpath((Path(from_dir) / path).resolve(), Path(to_dir).resolve())
+
+        return dataclasses.replace(self, source=self.source.with_paths(move), extra=dict(self.extra))
 
     @property
     def module(self) -> str | None:
         """The module exported on its own ("attention"), or None for a decoder."""
         return self.contract.kind if isinstance(self.contract, ModuleContract) else None
 
-    def to_dict(self) -> dict:
-        out = {"spec": self.spec, "contract": self.contract.to_dict(), "config": self.config, "source": self.source,
-               "checkpoint": self.checkpoint, "checkpoint_sha256": self.checkpoint_sha256,
-               "weights_sha256": self.weights_sha256, "fingerprint": self.fingerprint}
-        return {**out, **self.extra}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ModelRecord:
-        check_types(data, _RECORD_TYPES, "model")
-        if isinstance(contract := data.get("contract"), dict):
-            check_types(contract, _MODULE_TYPES if "kind" in contract else _CONTRACT_TYPES, "model.contract")
-            check_dims(contract, "manifest field model.contract")
-        check_types(data.get("source") or {}, _SOURCE_TYPES, "model.source")
-        named = {"spec": data.get("spec"), "checkpoint": data.get("checkpoint"),
-                 **{f"source.{k}": v for k, v in (data.get("source") or {}).items()}}
-        for key, value in named.items():  # a path or name with a NUL: no file system takes it
-            if isinstance(value, str) and "\0" in value:
-                raise UntrustedInput(f"manifest field model.{shown(key)}: {value[:80]!r} holds a NUL: refused")
-        try:
-            contract = contract_from_dict(data["contract"])
-            return cls(spec=str(data["spec"]), contract=contract, fingerprint=str(data["fingerprint"]),
-                       source=dict(data.get("source") or {}), config=data.get("config"),
-                       checkpoint=data.get("checkpoint"), checkpoint_sha256=data.get("checkpoint_sha256"),
-                       weights_sha256=data.get("weights_sha256"),
-                       extra={k: v for k, v in data.items() if k not in cls._KNOWN})
-        except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactError(f"the manifest's model record is incomplete: {type(e).__name__}: {e}") from None
-
 
 @dataclass
-class ArtifactEntry:
+class ArtifactEntry(Record):
     """One artifact (``onnx`` or ``torchscript``) in an export folder: its files, I/O schema and dtype, and how it
     was made. Format-specific details (opset, attention lowering, cache layout, precision, quantization, trace
     mode, ...) are typed records in ``details``: :class:`~mhaexport.artifact.details.OnnxDetails` or
-    :class:`~mhaexport.artifact.details.TorchScriptDetails`."""
+    :class:`~mhaexport.artifact.details.TorchScriptDetails` (the entry's other keys, read by :meth:`from_dict`)."""
 
     format: str  # "onnx" | "torchscript"
     file: str  # the main file, e.g. "model.onnx"
-    dtype: str  # dtype of the float inputs and outputs (KV cache, logits)
-    io: dict  # {"inputs": {name: {"dtype", "shape"}}, "outputs": {...}}
+    dtype: str = "float32"  # dtype of the float inputs and outputs (KV cache, logits)
+    # {"inputs": {name: {"dtype", "shape"}}, "outputs": {...}}; null reads as {}
+    io: dict[str, Any] | None = field(default_factory=dict)
     files: dict[str, dict] = field(default_factory=dict)  # every file: {name: {"sha256", "bytes"}}
     seq_dynamic: bool = True
-    static_sizes: dict | None = None  # {sequence_length, past_sequence_length, total_sequence_length} if static
-    versions: dict = field(default_factory=dict)  # tool versions that wrote it
+    static_sizes: dict[str, int] | None = None  # {sequence_length, past_sequence_length, total_sequence_length}
+    versions: dict[str, Any] | None = field(default_factory=dict)  # tool versions that wrote it; null reads as {}
     export_seconds: float | None = None
-    warnings: list[str] = field(default_factory=list)
-    details: Details = field(default_factory=Details)  # OnnxDetails | TorchScriptDetails
+    warnings: list[str] | None = field(default_factory=list)  # null reads as []
+    details: Details = field(default_factory=Details, metadata={"json": False})  # OnnxDetails | TorchScriptDetails
 
-    _KNOWN = ("format", "file", "dtype", "io", "files", "seq_dynamic", "static_sizes", "versions", "export_seconds",
-              "warnings")
+    WRITE_NONE = ("*",)
+    REQUIRED = ("files",)
+    KEY_ORDER = ("format", "file", "dtype", "io", "files", "seq_dynamic", "static_sizes", "versions",
+                 "export_seconds", "warnings")
 
     @property
     def fixed_sizes(self) -> tuple[int, int] | None:
@@ -197,30 +191,28 @@ class ArtifactEntry:
             raise ArtifactError(f"the {self.format} artifact's I/O schema has no input {name!r}") from None
 
     def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self._KNOWN}
-        return {**out, **self.details.to_dict()}
+        return {**super().to_dict(), **self.details.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "artifact") -> ArtifactEntry:
-        """Parse one entry; ArtifactError for a missing key or a detail of the wrong type (naming ``where``.key)."""
-        check_types(data, _ENTRY_TYPES, where)
-        for key, value in (data.get("static_sizes") or {}).items():
-            check_types({key: value}, {key: (int,)}, f"{where}.static_sizes")
-        try:
-            fmt = str(data["format"])
-            files = _files(data["files"], where)
-            main = check_name(data["file"], f"{where}.file")
-            if main not in files:
-                raise ArtifactError(f"{where}.file: {main!r} is not one of the files it lists ({', '.join(files)})")
-            details = details_from_dict(fmt, {k: v for k, v in data.items() if k not in cls._KNOWN}, where)
-            return cls(format=fmt, file=main, dtype=str(data.get("dtype", "float32")),
-                       io=dict(data.get("io") or {}), files=files,
-                       seq_dynamic=bool(data.get("seq_dynamic", True)), static_sizes=data.get("static_sizes"),
-                       versions=dict(data.get("versions") or {}), export_seconds=data.get("export_seconds"),
-                       warnings=list(data.get("warnings") or []),
-                       details=details)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactError(f"an artifact entry of the manifest is incomplete: {type(e).__name__}: {e}") from None
+        """Parse one entry: its own keys (ArtifactError naming ``where``.key for a missing key or one of the wrong
+        type, UnsafeFolder for a file name outside the folder), the rest its format's details."""
+        if not isinstance(data, dict):
+            return super().from_dict(data, where)  # the refusal: not an object
+        own = cls.keys()
+        entry = super().from_dict({k: v for k, v in data.items() if k in own}, where)
+        entry.details = details_from_dict(entry.format, {k: v for k, v in data.items() if k not in own}, where)
+        return entry
+
+    def validate(self, where: str) -> None:
+        self.io = self.io or {}
+        self.versions = self.versions or {}
+        self.warnings = self.warnings or []
+        self.files = _files(self.files, where)
+        self.file = check_name(self.file, f"{where}.file")
+        if self.file not in self.files:
+            raise ArtifactError(f"{where}.file: {self.file!r} is not one of the files it lists "
+                                f"({', '.join(self.files)})")
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -263,11 +255,11 @@ class Manifest:
     def from_dict(cls, data: dict, what: str = FILENAME) -> Manifest:
         version = schema.version_of(data, KIND, READABLE, what)
         if version == 1:
-            data = _upgrade_v1(data)
+            data = _upgrade_v1(data, what)
         arts = data.get("artifacts")
         if not isinstance(arts, dict) or not isinstance(data.get("model"), dict):
             raise ArtifactError(f"{what} has no model record or artifacts map")
-        model = ModelRecord.from_dict(data["model"])
+        model = ModelRecord.from_dict(data["model"], f"{what}: model")
         model.legacy = version == 1
         return cls(model=model, version=version,
                    artifacts={k: ArtifactEntry.from_dict(v, f"{what}: artifacts.{k}") for k, v in arts.items()})
@@ -280,27 +272,62 @@ class Manifest:
         return dataclasses.replace(self, artifacts=arts)
 
 
-def _upgrade_v1(data: dict) -> dict:
+@dataclass
+class _V1Tensor(Record):
+    """A schema-1 I/O entry (``io.inputs.<name>``)."""
+
+    dtype: str | None = None
+    shape: list[Any] | None = None
+
+
+@dataclass
+class _V1Entry(Record):
+    """What a schema-1 artifact entry says beyond a schema-2 one's keys (its dtype; no io, no versions)."""
+
+    dtype: str = "float32"
+    io: dict[str, Any] | None = None
+    versions: dict[str, Any] | None = None
+
+
+@dataclass
+class _V1Model(Record):
+    """A schema-1 model record: no source, its rebuild arguments instead."""
+
+    spec: str = "?"
+    contract: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    checkpoint_sha256: str | None = None
+    rebuild: V1Rebuild | None = None
+
+
+@dataclass
+class _V1Manifest(Record):
+    """A schema-1 manifest (mhaexport 0.1): one top-level ``io`` and ``versions`` for every artifact."""
+
+    model: _V1Model = field(default_factory=_V1Model)
+    io: dict[str, dict[str, _V1Tensor]] | None = None
+    artifacts: dict[str, _V1Entry] = field(default_factory=dict)
+    versions: dict[str, Any] | None = None
+    model_fingerprint: str = ""
+
+
+def _upgrade_v1(data: dict, what: str) -> dict:
     """Schema 1 -> 2 in memory: the top-level ``io`` goes to each artifact (TorchScript was always float32), the
     top-level versions too; the model keeps schema 1's fingerprint (``legacy``) and its rebuild arguments."""
-    model = dict(data.get("model") or {})
-    io = data.get("io") or {}
+    v1 = _V1Manifest.from_dict(data, f"{what} (schema 1)")
     arts = {}
-    for name, entry in (data.get("artifacts") or {}).items():
-        entry = dict(entry)
-        dtype = entry.get("dtype", "float32")
-        art_io = json.loads(json.dumps(io))  # a deep copy per artifact
-        for part in art_io.values():
-            for spec in part.values():
-                if spec.get("dtype") not in ("int64", "int32"):
-                    spec["dtype"] = dtype
-        entry.setdefault("io", art_io)
-        entry.setdefault("versions", data.get("versions") or {})
-        arts[name] = entry
-    rebuild = model.get("rebuild") or {}
-    source: dict = {"kind": (model.get("spec") or "").partition(":")[0], "v1_rebuild": rebuild}
-    upgraded = {"spec": model.get("spec", "?"), "contract": model.get("contract", {}), "config": model.get("config"),
-                "source": source, "checkpoint": model.get("checkpoint"),
-                "checkpoint_sha256": model.get("checkpoint_sha256"), "weights_sha256": None,
-                "fingerprint": data.get("model_fingerprint", "")}
+    for name, entry in v1.artifacts.items():
+        if entry.io is None:  # the top-level io, its float tensors in the artifact's dtype
+            entry.io = {part: {n: dataclasses.replace(t, dtype=t.dtype if t.dtype in ("int64", "int32")
+                                                      else entry.dtype).to_dict() for n, t in specs.items()}
+                        for part, specs in (v1.io or {}).items()}
+        if entry.versions is None:
+            entry.versions = v1.versions or {}
+        arts[name] = entry.to_dict()
+    m = v1.model
+    source = LegacySource(kind=m.spec.partition(":")[0], v1_rebuild=m.rebuild or V1Rebuild())
+    upgraded = {"spec": m.spec, "contract": m.contract, "config": m.config, "source": source.to_dict(),
+                "checkpoint": m.checkpoint, "checkpoint_sha256": m.checkpoint_sha256, "weights_sha256": None,
+                "fingerprint": v1.model_fingerprint}
     return {"model": upgraded, "artifacts": arts}

@@ -26,8 +26,10 @@ R = TypeVar("R", bound="Record")
 @dataclass
 class Record:
     """A JSON object as a dataclass: one field per key (field metadata ``key`` renames it; ``flat`` marks a record
-    whose keys sit in this object's own; ``json: False`` keeps a field out of the JSON). Keys it does not declare stay
-    in ``extra``; ``read_keys`` remembers the keys read, in order, so that writing gives back the same JSON."""
+    whose keys sit in this object's own; ``json: False`` keeps a field out of the JSON; ``parse(value, where)`` and
+    ``dump(value)`` read and write a type that is not a record, such as the model's contract). Keys it does not
+    declare stay in ``extra``; ``read_keys`` remembers the keys read, in order, so that writing gives back the same
+    JSON."""
 
     extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
     read_keys: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
@@ -69,7 +71,9 @@ class Record:
                 known |= hint.keys()
                 continue
             known.add(key)
-            if key in data:
+            if key in data and "parse" in f.metadata:  # a type of its own: its reader checks and builds it
+                kwargs[f.name] = f.metadata["parse"](data[key], at(where, key))
+            elif key in data:
                 kwargs[f.name] = parse(data[key], hint, at(where, key))
             elif key in cls.REQUIRED or (f.default is dataclasses.MISSING
                                          and f.default_factory is dataclasses.MISSING):
@@ -87,6 +91,8 @@ class Record:
             value = getattr(self, f.name)
             if f.metadata.get("flat"):
                 out.update(value.to_dict())
+            elif value is not None and "dump" in f.metadata:
+                out[key] = f.metadata["dump"](value)
             elif value is not None or key in self.read_keys or key in self.WRITE_NONE or self.WRITE_NONE == ("*",):
                 out[key] = dump(value)
         for key in self.DERIVED:
@@ -125,7 +131,7 @@ def _shown(value: Any) -> str:
 def _name(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
-        return " or ".join(_name(a) for a in typing.get_args(hint))
+        return " or ".join(dict.fromkeys(_name(a) for a in typing.get_args(hint)))
     if origin is Literal:
         names = [repr(a) for a in typing.get_args(hint)]
         return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"

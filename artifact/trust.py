@@ -43,7 +43,7 @@ def remember_own(entry: ArtifactEntry) -> None:
 
 def own_export(entry: ArtifactEntry) -> bool:
     """Whether every file of ``entry`` has a sha256 this process published (its own export)."""
-    return bool(entry.files) and all(str(f.get("sha256")) in _own for f in entry.files.values())
+    return bool(entry.files) and all(str(f["sha256"]) in _own for f in entry.files.values())
 
 
 def refusal(entry: ArtifactEntry | None, artifact: str, folder: object, trust_code: bool) -> str | None:

@@ -20,7 +20,7 @@ import onnx
 
 from mhaexport import iospec
 from mhaexport.artifact import stage_artifact
-from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization
+from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization, WeightsRead
 from mhaexport.artifact.files import refuse_link
 from mhaexport.errors import ArtifactError, UnsafeFolder
 from mhaexport.exporter.common import ExportRecord, finish, previous_model
@@ -72,25 +72,25 @@ def quantization_of(path: Path) -> Quantization | None:
     verify then judges the file by quality against eager fp32, not exact parity."""
     model = onnx.load(str(path), load_external_data=False)
     counts: dict[str, int] = {}
-    first: dict | None = None
+    op, attrs = None, {}  # the first quantized MatMul and its attributes
     for node in model.graph.node:
         if node.op_type in QUANT_OPS:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
-            if first is None and node.op_type in ("MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul",
-                                                  "QLinearMatMul"):
+            if op is None and node.op_type in ("MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul",
+                                               "QLinearMatMul"):
+                op = node.op_type
                 attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-                first = {"op": node.op_type, **attrs}
     if not counts:
         return None
-    first = first or {}
-    bits = int(first.get("bits", 8 if first.get("op") not in (None, "MatMulNBits") else 4))
-    record = {"weights": f"int{bits}", "ops": counts, "source": "the graph's quantized ops (adopted file)",
-              "weights_read": weights_read(model)}  # bench's bytes per token: packed weights, scales, zero points
-    if first.get("op") == "MatMulNBits":
-        record.update(block_size=int(first.get("block_size", 0)), accuracy_level=int(first.get("accuracy_level", 0)))
-    label = QUANT_OPS.get(first.get("op", ""), "quantized")
-    record["label"] = label.format(bits=bits, block_size=record.get("block_size", "?"))
-    return Quantization.from_dict(record)
+    bits = int(attrs["bits"]) if "bits" in attrs else 4 if op in (None, "MatMulNBits") else 8
+    # weights_read: bench's bytes per token (packed weights, scales, zero points)
+    q = Quantization(weights=f"int{bits}", ops=counts, source="the graph's quantized ops (adopted file)",
+                     weights_read=WeightsRead(**weights_read(model)))
+    if op == "MatMulNBits":
+        q.block_size, q.accuracy_level = int(attrs.get("block_size", 0)), int(attrs.get("accuracy_level", 0))
+    q.label = QUANT_OPS.get(op or "", "quantized").format(bits=bits, block_size="?" if q.block_size is None
+                                                          else q.block_size)
+    return q
 
 
 def _check_sizes(layout: Layout, loaded: LoadedModel, path: Path) -> list[str]:

@@ -15,6 +15,7 @@ import torch
 
 from mhaexport.artifact import ArtifactEntry, Manifest, Staging
 from mhaexport.artifact.details import Details
+from mhaexport.artifact.source import HfSource
 from mhaexport.env import tool_versions
 from mhaexport.errors import ExportError, UntrustedInput
 from mhaexport.exporter.records import Replaced, record_dict
@@ -114,7 +115,7 @@ def copy_tokenizer(loaded: LoadedModel, dest: Path) -> list[str]:
     read when the model was loaded (:mod:`mhaexport.models.hf_files`: inside the folder, no link followed), never
     the folder read again; returns the names written, [] for a model without one (the built-in models are
     byte-level)."""
-    if loaded.origin.get("kind") != "hf":
+    if not isinstance(loaded.origin, HfSource):
         return []
     files = getattr(getattr(loaded, "module", None), "tokenizer", None) or {}
     for name, data in files.items():

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mhaexport.artifact import ExportFolder, OpenFolders
+from mhaexport.artifact.source import HfSource
 from mhaexport.errors import ArtifactError, ConfigError, ExportError
 
 PRECISIONS = ("fp32", "int4")  # what --builder takes (the builder's -p values that run on its CPU provider)
@@ -35,14 +36,14 @@ def hf_source(ef: ExportFolder) -> Path:
     """The Hugging Face folder an export folder was made from (its recorded ``--hf`` path, or a Hub id's snapshot);
     ConfigError when the folder holds another kind of model (the builder reads only Hugging Face models)."""
     src = ef.model.source
-    if src.get("kind") != "hf":
+    if not isinstance(src, HfSource):
         raise ConfigError(f"--builder: {ef.path} holds {ef.model.spec}, not a Hugging Face model; onnxruntime-genai's "
                           "builder reads a Hugging Face folder (export one with `mhaexport onnx --hf DIR`)")
-    if src.get("repo_id"):
+    if src.repo_id:
         from mhaexport.models import hub
 
-        return Path(hub.resolve(src["repo_id"], src.get("commit") or src.get("revision")).folder)
-    path = (ef.path / src["path"]).resolve()
+        return Path(hub.resolve(src.repo_id, src.commit or src.revision).folder)
+    path = (ef.path / src.path).resolve()
     if not (path / "config.json").is_file():
         raise ArtifactError(f"--builder: the Hugging Face folder of {ef.model.spec} is not at {path} any more")
     return path

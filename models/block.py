@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from mhaexport.artifact import ExportFolder
+from mhaexport.artifact.source import BuiltinSource
 from mhaexport.errors import ArtifactError, ConfigError, ModelLoadError
 from mhaexport.iospec import MASKS, ModuleContract
 from mhaexport.models.attention import MultiHeadAttention, build_causal_mask
@@ -70,7 +71,9 @@ def block_from_decoder(decoder: LoadedModel, mask: str = "causal") -> LoadedMode
     block = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, mask)
     block.attn.load_state_dict(decoder.module.blocks[0].attn.state_dict())
     block.eval()
-    origin = {**decoder.origin, "block": BLOCK}
+    origin = decoder.origin
+    if isinstance(origin, BuiltinSource):  # the record says the block was taken from the decoder it names
+        origin = dataclasses.replace(origin, block=BLOCK, extra=dict(origin.extra))
     return dataclasses.replace(decoder, module=block, contract=contract_of_block(block, cfg.max_positions),
                                spec=f"{decoder.spec} {BLOCK}", origin=origin, _weights_sha256=None)
 
@@ -100,11 +103,11 @@ def load_recorded_block(folder: ExportFolder, decoder: LoadedModel | None = None
     if not isinstance(contract, ModuleContract):
         raise ArtifactError(f"{folder.path} holds a decoder, not a module on its own")
     if decoder is None:
-        src = {k: v for k, v in record.source.items() if k != "block"}
+        src = record.source
         checkpoint = recorded_checkpoint(folder, src, record, "this block", "--config")
         try:
-            if src.get("kind") not in ("preset", "config"):
-                raise ArtifactError(f"the manifest's model source {src!r} names no way to rebuild the block")
+            if not isinstance(src, BuiltinSource):
+                raise ArtifactError(f"the manifest's model source {src.to_dict()!r} names no way to rebuild the block")
             decoder = rebuild_builtin(src, record, checkpoint, record.spec.removesuffix(f" {BLOCK}"))
         except ModelLoadError as e:
             raise ArtifactError(f"cannot rebuild the block of {folder.path} ({record.spec}): {e}; re-point it with "

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mhaexport.artifact.source import HfSource
 from mhaexport.errors import ModelLoadError, first_line
 from mhaexport.models.tracebacks import failing_module
 
@@ -315,7 +316,7 @@ HF_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
                  "special_tokens_map.json")
 
 
-def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True) -> tuple[HFCausalLM, dict]:
+def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True) -> tuple[HFCausalLM, HfSource]:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`, ``.tokenizer``
     the tokenizer files' bytes as read) and the origin to record; see :func:`mhaexport.models.loading.load_hf`.
     ``shown``: how messages name the model (default: ``path``). ``confine``: transformers loads a private copy of
@@ -389,5 +390,4 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
     adapter.config = config
     adapter.tokenizer = files.tokenizer  # {name: bytes} of tokenizer.json & co as read (what an export ships)
     adapter._window_plan = plan
-    origin = {"kind": "hf", "path": str(folder.resolve()), "model_type": model_type, "architecture": arch}
-    return adapter, origin
+    return adapter, HfSource(path=str(folder.resolve()), model_type=model_type, architecture=arch)

@@ -8,6 +8,7 @@ Checkpoints are read with ``torch.load(weights_only=True)``: tensors only, never
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -22,6 +23,8 @@ import torch
 from torch import nn
 
 from mhaexport.artifact import ExportFolder, ModelRecord, fingerprint_of, legacy_fingerprint, sha256_file
+from mhaexport.artifact.source import (BuiltinSource, ConfigSource, FactorySource, HfSource, LegacySource,
+                                       PresetSource, Source)
 from mhaexport.errors import (ArtifactError, ConfigError, MhaExportError, ModelLoadError, UntrustedCode,
                               first_line)
 from mhaexport.iospec import ModelContract, ModuleContract
@@ -42,12 +45,10 @@ class LoadedModel:
     config: DecoderConfig | None = None  # the built-in model's config; None for a user factory
     checkpoint: str | None = None  # "shipped:small.pt", the checkpoint path as given, or None
     checkpoint_sha256: str | None = None
-    # how to load it again: {"kind": "preset", "name"} | {"kind": "config"} | {"kind": "factory", "module" or
-    # "file" (absolute here, made relative to the export folder in the manifest), "callable"} | {"kind": "hf",
-    # "path" (a Hugging Face folder; absolute here, relative in the manifest), "model_type", "architecture", and for a
-    # Hub id "repo_id", "revision", "commit" (then "path" is the cache's snapshot, never recorded)};
-    # "checkpoint": path
-    origin: dict = field(default_factory=dict)
+    # how to load it again (:mod:`mhaexport.artifact.source`: a preset, a config, a factory file or module, a Hugging
+    # Face folder or Hub model, and the checkpoint loaded): paths absolute here, made relative to the export folder in
+    # the manifest; a Hub model's "path" is the cache's snapshot, never recorded
+    origin: Source = field(default_factory=Source)
     notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
     _weights_sha256: str | None = field(default=None, repr=False)
     _n_params: int | None = field(default=None, repr=False)
@@ -73,17 +74,11 @@ class LoadedModel:
     def record(self, folder: str | Path) -> ModelRecord:
         """The manifest's model record for an export into ``folder``: file paths relative to that folder."""
         folder = Path(folder).resolve()
-
-        def rel(p: str | None) -> str | None:
-            return None if p is None else os.path.relpath(Path(p).resolve(), folder)
-
-        paths = ModelRecord.SOURCE_PATHS
-        source = {k: v for k, v in self.origin.items() if k not in paths}
-        for key in paths:
-            if key == "path" and self.origin.get("repo_id"):
-                continue  # a Hub model is recorded by id, revision and commit; its snapshot path is this machine's
-            if self.origin.get(key):
-                source[key] = rel(self.origin[key])
+        source = self.origin
+        if isinstance(source, HfSource) and source.repo_id:
+            # a Hub model is recorded by id, revision and commit; its snapshot path is this machine's
+            source = dataclasses.replace(source, path=None, extra=dict(source.extra))
+        source = source.with_paths(lambda p: os.path.relpath(Path(p).resolve(), folder))
         return ModelRecord(spec=self.spec, contract=self.contract, fingerprint=self.fingerprint, source=source,
                            config=self.config.to_dict() if self.config else None, checkpoint=self.checkpoint_label,
                            checkpoint_sha256=self.checkpoint_sha256, weights_sha256=self.weights_sha256)
@@ -92,9 +87,7 @@ class LoadedModel:
     def label(self) -> str:
         """How error messages name the model: the architecture of an ``--hf`` model (``LlamaForCausalLM (llama)``),
         else the spec."""
-        if self.origin.get("kind") == "hf":
-            return f"{self.origin.get('architecture', '?')} ({self.origin.get('model_type', '?')})"
-        return self.spec
+        return self.origin.label if isinstance(self.origin, HfSource) else self.spec
 
     @property
     def checkpoint_label(self) -> str | None:
@@ -264,9 +257,9 @@ def smoke_check(module: nn.Module, contract: ModelContract) -> None:
 def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False) -> LoadedModel:
     """Load the Hugging Face causal LM in folder ``path`` — or, when ``path`` is a Hub id ``org/name``, its snapshot
     at ``revision`` in the user's cache (:mod:`mhaexport.models.hub`; downloaded only with ``allow_download``) —
-    under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin
-    ``{"kind": "hf", "path" (absolute; relative in the manifest; for a Hub id the snapshot, never recorded),
-    "model_type", "architecture"}`` plus, for a Hub id, ``"repo_id", "revision", "commit"``; notes from loading (a
+    under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin an
+    :class:`~mhaexport.artifact.source.HfSource` (``path`` absolute; relative in the manifest; for a Hub id the
+    snapshot, never recorded) with, for a Hub id, its ``repo_id``, ``revision``, ``commit``; notes from loading (a
     capped context length, a sliding window). Raises ModelLoadError with one line: transformers missing (with the
     install line), not a model folder, a Hub id not in the cache, an architecture transformers cannot load as a
     causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
@@ -283,7 +276,7 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
         spec = f"hf:{Path(path).resolve().name}"
     else:
         module, origin = hf_adapter(source.folder, shown=source.repo_id, confine=False)  # the cache's own rules
-        origin.update(source.record)
+        origin = dataclasses.replace(origin, **source.record)
         spec = source.spec
     loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes))
     smoke_check(module, loaded.contract)
@@ -296,15 +289,15 @@ def shipped_weights(config: DecoderConfig) -> Path | None:
     return path if path.is_file() else None
 
 
-def _factory_origin(model: str) -> tuple[str, dict]:
+def _factory_origin(model: str) -> tuple[str, FactorySource]:
     """The spec to show and the origin to record for ``--model``: a file factory by absolute path (made relative to
     the export folder in the manifest), a module factory by module name."""
     target, _, attr = model.rpartition(":")
     if target.endswith(".py"):
         path = Path(target)
         shown = target if not path.is_absolute() else path.name
-        return f"factory:{shown}:{attr}", {"kind": "factory", "file": str(path.resolve()), "callable": attr}
-    return f"factory:{model}", {"kind": "factory", "module": target, "callable": attr}
+        return f"factory:{shown}:{attr}", FactorySource(file=str(path.resolve()), callable=attr)
+    return f"factory:{model}", FactorySource(module=target, callable=attr)
 
 
 def load_model(config: str | DecoderConfig | None = None, model: str | None = None,
@@ -349,10 +342,10 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
         module = DecoderLM(cfg)
         is_preset = isinstance(config, str) and config in PRESETS or config is None
         if is_preset:
-            spec, origin = f"preset:{cfg.name}", {"kind": "preset", "name": cfg.name}
+            spec, origin = f"preset:{cfg.name}", PresetSource(name=cfg.name)
         else:
             shown = Path(config).name if isinstance(config, str) else cfg.name
-            spec, origin = f"config:{shown}", {"kind": "config"}
+            spec, origin = f"config:{shown}", ConfigSource()
         loaded = LoadedModel(module, contract_of(module), spec=spec, config=cfg, origin=origin)
         if checkpoint is None and not random_weights and is_preset and (w := shipped_weights(cfg)):
             loaded.checkpoint_sha256 = load_checkpoint(module, w)
@@ -360,7 +353,7 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     if checkpoint is not None:
         loaded.checkpoint_sha256 = load_checkpoint(loaded.module, checkpoint)
         loaded.checkpoint = str(checkpoint)
-        loaded.origin["checkpoint"] = str(Path(checkpoint).resolve())
+        loaded.origin.checkpoint = str(Path(checkpoint).resolve())
     loaded.module.eval()
     smoke_check(loaded.module, loaded.contract)
     return loaded
@@ -370,16 +363,11 @@ def code_source(record: ModelRecord) -> str | None:
     """What code rebuilding ``record``'s model would import and run ("the factory file ../net.py:build"), or None
     when its source is data only (a built-in preset or config, a Hugging Face folder or Hub model, which transformers
     loads without remote code)."""
-    src = record.source
     if record.legacy:
         kind = record.spec.partition(":")[0]
-        rebuild = src.get("v1_rebuild") or {}
-        return None if kind in ("preset", "config") else f"the schema-1 model {rebuild.get('model', record.spec)!r}"
-    if src.get("kind") == "factory":
-        if src.get("file"):
-            return f"the factory file {src['file']}:{src.get('callable')}"
-        return f"the module {src.get('module')}:{src.get('callable')}"
-    return None
+        model = record.source.v1_rebuild.model if isinstance(record.source, LegacySource) else None
+        return None if kind in ("preset", "config") else f"the schema-1 model {model or record.spec!r}"
+    return record.source.code
 
 
 def load_recorded(folder: ExportFolder, *, trust_code: bool = False) -> LoadedModel:
@@ -402,32 +390,31 @@ def load_recorded(folder: ExportFolder, *, trust_code: bool = False) -> LoadedMo
     if record.legacy:
         return _load_legacy(record)
     src = record.source
-    kind = src.get("kind")
     checkpoint = recorded_checkpoint(folder, src, record, "this folder", "the model options")
     try:
-        if kind in ("preset", "config"):
+        if isinstance(src, BuiltinSource):
             loaded = rebuild_builtin(src, record, checkpoint, record.spec)
-        elif kind == "factory" and src.get("file"):
-            path = (folder.path / src["file"]).resolve()
+        elif isinstance(src, FactorySource) and src.file is not None:
+            path = (folder.path / src.file).resolve()
             if not path.is_file():
                 raise ArtifactError(f"the factory file of {record.spec} is not at {path} any more: re-point the "
                                     "folder with --model FILE.py:FACTORY (accepted when the model is the same)")
-            loaded = load_model(model=f"{path}:{src['callable']}", checkpoint=checkpoint)
+            loaded = load_model(model=f"{path}:{src.callable}", checkpoint=checkpoint)
             loaded.spec = record.spec
-        elif kind == "factory":
-            loaded = load_model(model=f"{src['module']}:{src['callable']}", checkpoint=checkpoint)
-        elif kind == "hf" and src.get("repo_id"):
+        elif isinstance(src, FactorySource):
+            loaded = load_model(model=f"{src.module}:{src.callable}", checkpoint=checkpoint)
+        elif isinstance(src, HfSource) and src.repo_id:
             # the recorded commit, from the cache (offline): the same snapshot, wherever this machine's cache is
-            loaded = load_model(hf=src["repo_id"], revision=src.get("commit") or src.get("revision"))
+            loaded = load_model(hf=src.repo_id, revision=src.commit or src.revision)
             loaded.spec = record.spec
-        elif kind == "hf":
-            path = (folder.path / src["path"]).resolve()
+        elif isinstance(src, HfSource):
+            path = (folder.path / src.path).resolve()
             if not path.is_dir():
                 raise ArtifactError(f"the Hugging Face folder of {record.spec} is not at {path} any more: re-point "
                                     "the folder with --hf DIR (accepted when the model is the same)")
             loaded = load_model(hf=path)
         else:
-            raise ArtifactError(f"the manifest's model source {src!r} names no way to rebuild the model")
+            raise ArtifactError(f"the manifest's model source {src.to_dict()!r} names no way to rebuild the model")
     except ModelLoadError as e:
         raise ArtifactError(f"cannot rebuild the eager model of {folder.path} ({record.spec}): {e}; re-point it "
                             "with --model/--config/--checkpoint/--hf") from None
@@ -435,24 +422,24 @@ def load_recorded(folder: ExportFolder, *, trust_code: bool = False) -> LoadedMo
     return loaded
 
 
-def recorded_checkpoint(folder: ExportFolder, src: dict, record: ModelRecord, what: str, options: str
+def recorded_checkpoint(folder: ExportFolder, src: Source, record: ModelRecord, what: str, options: str
                         ) -> Path | None:
     """The checkpoint a folder's model was exported with (its source path, relative to the folder), or None;
     ArtifactError when it is not there any more (``what`` was exported with it; ``options`` re-point it)."""
-    if not src.get("checkpoint"):
+    if not src.checkpoint:
         return None
-    checkpoint = (folder.path / src["checkpoint"]).resolve()
+    checkpoint = (folder.path / src.checkpoint).resolve()
     if not checkpoint.is_file():
         raise ArtifactError(f"the checkpoint {what} was exported with ({record.checkpoint}) is not at {checkpoint} "
                             f"any more: give it with --checkpoint (and {options})")
     return checkpoint
 
 
-def rebuild_builtin(src: dict, record: ModelRecord, checkpoint: Path | None, spec: str) -> LoadedModel:
+def rebuild_builtin(src: BuiltinSource, record: ModelRecord, checkpoint: Path | None, spec: str) -> LoadedModel:
     """The built-in decoder of a recorded ``preset`` or ``config`` source, with its checkpoint (a preset recorded
     without one gets its seeded random weights); ``spec``: the name it is shown under (a config's)."""
-    if src.get("kind") == "preset":
-        return load_model(config=src["name"], checkpoint=checkpoint, random_weights=record.checkpoint is None)
+    if isinstance(src, PresetSource):
+        return load_model(config=src.name, checkpoint=checkpoint, random_weights=record.checkpoint is None)
     loaded = load_model(config=DecoderConfig.from_dict(record.config or {}), checkpoint=checkpoint)
     loaded.spec = spec
     return loaded
@@ -473,20 +460,20 @@ def check_same_model(loaded: LoadedModel, record: ModelRecord) -> None:
 
 def _load_legacy(record: ModelRecord) -> LoadedModel:
     """A schema-1 folder: its rebuild arguments held absolute paths and the exporting working directory."""
-    rebuild = record.source.get("v1_rebuild") or {}
+    rebuild = record.source.v1_rebuild if isinstance(record.source, LegacySource) else None
     kind, _, name = record.spec.partition(":")
     ckpt = record.checkpoint
     shipped = isinstance(ckpt, str) and ckpt.startswith("shipped:")
-    checkpoint = None if ckpt is None or shipped else (rebuild.get("checkpoint") or ckpt)
+    if rebuild is None:
+        raise ArtifactError(f"the schema-1 model record of {record.spec} holds no rebuild arguments: re-export")
+    checkpoint = None if ckpt is None or shipped else (rebuild.checkpoint or ckpt)
     try:
         if kind in ("preset", "config"):
-            loaded = load_model(config=rebuild.get("config", name), checkpoint=checkpoint,
-                                random_weights=ckpt is None)
+            loaded = load_model(config=rebuild.config or name, checkpoint=checkpoint, random_weights=ckpt is None)
         else:
-            cwd = rebuild.get("cwd")
-            if cwd and cwd not in sys.path:
-                sys.path.insert(0, cwd)
-            loaded = load_model(model=rebuild.get("model", name), checkpoint=checkpoint)
+            if rebuild.cwd and rebuild.cwd not in sys.path:
+                sys.path.insert(0, rebuild.cwd)
+            loaded = load_model(model=rebuild.model or name, checkpoint=checkpoint)
     except ModelLoadError as e:
         raise ArtifactError(f"cannot rebuild the eager model of this schema-1 folder ({record.spec}): {e}; "
                             "re-point it with --model/--config/--checkpoint or re-export") from None

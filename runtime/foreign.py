@@ -27,8 +27,9 @@ from mhaexport import dtypes, iospec
 from mhaexport.artifact import ArtifactEntry, read_manifest
 from mhaexport.artifact.details import AdoptedLayout, CacheLayout, OnnxDetails
 from mhaexport.errors import ArtifactError
+from mhaexport.runtime.genai_config import GenaiConfig, GenaiDecoder, GenaiModel, GenaiSearch, section
 from mhaexport.runtime.protocol import SHARED, padding_of
-from mhaexport.untrusted import load_json, shown
+from mhaexport.untrusted import load_json
 
 GENAI_CONFIG = "genai_config.json"
 POSITION_IDS = "position_ids"
@@ -77,21 +78,20 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> tupl
         raise ArtifactError(f"{path} is not a file")
     inputs, outputs = _io(path)
     in_names, out_names = [i.name for i in inputs], [o.name for o in outputs]
-    genai = None
+    genai = decoder = None
     if (path.parent / GENAI_CONFIG).is_file():
-        try:
-            genai = load_json(path.parent / GENAI_CONFIG, str(path.parent / GENAI_CONFIG))["model"]
-            decoder = genai.get("decoder", {})
-            named = decoder.get("filename") if isinstance(decoder, dict) else None
-        except (KeyError, TypeError, AttributeError) as e:
+        config = section(GenaiConfig, load_json(path.parent / GENAI_CONFIG, str(path.parent / GENAI_CONFIG)))
+        genai = section(GenaiModel, config.model) if config is not None else None
+        if genai is None:
             raise ArtifactError(f"{path.parent / GENAI_CONFIG} is not a readable onnxruntime-genai config: "
-                                f"{shown(e)}") from None
-    if genai is not None and named not in (None, path.name):
+                                f"{'no model object' if config is not None else 'not a JSON object'}")
+        decoder = section(GenaiDecoder, genai.decoder) or GenaiDecoder()
+    if decoder is not None and decoder.filename not in (None, path.name):
         genai = None  # the config describes another file of the folder
     own = _own_export(path)
     if own is not None:
         genai = None  # mhaexport writes a genai_config.json too: its manifest says more
-    layout, protocol = _from_genai(path, genai, in_names, out_names) if genai else \
+    layout, protocol = _from_genai(path, decoder, in_names, out_names) if genai else \
         (_by_names(in_names, out_names, path), CONCAT_LEFT)
     if layout is not None and own is not None and own.details.cache.shared:
         protocol = (SHARED, padding_of(SHARED))  # --kv-cache shared: GroupQueryAttention's protocol
@@ -109,11 +109,12 @@ def detect_layout(path: str | Path, *, max_positions: int | None = None) -> tupl
                             f"holds; {_listing(inputs, outputs)}")
     layout.dtype = dt
     layout.n_layers = len(layout.past) // 2
-    layout.n_kv_heads = _int(past.shape[1]) or _int((genai or {}).get("decoder", {}).get("num_key_value_heads")) or 0
-    layout.head_dim = _int(past.shape[3]) or _int((genai or {}).get("decoder", {}).get("head_size")) or 0
-    layout.vocab_size = _int(logits.shape[2]) or _int((genai or {}).get("vocab_size")) or 0
-    layout.n_heads = _int((genai or {}).get("decoder", {}).get("num_attention_heads")) or 0  # the graph hides it
-    layout.max_positions = _int((genai or {}).get("context_length")) or max_positions or 0
+    genai, decoder = (genai, decoder) if genai is not None else (GenaiModel(), GenaiDecoder())
+    layout.n_kv_heads = _int(past.shape[1]) or _int(decoder.num_key_value_heads) or 0
+    layout.head_dim = _int(past.shape[3]) or _int(decoder.head_size) or 0
+    layout.vocab_size = _int(logits.shape[2]) or _int(genai.vocab_size) or 0
+    layout.n_heads = _int(decoder.num_attention_heads) or 0  # the graph hides it
+    layout.max_positions = _int(genai.context_length) or max_positions or 0
     shared = protocol[0] == "shared"
     return layout, CacheLayout(protocol[0], (layout.max_positions or None) if shared else None, protocol[1])
 
@@ -131,9 +132,9 @@ def _pairs(names: list[str], key_re: str) -> list[str] | None:
     return [found[(i, kind)] for i in layers for kind in ("key", "value")]
 
 
-def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> tuple[Layout | None, tuple[str, str]]:
-    dec = cfg.get("decoder", {})
-    names_in, names_out = dec.get("inputs", {}), dec.get("outputs", {})
+def _from_genai(path: Path, dec: GenaiDecoder, ins: list[str], outs: list[str]
+                ) -> tuple[Layout | None, tuple[str, str]]:
+    names_in, names_out = (names if isinstance(names, dict) else {} for names in (dec.inputs, dec.outputs))
 
     def template(t: str | None) -> str:
         return re.escape(t or "").replace("%d", r"(\d+)")
@@ -153,17 +154,17 @@ def _from_genai(path: Path, cfg: dict, ins: list[str], outs: list[str]) -> tuple
     known = {ids, mask, *past} | ({pos} if pos else set())
     if ids not in ins or mask not in ins or logits not in outs or set(ins) - known:
         return None, CONCAT_LEFT
-    shared = bool(_search(path).get("past_present_share_buffer"))
+    shared = bool(_search(path).past_present_share_buffer)
     return (Layout("onnxruntime-genai", ids, mask, logits, past, present, pos),
             ("shared" if shared else "concat", "right"))
 
 
-def _search(path: Path) -> dict:
+def _search(path: Path) -> GenaiSearch:
     try:
-        search = load_json(path.parent / GENAI_CONFIG, str(path.parent / GENAI_CONFIG)).get("search", {})
-    except (ArtifactError, AttributeError):
-        return {}
-    return search if isinstance(search, dict) else {}
+        config = section(GenaiConfig, load_json(path.parent / GENAI_CONFIG, str(path.parent / GENAI_CONFIG)))
+    except ArtifactError:
+        return GenaiSearch()
+    return (section(GenaiSearch, config.search) if config is not None else None) or GenaiSearch()
 
 
 def _own_export(path: Path) -> ArtifactEntry | None:

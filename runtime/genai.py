@@ -21,6 +21,8 @@ from mhaexport.errors import (ArtifactError, MhaExportError, RuntimeFailure, Run
                               first_line)
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
                                       pad_prompts)
+from mhaexport.runtime.genai_config import (GenaiConfig, GenaiDecoder, GenaiModel, GenaiSessionOptions,
+                                            section)
 
 GENAI_CONFIG = "genai_config.json"
 
@@ -191,11 +193,12 @@ _PROVIDERS = {"cuda": "CUDAExecutionProvider", "dml": "DmlExecutionProvider", "w
 
 def config_providers(config: dict) -> list[str]:
     """The providers a genai_config.json's decoder names in ``session_options.provider_options`` ([]: the CPU)."""
-    model = config.get("model") if isinstance(config, dict) else None
-    decoder = model.get("decoder") if isinstance(model, dict) else None
-    options = (decoder.get("session_options") or {}) if isinstance(decoder, dict) else {}
-    listed = options.get("provider_options") if isinstance(options, dict) else None
-    return [name for opt in listed or [] if isinstance(opt, dict) for name in opt]
+    root = section(GenaiConfig, config)
+    model = section(GenaiModel, root.model) if root is not None else None
+    decoder = section(GenaiDecoder, model.decoder) if model is not None else None
+    options = section(GenaiSessionOptions, decoder.session_options) if decoder is not None else None
+    listed = options.provider_options if options is not None else None
+    return [name for opt in listed if isinstance(opt, dict) for name in opt] if isinstance(listed, list) else []
 
 
 def _eos_set(eos: int | Sequence[int] | None) -> set[int]:
@@ -239,10 +242,10 @@ class GenAIGenerator:
         if GENAI_CONFIG not in self.entry.files:
             raise ArtifactError(f"{export.path} ships no {GENAI_CONFIG}: onnxruntime-genai has nothing to run")
         self.config = read_json(export.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")
-        model = self.config["model"]
-        self.context_length = int(model["context_length"])
-        self.pad_token_id = model.get("pad_token_id")
-        eos = model.get("eos_token_id")
+        model = GenaiModel.from_dict(GenaiConfig.from_dict(self.config, GENAI_CONFIG).model, f"{GENAI_CONFIG}: model")
+        self.context_length = int(model.context_length)
+        self.pad_token_id = model.pad_token_id
+        self._config_eos = eos = model.eos_token_id
         if isinstance(eos, list) and eos and "tokenizer.json" in self.entry.files:
             eos = eos[0]  # the shipped tokenizer's eos (mhaexport.runtime.tokenizer.for_folder)
         self.default_eos_token_id = eos
@@ -264,7 +267,7 @@ class GenAIGenerator:
         key = self.default_eos_token_id if eos is None else int(eos)
         key = tuple(key) if isinstance(key, list) else key
         if key not in self._models:
-            config_eos = self.config["model"].get("eos_token_id")
+            config_eos = self._config_eos
             same = key == (tuple(config_eos) if isinstance(config_eos, list) else config_eos)
             try:
                 eos = None if same else list(key) if isinstance(key, tuple) else key

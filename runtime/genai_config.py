@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mhaexport.artifact.record import R, Record
 from mhaexport.errors import ArtifactError, UntrustedInput
 from mhaexport.untrusted import load_json, shown
 
@@ -50,17 +51,36 @@ class ConfigFinding:
 
 
 @dataclass
+class AttentionAttrs:
+    """The graph's first attention op and its head counts (None: not an attribute of that op)."""
+
+    op: str | None = None
+    num_heads: int | None = None
+    q_num_heads: int | None = None
+    kv_num_heads: int | None = None
+
+
+@dataclass
+class GqaWindow:
+    """A layer's GroupQueryAttention window: ``local_window_size`` (-1: full attention) and
+    ``sliding_window_cache`` (1: it evicts in a window-sized cache; 0 unless set)."""
+
+    local_window_size: int = -1
+    sliding_window_cache: int = 0
+
+
+@dataclass
 class GraphIO:
     """What a config is checked against in the graph: input/output names with their shapes (ints or dim names),
-    the op types present and the attributes of the first attention op (num_heads, kv_num_heads)."""
+    the op types present and the first attention op's head counts."""
 
     inputs: dict[str, list] = field(default_factory=dict)
     outputs: dict[str, list] = field(default_factory=dict)
     ops: set[str] = field(default_factory=set)
-    attention: dict[str, Any] = field(default_factory=dict)
-    # per layer (from its past_key_values.{i}.key input) the attributes of its GroupQueryAttention that say its
-    # window: {layer: {"local_window_size": int, "sliding_window_cache": int}}; None where not read (the manifest)
-    windows: dict[int, dict[str, int]] | None = None
+    attention: AttentionAttrs = field(default_factory=AttentionAttrs)
+    # per layer (from its past_key_values.{i}.key input) its GroupQueryAttention's window; None where not read
+    # (the manifest)
+    windows: dict[int, GqaWindow] | None = None
 
 
 @dataclass
@@ -75,6 +95,90 @@ class Expected:
     special: dict[str, tuple[set[int], str]] = field(default_factory=dict)  # {bos_token_id: ({ids}, "where from")}
 
 
+# ---- the fields onnxruntime-genai reads, as records -------------------------------------------------------------
+#
+# Each key is declared once, with onnxruntime-genai's default where it has one. The values are not type-checked on
+# reading (every value is ``Any``): a config is checked by the findings, which name a wrong value's field; reading
+# one never refuses it.
+
+@dataclass
+class GenaiSearch(Record):
+    """``search``: how onnxruntime-genai generates, its defaults where a key is absent."""
+
+    do_sample: Any = False
+    num_beams: Any = 1
+    num_return_sequences: Any = 1
+    repetition_penalty: Any = 1.0
+    no_repeat_ngram_size: Any = 0
+    min_length: Any = 0
+    max_length: Any = None
+    temperature: Any = 1.0
+    top_k: Any = None
+    top_p: Any = 1.0
+    length_penalty: Any = 1.0
+    diversity_penalty: Any = 0.0
+    past_present_share_buffer: Any = False
+
+
+@dataclass
+class GenaiDecoder(Record):
+    """``model.decoder``: the file, its I/O names (``inputs``/``outputs``: field -> graph name or template) and
+    sizes, and a window-sized cache's ``sliding_window``."""
+
+    filename: Any = None
+    inputs: Any = None
+    outputs: Any = None
+    hidden_size: Any = None
+    head_size: Any = None
+    num_attention_heads: Any = None
+    num_key_value_heads: Any = None
+    num_hidden_layers: Any = None
+    sliding_window: Any = None
+    session_options: Any = None  # GenaiSessionOptions
+
+
+@dataclass
+class GenaiSessionOptions(Record):
+    """``model.decoder.session_options``: what onnxruntime-genai sets on the decoder's session (its providers)."""
+
+    provider_options: Any = None  # [{provider name: {option: value}}, ...]
+
+
+@dataclass
+class GenaiModel(Record):
+    """``model``: the decoder (an object when onnxruntime-genai can run it), the vocabulary, the context length and
+    the special ids."""
+
+    decoder: Any = None
+    vocab_size: Any = None
+    context_length: Any = None
+    bos_token_id: Any = None
+    eos_token_id: Any = None
+    pad_token_id: Any = None
+
+
+@dataclass
+class GenaiConfig(Record):
+    """The whole file: ``model`` and ``search`` (other sections kept as read)."""
+
+    model: Any = None
+    search: Any = None
+
+
+@dataclass
+class GenaiSlidingWindow(Record):
+    """``model.decoder.sliding_window``: the window and the layers (none listed: every layer) that keep a
+    window-sized cache."""
+
+    window_size: Any = None
+    layers: Any = None
+
+
+def section(cls: type[R], value: Any) -> R | None:
+    """``value`` read as ``cls`` when it is an object, else None (never a refusal: every field is ``Any``)."""
+    return cls.from_dict(value) if isinstance(value, dict) else None
+
+
 def _ints(v) -> list[int] | None:
     if isinstance(v, bool):
         return None
@@ -85,41 +189,41 @@ def _ints(v) -> list[int] | None:
     return None
 
 
-def _search_findings(search: dict) -> list[ConfigFinding]:
+def _search_findings(search: GenaiSearch) -> list[ConfigFinding]:
     """``search`` defaults that make onnxruntime-genai's output differ from greedy decoding."""
     out = []
 
     def f(key: str, why: str) -> None:
-        out.append(ConfigFinding(f"search.{key}", f"{search.get(key)!r}: {why}"))
+        out.append(ConfigFinding(f"search.{key}", f"{getattr(search, key)!r}: {why}"))
 
-    sampling = search.get("do_sample") is True
+    sampling = search.do_sample is True
     if sampling:
         f("do_sample", "onnxruntime-genai samples by default instead of decoding greedily (what verify proves)")
-    beams = search.get("num_beams", 1)
+    beams = search.num_beams
     if isinstance(beams, int) and beams > 1:
         f("num_beams", "beam search by default, not greedy decoding")
-    if search.get("num_return_sequences", 1) not in (1, None):
+    if search.num_return_sequences not in (1, None):
         f("num_return_sequences", "several sequences per prompt: the batch onnxruntime-genai runs is not the prompts'")
-    rp = search.get("repetition_penalty", 1.0)
+    rp = search.repetition_penalty
     if isinstance(rp, (int, float)) and rp != 1.0:
         f("repetition_penalty", "penalizes tokens already generated: the tokens differ from greedy decoding")
-    ngram = search.get("no_repeat_ngram_size", 0)
+    ngram = search.no_repeat_ngram_size
     if isinstance(ngram, int) and ngram > 0:
         f("no_repeat_ngram_size", "forbids repeated n-grams: the tokens differ from greedy decoding")
-    ml = search.get("min_length", 0)
+    ml = search.min_length
     if isinstance(ml, int) and ml > 0:
         f("min_length", "suppresses eos before that length: the tokens differ from greedy decoding")
     if sampling:  # only with sampling do these change the output
-        if search.get("temperature", 1.0) not in (1, 1.0, None):
+        if search.temperature not in (1, 1.0, None):
             f("temperature", "with do_sample: scales the logits before sampling")
-        if isinstance(search.get("top_k"), int) and search["top_k"] not in (0, 1):
+        if isinstance(search.top_k, int) and search.top_k not in (0, 1):
             f("top_k", "with do_sample: samples among the top k")
-        if search.get("top_p", 1.0) not in (1, 1.0, None, 0, 0.0):
+        if search.top_p not in (1, 1.0, None, 0, 0.0):
             f("top_p", "with do_sample: nucleus sampling")
     if isinstance(beams, int) and beams > 1:
-        if search.get("length_penalty", 1.0) not in (1, 1.0, None):
+        if search.length_penalty not in (1, 1.0, None):
             f("length_penalty", "with beams: rescores sequences by length")
-        if search.get("diversity_penalty", 0.0) not in (0, 0.0, None):
+        if search.diversity_penalty not in (0, 0.0, None):
             f("diversity_penalty", "with beams: penalizes similar beams")
     return out
 
@@ -134,15 +238,16 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
     def bad(path: str, message: str, severity: str = "error") -> None:
         out.append(ConfigFinding(path, message, severity))
 
-    model = cfg.get("model") if isinstance(cfg, dict) else None
-    if not isinstance(model, dict) or not isinstance(model.get("decoder"), dict):
+    config = section(GenaiConfig, cfg) or GenaiConfig()
+    model = section(GenaiModel, config.model)
+    if model is None or not isinstance(model.decoder, dict):
         return [ConfigFinding("model.decoder", "missing: onnxruntime-genai has no decoder to run")]
-    dec = model["decoder"]
-    search = cfg.get("search") if isinstance(cfg.get("search"), dict) else {}
+    dec = GenaiDecoder.from_dict(model.decoder)
+    search = section(GenaiSearch, config.search) or GenaiSearch()
     c = exp.contract
 
     # --- the file -------------------------------------------------------------------------------------------
-    fname = dec.get("filename")
+    fname = dec.filename
     if not isinstance(fname, str) or not fname:
         bad("model.decoder.filename", f"{fname!r}: not a file name")
     elif Path(fname).name != fname or fname in (".", ".."):
@@ -154,13 +259,13 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
 
     # --- names: every input onnxruntime-genai feeds exists, every graph input is fed ---------------------------
     names_in, names_out = ({k: v for k, v in group.items() if isinstance(v, str)} if isinstance(group, dict) else {}
-                           for group in (dec.get("inputs"), dec.get("outputs")))
+                           for group in (dec.inputs, dec.outputs))
     for where in ("inputs", "outputs"):  # a name that is not a string: said once, then the default name is checked
-        group = dec.get(where)
+        group = getattr(dec, where)
         for k, v in (group.items() if isinstance(group, dict) else ()):
             if not isinstance(v, str):
                 bad(f"model.decoder.{where}.{shown(k)}", f"{shown(repr(v))[:60]}: not a name")
-    layers = dec.get("num_hidden_layers")
+    layers = dec.num_hidden_layers
     n_layers = layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else None
     fed: set[str] = set()
     for key, where, group in (("input_ids", "inputs", names_in), ("attention_mask", "inputs", names_in),
@@ -210,19 +315,19 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
         graph_layers = sum(1 for n in graph.inputs if pattern.match(n)) or None
     logits_shape = graph.outputs.get(names_out.get("logits", "logits"), [])
     graph_vocab = logits_shape[-1] if logits_shape and isinstance(logits_shape[-1], int) else None
-    heads_attr = graph.attention.get("num_heads") or graph.attention.get("q_num_heads")
-    kv_attr = graph.attention.get("kv_num_heads")  # GroupQueryAttention's (MultiHeadAttention may repeat them)
+    heads_attr = graph.attention.num_heads or graph.attention.q_num_heads
+    kv_attr = graph.attention.kv_num_heads  # GroupQueryAttention's (MultiHeadAttention may repeat them)
     sizes = (
-        ("model.decoder.head_size", dec.get("head_size"), [(graph_hd, "the graph's cache"),
+        ("model.decoder.head_size", dec.head_size, [(graph_hd, "the graph's cache"),
                                                           (c and c.head_dim, "the model's head_dim")]),
-        ("model.decoder.num_attention_heads", dec.get("num_attention_heads"),
-         [(heads_attr, f"the graph's {graph.attention.get('op')} num_heads"), (c and c.n_heads, "the model's")]),
-        ("model.decoder.num_key_value_heads", dec.get("num_key_value_heads"),
-         [(graph_kv, "the graph's cache"), (kv_attr, f"the graph's {graph.attention.get('op')} kv_num_heads"),
+        ("model.decoder.num_attention_heads", dec.num_attention_heads,
+         [(heads_attr, f"the graph's {graph.attention.op} num_heads"), (c and c.n_heads, "the model's")]),
+        ("model.decoder.num_key_value_heads", dec.num_key_value_heads,
+         [(graph_kv, "the graph's cache"), (kv_attr, f"the graph's {graph.attention.op} kv_num_heads"),
           (c and c.n_kv_heads, "the model's")]),
         ("model.decoder.num_hidden_layers", n_layers if n_layers is not None else layers,
          [(graph_layers, "the graph's past inputs"), (c and c.n_layers, "the model's")]),
-        ("model.vocab_size", model.get("vocab_size"), [(graph_vocab, "the graph's logits"),
+        ("model.vocab_size", model.vocab_size, [(graph_vocab, "the graph's logits"),
                                                        (c and c.vocab_size, "the model's")]),
     )
     for path, value, against in sizes:
@@ -233,13 +338,13 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
             if isinstance(want, int) and want > 0 and want != value:
                 bad(path, f"{value} but {where} is {want}")
                 break
-    hs, nh, hd = dec.get("hidden_size"), dec.get("num_attention_heads"), dec.get("head_size")
+    hs, nh, hd = dec.hidden_size, dec.num_attention_heads, dec.head_size
     if isinstance(hs, int) and isinstance(nh, int) and isinstance(hd, int) and hs != nh * hd and \
             (c is None or hs != c.n_heads * c.head_dim):
         bad("model.decoder.hidden_size", f"{hs} but num_attention_heads x head_size is {nh * hd}")
 
     # --- lengths ----------------------------------------------------------------------------------------------
-    ctx_len = model.get("context_length")
+    ctx_len = model.context_length
     if not isinstance(ctx_len, int) or isinstance(ctx_len, bool) or ctx_len <= 0:
         bad("model.context_length", f"{ctx_len!r}: not a positive integer")
     else:
@@ -251,12 +356,12 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
                                         f"onnxruntime-genai refuses any max_length above {ctx_len}")
         if exp.capacity is not None and ctx_len > exp.capacity:
             bad("model.context_length", f"{ctx_len} but the file's cache holds {exp.capacity} positions")
-        ml = search.get("max_length")
+        ml = search.max_length
         if isinstance(ml, int) and ml > ctx_len:
             bad("search.max_length", f"{ml} but context_length is {ctx_len}: onnxruntime-genai refuses it")
 
     # --- the cache layout ---------------------------------------------------------------------------------------
-    share = search.get("past_present_share_buffer", False)
+    share = search.past_present_share_buffer
     if exp.shared is not None and bool(share) != exp.shared:
         bad("search.past_present_share_buffer",
             f"{share!r} but the file's cache is {'one shared buffer per layer, written in place' if exp.shared else 'concat-style (present = concat(past, new))'}: "  # noqa: E501
@@ -266,9 +371,9 @@ def config_findings(cfg: dict, graph: GraphIO, expected: Expected | None = None)
                                                 f"({'/'.join(CACHE_OPS_IN_PLACE)}): a concat-style cache")
 
     # --- special tokens -----------------------------------------------------------------------------------------
-    vocab = c.vocab_size if c is not None else model.get("vocab_size")
+    vocab = c.vocab_size if c is not None else model.vocab_size
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        v = model.get(key)
+        v = getattr(model, key)
         ids = _ints(v)
         if ids is None:
             if v is not None or key == "eos_token_id":
@@ -316,19 +421,22 @@ def sliding_window_entry(contract: Any, window_sized_cache: bool = False) -> dic
             "layers": [i for i, w in enumerate(contract.windows) if w]}
 
 
-def window_findings(dec: dict, graph: GraphIO, contract: Any = None) -> list[ConfigFinding]:
-    """``sliding_window`` against the graph's GroupQueryAttention windows (per layer, where read) and the model's
-    contract: the same window on the same layers, and a window-sized cache only over a graph that keeps one."""
-    entry = dec.get("sliding_window")
-    if entry is None:
+def window_findings(dec: dict | GenaiDecoder, graph: GraphIO, contract: Any = None) -> list[ConfigFinding]:
+    """``sliding_window`` of ``dec`` (``model.decoder``) against the graph's GroupQueryAttention windows (per layer,
+    where read) and the model's contract: the same window on the same layers, and a window-sized cache only over a
+    graph that keeps one."""
+    if not isinstance(dec, GenaiDecoder):
+        dec = GenaiDecoder.from_dict(dec)
+    if dec.sliding_window is None:
         return []
-    if not isinstance(entry, dict):
-        return [ConfigFinding(SLIDING_WINDOW, f"{type(entry).__name__}, not an object")]
-    w = entry.get("window_size")
+    entry = section(GenaiSlidingWindow, dec.sliding_window)
+    if entry is None:
+        return [ConfigFinding(SLIDING_WINDOW, f"{type(dec.sliding_window).__name__}, not an object")]
+    w = entry.window_size
     if not isinstance(w, int) or isinstance(w, bool) or w <= 0:
         return [ConfigFinding(f"{SLIDING_WINDOW}.window_size", f"{w!r}: not a positive integer")]
-    n = dec.get("num_hidden_layers") if isinstance(dec.get("num_hidden_layers"), int) else None
-    listed = entry.get("layers")
+    n = dec.num_hidden_layers if isinstance(dec.num_hidden_layers, int) else None
+    listed = entry.layers
     if listed in (None, []):
         layers = list(range(n)) if n else []
     elif isinstance(listed, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in listed) and \
@@ -347,26 +455,26 @@ def window_findings(dec: dict, graph: GraphIO, contract: Any = None) -> list[Con
                                             f"{contract.window(i) or 'full attention'}"))
         if graph.windows is None:
             continue
-        attrs = graph.windows.get(i)
-        if attrs is None:
+        gqa = graph.windows.get(i)
+        if gqa is None:
             out.append(ConfigFinding(where, f"window {w} but the graph's cache for layer {i} is full-length "
                                             "(no GroupQueryAttention there): onnxruntime-genai would keep a "
                                             "window-sized cache the graph does not write"))
             continue
-        lws = attrs.get("local_window_size", -1)
+        lws = gqa.local_window_size
         if lws != w:
             out.append(ConfigFinding(where, f"window {w} but the graph's GroupQueryAttention has "
                                             f"local_window_size {lws}{' (full attention)' if lws <= 0 else ''}"))
-        elif not attrs.get("sliding_window_cache"):
+        elif not gqa.sliding_window_cache:
             out.append(ConfigFinding(where, f"window {w} over a full-length cache (GroupQueryAttention without "
                                             "sliding_window_cache=1): onnxruntime-genai would keep window_size + "
                                             "slack slots and fail past them"))
     if graph.windows is not None:
-        for i, attrs in sorted(graph.windows.items()):
-            if attrs.get("local_window_size", -1) > 0 and i not in layers:
+        for i, gqa in sorted(graph.windows.items()):
+            if gqa.local_window_size > 0 and i not in layers:
                 out.append(ConfigFinding(f"{SLIDING_WINDOW} (layer {i})",
                                          f"not listed, but the graph's layer {i} has local_window_size "
-                                         f"{attrs['local_window_size']}"))
+                                         f"{gqa.local_window_size}"))
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from mhaexport.artifact import ExportFolder, read_json
 from mhaexport.errors import MhaExportError, RuntimeInputError
 from mhaexport.runtime.genai import GENAI_CONFIG
+from mhaexport.runtime.genai_config import GenaiConfig, GenaiModel, section
 from mhaexport.untrusted import load_json, shown
 
 # A Hugging Face tokenizer's files, as an export carries them; tokenizer.json is the one that must be there
@@ -96,8 +97,9 @@ def for_folder(export: ExportFolder, artifact: str = "onnx") -> TextTokenizer | 
     if TOKENIZER_JSON in entry.files:
         eos = None
         if GENAI_CONFIG in entry.files:  # the model config's ids, written at export
-            model = read_json(export.file(artifact, GENAI_CONFIG), "onnxruntime-genai config").get("model")
-            eos = model.get("eos_token_id") if isinstance(model, dict) else None
+            config = GenaiConfig.from_dict(read_json(export.file(artifact, GENAI_CONFIG), "onnxruntime-genai config"))
+            model = section(GenaiModel, config.model)
+            eos = model.eos_token_id if model is not None else None
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         return TextTokenizer(TOKENIZER_JSON, load_tokenizer_file(export.file(artifact, TOKENIZER_JSON)),

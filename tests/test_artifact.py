@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from mhaexport.artifact import ExportFolder, FolderLock, atomic_write_json, read_json, stage_artifact
 from mhaexport.artifact.manifest import legacy_fingerprint
+from mhaexport.artifact.source import ConfigSource, FactorySource, HfSource, LegacySource, PresetSource, Source
 from mhaexport.cli import main
 from mhaexport.errors import ArtifactError
 
@@ -37,7 +38,8 @@ def test_manifest_is_typed_with_io_and_dtype_per_artifact_and_no_absolute_path(t
     for name, entry in ef.artifacts.items():
         assert entry.dtype == "float32" and entry.io["outputs"]["logits"]["dtype"] == "float32", name
         assert entry.versions["onnx"] and entry.files[entry.file]["bytes"] > 0
-    assert ef.model.source == {"kind": "preset", "name": "tiny"} and ef.model.fingerprint == ef.model.fingerprint
+    assert ef.model.source == PresetSource(name="tiny") and ef.model.source.to_dict() == {"kind": "preset",
+                                                                                            "name": "tiny"}
     data = json.loads((tiny_export / "manifest.json").read_text())
     assert data["schema"] == "mhaexport.manifest/2"
     absolute = [s for s in _strings(data) if s.startswith("/") or str(tiny_export) in s or os.getcwd() in s]
@@ -168,12 +170,48 @@ def test_a_record_relocated_to_another_folder_keeps_every_source_path_pointing_a
     from mhaexport.iospec import ModelContract
 
     src, out = tmp_path / "exp", tmp_path / "exp" / "quantized" / "int4"
-    rec = ModelRecord(spec="hf:m", contract=ModelContract(1, 2, 4, 8, 16), fingerprint="f",
-                      source={"kind": "hf", "path": "../hfmodel", "checkpoint": "../w.pt", "file": "f.py"},
-                      extra={"x": 1})
-    moved = rec.relocated(src, out)
-    for key in ("path", "checkpoint", "file"):
-        assert (out / moved.source[key]).resolve() == (src / rec.source[key]).resolve(), key
-    assert moved.source["path"] == "../../../hfmodel" and moved.source["kind"] == "hf"
-    assert (moved.spec, moved.fingerprint, moved.extra) == (rec.spec, rec.fingerprint, rec.extra)
-    assert rec.source["path"] == "../hfmodel"  # the original is left as it was
+    for source, keys in ((HfSource(path="../hfmodel", checkpoint="../w.pt"), ("path", "checkpoint")),
+                         (FactorySource(file="f.py", callable="build", checkpoint="../w.pt"), ("file", "checkpoint"))):
+        rec = ModelRecord(spec="hf:m", contract=ModelContract(1, 2, 4, 8, 16), fingerprint="f", source=source,
+                          extra={"x": 1})
+        moved = rec.relocated(src, out)
+        for key in keys:
+            assert (out / getattr(moved.source, key)).resolve() == (src / getattr(rec.source, key)).resolve(), key
+        assert type(moved.source) is type(source) and moved.source.checkpoint == "../../../w.pt"
+        assert (moved.spec, moved.fingerprint, moved.extra) == (rec.spec, rec.fingerprint, rec.extra)
+        assert rec.source.checkpoint == "../w.pt"  # the original is left as it was
+
+
+@pytest.mark.parametrize("source, kind", [
+    ({"kind": "preset", "name": "tiny", "checkpoint": "../w.pt"}, PresetSource),
+    ({"kind": "config", "block": "blocks.0.attn"}, ConfigSource),
+    ({"kind": "factory", "file": "../net.py", "callable": "build"}, FactorySource),
+    ({"kind": "factory", "module": "pkg.net", "callable": "build"}, FactorySource),
+    ({"kind": "hf", "path": "../hf", "model_type": "llama", "architecture": "LlamaForCausalLM"}, HfSource),
+    ({"kind": "hf", "repo_id": "org/m", "revision": "main", "commit": "a" * 40, "model_type": "gpt2"}, HfSource),
+    ({"kind": "preset", "v1_rebuild": {"config": "tiny", "cwd": "/x"}}, LegacySource),
+    ({"kind": "someday", "how": [1]}, Source),
+    ({}, Source),
+])
+def test_a_model_source_is_read_as_the_record_of_its_kind_and_written_back_as_read(source, kind):
+    """The model record's source: one typed record per kind, parsed where the manifest is read; the JSON written is
+    the JSON read (a kind this code does not know kept as it was)."""
+    read = Source.from_dict(source, "model.source")
+    assert type(read) is kind and read.to_dict() == source and list(read.to_dict()) == list(source)
+
+
+@pytest.mark.parametrize("v1, said", [
+    ({"model": {}, "artifacts": {"onnx": "x"}}, r"m\.json \(schema 1\)\.artifacts\.onnx is 'x' \(str\), expected an "
+                                                r"object"),
+    ({"model": {"spec": 5}}, r"m\.json \(schema 1\)\.model\.spec is 5 \(int\), expected str"),
+    ({"model": {"rebuild": {"config": {}}}}, r"m\.json \(schema 1\)\.model\.rebuild\.config is an object, expected "
+                                             r"str or null"),
+    ({"model": {"contract": {"n_layers": 2}}, "artifacts": {}}, r"m\.json: model\.contract\.n_heads is missing"),
+])
+def test_a_crafted_schema_1_manifest_is_refused_naming_its_field(v1, said):
+    """Schema-1 manifests are typed records too: a wrong type is an ArtifactError naming the field, never a crash
+    in the upgrade (it raised ValueError on an artifact entry that is not an object)."""
+    from mhaexport.artifact import Manifest
+
+    with pytest.raises(ArtifactError, match=said):
+        Manifest.from_dict({"schema_version": 1, **v1}, "m.json")

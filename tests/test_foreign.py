@@ -359,3 +359,24 @@ def test_an_mhaexport_file_is_recognised_by_its_manifest_not_its_genai_config(ti
     assert (tiny_export / "genai_config.json").is_file()
     layout, cache = detect_layout(tiny_export / "model.onnx")
     assert (layout.producer, cache.kind, cache.padding) == ("mhaexport", "concat", "left")
+
+
+@pytest.mark.parametrize("config, said", [
+    ({"model": {"decoder": []}}, None),  # raised AttributeError (a list read as an object) before
+    ({"model": {"decoder": {"inputs": 5, "outputs": []}}}, None),
+    ({"model": 5}, "is not a readable onnxruntime-genai config: no model object"),
+    ([1, 2], "is not a readable onnxruntime-genai config: not a JSON object"),
+])
+def test_a_crafted_genai_config_beside_a_file_is_read_as_records_never_a_crash(tiny_export, tmp_path, config, said):
+    """Adoption reads the genai_config.json beside a file through the config's records: a section of the wrong JSON
+    type is no names (the file's own names map it), or an ArtifactError naming the file — never a TypeError."""
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes((tiny_export / "model.onnx").read_bytes())
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    if said is None:
+        layout, cache = detect_layout(folder / "model.onnx")
+        assert layout.input_ids == "input_ids" and (cache.kind, cache.padding) == ("concat", "left")
+    else:
+        with pytest.raises(ArtifactError, match=said):
+            detect_layout(folder / "model.onnx")

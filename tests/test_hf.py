@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from hf_models import IDS, PROVED  # noqa: E402
 
+from mhaexport.artifact.source import HfSource, PresetSource  # noqa: E402
 from mhaexport.cli import main  # noqa: E402
 from mhaexport.errors import ExportError, ModelLoadError  # noqa: E402
 from mhaexport.models.loading import load_model  # noqa: E402
@@ -56,10 +57,10 @@ def test_llama_gqa_exports_with_our_io_and_verifies_on_ort(small):
     c = loaded.contract
     assert (c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_positions) == (1, 4, 2, 8, 320, 64)
     ef = ExportFolder.open(out)
-    assert ef.model.spec == "hf:" + Path(loaded.origin["path"]).name
+    assert ef.model.spec == "hf:" + Path(loaded.origin.path).name
     src = ef.model.source
-    assert src["kind"] == "hf" and src["architecture"] == "LlamaForCausalLM" and src["model_type"] == "llama"
-    assert not Path(src["path"]).is_absolute() and (out / src["path"]).resolve() == Path(loaded.origin["path"])
+    assert isinstance(src, HfSource) and src.architecture == "LlamaForCausalLM" and src.model_type == "llama"
+    assert not Path(src.path).is_absolute() and (out / src.path).resolve() == Path(loaded.origin.path)
     entry = ef.entry("onnx")
     assert set(entry.io["inputs"]) == {"input_ids", "attention_mask", "past_key_values.0.key",
                                        "past_key_values.0.value"}
@@ -179,8 +180,8 @@ def test_an_export_without_a_tokenizer_carries_none(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")  # without tokenizer.json there is nothing to encode with
     dest = tmp_path / "dest"
     dest.mkdir()
-    assert copy_tokenizer(SimpleNamespace(origin={"kind": "hf", "path": str(tmp_path)}), dest) == []
-    assert copy_tokenizer(SimpleNamespace(origin={"kind": "preset"}), dest) == []
+    assert copy_tokenizer(SimpleNamespace(origin=HfSource(path=str(tmp_path))), dest) == []
+    assert copy_tokenizer(SimpleNamespace(origin=PresetSource(name="tiny")), dest) == []
 
 
 def test_missing_transformers_says_which_install_line_to_run(tmp_path, monkeypatch):

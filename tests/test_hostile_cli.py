@@ -336,13 +336,25 @@ def test_the_api_writes_a_refused_folders_report_where_asked(altered_export, tmp
 
 
 @pytest.mark.parametrize("path,value,said", [
-    (("model", "contract"), "x", "manifest field model.contract: expected an object, found 'x'"),
-    (("model", "contract", "n_layers"), "2", "manifest field model.contract.n_layers: expected an integer, found '2'"),
-    (("model", "source", "name"), 5, "manifest field model.source.name: expected a string or null, found 5"),
-    (("model", "spec"), [], "manifest field model.spec: expected a string, found an array"),
-    (("artifacts", "onnx", "static_sizes"), "x", "artifacts.onnx.static_sizes: expected an object or null, found 'x'"),
-    (("artifacts", "onnx", "seq_dynamic"), "yes", "artifacts.onnx.seq_dynamic: expected true or false, found 'yes'"),
-    (("artifacts", "torchscript", "format"), 5, "artifacts.torchscript.format: expected a string, found 5"),
+    (("model", "contract"), "x", "manifest.json: model.contract is 'x' (str), expected an object"),
+    (("model", "contract", "n_layers"), "2", "manifest.json: model.contract.n_layers is '2' (str), expected int"),
+    (("model", "contract", "windows"), 2, "manifest.json: model.contract.windows is 2 (int), expected an array of int "
+                                          "or null"),
+    (("model", "source", "name"), 5, "manifest.json: model.source.name is 5 (int), expected str"),
+    (("model", "source"), {"kind": "hf"}, "manifest.json: model.source: a Hugging Face source names a folder (path) "
+                                          "or a Hub model (repo_id), found neither"),
+    (("model", "source"), {"kind": "factory", "callable": "f"}, "manifest.json: model.source: a factory source names "
+                                                                "a file or a module (one of them), found neither"),
+    (("model", "source"), {"kind": 7}, "manifest.json: model.source.kind is 7 (int), expected str or null"),
+    (("model", "spec"), [], "manifest.json: model.spec is an array, expected str"),
+    (("model", "fingerprint"), None, "manifest.json: model.fingerprint is null, expected str"),
+    (("artifacts", "onnx", "static_sizes"), "x", "artifacts.onnx.static_sizes is 'x' (str), expected an object or "
+                                                 "null"),
+    (("artifacts", "onnx", "static_sizes"), {"sequence_length": "1"}, "artifacts.onnx.static_sizes.sequence_length "
+                                                                      "is '1' (str), expected int"),
+    (("artifacts", "onnx", "seq_dynamic"), "yes", "artifacts.onnx.seq_dynamic is 'yes' (str), expected bool"),
+    (("artifacts", "onnx", "warnings"), [1], "artifacts.onnx.warnings[0] is 1 (int), expected str"),
+    (("artifacts", "torchscript", "format"), 5, "artifacts.torchscript.format is 5 (int), expected str"),
 ])
 def test_a_wrongly_typed_manifest_field_is_named_not_a_crash(export_copy, tmp_path, path, value, said):
     folder = tmp_path / "f"

@@ -86,8 +86,8 @@ def test_an_id_resolves_to_its_snapshot_offline_and_records_no_path(offline_cach
     assert hub.resolve(REPO, "v1").commit == COMMIT_V1
     assert hub.resolve(REPO, COMMIT_V1).commit == COMMIT_V1
     loaded = load_model(hf=REPO)
-    assert loaded.spec == f"hf:{REPO}" and loaded.origin["commit"] == COMMIT
-    record = loaded.record(tmp_path).source
+    assert loaded.spec == f"hf:{REPO}" and loaded.origin.commit == COMMIT
+    record = loaded.record(tmp_path).source.to_dict()
     assert record == {"kind": "hf", "repo_id": REPO, "revision": "main", "commit": COMMIT,
                       "model_type": "llama", "architecture": "LlamaForCausalLM"}
     v1 = load_model(hf=REPO, revision="v1")
@@ -123,7 +123,7 @@ def test_an_export_of_an_id_is_rebuilt_from_the_recorded_commit_in_another_cache
     _check_source(out, offline_cache)
     _move_cache(offline_cache, tmp_path, monkeypatch)
     loaded = load_recorded(ExportFolder.open(out))  # the recorded commit, not refs/main's new one
-    assert loaded.origin["commit"] == COMMIT and loaded.spec == f"hf:{REPO}"
+    assert loaded.origin.commit == COMMIT and loaded.spec == f"hf:{REPO}"
     shutil.rmtree(tmp_path / "home" / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT)
     r = CliRunner().invoke(main, ["verify", str(out), "--runtime", "torchscript"])
     assert r.exit_code == 2 and REPO in r.output and "--allow-download" in r.output, r.output

@@ -268,7 +268,7 @@ def test_a_folders_json_files_are_bounded_at_open_and_a_nul_in_a_source_is_refus
                          (odd, f"Error: {odd}/manifest.json: artifacts.onnx.files: '\\ud800\\n.bin' holds a control "
                                "character or a character no file system name holds; mhaexport reads only files inside "
                                "the folder: refused"),
-                         (nul, "Error: manifest field model.source.path: '../hf\\x00/x' holds a NUL: refused")):
+                         (nul, f"Error: {nul}/manifest.json: model.source.path: '../hf\\x00/x' holds a NUL: refused")):
         r = CliRunner().invoke(main, ["lint", str(folder)])
         assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == line, r.output
 

@@ -117,18 +117,16 @@ def test_every_lowering_expresses_the_window_and_scale():
 def test_genai_sliding_window_is_checked_per_layer_against_the_graph():
     """A config that says 8 over a graph that says -1 fails naming the layer; the writer writes no entry for a
     full-length cache, and the checker accepts exactly that."""
-    from mhaexport.runtime.genai_config import GraphIO, sliding_window_entry, window_findings
+    from mhaexport.runtime.genai_config import GqaWindow, GraphIO, sliding_window_entry, window_findings
 
     c = ModelContract(2, 4, 16, 256, 128, n_kv_heads=2, windows=(8, 0))
     assert sliding_window_entry(c) is None  # mhaexport's caches are full-length: onnxruntime-genai must not slide
     entry = sliding_window_entry(c, window_sized_cache=True)
     assert entry["window_size"] == 8 and entry["layers"] == [0]
     dec = {"num_hidden_layers": 2, "sliding_window": entry}
-    builder = GraphIO(windows={0: {"local_window_size": 8, "sliding_window_cache": 1},
-                               1: {"local_window_size": -1, "sliding_window_cache": 0}})
+    builder = GraphIO(windows={0: GqaWindow(8, sliding_window_cache=1), 1: GqaWindow(-1)})
     assert window_findings(dec, builder, c) == []
-    dropped = GraphIO(windows={0: {"local_window_size": -1, "sliding_window_cache": 1},
-                               1: {"local_window_size": -1, "sliding_window_cache": 0}})
+    dropped = GraphIO(windows={0: GqaWindow(-1, sliding_window_cache=1), 1: GqaWindow(-1)})
     (f,) = window_findings(dec, dropped, c)
     assert "(layer 0)" in f.field and "window 8" in f.message and "local_window_size -1" in f.message
     unlisted = {"num_hidden_layers": 2, "sliding_window": {**entry, "layers": []}}  # [] means every layer

@@ -22,7 +22,8 @@ from mhaexport.errors import ArtifactError, UntrustedInput
 from mhaexport.untrusted import load_json
 # the findings themselves are the deploy runtime's too (torch- and onnx-free): imported from there, names kept here
 from mhaexport.runtime.genai_config import (CACHE_OPS_IN_PLACE, DEFAULT_NAMES, GENAI_CHECK, GENAI_CONFIG,  # noqa: F401
-                                            OTHER_FED, ConfigFinding, Expected, GraphIO, config_findings,
+                                            OTHER_FED, AttentionAttrs, ConfigFinding, Expected, GqaWindow,
+                                            GraphIO, config_findings,
                                             deploy_findings, findings_for, folder_expected, manifest_graph,
                                             model_special_ids, tokenizer_special_ids)
 
@@ -50,28 +51,30 @@ def graph_io_of(model) -> GraphIO:
                  {n.op_type for n in model.graph.node})
     for n in model.graph.node:
         if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention"):
-            io.attention = {"op": n.op_type, **{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
-                                                if a.name in ("num_heads", "kv_num_heads", "q_num_heads")}}
+            io.attention = AttentionAttrs(n.op_type, **{a.name: onnx.helper.get_attribute_value(a)
+                                                        for a in n.attribute
+                                                        if a.name in ("num_heads", "kv_num_heads", "q_num_heads")})
             break
     io.windows = gqa_windows(model.graph)
     return io
 
 
-def gqa_windows(graph) -> dict[int, dict[str, int]]:
+def gqa_windows(graph) -> dict[int, GqaWindow]:
     """Per layer (its past_key_values.{i}.key input, the 4th input of GroupQueryAttention) the window attributes
     of its GroupQueryAttention: local_window_size (-1: full) and sliding_window_cache (0 unless set)."""
     import onnx
 
-    out: dict[int, dict[str, int]] = {}
+    out: dict[int, GqaWindow] = {}
     for n in graph.node:
         if n.op_type != "GroupQueryAttention" or len(n.input) < 4:
             continue
         m = re.fullmatch(r"past_key_values\.(\d+)\.key", n.input[3])
         if m is None:
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        out[int(m.group(1))] = {"local_window_size": int(attrs.get("local_window_size", -1)),
-                                "sliding_window_cache": int(attrs.get("sliding_window_cache", 0))}
+        window = out[int(m.group(1))] = GqaWindow()
+        for a in n.attribute:
+            if a.name in ("local_window_size", "sliding_window_cache"):
+                setattr(window, a.name, int(onnx.helper.get_attribute_value(a)))
     return out
 
 

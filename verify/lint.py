@@ -317,8 +317,8 @@ def rule_window(g: _Graph, ctx: dict) -> list[Finding]:
     from mhaexport.verify.genai_check import gqa_windows
 
     out = []
-    for layer, attrs in sorted(gqa_windows(g.model.graph).items()):
-        got, want = attrs["local_window_size"], contract.window(layer) if layer < contract.n_layers else 0
+    for layer, gqa in sorted(gqa_windows(g.model.graph).items()):
+        got, want = gqa.local_window_size, contract.window(layer) if layer < contract.n_layers else 0
         if (got if got > 0 else 0) != want:
             what = ("dropped: every key is seen" if got <= 0 else
                     f"shifted by {got - want:+d}" if want else "a window the model does not have")

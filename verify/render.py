@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
+from mhaexport.artifact.source import HfSource
 from mhaexport.untrusted import shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
@@ -54,11 +55,10 @@ def _header(report: VerifyReport) -> list[str]:
     verdict = {"passed": "✅ PASSED", "failed": "❌ FAILED"}.get(report.verdict.status, "⏭ NOT VERIFIED")
     model = report.model
     spec = model.spec or "?"
-    source = model.source or {}
     if model.checkpoint:
         ckpt = f"weights {model.checkpoint}"
-    elif source.get("kind") == "hf":
-        ckpt = f"{source.get('architecture', 'Hugging Face model')}, weights of its folder"
+    elif isinstance(model.source, HfSource):
+        ckpt = f"{model.source.architecture or 'Hugging Face model'}, weights of its folder"
     else:
         ckpt = "seeded random weights"
     arts = []

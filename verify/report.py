@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mhaexport.artifact import read_json, schema
 from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.artifact.record import Environment, Record
+from mhaexport.artifact.source import Source
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError
 from mhaexport.runtime.feed import Feed
@@ -71,7 +72,7 @@ class ReportModel(Record):
 
     spec: str | None = None
     contract: dict[str, Any] | None = None
-    source: dict[str, Any] | None = None
+    source: Source | None = None  # how it is rebuilt: the record of its kind (artifact/source.py)
     checkpoint: str | None = None
     fingerprint: str | None = None
 
