@@ -5,7 +5,7 @@ This module imports nothing heavy: torch and onnxruntime are imported by the sub
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from mhaexport.version import __version__
 
 import sys as _sys
 from pathlib import Path as _Path

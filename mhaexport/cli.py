@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from mhaexport import __version__
+from mhaexport.version import __version__
 from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
 from mhaexport.untrusted import shown
 

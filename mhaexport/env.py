@@ -12,7 +12,7 @@ import socket
 import time
 from pathlib import Path
 
-from mhaexport import __version__
+from mhaexport.version import __version__
 
 _PACKAGES = ("torch", "onnx", "onnxruntime", "onnxscript", "onnxruntime-genai", "transformers", "numpy")
 

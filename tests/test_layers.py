@@ -22,7 +22,7 @@ FOLDERS = {"artifact": "artifact", "models": "models", "exporter": "exporter", "
 # greedy agreement) stands below verification, whose quality check uses it; the rest of evaluate stands on verify
 MODULES = {"evaluate/scoring.py": "scoring"}
 # the torch-free core modules inside mhaexport/ and what they are
-CORE = {"errors", "iospec", "dtypes", "env", "graph", "devices"}
+CORE = {"errors", "iospec", "dtypes", "env", "graph", "devices", "version"}
 # the top layer inside mhaexport/: the command line, the Python API beside it and the pytest plugin on the API
 TOP = {"cli", "__main__", "api", "pytest_plugin", "outputs"}
 # the one downward edge allowed by name: the package's __init__ re-exports the Python API lazily (mhaexport.verify(...)
@@ -46,7 +46,8 @@ ALLOWED = {
 
 
 def _layer_of_module(name: str) -> str | None:
-    """'mhaexport.verify.checks' -> 'verify'; 'mhaexport.iospec' -> 'core'; 'mhaexport' (version) -> 'core'."""
+    """'mhaexport.verify.checks' -> 'verify'; 'mhaexport.iospec' -> 'core'; 'mhaexport' itself -> 'cli' (its
+    __init__ is the public API's facade, above every layer: ``__version__`` is core's ``mhaexport.version``)."""
     parts = name.split(".")
     if parts[0] != "mhaexport":
         return None
@@ -55,14 +56,16 @@ def _layer_of_module(name: str) -> str | None:
         if name == module or name.startswith(module + "."):
             return layer
     if len(parts) == 1:
-        return "core"
+        return "cli"
     if parts[1] in FOLDERS:
         return FOLDERS[parts[1]]
     if parts[1] in CORE or parts[1] == "__init__":
         return "core"
     if parts[1] in TOP:
         return "cli"
-    return "core"  # a name from mhaexport/__init__ (__version__, MhaExportError)
+    if (ROOT / "mhaexport" / f"{parts[1]}.py").is_file():
+        return "core"  # a ground-floor module of mhaexport/ (untrusted, progress, terminal, ...)
+    return "cli"  # a name taken from the facade, mhaexport/__init__ (the API's re-exports, __version__)
 
 
 def _sources():
@@ -82,8 +85,9 @@ def _edges():
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module] + ([f"{node.module}.{a.name}" for a in node.names]
-                                         if node.module == "mhaexport" else [])
+                # from mhaexport import iospec: the module iospec (core); from mhaexport import verify: the facade
+                names = ([f"{node.module}.{a.name}" for a in node.names] if node.module == "mhaexport"
+                         else [node.module])
             for name in names:
                 target = _layer_of_module(name)
                 if target is not None and target != layer and (str(path.relative_to(ROOT)), name) not in FACADE:
