@@ -908,7 +908,7 @@ def case_of_report(report, contract, runtimes: tuple[str, ...] | None = None,
         res = report.results[rt].get("parity")
         if (rt not in runtimes if runtimes else rt == "torchscript") or res is None or res.status is not False:
             continue
-        name = res.figures.get("worst_case") if isinstance(res.figures, dict) else None
+        name = res.figures.worst_case
         case = made.get(name) if isinstance(name, str) else None
         if case is None:
             continue  # no such case in verify's sweep

@@ -111,7 +111,7 @@ def failure_to_follow(report) -> tuple[str, str, object] | None:
         for name in ("parity",) + DEPLOY_CHECKS:
             r = failed(rt, name)
             if r is not None and (rt not in CONTRACT_RUNTIMES or "deploy loop" in r.message
-                                  or "deploy" in str(r.figures.get("protocol", ""))):
+                                  or "deploy" in str(getattr(r.figures, "protocol", None) or "")):
                 return "deploy", rt, r
     return None
 
@@ -133,7 +133,7 @@ def follow_weights(folder, runtime: str, result) -> FollowReport:
     from mhaexport.diagnose.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
     from mhaexport.graph import name_scopes
 
-    first = str(result.figures.get("first_difference") or result.message)
+    first = str(getattr(result.figures, "first_difference", None) or result.message)
     tensor = first.split(" ", 1)[0]
     module = None
     with opened(folder, "onnx") as ef:

@@ -18,6 +18,8 @@ from mhaexport import iospec
 from mhaexport.errors import MhaExportError, first_line
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, near_tie, rounded
+from mhaexport.verify.figures import (CausalityFigures, DiffFigures, FiniteFigures, GenerationFigures, KvFigures,
+                                      OutputStats, PaddingFigures, ParityFigures, ShapesFigures)
 from mhaexport.verify.results import WEIGHTS, CheckResult, Context, CrossResult, SweepContext
 from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
@@ -38,7 +40,7 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     res = parity_over_sweep(outputs, ctx.output_kinds, ctx.tol,
                             lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol),
                             rounding=(dtype, _EPS[dtype] * scale) if scale else None)
-    present = res.figures.get("per_output", {}).get("present", {})
+    present = (res.figures.per_output or {}).get("present")
     ran = [case for case, out in outputs.items() if not isinstance(out, BaseException)]
     res = crossing(res, ctx.contract, max((case.past + case.seq - 1 for case in ran), default=None))
     if res.status is True and dtype == "float32" and scale:  # within tolerance: but float32 all through?
@@ -46,11 +48,11 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
         if lost:
             res.status, res.message = False, lost
             return res
-    if res.status is False and present.get("mismatch_fraction"):  # name the layer and key/value that differ
+    if res.status is False and present is not None and present.mismatch_fraction:  # name the layer, key/value
         names = _present_by_name(runner, ctx)
         bad = [(n, d) for n, d in names.items() if not d.ok]
         if bad:
-            res.figures["present_failing"] = {n: rounded(d.max_abs) for n, d in bad}
+            res.figures.set(present_failing={n: rounded(d.max_abs) for n, d in bad})
             shown = ", ".join(f"{n} (max abs {d.max_abs:.3g})" for n, d in bad[:4])
             more = f" (+{len(bad) - 4} more)" if len(bad) > 4 else ""
             res.message += (f"; present differs at {shown}{more}, the others agree" if len(bad) < len(names) else
@@ -131,9 +133,10 @@ def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
             worst_case = case.name
         total = total.merge(d)
         by_kind = {k: by_kind[k].merge(by[k]) for k in kinds}
-    fig = {**total.figures(), "cases": len(outputs), "worst_case": worst_case, "errors": len(errors),
-           "per_output": {k: {**v.stats(), "atol": tol.for_output(k).atol, "rtol": tol.for_output(k).rtol}
-                          for k, v in by_kind.items()}, "by_case": by_case}
+    fig = ParityFigures.of(**total.figures(), cases=len(outputs), worst_case=worst_case, errors=len(errors),
+                           per_output={k: OutputStats(**v.stats(), atol=tol.for_output(k).atol,
+                                                      rtol=tol.for_output(k).rtol) for k, v in by_kind.items()},
+                           by_case=by_case)
     differ = ""
     if not total.ok:
         bad = ", ".join(f"{k} {v.mismatched}/{v.total} (max abs {v.max_abs:.3g})" for k, v in by_kind.items()
@@ -147,7 +150,7 @@ def parity_over_sweep(outputs: dict, kinds: tuple[str, ...], tol: Tolerance,
         return CheckResult("parity", False, fig, f"failed to run at {len(errors)} case(s): {errors[0]}{ran}")
     if differ:
         return CheckResult("parity", False, fig, differ)
-    return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {fig['cases']} cases")
+    return CheckResult("parity", True, fig, f"max abs {total.max_abs:.3g} over {fig.cases} cases")
 
 
 # A difference reads as the dtype's rounding when its max abs is at most this many epsilons of the outputs' scale
@@ -185,7 +188,7 @@ def check_finite(runner: Runner, ctx: SweepContext) -> CheckResult:
             n = int((~np.isfinite(arr)).sum())
             if n:
                 bad.append(f"{n} non-finite in {name} at {case.name}")
-    fig = {"cases": len(ran), "non_finite_outputs": len(bad)}
+    fig = FiniteFigures.of(cases=len(ran), non_finite_outputs=len(bad))
     if bad:
         return CheckResult("finite", False, fig, bad[0])
     return CheckResult("finite", True, fig, f"all outputs finite over {len(ran)} cases")
@@ -241,7 +244,7 @@ def causality_by_perturbation(shapes: list[tuple[int, int]], probe: Callable[[in
         if not d.ok:
             msgs.append(failed.format(k=k, last=seq - 1) + f" (seq={seq} past={past}, max abs {d.max_abs:.3g})")
         worst = worst.merge(d)
-    fig = {"max_abs_earlier": rounded(worst.max_abs), "max_abs_later": rounded(later)}
+    fig = CausalityFigures.of(max_abs_earlier=rounded(worst.max_abs), max_abs_later=rounded(later))
     if msgs:
         return CheckResult("causality", False, fig, msgs[0])
     return CheckResult("causality", True, fig, passed.format(earlier=worst.max_abs, later=later))
@@ -355,16 +358,16 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     parts["cached decode vs from-scratch recompute"] = rec
     long_label, long_diff, first_bad, long_fig = _long_context(runner, ctx)
     parts[long_label] = long_diff
-    fig = {"decode_max_abs": rounded(parts["token-by-token decode"].max_abs),
-           "chunked_max_abs": rounded(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
-           "recompute_max_abs": rounded(rec.max_abs), **long_fig, "protocol": _protocols(runner, ctx)}
+    fig = KvFigures.of(decode_max_abs=rounded(parts["token-by-token decode"].max_abs),
+                       chunked_max_abs=rounded(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
+                       recompute_max_abs=rounded(rec.max_abs), **long_fig, protocol=_protocols(runner, ctx))
     if _deploy_of(runner, ctx) is not None:  # in addition: the loop generate and bench run, in place and ragged
         n_deploy = deploy_steps(c, runner.feed.window_slots, 10, min(4, max(1, c.max_positions - 12)))
         steps, deploy_fig, _, _ = _deploy_steps(runner, ctx, n_deploy)
         parts["the deploy loop (buffers reused in place over a ragged right-padded batch)"] = steps
         chunked_deploy = _deploy_chunked(runner, ctx)
         parts["the deploy loop's chunked prefill"] = chunked_deploy
-        fig.update(deploy_fig, deploy_chunked_max_abs=rounded(chunked_deploy.max_abs))
+        fig.set(**deploy_fig, deploy_chunked_max_abs=rounded(chunked_deploy.max_abs))
     against = "its own prefill of the same tokens" if ctx.lossy else "eager fed the same tokens"
     bad = [f"{name} differs from {against} (max abs {d.max_abs:.3g})" if "deploy" in name
            else f"{name} differs from one prefill (max abs {d.max_abs:.3g})" if "recompute" not in name
@@ -378,7 +381,7 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
         return crossing(CheckResult("kv-consistency", False, fig, "; ".join(bad)), c, longest)
     worst = max(d.max_abs for d in parts.values())
     deploy = (f"; the deploy loop (in place, ragged) agrees with {'itself' if ctx.lossy else 'eager'}"
-              if "deploy_max_abs" in fig else "")
+              if fig.deploy_max_abs is not None else "")
     return crossing(CheckResult("kv-consistency", True, fig,
                                 f"decode, chunked prefill and recompute agree, out to position {long_fig['long_to']}"
                                 f"{deploy} (max abs {worst:.3g})"), c, longest)
@@ -449,7 +452,7 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
     ids, mask, _ = ctx.inputs(case)
     rng = np.random.default_rng(ctx.seed + 37)
     nxt = rng.integers(0, c.vocab_size, (2, steps), dtype=np.int64)
-    fig: dict = {"pad": p}
+    fig = PaddingFigures.of(pad=p)
     worst = 0.0
     for side in ("left", "right"):
         real = slice(p, T) if side == "left" else slice(0, T - p)  # the padded row's real tokens
@@ -463,8 +466,8 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
         solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps)
         d_prefill = compare(padded[1:, real], solo[:, :T - p], ctx.ltol)
         d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.ltol)
-        fig[f"{side}_prefill_max_abs"] = rounded(d_prefill.max_abs)
-        fig[f"{side}_decode_max_abs"] = rounded(d_decode.max_abs)
+        fig.set(**{f"{side}_prefill_max_abs": rounded(d_prefill.max_abs),
+                   f"{side}_decode_max_abs": rounded(d_decode.max_abs)})
         if not d_prefill.ok:
             return CheckResult("padding", False, fig, f"a row with {p} {side} pads differs from the same tokens "
                                                       f"unpadded (max abs {d_prefill.max_abs:.3g})")
@@ -472,7 +475,7 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
             return CheckResult("padding", False, fig, f"decode steps after a {side}-padded prefill differ from the "
                                                       f"unpadded sequence (max abs {d_decode.max_abs:.3g})")
         worst = max(worst, d_prefill.max_abs, d_decode.max_abs)
-    fig["protocol"] = _protocols(runner, ctx)
+    fig.set(protocol=_protocols(runner, ctx))
     if (twin := _deploy_of(runner, ctx)) is not None:  # the file's own padding: ragged rows right-padded, in place
         prompts, batch = _deploy_run(runner, ctx, steps, ctx.seed + 53)
         d = Diff()
@@ -480,7 +483,7 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
             alone = DecodeLoop(twin).generate([q.tolist()], GenerationConfig(max_new_tokens=steps), keep_logits=True)
             for got, want in zip(batch.step_logits, alone.step_logits):
                 d = d.merge(compare(got[b], want[0], ctx.ltol))
-        fig["deploy_ragged_max_abs"] = rounded(d.max_abs)
+        fig.set(deploy_ragged_max_abs=rounded(d.max_abs))
         if not d.ok:
             return CheckResult("padding", False, fig, f"in the deploy loop a row of a ragged right-padded batch "
                                                       f"differs from the same row alone (max abs {d.max_abs:.3g})")
@@ -525,8 +528,8 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
             worst = worst.merge(d)
     seqs = sorted({cs.seq for cs in cases})
     pasts = sorted({cs.past for cs in cases})
-    fig = {"shapes": len(cases), "seq": f"{seqs[0]}..{seqs[-1]}", "past": f"{pasts[0]}..{pasts[-1]}",
-           "max_abs": rounded(worst.max_abs), "failed_shapes": len(problems)}
+    fig = ShapesFigures.of(shapes=len(cases), seq=f"{seqs[0]}..{seqs[-1]}", past=f"{pasts[0]}..{pasts[-1]}",
+                           max_abs=rounded(worst.max_abs), failed_shapes=len(problems))
     if problems:
         # wrong only where rows are padded, right at every unpadded shape: the padding, not a size baked in
         padded_only = (len(wrong_values) == len(problems) and all(any(cs.pad) for cs in wrong_values)
@@ -534,12 +537,12 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
         why = ("; every shape that failed has padded rows and the unpadded shapes are right: the padding, not the "
                "shapes (see padding and parity)") if padded_only else _diagnose_sizes(runner, ctx, wrong_values)
         if first := _first_bad_position(runner, ctx, wrong_values):
-            fig["first_bad_position"] = first
+            fig.set(first_bad_position=first)
         return CheckResult("dynamic-shapes", False, fig,
                            f"{len(problems)}/{len(cases)} unseen shapes: {problems[0]}{why}")
     values = "; values judged by quality (lossy)" if ctx.lossy else ""
     return CheckResult("dynamic-shapes", True, fig,
-                       f"{len(cases)} unseen shapes (seq {fig['seq']}, past {fig['past']}){values}")
+                       f"{len(cases)} unseen shapes (seq {fig.seq}, past {fig.past}){values}")
 
 
 def _diagnose_sizes(runner: Runner, ctx: Context, wrong: list[Case]) -> str:
@@ -658,11 +661,11 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
     if P_long <= P:
         return short
     long = _generation_from(runner, ctx, rng.integers(0, c.vocab_size, (1, P_long), dtype=np.int64), n, "long")
-    fig = {**short.figures, **{f"long_{k}": v for k, v in long.figures.items()}, "long_prompt": P_long,
-           "protocol": _protocols(runner, ctx)}
+    fig = GenerationFigures.of(**short.figures, **{f"long_{k}": v for k, v in long.figures.items()},
+                               long_prompt=P_long, protocol=_protocols(runner, ctx))
     if _deploy_of(runner, ctx) is not None and not ctx.lossy:  # the loop generate runs: ragged batch, in place
         deploy = _deploy_generation(runner, ctx, n)
-        fig.update({f"deploy_{k}": v for k, v in deploy.figures.items()})
+        fig.set(**{f"deploy_{k}": v for k, v in deploy.figures.items()})
         if deploy.status is False:
             return CheckResult("generation", False, fig, f"the deploy loop (ragged batch, buffers in place): "
                                                          f"{deploy.message}")
@@ -670,8 +673,8 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
         return CheckResult("generation", False, fig, f"from a {P_long}-token prompt: {long.message}")
     if short.status is False:
         return CheckResult("generation", False, fig, short.message)
-    tie = " (a near-tie)" if fig.get("tie") or fig.get("long_tie") else ""
-    deploy = "; the deploy loop's ragged batch matches too" if "deploy_tokens" in fig else ""
+    tie = " (a near-tie)" if fig.tie or fig.long_tie else ""
+    deploy = "; the deploy loop's ragged batch matches too" if fig.deploy_tokens is not None else ""
     return crossing(CheckResult("generation", True, fig, f"{short.message}; from a {P_long}-token prompt: "
                                                          f"{long.message}{tie}{deploy}"), c, P_long + n - 1)
 
@@ -690,14 +693,16 @@ def _deploy_generation(runner: Runner, ctx: Context, n: int) -> CheckResult:
         if div is not None:
             tie, margin = near_tie(ref.logits[div], got[div], ctx.ltol, worst.ok)
             if not tie:
-                return CheckResult("generation", False, {"row": b, "first_divergence": div,
-                                                         "margin": rounded(margin), "max_abs": rounded(worst.max_abs)},
+                return CheckResult("generation", False,
+                                   GenerationFigures.of(row=b, first_divergence=div, margin=rounded(margin),
+                                                        max_abs=rounded(worst.max_abs)),
                                    f"row {b} ({len(p)}-token prompt) diverges from eager at step {div} "
                                    f"(margin {margin:.3g}, logits max abs {worst.max_abs:.3g})")
     if not worst.ok:
-        return CheckResult("generation", False, {"max_abs": rounded(worst.max_abs)},
+        return CheckResult("generation", False, GenerationFigures.of(max_abs=rounded(worst.max_abs)),
                            f"same tokens but step logits differ from eager (max abs {worst.max_abs:.3g})")
-    return CheckResult("generation", True, {"rows": len(prompts), "tokens": n, "max_abs": rounded(worst.max_abs)},
+    return CheckResult("generation", True, GenerationFigures.of(rows=len(prompts), tokens=n,
+                                                                 max_abs=rounded(worst.max_abs)),
                        f"{n}/{n} greedy tokens of each row match eager")
 
 
@@ -721,17 +726,17 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
         logit_diff = logit_diff.merge(step)
     # per step, the reference's top-1 minus top-2 logit: a step's error beyond it can flip the token (report.html)
     margins = [rounded(float(t[1] - t[0])) for t in (np.sort(lg)[-2:] for lg in ref.logits[:upto])]
-    fig = {"tokens": n, "matched": n if div is None else div, "first_divergence": div,
-           "max_abs": rounded(logit_diff.max_abs), "step_max_abs": steps, "step_margin": margins}
+    fig = GenerationFigures.of(tokens=n, matched=n if div is None else div, first_divergence=div,
+                               max_abs=rounded(logit_diff.max_abs), step_max_abs=steps, step_margin=margins)
     if div is None:
         if not logit_diff.ok:
             return CheckResult("generation", False, fig, f"same {n} tokens but step logits differ from {against} "
                                                          f"(max abs {logit_diff.max_abs:.3g})")
         return CheckResult("generation", True, fig, f"{n}/{n} greedy tokens match {against}")
     tie, margin = near_tie(ref.logits[div], got.tokens[div], tol, logit_diff.ok)  # the one tie rule
-    fig["margin"] = rounded(margin)
+    fig.set(margin=rounded(margin))
     if tie:  # every step up to and including the divergence agrees within tolerance
-        fig["tie"] = True
+        fig.set(tie=True)
         return CheckResult("generation", True, fig, f"tie: diverges from {against} at step {div} where its margin "
                                                     f"{margin:.3g} over the chosen token is within tolerance")
     return CheckResult("generation", False, fig, f"greedy tokens diverge from {against} at step {div} "
@@ -764,7 +769,7 @@ def cross_provider(runners: list[Runner], infos: dict, ctx: SweepContext) -> lis
         msg = (f"{a} and {b} agree within {tol.describe()} (max abs {total.max_abs:.3g})" if status else
                f"{total.mismatched}/{total.total} values of {a} differ from {b} beyond {tol.describe()} (max abs "
                f"{total.max_abs:.3g}): the providers disagree with each other")
-        out.append(CrossResult(a, b, status, total.figures(), msg))
+        out.append(CrossResult(a, b, status, DiffFigures.of(**total.figures()), msg))
     return out
 
 

@@ -36,6 +36,8 @@ from mhaexport.errors import (MhaExportError, ProviderUnavailable, RuntimeFailur
 from mhaexport.runtime.runner import Runner
 from mhaexport.untrusted import load_json
 from mhaexport.verify.compare import Diff, compare, near_tie
+from mhaexport.verify.figures import (FiniteFigures, GenerationFigures, KvFigures, PaddingFigures, ParityFigures,
+                                      Limits, QualityFigures, Scores, built)
 from mhaexport.verify.genai_check import GENAI_CONFIG
 from mhaexport.verify.results import LOOP, QUALITY, CheckResult, Context
 from mhaexport.verify.runners import ORT_GENAI  # noqa: F401 (the one name; re-exported)
@@ -210,11 +212,11 @@ def _against(reference: Runner, ctx: Context, key: str, tr: dict, tol) -> tuple[
 def check_parity(runner: GenAIRunner, ctx: Context) -> CheckResult:
     tr = traces(runner, ctx)
     d, where = _against(ctx.eager, ctx, "eager", tr, ctx.ltol)
-    fig = {**d.figures(), "rows": len(_rows(tr)), "tolerance": ctx.ltol.describe()}
+    fig = ParityFigures.of(**d.figures(), rows=len(_rows(tr)), tolerance=ctx.ltol.describe())
     if where:
         return CheckResult("parity", False, fig, f"onnxruntime-genai's logits differ from eager beyond "
                                                  f"{ctx.ltol.describe()}: {'; '.join(where[:3])}")
-    return CheckResult("parity", True, fig, f"prefill and every decode step of {fig['rows']} rows within "
+    return CheckResult("parity", True, fig, f"prefill and every decode step of {fig.rows} rows within "
                                             f"{ctx.ltol.describe()} of eager (max abs {d.max_abs:.3g})")
 
 
@@ -223,8 +225,8 @@ def check_finite(runner: GenAIRunner, ctx: Context) -> CheckResult:
     bad = [f"{label}: {int((~np.isfinite(lg)).sum())} non-finite logits" for label, _, _, lg in _rows(tr)
            if not np.isfinite(lg).all()]
     if bad:
-        return CheckResult("finite", False, {"cases": len(_rows(tr)), "non_finite_rows": len(bad)}, bad[0])
-    return CheckResult("finite", True, {"cases": len(_rows(tr))}, "every logit of the loop finite")
+        return CheckResult("finite", False, FiniteFigures.of(cases=len(_rows(tr)), non_finite_rows=len(bad)), bad[0])
+    return CheckResult("finite", True, FiniteFigures.of(cases=len(_rows(tr))), "every logit of the loop finite")
 
 
 def check_kv_consistency(runner: GenAIRunner, ctx: Context) -> CheckResult:
@@ -233,7 +235,7 @@ def check_kv_consistency(runner: GenAIRunner, ctx: Context) -> CheckResult:
         return CheckResult("kv-consistency", None, {}, "not run: no ONNX Runtime runner of the file to compare with")
     d, where = _against(runner.ours, ctx, "ours", tr, ctx.ltol)
     share = bool(runner.config.get("search", {}).get("past_present_share_buffer"))
-    fig = {**d.figures(), "past_present_share_buffer": share}
+    fig = KvFigures.of(**d.figures(), past_present_share_buffer=share)
     if where:
         return CheckResult("kv-consistency", False, fig,
                            f"onnxruntime-genai's loop (past_present_share_buffer={share}) gives other logits than the "
@@ -266,11 +268,11 @@ def check_padding(runner: GenAIRunner, ctx: Context) -> CheckResult:
         if not d.ok:
             bad.append(f"the {name} prompt's logits in the batch differ from alone (max abs {d.max_abs:.3g})")
         total = total.merge(d)
-    fig = {**total.figures(), "batch": [len(p) for p in batch.prompts]}
+    fig = PaddingFigures.of(**total.figures(), batch=[len(p) for p in batch.prompts])
     if bad:
         return CheckResult("padding", False, fig, f"onnxruntime-genai's right-padded batch: {'; '.join(bad)}")
     return CheckResult("padding", True, fig, f"a batch of {len(batch.prompts)} prompts of lengths "
-                                             f"{fig['batch']} (right-padded by onnxruntime-genai) = each alone")
+                                             f"{fig.batch} (right-padded by onnxruntime-genai) = each alone")
 
 
 def check_generation(runner: GenAIRunner, ctx: Context) -> CheckResult:
@@ -296,10 +298,11 @@ def check_generation(runner: GenAIRunner, ctx: Context) -> CheckResult:
             if tie:
                 ties += 1
                 break  # a tie: the rest follows another path
-            return CheckResult("generation", False, {"matched": matched, "step": k, "margin": round(margin, 6)},
+            return CheckResult("generation", False, GenerationFigures.of(matched=matched, step=k,
+                                                                         margin=round(margin, 6)),
                                f"onnxruntime-genai's greedy tokens diverge from {against} after the {label} at step "
                                f"{k}: it chose {t}, {against} {best} (margin {margin:.3g})")
-    fig = {"matched": matched, "tokens": total, "ties": ties}
+    fig = GenerationFigures.of(matched=matched, tokens=total, ties=ties)
     return CheckResult("generation", True, fig, f"{matched}/{total} greedy tokens of its loop match {against}"
                                                 + (f" ({ties} tie(s) within tolerance)" if ties else ""))
 
@@ -317,13 +320,15 @@ def check_quality(runner: GenAIRunner, ctx: Context) -> CheckResult:
     judged = ("kl_mean", "kl_p99", "logit_err")  # top-1 over a few greedy steps of random prompts: near-ties
     loop = agree.figures()
     # the loop's figures in the report's "sweep" column (its positions: the prefill and decode steps of its traces)
-    fig = {"scheme": ctx.lossy.label or ctx.lossy.weights, "thresholds_of": table, "sweep": loop,
-           "thresholds": {k: getattr(limits, k) if k in judged else None for k in limits.to_dict()},
-           "positions_of": "onnxruntime-genai's prefill and decode steps"}
+    fig = QualityFigures.of(scheme=ctx.lossy.label or ctx.lossy.weights, thresholds_of=table,
+                            sweep=built(Scores, loop),
+                            thresholds=built(Limits, {k: getattr(limits, k) if k in judged else None
+                                                      for k in limits.to_dict()}),
+                            positions_of="onnxruntime-genai's prefill and decode steps")
     failures = [m for name in judged if (m := judge(name, loop.get(name), getattr(limits, name)))]
     said = (f"KL {loop['kl_mean']:.3g}/{loop['kl_p99']:.3g} (mean/p99), logit error {loop['logit_err']:.3g} over "
             f"{loop['positions']} steps of its loop")
     if failures:
         return CheckResult(QUALITY, False, fig, f"{'; '.join(failures)} — onnxruntime-genai's logits keep less "
-                                                f"quality than {fig['scheme']} allows ({said})")
-    return CheckResult(QUALITY, True, fig, f"{fig['scheme']} in onnxruntime-genai's loop: {said}")
+                                                f"quality than {fig.scheme} allows ({said})")
+    return CheckResult(QUALITY, True, fig, f"{fig.scheme} in onnxruntime-genai's loop: {said}")

@@ -14,6 +14,7 @@ from typing import Callable
 
 from mhaexport.artifact import atomic_write_bytes
 from mhaexport.untrusted import shown
+from mhaexport.verify.figures import Limits, Scores
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.results import QUALITY, CheckResult
 from mhaexport.verify.svg import COLOURS, Chart, Series, svg
@@ -148,8 +149,7 @@ def _plots(report: VerifyReport, colours: dict[str, str]) -> list[str]:
     limit = [(atol, f"atol {atol:g}")] if atol > 0 else []
     windows = _windows(report)
     out = []
-    kv = [(rt, r.figures["long_by_position"]) for rt, r in _ran(report, "kv-consistency")
-          if r.figures.get("long_by_position")]
+    kv = [(rt, r.figures.long_by_position) for rt, r in _ran(report, "kv-consistency") if r.figures.long_by_position]
     if kv:
         out.append(figure(Chart("Cached decode: error against position", "position in the cache (tokens)",
                                 "max |logits − full prefill|",
@@ -158,7 +158,7 @@ def _plots(report: VerifyReport, colours: dict[str, str]) -> list[str]:
                           "kv-consistency: each runtime decodes one long sequence token by token in its own cache "
                           "and is compared with one prefill of the whole sequence, per position (a curve that "
                           "climbs at a window or drifts with the cache is a cache or mask bug)."))
-    sweep = [(rt, r.figures["by_case"]) for rt, r in _ran(report, "parity") if r.figures.get("by_case")]
+    sweep = [(rt, r.figures.by_case) for rt, r in _ran(report, "parity") if r.figures.by_case]
     if sweep:
         out.append(figure(Chart("Parity over the sweep: error against the last position", "past + seq (tokens)",
                                 "max |artifact − eager|",
@@ -175,16 +175,16 @@ def _plots(report: VerifyReport, colours: dict[str, str]) -> list[str]:
                    + table(["batch", "seq", "past"] + [e(rt) for rt, _ in sweep], rows) + "</details>")
     gen = _ran(report, "generation")
     for key in ("", "long_"):
-        runs = [(rt, r.figures) for rt, r in gen if r.figures.get(f"{key}step_max_abs")]
+        runs = [(rt, r.figures) for rt, r in gen if getattr(r.figures, f"{key}step_max_abs")]
         if not runs:
             continue
-        series = [Series(rt, list(enumerate(f[f"{key}step_max_abs"])), colour=colours[rt]) for rt, f in runs]
-        margin = next((f[f"{key}step_margin"] for rt, f in runs if f.get(f"{key}step_margin")), None)
+        series = [Series(rt, list(enumerate(getattr(f, f"{key}step_max_abs"))), colour=colours[rt]) for rt, f in runs]
+        margin = next((getattr(f, f"{key}step_margin") for rt, f in runs if getattr(f, f"{key}step_margin")), None)
         if margin:
             series.append(Series("top-1 margin", list(enumerate(margin)), dashed=True, colour="#777777"))
-        divs = [(float(f[f"{key}first_divergence"]), f"{rt} diverges") for rt, f in runs
-                if f.get(f"{key}first_divergence") is not None]
-        prompt = runs[0][1].get("long_prompt") if key else None
+        divs = [(float(getattr(f, f"{key}first_divergence")), f"{rt} diverges") for rt, f in runs
+                if getattr(f, f"{key}first_divergence") is not None]
+        prompt = runs[0][1].long_prompt if key else None
         label = f"generation after a {prompt}-token prompt" if prompt else "generation after a short prompt"
         out.append(figure(Chart(f"Greedy generation: step error and margin ({label})", "decode step",
                                 "logits error / margin", series, vlines=divs),
@@ -192,6 +192,11 @@ def _plots(report: VerifyReport, colours: dict[str, str]) -> list[str]:
                           "recompute) with the reference's top-1 minus top-2 logit (dashed): a token flips where "
                           "the error reaches the margin; a divergence is marked."))
     return out
+
+
+def _or_dash(x: object) -> object:
+    """A figure a report lacks (None) shown as "—"."""
+    return "—" if x is None else x
 
 
 def _num(x: object) -> str:
@@ -208,16 +213,15 @@ def _quality(report: VerifyReport) -> list[str]:
     rows, classes = [], []
     for rt, r in rows_in:
         f = r.figures
-        sweep, text, lim = f.get("sweep") or {}, f.get("text") or {}, f.get("thresholds") or {}
+        sweep, text, lim = f.sweep or Scores(), f.text or Scores(), f.thresholds or Limits()
         for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
-            limit = lim.get(name)
+            limit = getattr(lim, name)
             shown = "—" if limit is None else f"{'≥' if name == 'top1' else '≤'} {limit:g}"
-            rows.append([e(rt), e(f.get("scheme", "")), e(LABELS[name]), _num(sweep.get(name, "—")),
-                         _num(text.get(name, "—")), e(shown)])
+            rows.append([e(rt), e(f.scheme or ""), e(LABELS[name]), _num(_or_dash(getattr(sweep, name))),
+                         _num(_or_dash(getattr(text, name))), e(shown)])
             classes.append(_CLASS[r.status])
-        g = f.get("greedy") or {}
-        if g:
-            rows.append([e(rt), "", "greedy agreement (mean)", "", _num(g.get("mean")), e(lim.get("greedy", "—"))])
+        if (g := f.greedy) is not None:
+            rows.append([e(rt), "", "greedy agreement (mean)", "", _num(g.mean), e(_or_dash(lim.greedy))])
             classes.append(_CLASS[r.status])
     return ["<h2>Quality of lossy files (against eager fp32)</h2>",
             table(["runtime", "scheme", "figure", "sweep", "text", "threshold"], rows, classes)]

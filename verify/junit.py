@@ -83,7 +83,7 @@ def _result(case: ET.Element, runtime: str, r: CheckResult) -> str:
         return "skipped"
     failure = ET.SubElement(case, "failure", {"message": _text(f"{r.check} on {runtime}: {r.message or 'failed'}"),
                                               "type": _text(f"mhaexport.{r.check}")})
-    failure.text = _lines("\n".join(_figures(r.figures)) or r.message)
+    failure.text = _lines("\n".join(_figures(r.figures.to_dict())) or r.message)
     return "failed"
 
 

@@ -28,7 +28,8 @@ from mhaexport.evaluate.scoring import (Agreement, agreement_length, greedy_toke
                                         text_tokens)
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
-from mhaexport.verify.results import CheckResult, Context
+from mhaexport.verify.figures import GreedyAgreement, Limits, QualityFigures, Scores, built, figures_of
+from mhaexport.verify.results import QUALITY, CheckResult, Context
 
 if TYPE_CHECKING:
     from mhaexport.artifact.details import Quantization
@@ -179,7 +180,8 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     scheme = ctx.lossy.weights
     limits, table = thresholds_for(scheme, settings.overrides)
     c = ctx.contract
-    fig: dict = {"scheme": ctx.lossy.label or scheme, "thresholds": limits.to_dict(), "thresholds_of": table}
+    fig = QualityFigures.of(scheme=ctx.lossy.label or scheme, thresholds=built(Limits, limits.to_dict()),
+                            thresholds_of=table)
     # the sweep: every case eager and the artifact ran, real rows only
     sweep = Agreement()
     for case, out in ctx.sweep(runner).items():
@@ -188,7 +190,7 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
         ref = ctx.reference(case)[0]  # (B, T, V)
         rows = case.real_rows()  # (B, T)
         sweep.add(ref[rows], out[0][rows])
-    fig["sweep"] = sweep.figures()
+    fig.set(sweep=built(Scores, sweep.figures()))
     # real text: the held-out text (byte-level models) or --text
     from mhaexport.models.text import heldout_text, is_byte_level
 
@@ -197,15 +199,16 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     text = settings.text if settings.text is not None else (heldout_text() if readable else None)
     ids = None
     if text is None:
-        fig["text"] = {"skipped": f"no text: the model is not byte-level (vocab {c.vocab_size}) and its folder "
-                                  "carries no tokenizer.json"}
+        fig.set(text=Scores(skipped=f"no text: the model is not byte-level (vocab {c.vocab_size}) and its folder "
+                                    "carries no tokenizer.json"))
     else:
         ids, byte_level = text_tokens(text, c, ctx.tokenizer)
         got, ref, agreement = score_text(runner, ids, byte_level=byte_level, reference=ctx.eager, memo=ctx._ref)
-        fig["text"] = {"source": settings.text_source, "bytes": len(text), **agreement.figures(),
-                       "perplexity": rounded4(got.perplexity), "eager_perplexity": rounded4(ref.perplexity),
-                       "ppl_ratio": rounded4(got.perplexity / ref.perplexity),
-                       "bits_per_byte": rounded4(got.bits_per_byte), "eager_bits_per_byte": rounded4(ref.bits_per_byte)}
+        fig.set(text=built(Scores, {"source": settings.text_source, "bytes": len(text), **agreement.figures(),
+                                    "perplexity": rounded4(got.perplexity), "eager_perplexity": rounded4(ref.perplexity),
+                                    "ppl_ratio": rounded4(got.perplexity / ref.perplexity),
+                                    "bits_per_byte": rounded4(got.bits_per_byte),
+                                    "eager_bits_per_byte": rounded4(ref.bits_per_byte)}))
     # greedy agreement from prompts of the text (or seeded random prompts)
     n = max(1, min(settings.greedy_tokens, c.max_positions - settings.prompt_len))
     if ids is not None:
@@ -219,57 +222,62 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
         if key not in ctx._ref:
             ctx._ref[key] = greedy_tokens(ctx.eager, p, n)
         lengths.append(agreement_length(greedy_tokens(runner, p, n), ctx._ref[key]))
-    fig["greedy"] = {"prompts": len(prompts), "tokens": n, "lengths": lengths,
-                     "mean": rounded4(float(np.mean(lengths))), "min": int(min(lengths)),
-                     "fraction": rounded4(float(np.mean(lengths)) / n),
-                     "from": "text" if ids is not None else "random ids"}
+    fig.set(greedy=built(GreedyAgreement, {"prompts": len(prompts), "tokens": n, "lengths": lengths,
+                                           "mean": rounded4(float(np.mean(lengths))), "min": int(min(lengths)),
+                                           "fraction": rounded4(float(np.mean(lengths)) / n),
+                                           "from": "text" if ids is not None else "random ids"}))
     return _verdict(fig, limits)
 
 
-def _verdict(fig: dict, limits: Thresholds) -> CheckResult:
+def _verdict(figures: QualityFigures | dict, limits: Thresholds) -> CheckResult:
     """Judge every measured figure; top-1 and greedy agreement only where eager's logits are not flat, and top-1 on
     the sweep (random ids and caches, full of near-ties) only where there is no text."""
+    fig = figures_of(QUALITY, figures)
     failures, unjudged = [], []
-    parts = [("text", fig.get("text") or {}), ("sweep", fig.get("sweep") or {})]
-    has_text = bool(parts[0][1].get("positions"))
-    flat = any(p.get("flat") for _, p in parts if p.get("positions"))
+    parts = [("text", fig.text or Scores()), ("sweep", fig.sweep or Scores())]
+    has_text = bool(parts[0][1].positions)
+    flat = any(p.flat for _, p in parts if p.positions)
     for where, p in parts:
-        if not p.get("positions"):
+        if not p.positions:
             continue
         for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
-            if name not in p:
+            if getattr(p, name) is None:
                 continue
             if name == "top1" and where == "sweep" and has_text:
                 continue  # random ids and caches: near-ties everywhere; real text says what top-1 means
-            if name == "top1" and p.get("flat"):
-                unjudged.append(f"{where} top-1 ({p['top1']:.3g}; eager's logits are flat: entropy "
-                                f"{p['eager_entropy']:.3g} of {p['log_vocab']:.3g} nats)")
+            if name == "top1" and p.flat:
+                unjudged.append(f"{where} top-1 ({p.top1:.3g}; eager's logits are flat: entropy "
+                                f"{p.eager_entropy or 0:.3g} of {p.log_vocab or 0:.3g} nats)")
                 continue
-            if msg := judge(name, p[name], getattr(limits, name)):
+            if msg := judge(name, getattr(p, name), getattr(limits, name)):
                 failures.append(f"{msg} ({where})")
-    g = fig.get("greedy") or {}
-    if g and flat:
-        unjudged.append(f"greedy agreement ({g['mean']:.3g} of {g['tokens']} tokens; flat logits)")
-    elif g and (msg := judge("greedy", g["fraction"], limits.greedy)):
-        failures.append(f"{msg} (mean {g['mean']:.3g} of {g['tokens']} greedy tokens)")
-    fig["not_judged"] = unjudged
+    g = fig.greedy
+    if g is not None and flat:
+        unjudged.append(f"greedy agreement ({g.mean or 0:.3g} of {g.tokens} tokens; flat logits)")
+    elif g is not None and (msg := judge("greedy", g.fraction, limits.greedy)):
+        failures.append(f"{msg} (mean {g.mean or 0:.3g} of {g.tokens} greedy tokens)")
+    fig.set(not_judged=unjudged)
     summary = _summary(fig)
     if failures:
-        return CheckResult("quality", False, fig, f"{'; '.join(failures)} — {fig['scheme']} keeps less quality than "
+        return CheckResult("quality", False, fig, f"{'; '.join(failures)} — {fig.scheme} keeps less quality than "
                                                   f"its thresholds allow ({summary})")
     note = f"; not judged: {'; '.join(unjudged)}" if unjudged else ""
-    return CheckResult("quality", True, fig, f"{fig['scheme']}: {summary}{note}")
+    return CheckResult("quality", True, fig, f"{fig.scheme}: {summary}{note}")
 
 
-def _summary(fig: dict) -> str:
-    t, s, g = fig.get("text") or {}, fig.get("sweep") or {}, fig.get("greedy") or {}
+def _summary(fig: QualityFigures) -> str:
+    t, s, g = fig.text or Scores(), fig.sweep or Scores(), fig.greedy
     out = []
-    if t.get("positions"):
-        out.append(f"text: top-1 {t['top1']:.3f}, KL {t['kl_mean']:.3g}/{t['kl_p99']:.3g} (mean/p99), perplexity "
-                   f"x{t['ppl_ratio']:.4g}")
-    if s.get("positions"):
-        out.append(f"sweep: top-1 {s['top1']:.3f}, KL {s['kl_mean']:.3g}/{s['kl_p99']:.3g}, logit error "
-                   f"{s['logit_err']:.3g}")
-    if g:
-        out.append(f"greedy {g['mean']:.3g}/{g['tokens']} tokens")
+    if t.positions:
+        out.append(f"text: top-1 {_g(t.top1, '.3f')}, KL {_g(t.kl_mean)}/{_g(t.kl_p99)} (mean/p99), perplexity "
+                   f"x{_g(t.ppl_ratio, '.4g')}")
+    if s.positions:
+        out.append(f"sweep: top-1 {_g(s.top1, '.3f')}, KL {_g(s.kl_mean)}/{_g(s.kl_p99)}, logit error "
+                   f"{_g(s.logit_err)}")
+    if g is not None:
+        out.append(f"greedy {_g(g.mean)}/{g.tokens} tokens")
     return "; ".join(out)
+
+
+def _g(x: float | None, spec: str = ".3g") -> str:
+    return "—" if x is None else format(x, spec)

@@ -14,7 +14,8 @@ from mhaexport.artifact.source import HfSource
 from mhaexport.untrusted import shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
-from mhaexport.verify.results import NOT_A_CHECK, QUALITY, CheckResult
+from mhaexport.verify.figures import Limits, Scores
+from mhaexport.verify.results import QUALITY, CheckResult
 
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 # the cell of a result that is no check (CheckResult.counted) or was skipped for a static export
@@ -96,7 +97,7 @@ def _header(report: VerifyReport) -> list[str]:
 def _parity_lines(report: VerifyReport) -> list[str]:
     """Parity's |error| statistics per runtime and output kind."""
     stats = [(rt, kind, v) for rt, checks in report.results.items() if "parity" in checks
-             for kind, v in (checks["parity"].figures.get("per_output") or {}).items()]
+             for kind, v in (checks["parity"].figures.per_output or {}).items()]
     if not stats:
         return []
     lines = ["", f"Parity by output (|artifact − eager| over the sweep's {'' if report.module else 'real '}"
@@ -104,8 +105,14 @@ def _parity_lines(report: VerifyReport) -> list[str]:
                  "off a 20-bins-per-decade histogram):", "",
              "| runtime | output | mean | median | p99 | max | mismatched | atol | rtol |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    return lines + [f"| {rt} | {kind} | {v['mean']:.1e} | {v['median']:.1e} | {v['p99']:.1e} | {v['max']:.1e} | "
-                    f"{v['mismatch_fraction']:.1%} | {v['atol']:g} | {v['rtol']:g} |" for rt, kind, v in stats]
+    return lines + [f"| {rt} | {kind} | {_n(v.mean, '.1e')} | {_n(v.median, '.1e')} | {_n(v.p99, '.1e')} | "
+                    f"{_n(v.max, '.1e')} | {_n(v.mismatch_fraction, '.1%')} | {_n(v.atol, 'g')} | {_n(v.rtol, 'g')} |"
+                    for rt, kind, v in stats]
+
+
+def _n(x: float | None, spec: str) -> str:
+    """A figure formatted, "—" where a report read back lacks it."""
+    return "—" if x is None else format(x, spec)
 
 
 def _module_lines(report: VerifyReport) -> list[str]:
@@ -209,27 +216,26 @@ def _quality_lines(report: VerifyReport) -> list[str]:
            "| runtime | scheme | figure | sweep | text | threshold |", "|---|---|---|---:|---:|---:|"]
     for rt, r in rows:
         f = r.figures
-        sweep, text, lim = f.get("sweep") or {}, f.get("text") or {}, f.get("thresholds") or {}
+        sweep, text, lim = f.sweep or Scores(), f.text or Scores(), f.thresholds or Limits()
         for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
             at_least = name == "top1"
-            limit = lim.get(name)
+            limit = getattr(lim, name)
             shown = "—" if limit is None else f"{'≥' if at_least else '≤'} {limit:g}"
-            out.append(f"| {rt} | {f.get('scheme', '')} | {LABELS[name]} | {_fig(sweep.get(name))} | "
-                       f"{_fig(text.get(name))} | {shown} |")
-        if text.get("perplexity") is not None:
-            bpb = (f" ({text['bits_per_byte']:.3f} vs {text['eager_bits_per_byte']:.3f} bits/byte)"
-                   if text.get("bits_per_byte") is not None else "")
-            out.append(f"| {rt} | | perplexity (eager) | | {text['perplexity']:.4g} ({text['eager_perplexity']:.4g})"
+            out.append(f"| {rt} | {f.scheme or ''} | {LABELS[name]} | {_fig(getattr(sweep, name))} | "
+                       f"{_fig(getattr(text, name))} | {shown} |")
+        if text.perplexity is not None:
+            bpb = (f" ({text.bits_per_byte:.3f} vs {_n(text.eager_bits_per_byte, '.3f')} bits/byte)"
+                   if text.bits_per_byte is not None else "")
+            out.append(f"| {rt} | | perplexity (eager) | | {text.perplexity:.4g} ({_n(text.eager_perplexity, '.4g')})"
                        f"{bpb} | |")
-        g = f.get("greedy") or {}
-        if g:
-            limit = lim.get("greedy")
-            shown = "—" if limit is None else f"≥ {limit:g} x {g['tokens']}"
-            out.append(f"| {rt} | | greedy agreement (mean, min of {g['prompts']} prompts) | | {g['mean']:.3g}, "
-                       f"{g['min']} of {g['tokens']} | {shown} |")
-        if text.get("skipped"):
-            out.append(f"| {rt} | | text | | {text['skipped']} | |")
-        for why in f.get("not_judged") or []:
+        if (g := f.greedy) is not None:
+            limit = lim.greedy
+            shown = "—" if limit is None else f"≥ {limit:g} x {g.tokens}"
+            out.append(f"| {rt} | | greedy agreement (mean, min of {g.prompts} prompts) | | {_n(g.mean, '.3g')}, "
+                       f"{g.min} of {g.tokens} | {shown} |")
+        if text.skipped:
+            out.append(f"| {rt} | | text | | {text.skipped} | |")
+        for why in f.not_judged or []:
             out.append(f"| {rt} | | not judged | | {why} | |")
     return out
 
@@ -241,40 +247,37 @@ def cell(r: CheckResult | None) -> str:
     icon = ICONS[r.status]
     f = r.figures
     if r.status is None:
-        flag = next((k for k in NOT_A_CHECK if f.get(k)), "static" if f.get("static") else None)
+        flag = f.not_a_check or ("static" if f.static else None)
         return _NOT_RUN.get(flag, f"{icon} skipped")
     figure = ""
     if r.check == "parity":
-        figure = f"{f['errors']} errors" if f.get("errors") else f"{f.get('max_abs', 0):.1e}"
+        figure = f"{f.errors} errors" if f.errors else f"{f.max_abs or 0:.1e}"
     elif r.check == "finite":
-        figure = f"{f.get('cases', '')} shapes"
+        figure = f"{'' if f.cases is None else f.cases} shapes"
     elif r.check == "causality":
-        figure = f"{f.get('max_abs_earlier', 0):.1e}"
+        figure = f"{f.max_abs_earlier or 0:.1e}"
     elif r.check == "cache-consistency":
-        figure = f"{max(v for k, v in f.items() if k.endswith('_max_abs')):.1e}"
+        figure = f"{max(f.decode_max_abs or 0, f.chunked_max_abs or 0):.1e}"
     elif r.check == "demonstration":
-        figure = (f"w[1,3]={f['weight_1_3_max']:g}" if f.get("mask") == "causal"
-                  else f"w[1,3]≥{f['weight_1_3_min']:.2g}")
+        figure = (f"w[1,3]={f.weight_1_3_max or 0:g}" if f.mask == "causal" else f"w[1,3]≥{f.weight_1_3_min or 0:.2g}")
     elif r.check == "kv-consistency":
-        worst = max(f.get("decode_max_abs", 0), f.get("chunked_max_abs", 0), f.get("recompute_max_abs", 0),
-                    f.get("long_max_abs", 0) or 0)
-        figure = f"{worst:.1e}" + (f" to {f['long_to']}" if f.get("long_to") is not None else "")
+        figure = f"{f.worst:.1e}" + (f" to {f.long_to}" if f.long_to is not None else "")
     elif r.check == "padding":
-        figure = f"{max((v for k, v in f.items() if k.endswith('_max_abs')), default=0):.1e}"
-    elif r.check == "dynamic-shapes" and "baked_axes" in f:
+        figure = f"{f.worst:.1e}"
+    elif r.check == "dynamic-shapes" and f.baked_axes is not None:
         figure = "baked"
     elif r.check == "dynamic-shapes":
-        figure = f"{f.get('shapes', 0) - f.get('failed_shapes', 0)}/{f.get('shapes', 0)} shapes"
+        figure = f"{(f.shapes or 0) - (f.failed_shapes or 0)}/{f.shapes or 0} shapes"
     elif r.check == QUALITY:
-        t, sw = f.get("text") or {}, f.get("sweep") or {}
-        if t.get("positions"):
-            figure = f"top-1 {t['top1']:.3f}, ppl x{t['ppl_ratio']:.4g}"
-        elif sw.get("positions"):
-            figure = f"logit err {sw['logit_err']:.2g}"
+        t, sw = f.text or Scores(), f.sweep or Scores()
+        if t.positions:
+            figure = f"top-1 {_n(t.top1, '.3f')}, ppl x{_n(t.ppl_ratio, '.4g')}"
+        elif sw.positions:
+            figure = f"logit err {_n(sw.logit_err, '.2g')}"
     elif r.check == "generation":
-        figure = f"{f.get('matched', 0)}/{f.get('tokens', 0)} tokens" + (" (tie)" if f.get("tie") else "")
-        if "long_prompt" in f:
-            figure += f", {f.get('long_matched', 0)}/{f.get('long_tokens', 0)} after {f['long_prompt']}"
+        figure = f"{f.matched or 0}/{f.tokens or 0} tokens" + (" (tie)" if f.tie else "")
+        if f.long_prompt is not None:
+            figure += f", {f.long_matched or 0}/{f.long_tokens or 0} after {f.long_prompt}"
     if not f and r.message:
         figure = "error"
     return f"{icon} {figure}".strip()

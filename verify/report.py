@@ -192,14 +192,15 @@ class OtherProtocol(Record):
     results: dict[str, dict[str, CheckResult]]
 
     def __post_init__(self) -> None:
-        _name_results(self.results)
+        _name_results(self.results, "other_protocol.results")
 
 
-def _name_results(results: dict[str, dict[str, CheckResult]]) -> None:
-    """Each result read back knows its check: the key it sits under."""
-    for checks in results.values():
+def _name_results(results: dict[str, dict[str, CheckResult]], where: str = "results") -> None:
+    """Each result read back knows its check, the key it sits under, and holds that check's figures record
+    (ArtifactError naming the figure's path when a known figure has the wrong type)."""
+    for rt, checks in results.items():
         for name, r in checks.items():
-            r.check = r.check or name
+            r.named(name, f"{where}.{rt}.{name}.figures")
 
 
 def here(**more: Any) -> Environment:

@@ -18,6 +18,7 @@ from mhaexport.errors import MhaExportError
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.runner import Outputs, Runner
 from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare_by_output
+from mhaexport.verify.figures import NOT_A_CHECK, DiffFigures, Figures, figures_of  # noqa: F401 (NOT_A_CHECK)
 from mhaexport.verify.sweep import Case
 
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
@@ -39,24 +40,32 @@ ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS, GENAI_CONFIG_CHECK)
 CONTRACT, LOOP, MODULE = "contract", "loop", "module"
 
 
-# Figures that mark a result as no check at all (CheckResult.counted): the reference against itself, a check that
-# does not apply to this runtime by design (exact parity of a lossy artifact, quality or weights of an exact one,
-# causality of a bidirectional block, what onnxruntime-genai's own loop cannot be fed)
-NOT_A_CHECK = ("reference", "lossy", "exact", "not_applicable")
 
 
 @dataclass
 class CheckResult(Record):
     """One check on one runtime. status: True passed, False failed, None not run (skipped, with the reason).
-    In report.json ``{"status", "figures", "message"}`` under the check's name (``check`` is that key)."""
+    In report.json ``{"status", "figures", "message"}`` under the check's name (``check`` is that key). ``figures``:
+    the check's record (verify/figures.py; a dict given is typed by the check's name, and retyped when a report
+    read back names the check, :meth:`named`)."""
 
     check: str = field(default="", metadata={"json": False})
     status: bool | None = None
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: Figures = field(default_factory=Figures)
     message: str = ""
 
     REQUIRED = ("status",)
     WRITE_NONE = ("status",)
+
+    def __post_init__(self) -> None:
+        if self.check or not isinstance(self.figures, Figures):
+            self.figures = figures_of(self.check, self.figures)
+
+    def named(self, check: str, where: str = "figures") -> None:
+        """This result read back under ``check``'s key: its figures typed as that check's record (ArtifactError
+        naming ``where``.key)."""
+        self.check = self.check or check
+        self.figures = figures_of(self.check, self.figures, where)
 
     def __bool__(self) -> bool:
         return self.status is True
@@ -66,7 +75,7 @@ class CheckResult(Record):
         """Whether this result is a check the counts, the verdict, report.md and JUnit count (passed, failed or
         skipped): every result but the reference against itself and a check that does not apply by design
         (:data:`NOT_A_CHECK`; shown "ref" / "n/a", counted nowhere)."""
-        return self.status is not None or not any(self.figures.get(k) for k in NOT_A_CHECK)
+        return self.status is not None or self.figures.not_a_check is None
 
 
 @dataclass
@@ -77,8 +86,11 @@ class CrossResult(Record):
     a: str
     b: str
     status: bool | None
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: DiffFigures = field(default_factory=DiffFigures)
     message: str = ""
+
+    def __post_init__(self) -> None:
+        self.figures = figures_of("cross-provider", self.figures)
 
     WRITE_NONE = ("status",)
 

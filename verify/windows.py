@@ -41,8 +41,7 @@ def crossing(result: CheckResult, contract: ModelContract, longest: int | None) 
         return result
     windows = sorted({w for w in contract.windows if w})
     crossed = [w for w in windows if longest >= w]
-    result.figures["longest_position"] = longest
-    result.figures["windows_crossed"] = crossed
+    result.figures.set(longest_position=longest, windows_crossed=crossed)
     if result.status is True:
         if len(crossed) < len(windows):
             result.status = None
