@@ -27,6 +27,7 @@ from mhaexport import iospec
 from mhaexport.iospec import ModuleContract
 from mhaexport.verify.checks import causality_by_perturbation, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
+from mhaexport.verify.figures import CacheFigures, CausalityFigures, DemonstrationFigures, ParityFigures
 from mhaexport.verify.block_runners import ModuleOutputs, ModuleRunner
 from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.sweep import Case, build_sweep
@@ -82,7 +83,7 @@ def check_parity(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
     row, verify/suite.py)."""
     baked = runner.baked_axes()
     if baked:
-        return CheckResult("parity", False, {"baked_axes": len(baked)},
+        return CheckResult("parity", False, ParityFigures.of(baked_axes=len(baked)),
                            f"the graph fixes dynamic axes to the export's sizes: {'; '.join(baked[:3])}")
     return parity_over_sweep(ctx.sweep(runner), ctx.output_kinds, ctx.tol,
                              lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol))
@@ -93,7 +94,7 @@ def check_causality(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
     not change. Bidirectional: not applicable (never passed)."""
     c = ctx.contract
     if not c.causal:
-        return CheckResult("causality", None, {"not_applicable": True},
+        return CheckResult("causality", None, CausalityFigures.of(not_applicable=True),
                            "n/a: bidirectional block (--mask none): every position attends to every other by design")
     shapes = [(seq, past) for seq, past in ((min(10, c.max_positions), 0), (min(6, c.max_positions - 4), 4))
               if seq >= 2]
@@ -152,8 +153,8 @@ def check_cache_consistency(runner: ModuleRunner, ctx: ModuleContext) -> CheckRe
         _, (_, k, v, _) = calls[-1]
         tp = ctx.tol.for_output("present")
         parts[label] = d.merge(compare(k, full[1], tp)).merge(compare(v, full[2], tp))
-    fig = {f"{'decode' if i == 0 else 'chunked'}_max_abs": rounded(d.max_abs) for i, d in enumerate(parts.values())}
-    fig["tokens"] = N
+    fig = CacheFigures.of(**{f"{'decode' if i == 0 else 'chunked'}_max_abs": rounded(d.max_abs)
+                             for i, d in enumerate(parts.values())}, tokens=N)
     bad = [f"{label} with the cache differs from one call over all {N} positions (max abs {d.max_abs:.3g})"
            for label, d in parts.items() if not d.ok]
     if bad:
@@ -175,8 +176,8 @@ def check_demonstration(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult
     worst_sum = float(sums.flat[np.argmax(np.abs(sums - 1.0))])
     row_sum_err = abs(worst_sum - 1.0)
     row = [float(f"{v:.3g}") for v in weights[0, 0, DEMO_QUERY]]
-    fig = {"weight_1_3_max": float(w13.max()), "weight_1_3_min": float(w13.min()),
-           "row_sum_error": rounded(row_sum_err), "row_1": row, "mask": c.mask, "pairs": int(w13.size)}
+    fig = DemonstrationFigures.of(weight_1_3_max=float(w13.max()), weight_1_3_min=float(w13.min()),
+                                  row_sum_error=rounded(row_sum_err), row_1=row, mask=c.mask, pairs=int(w13.size))
     shown = "[" + ", ".join(f"{v:.3g}" for v in row) + "]"
     sums_to_1 = row_sum_err <= ctx.tol.atol + ctx.tol.rtol
     if c.causal:

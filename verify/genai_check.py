@@ -95,13 +95,14 @@ def folder_findings(ef, contract=None, model_config: Any = None) -> list[ConfigF
 
 def result_of(findings: list[ConfigFinding] | None):
     """The ``genai-config`` CheckResult of the findings (None: no config shipped, not run)."""
+    from mhaexport.verify.figures import GenaiConfigFigures
     from mhaexport.verify.results import CheckResult
 
     if findings is None:
         return CheckResult(GENAI_CHECK, None, {}, f"not run: the folder ships no {GENAI_CONFIG}")
     errors = [f for f in findings if f.severity == "error"]
-    fig = {"findings": [{"field": f.field, "message": f.message, "severity": f.severity} for f in findings],
-           "fields": sorted({f.field for f in errors})}
+    fig = GenaiConfigFigures.of(findings=[{"field": f.field, "message": f.message, "severity": f.severity}
+                                          for f in findings], fields=sorted({f.field for f in errors}))
     if not errors:
         return CheckResult(GENAI_CHECK, True, fig, f"{GENAI_CONFIG} describes the file, the model and greedy "
                                                    "decoding")

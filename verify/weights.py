@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 from onnx import numpy_helper
 
+from mhaexport.verify.figures import WeightsFigures
 from mhaexport.verify.results import WEIGHTS, CheckResult
 
 # Re-runs a folder's recipe: (shipped ModelProto, rebuilt ModelProto or None, a note: why not, or the versions)
@@ -51,19 +52,19 @@ def _block_of(node: Any, role: str, shape: tuple[int, ...], index: tuple[int, ..
     return f"element {list(index)}"
 
 
-def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, dict]:
+def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, WeightsFigures]:
     """The first initializer where the shipped model and the rebuilt one differ, as a sentence naming the tensor,
     its role and the block (None when every initializer is identical); and the figures."""
     a = {t.name: t for t in shipped.graph.initializer}
     b = {t.name: t for t in rebuilt.graph.initializer}
     roles = _roles(shipped)
     quantized = [n for n in a if n in roles]
-    fig = {"tensors": len(a), "quantized_tensors": len(quantized)}
+    fig = WeightsFigures.of(tensors=len(a), quantized_tensors=len(quantized))
     if missing := sorted(set(b) - set(a)):
-        fig["differing_tensors"] = len(missing)
+        fig.set(differing_tensors=len(missing))
         return f"the shipped file lacks {len(missing)} tensor(s) the recipe makes (first: {missing[0]})", fig
     if extra := sorted(set(a) - set(b)):
-        fig["differing_tensors"] = len(extra)
+        fig.set(differing_tensors=len(extra))
         return f"the shipped file holds {len(extra)} tensor(s) the recipe does not make (first: {extra[0]})", fig
     differ = 0
     first = None
@@ -85,7 +86,7 @@ def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, dict]:
             what = f"{role} of {node.op_type} {node.name}" if node is not None else role
             first = (f"{name} ({what}) differs from the recipe's at {where}: {len(bad)} of {x.size} values "
                      f"(first {x[tuple(bad[0])].item()!r}, the recipe's {y[tuple(bad[0])].item()!r})")
-    fig["differing_tensors"] = differ
+    fig.set(differing_tensors=differ)
     return first, fig
 
 
@@ -138,7 +139,7 @@ def _with_packed(reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def against_reference(shipped: Any, reference: dict[str, np.ndarray]) -> tuple[str | None, dict]:
+def against_reference(shipped: Any, reference: dict[str, np.ndarray]) -> tuple[str | None, WeightsFigures]:
     """Each MatMulNBits weight of ``shipped`` against the reference model's weights (``reference``: name -> (N, K)
     array, e.g. its Linear weights): the candidate of its shape that it is closest to, and per block an error
     beyond what the block's own scale explains names the tensor and block: round to nearest is off by at most half
@@ -171,7 +172,7 @@ def against_reference(shipped: Any, reference: dict[str, np.ndarray]) -> tuple[s
             first = (f"{node.input[1]} (MatMulNBits {node.name}, against the reference's {best}) at row {n}, block "
                      f"{k // attrs.get('block_size', 1)}: off by {ratio[best][n, k]:.2f} of its block's step "
                      f"(round to nearest, the range's edge clamped: at most 1), {len(bad)} value(s) so")
-    return first, {"checked_against_reference": checked, "not_matched": unmatched}
+    return first, WeightsFigures.of(checked_against_reference=checked, not_matched=unmatched)
 
 
 def check_weights(folder: Any, reproduce: Reproduce | None, reference: Callable[[], dict] | None = None
@@ -185,25 +186,26 @@ def check_weights(folder: Any, reproduce: Reproduce | None, reference: Callable[
     shipped, rebuilt, note = reproduce(folder)
     if rebuilt is None:
         if shipped is None or reference is None:
-            return CheckResult(WEIGHTS, None, {"reason": note}, f"not run: {note}; quality judges the file")
+            return CheckResult(WEIGHTS, None, WeightsFigures.of(reason=note),
+                               f"not run: {note}; quality judges the file")
         first, fig = against_reference(shipped, reference())
-        fig["recipe"] = note
-        if not fig["checked_against_reference"]:
+        fig.set(recipe=note)
+        if not fig.checked_against_reference:
             return CheckResult(WEIGHTS, None, fig, f"not run: {note}, and no quantized weight matches a reference "
                                                    "weight's shape; quality judges the file")
         if first is not None:
             return CheckResult(WEIGHTS, False, fig, f"{note}; against the reference model's weights: {first}")
-        unmatched = f" ({fig['not_matched']} not matched by shape)" if fig["not_matched"] else ""
-        return CheckResult(WEIGHTS, True, fig, f"{note}; each of {fig['checked_against_reference']} quantized weight(s)"
+        unmatched = f" ({fig.not_matched} not matched by shape)" if fig.not_matched else ""
+        return CheckResult(WEIGHTS, True, fig, f"{note}; each of {fig.checked_against_reference} quantized weight(s)"
                                                f" is the reference model's within its blocks' rounding{unmatched}")
     first, fig = first_difference(shipped, rebuilt)
     versions = f" ({note})" if note else ""
     if first is None:
         return CheckResult(WEIGHTS, True, fig, f"the recipe re-run on its recorded source gives the shipped "
-                                               f"{fig['quantized_tensors']} quantized tensor(s) bit for bit{versions}")
+                                               f"{fig.quantized_tensors} quantized tensor(s) bit for bit{versions}")
+    fig.set(first_difference=first)
     if note:  # another quantizer version may round differently: a difference is reported, not judged
-        return CheckResult(WEIGHTS, None, {**fig, "first_difference": first},
-                           f"not judged: {first}; {note}")
-    return CheckResult(WEIGHTS, False, {**fig, "first_difference": first},
-                       f"{fig['differing_tensors']} tensor(s) differ from the recorded recipe re-run on the recorded "
+        return CheckResult(WEIGHTS, None, fig, f"not judged: {first}; {note}")
+    return CheckResult(WEIGHTS, False, fig,
+                       f"{fig.differing_tensors} tensor(s) differ from the recorded recipe re-run on the recorded "
                        f"source: {first}")
