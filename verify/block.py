@@ -25,9 +25,9 @@ import numpy as np
 
 from mhaexport import iospec
 from mhaexport.iospec import ModuleContract
+from mhaexport.runners.block import ModuleOutputs, ModuleRunner
 from mhaexport.verify.checks import causality_by_perturbation, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
-from mhaexport.verify.block_runners import ModuleOutputs, ModuleRunner
 from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.sweep import Case, build_sweep
 

@@ -33,12 +33,6 @@ WEIGHTS = "weights"
 GENAI_CONFIG_CHECK = "genai-config"
 ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS, GENAI_CONFIG_CHECK)
 
-# How a runtime is driven, which is what its checks are given (a runner's ``checked_as``; the one table of checks,
-# verify/suite.py, has one entry per check for each): contract calls (every decoder runtime but ort-genai),
-# onnxruntime-genai's own loop (ort-genai: traces of it), the attention block's module contract
-CONTRACT, LOOP, MODULE = "contract", "loop", "module"
-
-
 # Figures that mark a result as no check at all (CheckResult.counted): the reference against itself, a check that
 # does not apply to this runtime by design (exact parity of a lossy artifact, quality or weights of an exact one,
 # causality of a bidirectional block, what onnxruntime-genai's own loop cannot be fed)
