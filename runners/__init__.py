@@ -9,6 +9,6 @@
   (``pt2.py``), onnxruntime-genai's loop (``genai.py``); torch's thread count (``threads.py``) and how each runner
   is checked (``subjects.py``).
 
-It stands on runtime, artifact and core only (never on verify, whose checks drive these runners). Torch is imported
-lazily, inside the runners that need it.
+It stands on runtime, artifact and core only (never on verify, whose checks drive these runners), so the exporter's
+lowering self-check takes its runners here too. Torch is imported lazily, inside the runners that need it.
 """

@@ -14,12 +14,14 @@ without a cache (``eager-nocache``: bench's row) and a file driven in the plain 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import TWO_GB, ExportFolder
-from mhaexport.iospec import ModuleContract
+from mhaexport.iospec import ModelContract, ModuleContract
 from mhaexport.runtime.choose import feed_of, no_decode_loop, ort_runner_for, ort_runner_over
-from mhaexport.runtime.ort import OrtRunner
+from mhaexport.runtime.feed import Feed
+from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
 from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.session import SessionConfig
@@ -29,7 +31,8 @@ from mhaexport.runners.names import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFE
                                      TORCH_MHA, TORCHSCRIPT, session_config)
 from mhaexport.runners.pt2 import CODE_RUNTIMES, code_runner
 
-__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "runner_for", "without_cache"]
+__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "graph_runner", "runner_for",
+           "without_cache"]
 
 PLAIN = "plain"  # runner_for(..., protocol=PLAIN): the contract's own protocol (concat cache, left padding)
 DEPLOY = "deploy"  # runner_for(..., protocol=DEPLOY) (ort-cpu, ort-cuda): the file's own protocol, as generate drives it
@@ -139,3 +142,13 @@ def deploy_of(runner: Runner) -> Runner | None:
     twin = ort_runner_over(runner, SharedBuffer(runner.feed), f"{runner.name} (deploy loop)")
     return twin.activate() if runner.is_active else twin
 
+
+def graph_runner(name: str, contract: ModelContract, graph: str | Path | bytes, feed: Feed, *,
+                 threads: int | None = 1) -> OrtRunner:
+    """The ONNX Runtime CPU runner of a graph that is no folder's file yet (the exporter's lowering self-check: the
+    decomposed and the lowered graph, serialized or the file just written), fed as ``feed`` says and driven by the
+    contract's calls (a shared cache's translated into its own, :class:`ContractOverShared`), as verify drives a
+    folder's file. Not activated."""
+    runner = SharedCacheOrtRunner if feed.shared else OrtRunner
+    return runner(name, contract, graph, feed=feed, config=SessionConfig(threads=threads),
+                  protocol=protocol_of(feed, contract_calls=True))

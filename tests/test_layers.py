@@ -34,10 +34,10 @@ ALLOWED = {
     "artifact": BASE,
     "runtime": BASE | {"artifact"},
     "models": BASE | {"artifact"},
-    # the runners room: every runtime by name and its runner (the registry), shared by verify, bench, eval and
-    # diagnose; it never imports verify
+    # the runners room: every runtime by name and its runner (the registry), shared by verify, bench, eval, diagnose
+    # and the exporter's lowering self-check; it never imports verify
     "runners": BASE | {"artifact", "runtime"},
-    "exporter": BASE | {"artifact", "models", "runtime"},
+    "exporter": BASE | {"artifact", "models", "runtime", "runners"},
     "scoring": BASE | {"artifact", "models", "runtime"},
     "verify": BASE | {"artifact", "models", "runtime", "runners", "scoring"},
     "bench": BASE | {"artifact", "models", "runtime", "runners", "scoring", "verify"},

@@ -89,7 +89,9 @@ def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, m
 
     loaded = peaked("tiny")
     export_onnx(loaded, tmp_path, kv_cache="shared", max_cache=64)
-    made.clear()  # the export's lowering self-check builds its two runners itself (not through the registry yet)
+    # the export's lowering self-check: the decomposed and the lowered graph, the registry's runners too
+    assert {("OrtRunner", "decomposed", True), ("SharedCacheOrtRunner", "shared", True)} <= set(made)
+    made.clear()
     report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",), checks=("padding",))
     assert report.passed and "deploy loop" in report.results["ort-cpu"]["padding"].figures["protocol"]
     assert ("SharedCacheOrtRunner", "ort-cpu (deploy loop)", True) in made
