@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mhaexport.errors import ConfigError, RuntimeOptionError
-from mhaexport.verify.runners import (AOTI, BENCH, EAGER, EAGER_CUDA, EAGER_NOCACHE, ORT_BARE, ORT_CPU, ORT_CUDA,
-                                      ORT_GENAI, PT2, RUNTIMES, TORCHSCRIPT, refuse_unknown)
+from mhaexport.runners.names import (AOTI, BENCH, EAGER, EAGER_CUDA, EAGER_NOCACHE, ORT_BARE, ORT_CPU, ORT_CUDA,
+                                     ORT_GENAI, PT2, RUNTIMES, TORCHSCRIPT, refuse_unknown)
 
-# bench's runtimes are its entry of the one table (verify/runners.py's RUNTIMES): verify's besides eager without the
-# KV cache (verify's RecomputeRunner), ort-bare (a bare session.run loop over the folder's ONNX file: what the
+# bench's runtimes are its entry of the one table (runners/names.py's RUNTIMES): verify's besides eager without the
+# KV cache (the runners room's RecomputeRunner), ort-bare (a bare session.run loop over the folder's ONNX file: what the
 # runtime's loop costs) and onnxruntime-genai's generator loop; what a run times unless told: every one but
 # eager-nocache, opt-in by name
 BENCH_RUNTIMES = RUNTIMES[BENCH]

@@ -65,7 +65,7 @@ def measure_bandwidth(threads: int, mbytes: int = 256, repeats: int = 7) -> Band
         import torch
     except ImportError:
         return numpy_bandwidth(mbytes, repeats)
-    from mhaexport.verify.threads import torch_threads
+    from mhaexport.runners.threads import torch_threads
 
     n = mbytes * (1 << 20) // 4
     src = torch.ones(n)

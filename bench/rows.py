@@ -32,12 +32,12 @@ from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTI
 from mhaexport.bench.result import RuntimeBench
 from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
 from mhaexport.errors import MhaExportError, RuntimeInputError
+from mhaexport.runners.names import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
+from mhaexport.runners.pt2 import CODE_RUNTIMES
+from mhaexport.runners.registry import DEPLOY, runner_for
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.runner import Runner
 from mhaexport.runtime.session import SessionConfig
-from mhaexport.verify.pt2 import CODE_RUNTIMES
-from mhaexport.verify.registry import DEPLOY, runner_for
-from mhaexport.verify.runners import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
 
 
 def code_record(ef: ExportFolder, name: str) -> RuntimeBench:
@@ -506,7 +506,7 @@ def plan_rows(folder: Path, ef: ExportFolder, cfg: BenchConfig, names: tuple[str
             add(Row(RuntimeBench(name), runner_for(ef, EAGER_NOCACHE, c, eager=eager.module).activate,
                     min(cfg.repeats, cfg.nocache_repeats), eager.load_s))
         elif name in (EAGER, EAGER_CUDA, TORCHSCRIPT) or name in CODE_RUNTIMES:
-            # the registry's runner (verify/registry.py): the same artifact, the same skip reasons as verify's
+            # the registry's runner (runners/registry.py): the same artifact, the same skip reasons as verify's
             runner = runner_for(ef, name, c, eager=eager.module if eager else None, trust_code=cfg.trust_code)
             if name in CODE_RUNTIMES and not (ef.has(name) or cfg.runtimes is not None):
                 continue  # a code runtime of the defaults whose artifact this folder does not hold

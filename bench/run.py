@@ -32,11 +32,11 @@ from mhaexport.bench.targets import evaluate
 from mhaexport.env import environment, tool_versions
 from mhaexport.errors import MhaExportError, ProviderUnavailable, RuntimeOptionError
 from mhaexport.progress import Step
+from mhaexport.runners.names import ORT_CPU
+from mhaexport.runners.pt2 import refuse_untrusted
+from mhaexport.runners.registry import DEPLOY, runner_for
+from mhaexport.runners.threads import torch_threads
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
-from mhaexport.verify.pt2 import refuse_untrusted
-from mhaexport.verify.registry import DEPLOY, runner_for
-from mhaexport.verify.runners import ORT_CPU
-from mhaexport.verify.threads import torch_threads
 
 Progress = Callable[[str], None]
 

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI
 from mhaexport.bench.result import BenchResult, TargetResult
-from mhaexport.verify.runners import EAGER, ORT_CPU
+from mhaexport.runners.names import EAGER, ORT_CPU
 
 AT_MOST, AT_LEAST = "at most", "at least"
 # Where the limits were set: the `bench` preset, batch 1, prompt 32, 128 new tokens, 2 threads. Keys: "spec" is the

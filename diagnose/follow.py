@@ -167,8 +167,8 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
     from mhaexport.diagnose.attention_steps import relative_error
     from mhaexport.diagnose.bisect import _quantization, quantized_tolerance
     from mhaexport.verify.checks import _ragged_prompts
-    from mhaexport.verify.runners import ORT_CPU
-    from mhaexport.verify.registry import DEPLOY, runner_for
+    from mhaexport.runners.names import ORT_CPU
+    from mhaexport.runners.registry import DEPLOY, runner_for
 
     with opened(folder, "onnx") as ef:
         if loaded is None:

@@ -16,10 +16,10 @@ from pathlib import Path
 from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.evaluate.scoring import TextScore, score_text, text_tokens, windows
+from mhaexport.runners.names import EAGER, EAGER_CUDA, EVAL, RUNTIMES, TORCHSCRIPT, refuse_unknown
+from mhaexport.runners.registry import runner_for
+from mhaexport.runners.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 from mhaexport.runtime.runner import Runner
-from mhaexport.verify.registry import runner_for
-from mhaexport.verify.runners import EAGER, EAGER_CUDA, EVAL, RUNTIMES, TORCHSCRIPT, refuse_unknown
-from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 
 @dataclass

@@ -16,7 +16,7 @@ from types import ModuleType as _ModuleType
 # root) rather than the installed mapping, let it find those folders too -- only those: the checkout's other folders
 # (tests/, scripts/, docs/) are not mhaexport.tests or mhaexport.scripts.
 # pyproject.toml's package-dir
-_MAPPED = ("artifact", "models", "exporter", "verify", "runtime", "bench", "diagnose", "evaluate")
+_MAPPED = ("artifact", "models", "exporter", "verify", "runners", "runtime", "bench", "diagnose", "evaluate")
 _root = _Path(__file__).resolve().parent.parent
 
 

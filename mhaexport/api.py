@@ -437,7 +437,7 @@ def evaluate(folder: str | Path, text: bytes | None = None, *, text_source: str 
     ConfigError for an unknown runtime or a bad ``window``/``stride``, RuntimeInputError for text the model cannot
     read. The folder is opened (hash-checked) once; its snapshot goes when done."""
     from mhaexport.evaluate.perplexity import evaluate_folder
-    from mhaexport.verify.runners import EVAL, RUNTIMES
+    from mhaexport.runners.names import EVAL, RUNTIMES
 
     runtimes = _names(runtimes, "runtimes") or RUNTIMES[EVAL].default
     _count(stride, "stride")
@@ -850,7 +850,7 @@ def merge_reports(reports: Sequence[str | Path], output: str | Path, *, names: S
     ``names``: a label per report, in order (default: each report's host). Returns the merged report: its verdict
     follows verify's rules (``bool(report)``: passed)."""
     from mhaexport.outputs import check_reports_out
-    from mhaexport.verify.report import load_report, merge_reports as _merge
+    from mhaexport.verify.report import load_report, merge_reports as merge_loaded_reports
 
     reports = _names(reports, "reports", paths=True) or ()
     names = _names(names, "names")
@@ -859,7 +859,7 @@ def merge_reports(reports: Sequence[str | Path], output: str | Path, *, names: S
                           cli=f"--name given {len(names)} times for {len(reports)} reports")
     check_reports_out(output, reports, ("report.json", "report.md", "report.html"))
     writable_output(output)
-    merged = _merge([load_report(p) for p in reports], list(names) if names else None)
+    merged = merge_loaded_reports([load_report(p) for p in reports], list(names) if names else None)
     write_reports(merged, output, junit, name="report")
     return merged
 

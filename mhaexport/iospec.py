@@ -1,6 +1,6 @@
 """The one source of truth for ONNX I/O names and dynamic axes.
 
-Used by the exporter, the verify runners and the torch-free deploy runtime (so: no torch here).
+Used by the exporter, the runners (mhaexport.runners) and the torch-free deploy runtime (so: no torch here).
 Names follow the ONNX Runtime GenAI / Optimum convention.
 """
 

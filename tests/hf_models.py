@@ -164,7 +164,7 @@ def beyond_window(folder: str | Path, hf_folder: str | Path, seq: int = 3 * WIND
     import transformers
 
     from mhaexport.artifact import ExportFolder
-    from mhaexport.verify.registry import runner_for
+    from mhaexport.runners.registry import runner_for
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, TOKENIZER_VOCAB, size=(1, seq), dtype=np.int64)

@@ -139,7 +139,7 @@ def test_help_and_signature_are_the_api_functions_not_the_subpackages(monkeypatc
 
 
 def test_import_mhaexport_resolves_only_the_mapped_subpackages():
-    mapped = ("artifact", "models", "exporter", "verify", "runtime", "bench", "diagnose", "evaluate")
+    mapped = ("artifact", "models", "exporter", "verify", "runners", "runtime", "bench", "diagnose", "evaluate")
     code = ("import importlib.util as u, sys\n"
             f"for name in {mapped!r}:\n"
             "    spec = u.find_spec('mhaexport.' + name)\n"

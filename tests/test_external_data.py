@@ -109,7 +109,7 @@ def test_a_lowered_export_with_external_data_is_self_checked_from_its_file(tiny_
 
 
 def test_onnx_reference_is_refused_over_2_gb(external_export, tiny, monkeypatch):
-    from mhaexport.verify import registry
+    from mhaexport.runners import registry
     from mhaexport.verify import verify as vv
 
     monkeypatch.setattr(registry, "TWO_GB", 1000)  # as if the export's files held over 2 GB

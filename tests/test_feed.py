@@ -100,7 +100,7 @@ def test_the_generator_verify_bench_and_bisect_build_their_sessions_with_the_one
     from mhaexport.bench.rows import BareRow
     from mhaexport.runtime import Generator
     from mhaexport.diagnose.bisect import bisect
-    from mhaexport.verify.registry import runner_for
+    from mhaexport.runners.registry import runner_for
 
     ef = ExportFolder.open(tiny_export, "onnx")
     paths = {}

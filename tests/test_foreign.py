@@ -181,7 +181,7 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     from mhaexport.artifact import ExportFolder
     from mhaexport.evaluate.perplexity import _runner
     from mhaexport.evaluate.scoring import score_text
-    from mhaexport.verify.runners import EagerRunner
+    from mhaexport.runners.decoder import EagerRunner
 
     text_ids = np.random.default_rng(0).integers(0, loaded.contract.vocab_size, 40)
     got = score_text(_runner("ort-cpu", ExportFolder.open(rec.folder), {}).activate(), text_ids)[0]

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # source folder -> layer name (the top-level folders pyproject.toml maps into mhaexport.*)
 FOLDERS = {"artifact": "artifact", "models": "models", "exporter": "exporter", "runtime": "runtime",
-           "verify": "verify", "bench": "bench", "diagnose": "diagnose", "evaluate": "evaluate"}
+           "runners": "runners", "verify": "verify", "bench": "bench", "diagnose": "diagnose", "evaluate": "evaluate"}
 # modules that stand in another layer than their folder's: evaluate's scoring (perplexity, KL, logit error, top-1 and
 # greedy agreement) stands below verification, whose quality check uses it; the rest of evaluate stands on verify
 MODULES = {"evaluate/scoring.py": "scoring"}
@@ -34,14 +34,18 @@ ALLOWED = {
     "artifact": BASE,
     "runtime": BASE | {"artifact"},
     "models": BASE | {"artifact"},
-    "exporter": BASE | {"artifact", "models", "runtime"},
+    # the runners room: every runtime by name and its runner (the registry), shared by verify, bench, eval, diagnose
+    # and the exporter's lowering self-check; it never imports verify
+    "runners": BASE | {"artifact", "runtime"},
+    "exporter": BASE | {"artifact", "models", "runtime", "runners"},
     "scoring": BASE | {"artifact", "models", "runtime"},
-    "verify": BASE | {"artifact", "models", "runtime", "scoring"},
-    "bench": BASE | {"artifact", "models", "runtime", "scoring", "verify"},
+    "verify": BASE | {"artifact", "models", "runtime", "runners", "scoring"},
+    "bench": BASE | {"artifact", "models", "runtime", "runners", "scoring", "verify"},
     # the rooms above verification: diagnosis (bisect, follow, attention steps) and evaluation (eval)
-    "diagnose": BASE | {"artifact", "models", "runtime", "scoring", "verify"},
-    "evaluate": BASE | {"artifact", "models", "runtime", "scoring", "verify"},
-    "cli": BASE | {"artifact", "models", "runtime", "scoring", "exporter", "verify", "bench", "diagnose", "evaluate"},
+    "diagnose": BASE | {"artifact", "models", "runtime", "runners", "scoring", "verify"},
+    "evaluate": BASE | {"artifact", "models", "runtime", "runners", "scoring", "verify"},
+    "cli": BASE | {"artifact", "models", "runtime", "runners", "scoring", "exporter", "verify", "bench", "diagnose",
+                   "evaluate"},
 }
 
 
@@ -253,16 +257,16 @@ def test_no_two_files_import_each_other():
 def test_the_file_graph_sees_the_project_imports():
     """The graph is read from the real source: known edges are in it, lazy and top-level ones alike."""
     graph = file_graph(_project_files())
-    assert "mhaexport.runtime.session" in graph["mhaexport.verify.runners"]  # a top-level import
+    assert "mhaexport.runtime.session" in graph["mhaexport.runners.names"]  # a top-level import
     assert "mhaexport.models.hf" in graph["mhaexport.models.loading"]  # a lazy one (inside load_hf)
     assert "mhaexport.iospec" in graph["mhaexport.diagnose.bisect"]  # `from mhaexport import iospec`: the module
 
 
 def test_an_injected_edge_back_down_the_layers_is_a_cycle():
     graph = file_graph(_project_files())
-    pair = {"mhaexport.runtime.session", "mhaexport.verify.runners"}
+    pair = {"mhaexport.runtime.session", "mhaexport.runners.names"}
     assert not any(pair <= set(c) for c in import_cycles(graph))
-    graph["mhaexport.runtime.session"]["mhaexport.verify.runners"] = 1  # runners imports session already
+    graph["mhaexport.runtime.session"]["mhaexport.runners.names"] = 1  # names imports session already
     assert any(pair <= set(c) for c in import_cycles(graph))
 
 

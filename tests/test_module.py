@@ -24,7 +24,7 @@ from mhaexport.exporter.block import export_module_onnx, export_module_torchscri
 from mhaexport.models.block import AttentionBlock, load_block
 from mhaexport.verify import verify_folder
 from mhaexport.verify.results import MODULE_CHECKS
-from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner
+from mhaexport.runners.block import TorchMhaRunner, TorchModuleRunner
 from mhaexport.verify.render import markdown
 from planted.bugs import _AfterSoftmax, _NoMask
 

@@ -126,7 +126,7 @@ def test_the_code_runner_feeds_contiguous_tensors(tiny):
     max abs 3.6 on the small preset): the runner hands the program contiguous tensors, whatever the loop passes."""
     import numpy as np
 
-    from mhaexport.verify.pt2 import CodeRunner
+    from mhaexport.runners.pt2 import CodeRunner
 
     c = tiny.contract
     seen = []

@@ -1,15 +1,15 @@
-"""One registry maps runtime names to runners (verify/registry.py): verify, eval and bench build theirs there.
+"""One registry maps runtime names to runners (runners/registry.py): verify, eval and bench build theirs there.
 
 The spy test watches real construction: every Runner made while a verb runs is recorded with whether
-a function of verify/registry.py was on the stack when it was made."""
+a function of runners/registry.py was on the stack when it was made."""
 
 from __future__ import annotations
 
 import pytest
 
 from mhaexport.artifact import ExportFolder
-from mhaexport.verify.registry import ARTIFACT, runner_for
-from mhaexport.verify.runners import ALL_RUNTIMES, MODULE_RUNTIMES, ORT_GENAI
+from mhaexport.runners.registry import ARTIFACT, runner_for
+from mhaexport.runners.names import ALL_RUNTIMES, MODULE_RUNTIMES, ORT_GENAI
 
 
 def test_every_runtime_name_has_one_entry():
@@ -41,11 +41,11 @@ def test_the_registry_drives_each_runtime_or_says_why(tiny, tiny_export):
 
 @pytest.fixture
 def made(monkeypatch):
-    """[(runner class, runtime name, built inside verify/registry.py)] of every Runner constructed from now on."""
+    """[(runner class, runtime name, built inside runners/registry.py)] of every Runner constructed from now on."""
     import sys
 
     from mhaexport.runtime.runner import Runner
-    from mhaexport.verify import registry
+    from mhaexport.runners import registry
 
     made: list = []
     init = Runner.__init__
@@ -74,7 +74,7 @@ def test_every_runner_eval_and_bench_make_comes_from_the_registry(tiny_export, m
     assert {"ort-cpu", "eager", "eager-nocache"} <= {n for _, n, _ in made}
     assert sum(n == "ort-cpu" for _, n, _ in made[evaluated:]) >= 2  # the row's runner and the profile's
     outside = [(cls, n) for cls, n, inside in made if not inside]
-    assert not outside, f"runners built outside verify/registry.py: {outside}"
+    assert not outside, f"runners built outside runners/registry.py: {outside}"
 
 
 def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, made):
@@ -84,18 +84,20 @@ def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, m
     from mhaexport.exporter.onnx import export_onnx
     from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer
     from mhaexport.verify import verify_folder
-    from mhaexport.verify.registry import DEPLOY, deploy_of
+    from mhaexport.runners.registry import DEPLOY, deploy_of
     from planted.edit import peaked
 
     loaded = peaked("tiny")
     export_onnx(loaded, tmp_path, kv_cache="shared", max_cache=64)
-    made.clear()  # the export's lowering self-check builds its two runners itself (not through the registry yet)
+    # the export's lowering self-check: the decomposed and the lowered graph, the registry's runners too
+    assert {("OrtRunner", "decomposed", True), ("SharedCacheOrtRunner", "shared", True)} <= set(made)
+    made.clear()
     report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",), checks=("padding",))
     assert report.passed and "deploy loop" in report.results["ort-cpu"]["padding"].figures["protocol"]
     assert ("SharedCacheOrtRunner", "ort-cpu (deploy loop)", True) in made
     mhaexport.bench(tmp_path, runtimes=["ort-cpu"], prompt_len=4, new_tokens=2, repeats=1, profile=True)
     outside = [(cls, n) for cls, n, inside in made if not inside]
-    assert not outside, f"runners built outside verify/registry.py: {outside}"
+    assert not outside, f"runners built outside runners/registry.py: {outside}"
     with ExportFolder.open(tmp_path) as ef:
         verify_runner = runner_for(ef, "ort-cpu", loaded.contract)
         own = runner_for(ef, "ort-cpu", loaded.contract, protocol=DEPLOY)
@@ -120,12 +122,12 @@ def test_every_runner_verify_eval_and_bench_make_comes_from_the_registry(tiny_ex
     assert {"eager", "torchscript", "ort-cpu", "onnx-reference", "pt2", "ort-genai"} <= {n for _, n, _ in verified}
     assert "eager-nocache" in names and len(made) > len(verified)  # eval's and bench's runners were seen too
     outside = [(cls, n) for cls, n, inside in made if not inside]
-    assert not outside, f"runners built outside verify/registry.py: {outside}"
+    assert not outside, f"runners built outside runners/registry.py: {outside}"
 
 
 def test_every_runtime_has_its_protocol():
     from mhaexport.bench.config import ALL_RUNTIMES as BENCH_RUNTIMES
-    from mhaexport.verify.registry import PROTOCOLS
+    from mhaexport.runners.registry import PROTOCOLS
 
     missing = (set(ALL_RUNTIMES) | set(MODULE_RUNTIMES) | set(BENCH_RUNTIMES) - {"ort-bare"}) - set(PROTOCOLS)
     assert not missing, missing
@@ -136,7 +138,7 @@ def test_one_table_says_which_runtimes_each_verb_takes_and_one_function_refuses_
 
     import mhaexport.bench as bench
     from mhaexport.errors import ConfigError, RuntimeOptionError
-    from mhaexport.verify.runners import BENCH, DEFAULT_RUNTIMES, EVAL, RUNTIMES, VERIFY, refuse_unknown
+    from mhaexport.runners.names import BENCH, DEFAULT_RUNTIMES, EVAL, RUNTIMES, VERIFY, refuse_unknown
 
     for verb, table in RUNTIMES.items():
         assert table.default and set(table.default) <= set(table.accepts), verb

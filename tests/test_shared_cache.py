@@ -192,7 +192,7 @@ def test_eval_drives_a_shared_cache_as_verify_does(shared):
     """eval builds its runners where verify does: on a shared-cache folder ort-cpu scores the text as eager does."""
     from mhaexport.evaluate.perplexity import evaluate_folder
     from mhaexport.evaluate.scoring import score_text, text_tokens
-    from mhaexport.verify.runners import EagerRunner
+    from mhaexport.runners.decoder import EagerRunner
 
     loaded, folder, _ = shared
     text = bytes(range(32, 127)) * 3

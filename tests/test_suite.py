@@ -15,8 +15,9 @@ from mhaexport.artifact.details import Quantization
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance, near_tie
-from mhaexport.verify.genai_runtime import GenAIRunner
-from mhaexport.verify.results import ALL_CHECKS, CHECKS, LOOP, MODULE_CHECKS, Context
+from mhaexport.runners.genai import GenAIRunner
+from mhaexport.runners.subjects import LOOP
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, Context
 from mhaexport.verify.suite import CHECK_FUNCS, LOOP_SHAPES, run_check, subject
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,9 @@ from mhaexport.artifact.record import Environment
 from mhaexport.verify.report import ReportModel, SweepInfo, ToleranceInfo, VerifyReport
 from mhaexport.verify.results import CheckResult
 from mhaexport.runtime.choose import ort_runner_for
-from mhaexport.verify.runners import EagerRunner, Runner, session_config
+from mhaexport.runners.decoder import EagerRunner
+from mhaexport.runners.names import session_config
+from mhaexport.runtime.runner import Runner
 from mhaexport.verify.render import markdown, write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")

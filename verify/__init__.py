@@ -6,10 +6,11 @@ writes report.json / report.md.
 
 from __future__ import annotations
 
+from mhaexport.runners.names import ALL_RUNTIMES, DEFAULT_RUNTIMES
+from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.report import Verdict, VerifyReport, load_report, merge_reports
 from mhaexport.verify.results import CHECKS, CheckResult
-from mhaexport.verify.runners import ALL_RUNTIMES, DEFAULT_RUNTIMES, Runner
 from mhaexport.verify.sweep import Case, build_sweep
 from mhaexport.verify.verify import verify_folder
 

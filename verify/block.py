@@ -25,10 +25,10 @@ import numpy as np
 
 from mhaexport import iospec
 from mhaexport.iospec import ModuleContract
+from mhaexport.runners.block import ModuleOutputs, ModuleRunner
 from mhaexport.verify.checks import causality_by_perturbation, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded
 from mhaexport.verify.figures import CacheFigures, CausalityFigures, DemonstrationFigures, ParityFigures
-from mhaexport.verify.block_runners import ModuleOutputs, ModuleRunner
 from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.sweep import Case, build_sweep
 

@@ -16,12 +16,14 @@ import numpy as np
 
 from mhaexport import iospec
 from mhaexport.errors import MhaExportError, first_line
+from mhaexport.runners.decoder import RecomputeRunner
+from mhaexport.runners.names import EAGER, ORT_CPU, ORT_CUDA
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
+from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, near_tie, rounded
 from mhaexport.verify.figures import (CausalityFigures, DiffFigures, FiniteFigures, GenerationFigures, KvFigures,
                                       OutputStats, PaddingFigures, ParityFigures, ShapesFigures)
 from mhaexport.verify.results import WEIGHTS, CheckResult, Context, CrossResult, SweepContext
-from mhaexport.verify.runners import EAGER, ORT_CPU, ORT_CUDA, RecomputeRunner, Runner
 from mhaexport.verify.sweep import Case, unseen
 from mhaexport.verify.windows import crossing, deploy_steps, span
 

@@ -302,7 +302,7 @@ class VerifyReport(Record):
         if fails:
             which = ", ".join(f"{rt}/{r.check}" for rt, r in fails)
             return Verdict("failed", EXIT_FAILED, f"{len(fails)} check(s) failed: {which}")
-        from mhaexport.verify.runners import REFERENCE_RUNTIMES  # eager, torch-mha: they verify no artifact
+        from mhaexport.runners.names import REFERENCE_RUNTIMES  # eager, torch-mha: they verify no artifact
 
         ran = [rt for rt, info in self.runtimes.items()
                if info.status == "ran" and rt.split("@")[0] not in REFERENCE_RUNTIMES]
@@ -337,7 +337,7 @@ class VerifyReport(Record):
     @property
     def subset(self) -> bool:
         """True when runtimes were named or checks left out: such a report does not replace the full report."""
-        from mhaexport.verify.runners import DEFAULT_RUNTIMES, MODULE_RUNTIMES
+        from mhaexport.runners.names import DEFAULT_RUNTIMES, MODULE_RUNTIMES
 
         default = MODULE_RUNTIMES if self.module else DEFAULT_RUNTIMES
         named = self.requested is not None and set(self.requested) != set(default)

@@ -8,7 +8,7 @@ A runtime is checked as one of three *subjects*, by how it is driven (its runner
   ONNX Runtime, the reference evaluator, torch.export (verify/checks.py);
 - ``loop``: onnxruntime-genai's generator, which takes no contract call: its runner provides traces of its own loop
   (a short and a long prompt alone, three as one batch, every step's logits), which the checks judge
-  (verify/genai_runtime.py);
+  (verify/genai_runtime.py, its runner runners/genai.py);
 - ``module``: the attention block on its own, under the module contract (verify/block.py).
 
 A row names the function each subject runs, or why the check does not apply to it (a string: the result is "n/a",
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from mhaexport.errors import MhaExportError, first_line
+from mhaexport.runners.names import EAGER, TORCHSCRIPT
+from mhaexport.runners.subjects import CONTRACT, LOOP, MODULE
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify import block, checks, genai_runtime as loop
 from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
 from mhaexport.verify.quality import check_quality
-from mhaexport.verify.results import (CONTRACT, GENAI_CONFIG_CHECK, LOOP, MODULE, QUALITY, WEIGHTS, CheckResult,
-                                      SweepContext)
-from mhaexport.verify.runners import EAGER, TORCHSCRIPT
+from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, SweepContext
 
 CheckFn = Callable[[Runner, SweepContext], CheckResult]
 # a subject's entry in a row: the check's function, the reason it does not apply (n/a), or None (not its check)

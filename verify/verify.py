@@ -16,25 +16,26 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.errors import ArtifactError, ConfigError
 from mhaexport.iospec import ModuleContract
+from mhaexport.runners.block import ModuleRunner
+from mhaexport.runners.genai import genai_unavailable
+from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
+                                     ORT_GENAI, VERIFY, refuse_unknown)
+from mhaexport.runners.pt2 import CODE_RUNTIMES, present_code_runtimes, refuse_untrusted
+from mhaexport.runners.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
+from mhaexport.runners.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 from mhaexport.runtime.choose import feed_of
 from mhaexport.runtime.feed import Feed
+from mhaexport.runtime.runner import Runner
 from mhaexport.verify.block import ModuleContext, module_sweep
-from mhaexport.verify.block_runners import ModuleRunner
 from mhaexport.verify.external_data import check_external_data
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
-from mhaexport.verify.genai_runtime import genai_unavailable
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
-from mhaexport.verify.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
-from mhaexport.verify.runners import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ORT_CPU,
-                                      ORT_CUDA, ORT_GENAI, VERIFY, Runner, refuse_unknown)
-from mhaexport.verify.pt2 import CODE_RUNTIMES, present_code_runtimes, refuse_untrusted
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
-from mhaexport.verify.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 
 Progress = Callable[[str], None]
 # Models up to this max_positions (and ONE_THREAD_MAX_PARAMS) decode their whole context token by token in the
@@ -52,8 +53,8 @@ def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
 
 
 def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_code: bool = False) -> list[Runner]:
-    """Eager first, then one runner per requested runtime (the registry's, verify/registry.py); a runtime whose
-    artifact is absent is skipped with why. onnxruntime-genai's loop is built after the others (genai_runtime.py)."""
+    """Eager first, then one runner per requested runtime (the registry's, runners/registry.py); a runtime whose
+    artifact is absent is skipped with why. onnxruntime-genai's loop is built after the others (runners/genai.py)."""
     c = loaded.contract
     runners: list[Runner] = [runner_for(ef, EAGER, c, eager=loaded.module)]
     for rt in runtimes:
@@ -218,7 +219,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
 
 def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None,
                          trust_code: bool = False) -> list[ModuleRunner]:
-    """Eager first, then one runner per requested runtime (the registry's, verify/registry.py); an artifact that is
+    """Eager first, then one runner per requested runtime (the registry's, runners/registry.py); an artifact that is
     absent makes its runtime skipped."""
     c = loaded.contract
     return [runner_for(ef, rt, c, eager=loaded.module, threads=threads, trust_code=trust_code)

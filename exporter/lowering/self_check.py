@@ -92,16 +92,13 @@ def self_check_shared(decomposed: ModelSource, lowered: ModelSource, contract: i
     is given as :func:`self_check` takes it."""
     if dtype == "bfloat16":
         return None
+    from mhaexport.runners.registry import graph_runner
     from mhaexport.runtime.feed import Feed
-    from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
-    from mhaexport.runtime.session import SessionConfig
 
-    cfg = SessionConfig(threads=1)
-    n = contract.n_layers
-    ref = OrtRunner("decomposed", contract, _session_source(decomposed), config=cfg,
-                    feed=Feed.contract(n, cache_dtype=dtype))
-    got = SharedCacheOrtRunner("shared", contract, _session_source(lowered), config=cfg,
-                               feed=Feed.contract(n, cache="shared", max_cache=max_cache, cache_dtype=dtype))
+    n = contract.n_layers  # the registry's runners, on one thread: the contract's calls (the shared one's translated)
+    ref = graph_runner("decomposed", contract, _session_source(decomposed), Feed.contract(n, cache_dtype=dtype))
+    got = graph_runner("shared", contract, _session_source(lowered),
+                       Feed.contract(n, cache="shared", max_cache=max_cache, cache_dtype=dtype))
     pad = [0, min(2, past + seq - 1)]
     ids, mask, cache = iospec.dummy_inputs(contract, 2, seq, past, seed=7, pad=pad, dtype=dtypes.numpy_dtype(dtype))
     try:

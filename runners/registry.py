@@ -1,11 +1,11 @@
 """Runtime name -> its runner, as (runtime, protocol) pairs: the one registry verify, eval, bench and bisect build
-their runners from.
+their runners from (the runners room, below all four).
 
 A runtime is a name (``eager``, ``torchscript``, ``ort-cpu``, ``pt2``, ...) and a way to drive one artifact of an
 export folder (or the eager model itself) under the decoder's or the attention block's contract. Every verb that
 runs a folder asks :func:`runner_for` for it, so a runtime means the same thing in verify, eval and bench: the same
 artifact, driven as the folder's feed says (runtime/feed.py), skipped with the same reason where it cannot run.
-onnxruntime-genai's own loop (``ort-genai``: verify's checks of it, verify/genai_runtime.py), the eager model
+onnxruntime-genai's own loop (``ort-genai``: runners/genai.py, checked in verify/genai_runtime.py), the eager model
 without a cache (``eager-nocache``: bench's row) and a file driven in the plain protocol besides its producer's
 (``protocol="plain"``: verify's findings on an adopted file, named ``ort-cpu:plain``), the file in its own protocol
 (``protocol="deploy"``: bench's ONNX Runtime rows and profile, bisect's deploy loop) and verify's runner's deploy loop
@@ -14,22 +14,25 @@ without a cache (``eager-nocache``: bench's row) and a file driven in the plain 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import TWO_GB, ExportFolder
-from mhaexport.iospec import ModuleContract
+from mhaexport.iospec import ModelContract, ModuleContract
 from mhaexport.runtime.choose import feed_of, no_decode_loop, ort_runner_for, ort_runner_over
-from mhaexport.runtime.ort import OrtRunner
+from mhaexport.runtime.feed import Feed
+from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
 from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.session import SessionConfig
-from mhaexport.verify.block_runners import TorchMhaRunner, TorchModuleRunner, module_ort_runner
-from mhaexport.verify.pt2 import CODE_RUNTIMES, code_runner
-from mhaexport.verify.runners import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI,
-                                      TORCH_MHA, TORCHSCRIPT, EagerRunner, OnnxReferenceRunner, RecomputeRunner,
-                                      TorchScriptRunner, session_config)
+from mhaexport.runners.block import TorchMhaRunner, TorchModuleRunner, module_ort_runner
+from mhaexport.runners.decoder import EagerRunner, OnnxReferenceRunner, RecomputeRunner, TorchScriptRunner
+from mhaexport.runners.names import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI,
+                                     TORCH_MHA, TORCHSCRIPT, session_config)
+from mhaexport.runners.pt2 import CODE_RUNTIMES, code_runner
 
-__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "runner_for", "without_cache"]
+__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "graph_runner", "runner_for",
+           "without_cache"]
 
 PLAIN = "plain"  # runner_for(..., protocol=PLAIN): the contract's own protocol (concat cache, left padding)
 DEPLOY = "deploy"  # runner_for(..., protocol=DEPLOY) (ort-cpu, ort-cuda): the file's own protocol, as generate drives it
@@ -73,14 +76,14 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
     file's own protocol (a decode loop needs dynamic axes). ``config`` (ort-cpu, ort-cuda): the ONNX Runtime session
     (bench's: its threads, optimization level, profiler), default verify's strict one (:func:`session_config`).
     ``ours`` / ``infos`` (ort-genai): our ort-cpu runner of
-    the folder and the results so far (verify/genai_runtime.py)."""
+    the folder and the results so far (runners/genai.py)."""
     if protocol == PLAIN:
         return ort_runner_for(ef, f"{name}:{PLAIN}", session_config(name, log_severity=4),  # failures: findings
                               contract=contract, feed=feed_of(ef, contract).plain())
     if name == EAGER_NOCACHE:  # the eager runner, asked for the whole sequence each step
         return without_cache(runner_for(ef, EAGER, contract, eager=eager), EAGER_NOCACHE)
     if name == ORT_GENAI:
-        from mhaexport.verify.genai_runtime import genai_runner
+        from mhaexport.runners.genai import genai_runner
 
         return genai_runner(ef, contract, ours, infos, trust_code)
     block = isinstance(contract, ModuleContract)
@@ -95,7 +98,7 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
             return (TorchMhaRunner(name, contract, eager.attn) if name == TORCH_MHA
                     else TorchModuleRunner(name, contract, eager))
         return EagerRunner(name, contract, eager, device="cuda" if name == EAGER_CUDA else "cpu")
-    if name in CODE_RUNTIMES:  # torch.export / AOTInductor: code, loaded only on trust (verify/pt2.py)
+    if name in CODE_RUNTIMES:  # torch.export / AOTInductor: code, loaded only on trust (runners/pt2.py)
         return code_runner(ef, name, contract, trust_code=trust_code, module=block)
     if not ef.has(artifact):
         return skipped(name, contract, f"no {_WHAT[artifact]} in {ef.path}")
@@ -139,3 +142,13 @@ def deploy_of(runner: Runner) -> Runner | None:
     twin = ort_runner_over(runner, SharedBuffer(runner.feed), f"{runner.name} (deploy loop)")
     return twin.activate() if runner.is_active else twin
 
+
+def graph_runner(name: str, contract: ModelContract, graph: str | Path | bytes, feed: Feed, *,
+                 threads: int | None = 1) -> OrtRunner:
+    """The ONNX Runtime CPU runner of a graph that is no folder's file yet (the exporter's lowering self-check: the
+    decomposed and the lowered graph, serialized or the file just written), fed as ``feed`` says and driven by the
+    contract's calls (a shared cache's translated into its own, :class:`ContractOverShared`), as verify drives a
+    folder's file. Not activated."""
+    runner = SharedCacheOrtRunner if feed.shared else OrtRunner
+    return runner(name, contract, graph, feed=feed, config=SessionConfig(threads=threads),
+                  protocol=protocol_of(feed, contract_calls=True))

@@ -1,4 +1,4 @@
-"""verify's runtimes for the attention block on its own (``--module attention``), on the one runner protocol.
+"""The attention block's runtimes on its own (``--module attention``), on the one runner protocol.
 
 :class:`ModuleRunner` replaces the base runner's input hook with the module contract's (x, past_key, past_value);
 activation, timing and skipped-vs-failed stay the base's. Runtimes:
@@ -27,8 +27,9 @@ from mhaexport.errors import RuntimeInputError
 from mhaexport.iospec import ModuleContract
 from mhaexport.runtime.ort import OrtSessionRunner
 from mhaexport.runtime.runner import Runner, to_numpy
-from mhaexport.verify.results import MODULE
-from mhaexport.verify.runners import _host, session_config
+from mhaexport.runners.decoder import _host
+from mhaexport.runners.names import session_config
+from mhaexport.runners.subjects import MODULE
 
 # (output (B, T, d_model), present_key, present_value (B, H_kv, S, D), attention_weights (B, H, T, S))
 ModuleOutputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -171,5 +172,5 @@ class OrtModuleRunner(ModuleRunner, OrtSessionRunner):
 def module_ort_runner(name: str, contract: ModuleContract, path: str | Path, *, threads: int | None = None
                       ) -> OrtModuleRunner:
     """ort-cpu / ort-cuda for the block, as strict as verify's decoder runners (the same session config:
-    :func:`~mhaexport.verify.runners.session_config`)."""
+    :func:`~mhaexport.runners.names.session_config`)."""
     return OrtModuleRunner(name, contract, path, config=session_config(name, threads=threads))

@@ -1,6 +1,6 @@
 """The torch.export program (``pt2``) and the AOTInductor package (``aoti``) as runtimes of verify and bench, under
-the one runner protocol: the decoder's (:class:`~mhaexport.verify.runners.EagerRunner`'s torch-tensor cache between
-decode steps) and the attention block's (:class:`~mhaexport.verify.block_runners.TorchModuleRunner`).
+the one runner protocol: the decoder's (:class:`~mhaexport.runners.decoder.EagerRunner`'s torch-tensor cache between
+decode steps) and the attention block's (:class:`~mhaexport.runners.block.TorchModuleRunner`).
 
 Each loads the folder's checked file, never the Python class: ``torch.export.load(...).module()`` and
 ``torch._inductor.aoti_load_package(...)``. Both files are code (:mod:`mhaexport.artifact.trust`): a runner is only
@@ -18,8 +18,8 @@ from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.trust import AOTI, CODE_ARTIFACTS, PT2, refusal
 from mhaexport.errors import ConfigError
 from mhaexport.runtime.runner import Runner, skipped
-from mhaexport.verify.block_runners import TorchModuleRunner
-from mhaexport.verify.runners import EagerRunner
+from mhaexport.runners.block import TorchModuleRunner
+from mhaexport.runners.decoder import EagerRunner
 
 CODE_RUNTIMES = (PT2, AOTI)  # runtime name = artifact name
 _WHAT = {PT2: "torch.export program", AOTI: "AOTInductor package"}
