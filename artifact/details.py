@@ -22,6 +22,16 @@ from dataclasses import dataclass, field
 from mhaexport.artifact.record import Record
 from mhaexport.errors import ArtifactError
 
+CONCAT, SHARED = "concat", "shared"  # the cache kinds a protocol drives (runtime/protocol.py)
+LEFT, RIGHT = "left", "right"  # the sides a batch of prompts is padded on
+
+
+def padding_of(cache: str | None) -> str:
+    """The side a batch of prompts is padded on for a cache kind: a shared buffer's rows are packed from slot 0
+    (right padding, holes kept in the mask); a concat cache takes the contract's left padding. The one place this
+    is decided (runtime/protocol.py's protocols and a legacy manifest entry's cache layout read it)."""
+    return RIGHT if cache == SHARED else LEFT
+
 # ---- the records ------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -197,9 +207,9 @@ class OnnxDetails(Details):
         layout = self.layout
         if self.cache.kind is None and layout is not None and layout.legacy_kv_cache in ("concat", "shared"):
             shared = layout.legacy_kv_cache == "shared"
-            padding = layout.legacy_padding if layout.legacy_padding in ("left", "right") else None
+            padding = layout.legacy_padding if layout.legacy_padding in (LEFT, RIGHT) else None
             self.cache = CacheLayout(layout.legacy_kv_cache, (layout.max_positions or None) if shared else None,
-                                     padding or ("right" if shared else "left"))
+                                     padding or padding_of(layout.legacy_kv_cache))
             self.cache.validate(where)
 
 

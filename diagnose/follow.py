@@ -166,7 +166,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
     from mhaexport.runtime.decode import DecodeLoop, pad_prompts
     from mhaexport.diagnose.attention_steps import relative_error
     from mhaexport.diagnose.bisect import _quantization, quantized_tolerance
-    from mhaexport.verify.checks import _ragged_prompts
+    from mhaexport.verify.checks import ragged_prompts
     from mhaexport.runners.names import ORT_CPU
     from mhaexport.runners.registry import DEPLOY, runner_for
 
@@ -183,7 +183,7 @@ def bisect_deploy(folder, loaded=None, *, n_new: int = 4, seed: int = 0, tol: fl
         twin = runner_for(ef, ORT_CPU, c, protocol=DEPLOY)  # the file in its own protocol, as generate drives it
         twin.activate()
         try:
-            prompts = [p.tolist() for p in _ragged_prompts(SimpleNamespace(contract=c), n_new, seed + 43)]
+            prompts = [p.tolist() for p in ragged_prompts(SimpleNamespace(contract=c), n_new, seed + 43)]
             padding = twin.protocol.padding  # the protocol the deploy loop drives the file in
             ids, mask, lengths = pad_prompts(prompts, c.vocab_size, c.max_positions, 0, side=padding)
             loop = DecodeLoop(twin)

@@ -14,7 +14,8 @@ decoder contract (any padding, any past) becomes the file's calls. Three ways ex
   calls (:meth:`SharedBuffer.calls`): rows packed, a call with a past split into one call per row
   (GroupQueryAttention takes more than one new token with a past only at batch 1), the outputs scattered back.
 
-The rule "a shared cache pads right" is :func:`padding_of`, here only. A windowed cache (a ring of ``window``
+The rule "a shared cache pads right" is :func:`~mhaexport.artifact.details.padding_of`, one place (beside the
+manifest's cache layout, which a legacy entry fills from it). A windowed cache (a ring of ``window``
 slots) is one more subclass: its padding, its buffer sizing and its translation of a contract call.
 """
 
@@ -24,15 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-CONCAT, SHARED = "concat", "shared"
-LEFT, RIGHT = "left", "right"
-
-
-def padding_of(cache: str | None) -> str:
-    """The side a batch of prompts is padded on for a cache kind: a shared buffer's rows are packed from slot 0
-    (right padding, holes kept in the mask); a concat cache takes the contract's left padding. The one place this
-    is decided."""
-    return RIGHT if cache == SHARED else LEFT
+# the cache kinds, the padding sides and the one rule that ties them: the manifest's cache layout (artifact/details.py)
+from mhaexport.artifact.details import CONCAT, LEFT, RIGHT, SHARED, padding_of  # noqa: F401 (re-exported)
 
 
 @dataclass

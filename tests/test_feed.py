@@ -80,6 +80,35 @@ def test_one_place_creates_sessions_and_one_function_calls_it():
     assert sorted(calls) == [("runtime/session.py", "open_session"), ("runtime/session.py", "provider_unavailable")]
 
 
+def _side(node: ast.AST) -> bool:
+    """A padding side written in code: the string "left"/"right" or the name LEFT/RIGHT."""
+    return (isinstance(node, ast.Constant) and node.value in ("left", "right")) or \
+        (isinstance(node, ast.Name) and node.id in ("LEFT", "RIGHT"))
+
+
+def test_one_function_decides_which_side_a_cache_pads():
+    """The rule "a shared cache pads right" is one decision: artifact.details.padding_of. No other package code
+    chooses between the two sides (``"right" if ... else "left"``, either order, names or strings); the protocols,
+    the feed and a legacy manifest entry call it."""
+    choices = []
+    for path in _package_sources():
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]:
+            for sub in ast.walk(fn):
+                if isinstance(fn, ast.FunctionDef) and isinstance(sub, ast.IfExp) and _side(sub.body) \
+                        and _side(sub.orelse):
+                    choices.append((rel, fn.name))
+    assert sorted(set(choices)) == [("artifact/details.py", "padding_of")]
+    from mhaexport.artifact.details import padding_of
+    from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer, protocol_of
+
+    assert (padding_of("shared"), padding_of("concat"), padding_of(None)) == ("right", "left", "left")
+    assert SharedBuffer.padding == padding_of("shared")
+    assert ContractOverShared.padding == "left"  # verify's contract calls come left-padded; the protocol repacks them
+    assert protocol_of.__module__ == "mhaexport.runtime.protocol"
+
+
 @pytest.fixture()
 def built(monkeypatch):
     """Every session created while the test runs: (the function that asked _create_session, the model)."""

@@ -283,7 +283,7 @@ def _protocols(runner: Runner, ctx: Context) -> str:
             else f"{TRANSLATED_PROTOCOL} + {DEPLOY_PROTOCOL}")
 
 
-def _ragged_prompts(ctx: Context, n_new: int, seed: int) -> list[np.ndarray]:
+def ragged_prompts(ctx: Context, n_new: int, seed: int) -> list[np.ndarray]:
     """Two prompts of different lengths (the deploy loop pads them to one batch), leaving room for n_new tokens."""
     c = ctx.contract
     L = max(2, min(10, c.max_positions - n_new - 1))
@@ -301,7 +301,7 @@ def _deploy_reference(runner: Runner, ctx: Context) -> Runner:
 def _deploy_run(runner: Runner, ctx: Context, n_new: int, seed: int):
     """The deploy loop (the registry's runner of the same session in the file's protocol) generating n_new greedy
     tokens for a ragged batch of two prompts, keeping each step's logits: (the prompts, the GenerationResult)."""
-    prompts = _ragged_prompts(ctx, n_new, seed)
+    prompts = ragged_prompts(ctx, n_new, seed)
     return prompts, DecodeLoop(_deploy_of(runner, ctx)).generate(
         [p.tolist() for p in prompts], GenerationConfig(max_new_tokens=n_new), keep_logits=True)
 
