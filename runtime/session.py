@@ -28,6 +28,10 @@ from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable, cl
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA}
+# Every session's provider options. CUDA: no TF32 — onnxruntime's CUDA provider runs float32 MatMul/Gemm in TF32 by
+# default (a 10-bit mantissa on Ampere and later: ~1e-3 relative error, which failed ort-cuda's parity on an H200,
+# docs/measurements/gpu-check-2026-12-04.md); a float32 file is verified, timed and deployed at float32 precision.
+PROVIDER_OPTIONS = {CUDA: {"use_tf32": "0"}}
 
 # Graph optimization level by name. The default was measured on the bench preset's decode step (docs/DESIGN.md).
 OPT_LEVELS = {
@@ -245,7 +249,8 @@ def _create_session(model: str | Path | bytes, requested: list[str],
     capture = _stderr_lines() if requested != [CPU] else contextlib.nullcontext([])
     with capture as log:
         source = model if isinstance(model, bytes) else str(model)  # a file, or a serialized ModelProto
-        session = ort.InferenceSession(source, sess_options=options, providers=requested)
+        session = ort.InferenceSession(source, sess_options=options, providers=requested,
+                                       provider_options=[PROVIDER_OPTIONS.get(p, {}) for p in requested])
     used = list(session.get_providers())
     missing = [p for p in requested if p not in used]
     why = (CUDA in missing and no_cuda_device()) or _load_failure(log)

@@ -72,9 +72,9 @@ MHA="$PY -m mhaexport"
 RUNTIMES="--runtime eager --runtime eager-cuda --runtime ort-cpu --runtime ort-cuda"
 DTYPES="float32 float16"; CACHES="concat shared"; NEW=128
 [ "$QUICK" = 1 ] && { DTYPES="float32"; NEW=32; }
-REPORTS=()
 status=0
 for preset in $PRESETS; do
+  REPORTS=()
   for dtype in $DTYPES; do
     for cache in $CACHES; do
       dir="$OUT/$preset-$dtype-$cache"
@@ -88,10 +88,10 @@ for preset in $PRESETS; do
       REPORTS+=("$dir/report.json")
     done
   done
+  # one model a merge: each preset's layouts side by side (report merge refuses reports of different models)
+  say "merge the $preset reports -> $OUT/merged-$preset/report.md"
+  $MHA report merge "${REPORTS[@]}" -o "$OUT/merged-$preset" || status=1
 done
-
-say "merge the reports -> $OUT/report.md"
-$MHA report merge "${REPORTS[@]}" -o "$OUT" || status=1
 
 if [[ " $PRESETS " == *" bench "* ]]; then
   say "bench with the CUDA rows"
@@ -100,5 +100,5 @@ if [[ " $PRESETS " == *" bench "* ]]; then
   $MHA bench "$OUT/bench-float32-concat" "${cmp[@]}" --runtimes eager,eager-cuda,ort-cpu,ort-cuda \
     --prompt-len 32 --new-tokens "$NEW" --repeats 3 --long 1024 -o "$OUT" || status=1
 fi
-say "done in $(( $(date +%s) - START )) s: $OUT/report.md $OUT/bench.md $OUT/bench.png (exit $status)"
+say "done in $(( $(date +%s) - START )) s: $OUT/merged-*/report.md $OUT/bench.md $OUT/bench.png (exit $status)"
 exit $status

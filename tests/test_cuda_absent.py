@@ -84,3 +84,26 @@ def test_this_machine_agrees_with_what_the_runtimes_report():
     if env.no_cuda_device() is None:
         pytest.skip("a CUDA device is here")
     assert session.provider_unavailable("cuda").startswith("CUDAExecutionProvider requested; no CUDA device")
+
+
+def test_cuda_sessions_run_float32_without_tf32(monkeypatch):
+    """onnxruntime's CUDA provider runs float32 MatMul in TF32 by default (~1e-3 off: ort-cuda failed parity on an
+    H200, docs/measurements/gpu-check-2026-12-04.md): every session asks CUDA for use_tf32=0, CPU for nothing."""
+    import onnxruntime as ort
+
+    from mhaexport.runtime import session
+
+    seen = {}
+
+    class Fake:
+        def __init__(self, source, sess_options=None, providers=None, provider_options=None):
+            seen.update(providers=providers, provider_options=provider_options)
+
+        def get_providers(self):
+            return list(seen["providers"])
+
+    monkeypatch.setattr(session.ort, "InferenceSession", Fake)
+    session._create_session(b"model", [session.CUDA, session.CPU], ort.SessionOptions())
+    assert seen["provider_options"] == [{"use_tf32": "0"}, {}]
+    session._create_session(b"model", [session.CPU], ort.SessionOptions())
+    assert seen["provider_options"] == [{}]
