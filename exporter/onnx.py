@@ -343,7 +343,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             cseq, cpast = self_check_sizes(c, seq, past, max_cache) if seq_dynamic else (seq, past)
             if kv_cache == "shared":
                 checked = self_check_shared(decomposed, tmp / ONNX_FILE, c, dtype, seq=cseq, past=cpast,
-                                            max_cache=max_cache)
+                                            max_cache=max_cache, option="--kv-cache window" if window_cache
+                                            else "--kv-cache shared")
             else:
                 checked = self_check(decomposed, tmp / ONNX_FILE, c, dtype, attention, seq=cseq, past=cpast)
             del decomposed

@@ -260,3 +260,30 @@ def test_kv_cache_window_refuses_a_model_without_a_window(tmp_path):
     r = CliRunner().invoke(main, ["onnx", "--config", "tiny", "--kv-cache", "window", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--kv-cache window: the model has no sliding window" in r.output, r.output
     assert not (tmp_path / "x" / "model.onnx").exists()
+
+
+def test_a_window_cache_an_older_onnxruntime_cannot_load_is_refused_naming_the_option_and_the_version(monkeypatch):
+    """onnxruntime-gpu 1.31 (the newest GPU wheel on 2026-12-04) does not know GroupQueryAttention's
+    sliding_window_cache: the export's self-check refuses under --kv-cache window, naming what it needs."""
+    import importlib
+
+    from mhaexport.errors import ExportError, RuntimeFailure
+    from mhaexport.runners import registry
+
+    self_check = importlib.import_module("mhaexport.exporter.lowering.self_check")  # the module, not its function
+
+    class Broken:
+        def activate(self):
+            return self
+
+        def run(self, *a):
+            raise RuntimeFailure("ONNX Runtime cannot load model.onnx: INVALID_GRAPH: In Node, GroupQueryAttention")
+
+    monkeypatch.setattr(registry, "graph_runner", lambda *a, **k: Broken())
+    monkeypatch.setattr(self_check, "_session_source", lambda m: m)
+    c = ModelContract(2, 2, 4, 10, 64, windows=(8, 0))
+    with pytest.raises(ExportError, match=r"^--kv-cache window: .*GroupQueryAttention.*onnxruntime >= 1\.32; this is"):
+        self_check.self_check_shared(b"d", b"l", c, "float32", seq=4, past=0, max_cache=64, option="--kv-cache window")
+    with pytest.raises(ExportError, match=r"^--kv-cache shared: ") as e:
+        self_check.self_check_shared(b"d", b"l", c, "float32", seq=4, past=0, max_cache=64)
+    assert "1.32" not in str(e.value)

@@ -85,7 +85,7 @@ def _compare_real(what: str, graph: str, outputs: list[tuple[str, np.ndarray, np
 
 
 def self_check_shared(decomposed: ModelSource, lowered: ModelSource, contract: iospec.ModelContract, dtype: str, *,
-                      seq: int, past: int, max_cache: int) -> float | None:
+                      seq: int, past: int, max_cache: int, option: str = "--kv-cache shared") -> float | None:
     """The shared-cache lowering against the decomposed graph: both driven through the contract at the export's
     shapes, the second row left-padded — the lowered one by the runner that translates into its protocol (rows
     packed, the past copied into the buffers, one call per row with a past). Real positions must agree. Each graph
@@ -105,10 +105,15 @@ def self_check_shared(decomposed: ModelSource, lowered: ModelSource, contract: i
         r = ref.activate().run(ids, mask, cache)
         g = got.activate().run(ids, mask, cache)
     except MhaExportError as e:
-        raise ExportError(f"--kv-cache shared: ONNX Runtime CPU cannot run the lowered {dtype} graph: "
-                          f"{first_line(e)}") from None
+        import onnxruntime as ort
+
+        why = first_line(e)
+        if option == "--kv-cache window" and "GroupQueryAttention" in why:  # sliding_window_cache, query_seqlens
+            why += (f" (the window cache needs GroupQueryAttention's sliding_window_cache and query_seqlens: "
+                    f"onnxruntime >= 1.32; this is {ort.__version__})")
+        raise ExportError(f"{option}: ONNX Runtime CPU cannot run the lowered {dtype} graph: {why}") from None
     def flat(out) -> list[np.ndarray]:  # logits, then present.* in output_names order
         return [out[0]] + [t for kv in out[1] for t in kv]
 
-    return _compare_real("--kv-cache shared", "the GroupQueryAttention graph",
+    return _compare_real(option, "the GroupQueryAttention graph",
                          list(zip(iospec.output_names(contract.n_layers), flat(r), flat(g))), pad, past, dtype)
