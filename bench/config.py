@@ -18,14 +18,8 @@ from mhaexport.runners.names import (AOTI, BENCH, EAGER, EAGER_CUDA, EAGER_NOCAC
 BENCH_RUNTIMES = RUNTIMES[BENCH]
 
 
-def __getattr__(name: str):
-    """``ALL_RUNTIMES`` / ``DEFAULT_RUNTIMES``: :data:`BENCH_RUNTIMES`' ``accepts`` / ``default`` under the names
-    bench exported before the one table (kept for ``mhaexport.bench``'s callers)."""
-    if name == "ALL_RUNTIMES":
-        return BENCH_RUNTIMES.accepts
-    if name == "DEFAULT_RUNTIMES":
-        return BENCH_RUNTIMES.default
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the table's entry under the names bench exported before it (mhaexport.bench's callers): aliases, not lists
+ALL_RUNTIMES, DEFAULT_RUNTIMES = BENCH_RUNTIMES.accepts, BENCH_RUNTIMES.default
 
 
 TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)

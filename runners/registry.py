@@ -19,9 +19,9 @@ from typing import Any
 
 from mhaexport.artifact import TWO_GB, ExportFolder
 from mhaexport.iospec import ModelContract, ModuleContract
-from mhaexport.runtime.choose import feed_of, no_decode_loop, ort_runner_for, ort_runner_over
+from mhaexport.runtime.choose import feed_of, no_decode_loop, ort_runner_for, ort_runner_over, runner_class
 from mhaexport.runtime.feed import Feed
-from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
+from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.protocol import ContractOverShared, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.session import SessionConfig
@@ -149,6 +149,5 @@ def graph_runner(name: str, contract: ModelContract, graph: str | Path | bytes, 
     decomposed and the lowered graph, serialized or the file just written), fed as ``feed`` says and driven by the
     contract's calls (a shared cache's translated into its own, :class:`ContractOverShared`), as verify drives a
     folder's file. Not activated."""
-    runner = SharedCacheOrtRunner if feed.shared else OrtRunner
-    return runner(name, contract, graph, feed=feed, config=SessionConfig(threads=threads),
-                  protocol=protocol_of(feed, contract_calls=True))
+    return runner_class(feed)(name, contract, graph, feed=feed, config=SessionConfig(threads=threads),
+                              protocol=protocol_of(feed, contract_calls=True))

@@ -54,11 +54,14 @@ def ort_runner_for(ef: ExportFolder, name: str, config: SessionConfig = SessionC
     verify's registry asks for the contract's calls translated, :class:`ContractOverShared`)."""
     c = contract or ef.contract
     feed = feed or feed_of(ef, c)
-    common = dict(feed=feed, config=config, io_binding=io_binding, source_sha256=source_sha256(ef),
-                  protocol=protocol or protocol_of(feed))
-    if feed.shared:
-        return SharedCacheOrtRunner(name, c, ef.file("onnx"), **common)
-    return OrtRunner(name, c, ef.file("onnx"), **common)
+    return runner_class(feed)(name, c, ef.file("onnx"), feed=feed, config=config, io_binding=io_binding,
+                              source_sha256=source_sha256(ef), protocol=protocol or protocol_of(feed))
+
+
+def runner_class(feed: Feed) -> type[OrtRunner]:
+    """The runner class that runs a file fed as ``feed`` says: :class:`SharedCacheOrtRunner` for one shared buffer
+    (bound in place), else :class:`OrtRunner`. The one place this is chosen (a folder's file, a graph in memory)."""
+    return SharedCacheOrtRunner if feed.shared else OrtRunner
 
 
 def ort_runner_over(runner: OrtRunner, protocol: Protocol, name: str | None = None) -> OrtRunner:
