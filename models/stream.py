@@ -1,0 +1,242 @@
+"""Weights that never sit whole in memory: the built-in decoder's seeded weights drawn one tensor at a time, written
+to a safetensors file as they are drawn, and a model whose parameters are that file memory-mapped (file-backed pages
+the kernel reads on use and may drop again under a memory cap — nothing is copied into anonymous memory).
+
+- :func:`param_specs` — every state-dict entry's name, shape and dtype, from a model built on the meta device (no
+  weights allocated);
+- :func:`seeded_tensors` — the same numbers :meth:`DecoderLM.reset_parameters` draws, in its draw order, one tensor at
+  a time (tied embeddings: the LM head's draw is made and dropped, as there);
+- :func:`write_safetensors` — a safetensors file from any (name, tensor) stream: the header from the specs first, each
+  tensor written at its offset as it arrives, then dropped (peak: the largest tensor);
+- :func:`mmap_state` / :func:`mmap_model` — a state dict of read-only tensors over the file's pages, and a
+  :class:`DecoderLM` whose parameters are those tensors (built on meta, loaded with ``assign``);
+- :func:`streamed_sha256` — :func:`mhaexport.models.loading.weights_sha256` of such a state without materialising it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from mhaexport.models.config import DecoderConfig
+from mhaexport.models.decoder import DecoderLM
+
+# safetensors' dtype names (its format spec)
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
+_TORCH_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
+ALIGN = 4096  # each tensor's data starts on a page: a memory map of one tensor never shares a page with another
+
+
+def meta_model(cfg: DecoderConfig) -> DecoderLM:
+    """The built-in decoder with every parameter on the meta device: its structure, no weights (reset_parameters
+    draws nothing there)."""
+    with torch.device("meta"):
+        return DecoderLM(cfg)
+
+
+def param_specs(cfg: DecoderConfig) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """(name, shape, dtype) of every state-dict entry of the built-in decoder, in state-dict order (a tied LM head
+    is its own entry, as in ``state_dict()``)."""
+    return [(n, tuple(t.shape), t.dtype) for n, t in meta_model(cfg).state_dict(keep_vars=True).items()]
+
+
+def _default_init(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters a module gets from its own reset_parameters (norms: ones and zeros), made on the CPU for that
+    module alone (a copy of the meta module, given storage)."""
+    if not any(True for _ in module.parameters(recurse=False)):
+        return {}
+    clone = copy.deepcopy(module)
+    for child in list(clone._modules):
+        clone._modules[child] = None  # only this module's own parameters
+    clone = clone.to_empty(device="cpu")
+    if hasattr(clone, "reset_parameters"):
+        with torch.no_grad():
+            clone.reset_parameters()
+    return {n: p.detach() for n, p in clone.named_parameters(recurse=False)}
+
+
+def seeded_tensors(cfg: DecoderConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """The built-in decoder's seeded weights (:meth:`DecoderLM.reset_parameters`) one tensor at a time, in its draw
+    order: the same numbers, never more than one drawn tensor held here. A tied LM head yields its name with the
+    embedding's tensor again (the state dict's two keys, one tensor)."""
+    model = meta_model(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    drawn: set[str] = set()
+    tied = "lm_head.weight" if cfg.tie_embeddings else None
+    for prefix, module in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            w = torch.randn(module.weight.shape, generator=gen).mul_(0.02)  # in place: the same numbers, one copy
+            name = f"{dot}weight"
+            if name != tied:
+                drawn.add(name)
+                yield name, w
+            del w
+            if getattr(module, "bias", None) is not None:
+                drawn.add(f"{dot}bias")
+                yield f"{dot}bias", torch.zeros(module.bias.shape)
+        elif not isinstance(module, DecoderLM):
+            for n, t in _default_init(module).items():
+                if f"{dot}{n}" not in drawn and n != "sinks":
+                    drawn.add(f"{dot}{n}")
+                    yield f"{dot}{n}", t
+    for i, block in enumerate(model.blocks):  # sinks after every other weight, as reset_parameters draws them
+        if block.attn.sinks is not None:
+            yield f"blocks.{i}.attn.sinks", torch.randn(block.attn.sinks.shape, generator=gen)
+    if tied:
+        yield tied, None  # the embedding's tensor: written once, named twice (see write_safetensors)
+
+
+def _header(specs: list[tuple[str, tuple[int, ...], torch.dtype]], aliases: dict[str, str]) -> tuple[bytes, dict]:
+    """The safetensors header (JSON, padded so the data starts on a page) and each tensor's (start, end) offsets
+    within the data section; an alias shares its target's bytes (both names in the header, one copy of the data)."""
+    offsets: dict[str, tuple[int, int]] = {}
+    at = 0
+    for name, shape, dtype in specs:
+        if name in aliases:
+            continue
+        at = -(-at // ALIGN) * ALIGN
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        offsets[name] = (at, at + nbytes)
+        at += nbytes
+    for name, target in aliases.items():
+        offsets[name] = offsets[target]
+    meta = {"__metadata__": {"format": "pt", "writer": "mhaexport.models.stream"}}
+    for name, shape, dtype in specs:
+        meta[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": list(offsets[name])}
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    pad = (-(8 + len(raw))) % ALIGN
+    return raw + b" " * pad, offsets
+
+
+def write_safetensors(path: str | Path, specs: list[tuple[str, tuple[int, ...], torch.dtype]],
+                      tensors: Iterable[tuple[str, torch.Tensor | None]],
+                      aliases: dict[str, str] | None = None) -> Path:
+    """Write ``tensors`` (any order; each (name, tensor) is written at its offset and dropped) as a safetensors file
+    whose header is ``specs``; ``aliases``: names stored as another name's bytes (a tied head), whose stream entry
+    may be (name, None). Written to a temporary file beside ``path`` and renamed: never a half-written file. Each
+    tensor's data starts on a page boundary. Every spec must arrive exactly once (ValueError otherwise)."""
+    path = Path(path)
+    aliases = dict(aliases or {})
+    header, offsets = _header(specs, aliases)
+    shapes = {n: (s, d) for n, s, d in specs}
+    seen: set[str] = set()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(header)))
+            f.write(header)
+            base = 8 + len(header)
+            for name, t in tensors:
+                if name in aliases:
+                    seen.add(name)
+                    continue
+                if name not in shapes or name in seen:
+                    raise ValueError(f"write_safetensors: {name!r} is {'written twice' if name in seen else 'not in the specs'}")
+                shape, dtype = shapes[name]
+                if t is None or tuple(t.shape) != shape or t.dtype != dtype:
+                    raise ValueError(f"write_safetensors: {name!r} is {None if t is None else (tuple(t.shape), t.dtype)}, "
+                                     f"the header says {(shape, dtype)}")
+                f.seek(base + offsets[name][0])
+                if t.numel():
+                    f.write(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+                seen.add(name)
+            missing = [n for n, _, _ in specs if n not in seen]
+            if missing:
+                raise ValueError(f"write_safetensors: no tensor arrived for {', '.join(missing[:3])}")
+            end = base + max((e for _, e in offsets.values()), default=0)
+            f.truncate(end)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_seeded(cfg: DecoderConfig, path: str | Path) -> Path:
+    """The built-in decoder's seeded weights as a safetensors file at ``path``, drawn and written one tensor at a
+    time (the tied LM head an alias of the embedding)."""
+    aliases = {"lm_head.weight": "tok_emb.weight"} if cfg.tie_embeddings else {}
+    return write_safetensors(path, param_specs(cfg), seeded_tensors(cfg), aliases)
+
+
+def read_header(path: str | Path) -> tuple[int, dict]:
+    """(where the data starts, the header's entries) of a safetensors file; ValueError on a malformed one."""
+    size = Path(path).stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path} is not a safetensors file (shorter than its header's length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, 100_000_000):
+            raise ValueError(f"{path}: its header says {n} bytes, the file holds {size}")
+        meta = json.loads(f.read(n))
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: its header is not a JSON object")
+    meta.pop("__metadata__", None)
+    return 8 + n, meta
+
+
+def mmap_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The file's tensors as read-only views of one memory map (no copy: file-backed pages, read on use); names
+    that share bytes (a tied head) are one tensor."""
+    base, meta = read_header(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    state: dict[str, torch.Tensor] = {}
+    by_offset: dict[tuple[int, int], torch.Tensor] = {}
+    for name, entry in meta.items():
+        dtype = _TORCH_DTYPES.get(entry.get("dtype"))
+        if dtype is None:
+            raise ValueError(f"{path}: {name!r} has dtype {entry.get('dtype')!r}, which mhaexport does not read")
+        start, end = (int(x) for x in entry["data_offsets"])
+        shape = [int(x) for x in entry["shape"]]
+        key = (start, end)
+        if key in by_offset and end > start:
+            state[name] = by_offset[key]
+            continue
+        if not 0 <= start <= end <= mm.size - base:
+            raise ValueError(f"{path}: {name!r}'s data lies outside the file")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "The given NumPy array is not writable": nothing writes to it
+            raw = torch.from_numpy(mm[base + start:base + end])
+        t = raw.view(dtype).reshape(shape) if end > start else torch.empty(shape, dtype=dtype)
+        by_offset[key] = state[name] = t
+    return state
+
+
+def mmap_model(cfg: DecoderConfig, path: str | Path) -> DecoderLM:
+    """The built-in decoder whose parameters are ``path``'s tensors, memory-mapped (:func:`mmap_state`): built on
+    meta, loaded with ``assign`` (strict: every name, no extra); eval mode."""
+    model = meta_model(cfg)
+    state = mmap_state(path)
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    return model.eval()
+
+
+def streamed_sha256(state: dict[str, torch.Tensor]) -> str:
+    """:func:`mhaexport.models.loading.weights_sha256` of a state dict, reading one tensor at a time (a memory-mapped
+    state's pages are read once and may be dropped again)."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            flat = t.reshape(-1)
+            step = max(1, (64 << 20) // max(1, t.element_size()))
+            for i in range(0, flat.numel(), step):  # 64 MB at a time
+                h.update(flat[i:i + step].contiguous().view(torch.uint8).numpy().data)
+    return h.hexdigest()
