@@ -316,8 +316,10 @@ class SharedCacheOrtRunner(OrtRunner):
                 capacity: int | None = None) -> SharedSteps | None:
         """The decode loop's steps over these buffers with nothing but the run between them (:class:`SharedSteps`):
         on the CPU, for a file fed ids and mask only whose logits the loop hands in (``_into``), after a prefill
-        that bound the buffers; None otherwise (verify's translated contract calls, CUDA, an adopted file fed
-        positions), and where the steps would pass the buffers' ``capacity`` (the generic step refuses that)."""
+        that bound the buffers; None otherwise (verify's translated contract calls, CUDA — where ONNX Runtime copies
+        a host input the device reads when it is bound, so arrays rewritten under a kept binding would go stale —, an
+        adopted file fed positions), and where the steps would pass the buffers' ``capacity`` (the generic step
+        refuses that)."""
         B, S = attention_mask.shape
         if (not self.protocol.in_place or self._into is None or self.feed.position_ids is not None
                 or not isinstance(cache, BoundBuffers) or cache.io is None
@@ -330,8 +332,10 @@ class SharedCacheOrtRunner(OrtRunner):
         prompt + new tokens, as onnxruntime-genai sizes its own), else ``max_cache``. Measured on the bench-size
         Llama (1024 positions, prompt 32 + 128 tokens): making zeroed 1024-slot buffers took 8-25 ms inside the
         prefill (~2 ms for 160 slots), and the decode steps over 160-slot buffers ran ~2 % faster."""
-        if not self.protocol.in_place:  # the contract's arrays
-            return super().empty_cache(batch)
+        if not self.protocol.in_place:  # the contract's arrays, on the host (each call copies them into buffers)
+            c = self.contract
+            return [np.zeros((batch, c.n_kv_heads, 0, c.head_dim), dtypes.numpy_dtype(self.dtype))] * len(
+                self.past_names)
         return self.buffers(batch, self.protocol.slots(positions), windowed=True)
 
     def cache_from_numpy(self, past: KVPairs):

@@ -16,7 +16,8 @@ For each export (small and tiny-window presets, float32, ``--kv-cache shared``; 
 real CUDA GroupQueryAttention kernel runs) and each provider (ort-cuda when CUDA runs here, ort-cpu), it prints
 where ONNX Runtime placed GroupQueryAttention and reads the cache, then one line per variant of the deploy loop x
 batch: max abs against eager (fed the same tokens one row at a time, as verify does) and whether the greedy tokens
-agree with eager's. Variants: ``before`` (the loop before the fix: buffers on the session's device, bound once),
+agree with eager's; then verify's kv-consistency, padding and generation checks on the float32 folders (the
+runtime the registry builds: what ``mhaexport verify --runtime ort-cuda`` runs). Variants: ``before`` (the loop before the fix: buffers on the session's device, bound once),
 ``rebind`` (buffers on the session's device, bound again each call: the cause alone removed), ``fix`` (the runner
 as it is now: what ``verify --runtime ort-cuda`` and the Generator run). Batches: one 10-token prompt; a ragged
 right-padded batch of 10 and 7 tokens (verify's deploy check); two 10-token prompts; a chunked prefill at batch 1
@@ -194,6 +195,23 @@ def main() -> int:
                 log(row)
                 summary.append(row)
             base.deactivate()
+    # what `mhaexport verify --runtime ort-cuda` reports now: the registry's runners (the fix with them)
+    from mhaexport.verify.verify import verify_folder
+
+    runtime = f"ort-{providers[0]}"
+    for preset, dtype in exports:
+        if dtype != "float32":
+            continue
+        report = verify_folder(folders[(preset, dtype)], runtimes=(runtime,),
+                               checks=("kv-consistency", "padding", "generation"))
+        for check, r in report.results.get(runtime, {}).items():
+            figs = r.figures if isinstance(r.figures, dict) else getattr(r.figures, "__dict__", {})
+            deploy = {k: v for k, v in dict(figs).items() if "deploy" in k and v is not None}
+            row = (f"  verify {runtime:8} {preset:11} {dtype:7} {check:15} "
+                   f"{'passed' if r.status else 'FAILED' if r.status is False else 'n/a'}: {str(r.message)[:110]}"
+                   + (f" {deploy}" if deploy else ""))
+            log(row)
+            summary.append(row.replace("FAILED", "WRONG"))
     log(f"\n== done in {time.perf_counter() - T0:.1f} s: {sum('WRONG' in r or 'raised' in r for r in summary)} of "
         f"{len(summary)} lines wrong (expected wrong: ort-cuda 'before' rows of the float32 files only)")
     return 0

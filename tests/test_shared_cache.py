@@ -227,6 +227,29 @@ class _CudaSessionOverHostAttention:
         return getattr(self.session, name)
 
 
+def _dress_as_cuda(monkeypatch, copies: bool) -> list[_CudaSessionOverHostAttention]:
+    """Every session the ONNX Runtime runners open for "cuda" is a CPU one dressed as above; the list fills as they
+    are opened."""
+    import dataclasses
+
+    from mhaexport.runtime import ort as ort_runtime
+
+    real_open = ort_runtime.open_session
+    dressed: list[_CudaSessionOverHostAttention] = []
+
+    def open_as_cuda(model, config, **kwargs):
+        cuda = any("cuda" in p.lower() for p in config.providers)
+        session, warnings, from_cache = real_open(model, dataclasses.replace(config, providers=("cpu",)), **kwargs)
+        if not cuda:
+            return session, warnings, from_cache
+        past = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        dressed.append(_CudaSessionOverHostAttention(session, past, copies))
+        return dressed[-1], warnings, from_cache
+
+    monkeypatch.setattr(ort_runtime, "open_session", open_as_cuda)
+    return dressed
+
+
 @pytest.mark.parametrize("copies", [False, True])
 def test_on_a_cuda_session_the_buffers_live_where_the_attention_reads_them(shared, monkeypatch, copies):
     """The CUDA deploy-loop bug (docs/measurements/gpu-check-2026-12-04.md): onnxruntime-gpu runs a float32
@@ -234,20 +257,9 @@ def test_on_a_cuda_session_the_buffers_live_where_the_attention_reads_them(share
     step after the prefill read the copy ONNX Runtime made when the buffer was bound (its zeros). Now the buffers
     live where the session reads them (the host here), and a non-CPU session binds the past again before each call:
     a ragged batch generates eager's tokens even where each binding copies the buffer."""
-    from mhaexport.runtime import ort as ort_runtime
-
     loaded, folder, _ = shared
-    real_open = ort_runtime.open_session
-    dressed: list[_CudaSessionOverHostAttention] = []
-
-    def open_as_cuda(*args, **kwargs):
-        session, warnings, from_cache = real_open(*args, **kwargs)
-        past = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-        dressed.append(_CudaSessionOverHostAttention(session, past, copies))
-        return dressed[-1], warnings, from_cache
-
-    monkeypatch.setattr(ort_runtime, "open_session", open_as_cuda)
-    gen = Generator(folder, threads=1)
+    dressed = _dress_as_cuda(monkeypatch, copies)
+    gen = Generator(folder, "cuda", threads=1)
     runner = gen.runner
     runner.activate()
     assert (runner.device, runner.cache_device) == ("cuda", "cpu")  # host buffers, never made on "cuda" here
@@ -256,6 +268,19 @@ def test_on_a_cuda_session_the_buffers_live_where_the_attention_reads_them(share
     assert res.tokens == [eager_greedy(loaded.module, p, 8) for p in PROMPTS]
     # every call after the prefill bound the past again: 2 per layer per call (prefill, 7 steps)
     assert dressed[-1].copied == (2 * 2 * 8 if copies else 0)
+
+
+def test_verify_on_ort_cuda_runs_the_fixed_deploy_loop(shared, monkeypatch):
+    """``verify --runtime ort-cuda`` builds its runners through the registry, so it runs the fixed loop: on CUDA
+    sessions as above (each past copied when bound) its deploy-loop checks pass. The same emulation with the loop as
+    it was gives the H200 report's figures to three digits (small preset: 6.85, 11.4, margin 3.24)."""
+    loaded, folder, _ = shared
+    dressed = _dress_as_cuda(monkeypatch, copies=True)
+    report = verify_folder(folder, loaded=loaded, runtimes=("ort-cuda",),
+                           checks=("kv-consistency", "padding", "generation"))
+    assert dressed and dressed[-1].copied > 0  # the checks ran on the dressed CUDA session, copying
+    assert report.passed, markdown(report)
+    assert report.results["ort-cuda"]["kv-consistency"].figures["deploy_max_abs"] < 1e-4
 
 
 def test_consumed_on_says_where_a_session_reads_its_inputs(shared):
