@@ -175,6 +175,23 @@ class OrtRunner(OrtSessionRunner):
         return tuple((flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2))
 
 
+def consumed_on(session: ort.InferenceSession, names: list[str], default: str) -> str:
+    """Where ``session`` reads its inputs ``names``: "cpu" where ONNX Runtime placed every node that reads them on
+    the host, else ``default`` (the session's device; also where this onnxruntime cannot say: its
+    ``get_input_memory_infos``). A CUDA session runs on the CPU provider the nodes its CUDA provider has no kernel
+    for: onnxruntime-gpu 1.31's GroupQueryAttention has CUDA kernels for float16 and bfloat16 only, so a float32
+    shared cache's attention, and the buffers it reads and writes, are the host's."""
+    infos = getattr(session, "get_input_memory_infos", None)
+    try:
+        where = dict(zip([i.name for i in session.get_inputs()], infos())) if infos is not None else {}
+    except Exception:  # noqa: BLE001  # an onnxruntime that cannot say: the session's device
+        return default
+    found = [where.get(n) for n in names]
+    if found and all(f is not None and str(getattr(f, "name", "")).lower().startswith("cpu") for f in found):
+        return "cpu"
+    return default
+
+
 class BoundBuffers(list):
     """A shared cache between decode steps: the per-layer buffers (the list's OrtValues) and ``io``, the IOBinding
     that binds each buffer as its layer's past and present, made by the first step and reused by the next ones."""
@@ -199,6 +216,13 @@ class SharedCacheOrtRunner(OrtRunner):
       compares them); the cache between calls is the contract's arrays.
 
     ``run`` translates a contract call in either protocol.
+
+    The buffers live where the session reads them (:attr:`cache_device`, :func:`consumed_on`): on the host for a
+    float32 file in a CUDA session, whose GroupQueryAttention runs on the CPU provider (onnxruntime-gpu has no
+    float32 kernel for it); there the kernel writes them in place as on ort-cpu. A buffer bound on another device
+    than its reader is copied when it is bound, so on any non-CPU session the past inputs are bound again before
+    every call (:meth:`SharedBuffer.bind_past`): a binding reused from step to step once fed every step the
+    pre-prefill copy (the CUDA deploy-loop bug, docs/measurements/gpu-check-2026-12-04.md).
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -209,6 +233,7 @@ class SharedCacheOrtRunner(OrtRunner):
         if not isinstance(self.protocol, SharedBuffer):
             self.protocol = protocol_of(self.feed)
         self.max_cache = self.protocol.max_cache
+        self.cache_device = "cpu"  # where the session reads the buffers (set with the session: consumed_on)
         # the numpy dtype the decode loop hands ONNX Runtime the logits in (set with the session; None: ORT allocates)
         self._into: np.dtype | None = None
 
@@ -224,25 +249,27 @@ class SharedCacheOrtRunner(OrtRunner):
         return super().limit_text()
 
     def buffers(self, batch: int, slots: int | None = None, *, windowed: bool = False) -> BoundBuffers:
-        """Zeroed (B, H_kv, slots, D) buffers (default ``max_cache`` slots), one per past/present name, on the
-        session's device; ``windowed`` (the decode loop's): a window cache's sliding-window layers window-sized
-        (:meth:`SharedBuffer.layer_slots`)."""
+        """Zeroed (B, H_kv, slots, D) buffers (default ``max_cache`` slots), one per past/present name, where the
+        session reads them (:attr:`cache_device`); ``windowed`` (the decode loop's): a window cache's sliding-window
+        layers window-sized (:meth:`SharedBuffer.layer_slots`)."""
         c = self.contract
         slots = slots or self.protocol.slots()
         per_layer = self.protocol.layer_slots(slots) if windowed else [slots] * c.n_layers
-        if windowed and self.device == "cuda" and self.feed.window_slots:
+        if windowed and self.cache_device == "cuda" and self.feed.window_slots:
             # ONNX Runtime's CUDA GroupQueryAttention takes a window-sized buffer of exactly W slots (its CPU kernel
             # any C >= W; onnxruntime 1.32's operator doc): not run on a GPU in this work
             per_layer = [c.window(i) if w else s for i, (w, s) in enumerate(zip(self.feed.window_slots, per_layer))]
         np_dtype = dtypes.numpy_dtype(self.dtype)
         return BoundBuffers(ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, c.n_kv_heads, per_layer[i // 2],
-                                                                       c.head_dim), np_dtype), self.device, 0)
+                                                                       c.head_dim), np_dtype), self.cache_device,
+                                                             0)
                             for i in range(len(self.past_names)))  # (B, H_kv, slots, D); past: k0, v0, k1, ...
 
     def _adopt(self, session: ort.InferenceSession, warnings: list[str], from_cache: bool) -> None:
         """The session, and whether the decode loop can hand it the array to write the logits into: on CPU, for a
         dtype numpy holds (else ONNX Runtime allocates them and they are read back)."""
         super()._adopt(session, warnings, from_cache)
+        self.cache_device = consumed_on(session, self.past_names, self.device)
         out = next((o for o in session.get_outputs() if o.name == self.out_logits), None)
         name = dtypes.from_ort_type(out.type) if out is not None else None
         self._into = (dtypes.numpy_dtype(name) if self.device == "cpu" and name in ("float32", "float16")
@@ -263,6 +290,8 @@ class SharedCacheOrtRunner(OrtRunner):
             self.protocol.bind(io, bufs)  # each buffer as its layer's past and present: written in place
             if isinstance(bufs, BoundBuffers):
                 bufs.io = io
+        elif self.device != "cpu":  # a past bound on a device other than its reader's is copied at binding time
+            self.protocol.bind_past(io, bufs)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         for name, value in self._host_inputs(ids, np.ascontiguousarray(mask, dtype=np.int64)).items():
             io.bind_cpu_input(name, value)
@@ -287,8 +316,10 @@ class SharedCacheOrtRunner(OrtRunner):
                 capacity: int | None = None) -> SharedSteps | None:
         """The decode loop's steps over these buffers with nothing but the run between them (:class:`SharedSteps`):
         on the CPU, for a file fed ids and mask only whose logits the loop hands in (``_into``), after a prefill
-        that bound the buffers; None otherwise (verify's translated contract calls, CUDA, an adopted file fed
-        positions), and where the steps would pass the buffers' ``capacity`` (the generic step refuses that)."""
+        that bound the buffers; None otherwise (verify's translated contract calls, CUDA — where ONNX Runtime copies
+        a host input the device reads when it is bound, so arrays rewritten under a kept binding would go stale —, an
+        adopted file fed positions), and where the steps would pass the buffers' ``capacity`` (the generic step
+        refuses that)."""
         B, S = attention_mask.shape
         if (not self.protocol.in_place or self._into is None or self.feed.position_ids is not None
                 or not isinstance(cache, BoundBuffers) or cache.io is None
@@ -301,8 +332,10 @@ class SharedCacheOrtRunner(OrtRunner):
         prompt + new tokens, as onnxruntime-genai sizes its own), else ``max_cache``. Measured on the bench-size
         Llama (1024 positions, prompt 32 + 128 tokens): making zeroed 1024-slot buffers took 8-25 ms inside the
         prefill (~2 ms for 160 slots), and the decode steps over 160-slot buffers ran ~2 % faster."""
-        if not self.protocol.in_place:  # the contract's arrays
-            return super().empty_cache(batch)
+        if not self.protocol.in_place:  # the contract's arrays, on the host (each call copies them into buffers)
+            c = self.contract
+            return [np.zeros((batch, c.n_kv_heads, 0, c.head_dim), dtypes.numpy_dtype(self.dtype))] * len(
+                self.past_names)
         return self.buffers(batch, self.protocol.slots(positions), windowed=True)
 
     def cache_from_numpy(self, past: KVPairs):
@@ -345,7 +378,7 @@ class SharedCacheOrtRunner(OrtRunner):
                 at = call.past_at[j]
                 for li, arr in enumerate(host):
                     arr[j, :, :len(at)] = past[li // 2][li % 2][b][:, at]
-            bufs = [ort.OrtValue.ortvalue_from_numpy(arr, self.device, 0) for arr in host]
+            bufs = [ort.OrtValue.ortvalue_from_numpy(arr, self.cache_device, 0) for arr in host]
             out = self._run_shared(call.ids, call.mask, bufs)  # (G, t, V)
             if logits is None:
                 logits = np.zeros((B, T, out.shape[-1]), out.dtype)

@@ -108,9 +108,16 @@ class SharedBuffer(Protocol):
 
     def bind(self, io, buffers) -> None:
         """Bind each layer's buffer as its past and its present (the same OrtValue: written in place)."""
-        for past, present, buf in zip(self.feed.past, self.feed.present, buffers):
-            io.bind_ortvalue_input(past, buf)
+        self.bind_past(io, buffers)
+        for present, buf in zip(self.feed.present, buffers):
             io.bind_ortvalue_output(present, buf)
+
+    def bind_past(self, io, buffers) -> None:
+        """Bind each layer's buffer as its past. ONNX Runtime copies an input bound on another device than the
+        node that reads it *when it is bound* (``IOBinding::BindInput``), so a binding reused across calls then
+        feeds that copy, not what the last call wrote: such buffers are bound again before each call."""
+        for past, buf in zip(self.feed.past, buffers):
+            io.bind_ortvalue_input(past, buf)
 
     def calls(self, ids: np.ndarray, mask: np.ndarray, *, rows_alone: bool = False) -> tuple[list[Call], list[int]]:
         """A contract call in the file's protocol: a prompt (no past) is one call of every row that has real tokens,

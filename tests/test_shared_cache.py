@@ -188,6 +188,117 @@ def test_a_bug_only_the_deploy_loop_shows_fails_verify(shared, monkeypatch, bug)
     assert "the deploy loop (buffers reused in place over a ragged right-padded batch) differs from eager" in res.message
 
 
+class _CudaSessionOverHostAttention:
+    """A CPU session dressed as onnxruntime-gpu's CUDA session of a float32 shared cache: the CUDA provider first,
+    its GroupQueryAttention on the CPU provider (no float32 CUDA kernel), so the past inputs are read on the host
+    (``get_input_memory_infos``, the real CPU session's). ``copies``: its IOBinding copies each past bound, as ONNX
+    Runtime's copies an input bound on another device than its reader when it is bound (IOBinding::BindInput): a
+    binding reused across calls then feeds that copy, not what the last call wrote."""
+
+    def __init__(self, session, past: list[str], copies: bool) -> None:
+        self.session, self.past, self.copies, self.copied = session, set(past), copies, 0
+
+    def get_providers(self):
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    def io_binding(self):
+        import onnxruntime as ort
+
+        io, dressed = self.session.io_binding(), self
+
+        class Binding:
+            def bind_ortvalue_input(self, name, value):
+                if dressed.copies and name in dressed.past:  # a snapshot of the buffer as it is now
+                    value = ort.OrtValue.ortvalue_from_numpy(value.numpy().copy())
+                    dressed.copied += 1
+                io.bind_ortvalue_input(name, value)
+
+            def __getattr__(self, name):
+                return getattr(io, name)
+
+        binding = Binding()
+        binding.real = io
+        return binding
+
+    def run_with_iobinding(self, io, *args):
+        return self.session.run_with_iobinding(io.real, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def _dress_as_cuda(monkeypatch, copies: bool) -> list[_CudaSessionOverHostAttention]:
+    """Every session the ONNX Runtime runners open for "cuda" is a CPU one dressed as above; the list fills as they
+    are opened."""
+    import dataclasses
+
+    from mhaexport.runtime import ort as ort_runtime
+
+    real_open = ort_runtime.open_session
+    dressed: list[_CudaSessionOverHostAttention] = []
+
+    def open_as_cuda(model, config, **kwargs):
+        cuda = any("cuda" in p.lower() for p in config.providers)
+        session, warnings, from_cache = real_open(model, dataclasses.replace(config, providers=("cpu",)), **kwargs)
+        if not cuda:
+            return session, warnings, from_cache
+        past = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        dressed.append(_CudaSessionOverHostAttention(session, past, copies))
+        return dressed[-1], warnings, from_cache
+
+    monkeypatch.setattr(ort_runtime, "open_session", open_as_cuda)
+    return dressed
+
+
+@pytest.mark.parametrize("copies", [False, True])
+def test_on_a_cuda_session_the_buffers_live_where_the_attention_reads_them(shared, monkeypatch, copies):
+    """The CUDA deploy-loop bug (docs/measurements/gpu-check-2026-12-04.md): onnxruntime-gpu runs a float32
+    GroupQueryAttention on the CPU provider, and the loop bound CUDA buffers once and reused the binding, so every
+    step after the prefill read the copy ONNX Runtime made when the buffer was bound (its zeros). Now the buffers
+    live where the session reads them (the host here), and a non-CPU session binds the past again before each call:
+    a ragged batch generates eager's tokens even where each binding copies the buffer."""
+    loaded, folder, _ = shared
+    dressed = _dress_as_cuda(monkeypatch, copies)
+    gen = Generator(folder, "cuda", threads=1)
+    runner = gen.runner
+    runner.activate()
+    assert (runner.device, runner.cache_device) == ("cuda", "cpu")  # host buffers, never made on "cuda" here
+    assert runner.buffers(1, 8)[0].device_name().lower() == "cpu"
+    res = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=8))
+    assert res.tokens == [eager_greedy(loaded.module, p, 8) for p in PROMPTS]
+    # every call after the prefill bound the past again: 2 per layer per call (prefill, 7 steps)
+    assert dressed[-1].copied == (2 * 2 * 8 if copies else 0)
+
+
+def test_verify_on_ort_cuda_runs_the_fixed_deploy_loop(shared, monkeypatch):
+    """``verify --runtime ort-cuda`` builds its runners through the registry, so it runs the fixed loop: on CUDA
+    sessions as above (each past copied when bound) its deploy-loop checks pass. The same emulation with the loop as
+    it was gives the H200 report's figures to three digits (small preset: 6.85, 11.4, margin 3.24)."""
+    loaded, folder, _ = shared
+    dressed = _dress_as_cuda(monkeypatch, copies=True)
+    report = verify_folder(folder, loaded=loaded, runtimes=("ort-cuda",),
+                           checks=("kv-consistency", "padding", "generation"))
+    assert dressed and dressed[-1].copied > 0  # the checks ran on the dressed CUDA session, copying
+    assert report.passed, markdown(report)
+    assert report.results["ort-cuda"]["kv-consistency"].figures["deploy_max_abs"] < 1e-4
+
+
+def test_consumed_on_says_where_a_session_reads_its_inputs(shared):
+    from mhaexport.runtime.ort import consumed_on
+    from mhaexport.runtime.session import cpu_session
+
+    _, folder, _ = shared
+    session = cpu_session(folder / "model.onnx")
+    assert consumed_on(session, ["past_key_values.0.key", "past_key_values.1.value"], "cuda") == "cpu"
+    assert consumed_on(session, ["no such input"], "cuda") == "cuda"
+
+    class Older:  # an onnxruntime without get_input_memory_infos: the session's device
+        def get_inputs(self):
+            return session.get_inputs()
+
+    assert consumed_on(Older(), ["past_key_values.0.key"], "cuda") == "cuda"
+
+
 def test_eval_drives_a_shared_cache_as_verify_does(shared):
     """eval builds its runners where verify does: on a shared-cache folder ort-cpu scores the text as eager does."""
     from mhaexport.evaluate.perplexity import evaluate_folder
