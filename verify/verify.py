@@ -147,6 +147,10 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                                                                       ": this folder holds none" if not ef.has("onnx")
                                                                       else ", not a lossy one (judged by quality)"))
         raise ConfigError(f"--record {why}")
+    if record:  # the record is written into the folder after the run: a folder it cannot be written to, refused now
+        from mhaexport.artifact.files import ensure_writable_dir
+
+        ensure_writable_dir(ef.path)
     if ef.module is not None:
         if reference == RECORDED:
             raise ConfigError("--reference recorded: an attention block on its own has no recorded reference")
