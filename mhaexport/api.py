@@ -342,10 +342,10 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     ``tokens``: greedy tokens for the generation check (``--tokens``; default 8 quick, 32 full; ``gen_tokens`` is its
     deprecated alias). ``allow_download``: with ``hf`` a Hub id, let huggingface_hub download what the cache lacks.
 
-    ``record``: also write eager's outputs over this sweep into the folder (``reference/``, hashed in the manifest
-    under the ONNX file: ``--record``); ``reference``: ``"auto"`` (the folder's record when it holds one and torch
-    cannot be imported here, else eager), ``"eager"``, ``"recorded"`` (judge the ONNX file from the record, without
-    torch or the weights; a record of other weights, another sweep or another file is refused:
+    ``record``: also write eager's outputs over this sweep into the folder (``reference.json`` + ``reference.npz``,
+    hashed in the manifest under the ONNX file: ``--record``); ``reference``: ``"auto"`` (the folder's record when it
+    holds one and torch cannot be imported here, else eager), ``"eager"``, ``"recorded"`` (judge the ONNX file from
+    the record, without torch or the weights; a record of other weights, another sweep or another file is refused:
     ReferenceMismatch). docs/verify.md says what a record keeps and proves.
 
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict

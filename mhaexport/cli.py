@@ -1196,8 +1196,9 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
 @click.option("--record", "record", is_flag=True, default=False,
-              help="Also write eager's outputs over this sweep into FOLDER (reference/, hashed in the manifest): a "
-                   "later verify judges the ONNX file from it without torch or the weights (docs/verify.md).")
+              help="Also write eager's outputs over this sweep into FOLDER (reference.json + reference.npz, hashed "
+                   "in the manifest): a later verify judges the ONNX file from them without torch or the weights "
+                   "(docs/verify.md).")
 @click.option("--reference", "reference", type=click.Choice(["auto", "eager", "recorded"]), default="auto",
               show_default=True,
               help="Where eager's outputs come from: eager (run the model), recorded (FOLDER's record, no torch), "

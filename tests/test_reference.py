@@ -22,7 +22,6 @@ from mhaexport.errors import ArtifactError, ConfigError, ReferenceMismatch
 from mhaexport.verify import reference as rec
 from mhaexport.verify.compare import Tolerance
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOCK_TORCH = textwrap.dedent('''
     import importlib.abc, sys
 
@@ -72,7 +71,7 @@ def _verify_without_torch(folder: Path, tmp_path: Path, *args: str) -> subproces
     block = tmp_path / "block"
     block.mkdir(exist_ok=True)
     (block / "sitecustomize.py").write_text(BLOCK_TORCH)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(block), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": str(block)}
     return subprocess.run([sys.executable, "-m", "mhaexport", "verify", str(folder), "-o", str(tmp_path / "out"),
                            "--json", *args], capture_output=True, text=True, env=env, timeout=300)
 
