@@ -218,3 +218,19 @@ def test_a_hostile_record_is_refused_in_one_line(recorded, tmp_path, plant):
     _rehash(folder)
     with pytest.raises(ArtifactError, match="reference.(json|npz)"):
         api.verify(folder, reference="recorded")
+
+
+@pytest.mark.slow
+def test_a_shared_cache_verifies_from_its_record(tiny, tmp_path):
+    """A shared-cache file (its deploy loop: buffers in place, a ragged right-padded batch): generation's deploy rows
+    are judged against the record's, kv-consistency's deploy loop against the file's own contract calls."""
+    from mhaexport.exporter.onnx import export_onnx
+
+    folder = tmp_path / "shared"
+    export_onnx(tiny, folder, kv_cache="shared")
+    assert api.verify(folder, runtimes=("eager", "ort-cpu"), record=True)
+    report = api.verify(folder, runtimes=("ort-cpu",), reference="recorded")
+    assert report, report.verdict.message
+    results = report.results["ort-cpu"]
+    assert "the deploy loop's ragged batch matches too" in results["generation"].message
+    assert "the deploy loop (in place, ragged) agrees with itself" in results["kv-consistency"].message
