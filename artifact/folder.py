@@ -605,3 +605,44 @@ def stage_artifact(folder: str | Path, artifact: str, purpose: str | None = None
         yield Staging(folder, tmp, artifact, purpose, previous)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def add_files(folder: str | Path, artifact: str, files: dict[str, bytes], *, drop_prefix: str | None = None,
+              expect: dict[str, str] | None = None, purpose: str | None = None) -> Manifest:
+    """Add ``files`` ({name: bytes}) to ``artifact``'s entry in ``folder`` through the staged publish (its journal and
+    roll-back: the folder is as before or as after): the entry's other files are hard-linked (else copied) into the
+    staging folder and published again unchanged, every file hashed into the manifest; its files under
+    ``drop_prefix`` that ``files`` does not name are removed. ``expect`` ({name: sha256}): the entry's files must still
+    hold these bytes (ArtifactError otherwise: the folder changed since it was read)."""
+    folder = Path(folder)
+    with stage_artifact(folder, artifact, purpose or f"add files to {artifact}") as st:
+        manifest = read_manifest(folder)
+        entry = manifest.artifacts.get(artifact)
+        if entry is None:
+            raise ArtifactError(f"{folder} holds no {artifact} export")
+        keep = [n for n in entry.files if n not in files and not (drop_prefix and n.startswith(drop_prefix))]
+        for name in keep:
+            src = open_inside(folder, name, f"{folder / FILENAME}: files")
+            dst = st.dir / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(f"/proc/self/fd/{src}", dst, follow_symlinks=True)
+            except OSError:
+                with os.fdopen(os.dup(src), "rb") as r, open(dst, "wb") as w:
+                    shutil.copyfileobj(r, w, 1 << 20)
+            finally:
+                os.close(src)
+        for name, data in files.items():
+            check_name(name, f"{artifact} files")
+            dst = st.dir / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+        for name, sha in (expect or {}).items():
+            got = file_entries(st.dir, [name])[name]["sha256"] if (st.dir / name).is_file() else None
+            if got != sha:
+                raise ArtifactError(f"{folder / name} changed while it was being read (sha256 {str(got)[:12]}…, "
+                                    f"read as {sha[:12]}…): run again")
+        main = [entry.file] if entry.file in keep else []
+        order = main + [n for n in keep if n not in main] + list(files)
+        new = ArtifactEntry.from_dict(entry.to_dict(), f"artifacts.{artifact}")
+        return st.publish(manifest.model, new, order)

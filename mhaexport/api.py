@@ -326,7 +326,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
            atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
            output: str | Path | None = None, junit: str | Path | None = None, quality: Any = None,
            trust_code: bool = False, progress: Progress | None = None, tokens: int | None = None,
-           allow_download: bool = False) -> VerifyReport:
+           allow_download: bool = False, reference: str = "auto", record: bool = False) -> VerifyReport:
     """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
 
     The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
@@ -341,6 +341,12 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
 
     ``tokens``: greedy tokens for the generation check (``--tokens``; default 8 quick, 32 full; ``gen_tokens`` is its
     deprecated alias). ``allow_download``: with ``hf`` a Hub id, let huggingface_hub download what the cache lacks.
+
+    ``record``: also write eager's outputs over this sweep into the folder (``reference.json`` + ``reference.npz``,
+    hashed in the manifest under the ONNX file: ``--record``); ``reference``: ``"auto"`` (the folder's record when it
+    holds one and torch cannot be imported here, else eager), ``"eager"``, ``"recorded"`` (judge the ONNX file from
+    the record, without torch or the weights; a record of other weights, another sweep or another file is refused:
+    ReferenceMismatch). docs/verify.md says what a record keeps and proves.
 
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
@@ -362,7 +368,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     try:
         report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                                runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens,
-                               quality=quality, reproduce=reproduce, trust_code=trust_code, progress=progress)
+                               quality=quality, reproduce=reproduce, trust_code=trust_code, progress=progress,
+                               reference=reference, record=record)
     except MhaExportError as e:  # a refused folder: its report (verdict "refused") where asked, then the error
         if output is not None or junit is not None:
             from mhaexport.verify.report import refused_report

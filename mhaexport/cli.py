@@ -1014,7 +1014,7 @@ def _progress(msg: str) -> None:
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None, out_is_folder=False, trust_code=False):
+                quality=None, out_is_folder=False, trust_code=False, reference="auto", record=False):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says. A folder
     refused before any check is a verdict too (exit 2) with its report and JUnit, except that nothing is written into
@@ -1025,7 +1025,8 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     try:
         report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                             runtimes=tuple(runtimes) or None, tokens=gen_tokens, quality=quality,
-                            trust_code=trust_code, progress=None if quiet else _progress)
+                            trust_code=trust_code, progress=None if quiet else _progress, reference=reference,
+                            record=record)
     except VerificationFailed:
         raise
     except MhaExportError as e:  # a folder refused (a hash that does not match, a name leaving it...): a verdict
@@ -1194,9 +1195,18 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
                    "or when FOLDER's report has its parity failing and no ONNX Runtime's (with --trust-code).")
 @click.option("--case", "case", default=None, metavar="B,S,P", callback=_parse_case,
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
+@click.option("--record", "record", is_flag=True, default=False,
+              help="Also write eager's outputs over this sweep into FOLDER (reference.json + reference.npz, hashed "
+                   "in the manifest): a later verify judges the ONNX file from them without torch or the weights "
+                   "(docs/verify.md).")
+@click.option("--reference", "reference", type=click.Choice(["auto", "eager", "recorded"]), default="auto",
+              show_default=True,
+              help="Where eager's outputs come from: eager (run the model), recorded (FOLDER's record, no torch), "
+                   "auto (the record when torch cannot be imported here and FOLDER holds one, else eager).")
 @trust_code_option
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
-               quality_text, output, bisect_=False, case=None, trust_code=False) -> None:
+               quality_text, output, bisect_=False, case=None, trust_code=False, record=False,
+               reference="auto") -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that (one of the two is
     required: verify alone verifies nothing and exits 2). A folder refused before any check (a file that does not
@@ -1224,6 +1234,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
 
     if case is not None and not bisect_:
         raise click.UsageError("--case is for --bisect (verify itself runs its sweep)")
+    if (record or reference != "auto") and (bisect_ or folder is None or not Path(folder).is_dir()):
+        raise click.UsageError("--record and --reference are for verifying an export FOLDER (not --bisect, a "
+                               "FILE.onnx or a temporary export)")
     if folder is not None and Path(folder).exists() and not Path(folder).is_dir() and not Path(folder).is_file():
         raise click.BadParameter(f"{folder} is neither a folder nor a regular file (a FIFO, socket or device)",
                                  param_hint="FOLDER")
@@ -1262,7 +1275,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, out_is_folder=not output,
-                    name="report" if output else None, quality=settings, trust_code=trust_code)
+                    name="report" if output else None, quality=settings, trust_code=trust_code, reference=reference,
+                    record=record)
         return
     _check_outputs({"--junit": junit}, reports=output)
     if output:

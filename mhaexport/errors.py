@@ -59,6 +59,11 @@ class UntrustedInput(ConfigError, ArtifactError):
     (mhaexport/untrusted.py)."""
 
 
+class ReferenceMismatch(ArtifactError):
+    """A folder's recorded eager reference (``verify --record``) was made from other weights, over another sweep or
+    for another file than the one verify is asked to judge: refused, never compared (verify/reference.py)."""
+
+
 class UntrustedCode(ArtifactError):
     """Loading what a folder names would run code (a manifest's model source that is a factory file or module, a
     compiled or pickled artifact) and the user did not ask for it (``--trust-code`` / ``trust_code=True``, or naming

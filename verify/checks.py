@@ -36,7 +36,7 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     """Every sweep case against eager: logits on real rows, present on real keys (eager itself and a lossy
     artifact: not applicable, the suite's row says so)."""
     outputs = ctx.sweep(runner)
-    scale = max((float(np.abs(ctx.reference(case)[0]).max()) for case, out in outputs.items()
+    scale = max((ctx.reference_scale(case) for case, out in outputs.items()
                  if not isinstance(out, BaseException)), default=0.0)  # max |eager logits|
     dtype = runner.dtype if runner.dtype in _EPS else "float32"
     res = parity_over_sweep(outputs, ctx.output_kinds, ctx.tol,
@@ -45,12 +45,12 @@ def check_parity(runner: Runner, ctx: Context) -> CheckResult:
     present = (res.figures.per_output or {}).get("present")
     ran = [case for case, out in outputs.items() if not isinstance(out, BaseException)]
     res = crossing(res, ctx.contract, max((case.past + case.seq - 1 for case in ran), default=None))
-    if res.status is True and dtype == "float32" and scale:  # within tolerance: but float32 all through?
+    if res.status is True and dtype == "float32" and scale and ctx.recorded is None:  # float32 all through?
         lost = _precision_lost(runner, ctx)
         if lost:
             res.status, res.message = False, lost
             return res
-    if res.status is False and present is not None and present.mismatch_fraction:  # name the layer, key/value
+    if res.status is False and present is not None and present.mismatch_fraction and ctx.recorded is None:
         names = _present_by_name(runner, ctx)
         bad = [(n, d) for n, d in names.items() if not d.ok]
         if bad:
@@ -293,9 +293,10 @@ def ragged_prompts(ctx: Context, n_new: int, seed: int) -> list[np.ndarray]:
 
 
 def _deploy_reference(runner: Runner, ctx: Context) -> Runner:
-    """What the deploy loop is held to: eager; a lossy artifact, like its other invariants, to itself (the same file
-    through the contract translation: one prefill of the whole sequence)."""
-    return runner if ctx.lossy else ctx.eager
+    """What the deploy loop is held to: eager; a lossy artifact, like its other invariants, and a file judged from a
+    recorded reference (which keeps no run of the deploy loop's own tokens), to itself (the same file through the
+    contract translation: one prefill of the whole sequence)."""
+    return runner if ctx.lossy or ctx.recorded is not None else ctx.eager
 
 
 def _deploy_run(runner: Runner, ctx: Context, n_new: int, seed: int):
@@ -370,7 +371,8 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
         chunked_deploy = _deploy_chunked(runner, ctx)
         parts["the deploy loop's chunked prefill"] = chunked_deploy
         fig.set(**deploy_fig, deploy_chunked_max_abs=rounded(chunked_deploy.max_abs))
-    against = "its own prefill of the same tokens" if ctx.lossy else "eager fed the same tokens"
+    itself = ctx.lossy or ctx.recorded is not None
+    against = "its own prefill of the same tokens" if itself else "eager fed the same tokens"
     bad = [f"{name} differs from {against} (max abs {d.max_abs:.3g})" if "deploy" in name
            else f"{name} differs from one prefill (max abs {d.max_abs:.3g})" if "recompute" not in name
            else f"{name} differ (max abs {d.max_abs:.3g})" for name, d in parts.items()
@@ -382,7 +384,7 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     if bad:
         return crossing(CheckResult("kv-consistency", False, fig, "; ".join(bad)), c, longest)
     worst = max(d.max_abs for d in parts.values())
-    deploy = (f"; the deploy loop (in place, ragged) agrees with {'itself' if ctx.lossy else 'eager'}"
+    deploy = (f"; the deploy loop (in place, ragged) agrees with {'itself' if itself else 'eager'}"
               if fig.deploy_max_abs is not None else "")
     return crossing(CheckResult("kv-consistency", True, fig,
                                 f"decode, chunked prefill and recompute agree, out to position {long_fig['long_to']}"
@@ -523,7 +525,7 @@ def check_dynamic_shapes(runner: Runner, ctx: Context) -> CheckResult:
             problems.append(f"wrong output shapes at {case.name}: logits {list(logits.shape)} (want {list(want_l)})")
             continue
         if runner.name != EAGER and not ctx.lossy:  # a lossy artifact's values are judged by quality
-            d = compare_outputs(out, ctx.reference(case), ctx.tol, case.real_rows(), case.real_keys())
+            d = merged(ctx.compare(case, out, ctx.reference(case), ctx.tol).values())
             if not d.ok:
                 problems.append(f"wrong values at {case.name} (max abs {d.max_abs:.3g} vs eager)")
                 wrong_values.append(case)
@@ -553,7 +555,7 @@ def _diagnose_sizes(runner: Runner, ctx: Context, wrong: list[Case]) -> str:
     ConstantOfShape). Right there without such a constant: damage that depends on position or length, named with
     the first position where it appears. Wrong there too: the values are wrong at every size."""
     seq, past = ctx.export_sizes
-    if seq + past > ctx.contract.max_positions:
+    if seq + past > ctx.contract.max_positions or ctx.recorded is not None:  # a record: no case beyond the sweep
         return ""
     case = Case(2, seq, past, (0, 0), seed=ctx.seed + 47)
     try:
@@ -618,6 +620,8 @@ def _size_constant(runner: Runner, sizes: dict[str, int]) -> str | None:
 def _first_bad_position(runner: Runner, ctx: Context, cases: list[Case]) -> int | None:
     """The lowest token position (past + index in the call) whose logits differ from eager's in ``cases``."""
     first = None
+    if ctx.recorded is not None:  # a record may keep only the top-k logits
+        return None
     for case in cases:
         out = ctx.sweep(runner).get(case)
         if out is None or isinstance(out, BaseException):
@@ -645,6 +649,34 @@ def greedy(runner: Runner, prompt: np.ndarray, n: int) -> Greedy:
     return Greedy(r.tokens[0], [lg[0] for lg in r.step_logits])
 
 
+def reference_greedy(ctx: Context, key: str, prompt: np.ndarray, n: int) -> Greedy:
+    """Eager's greedy decoding of ``n`` tokens after ``prompt``, memoized under ``key`` (a record's context serves it
+    from the record: verify/reference.py)."""
+    own = getattr(ctx, "greedy_reference", None)
+    if own is not None:
+        return own(key, prompt, n)
+    memo = ("greedy", key, n)
+    if memo not in ctx._ref:
+        ctx._ref[memo] = greedy(ctx.eager, prompt, n)
+    return ctx._ref[memo]
+
+
+def generation_prompts(ctx: Context) -> list[tuple[str, np.ndarray, int]]:
+    """Every greedy reference the generation check asks of eager, as (key, prompt (1, P), n): from a short prompt,
+    from a long one ending n + 1 positions before max_positions (when longer than the short), and the deploy loop's
+    two rows alone (verify --record keeps them all)."""
+    c = ctx.contract
+    P = min(6, c.max_positions - 1)
+    n = max(1, min(ctx.gen_tokens, c.max_positions - P))
+    rng = np.random.default_rng(ctx.seed + 41)
+    out = [("short", rng.integers(0, c.vocab_size, (1, P), dtype=np.int64), n)]
+    P_long = c.max_positions - n - 1
+    if P_long > P:
+        out.append(("long", rng.integers(0, c.vocab_size, (1, P_long), dtype=np.int64), n))
+    out += [(f"deploy{b}", p[None], n) for b, p in enumerate(ragged_prompts(ctx, n, ctx.seed + 59))]
+    return out
+
+
 def check_generation(runner: Runner, ctx: Context) -> CheckResult:
     """Greedy N tokens against eager's (eager, and a lossy artifact: its cached decode against its own full
     recompute every step), from a short prompt and from a long one that ends N + 1 positions before max_positions
@@ -655,14 +687,12 @@ def check_generation(runner: Runner, ctx: Context) -> CheckResult:
     if runner.fixed is not None:
         return CheckResult("generation", None, {"static": True}, _static_reason(runner))
     c = ctx.contract
-    P = min(6, c.max_positions - 1)
-    n = max(1, min(ctx.gen_tokens, c.max_positions - P))
-    rng = np.random.default_rng(ctx.seed + 41)
-    short = _generation_from(runner, ctx, rng.integers(0, c.vocab_size, (1, P), dtype=np.int64), n, "short")
-    P_long = c.max_positions - n - 1
-    if P_long <= P:
+    prompts = {key: (prompt, n) for key, prompt, n in generation_prompts(ctx)}
+    short = _generation_from(runner, ctx, *prompts["short"], "short")
+    if "long" not in prompts:
         return short
-    long = _generation_from(runner, ctx, rng.integers(0, c.vocab_size, (1, P_long), dtype=np.int64), n, "long")
+    long = _generation_from(runner, ctx, *prompts["long"], "long")
+    P_long, n = prompts["long"][0].shape[1], prompts["long"][1]
     fig = GenerationFigures.of(**short.figures, **{f"long_{k}": v for k, v in long.figures.items()},
                                long_prompt=P_long, protocol=_protocols(runner, ctx))
     if _deploy_of(runner, ctx) is not None and not ctx.lossy:  # the loop generate runs: ragged batch, in place
@@ -687,11 +717,11 @@ def _deploy_generation(runner: Runner, ctx: Context, n: int) -> CheckResult:
     prompts, res = _deploy_run(runner, ctx, n, ctx.seed + 59)
     worst = Diff()
     for b, p in enumerate(prompts):
-        ref = greedy(ctx.eager, p[None], n)
+        ref = reference_greedy(ctx, f"deploy{b}", p[None], n)
         got = res.tokens[b]
         div = next((i for i, (a, r) in enumerate(zip(got, ref.tokens)) if a != r), None)
         for i in range(n if div is None else div + 1):
-            worst = worst.merge(compare(res.step_logits[i][b], ref.logits[i], ctx.ltol))
+            worst = worst.merge(ctx.ref_compare(res.step_logits[i][b], ref.logits[i], ctx.ltol))
         if div is not None:
             tie, margin = near_tie(ref.logits[div], got[div], ctx.ltol, worst.ok)
             if not tie:
@@ -714,16 +744,15 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
         recompute = ctx.without_cache or RecomputeRunner  # verify's: the registry's; a bare Context's (tests): the class
         got, ref, against = greedy(runner, prompt, n), greedy(recompute(runner), prompt, n), "recompute"
     else:
-        memo = ("greedy", key, n)
-        if memo not in ctx._ref:
-            ctx._ref[memo] = greedy(ctx.eager, prompt, n)
-        got, ref, against = greedy(runner, prompt, n), ctx._ref[memo], "eager"
+        ref = reference_greedy(ctx, key, prompt, n)
+        got, against = greedy(runner, prompt, n), "eager" if ctx.recorded is None else "the recorded eager"
     tol = ctx.ltol
     div = next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
     upto = n if div is None else div + 1
     logit_diff, steps = Diff(), []
     for i in range(upto):
-        step = compare(got.logits[i], ref.logits[i], tol)
+        step = ctx.ref_compare(got.logits[i], ref.logits[i], tol) if against != "recompute" else \
+            compare(got.logits[i], ref.logits[i], tol)
         steps.append(rounded(step.max_abs))
         logit_diff = logit_diff.merge(step)
     # per step, the reference's top-1 minus top-2 logit: a step's error beyond it can flip the token (report.html)

@@ -91,7 +91,21 @@ def _header(report: VerifyReport) -> list[str]:
              f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
     if report.sources:
         lines += ["Merged from: " + "; ".join(report.sources) + " (sweep and tolerance above: the first report's)", ""]
-    return lines
+    return lines + _reference_lines(report.reference)
+
+
+def _reference_lines(ref: dict | None) -> list[str]:
+    """Where eager's references came from: a record (and how each check was judged from it), or the record this run
+    wrote."""
+    if not ref:
+        return []
+    if ref.get("kind") == "recorded":
+        lines = [f"**Reference:** {ref.get('describe')}; eager PyTorch was not run. The record keeps "
+                 f"{ref.get('keeps')}. How each check was judged:", ""]
+        return lines + [f"- {k}: {v}" for k, v in (ref.get("checks") or {}).items()] + [""]
+    rec = ref.get("recorded") or {}
+    return [f"**Reference recorded** into {', '.join(rec.get('files') or [])} ({rec.get('bytes')} bytes; keeps "
+            f"{rec.get('keeps')}): a later verify judges the ONNX file from it without torch", ""]
 
 
 def _parity_lines(report: VerifyReport) -> list[str]:

@@ -237,13 +237,17 @@ class VerifyReport(Record):
     # why the folder was refused before any check ran (a hash that does not match the manifest, a name leaving the
     # folder, ...): the verdict is "refused", exit 2, and the report says why (CI has a report to show)
     refused: str | None = None
+    # where eager's references came from: {"kind": "recorded", "describe", "date", "fingerprint", "made_with",
+    # "keeps", "checks": {check: how it was judged}} for a verify from a record; {"kind": "eager", "recorded":
+    # {"files", "bytes", "keeps"}} for one that wrote a record (verify --record); None: eager, nothing recorded
+    reference: dict[str, Any] | None = None
 
     # written, never read back: the verdict and counts follow from the records
     DERIVED = ("schema", "passed", "verdict", "counts")
-    WRITE_NONE = ("requested", "module", "lint", "refused", "other_protocol")
+    WRITE_NONE = ("requested", "module", "lint", "refused", "other_protocol", "reference")
     KEY_ORDER = ("schema", "created", "passed", "verdict", "counts", "requested", "checks", "module", "lint", "cross",
                  "environment", "versions", "model", "folder", "artifacts", "sweep", "tolerance", "seconds",
-                 "sources", "runtimes", "results", "refused", "other_protocol")
+                 "sources", "runtimes", "results", "refused", "other_protocol", "reference")
 
     schema = REPORT_SCHEMA
 

@@ -17,7 +17,7 @@ from mhaexport.artifact.record import Record
 from mhaexport.errors import MhaExportError
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.runner import Outputs, Runner
-from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare_by_output
+from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare, compare_by_output
 from mhaexport.verify.figures import NOT_A_CHECK, DiffFigures, Figures, figures_of  # noqa: F401 (NOT_A_CHECK)
 from mhaexport.verify.sweep import Case
 
@@ -179,6 +179,17 @@ class Context(SweepContext):
     def ltol(self) -> Tolerance:
         """The tolerance for logits (checks that compare logits only)."""
         return self.tol.for_output("logits")
+
+    recorded = None  # verify.reference.RecordedReference when eager's references come from a record (RecordedContext)
+
+    def reference_scale(self, case: Case) -> float:
+        """max |eager logits| of ``case`` (parity's rounding scale)."""
+        return float(np.abs(self.reference(case)[0]).max(initial=0.0))
+
+    def ref_compare(self, got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Diff:
+        """A runtime's logits against a reference's (one greedy step): the comparison of every value (a top-k
+        record: of the values it kept)."""
+        return compare(got, ref, tol)
 
     def cases_for(self, runner: Runner) -> list[Case]:
         """The sweep cases the runner accepts; a static export gets one case at its own sizes."""

@@ -61,7 +61,10 @@ class Check:
     eager's result is "reference: ..." (eager is what this check holds the others to); ``artifact``: ``"exact"``
     (not applicable to a lossy artifact: judged by quality) or ``"lossy"`` (only for a lossy one: an exact artifact
     is judged by parity); ``onnx_only``: not applicable to a runtime that does not run the ONNX file (TorchScript and
-    the eager models). Calling it runs the check on one runner: the row's rules, then the subject's function."""
+    the eager models); ``recorded``: how the check is judged when eager's references come from a record
+    (``verify --record``, verify/reference.py; ``{logits}``/``{present}``: what the record keeps), or why it cannot
+    be ("n/a: ..."; None: "n/a", the check not judged from a record). Calling it runs the check on one runner: the
+    row's rules, then the subject's function."""
 
     name: str
     contract: Entry = None
@@ -70,6 +73,7 @@ class Check:
     reference: str | None = None
     artifact: str | None = None
     onnx_only: str | None = None
+    recorded: str | None = None
 
     def entry(self, runner: Runner) -> Entry:
         return getattr(self, subject(runner))
@@ -91,7 +95,17 @@ class Check:
             return CheckResult(self.name, None, {"exact": True}, "exact artifact: judged by parity")
         if self.onnx_only and (runner.name == TORCHSCRIPT or runner.name.startswith(EAGER)):
             return CheckResult(self.name, None, {"not_applicable": True}, f"n/a: {self.onnx_only}")
+        if getattr(ctx, "recorded", None) is not None and not self.judged_from_record:
+            return CheckResult(self.name, None, {"not_applicable": True}, self.recorded_reason)
         return None
+
+    @property
+    def judged_from_record(self) -> bool:
+        return self.recorded is not None and not self.recorded.startswith("n/a")
+
+    @property
+    def recorded_reason(self) -> str:
+        return self.recorded or "n/a: not judged from a recorded reference"
 
     def __call__(self, runner: Runner, ctx) -> CheckResult:
         given = self.not_applicable(runner, ctx)  # (a CheckResult is truthy only when it passed)
@@ -105,21 +119,30 @@ def _suite(*rows: Check) -> dict[str, Check]:
 # The one table: every check verify runs, on every runtime (docs/reference.md's check tables describe each row)
 CHECK_FUNCS = _suite(
     Check("parity", checks.check_parity, loop.check_parity, block.check_parity,
-          reference="every runtime is compared with eager", artifact="exact"),
-    Check("finite", checks.check_finite, loop.check_finite, checks.check_finite),
-    Check("causality", checks.check_causality, LOOP_SHAPES, block.check_causality),
-    Check("kv-consistency", checks.check_kv_consistency, loop.check_kv_consistency),
-    Check("padding", checks.check_padding, loop.check_padding),
-    Check("dynamic-shapes", checks.check_dynamic_shapes, LOOP_SHAPES),
-    Check("generation", checks.check_generation, loop.check_generation),
+          reference="every runtime is compared with eager", artifact="exact",
+          recorded="every case against the record: {logits}, present {present} (the float32 precision-loss probe, "
+                   "which needs eager's whole cache, is not run)"),
+    Check("finite", checks.check_finite, loop.check_finite, checks.check_finite, recorded="the file's own outputs"),
+    Check("causality", checks.check_causality, LOOP_SHAPES, block.check_causality,
+          recorded="the file against itself"),
+    Check("kv-consistency", checks.check_kv_consistency, loop.check_kv_consistency,
+          recorded="the file against itself (a shared cache's deploy loop: against the file's own contract calls)"),
+    Check("padding", checks.check_padding, loop.check_padding, recorded="the file against itself"),
+    Check("dynamic-shapes", checks.check_dynamic_shapes, LOOP_SHAPES,
+          recorded="shapes from the file; values against the record, as parity"),
+    Check("generation", checks.check_generation, loop.check_generation,
+          recorded="greedy tokens against the record's (short and long prompt, the deploy loop's rows); step logits "
+                   "on {logits}; a near-tie by the kept logits"),
     Check("cache-consistency", module=block.check_cache_consistency),
     Check("demonstration", module=block.check_demonstration),
     Check(QUALITY, check_quality, loop.check_quality, reference="lossy artifacts are judged against eager",
-          artifact="lossy"),
+          artifact="lossy", recorded="n/a: a lossy file is judged against eager's logits over text, which a record "
+                                     "does not keep"),
     Check(WEIGHTS, checks.check_weights, checks.check_weights, reference="the weights of the files are checked",
-          artifact="lossy"),
+          artifact="lossy", recorded="n/a: a record keeps no weights"),
     Check(GENAI_CONFIG_CHECK, check_genai_config, check_genai_config, reference="the folder's config is checked",
-          onnx_only=f"{GENAI_CONFIG} describes the ONNX file"),
+          onnx_only=f"{GENAI_CONFIG} describes the ONNX file",
+          recorded="the config against the graph and the manifest (not against the eager model's own config)"),
 )
 
 

@@ -18,8 +18,8 @@ from mhaexport.errors import ArtifactError, ConfigError
 from mhaexport.iospec import ModuleContract
 from mhaexport.runners.block import ModuleRunner
 from mhaexport.runners.genai import genai_unavailable
-from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ORT_CPU, ORT_CUDA,
-                                     ORT_GENAI, VERIFY, refuse_unknown)
+from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ONNX_REFERENCE,
+                                     ORT_CPU, ORT_CUDA, ORT_GENAI, VERIFY, refuse_unknown)
 from mhaexport.runners.pt2 import CODE_RUNTIMES, present_code_runtimes, refuse_untrusted
 from mhaexport.runners.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
 from mhaexport.runners.threads import ONE_THREAD_MAX_PARAMS, torch_threads
@@ -38,6 +38,9 @@ from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
 
 Progress = Callable[[str], None]
+# where eager's outputs come from (verify_folder's ``reference``): the record when torch is missing, eager, the record
+AUTO, EAGER_REFERENCE, RECORDED = "auto", "eager", "recorded"
+REFERENCES = (AUTO, EAGER_REFERENCE, RECORDED)
 # Models up to this max_positions (and ONE_THREAD_MAX_PARAMS) decode their whole context token by token in the
 # long-context kv-consistency check; larger ones decode after prefills spread out to max_positions - 2.
 LONG_FULL_MAX_POSITIONS = 512
@@ -88,7 +91,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                   atol: float | dict | None = None, rtol: float | dict | None = None,
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
                   gen_tokens: int | None = None, threads: int | None = None, quality=None, reproduce=None,
-                  trust_code: bool = False, progress: Progress | None = None) -> VerifyReport:
+                  trust_code: bool = False, progress: Progress | None = None, reference: str = AUTO,
+                  record: bool = False) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager (a path: opened here, its snapshot removed when done; an
     opened :class:`ExportFolder`: used as it is, its opener closes it). A folder of the attention block on its own
     (``--module attention``) gets the module's runtimes and checks (:func:`verify_module`).
@@ -106,8 +110,12 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     source that is code (a factory file or module; without it such a folder is refused with UntrustedCode unless
     ``loaded`` names the model), and load the folder's torch.export program and AOTInductor package (code:
     :mod:`mhaexport.artifact.trust`) even though this process did not export them (without it they are skipped with
-    the reason when in the default list, and refused when named in ``runtimes``). Raises ArtifactError for a bad
-    folder; check failures are in the report."""
+    the reason when in the default list, and refused when named in ``runtimes``). ``reference``: where eager's
+    outputs come from — ``"eager"`` (the model rebuilt and run), ``"recorded"`` (the folder's record,
+    verify/reference.py: the ONNX file judged without torch; ReferenceMismatch for a record of other weights, sweep
+    or file), ``"auto"`` (the record when the folder holds one and torch cannot be imported here, else eager).
+    ``record``: also write eager's outputs into the folder as its record (the ONNX file's entry in the manifest).
+    Raises ArtifactError for a bad folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
@@ -120,7 +128,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
         with ExportFolder.open(folder) as ef:
             return verify_folder(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                                  checks=checks, gen_tokens=gen_tokens, threads=threads, quality=quality,
-                                 reproduce=reproduce, trust_code=trust_code, progress=progress)
+                                 reproduce=reproduce, trust_code=trust_code, progress=progress,
+                                 reference=reference, record=record)
     ef = folder
     check_external_data(ef)
     if not ef.artifacts:
@@ -129,7 +138,22 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     if not runtimes:  # the defaults: those of an artifact the folder lacks were not asked for (left out, not skipped)
         wanted = tuple(rt for rt in wanted if ARTIFACT.get(rt) is None or ef.has(ARTIFACT[rt]))
         wanted += present_code_runtimes(ef)
+    if reference not in REFERENCES:
+        raise ConfigError(f"reference {reference!r}: expected one of {', '.join(REFERENCES)}")
+    if record and (reference == RECORDED or ef.module is not None or not ef.has("onnx") or lossy_artifacts(ef)):
+        why = ("records eager's outputs: it runs eager (not --reference recorded)" if reference == RECORDED else
+               "records a decoder's references for its ONNX file" + (": this folder holds the attention block on its "
+                                                                      "own" if ef.module is not None else
+                                                                      ": this folder holds none" if not ef.has("onnx")
+                                                                      else ", not a lossy one (judged by quality)"))
+        raise ConfigError(f"--record {why}")
+    if record:  # the record is written into the folder after the run: a folder it cannot be written to, refused now
+        from mhaexport.artifact.files import ensure_writable_dir
+
+        ensure_writable_dir(ef.path)
     if ef.module is not None:
+        if reference == RECORDED:
+            raise ConfigError("--reference recorded: an attention block on its own has no recorded reference")
         return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                              checks=checks, threads=threads, progress=progress, trust_code=trust_code)
     if not runtimes and ships_genai(ef) and genai_unavailable() is None:
@@ -147,6 +171,9 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in ALL_CHECKS]:
         raise ConfigError(f"{', '.join(off)}: only for an attention-block export (--module attention); "
                           f"{ef.path} holds a decoder")
+    if _use_record(ef, reference, record, loaded):
+        return _verify_recorded(ef, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes, wanted=wanted,
+                                checks=checks, gen_tokens=gen_tokens, say=say, started=started)
     tokenizer = None
     if lossy and ef.has("onnx"):  # quality reads text with the folder's tokenizer.json, when it carries one
         from mhaexport.runtime.tokenizer import for_folder
@@ -208,13 +235,104 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                                          skip_first=True, lossy=lossy)
             infos.update(g_infos)
             results.update(g_results)
+        made = None
+        if record:
+            from mhaexport.verify import reference as rec
+            from mhaexport.verify.checks import generation_prompts
+
+            say("recording eager's outputs into the folder ...")
+            made = rec.recording(ef, ctx, rec.cases_of(ctx, runners), generation_prompts(ctx), sweep=sweep, seed=seed)
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
-    return build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
-                        infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
-                        started=started, export_sizes=ctx.export_sizes, dtype=dtype,
-                        generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other)
+    report = build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
+                          infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
+                          started=started, export_sizes=ctx.export_sizes, dtype=dtype,
+                          generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other)
+    if made is not None:
+        report.reference = {"kind": "eager", "recorded": rec.write(ef, made)}
+    return report
+
+
+
+def _use_record(ef: ExportFolder, reference: str, record: bool, loaded) -> bool:
+    """Whether eager's references come from the folder's record (``reference``: auto, eager, recorded); one line
+    (ConfigError) where neither can be had: no record asked for, no torch for eager."""
+    from mhaexport.verify.reference import has_record, torch_missing
+
+    held = has_record(ef)
+    if reference == RECORDED:
+        if not held:
+            raise ConfigError(f"--reference recorded: {ef.path} holds no recorded reference (reference.json; record "
+                              "one with `mhaexport verify FOLDER --record` where torch and the model are)")
+        return True
+    if loaded is not None:  # a model given: eager it is
+        return False
+    missing = torch_missing()
+    if missing is None:
+        return False
+    if held and reference == AUTO and not record:
+        return True
+    raise ConfigError(f"torch cannot be imported here ({missing}): verify runs the eager model in PyTorch"
+                      + ("; this folder holds a recorded reference: --reference recorded judges the file from it"
+                         if held else "; a folder with a recorded reference (`verify --record` where torch is) "
+                                      "verifies without it"))
+
+
+def _verify_recorded(ef: ExportFolder, *, sweep, seed, atol, rtol, runtimes, wanted, checks, gen_tokens, say,
+                     started) -> VerifyReport:
+    """verify with eager's references from the folder's record (verify/reference.py): no torch, no weights. The
+    ONNX runtimes run every check the suite's ``recorded`` column judges from a record; the others are n/a with why;
+    eager and the torch runtimes are not run (skipped, saying so)."""
+    from mhaexport.runtime.runner import skipped
+    from mhaexport.verify import reference as rec
+    from mhaexport.verify.checks import generation_prompts
+
+    c = ef.contract
+    arts = ef.artifacts
+    dtype = next((d for d in ("float16", "bfloat16") if any(a.dtype == d for a in arts.values())), "float32")
+    tol = Tolerance.for_dtype(dtype, atol, rtol)
+    cases = build_sweep(c, sweep, seed)
+    tokens = gen_tokens or (8 if sweep == "quick" else 32)
+    runners: list[Runner] = [skipped(EAGER, c, "not run: the reference is the folder's record")]
+    for rt in wanted:
+        if rt == EAGER:
+            continue
+        if rt in (ORT_CPU, ORT_CUDA, ONNX_REFERENCE):
+            runners.append(runner_for(ef, rt, c))
+        else:
+            runners.append(skipped(rt, c, "not run: verify from a recorded reference judges the ONNX file on ONNX "
+                                          "Runtime (no torch, no onnxruntime-genai loop)"))
+    ctx = rec.RecordedContext(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
+                              without_cache=without_cache, deploy=deploy_of, export_sizes=_export_sizes(ef),
+                              gen_tokens=tokens, seed=seed, long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS)
+    record = rec.load(ef, c, sweep=sweep, seed=seed, tokens=tokens, cases=rec.cases_of(ctx, runners),
+                      greedies=generation_prompts(ctx))
+    ctx.record = record
+    if GENAI_CONFIG_CHECK in checks and ships_genai(ef):
+        from types import SimpleNamespace
+
+        ctx.genai_config = genai_result(ef, SimpleNamespace(contract=c, module=None))
+    say(f"reference: {record.describe()}")
+    lint = None
+    if ef.has("onnx"):
+        from mhaexport.verify.lint import lint_path
+
+        try:
+            lint = lint_path(ef, genai=False)
+        except ArtifactError as e:
+            say(f"lint: not run ({e})")
+    infos, results = run_all(runners, ctx, checks, say, lossy=lossy_artifacts(ef))
+    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
+    report = build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
+                          infos=infos, results=results, checks=checks, requested=runtimes, threads=None,
+                          started=started, export_sizes=ctx.export_sizes, dtype=dtype, generation_tokens=tokens,
+                          lint=lint, cross=cross)
+    report.reference = {"kind": "recorded", "describe": record.describe(), "date": record.date,
+                        "fingerprint": record.index["model"]["fingerprint"], "made_with": record.index.get("made_with"),
+                        "keeps": "; ".join(f"{k}: {v}" for k, v in record.keeps().items()),
+                        "checks": {ch: record.how(ch) for ch in checks}}
+    return report
 
 
 def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None,
