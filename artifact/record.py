@@ -152,6 +152,25 @@ _OK = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
        list: lambda v: isinstance(v, list), dict: lambda v: isinstance(v, dict)}
 
 
+def check_fields(cls: type, value: Any, where: str, *, required: bool = True) -> dict[str, Any]:
+    """The JSON types of a plain dataclass's fields in object ``value``, checked against the dataclass's own
+    annotations (one definition: no JSON twin of the class), each present field parsed; ``required``: a field
+    without a default must be present. ArtifactError naming the key otherwise. Returns the parsed fields by name
+    (other keys, such as a derived one the writer adds, are left alone)."""
+    if not isinstance(value, dict):
+        raise ArtifactError(f"{where or 'the document'} is {_shown(value)}, expected an object")
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.name in value:
+            out[f.name] = parse(value[f.name], hints[f.name], at(where, f.name))
+        elif required and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ArtifactError(f"{at(where, f.name)} is missing, expected {_name(hints[f.name])}")
+    return out
+
+
 def parse(value: Any, hint: Any, where: str) -> Any:
     """``value`` checked against ``hint`` (records parsed, in lists and maps too), or ArtifactError naming
     ``where``."""
@@ -178,11 +197,7 @@ def parse(value: Any, hint: Any, where: str) -> Any:
     if isinstance(hint, type) and issubclass(hint, Record):
         return hint.from_dict(value, where)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a plain dataclass: its fields by name
-        if not isinstance(value, dict):
-            raise ArtifactError(f"{where} is {_shown(value)}, expected an object")
-        hints = typing.get_type_hints(hint)
-        return hint(**{f.name: parse(value[f.name], hints[f.name], at(where, f.name))
-                       for f in dataclasses.fields(hint) if f.init and f.name in value})
+        return hint(**check_fields(hint, value, where, required=False))
     base = origin or hint
     if base is tuple:  # tuple[X, ...]: a JSON array
         if not isinstance(value, list):
