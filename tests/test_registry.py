@@ -155,3 +155,65 @@ def test_one_table_says_which_runtimes_each_verb_takes_and_one_function_refuses_
     assert (bench.ALL_RUNTIMES, bench.DEFAULT_RUNTIMES) == (RUNTIMES[BENCH].accepts, RUNTIMES[BENCH].default)
     assert "eager-nocache" in bench.ALL_RUNTIMES and "eager-nocache" not in bench.DEFAULT_RUNTIMES
     assert RUNTIMES[EVAL].default == ("ort-cpu",)
+
+
+@pytest.fixture
+def sessions(monkeypatch):
+    """Every ONNX Runtime session made from now on and every call that drives one: {id(session): (made inside a
+    runner's activation, [how it was run])}. A session runs only where a runner opened it: the runner's protocol
+    (runtime/protocol.py) decides the feeding, whoever holds the session (bench's bare loop holds the runner's)."""
+    import sys
+
+    import onnxruntime as ort
+
+    from mhaexport.runtime import ort as ort_runners
+
+    seen: dict = {}
+    here = ort_runners.__file__
+    init, run, run_bound = ort.InferenceSession.__init__, ort.InferenceSession.run, \
+        ort.InferenceSession.run_with_iobinding
+
+    def made(self, *args, **kwargs):
+        frame, inside = sys._getframe(1), False
+        while frame is not None and not inside:  # a runner's activate_impl (runtime/ort.py) opened it
+            inside = frame.f_code.co_filename == here and frame.f_code.co_name == "activate_impl"
+            frame = frame.f_back
+        init(self, *args, **kwargs)
+        seen[id(self)] = (inside, [])
+
+    def ran(how):
+        def spy(self, *args, **kwargs):
+            seen.setdefault(id(self), (False, []))[1].append(how)
+            return (run if how == "run" else run_bound)(self, *args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", made)
+    monkeypatch.setattr(ort.InferenceSession, "run", ran("run"))
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", ran("run_with_iobinding"))
+    return seen
+
+
+def test_every_onnx_runtime_session_export_quantize_verify_eval_and_bench_drive_is_a_registry_runners(
+        tmp_path, tiny, made, sessions):
+    """The decision "every ORT session of every verb is driven through a protocol from the registry", checked by
+    watching sessions and runners being made: the lowering self-checks (plain and shared), quantize's smoke run,
+    verify, eval and bench's ORT rows, bare loop, onnxruntime-genai row and profile."""
+    import mhaexport
+
+    plain, shared, q = tmp_path / "ort", tmp_path / "shared", tmp_path / "int8"
+    mhaexport.export_onnx(plain, model=tiny, attention="ort")  # the plain lowering self-check: two graphs
+    mhaexport.export_onnx(shared, model=tiny, kv_cache="shared", max_cache=64)  # the shared one
+    mhaexport.quantize(plain, q, weights="int8")  # its smoke run
+    assert {"decomposed", "ort", "shared", "quantized"} <= {n for _, n, inside in made if inside}
+    mhaexport.verify(shared, model=tiny, runtimes=["ort-cpu"], tokens=2)
+    mhaexport.evaluate(plain, b"a few words of text to score", runtimes=["ort-cpu"], window=8)
+    res = mhaexport.bench(shared, runtimes=["ort-cpu", "ort-bare", "ort-genai"], prompt_len=4, new_tokens=2,
+                          repeats=1, profile=True)
+    assert res.get("ort-bare").ran and res.profile.ops, res.get("ort-bare").reason
+    assert {"ort-cpu", "ort-bare", "ort-genai"} <= {n for _, n, _ in made}
+    outside = [(cls, n) for cls, n, inside in made if not inside]
+    assert not outside, f"runners built outside runners/registry.py: {outside}"
+    driven = {k: v for k, v in sessions.items() if v[1]}
+    assert len(driven) >= 6 and any("run_with_iobinding" in how for _, how in driven.values())
+    bare = [how for inside, how in driven.values() if not inside]
+    assert not bare, f"{len(bare)} ONNX Runtime session(s) run that no runner opened: {bare}"
