@@ -9,7 +9,6 @@ from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes
 from mhaexport.bench.result import BenchResult
-from mhaexport.iospec import shown_contract
 from mhaexport.verify.html import e, figure, page, table
 from mhaexport.verify.svg import COLOURS, Chart, Series
 
@@ -40,7 +39,7 @@ def html(res: BenchResult) -> str:
               for r in res.runtimes if r.ran and r.per_position_ms]
     series += [Series(f"{lr.label}, long run", list(zip(lr.positions, lr.ms)), dashed=True, colour=colour[lr.label])
                for lr in res.long_runs]
-    windows = [w for w in getattr(shown_contract(res.model.contract), "windows", None) or () if w > 0]
+    windows = [w for w in (res.model.contract or {}).get("windows") or [] if isinstance(w, int) and w > 0]
     if series:
         body.append(figure(Chart("Per-token latency against position", "position of the token fed (tokens)",
                                  "ms per token", series,

@@ -69,9 +69,10 @@ if TYPE_CHECKING:  # pragma: no cover
 Progress = Callable[[str], None]
 
 # ``all`` is the API's too (mhaexport.all), left out here so that ``from mhaexport.api import *`` keeps the builtin
-__all__ = ["adopt", "bench", "bisect_folder", "check_junit", "check_threads", "eval_verdict", "evaluate",
-           "export_onnx", "export_onnx_target", "export_pt2", "export_torchscript", "generate", "lint", "lint_verdict",
-           "load", "merge_reports", "quantize", "target_options", "verify", "verify_run", "write_reports"]
+__all__ = ["adopt", "bench", "bisect_folder", "check_input_file", "check_junit", "check_threads", "eval_verdict",
+           "evaluate", "export_onnx", "export_onnx_target", "export_pt2", "export_torchscript", "generate", "lint",
+           "lint_verdict", "load", "merge_reports", "quantize", "read_text", "target_options", "verify", "verify_run",
+           "write_reports"]
 
 
 def _names(value: Any, arg: str, *, paths: bool = False) -> tuple | None:
@@ -925,6 +926,60 @@ def check_junit(path: str | Path) -> Path:
         raise ConfigError(f"junit={str(path)!r}: {parent} is not a writable folder",
                           cli=f"--junit {path}: {parent} is not a writable folder")
     return Path(path)
+
+
+def check_input_file(path: str | Path, *, folder_ok: bool = True) -> None:
+    """A file named for reading (a text, a checkpoint, a config or model file) checked before anything opens it: a
+    FIFO, socket or device would block the read (a folder too, unless ``folder_ok``). ConfigError in one line; a
+    missing path passes (its reader says so)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise ConfigError(f"{path} is not a regular file (a FIFO, socket or device would block the read)")
+    if stat.S_ISDIR(mode) and not folder_ok:
+        raise ConfigError(f"{path} is a folder, not a file")
+
+
+TEXT_MAX_BYTES = 1 << 20  # a text to score is read whole and scored token by token: 1 MiB of bytes is minutes
+
+
+def read_text(path: str | Path, max_bytes: int = TEXT_MAX_BYTES, option: str = "") -> bytes:
+    """The bytes of a text file to score (``--text``), read with a bounded read (a device or a pipe that never ends
+    cannot hang it). ConfigError when it is no regular file or holds more than ``max_bytes`` (``option``: the option
+    that raises the cap, if any)."""
+    import stat
+
+    def refused(why: str) -> ConfigError:
+        return ConfigError(f"text {str(path)!r}: {why}", cli=f"--text {path}{'' if why[0] in ' (' else ': '}{why}")
+
+    try:  # O_NONBLOCK: opening a FIFO nobody writes returns at once (a plain open() waits for a writer forever)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise refused(str(e.strerror or e)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refused(" is not a regular file (a FIFO, socket or device): give a text file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(max_bytes + 1)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise refused(str(e.strerror or e)) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > max_bytes:
+        cap = f" ({option})" if option else ""
+        fix = f"give a shorter text or raise {option}" if option else "give a shorter text"
+        found = f"{size} bytes, above the cap of {max_bytes}{cap}" if size > max_bytes else \
+            f"more than {max_bytes} bytes, the cap{cap}"
+        raise refused(f" holds {found}: {fix}")
+    return data
 
 
 def check_threads(threads: int | None) -> int | None:

@@ -270,9 +270,9 @@ replace_option = click.option(
 
 
 def _regular_file(ctx: click.Context, param: click.Parameter, value):
-    """A file the user names for reading (--text, --checkpoint, a --config/--model file) must be a regular file: a
-    FIFO or a device would hang the read in open() (one line, exit 2, before anything opens it)."""
-    import stat
+    """A file the user names for reading (--text, --checkpoint, a --config/--model file) checked before anything
+    opens it (:func:`mhaexport.api.check_input_file`: a FIFO or a device would hang the read in open())."""
+    from mhaexport.api import check_input_file
 
     for v in (value if isinstance(value, tuple) else (value,)):
         if not v:
@@ -281,14 +281,9 @@ def _regular_file(ctx: click.Context, param: click.Parameter, value):
         if param.name == "model" and ":" in v:  # file.py:factory (a module:callable names no file)
             path = v.rsplit(":", 1)[0]
         try:
-            mode = os.stat(path).st_mode
-        except (OSError, ValueError):
-            continue  # missing: the option's own check says so
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            raise click.BadParameter(f"{path} is not a regular file (a FIFO, socket or device would block the read)",
-                                     param_hint=param.opts[0] if param.opts else param.name)
-        if stat.S_ISDIR(mode) and param.name in ("checkpoint", "quality_text", "text_file"):
-            raise click.BadParameter(f"{path} is a folder, not a file", param_hint=param.opts[0])
+            check_input_file(path, folder_ok=param.name not in ("checkpoint", "quality_text", "text_file"))
+        except MhaExportError as e:
+            raise click.BadParameter(str(e), param_hint=param.opts[0] if param.opts else param.name) from None
     return value
 
 
@@ -307,38 +302,7 @@ def runtime_option(help_text: str, *aliases: str):
 SEED = click.IntRange(0, 2**32 - 1)  # numpy's and torch's seeds alike: a negative one is bad input, not a crash
 
 
-TEXT_MAX_BYTES = 1 << 20  # --text files are read whole and scored token by token: 1 MiB of bytes is minutes
-
-
-def _read_text(path: str, max_bytes: int = TEXT_MAX_BYTES, option: str = "") -> bytes:
-    """The bytes of --text ``path``, read with a bounded read (a device or a pipe that never ends cannot hang it);
-    BadInput when it holds more than ``max_bytes`` (``option``: the option that raises the cap, if any)."""
-    import stat
-
-    try:  # O_NONBLOCK: opening a FIFO nobody writes returns at once (a plain open() waits for a writer forever)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise BadInput(f"--text {path}: {e.strerror or e}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadInput(f"--text {path} is not a regular file (a FIFO, socket or device): give a text file")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            data = f.read(max_bytes + 1)
-            size = os.fstat(f.fileno()).st_size
-    except OSError as e:
-        raise BadInput(f"--text {path}: {e.strerror or e}") from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > max_bytes:
-        cap = f" ({option})" if option else ""
-        fix = f"give a shorter text or raise {option}" if option else "give a shorter text"
-        found = f"{size} bytes, above the cap of {max_bytes}{cap}" if size > max_bytes else \
-            f"more than {max_bytes} bytes, the cap{cap}"
-        raise BadInput(f"--text {path} holds {found}: {fix}")
-    return data
+TEXT_MAX_BYTES = 1 << 20  # eval's --max-bytes default (mhaexport.api.TEXT_MAX_BYTES)
 
 
 def _size(path: Path) -> str:
@@ -686,7 +650,7 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, tr
 
     from mhaexport import api
 
-    text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
+    text = None if text_file is None else api.read_text(text_file, max_bytes, "--max-bytes")
     report = api.evaluate(folder, text, text_source=text_file, runtimes=runtimes or None, window=window,
                           stride=stride, trust_code=trust_code, progress=_progress)
     _progress_done()
@@ -909,7 +873,9 @@ def _quality_settings(quality: dict | None, text_file: str | None):
 
     if text_file is None:
         return QualitySettings(overrides=quality)
-    return QualitySettings(overrides=quality, text=_read_text(text_file), text_source=text_file)
+    from mhaexport.api import read_text
+
+    return QualitySettings(overrides=quality, text=read_text(text_file), text_source=text_file)
 
 
 def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:

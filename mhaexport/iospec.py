@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -301,17 +301,6 @@ Contract = ModelContract | ModuleContract  # what an export folder's model recor
 def contract_from_dict(data: dict) -> Contract:
     """A recorded contract: a module's (it has ``kind``) or the decoder's."""
     return ModuleContract.from_dict(data) if "kind" in data else ModelContract.from_dict(data)
-
-
-def shown_contract(data: Any) -> Contract | None:
-    """A contract a report or bench result recorded, read for showing (its windows, its mask): None when there is
-    none or it is not one (a report from elsewhere is shown, never refused, for that)."""
-    from mhaexport.errors import MhaExportError
-
-    try:
-        return contract_from_dict(data) if isinstance(data, dict) and data else None
-    except (KeyError, TypeError, ValueError, MhaExportError):
-        return None
 
 
 def module_io_schema(contract: ModuleContract, dtype: str = "float32") -> dict:

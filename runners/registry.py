@@ -27,8 +27,8 @@ from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.session import SessionConfig
 from mhaexport.runners.block import TorchMhaRunner, TorchModuleRunner, module_ort_runner
 from mhaexport.runners.decoder import EagerRunner, OnnxReferenceRunner, RecomputeRunner, TorchScriptRunner
-from mhaexport.runners.names import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_BARE, ORT_CPU, ORT_CUDA, ORT_GENAI,
-                                     TORCH_MHA, TORCHSCRIPT, session_config)
+from mhaexport.runners.names import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_BARE, ORT_CPU, ORT_CUDA,
+                                     ORT_GENAI, TORCH_MHA, TORCHSCRIPT, session_config)
 from mhaexport.runners.pt2 import CODE_RUNTIMES, code_runner
 
 __all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "graph_runner", "runner_for",

@@ -156,8 +156,8 @@ def lint_findings(model, file: Path, ef=None) -> list[ConfigFinding] | None:
     from mhaexport.runtime.genai_config import GenaiConfig, GenaiDecoder, GenaiModel, section
 
     top = section(GenaiConfig, cfg)
-    model = section(GenaiModel, top.model) if top is not None else None
-    decoder = section(GenaiDecoder, model.decoder) if model is not None else None
+    cfg_model = section(GenaiModel, top.model) if top is not None else None
+    decoder = section(GenaiDecoder, cfg_model.decoder) if cfg_model is not None else None
     named = decoder.filename if decoder is not None else None
     if ef is None and isinstance(named, str) and named != Path(file).name:
         return None  # it describes another file of the folder

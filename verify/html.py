@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport.artifact import atomic_write_bytes
-from mhaexport.iospec import shown_contract
 from mhaexport.untrusted import shown
 from mhaexport.verify.figures import Limits, Scores
 from mhaexport.verify.report import VerifyReport
@@ -126,7 +125,7 @@ def _footer(report: VerifyReport) -> str:
 
 def _windows(report: VerifyReport) -> list[tuple[float, str]]:
     """Each distinct sliding window of the model's layers as a marker: (W, "W=... (layers ...)")."""
-    windows = getattr(shown_contract(report.model.contract), "windows", None) or ()
+    windows = (report.model.contract or {}).get("windows") or []
     marks: dict[int, list[int]] = {}
     for layer, w in enumerate(windows):
         if isinstance(w, int) and w > 0:

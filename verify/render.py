@@ -11,7 +11,6 @@ from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from mhaexport.artifact.source import HfSource
-from mhaexport.iospec import shown_contract
 from mhaexport.untrusted import shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
@@ -79,7 +78,7 @@ def _header(report: VerifyReport) -> list[str]:
         arts.append(f"{name} ({', '.join(how)})")
     what = f"**Model** `{spec}` ({ckpt})"
     if report.module:
-        mask = getattr(shown_contract(model.contract), "mask", "?")
+        mask = (model.contract or {}).get("mask", "?")
         what = (f"**Module** {report.module} block on its own, mask `{mask}`"
                 f"{'' if mask == 'causal' else ' (bidirectional)'} · **weights** `{spec}` ({ckpt})")
     sweep, tol = report.sweep, report.tolerance
