@@ -77,7 +77,7 @@ def test_every_runner_eval_and_bench_make_comes_from_the_registry(tiny_export, m
     assert not outside, f"runners built outside runners/registry.py: {outside}"
 
 
-def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, made):
+def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, made, sessions):
     """verify's ort-cpu translates the contract's calls; its deploy-loop parts run the same session in the file's
     own protocol (deploy_of); bench's row and profile run that protocol. All from the registry."""
     import mhaexport
@@ -95,9 +95,15 @@ def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, m
     report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",), checks=("padding",))
     assert report.passed and "deploy loop" in report.results["ort-cpu"]["padding"].figures["protocol"]
     assert ("SharedCacheOrtRunner", "ort-cpu (deploy loop)", True) in made
-    mhaexport.bench(tmp_path, runtimes=["ort-cpu"], prompt_len=4, new_tokens=2, repeats=1, profile=True)
+    res = mhaexport.bench(tmp_path, runtimes=["ort-cpu", "ort-bare"], prompt_len=4, new_tokens=2, repeats=1,
+                          profile=True)
+    assert res.get("ort-bare").ran, res.get("ort-bare").reason  # its bare loop binds the shared buffers
     outside = [(cls, n) for cls, n, inside in made if not inside]
     assert not outside, f"runners built outside runners/registry.py: {outside}"
+    driven = [how for inside, how in sessions.values() if how]
+    assert any("run_with_iobinding" in how for how in driven)
+    bare = [how for inside, how in sessions.values() if how and not inside]
+    assert not bare, f"{len(bare)} ONNX Runtime session(s) run that no runner opened: {bare}"
     with ExportFolder.open(tmp_path) as ef:
         verify_runner = runner_for(ef, "ort-cpu", loaded.contract)
         own = runner_for(ef, "ort-cpu", loaded.contract, protocol=DEPLOY)
@@ -193,27 +199,25 @@ def sessions(monkeypatch):
     return seen
 
 
-def test_every_onnx_runtime_session_export_quantize_verify_eval_and_bench_drive_is_a_registry_runners(
-        tmp_path, tiny, made, sessions):
+def test_every_onnx_runtime_session_export_quantize_eval_and_bench_drive_is_a_registry_runners(tmp_path, tiny, made,
+                                                                                               sessions):
     """The decision "every ORT session of every verb is driven through a protocol from the registry", checked by
-    watching sessions and runners being made: the lowering self-checks (plain and shared), quantize's smoke run,
-    verify, eval and bench's ORT rows, bare loop, onnxruntime-genai row and profile."""
+    watching sessions and runners being made and run: the plain lowering self-check, quantize's smoke run, eval, and
+    bench's ORT row, bare loop and onnxruntime-genai row (the shared cache's self-check, verify and bench's shared
+    rows: the test above)."""
     import mhaexport
 
-    plain, shared, q = tmp_path / "ort", tmp_path / "shared", tmp_path / "int8"
+    plain, q = tmp_path / "ort", tmp_path / "int8"
     mhaexport.export_onnx(plain, model=tiny, attention="ort")  # the plain lowering self-check: two graphs
-    mhaexport.export_onnx(shared, model=tiny, kv_cache="shared", max_cache=64)  # the shared one
     mhaexport.quantize(plain, q, weights="int8")  # its smoke run
-    assert {"decomposed", "ort", "shared", "quantized"} <= {n for _, n, inside in made if inside}
-    mhaexport.verify(shared, model=tiny, runtimes=["ort-cpu"], tokens=2)
-    mhaexport.evaluate(plain, b"a few words of text to score", runtimes=["ort-cpu"], window=8)
-    res = mhaexport.bench(shared, runtimes=["ort-cpu", "ort-bare", "ort-genai"], prompt_len=4, new_tokens=2,
-                          repeats=1, profile=True)
-    assert res.get("ort-bare").ran and res.profile.ops, res.get("ort-bare").reason
+    assert {"decomposed", "ort", "quantized"} <= {n for _, n, inside in made if inside}
+    mhaexport.evaluate(q, b"a few words of text to score", runtimes=["ort-cpu"], window=8)
+    res = mhaexport.bench(plain, runtimes=["ort-cpu", "ort-bare", "ort-genai"], prompt_len=4, new_tokens=2, repeats=1)
+    assert res.get("ort-bare").ran, res.get("ort-bare").reason
     assert {"ort-cpu", "ort-bare", "ort-genai"} <= {n for _, n, _ in made}
     outside = [(cls, n) for cls, n, inside in made if not inside]
     assert not outside, f"runners built outside runners/registry.py: {outside}"
     driven = {k: v for k, v in sessions.items() if v[1]}
-    assert len(driven) >= 6 and any("run_with_iobinding" in how for _, how in driven.values())
+    assert len(driven) >= 5  # two self-check graphs, the smoke run, eval's and bench's sessions
     bare = [how for inside, how in driven.values() if not inside]
     assert not bare, f"{len(bare)} ONNX Runtime session(s) run that no runner opened: {bare}"
