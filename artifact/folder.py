@@ -329,8 +329,7 @@ def lowering_of(ef: ExportFolder) -> str | None:
     """How an export folder's ONNX graph holds attention, as a label: "attention=ort float16", with " kv=shared"
     for a shared KV cache and the weights' quantization when there is one: "attention=decomposed float32 int4"; an
     adopted file's producer: "onnxruntime-genai float32 kv=shared" (None: no ONNX)."""
-    onnx_art = ef.artifacts.get("onnx")
-    if onnx_art is None or not isinstance(d := onnx_art.details, OnnxDetails):
+    if not ef.has("onnx") or not isinstance(d := (onnx_art := ef.artifacts["onnx"]).details, OnnxDetails):
         return None
     shared = f" kv={d.cache.kind}" if d.cache.shared else ""  # kv=shared, or kv=window (a window-sized cache)
     quant = f" {d.quantization.weights}" if d.quantization and d.quantization.weights else ""

@@ -34,10 +34,10 @@ from typing import Any
 from mhaexport.artifact import schema
 from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.details import Details, details_from_dict
-from mhaexport.artifact.record import Record, at
+from mhaexport.artifact.record import Record, at, check_fields
 from mhaexport.artifact.source import LegacySource, Source, V1Rebuild
 from mhaexport.errors import ArtifactError, UntrustedInput
-from mhaexport.iospec import Contract, ModuleContract, contract_from_dict
+from mhaexport.iospec import Contract, ModelContract, ModuleContract, contract_from_dict
 from mhaexport.untrusted import check_dims
 
 KIND = "manifest"
@@ -59,41 +59,10 @@ def legacy_fingerprint(spec: str, contract: dict, config: dict | None, checkpoin
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass
-class _DecoderContractJson(Record):
-    """The JSON types of a decoder's recorded contract (:class:`~mhaexport.iospec.ModelContract` builds it)."""
-
-    n_layers: int
-    n_heads: int
-    head_dim: int
-    vocab_size: int
-    max_positions: int
-    n_kv_heads: int | None = None
-    windows: list[int] | None = None
-    attn_softcap: float | None = None
-    final_softcap: float | None = None
-    attn_scale: float | None = None
-    attn_sinks: bool | None = None
-
-
-@dataclass
-class _ModuleContractJson(Record):
-    """The JSON types of a block's recorded contract (:class:`~mhaexport.iospec.ModuleContract` builds it)."""
-
-    kind: str
-    mask: str
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    max_positions: int
-    head_dim: int | None = None
-
-
 def _contract(value: object, where: str) -> Contract:
     """A recorded contract read: its JSON types (ArtifactError naming the key), its sizes within what mhaexport
     runs (UntrustedInput), then the contract itself (a module's when it has ``kind``, else the decoder's)."""
-    (_ModuleContractJson if isinstance(value, dict) and "kind" in value else _DecoderContractJson).from_dict(value,
-                                                                                                           where)
+    check_fields(ModuleContract if isinstance(value, dict) and "kind" in value else ModelContract, value, where)
     check_dims(value, where)
     try:
         return contract_from_dict(value)

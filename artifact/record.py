@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -44,16 +45,16 @@ class Record:
     KEY_ORDER: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def _fields(cls) -> list[tuple[dataclasses.Field, str, Any]]:
-        """(field, JSON key, type) of each declared key."""
+    def _fields(cls) -> list[_Field]:
+        """(field, JSON key, type, metadata) of each declared key."""
         return _fields_of(cls)
 
     @classmethod
     def keys(cls) -> set[str]:
         """Every JSON key this record reads (a flat record's keys included)."""
         out: set[str] = set()
-        for f, key, hint in cls._fields():
-            out |= hint.keys() if f.metadata.get("flat") else {key}
+        for _f, key, hint, meta in cls._fields():
+            out |= hint.keys() if meta.flat else {key}
         return out
 
     @classmethod
@@ -64,15 +65,15 @@ class Record:
             raise ArtifactError(f"{where or 'the document'} is {_shown(data)}, expected an object")
         kwargs: dict[str, Any] = {}
         known: set[str] = set(cls.DERIVED)
-        for f, key, hint in cls._fields():
-            if f.metadata.get("flat"):
+        for f, key, hint, meta in cls._fields():
+            if meta.flat:
                 sub = {k: v for k, v in data.items() if k in hint.keys()}
                 kwargs[f.name] = hint.from_dict(sub, where)
                 known |= hint.keys()
                 continue
             known.add(key)
-            if key in data and "parse" in f.metadata:  # a type of its own: its reader checks and builds it
-                kwargs[f.name] = f.metadata["parse"](data[key], at(where, key))
+            if key in data and meta.parse is not None:  # a type of its own: its reader checks and builds it
+                kwargs[f.name] = meta.parse(data[key], at(where, key))
             elif key in data:
                 kwargs[f.name] = parse(data[key], hint, at(where, key))
             elif key in cls.REQUIRED or (f.default is dataclasses.MISSING
@@ -87,12 +88,12 @@ class Record:
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {}
-        for f, key, _ in self._fields():
+        for f, key, _, meta in self._fields():
             value = getattr(self, f.name)
-            if f.metadata.get("flat"):
+            if meta.flat:
                 out.update(value.to_dict())
-            elif value is not None and "dump" in f.metadata:
-                out[key] = f.metadata["dump"](value)
+            elif value is not None and meta.dump is not None:
+                out[key] = meta.dump(value)
             elif value is not None or key in self.read_keys or key in self.WRITE_NONE or self.WRITE_NONE == ("*",):
                 out[key] = dump(value)
         for key in self.DERIVED:
@@ -104,11 +105,40 @@ class Record:
         return {k: out[k] for k in [k for k in self.read_keys if k in out] + fresh}
 
 
+@dataclass(frozen=True)
+class FieldMeta:
+    """A Record field's metadata, typed (the keys :class:`Record` documents): its JSON ``key``, ``flat``, ``json``,
+    and a ``parse`` / ``dump`` of its own."""
+
+    key: str
+    flat: bool = False
+    json: bool = True
+    parse: Callable[[Any, str], Any] | None = None
+    dump: Callable[[Any], Any] | None = None
+
+    @classmethod
+    def of(cls, f: dataclasses.Field) -> FieldMeta:
+        unknown = set(f.metadata) - {"key", "flat", "json", "parse", "dump"}
+        if unknown:
+            raise TypeError(f"field {f.name}: unknown Record metadata {sorted(unknown)}")
+        return cls(**{"key": f.name, **f.metadata})
+
+
+class _Field(typing.NamedTuple):
+    """A declared key: the dataclass field, its JSON key, its type and its metadata."""
+
+    field: dataclasses.Field
+    key: str
+    hint: Any
+    meta: FieldMeta
+
+
 @functools.cache
-def _fields_of(cls: type) -> list[tuple[dataclasses.Field, str, Any]]:
+def _fields_of(cls: type) -> list[_Field]:
     hints = typing.get_type_hints(cls)
-    return [(f, f.metadata.get("key", f.name), hints[f.name]) for f in dataclasses.fields(cls)
-            if f.name not in ("extra", "read_keys") and f.metadata.get("json", True)]
+    metas = {f.name: FieldMeta.of(f) for f in dataclasses.fields(cls) if f.name not in ("extra", "read_keys")}
+    return [_Field(f, metas[f.name].key, hints[f.name], metas[f.name]) for f in dataclasses.fields(cls)
+            if f.name in metas and metas[f.name].json]
 
 
 def at(where: str, key: str | int) -> str:
@@ -152,6 +182,25 @@ _OK = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
        list: lambda v: isinstance(v, list), dict: lambda v: isinstance(v, dict)}
 
 
+def check_fields(cls: type, value: Any, where: str, *, required: bool = True) -> dict[str, Any]:
+    """The JSON types of a plain dataclass's fields in object ``value``, checked against the dataclass's own
+    annotations (one definition: no JSON twin of the class), each present field parsed; ``required``: a field
+    without a default must be present. ArtifactError naming the key otherwise. Returns the parsed fields by name
+    (other keys, such as a derived one the writer adds, are left alone)."""
+    if not isinstance(value, dict):
+        raise ArtifactError(f"{where or 'the document'} is {_shown(value)}, expected an object")
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.name in value:
+            out[f.name] = parse(value[f.name], hints[f.name], at(where, f.name))
+        elif required and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ArtifactError(f"{at(where, f.name)} is missing, expected {_name(hints[f.name])}")
+    return out
+
+
 def parse(value: Any, hint: Any, where: str) -> Any:
     """``value`` checked against ``hint`` (records parsed, in lists and maps too), or ArtifactError naming
     ``where``."""
@@ -178,11 +227,7 @@ def parse(value: Any, hint: Any, where: str) -> Any:
     if isinstance(hint, type) and issubclass(hint, Record):
         return hint.from_dict(value, where)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a plain dataclass: its fields by name
-        if not isinstance(value, dict):
-            raise ArtifactError(f"{where} is {_shown(value)}, expected an object")
-        hints = typing.get_type_hints(hint)
-        return hint(**{f.name: parse(value[f.name], hints[f.name], at(where, f.name))
-                       for f in dataclasses.fields(hint) if f.init and f.name in value})
+        return hint(**check_fields(hint, value, where, required=False))
     base = origin or hint
     if base is tuple:  # tuple[X, ...]: a JSON array
         if not isinstance(value, list):

@@ -177,14 +177,6 @@ class Row:
         rb.per_position_ms = [_ms(statistics.median(r.step_s[i] for r in runs)) for i in range(n)]
 
 
-def _own_loop(name: str, contract, providers: list[str]) -> Runner:
-    """The runner a row with a loop of its own (bare, onnxruntime-genai) keeps: never run, it carries the row's
-    name, contract and what it ran on."""
-    runner = Runner(name, contract)
-    runner.providers = providers
-    return runner
-
-
 class BareRow(Row):
     """A bare loop over the folder's ONNX file, to see what mhaexport's decode loop costs: ``session.run`` with numpy
     in and out (a shared cache: the buffers bound once and reused, the least IO binding can do), argmax on the last
@@ -206,25 +198,26 @@ class BareRow(Row):
         self.ef, self.cfg, self.share = ef, cfg, share
 
     def _load(self) -> Runner:
-        from mhaexport.runtime.choose import feed_of, source_sha256
-        from mhaexport.runtime.session import SessionConfig, open_session
+        from mhaexport.runtime.session import SessionConfig
 
         ef = self.ef
-        self.feed = feed_of(ef)  # how the file is fed, read from the manifest as every ORT row reads it
         own = self.share()
-        runner = own.runner if own is not None and own.ok else None
-        if runner is not None and getattr(runner, "session", None) is not None:
-            self.session = runner.session  # the ORT CPU row's own session: the rows differ by the loop alone
+        ours = own.runner if own is not None and own.ok else None
+        # the registry's ort-bare runner: the file in its own protocol, on the ort-cpu row's session when loaded
+        runner = runner_for(ef, ORT_BARE, ef.contract, ours=ours,
+                            config=SessionConfig(providers=("cpu",), threads=self.cfg.threads)).activate()
+        if runner.skip_reason is not None:
+            return runner
+        if runner.session_of is not None:
             self.record.notes.append("runs on the ort-cpu row's InferenceSession")
         else:
             self.record.notes.append("runs on a session of its own (no ort-cpu row loaded before it): its ratio to "
                                      "ort-cpu also holds the difference between two sessions")
-            config = SessionConfig(providers=("cpu",), threads=self.cfg.threads)
-            self.session = open_session(ef.file("onnx"), config, source_sha256=source_sha256(ef))[0]
+        self.session, self.feed, self.protocol = runner.session, runner.feed, runner.protocol
         self.contract = ef.contract
         self.kv_dtype = dtypes.numpy_dtype(self.feed.cache_dtype)  # the cache's dtype as the runtime reads it
         self.out_names = [self.feed.logits, *self.feed.present]
-        return _own_loop(self.record.name, ef.contract, list(self.session.get_providers()))
+        return runner
 
     def generate(self, prompt: np.ndarray, n: int) -> GenerationResult:
 
@@ -234,7 +227,7 @@ class BareRow(Row):
         if feed.shared:
             import onnxruntime as ort
 
-            protocol = feed.protocol_object()  # the shared buffer's: its sizing and binding, as the runner's
+            protocol = self.protocol  # the runner's (the shared buffer's): its sizing and binding
             # sized to the generation, as the decode loop and onnxruntime-genai size theirs
             per_layer = protocol.layer_slots(protocol.slots(P + n))  # a window cache's windowed layers: W + slack
             bufs = [ort.OrtValue.ortvalue_from_numpy(np.zeros((B, c.n_kv_heads, per_layer[i // 2], c.head_dim),
@@ -281,21 +274,18 @@ class GenAIRow(Row):
 
     def __init__(self, record: RuntimeBench, ef: ExportFolder, cfg: BenchConfig) -> None:
         super().__init__(record, self._load, cfg.repeats)
-        self.ef, self.threads = ef, cfg.threads
+        self.ef, self.threads, self.trust_code = ef, cfg.threads, cfg.trust_code
 
     def _load(self) -> Runner:
-        from mhaexport.artifact import read_json
-        from mhaexport.runtime.genai import GENAI_CONFIG, genai_model, import_og
-        from mhaexport.runtime.runner import skipped
-
-        og = import_og()
         ef = self.ef
-        if "genai_config.json" not in ef.entry("onnx").files:
-            return skipped(self.record.name, ef.contract, f"{ef.path} has no genai_config.json")
-        self.model = genai_model(ef.root, self.threads)  # --threads, as every other row
-        config = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
-        self.context_length = int(config.get("context_length") or ef.contract.max_positions)
-        return _own_loop(self.record.name, ef.contract, [f"onnxruntime-genai {getattr(og, '__version__', '')}".strip()])
+        # the registry's ort-genai runner (the one og.Model builder, its options checked), --threads as every row
+        runner = runner_for(ef, ORT_GENAI, ef.contract, threads=self.threads, trust_code=self.trust_code).activate()
+        if runner.skip_reason is not None:
+            return runner
+        self.model = runner.model
+        length = runner.model_section.context_length
+        self.context_length = int(length) if isinstance(length, int) and length > 0 else ef.contract.max_positions
+        return runner
 
     def too_long(self, prompt_len: int, n: int) -> str | None:
         """onnxruntime-genai refuses a max_length (prompt + new tokens, the last one never fed) past the config's

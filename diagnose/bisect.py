@@ -905,7 +905,7 @@ def case_of_report(report, contract, runtimes: tuple[str, ...] | None = None,
         return None  # a sweep verify does not make: no case from this report
     order = sorted(report.results, key=lambda rt: (rt != "ort-cpu", not rt.startswith("ort-")))
     for rt in order:
-        res = report.results[rt].get("parity")
+        res = report.result(rt, "parity")
         if (rt not in runtimes if runtimes else rt == "torchscript") or res is None or res.status is not False:
             continue
         name = res.figures.worst_case

@@ -182,10 +182,10 @@ def bisect_target(folder: str | Path, runtimes: tuple[str, ...] | None = None) -
     for path in sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
                        key=lambda p: p.stat().st_mtime, reverse=True):
         try:
-            results = load_report(path).results
+            report = load_report(path)
         except MhaExportError:
             continue
-        failed = {rt for rt, res in results.items() if getattr(res.get("parity"), "status", None) is False}
+        failed = {rt for rt in report.results if getattr(report.result(rt, "parity"), "status", None) is False}
         if failed:
             return PT2 if PT2 in failed and not any(rt.startswith("ort-") for rt in failed) else "onnx"
     return "onnx"

@@ -66,6 +66,37 @@ class BisectRun:
     def summary(self) -> str:
         return "\n".join(r.summary() for r in (self.followed, self.report) if r is not None)
 
+    @property
+    def found(self) -> str | None:
+        """Where bisect found a difference, in one line (the followed check's first difference, the module the
+        graph or program first diverges at, a mask the graph holds otherwise than the model), None when it found
+        none."""
+        found = None
+        f, r = self.followed, self.report
+        if f is not None and not f.ok:
+            found = f"bisect followed {f.runtime}'s {f.check} check: the first difference is {f.where}"
+        if r is not None and not r.ok:
+            where = r.culprit or r.first_divergent
+            step = f", step '{r.step.step}'" if r.step is not None and r.steps_module == where.module else ""
+            s = r.shapes
+            fused = f" inside its fused {r.fused_op}" if getattr(r, "fused_op", None) else ""
+            what = "the torch.export program" if r.kind == "pt2" else "the ONNX graph"
+            found = (f"{what} diverges from eager PyTorch at {where.module}{fused} ({where.onnx_value}, rel err "
+                     f"{where.rel:.1e}){step} at batch={s['batch']} seq={s['seq']} past={s['past']}")
+        if r is not None and r.kind == "onnx" and r.masks:  # a window or softcap, whatever the case
+            mask = f"the graph's mask differs from the model's at {r.masks[0].line()}"
+            found = f"{found}; {mask}" if found else mask
+        return found
+
+    @property
+    def exit(self) -> tuple[int, str]:
+        """(code, message) of ``verify --bisect``: verify's verdict (1 failed, 4 not verified), and 1 also when bisect
+        found a difference in a passing one (:func:`mhaexport.errors.raise_for_verdict` makes it the exit)."""
+        found, v = self.found, self.verdict
+        said = "; ".join(x for x in (None if v is None or v else f"verify ({self.verified}): {v.message}", found)
+                         if x)
+        return (1 if found is not None else (v.code if v is not None else 0)), said
+
 
 CONTRACT_RUNTIMES = ("ort-cpu", "ort-cuda")  # runtimes verify drives in the contract's protocol (parity's)
 

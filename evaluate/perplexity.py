@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
@@ -73,17 +74,25 @@ class EvalReport:
         return "\n".join(lines) + "\n"
 
 
-def _runner(name: str, ef: ExportFolder, loaded_box: dict) -> Runner:
+@dataclass
+class _Eager:
+    """The eager model of an eval run, rebuilt from the manifest on first use (``trust_code``: also from code)."""
+
+    trust_code: bool = False
+    loaded: Any = None
+
+
+def _runner(name: str, ef: ExportFolder, eager: _Eager) -> Runner:
     """The runner for ``name`` on ``ef``'s artifacts (the eager model rebuilt from the manifest once)."""
     c = ef.contract
     if name in (EAGER, EAGER_CUDA):
-        if "loaded" not in loaded_box:
+        if eager.loaded is None:
             from mhaexport.models.loading import load_recorded
 
-            loaded_box["loaded"] = load_recorded(ef, trust_code=loaded_box.get("trust_code", False))
-        return runner_for(ef, name, c, eager=loaded_box["loaded"].module)
+            eager.loaded = load_recorded(ef, trust_code=eager.trust_code)
+        return runner_for(ef, name, c, eager=eager.loaded.module)
     # as verify drives it: a shared cache, an adopted file's layout; pt2/aoti only with --trust-code
-    return runner_for(ef, name, c, trust_code=loaded_box.get("trust_code", False))
+    return runner_for(ef, name, c, trust_code=eager.trust_code)
 
 
 def _threads_for(ef: ExportFolder, name: str) -> int | None:
@@ -121,7 +130,7 @@ def evaluate_folder(folder: str | Path | ExportFolder, text: bytes | None = None
         raise ConfigError(f"--window {window}: at least 2 tokens")
     L = min(window or c.max_positions, c.max_positions)
     step = max(1, min(stride or L // 2, L))
-    rows, box = [], {"trust_code": trust_code}
+    rows, box = [], _Eager(trust_code)
     for name in dict.fromkeys(runtimes):
         runner = _runner(name, ef, box)
         row = EvalRow(name, "ran")

@@ -384,14 +384,17 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
 def _smoke_run(path: Path, contract) -> None:
     """Load the quantized file in ONNX Runtime CPU and run it once (finite logits), or ExportError."""
     from mhaexport import iospec
-    from mhaexport.runtime.session import cpu_session
+    from mhaexport.runners.registry import graph_runner
+    from mhaexport.runtime.feed import Feed
 
+    runner = graph_runner("quantized", contract, str(path), Feed.contract(contract.n_layers))  # the contract's calls
     try:
-        session = cpu_session(str(path))
         ids, mask, past = iospec.dummy_inputs(contract, 1, 2, 1, seed=0)
-        logits = session.run([iospec.LOGITS], iospec.make_feed(ids, mask, past))[0]
+        logits = runner.activate().run(ids, mask, past)[0]
     except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
         raise ExportError(f"ONNX Runtime cannot run the quantized model: {first_line(e)}") from None
+    finally:
+        runner.deactivate()
     if not np.isfinite(logits).all():
         raise ExportError("the quantized model computes non-finite logits")
 

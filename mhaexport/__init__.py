@@ -43,7 +43,7 @@ from mhaexport.errors import MhaExportError  # noqa: E402
 # The Python API (mhaexport/api.py), imported on first use so `import mhaexport` and `mhaexport --help` stay instant.
 _API = ("adopt", "all", "bench", "bisect_folder", "check_junit", "check_threads", "eval_verdict", "evaluate",
         "export_onnx", "export_onnx_target", "export_pt2", "export_torchscript", "generate", "lint", "lint_verdict",
-        "load", "merge_reports", "quantize", "target_options", "verify", "write_reports")
+        "load", "merge_reports", "quantize", "target_options", "verify", "verify_run", "write_reports")
 # Three API names are also subpackages (verify/, bench/, evaluate/): importing a subpackage sets the package's
 # attribute to the module, whatever was there, so the attribute becomes an ApiFunction view of it (see _Package).
 _PACKAGES = ("verify", "bench", "evaluate")

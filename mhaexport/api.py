@@ -69,9 +69,10 @@ if TYPE_CHECKING:  # pragma: no cover
 Progress = Callable[[str], None]
 
 # ``all`` is the API's too (mhaexport.all), left out here so that ``from mhaexport.api import *`` keeps the builtin
-__all__ = ["adopt", "bench", "bisect_folder", "check_junit", "check_threads", "eval_verdict", "evaluate",
-           "export_onnx", "export_onnx_target", "export_pt2", "export_torchscript", "generate", "lint", "lint_verdict",
-           "load", "merge_reports", "quantize", "target_options", "verify", "write_reports"]
+__all__ = ["adopt", "bench", "bisect_folder", "check_input_file", "check_junit", "check_threads", "eval_verdict",
+           "evaluate", "export_onnx", "export_onnx_target", "export_pt2", "export_torchscript", "generate", "lint",
+           "lint_verdict", "load", "merge_reports", "quantize", "read_text", "target_options", "verify", "verify_run",
+           "write_reports"]
 
 
 def _names(value: Any, arg: str, *, paths: bool = False) -> tuple | None:
@@ -479,7 +480,7 @@ def _prompt_ids(value: Any) -> list[list[int]]:
 
 def bench(folder: str | Path, *, output: str | Path | None = None, progress: Progress | None = None,
           lowerings: str | Sequence[str] | None = None, quantize: str | Sequence[str] | None = None,
-          builder: str | Sequence[str] | None = None, **config: Any) -> BenchResult:
+          builder: str | Sequence[str] | None = None, trust_code: bool = False, **config: Any) -> BenchResult:
     """``mhaexport bench``: time the KV-cache decode loop of an export folder on each runtime. ``config``: fields
     of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long, ...;
     ``runtimes=["all"]``: every runtime, pt2/aoti with ``trust_code``; ``batches=[1, 4, 16]`` /
@@ -504,7 +505,7 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
     from mhaexport.bench.config import AOTI, PT2
 
     if "long_to" in config:  # the CLI's --long; long_to is its deprecated alias
-        config["long"] = _renamed("long", config.get("long"), "long_to", config.pop("long_to"))
+        config["long"] = _renamed("long", config.pop("long", None), "long_to", config.pop("long_to"))
     if "long" in config:
         config["long_to"] = config.pop("long")
     for key in ("runtimes", "opt_levels", "compare"):  # a bare string is one name (one folder)
@@ -514,9 +515,9 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
     for key in ("batches", "prompts"):  # "1,4,16" or [1, 4, 16]: ConfigError in one line naming the point
         if key in config:
             config[key] = _bench.parse_points(config[key], key)
-    if config.get("runtimes") == ("all",):  # every runtime; the code runtimes (pt2, aoti) only on trust
-        config["runtimes"] = tuple(r for r in _bench.ALL_RUNTIMES if config.get("trust_code") or r not in (PT2, AOTI))
-    cfg = _bench.BenchConfig(**config)  # checked when made: the one check of the request
+    if "runtimes" in config and config["runtimes"] == ("all",):  # every runtime; the code ones (pt2, aoti) on trust
+        config["runtimes"] = tuple(r for r in _bench.ALL_RUNTIMES if trust_code or r not in (PT2, AOTI))
+    cfg = _bench.BenchConfig(**config, trust_code=trust_code)  # checked when made: the one check of the request
     steps = _bench_steps(lowerings, quantize, builder)
     out_dir = Path(output if output is not None else folder)
     if output is not None or any(steps):
@@ -683,6 +684,207 @@ def bisect_folder(folder: str | Path, *, model: str | LoadedModel | None = None,
         return run(followed, _bisect(ef, loaded, trust_code=trust_code, **shapes))
 
 
+class VerifyRun:
+    """What ``mhaexport verify [PATH]`` did (:func:`verify_run`): ``report`` (verify's
+    :class:`~mhaexport.verify.report.VerifyReport`, a refused folder's with verdict "refused"; None with ``bisect``),
+    ``bisect`` (the :class:`~mhaexport.diagnose.follow.BisectRun` of ``bisect=True``), ``written`` (the report files,
+    the JUnit file, bisect's node data), ``adopted`` (FILE.onnx's ExportRecord), ``exported`` (the records of a
+    temporary export), ``folder`` (the folder verified; None for a temporary one). ``exit``: (code, message) — the
+    verdict (:func:`mhaexport.errors.raise_for_verdict` makes it the exit: 1 failed, 2 refused, 4 not verified);
+    truthy only when it passed."""
+
+    def __init__(self, *, report: VerifyReport | None = None, bisect: BisectRun | None = None,
+                 written: list[Path] | None = None, adopted: Any = None, exported: list | None = None,
+                 folder: Path | None = None) -> None:
+        self.report, self.bisect, self.written = report, bisect, list(written or [])
+        self.adopted, self.exported, self.folder = adopted, list(exported or []), folder
+
+    @property
+    def exit(self) -> tuple[int, str]:
+        if self.bisect is not None:
+            return self.bisect.exit
+        v = self.report.verdict
+        return v.code, v.message
+
+    def __bool__(self) -> bool:
+        return self.exit[0] == 0
+
+    def __repr__(self) -> str:
+        return f"VerifyRun({self.exit!r})"
+
+
+def verify_run(path: str | Path | None = None, output: str | Path | None = None, *,
+               model: str | LoadedModel | None = None, config: str | None = None, hf: str | Path | None = None,
+               checkpoint: str | Path | None = None, revision: str | None = None, allow_download: bool = False,
+               runtimes: Sequence[str] | None = None, sweep: str = "quick", seed: int = 0,
+               atol: float | dict | None = None, rtol: float | dict | None = None, tokens: int | None = None,
+               quality: Any = None, junit: str | Path | None = None, trust_code: bool = False, bisect: bool = False,
+               case: Sequence[int] | None = None, markdown: Callable[[Any], str] | None = None,
+               progress: Progress | None = None, reference: str = "auto", record: bool = False) -> VerifyRun:
+    """``mhaexport verify [PATH]``, the whole verb: ``path`` an export folder, an ONNX file another tool exported
+    (adopted first, :func:`adopt`, into ``output`` or FILE's folder/mhaexport, and verified there), or None (the
+    model named by ``model``/``config``/``hf``/``checkpoint`` exported to a temporary folder and verified). Every
+    input is checked before any work. The report goes to ``output`` (a folder: default ``path``, where a run of
+    named ``runtimes`` writes report-RUNTIMES.* beside the full report; a temporary export's nowhere unless given)
+    and ``junit``, written before this returns (a closed stdout loses none; ``markdown``: the report's Markdown
+    renderer for the JUnit file). A folder refused before any check is a verdict too ("refused", exit 2): its report
+    goes to ``output`` and ``junit``, never into the refused folder itself.
+
+    ``bisect``: verify plus a diagnosis (:func:`bisect_folder`: its exit is verify's verdict, 1 also when bisect
+    finds a difference; ``case``: where to bisect; ``output``: where its Model Explorer node data goes).
+    ``reference`` / ``record``: :func:`verify`'s (a recorded reference), for an export folder only.
+    Returns a :class:`VerifyRun`; raises ConfigError for bad input, :class:`~mhaexport.errors.ReportNotWritten`
+    (after writing what it could) when a report cannot be written where asked."""
+    import tempfile
+    import time
+
+    say = _say(progress)
+    named = model is not None or config is not None or hf is not None or checkpoint is not None
+    if path is None and not named:
+        raise ConfigError("verify needs the export FOLDER to verify (or --config/--model/--hf/--checkpoint to "
+                          "export a model to a temporary folder and verify that): nothing was verified")
+    if case is not None and not bisect:
+        raise ConfigError("case is for bisect (verify itself runs its sweep)",
+                          cli="--case is for --bisect (verify itself runs its sweep)")
+    where = Path(path) if path is not None else None
+    if (record or reference != "auto") and (bisect or where is None or not where.is_dir()):
+        raise ConfigError("record and reference are for verifying an export folder (not bisect, a FILE.onnx or a "
+                          "temporary export)", cli="--record and --reference are for verifying an export FOLDER "
+                          "(not --bisect, a FILE.onnx or a temporary export)")
+    if where is not None and where.exists() and not where.is_dir() and not where.is_file():
+        raise ConfigError(f"{path} is neither a folder nor a regular file (a FIFO, socket or device)")
+    if where is not None and not where.is_dir() and (str(path).endswith(".onnx") or where.is_file()):
+        out = _adoption_folder(where, output, named, junit)  # a file: adopted, then verified where it was adopted
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+        rec = adopt(where, out, model=loaded, junit=junit)
+        if bisect:
+            return _bisect_run(rec.folder, loaded, output, seed, case, trust_code, (), progress, adopted=rec)
+        say(f"Verifying {rec.folder} ...")
+        run = _verify_into(rec.folder, loaded, rec.folder, None, junit, markdown, progress, refused_into=rec.folder,
+                           runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,
+                           quality=quality)
+        run.adopted = rec
+        return run
+    if where is not None and not where.is_dir():
+        raise ConfigError(f"{path}: no such folder (an export folder, or an ONNX file FILE.onnx)")
+    if bisect:
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress) if named else None
+        return _bisect_run(where, loaded, output, seed, case, trust_code, runtimes or (), progress)
+    if where is not None:  # a folder: its report beside it (or in -o), checked before any work
+        from mhaexport.outputs import check_outputs
+
+        out = Path(output) if output is not None else where
+        if junit is not None:
+            check_junit(junit)
+        check_outputs({"--junit": junit}, reading=[where], reports=out)
+        check_outputs({f"-o (its {n})": out / n for n in ("report.json", "report.md", "report.html")},
+                      reading=[where])
+        writable_output(out, "" if output is not None else " (give -o DIR to write the report elsewhere)")
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress) if named else None
+        say(f"Verifying {where} ...")
+        return _verify_into(where, loaded, out, "report" if output is not None else None, junit, markdown, progress,
+                            runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,
+                            quality=quality, trust_code=trust_code, refused_into=output, reference=reference,
+                            record=record)
+    from mhaexport.outputs import check_outputs  # no folder: the model exported to a temporary one first
+
+    if junit is not None:
+        check_junit(junit)
+    check_outputs({"--junit": junit}, reports=output)
+    if output is not None:
+        writable_output(output)
+    else:  # the temporary export below is written under the lock too
+        from mhaexport.artifact.lock import lock_timeout
+
+        lock_timeout()
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
+        say(f"Exporting {loaded.spec} to a temporary folder ...")
+        started = time.perf_counter()
+        exported = [export_onnx(tmp, model=loaded, progress=progress),
+                    export_torchscript(tmp, model=loaded, progress=progress)]
+        say(f"exported in {time.perf_counter() - started:.0f} s; verifying {loaded.spec} ...")
+        run = _verify_into(Path(tmp), loaded, output, "report", junit, markdown, progress, runtimes=runtimes,
+                           sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens, quality=quality)
+    run.exported, run.folder = exported, None
+    return run
+
+
+def _verify_into(folder: Path, loaded: Any, output: str | Path | None, name: str | None, junit: Any,
+                 markdown: Callable[[Any], str] | None, progress: Progress | None, *,
+                 refused_into: str | Path | None = None, runtimes: Sequence[str] | None = None, sweep: str = "quick",
+                 seed: int = 0, **options: Any) -> VerifyRun:
+    """:func:`verify` of ``folder`` with its report written (``name``: its file stem, None: the report's own) into
+    ``output`` and ``junit``; a folder refused before any check gets a refused report, written into
+    ``refused_into`` (never into the folder itself)."""
+    from mhaexport.errors import ReportNotWritten, VerificationFailed
+    from mhaexport.verify.report import refused_report
+
+    try:
+        report = verify(folder, model=loaded, progress=progress, runtimes=runtimes, sweep=sweep, seed=seed, **options)
+    except VerificationFailed:
+        raise
+    except MhaExportError as e:  # a folder refused (a hash that does not match, a name leaving it...): a verdict
+        if _interrupted(e):
+            raise
+        report = refused_report(folder, str(e), requested=list(runtimes) if runtimes else None,
+                                sweep=sweep, seed=seed)
+        output = refused_into
+    try:
+        written = write_reports(report, output, junit, name=name,
+                                markdown=markdown(report) if markdown is not None else None)
+    except ReportNotWritten as e:
+        if report.refused is None:
+            raise
+        raise ReportNotWritten(f"{report.refused}; {e}", written=e.written) from None
+    return VerifyRun(report=report, written=written, folder=folder)
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised while handling, a Ctrl-C (never a verdict)."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        if isinstance(x, KeyboardInterrupt):
+            return True
+        seen.add(id(x))
+        x = x.__cause__ or x.__context__
+    return False
+
+
+def _bisect_run(folder: Path | None, loaded: Any, output: str | Path | None, seed: int, case: Any, trust_code: bool,
+                runtimes: Sequence[str], progress: Progress | None, adopted: Any = None) -> VerifyRun:
+    """``verify --bisect``: :func:`bisect_folder` of ``folder`` (None: ``loaded`` exported to a temporary folder
+    first), its Model Explorer node data written into ``output`` (a FOLDER's run only)."""
+    import tempfile
+    import time
+
+    from mhaexport.diagnose.model_explorer import NODE_DATA, write_node_data
+
+    say = _say(progress)
+    node_data = Path(output) / NODE_DATA if output is not None and folder is not None else None
+    if node_data is not None:
+        from mhaexport.outputs import check_outputs
+
+        check_outputs({"-o (its node data)": node_data}, reading=[folder])
+    exported: list = []
+    with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
+        if folder is None:
+            say(f"Exporting {loaded.spec} to ONNX in a temporary folder ...")
+            started = time.perf_counter()
+            exported.append(export_onnx(tmp, model=loaded))
+            say(f"exported in {time.perf_counter() - started:.0f} s")
+        run = bisect_folder(folder or tmp, model=loaded, case=case, seed=seed, trust_code=trust_code,
+                            runtimes=runtimes, progress=progress)
+    written = []
+    if node_data is not None and run.report is not None and run.report.kind == "onnx":
+        from mhaexport.artifact import ensure_writable_dir
+
+        ensure_writable_dir(node_data.parent)
+        written.append(write_node_data(run.report, node_data))
+    return VerifyRun(bisect=run, written=written, adopted=adopted, exported=exported, folder=folder)
+
+
 # The verbs the CLI used to compose itself: the one report writer, the input checks, --target, adoption, lint,
 # report merge, eval's and lint's verdicts, and the main job (``mhaexport.all``). The CLI parses, calls, prints.
 
@@ -739,6 +941,60 @@ def check_junit(path: str | Path) -> Path:
     return Path(path)
 
 
+def check_input_file(path: str | Path, *, folder_ok: bool = True) -> None:
+    """A file named for reading (a text, a checkpoint, a config or model file) checked before anything opens it: a
+    FIFO, socket or device would block the read (a folder too, unless ``folder_ok``). ConfigError in one line; a
+    missing path passes (its reader says so)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise ConfigError(f"{path} is not a regular file (a FIFO, socket or device would block the read)")
+    if stat.S_ISDIR(mode) and not folder_ok:
+        raise ConfigError(f"{path} is a folder, not a file")
+
+
+TEXT_MAX_BYTES = 1 << 20  # a text to score is read whole and scored token by token: 1 MiB of bytes is minutes
+
+
+def read_text(path: str | Path, max_bytes: int = TEXT_MAX_BYTES, option: str = "") -> bytes:
+    """The bytes of a text file to score (``--text``), read with a bounded read (a device or a pipe that never ends
+    cannot hang it). ConfigError when it is no regular file or holds more than ``max_bytes`` (``option``: the option
+    that raises the cap, if any)."""
+    import stat
+
+    def refused(why: str) -> ConfigError:
+        return ConfigError(f"text {str(path)!r}: {why}", cli=f"--text {path}{'' if why[0] in ' (' else ': '}{why}")
+
+    try:  # O_NONBLOCK: opening a FIFO nobody writes returns at once (a plain open() waits for a writer forever)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise refused(str(e.strerror or e)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refused(" is not a regular file (a FIFO, socket or device): give a text file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(max_bytes + 1)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise refused(str(e.strerror or e)) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > max_bytes:
+        cap = f" ({option})" if option else ""
+        fix = f"give a shorter text or raise {option}" if option else "give a shorter text"
+        found = f"{size} bytes, above the cap of {max_bytes}{cap}" if size > max_bytes else \
+            f"more than {max_bytes} bytes, the cap{cap}"
+        raise refused(f" holds {found}: {fix}")
+    return data
+
+
 def check_threads(threads: int | None) -> int | None:
     """A thread count within this machine's cores: more threads than cores only contend (and time nothing real).
     ConfigError otherwise; None (the runtime's default) passes."""
@@ -769,7 +1025,7 @@ def _given(**options: Any) -> dict[str, Any]:
 
 def export_onnx_target(output: str | Path, target: str | None = None, *, attention: str | None = None,
                        kv_cache: str | None = None, dtype: str | None = None, replace: bool = False,
-                       progress: Progress | None = None, **export: Any) -> list:
+                       module: str | None = None, progress: Progress | None = None, **export: Any) -> list:
     """``mhaexport onnx --target NAME``: :func:`export_onnx` with the options the target sets (``attention``,
     ``kv_cache``, ``dtype`` given too must agree with it: ConfigError otherwise, before any work). A target with
     quantized weights (ort-cpu: int4) exports the float model to ``OUTPUT-DTYPE`` and quantizes it into ``output``.
@@ -777,8 +1033,8 @@ def export_onnx_target(output: str | Path, target: str | None = None, *, attenti
     records, the export's first (then the quantization's)."""
     weights = None
     if target is not None:
-        if export.get("module") is not None:
-            raise ConfigError(f"--module {export['module']} is exported with dynamic axes, decomposed attention and "
+        if module is not None:
+            raise ConfigError(f"--module {module} is exported with dynamic axes, decomposed attention and "
                               f"float32; --target {target} does not apply")
         attention, kv_cache, dtype, weights = target_options(
             target, _given(attention=attention, kv_cache=kv_cache, dtype=dtype))
@@ -786,7 +1042,7 @@ def export_onnx_target(output: str | Path, target: str | None = None, *, attenti
             writable_output(output)  # the target file's folder too, before the float export it is made from
     options = _given(attention=attention, kv_cache=kv_cache, dtype=dtype)
     float_out = Path(f"{Path(output)}-{options.get('dtype', 'float32')}") if weights else output
-    records = [export_onnx(float_out, replace=replace, progress=progress, **options, **export)]
+    records = [export_onnx(float_out, replace=replace, progress=progress, module=module, **options, **export)]
     if weights:
         records.append(quantize(float_out, output, weights=weights, replace=replace, progress=progress))
     return records
@@ -804,20 +1060,30 @@ def adopt(file: str | Path, output: str | Path | None = None, *, model: str | Lo
     in its producer's cache and padding protocol; generate and bench run on that folder. Returns the ExportRecord
     (``record.manifest.artifacts["onnx"].details``: the producer and protocol found). Raises ConfigError (no model
     named, not a file), ArtifactError (a file that does not map onto the contract or is not that model's)."""
-    from mhaexport.exporter.adopt import adopt_onnx, default_folder
+    from mhaexport.exporter.adopt import adopt_onnx
+
+    named = model is not None or config is not None or hf is not None or checkpoint is not None
+    out = _adoption_folder(file, output, named, junit)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
+    return adopt_onnx(loaded, Path(file), out, replace=replace)
+
+
+def _adoption_folder(file: str | Path, output: str | Path | None, named: bool, junit: str | Path | None) -> Path:
+    """:func:`adopt`'s checks before any work (a regular file, a model ``named``, the outputs): the folder it is
+    adopted into (``output``, default FILE's folder/mhaexport)."""
+    from mhaexport.exporter.adopt import default_folder
     from mhaexport.outputs import check_outputs
 
     path = Path(file)
     if not path.is_file():
         raise ConfigError(f"{file}: not a regular file (an ONNX file FILE.onnx to adopt)")
-    if model is None and config is None and hf is None and checkpoint is None:
+    if not named:
         raise ConfigError(f"{file} is a file: say which model it claims to be with --hf DIR, --model SPEC or --config "
                           "NAME (verify compares it with that model in eager PyTorch)")
     out = Path(output) if output is not None else default_folder(path)
     check_outputs({"--junit": junit}, reading=[path.parent], writing=[out], reports=out)
     writable_output(out, "" if output is not None else " (give -o DIR to adopt the file elsewhere)")
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download)
-    return adopt_onnx(loaded, path, out, replace=replace)
+    return out
 
 
 def lint(path: str | Path) -> Any:

@@ -6,12 +6,13 @@ mhaexport (traceback printed), 4 not verified (a runtime asked for by name could
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import os
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -176,10 +177,30 @@ class Group(click.Group):
             ctx.exit(INTERNAL_ERROR)
 
 
+@dataclasses.dataclass
+class CliState:
+    """What the options that are no verb's parameter set (kept in ctx.meta, which the group and its verb share):
+    --quiet, --json (verify's printing), --junit, --revision / --allow-download (model loading), and the verb's
+    progress Reporter (made on first use)."""
+
+    quiet: bool = False
+    json: bool = False
+    junit: str | None = None
+    revision: str | None = None
+    allow_download: bool = False
+    reporter: Any = None
+
+
+def _state(ctx: click.Context | None = None) -> CliState:
+    """This command line's :class:`CliState`."""
+    ctx = ctx or click.get_current_context()
+    return ctx.meta.setdefault("mhaexport.state", CliState())
+
+
 def _remember(ctx: click.Context, param: click.Parameter, value):
-    """Keep an option that only model loading reads (--revision, --allow-download) in ctx.meta, so every command
-    keeps its signature."""
-    ctx.meta[f"mhaexport.{param.name}"] = value
+    """Keep an option that only model loading reads (--revision, --allow-download) and --junit in the command
+    line's :class:`CliState`, so every command keeps its signature."""
+    setattr(_state(ctx), param.name, value)
     return value
 
 
@@ -235,34 +256,10 @@ def _typed(**given: str) -> dict[str, str | None]:
 
 
 def _model_args(config: str | None, model: str | None, checkpoint: str | None, hf: str | None) -> dict:
-    """The model options as the API's keywords (--revision / --allow-download from ctx.meta)."""
-    meta = click.get_current_context().meta
-    return {"config": config, "model": model, "checkpoint": checkpoint, "hf": hf,
-            "revision": meta.get("mhaexport.revision"), "allow_download": meta.get("mhaexport.allow_download", False)}
-
-
-def _load(config: str | None, model: str | None, checkpoint: str | None, hf: str | None = None):
-    """The model (:func:`mhaexport.api.load`), its notes said, for a verb that hands it to several API calls."""
-    from mhaexport import api
-
-    loaded = api.load(**_model_args(config, model, checkpoint, hf))
-    for note in loaded.notes:
-        click.secho(shown(f"note: {note}"), fg="yellow", err=True)
-    return loaded
-
-
-def _writable(folder: str | Path, hint: str = "") -> Path:
-    """An output folder checked before any work (:func:`mhaexport.api.writable_output`: exit 2 in one line)."""
-    from mhaexport.api import writable_output
-
-    return writable_output(folder, hint)
-
-
-def _check_outputs(outputs: dict, reading=(), writing=(), reports=None) -> None:
-    """Outputs never clobber inputs (mhaexport/outputs.py), before any work: exit 2 naming the option and the file."""
-    from mhaexport.outputs import check_outputs
-
-    check_outputs(outputs, reading=reading, writing=writing, reports=reports)
+    """The model options as the API's keywords (--revision / --allow-download from the CliState)."""
+    state = _state()
+    return {"config": config, "model": model, "checkpoint": checkpoint, "hf": hf, "revision": state.revision,
+            "allow_download": bool(state.allow_download)}
 
 
 replace_option = click.option(
@@ -273,9 +270,9 @@ replace_option = click.option(
 
 
 def _regular_file(ctx: click.Context, param: click.Parameter, value):
-    """A file the user names for reading (--text, --checkpoint, a --config/--model file) must be a regular file: a
-    FIFO or a device would hang the read in open() (one line, exit 2, before anything opens it)."""
-    import stat
+    """A file the user names for reading (--text, --checkpoint, a --config/--model file) checked before anything
+    opens it (:func:`mhaexport.api.check_input_file`: a FIFO or a device would hang the read in open())."""
+    from mhaexport.api import check_input_file
 
     for v in (value if isinstance(value, tuple) else (value,)):
         if not v:
@@ -284,14 +281,9 @@ def _regular_file(ctx: click.Context, param: click.Parameter, value):
         if param.name == "model" and ":" in v:  # file.py:factory (a module:callable names no file)
             path = v.rsplit(":", 1)[0]
         try:
-            mode = os.stat(path).st_mode
-        except (OSError, ValueError):
-            continue  # missing: the option's own check says so
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            raise click.BadParameter(f"{path} is not a regular file (a FIFO, socket or device would block the read)",
-                                     param_hint=param.opts[0] if param.opts else param.name)
-        if stat.S_ISDIR(mode) and param.name in ("checkpoint", "quality_text", "text_file"):
-            raise click.BadParameter(f"{path} is a folder, not a file", param_hint=param.opts[0])
+            check_input_file(path, folder_ok=param.name not in ("checkpoint", "quality_text", "text_file"))
+        except MhaExportError as e:
+            raise click.BadParameter(str(e), param_hint=param.opts[0] if param.opts else param.name) from None
     return value
 
 
@@ -310,38 +302,7 @@ def runtime_option(help_text: str, *aliases: str):
 SEED = click.IntRange(0, 2**32 - 1)  # numpy's and torch's seeds alike: a negative one is bad input, not a crash
 
 
-TEXT_MAX_BYTES = 1 << 20  # --text files are read whole and scored token by token: 1 MiB of bytes is minutes
-
-
-def _read_text(path: str, max_bytes: int = TEXT_MAX_BYTES, option: str = "") -> bytes:
-    """The bytes of --text ``path``, read with a bounded read (a device or a pipe that never ends cannot hang it);
-    BadInput when it holds more than ``max_bytes`` (``option``: the option that raises the cap, if any)."""
-    import stat
-
-    try:  # O_NONBLOCK: opening a FIFO nobody writes returns at once (a plain open() waits for a writer forever)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise BadInput(f"--text {path}: {e.strerror or e}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadInput(f"--text {path} is not a regular file (a FIFO, socket or device): give a text file")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            data = f.read(max_bytes + 1)
-            size = os.fstat(f.fileno()).st_size
-    except OSError as e:
-        raise BadInput(f"--text {path}: {e.strerror or e}") from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > max_bytes:
-        cap = f" ({option})" if option else ""
-        fix = f"give a shorter text or raise {option}" if option else "give a shorter text"
-        found = f"{size} bytes, above the cap of {max_bytes}{cap}" if size > max_bytes else \
-            f"more than {max_bytes} bytes, the cap{cap}"
-        raise BadInput(f"--text {path} holds {found}: {fix}")
-    return data
+TEXT_MAX_BYTES = 1 << 20  # eval's --max-bytes default (mhaexport.api.TEXT_MAX_BYTES)
 
 
 def _size(path: Path) -> str:
@@ -395,10 +356,9 @@ json_option = click.option("--json", "as_json", is_flag=True,
 
 def _set_quiet(ctx: click.Context, _param, value: bool) -> None:
     if value:
-        ctx.meta[QUIET] = True
+        _state(ctx).quiet = True
 
 
-QUIET = "mhaexport.quiet"
 # --quiet on the group (`mhaexport -q verify ...`) or on a long verb (`mhaexport verify ... --quiet`)
 quiet_option = click.option("--quiet", "-q", is_flag=True, expose_value=False, is_eager=True, callback=_set_quiet,
                             help="No progress lines (the report, the verdict and errors are still printed).")
@@ -432,7 +392,7 @@ class Reporter:
         import time
 
         ctx = click.get_current_context(silent=True)
-        self.quiet = bool(ctx is not None and ctx.meta.get(QUIET)) if quiet is None else quiet
+        self.quiet = bool(ctx is not None and _state(ctx).quiet) if quiet is None else quiet
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.clock = clock or time.monotonic
         self.t0, self.total, self.open_line = 0.0, None, False
@@ -690,7 +650,7 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, tr
 
     from mhaexport import api
 
-    text = None if text_file is None else _read_text(text_file, max_bytes, "--max-bytes")
+    text = None if text_file is None else api.read_text(text_file, max_bytes, "--max-bytes")
     report = api.evaluate(folder, text, text_source=text_file, runtimes=runtimes or None, window=window,
                           stride=stride, trust_code=trust_code, progress=_progress)
     _progress_done()
@@ -913,16 +873,15 @@ def _quality_settings(quality: dict | None, text_file: str | None):
 
     if text_file is None:
         return QualitySettings(overrides=quality)
-    return QualitySettings(overrides=quality, text=_read_text(text_file), text_source=text_file)
+    from mhaexport.api import read_text
+
+    return QualitySettings(overrides=quality, text=read_text(text_file), text_source=text_file)
 
 
 def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    """--json: kept in ctx.meta for the verb's printing (_run_verify, report merge)."""
+    """--json: kept in the CliState for the verb's printing (verify, all)."""
     if value:
-        ctx.meta[JSON] = True
-
-
-JSON = "mhaexport.json"
+        _state(ctx).json = True
 
 
 def _show(markdown: str) -> None:
@@ -948,7 +907,7 @@ def _stdout_is_tty() -> bool:
 
 def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | None):
     """--junit FILE: checked before any work (its folder may be made by the run, e.g. inside -o, but what exists of
-    its path must be writable folders); kept in ctx.meta for _run_verify."""
+    its path must be writable folders); kept in ctx.meta for the verb."""
     if value is not None:
         from mhaexport.api import check_junit
 
@@ -998,7 +957,7 @@ def verify_options(f):
 
 def _progress_done() -> None:
     """End the progress line being rewritten in place (if any), so what is printed next starts on its own line."""
-    reporter = click.get_current_context().meta.get("mhaexport.reporter")
+    reporter = _state().reporter
     if reporter is not None:
         reporter.close()
 
@@ -1006,54 +965,18 @@ def _progress_done() -> None:
 def _progress(msg: str) -> None:
     """One progress message through the current command's Reporter (made on first use)."""
     ctx = click.get_current_context()
-    reporter = ctx.meta.get("mhaexport.reporter")
+    state = _state(ctx)
+    reporter = state.reporter
     if reporter is None:
-        reporter = ctx.meta["mhaexport.reporter"] = Reporter()
+        reporter = state.reporter = Reporter()
         ctx.call_on_close(reporter.close)
     reporter(msg)
 
 
-def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None, out_is_folder=False, trust_code=False, reference="auto", record=False):
-    """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
-    subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says. A folder
-    refused before any check is a verdict too (exit 2) with its report and JUnit, except that nothing is written into
-    the refused folder itself (``out_is_folder``: -o was not given)."""
-    from mhaexport import api
-    from mhaexport.verify.report import refused_report
-
-    try:
-        report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                            runtimes=tuple(runtimes) or None, tokens=gen_tokens, quality=quality,
-                            trust_code=trust_code, progress=None if quiet else _progress, reference=reference,
-                            record=record)
-    except VerificationFailed:
-        raise
-    except MhaExportError as e:  # a folder refused (a hash that does not match, a name leaving it...): a verdict
-        if interrupted(e):
-            raise
-        report = refused_report(folder, str(e), requested=list(runtimes) or None, sweep=sweep, seed=seed)
-    reporter = click.get_current_context().meta.get("mhaexport.reporter")
-    if reporter is not None:
-        reporter.close()  # the report starts on a line of its own
-    from mhaexport.verify.render import markdown as render_markdown
-
-    markdown = render_markdown(report)
-    if report.refused is not None and out_is_folder:
-        out = None  # a folder that was refused gets nothing written into it: -o DIR says where its report goes
-    try:
-        written = _write_reports(report, out, name, markdown)  # before any print: a closed stdout loses none
-    except BadInput as e:
-        if report.refused is None:
-            raise
-        raise BadInput(f"{report.refused}; {e.message}") from None
-    return _finish(report, markdown, written)
-
-
 def _finish(report, markdown: str, written: list[str]):
     """Print a verify report written already (the table, or --json's object; the "wrote" lines) and exit with its
-    verdict (:func:`mhaexport.errors.raise_for_verdict`; a refused folder: bad input)."""
-    if click.get_current_context().meta.get(JSON):
+    verdict (:func:`mhaexport.errors.raise_for_verdict`: 1 failed, 2 refused, 4 not verified)."""
+    if _state().json:
         import json
 
         click.echo(json.dumps(report.to_dict()))
@@ -1062,8 +985,6 @@ def _finish(report, markdown: str, written: list[str]):
     for line in written:
         click.echo(line, err=True)
     v = report.verdict
-    if report.refused is not None:
-        raise BadInput(report.refused)
     raise_for_verdict(v.code, v.message)
     click.echo(shown(f"verify passed in {report.seconds:.1f} s: {v.message}"), err=True)
     return report
@@ -1079,30 +1000,6 @@ def _wrote(paths: list[Path]) -> list[str]:
     return lines + [f"wrote {p}" for p in paths]
 
 
-def _write_reports(report, out, name, markdown: str) -> list[str]:
-    """Write the report into ``out`` (when given) and the --junit file (when asked) through the API's one writer;
-    the "wrote ..." lines to print. A path that cannot be written is bad input (exit 2), after whatever else could
-    be written (its lines printed first)."""
-    from mhaexport.api import write_reports
-    from mhaexport.errors import ReportNotWritten
-
-    try:
-        return _wrote(write_reports(report, out, click.get_current_context().meta.get("mhaexport.junit") or None,
-                                    name=name, markdown=markdown))
-    except ReportNotWritten as e:
-        for line in _wrote(e.written):
-            click.echo(line, err=True)
-        raise BadInput(str(e)) from None
-
-
-def _export_both(loaded, folder) -> None:
-    """ONNX and TorchScript into ``folder`` (verify's temporary export of a model named without a FOLDER)."""
-    from mhaexport import api
-
-    _show_record(api.export_onnx(folder, model=loaded, progress=_progress), as_json=True)
-    _show_record(api.export_torchscript(folder, model=loaded, progress=_progress), as_json=True)
-
-
 def _parse_case(ctx, param, value):
     """--case B,S,P: batch, new tokens, cached tokens."""
     if value is None:
@@ -1115,63 +1012,22 @@ def _parse_case(ctx, param, value):
     return b, s, p  # (the API checks the sizes)
 
 
-def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=None, trust_code=False,
-                runtimes=(), output=None) -> None:
-    """verify --bisect (:func:`mhaexport.api.bisect_folder`): print where the ONNX graph (or the torch.export
-    program: ``--runtime pt2``, or as the folder's report says) first departs from eager;
-    VerificationFailed if it does. Without FOLDER: the model exported to a temporary folder first."""
-    import tempfile
+def _show_bisect(run) -> None:
+    """verify --bisect's findings (:class:`mhaexport.api.VerifyRun` with its ``bisect``), then its exit: verify's
+    verdict, 1 also when bisect found a difference."""
+    from mhaexport.diagnose.model_explorer import NODE_DATA, how_to_open
 
-    from mhaexport import api
-    from mhaexport.artifact import ensure_writable_dir
-    from mhaexport.diagnose.model_explorer import NODE_DATA, how_to_open, write_node_data
-
-    # the divergence on the graph, where -o says (of a FOLDER: a temporary export leaves no file to open it on)
-    node_data = Path(output) / NODE_DATA if output and folder is not None else None
-    if node_data is not None:
-        _check_outputs({"-o (its node data)": node_data}, reading=[folder])
-    with tempfile.TemporaryDirectory(prefix="mhaexport-bisect-") as tmp:
-        if folder is None or (loaded is None and (config or model or checkpoint or hf)):
-            loaded = _load(config, model, checkpoint, hf)
-        if folder is None:
-            folder = tmp
-            _progress(f"Exporting {loaded.spec} to ONNX in a temporary folder ...")
-            started = time.perf_counter()
-            api.export_onnx(tmp, model=loaded)
-            _progress(f"exported in {time.perf_counter() - started:.0f} s")
-        run = api.bisect_folder(folder, model=loaded, case=case, seed=seed, trust_code=trust_code,
-                                runtimes=runtimes, progress=_progress)
     _progress_done()
-    followed, report = run.followed, run.report
-    found = None  # the one-line location of the difference bisect found
+    followed, report = run.bisect.followed, run.bisect.report
     if followed is not None:
         click.echo(followed.summary())
-        if not followed.ok:
-            found = f"bisect followed {followed.runtime}'s {followed.check} check: the first difference is " \
-                    f"{followed.where}"
     if report is not None:
         click.echo(report.summary())
-        if report.kind == "onnx" and node_data is not None:  # Model Explorer's node data
-            ensure_writable_dir(node_data.parent)
-            click.echo(f"wrote {write_node_data(report, node_data)}: {how_to_open(report.model, node_data)}")
-        elif report.kind == "onnx" and folder != tmp:
+        if report.kind == "onnx" and run.written:  # Model Explorer's node data
+            click.echo(f"wrote {run.written[0]}: {how_to_open(report.model, run.written[0])}")
+        elif report.kind == "onnx" and run.folder is not None:
             click.echo(f"(-o DIR writes DIR/{NODE_DATA}: this divergence on the graph, for Model Explorer)")
-    if report is not None and not report.ok:
-        where = report.culprit or report.first_divergent
-        step = f", step '{report.step.step}'" if report.step is not None and report.steps_module == where.module else ""
-        s = report.shapes
-        fused = f" inside its fused {report.fused_op}" if getattr(report, "fused_op", None) else ""
-        what = "the torch.export program" if report.kind == "pt2" else "the ONNX graph"
-        found = (f"{what} diverges from eager PyTorch at {where.module}{fused} ({where.onnx_value}, rel err "
-                 f"{where.rel:.1e}){step} at batch={s['batch']} seq={s['seq']} past={s['past']}")
-    if report is not None and report.kind == "onnx" and report.masks:  # a window or softcap, whatever the case
-        mask = f"the graph's mask differs from the model's at {report.masks[0].line()}"
-        found = f"{found}; {mask}" if found else mask
-    verdict = run.verdict  # the exit is verify's verdict; a difference bisect found fails a passing one too
-    said = "; ".join(x for x in (None if verdict is None or verdict else f"verify ({run.verified}): "
-                                 f"{verdict.message}", found) if x)
-    code = verdict.code if verdict is not None else 0
-    raise_for_verdict(VerificationFailed.exit_code if found is not None else code, said)
+    raise_for_verdict(*run.exit)
 
 
 @main.command("verify")
@@ -1224,74 +1080,33 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     an attention block on its own (--module attention): parity (against eager and torch's own attention), finite,
     causality, cache-consistency, demonstration.
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
-    import tempfile
+    from mhaexport import api
+    from mhaexport.errors import ReportNotWritten
+    from mhaexport.verify.render import markdown as render_markdown
 
-    junit = click.get_current_context().meta.get("mhaexport.junit")
-    if folder is None and not (config or model or checkpoint or hf):
-        raise BadInput("verify needs the export FOLDER to verify (or --config/--model/--hf/--checkpoint to export a "
-                               "model to a temporary folder and verify that): nothing was verified")
-    settings = _quality_settings(quality, quality_text)
-
-    if case is not None and not bisect_:
-        raise click.UsageError("--case is for --bisect (verify itself runs its sweep)")
-    if (record or reference != "auto") and (bisect_ or folder is None or not Path(folder).is_dir()):
-        raise click.UsageError("--record and --reference are for verifying an export FOLDER (not --bisect, a "
-                               "FILE.onnx or a temporary export)")
-    if folder is not None and Path(folder).exists() and not Path(folder).is_dir() and not Path(folder).is_file():
-        raise click.BadParameter(f"{folder} is neither a folder nor a regular file (a FIFO, socket or device)",
-                                 param_hint="FOLDER")
-    if folder is not None and not Path(folder).is_dir() and (folder.endswith(".onnx") or Path(folder).is_file()):
-        if not (config or model or checkpoint or hf):
-            raise click.UsageError(f"{folder} is a file: say which model it claims to be with --hf DIR, --model "
-                                   "SPEC or --config NAME (verify compares it with that model in eager PyTorch)")
-        from mhaexport import api
-
-        rec = api.adopt(folder, output, **_model_args(config, model, checkpoint, hf), junit=junit)
-        loaded = _load(config, model, checkpoint, hf)  # (loaded again: api.adopt checks the outputs before it loads)
-        details = rec.manifest.artifacts["onnx"].details
-        click.echo(f"Adopted {folder} ({details.producer} layout, driven as "
-                   f"{details.cache.kind} cache, {details.cache.padding} padding) into "
-                   f"{rec.folder}", err=True)
-        _warn(rec)
-        if bisect_:
-            _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded, output=output)
-            return
-        _progress(f"Verifying {rec.folder} ...")
-        _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings)
+    ctx = click.get_current_context()
+    try:
+        run = api.verify_run(folder, output, **_model_args(config, model, checkpoint, hf), runtimes=runtimes or None,
+                             sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=gen_tokens,
+                             quality=_quality_settings(quality, quality_text), junit=_state(ctx).junit,
+                             trust_code=trust_code, bisect=bisect_, case=case, markdown=render_markdown,
+                             progress=_progress, reference=reference, record=record)
+    except ReportNotWritten as e:  # what could be written is said before the error
+        for line in _wrote(e.written):
+            click.echo(line, err=True)
+        raise
+    if run.adopted is not None:
+        details = run.adopted.manifest.artifacts["onnx"].details
+        click.echo(f"Adopted {folder} ({details.producer} layout, driven as {details.cache.kind} cache, "
+                   f"{details.cache.padding} padding) into {run.adopted.folder}", err=True)
+        _warn(run.adopted)
+    for rec in run.exported:  # a temporary export's warnings
+        _show_record(rec, as_json=True)
+    if run.bisect is not None:
+        _show_bisect(run)
         return
-    if folder is not None and not Path(folder).is_dir():
-        raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
-                                 param_hint="FOLDER")
-    if bisect_:
-        _run_bisect(folder, config, model, checkpoint, hf, seed, case=case, trust_code=trust_code, runtimes=runtimes,
-                    output=output)
-        return
-    if folder is not None:
-        out = output or folder
-        _check_outputs({"--junit": junit}, reading=[folder], reports=out)
-        _check_outputs({f"-o (its {n})": Path(out) / n for n in ("report.json", "report.md", "report.html")},
-                       reading=[folder])
-        _writable(out, "" if output else " (give -o DIR to write the report elsewhere)")
-        loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
-        _progress(f"Verifying {folder} ...")
-        _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, out_is_folder=not output,
-                    name="report" if output else None, quality=settings, trust_code=trust_code, reference=reference,
-                    record=record)
-        return
-    _check_outputs({"--junit": junit}, reports=output)
-    if output:
-        _writable(output)
-    else:  # the temporary export below is written under the lock too
-        from mhaexport.artifact.lock import lock_timeout
-
-        lock_timeout()
-    loaded = _load(config, model, checkpoint, hf)
-    with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
-        _progress(f"Exporting {loaded.spec} to a temporary folder ...")
-        started = time.perf_counter()
-        _export_both(loaded, tmp)
-        _progress(f"exported in {time.perf_counter() - started:.0f} s; verifying {loaded.spec} ...")
-        _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
+    _progress_done()  # the report starts on a line of its own
+    _finish(run.report, render_markdown(run.report), _wrote(run.written))
 
 
 @main.command("all")
@@ -1319,7 +1134,7 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     from mhaexport.progress import Stage
     from mhaexport.verify.render import markdown as render_markdown
 
-    quiet = click.get_current_context().meta.get(QUIET)
+    quiet = _state().quiet
 
     def progress(msg: str) -> None:
         if isinstance(msg, Stage):
@@ -1333,7 +1148,7 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     run = api.all(output, **_model_args(config, model, checkpoint, hf), runtimes=runtimes or None, sweep=sweep,
                   seed=seed, atol=atol, rtol=rtol, tokens=gen_tokens, quality=_quality_settings(quality, quality_text),
                   opset=opset, **given, target=target, pt2=pt2, aoti=aoti, replace=replace,
-                  junit=click.get_current_context().meta.get("mhaexport.junit"), progress=progress)
+                  junit=_state().junit, progress=progress)
     _progress_done()
     for rec in run.records:
         _show_record(rec, as_json=True)

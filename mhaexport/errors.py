@@ -47,6 +47,12 @@ class ReportNotWritten(ArtifactError):
         self.written = list(written or [])
 
 
+class FolderRefused(ArtifactError):
+    """A verify verdict "refused" (exit 2): the folder was refused before any check ran; its report says why."""
+
+    exit_code = 2
+
+
 class UnsafeFolder(ArtifactError):
     """A folder names something outside itself (a path that leaves it, a symlink, a non-regular file): refused before
     any work (docs/DESIGN.md, "Folders from elsewhere")."""
@@ -116,10 +122,12 @@ def clip(text: str, limit: int = 300) -> str:
 
 def raise_for_verdict(code: int, message: str) -> None:
     """Every verdict -> exit mapping, in one place: 0 (passed) returns; 1 raises VerificationFailed, 4 NotVerified
-    (the CLI exits with the exception's ``exit_code``). A refused verdict (2) is raised where it was refused, as
-    bad input."""
+    (the CLI exits with the exception's ``exit_code``), 2 (a folder refused before any check) FolderRefused, bad
+    input."""
     if code == VerificationFailed.exit_code:
         raise VerificationFailed(message)
+    if code == FolderRefused.exit_code:
+        raise FolderRefused(message)
     if code == NotVerified.exit_code:
         raise NotVerified(message)
 

@@ -7,7 +7,7 @@ Names follow the ONNX Runtime GenAI / Optimum convention.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import numpy as np
@@ -173,12 +173,12 @@ class ModelContract:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelContract:
-        kv = data.get("n_kv_heads")
-        windows = data.get("windows")
-        return cls(**{f: int(data[f]) for f in cls.FIELDS}, n_kv_heads=None if kv is None else int(kv),
-                   windows=None if windows is None else tuple(windows),
-                   **{f: data[f] for f in cls.SCORE_FIELDS if data.get(f) is not None},
-                   attn_sinks=bool(data.get("attn_sinks", False)))
+        given = {f.name: data[f.name] for f in fields(cls) if data.get(f.name) is not None}  # null: the default
+        given.update({f: int(data[f]) for f in cls.FIELDS + tuple(n for n in cls.OPTIONAL if n in given)})
+        if "windows" in given:
+            given["windows"] = tuple(given["windows"])
+        given["attn_sinks"] = bool(given.pop("attn_sinks", False))
+        return cls(**given)
 
 
 KVPairs = tuple  # n_layers (key, value) pairs of arrays, each (B, H_kv, past, D)

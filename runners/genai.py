@@ -13,7 +13,7 @@ from pathlib import Path
 from mhaexport.errors import ProviderUnavailable, RuntimeInputError, UntrustedInput
 from mhaexport.runners.names import ORT_GENAI
 from mhaexport.runners.subjects import LOOP
-from mhaexport.runtime.genai_config import GENAI_CONFIG
+from mhaexport.runtime.genai_config import GENAI_CONFIG, GenaiConfig, GenaiModel, GenaiSearch, section
 from mhaexport.runtime.runner import Runner
 from mhaexport.untrusted import load_json
 
@@ -38,11 +38,13 @@ class GenAIRunner(Runner):
     checked_as = LOOP
 
     def __init__(self, contract, root: str | Path, config: dict, *, dtype: str = "float32",
-                 ours: Runner | None = None, trust_code: bool = False, shown: object = None) -> None:
+                 ours: Runner | None = None, trust_code: bool = False, shown: object = None,
+                 threads: int | None = None) -> None:
         super().__init__(ORT_GENAI, contract, dtype=dtype)
         self.root = Path(root)
         self.trust_code, self.shown = trust_code, shown  # its options may load code only with --trust-code
-        self.config = config
+        self.config = config  # genai_config.json as read; its sections typed below (values unchecked: the check's)
+        self.threads = threads  # its decoder session's intra-op threads (bench's --threads); None: its default
         self.ours = ours
         self.model = None
         self.traces: dict | None = None
@@ -54,11 +56,21 @@ class GenAIRunner(Runner):
             og = import_og()
         except GenAIUnavailable as e:
             raise ProviderUnavailable(str(e)) from None
-        self.model = genai_model(self.root, trust_code=self.trust_code, shown=self.shown)
+        self.model = genai_model(self.root, self.threads, trust_code=self.trust_code, shown=self.shown)
         self.providers = [f"onnxruntime-genai {getattr(og, '__version__', '')} (its generator, "
-                          f"past_present_share_buffer={bool(self.config.get('search', {}).get('past_present_share_buffer'))})"]  # noqa: E501
+                          f"past_present_share_buffer={bool(self.search.past_present_share_buffer)})"]
         if self.ours is not None:
             self.ours.activate()
+
+    @property
+    def model_section(self) -> GenaiModel:
+        """The config's ``model`` section as a record (an empty one when it is no object)."""
+        return section(GenaiModel, GenaiConfig.from_dict(self.config).model) or GenaiModel()
+
+    @property
+    def search(self) -> GenaiSearch:
+        """The config's ``search`` section as a record, onnxruntime-genai's defaults where a key is absent."""
+        return section(GenaiSearch, GenaiConfig.from_dict(self.config).search) or GenaiSearch()
 
     def deactivate_impl(self) -> None:
         self.model = None
@@ -69,7 +81,8 @@ class GenAIRunner(Runner):
         raise RuntimeInputError("ort-genai runs onnxruntime-genai's own loop: it takes no contract call")
 
 
-def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None, trust_code: bool = False) -> Runner:
+def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None, trust_code: bool = False,
+                 threads: int | None = None) -> Runner:
     """The ``ort-genai`` runner of an opened folder; skipped with why where onnxruntime-genai cannot be imported, the
     folder ships no genai_config.json, or (``infos``: the other runtimes as verify met them) ONNX Runtime could not
     load the file — that is one failure, reported by its row, not one more here."""
@@ -92,4 +105,4 @@ def genai_runner(ef, contract, ours: Runner | None, infos: dict | None = None, t
     except UntrustedInput:
         config = {}
     return GenAIRunner(contract, ef.root, config if isinstance(config, dict) else {},
-                       dtype=ef.entry("onnx").dtype, ours=ours, trust_code=trust_code, shown=ef.path)
+                       dtype=ef.entry("onnx").dtype, ours=ours, trust_code=trust_code, shown=ef.path, threads=threads)

@@ -27,8 +27,8 @@ from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runtime.session import SessionConfig
 from mhaexport.runners.block import TorchMhaRunner, TorchModuleRunner, module_ort_runner
 from mhaexport.runners.decoder import EagerRunner, OnnxReferenceRunner, RecomputeRunner, TorchScriptRunner
-from mhaexport.runners.names import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_CPU, ORT_CUDA, ORT_GENAI,
-                                     TORCH_MHA, TORCHSCRIPT, session_config)
+from mhaexport.runners.names import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFERENCE, ORT_BARE, ORT_CPU, ORT_CUDA,
+                                     ORT_GENAI, TORCH_MHA, TORCHSCRIPT, session_config)
 from mhaexport.runners.pt2 import CODE_RUNTIMES, code_runner
 
 __all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "graph_runner", "runner_for",
@@ -43,6 +43,7 @@ PROTOCOLS = {
     TORCH_MHA: "torch's MultiheadAttention with the block's weights", TORCHSCRIPT: "contract calls",
     ORT_CPU: "the folder's feed (runtime/protocol.py: concat/left or shared buffer/right)", ORT_CUDA: "as ort-cpu",
     ONNX_REFERENCE: "contract calls (onnx.reference)", ORT_GENAI: "onnxruntime-genai's own generation loop",
+    ORT_BARE: "the file's own protocol in a bare session.run loop (bench), on the ort-cpu row's session",
     **{rt: "contract calls (code: only on trust)" for rt in CODE_RUNTIMES},
 }
 
@@ -76,7 +77,9 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
     file's own protocol (a decode loop needs dynamic axes). ``config`` (ort-cpu, ort-cuda): the ONNX Runtime session
     (bench's: its threads, optimization level, profiler), default verify's strict one (:func:`session_config`).
     ``ours`` / ``infos`` (ort-genai): our ort-cpu runner of
-    the folder and the results so far (runners/genai.py)."""
+    the folder and the results so far (runners/genai.py); ``threads`` (ort-genai): its decoder session's threads.
+    ``ort-bare`` (bench's bare loop): the file in its own protocol, on ``ours``' session when ``ours`` is an active
+    ONNX Runtime runner of it (the two rows differ by the loop alone), else on a CPU session of its own."""
     if protocol == PLAIN:
         return ort_runner_for(ef, f"{name}:{PLAIN}", session_config(name, log_severity=4),  # failures: findings
                               contract=contract, feed=feed_of(ef, contract).plain())
@@ -85,7 +88,15 @@ def runner_for(ef: ExportFolder, name: str, contract, *, eager: Any = None, n_pa
     if name == ORT_GENAI:
         from mhaexport.runners.genai import genai_runner
 
-        return genai_runner(ef, contract, ours, infos, trust_code)
+        return genai_runner(ef, contract, ours, infos, trust_code, threads=threads)
+    if name == ORT_BARE:  # bench's bare loop: the file's own protocol, on ``ours``' session when it has one
+        if isinstance(ours, OrtRunner) and ours.session is not None:
+            return ort_runner_over(ours, protocol_of(ours.feed), ORT_BARE)
+        if not ef.has("onnx"):
+            return skipped(name, contract, f"no {_WHAT['onnx']} in {ef.path}")
+        feed = feed_of(ef, contract)
+        return ort_runner_for(ef, ORT_BARE, config or SessionConfig(providers=("cpu",), threads=threads),
+                              contract=contract, feed=feed, protocol=protocol_of(feed))
     block = isinstance(contract, ModuleContract)
     if name not in ARTIFACT or (name == TORCH_MHA and not block) or (name == ONNX_REFERENCE and block):
         return skipped(name, contract, f"runtime {name} does not run {'an attention-block' if block else 'a decoder'}"

@@ -27,7 +27,7 @@ def test_import_stays_light_and_the_api_is_at_the_top_level():
     assert out.strip() == str(["MhaExportError", "adopt", "bench", "bisect_folder", "check_junit", "check_threads",
                                "eval_verdict", "evaluate", "export_onnx", "export_onnx_target", "export_pt2",
                                "export_torchscript", "generate", "lint", "lint_verdict", "load", "merge_reports",
-                               "quantize", "target_options", "verify", "write_reports"])  # all: not in __all__
+                               "quantize", "target_options", "verify", "verify_run", "write_reports"])  # all: not in __all__
     help_ = subprocess.run([sys.executable, "-c", "import sys; from mhaexport.cli import main\n"
                             "try: main(['--help'])\nexcept SystemExit: pass\n"
                             "assert 'torch' not in sys.modules and 'mhaexport.api' not in sys.modules"],

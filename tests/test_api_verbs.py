@@ -109,3 +109,34 @@ def test_all_from_python_gives_the_clis_folder_and_report(tmp_path):
     assert sorted(p.name for p in (tmp_path / "py").iterdir()) == sorted(p.name for p in (tmp_path / "cli").iterdir())
     assert _manifest(tmp_path / "py") == _manifest(tmp_path / "cli")
     assert _checks(tmp_path / "py") == _checks(tmp_path / "cli")
+
+
+def test_the_verify_verb_whole_is_an_api_function(tiny_export, tmp_path):
+    """verify_run: the command's input checks, a refused folder's verdict and report, the file adopted, --bisect's
+    exit — what the CLI used to decide itself; the CLI prints its VerifyRun."""
+    with pytest.raises(ConfigError, match="nothing was verified"):
+        mhaexport.verify_run()
+    with pytest.raises(ConfigError, match="case is for bisect"):
+        mhaexport.verify_run(tiny_export, case=(1, 2, 0))
+    with pytest.raises(ConfigError, match="no such folder"):
+        mhaexport.verify_run(tmp_path / "nope")
+    broken = tmp_path / "broken"  # a file that does not match its manifest: refused before any check
+    shutil.copytree(tiny_export, broken)
+    (broken / "model.onnx").write_bytes((broken / "model.onnx").read_bytes()[:-1] + b"\0")
+    run = mhaexport.verify_run(broken, tmp_path / "refused", runtimes=["ort-cpu"], junit=tmp_path / "j.xml")
+    assert not run and run.exit[0] == 2 and run.report.refused and "sha256" in run.exit[1]
+    assert {p.name for p in run.written} >= {"report.json", "report.md", "j.xml"}
+    assert not (broken / "report.json").exists()  # nothing written into the refused folder
+    r = CliRunner().invoke(main, ["verify", str(broken), "--runtime", "ort-cpu", "-o", str(tmp_path / "cli")])
+    assert r.exit_code == 2 and _checks(tmp_path / "cli") == _checks(tmp_path / "refused")
+    file = tmp_path / "theirs" / "model.onnx"
+    file.parent.mkdir()
+    shutil.copy(tiny_export / "model.onnx", file)
+    adopted = mhaexport.verify_run(file, tmp_path / "adopted", config="tiny", runtimes=["ort-cpu"])
+    assert adopted and adopted.adopted.folder == tmp_path / "adopted" and adopted.folder == tmp_path / "adopted"
+    assert (tmp_path / "adopted" / "report-ort-cpu.json").is_file()
+    # verify --bisect takes the adopted folder's report (written since its export) as its verdict
+    bisected = mhaexport.verify_run(tmp_path / "adopted", tmp_path / "b", config="tiny", bisect=True, case=(1, 3, 0))
+    assert bisected.bisect.verified == "report-ort-cpu.json"
+    assert bisected.bisect is not None and bisected.exit == bisected.bisect.exit
+    assert bisected.exit[0] == (0 if bisected.bisect.found is None else 1)

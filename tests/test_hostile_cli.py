@@ -269,11 +269,13 @@ def test_a_fifo_the_user_names_is_refused_not_opened(export_copy, cwd, args):
 
 
 def test_read_text_refuses_a_fifo_without_blocking(cwd):
-    from mhaexport.cli import BadInput, _read_text
+    from mhaexport.api import read_text
+    from mhaexport.errors import ConfigError
 
     os.mkfifo(cwd / "fifo")
-    with pytest.raises(BadInput, match="is not a regular file"):
-        _read_text(str(cwd / "fifo"))
+    with pytest.raises(ConfigError, match="is not a regular file") as e:
+        read_text(str(cwd / "fifo"))
+    assert e.value.cli == f"--text {cwd / 'fifo'} is not a regular file (a FIFO, socket or device): give a text file"
 
 
 def test_ctrl_c_inside_torch_onnx_export_exits_130_not_export_failed(cwd, monkeypatch):

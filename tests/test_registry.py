@@ -77,7 +77,7 @@ def test_every_runner_eval_and_bench_make_comes_from_the_registry(tiny_export, m
     assert not outside, f"runners built outside runners/registry.py: {outside}"
 
 
-def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, made):
+def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, made, sessions):
     """verify's ort-cpu translates the contract's calls; its deploy-loop parts run the same session in the file's
     own protocol (deploy_of); bench's row and profile run that protocol. All from the registry."""
     import mhaexport
@@ -95,9 +95,15 @@ def test_a_shared_cache_is_driven_in_two_protocols_from_the_registry(tmp_path, m
     report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",), checks=("padding",))
     assert report.passed and "deploy loop" in report.results["ort-cpu"]["padding"].figures["protocol"]
     assert ("SharedCacheOrtRunner", "ort-cpu (deploy loop)", True) in made
-    mhaexport.bench(tmp_path, runtimes=["ort-cpu"], prompt_len=4, new_tokens=2, repeats=1, profile=True)
+    res = mhaexport.bench(tmp_path, runtimes=["ort-cpu", "ort-bare"], prompt_len=4, new_tokens=2, repeats=1,
+                          profile=True)
+    assert res.get("ort-bare").ran, res.get("ort-bare").reason  # its bare loop binds the shared buffers
     outside = [(cls, n) for cls, n, inside in made if not inside]
     assert not outside, f"runners built outside runners/registry.py: {outside}"
+    driven = [how for inside, how in sessions.values() if how]
+    assert any("run_with_iobinding" in how for how in driven)
+    bare = [how for inside, how in sessions.values() if how and not inside]
+    assert not bare, f"{len(bare)} ONNX Runtime session(s) run that no runner opened: {bare}"
     with ExportFolder.open(tmp_path) as ef:
         verify_runner = runner_for(ef, "ort-cpu", loaded.contract)
         own = runner_for(ef, "ort-cpu", loaded.contract, protocol=DEPLOY)
@@ -155,3 +161,63 @@ def test_one_table_says_which_runtimes_each_verb_takes_and_one_function_refuses_
     assert (bench.ALL_RUNTIMES, bench.DEFAULT_RUNTIMES) == (RUNTIMES[BENCH].accepts, RUNTIMES[BENCH].default)
     assert "eager-nocache" in bench.ALL_RUNTIMES and "eager-nocache" not in bench.DEFAULT_RUNTIMES
     assert RUNTIMES[EVAL].default == ("ort-cpu",)
+
+
+@pytest.fixture
+def sessions(monkeypatch):
+    """Every ONNX Runtime session made from now on and every call that drives one: {id(session): (made inside a
+    runner's activation, [how it was run])}. A session runs only where a runner opened it: the runner's protocol
+    (runtime/protocol.py) decides the feeding, whoever holds the session (bench's bare loop holds the runner's)."""
+    import sys
+
+    import onnxruntime as ort
+
+    from mhaexport.runtime import ort as ort_runners
+
+    seen: dict = {}
+    here = ort_runners.__file__
+    init, run, run_bound = ort.InferenceSession.__init__, ort.InferenceSession.run, \
+        ort.InferenceSession.run_with_iobinding
+
+    def made(self, *args, **kwargs):
+        frame, inside = sys._getframe(1), False
+        while frame is not None and not inside:  # a runner's activate_impl (runtime/ort.py) opened it
+            inside = frame.f_code.co_filename == here and frame.f_code.co_name == "activate_impl"
+            frame = frame.f_back
+        init(self, *args, **kwargs)
+        seen[id(self)] = (inside, [])
+
+    def ran(how):
+        def spy(self, *args, **kwargs):
+            seen.setdefault(id(self), (False, []))[1].append(how)
+            return (run if how == "run" else run_bound)(self, *args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", made)
+    monkeypatch.setattr(ort.InferenceSession, "run", ran("run"))
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", ran("run_with_iobinding"))
+    return seen
+
+
+def test_every_onnx_runtime_session_export_quantize_eval_and_bench_drive_is_a_registry_runners(tmp_path, tiny, made,
+                                                                                               sessions):
+    """The decision "every ORT session of every verb is driven through a protocol from the registry", checked by
+    watching sessions and runners being made and run: the plain lowering self-check, quantize's smoke run, eval, and
+    bench's ORT row, bare loop and onnxruntime-genai row (the shared cache's self-check, verify and bench's shared
+    rows: the test above)."""
+    import mhaexport
+
+    plain, q = tmp_path / "ort", tmp_path / "int8"
+    mhaexport.export_onnx(plain, model=tiny, attention="ort")  # the plain lowering self-check: two graphs
+    mhaexport.quantize(plain, q, weights="int8")  # its smoke run
+    assert {"decomposed", "ort", "quantized"} <= {n for _, n, inside in made if inside}
+    mhaexport.evaluate(q, b"a few words of text to score", runtimes=["ort-cpu"], window=8)
+    res = mhaexport.bench(plain, runtimes=["ort-cpu", "ort-bare", "ort-genai"], prompt_len=4, new_tokens=2, repeats=1)
+    assert res.get("ort-bare").ran, res.get("ort-bare").reason
+    assert {"ort-cpu", "ort-bare", "ort-genai"} <= {n for _, n, _ in made}
+    outside = [(cls, n) for cls, n, inside in made if not inside]
+    assert not outside, f"runners built outside runners/registry.py: {outside}"
+    driven = {k: v for k, v in sessions.items() if v[1]}
+    assert len(driven) >= 5  # two self-check graphs, the smoke run, eval's and bench's sessions
+    bare = [how for inside, how in driven.values() if not inside]
+    assert not bare, f"{len(bare)} ONNX Runtime session(s) run that no runner opened: {bare}"

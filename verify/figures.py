@@ -32,7 +32,7 @@ R = TypeVar("R", bound=Record)
 def built(cls: type[R], figures: dict[str, Any], strict: bool = True) -> R:
     """A figures record as a writer builds it: ``figures`` by JSON key, written back in that order, an explicit None
     as null; a key ``cls`` does not declare is a TypeError (``strict``) or kept in ``extra``."""
-    names = {key: f.name for f, key, _ in cls._fields()}
+    names = {key: f.name for f, key, _, _ in cls._fields()}
     unknown = [k for k in figures if k not in names]
     if unknown and strict:
         raise TypeError(f"{cls.__name__} has no figure {unknown[0]!r}")

@@ -153,7 +153,12 @@ def lint_findings(model, file: Path, ef=None) -> list[ConfigFinding] | None:
         cfg = load_json(Path(path), GENAI_CONFIG)
     except UntrustedInput as e:
         return [ConfigFinding("genai_config.json", str(e))]
-    named = ((cfg.get("model") or {}).get("decoder") or {}).get("filename") if isinstance(cfg, dict) else None
+    from mhaexport.runtime.genai_config import GenaiConfig, GenaiDecoder, GenaiModel, section
+
+    top = section(GenaiConfig, cfg)
+    cfg_model = section(GenaiModel, top.model) if top is not None else None
+    decoder = section(GenaiDecoder, cfg_model.decoder) if cfg_model is not None else None
+    named = decoder.filename if decoder is not None else None
     if ef is None and isinstance(named, str) and named != Path(file).name:
         return None  # it describes another file of the folder
     exp = folder_expected(ef) if ef is not None else Expected()

@@ -57,8 +57,8 @@ def _prompts(runner: GenAIRunner, ctx: Context) -> tuple[list[int], list[int], l
     """(short, long, middle prompt, new tokens): seeded ids that are none of the config's special tokens
     (onnxruntime-genai takes a pad id in a prompt for padding)."""
     c = ctx.contract
-    model = runner.config.get("model", {}) if isinstance(runner.config.get("model"), dict) else {}
-    special = set().union(*(_ids_of(model.get(k)) for k in ("bos_token_id", "eos_token_id", "pad_token_id")))
+    model = runner.model_section
+    special = set().union(*map(_ids_of, (model.bos_token_id, model.eos_token_id, model.pad_token_id)))
     allowed = np.array([i for i in range(c.vocab_size) if i not in special])
     n = max(1, min(ctx.gen_tokens, c.max_positions // 4))
     long_len = max(SHORT_PROMPT + 2, min(LONG_PROMPT, c.max_positions // 4, c.max_positions - n - 2))
@@ -75,13 +75,13 @@ def traces(runner: GenAIRunner, ctx: Context) -> dict:
         from mhaexport.runtime.genai import genai_trace
 
         short, long_, mid, n = _prompts(runner, ctx)
-        model = runner.config.get("model", {}) if isinstance(runner.config.get("model"), dict) else {}
-        pad = model.get("pad_token_id") if isinstance(model.get("pad_token_id"), int) else 0
+        model = runner.model_section
+        pad = model.pad_token_id if isinstance(model.pad_token_id, int) else 0
         out: dict[str, Any] = {}
         t0 = time.perf_counter()
         try:
             for name, prompts in (("short", [short]), ("long", [long_]), ("batch", [long_, short, mid])):
-                out[name] = genai_trace(runner.model, prompts, n, pad, model.get("eos_token_id"))
+                out[name] = genai_trace(runner.model, prompts, n, pad, model.eos_token_id)
         except MhaExportError as e:
             out = {"error": e}
         except Exception as e:  # noqa: BLE001 - onnxruntime-genai's own exceptions: its loop failing is a result
@@ -155,7 +155,7 @@ def check_kv_consistency(runner: GenAIRunner, ctx: Context) -> CheckResult:
     if runner.ours is None or not runner.ours.available:
         return CheckResult("kv-consistency", None, {}, "not run: no ONNX Runtime runner of the file to compare with")
     d, where = _against(runner.ours, ctx, "ours", tr, ctx.ltol)
-    share = bool(runner.config.get("search", {}).get("past_present_share_buffer"))
+    share = bool(runner.search.past_present_share_buffer)
     fig = KvFigures.of(**d.figures(), past_present_share_buffer=share)
     if where:
         return CheckResult("kv-consistency", False, fig,
@@ -173,8 +173,7 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
 def check_padding(runner: GenAIRunner, ctx: Context) -> CheckResult:
     tr = traces(runner, ctx)
     batch, tol = tr["batch"], ctx.ltol
-    model = runner.config.get("model", {}) if isinstance(runner.config.get("model"), dict) else {}
-    eos = _ids_of(model.get("eos_token_id"))
+    eos = _ids_of(runner.model_section.eos_token_id)
     total, bad = Diff(), []
     for b, name in ((0, "long"), (1, "short")):
         alone = tr[name]

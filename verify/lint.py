@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -167,10 +167,20 @@ def _n_layers(g: _Graph) -> int:
     return max(layers) + 1 if layers else 0
 
 
+@dataclass(frozen=True)
+class LintContext:
+    """What every rule knows besides the graph (:func:`lint_model`'s keywords)."""
+
+    max_positions: int | None = None
+    static: bool = False
+    feed: Any = None
+    contract: Any = None
+
+
 # ---- the rules --------------------------------------------------------------------------------------------------
 
-def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
-    feed = ctx.get("feed")
+def rule_contract_io(g: _Graph, ctx: LintContext) -> list[Finding]:
+    feed = ctx.feed
     if feed is not None:  # an adopted file: its I/O mapped onto the contract when it was adopted
         extra = f", {feed.position_ids} fed from the mask" if feed.position_ids else ""
         return [Finding("info", "contract-io", "graph inputs", f"made by {feed.producer}: its I/O mapped onto the "
@@ -201,10 +211,10 @@ def rule_contract_io(g: _Graph, ctx: dict) -> list[Finding]:
     return out
 
 
-def rule_fixed_axis(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_fixed_axis(g: _Graph, ctx: LintContext) -> list[Finding]:
     out = []
-    static = ctx.get("static")
-    feed = ctx.get("feed")
+    static = ctx.static
+    feed = ctx.feed
     n_layers = feed.n_layers if feed is not None else _n_layers(g)
     file_name = feed.file_names() if feed is not None else {}  # contract name -> the file's (an adopted file's)
     for name, axes in iospec.dynamic_input_axes(n_layers).items():
@@ -230,9 +240,9 @@ _MASK_PATH_OPS = {"Where", "Add", "Sub", "Mul", "Cast", "Not", "And", "Or", "Exp
                   "Squeeze", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Neg", "Trilu", "Transpose"}
 
 
-def rule_baked_length(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_baked_length(g: _Graph, ctx: LintContext) -> list[Finding]:
     out, seen = [], set()
-    max_pos = ctx.get("max_positions")
+    max_pos = ctx.max_positions
     softmax_in = [n.input[0] for n in g.nodes if n.op_type == "Softmax"]
     for value in softmax_in:
         # walk the mask side back from the scores: through mask arithmetic, not through a dynamic Slice
@@ -246,7 +256,7 @@ def rule_baked_length(g: _Graph, ctx: dict) -> list[Finding]:
                 t, s = shape[-2], shape[-1]
                 if t > 1 and s > 1 and (max_pos is None or max(t, s) < max_pos):
                     seen.add(i)
-                    out.append(Finding("info" if ctx.get("static") else "error", "baked-length", _label(n), f"the attention mask is built from a "
+                    out.append(Finding("info" if ctx.static else "error", "baked-length", _label(n), f"the attention mask is built from a "
                                        f"constant {i} of shape {list(shape)}: a mask of the example's length, so "
                                        "other lengths get a wrong mask or fail", "build the mask from the input "
                                        "shapes (e.g. arange(q_len) + past_len against arange(past_len + q_len))"))
@@ -255,13 +265,13 @@ def rule_baked_length(g: _Graph, ctx: dict) -> list[Finding]:
             start, limit, delta = (float(g.const(i).reshape(())) for i in n.input)
             length = int(max(0, np.ceil((limit - start) / delta))) if delta else 0
             if length > 1 and (max_pos is None or length < max_pos):
-                out.append(Finding("info" if ctx.get("static") else "warning", "baked-length", _label(n), f"Range({start:g}, {limit:g}, {delta:g}) "
+                out.append(Finding("info" if ctx.static else "warning", "baked-length", _label(n), f"Range({start:g}, {limit:g}, {delta:g}) "
                                    f"over constants: {length} positions whatever the input's length", "compute the "
                                    "range from the input's shape (torch.arange(seq_len) traces to a dynamic Range)"))
     return out
 
 
-def rule_dropout(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_dropout(g: _Graph, ctx: LintContext) -> list[Finding]:
     out = []
     for n in g.nodes:
         if n.op_type == "Dropout":
@@ -280,7 +290,7 @@ def rule_dropout(g: _Graph, ctx: dict) -> list[Finding]:
     return out
 
 
-def rule_causal_alignment(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_causal_alignment(g: _Graph, ctx: LintContext) -> list[Finding]:
     out = []
     has_past = any(PAST_RE.match(i) for i in g.inputs)
     for n in g.nodes:
@@ -308,10 +318,10 @@ def rule_causal_alignment(g: _Graph, ctx: dict) -> list[Finding]:
     return out
 
 
-def rule_window(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_window(g: _Graph, ctx: LintContext) -> list[Finding]:
     """Per layer, GroupQueryAttention's local_window_size against the model's sliding window (when the folder's
     contract says it): a window dropped (-1), shifted (W±1) or added where the model has none."""
-    contract = ctx.get("contract")
+    contract = ctx.contract
     if contract is None:
         return []
     from mhaexport.verify.genai_check import gqa_windows
@@ -329,7 +339,7 @@ def rule_window(g: _Graph, ctx: dict) -> list[Finding]:
     return out
 
 
-def rule_fp16_min_fill(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_fp16_min_fill(g: _Graph, ctx: LintContext) -> list[Finding]:
     logits = g.outputs.get(iospec.LOGITS)
     elem = logits.type.tensor_type.elem_type if logits is not None else None
     if elem != onnx.TensorProto.FLOAT16:
@@ -356,7 +366,7 @@ def rule_fp16_min_fill(g: _Graph, ctx: dict) -> list[Finding]:
 _probed: dict[tuple, str | None] = {}
 
 
-def rule_versions(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_versions(g: _Graph, ctx: LintContext) -> list[Finding]:
     """Build a one-node model with this file's IR version and opsets and let ONNX Runtime load it."""
     import onnxruntime as ort
 
@@ -400,7 +410,7 @@ def _is_mask_where(g: _Graph, n: onnx.NodeProto) -> tuple[str, float] | None:
     return None
 
 
-def rule_mask_order(g: _Graph, ctx: dict) -> list[Finding]:
+def rule_mask_order(g: _Graph, ctx: LintContext) -> list[Finding]:
     out = []
     fused = any(n.op_type in ("Attention", "MultiHeadAttention", "GroupQueryAttention") for n in g.nodes)
     for sm in (n for n in g.nodes if n.op_type == "Softmax"):
@@ -452,7 +462,7 @@ def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions:
     adopted file's :class:`~mhaexport.runtime.feed.Feed` (its names for the contract's I/O); ``contract``: the
     model's, when known (its per-layer sliding windows)."""
     g = _Graph(model)
-    ctx = {"max_positions": max_positions, "static": static, "feed": feed, "contract": contract}
+    ctx = LintContext(max_positions=max_positions, static=static, feed=feed, contract=contract)
     report = LintReport(label, rules=list(RULES))
     for rule in RULES.values():
         report.findings.extend(rule(g, ctx))

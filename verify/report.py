@@ -291,6 +291,10 @@ class VerifyReport(Record):
         flat = [r.status for _, r in self.outcomes()]
         return {"passed": flat.count(True), "failed": flat.count(False), "skipped": flat.count(None)}
 
+    def result(self, runtime: str, check: str) -> CheckResult | None:
+        """``runtime``'s result in ``check``, None when it has none (not run, not one of its checks)."""
+        return self.results[runtime][check] if check in self.results.get(runtime, {}) else None
+
     def failures(self) -> list[tuple[str, CheckResult]]:
         """The failed outcomes: (row, check) pairs (a runtime that could not load its artifact: its "load")."""
         return [(row, r) for row, r in self.outcomes() if r.status is False]

@@ -70,13 +70,13 @@ class LoweringReport:
         return {**out, "fusions": self.fusions} if self.attention == "fused" else out
 
 
-def op_counts(model: onnx.ModelProto | ir.Model) -> dict[str, int]:
-    """Node count per op type (domain-qualified for non-default domains), sorted by name. Takes a ModelProto or an
-    onnx_ir Model (the main graph's nodes either way)."""
+def op_counts(model: onnx.ModelProto | ir.Model) -> collections.Counter[str]:
+    """Node count per op type (domain-qualified for non-default domains), sorted by name; an op the graph lacks
+    counts 0. Takes a ModelProto or an onnx_ir Model (the main graph's nodes either way)."""
     nodes = model.graph.node if isinstance(model, onnx.ModelProto) else model.graph
     c = collections.Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
                             for n in nodes)
-    return dict(sorted(c.items()))
+    return collections.Counter(dict(sorted(c.items())))
 
 
 def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, head_dim: int,
@@ -94,7 +94,7 @@ def lower_attention(model: onnx.ModelProto, attention: str, *, n_heads: int, hea
         return _decomposed_report(op_counts(model))
     import onnx_ir as ir  # onnxscript's rewriter and onnx_ir load only when a graph is lowered
 
-    rewrites = op_counts(model).get("Softmax", 0) > 0  # else nothing to lower (or an error below)
+    rewrites = op_counts(model)["Softmax"] > 0  # else nothing to lower (or an error below)
     ir_model = ir.serde.deserialize_model(model)  # wraps the proto's tensors, copies no weights
     report = lower_attention_ir(ir_model, attention, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads,
                                 windows=windows)
@@ -136,13 +136,13 @@ def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_di
     if attention == "onnx" and opset < ATTENTION_OPSET:
         raise ExportError(f"--attention onnx needs opset >= {ATTENTION_OPSET} (the ONNX Attention op); the model "
                           f"was exported at opset {opset}: use --opset {ATTENTION_OPSET}")
-    n_softmax = counts.get("Softmax", 0)
+    n_softmax = counts["Softmax"]
     if not n_softmax:
         already = counts.get(f"{domain}.{op_type}" if domain else op_type, 0)
         if already:
             report.fused_nodes, report.op_counts = already, counts
             return report
-        if n_attn := counts.get("Attention", 0):
+        if n_attn := counts["Attention"]:
             raise ExportError(f"--attention {attention}: the graph already holds {n_attn} ONNX Attention node(s) "
                               "(torch.onnx exports scaled_dot_product_attention so at opset 23): export at "
                               "--opset 18 to lower it")
@@ -169,13 +169,13 @@ def lower_attention_ir(model: ir.Model, attention: str, *, n_heads: int, head_di
     report.fused_nodes = fused
     report.kv_cache_in_op = all(len(n.outputs) == 3 for n in ops)  # Y, present_key, present_value
     report.op_counts = op_counts(model)
-    report.softmax_left = report.op_counts.get("Softmax", 0)
+    report.softmax_left = report.op_counts["Softmax"]
     return report
 
 
-def _decomposed_report(counts: dict[str, int]) -> LoweringReport:
+def _decomposed_report(counts: collections.Counter[str]) -> LoweringReport:
     """The report of the ``decomposed`` lowering: nothing rewritten, the graph's op counts as they are."""
-    return LoweringReport("decomposed", op_counts=counts, softmax_left=counts.get("Softmax", 0))
+    return LoweringReport("decomposed", op_counts=counts, softmax_left=counts["Softmax"])
 
 
 def _write_back(ir_model: ir.Model, model: onnx.ModelProto) -> None:

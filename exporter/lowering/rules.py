@@ -152,17 +152,20 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         out = op.MatMul(weights, v)  # (B, H, T, D)
         return (out, kc, vc) if self.kv_cache else out
 
-    def check(self, context, **b: Any) -> pattern.MatchResult:
-        """Turn the bindings into a :class:`MatchedAttention` (kept for ``rewrite``) or fail saying why."""
+    def check(self, context, *, axis: Any = None, qk_scaling: str | None = None, softcapped: bool = False,
+              mask: str | None = None, nan_guard: bool = False, k_repeated: bool = False, v_repeated: bool = False,
+              **b: Any) -> pattern.MatchResult:
+        """Turn the bindings into a :class:`MatchedAttention` (kept for ``rewrite``) or fail saying why. The
+        pattern's tags and optional attribute are keywords (absent: not matched); ``b``: its values by name."""
         result = pattern.MatchResult()
         self._match = None
         nodes = {n.op_type: n for n in reversed(context.nodes)}  # the first matched node of each op type
         softmax = nodes["Softmax"]
-        axis = -1 if b.get("axis") is None else b["axis"].as_int()
+        axis = -1 if axis is None else axis.as_int()
         if axis not in KEY_AXES:
             return result.fail(f"Softmax {_label(softmax)} is over axis {axis}, not the key axis", softmax)
         scale = 1.0
-        if (how := b.get("qk_scaling")) in ("Div", "Mul"):
+        if (how := qk_scaling) in ("Div", "Mul"):
             c = _scalar(b["qk_scale"])
             if c is None or c == 0.0:
                 scaler = next(u.node for u in b["qk_scale"].uses() if u.node in context.nodes)
@@ -180,7 +183,7 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         a = MatchedAttention(q=b["q"], v=b["v"], k=b["k"], kt=b["kt"], scale=scale, q_factor=factors["q"],
                              k_factor=factors["k"], metadata=dict(context.root.metadata_props),
                              graph=context.graph_or_function)
-        if b.get("softcapped"):
+        if softcapped:
             cap, cap_out = _scalar(b["cap_in"]), _scalar(b["cap_out"])
             tanh = nodes["Tanh"]
             if cap is None or cap <= 0.0 or cap != cap_out:
@@ -192,7 +195,6 @@ class AttentionRule(pattern.RewriteRuleClassBase):
         if self.attention == "gqa" and not self.kv_cache:
             return result.fail(f"Softmax {_label(softmax)}: the shared KV cache needs K and V to be "
                                "Concat(past_key_values.i.*, new) of the graph's cache inputs", softmax)
-        mask = b.get("mask")
         if mask in ("masked", "allowed"):
             where = softmax.inputs[0].producer()
             c = _const(b["fill"])
@@ -202,7 +204,7 @@ class AttentionRule(pattern.RewriteRuleClassBase):
             setattr(a, mask, b["cond"])
         elif mask == "bias":
             a.bias = b["bias"]
-        if b.get("nan_guard") and _scalar(b["nan_zero"]) != 0.0:
+        if nan_guard and _scalar(b["nan_zero"]) != 0.0:
             return result.fail(f"the Where after Softmax {_label(softmax)} is not SDPA's NaN guard "
                                "Where(IsNaN(w), 0, w)", softmax)
         if self.kv_cache:
@@ -214,8 +216,8 @@ class AttentionRule(pattern.RewriteRuleClassBase):
             if not (b["past_key"].is_graph_input() and b["past_value"].is_graph_input()):
                 return result.fail(f"Concat {_label(concat)} of K or V does not start from a graph input "
                                    "(past_key_values.*)", concat)
-            if b.get("k_repeated") or b.get("v_repeated"):
-                if not (b.get("k_repeated") and b.get("v_repeated")):
+            if k_repeated or v_repeated:
+                if not (k_repeated and v_repeated):
                     return result.fail("only one of K and V is repeated over the heads", concat)
                 for side in ("k", "v"):
                     axes = ir.convenience.get_const_tensor(b[f"{side}_axes"])

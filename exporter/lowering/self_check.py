@@ -11,17 +11,9 @@ import onnx
 
 from mhaexport import dtypes, iospec
 from mhaexport.errors import ExportError, MhaExportError, first_line
-from mhaexport.runtime.session import cpu_session as _cpu_session
 
 # Largest |lowered - decomposed| on logits the self-check accepts, relative to max |logits| (plus this absolute)
 SELF_CHECK_TOL = {name: d.self_check_tol for name, d in dtypes.DTYPES.items()}
-
-
-def _np_inputs(contract: iospec.ModelContract, dtype: str, batch: int, seq: int, past: int,
-               pad: list[int]) -> dict:
-    ids, mask, cache = iospec.dummy_inputs(contract, batch, seq, past, seed=7, pad=pad,
-                                           dtype=dtypes.numpy_dtype(dtype))
-    return iospec.make_feed(ids, mask, cache)
 
 
 ModelSource = bytes | str | Path | onnx.ModelProto  # a serialized model, a file (external data beside it), a proto
@@ -44,19 +36,31 @@ def self_check(decomposed: ModelSource, lowered: ModelSource, contract: iospec.M
     which numpy cannot feed."""
     if dtype == "bfloat16":
         return None
+    from mhaexport.runners.registry import graph_runner
+    from mhaexport.runtime.feed import Feed
+
+    feed = Feed.contract(contract.n_layers, cache_dtype=dtype)  # both graphs in the contract's protocol
     pad = [0, min(2, past + seq - 1)]
-    feed = _np_inputs(contract, dtype, batch=2, seq=seq, past=past, pad=pad)
-    try:
-        ref = _cpu_session(_session_source(decomposed)).run(None, feed)
-    except Exception as e:  # noqa: BLE001
-        raise ExportError(f"ONNX Runtime CPU cannot run the decomposed {dtype} graph: {first_line(e)}") from None
-    try:
-        got = _cpu_session(_session_source(lowered)).run(None, feed)
-    except Exception as e:  # noqa: BLE001
-        raise ExportError(f"--attention {attention}: ONNX Runtime CPU cannot run the lowered {dtype} graph: "
-                          f"{first_line(e)}") from None
+    ids, mask, cache = iospec.dummy_inputs(contract, 2, seq, past, seed=7, pad=pad, dtype=dtypes.numpy_dtype(dtype))
+    outputs = []
+    for graph, which in ((decomposed, f"the decomposed {dtype} graph"),
+                         (lowered, f"the lowered {dtype} graph")):  # the registry's runners, on one thread
+        runner = graph_runner("decomposed" if graph is decomposed else attention, contract, _session_source(graph),
+                              feed)
+        try:
+            outputs.append(_flat(runner.activate().run(ids, mask, cache)))
+        except Exception as e:  # noqa: BLE001  (a graph ONNX Runtime refuses to load or run)
+            said = "" if graph is decomposed else f"--attention {attention}: "
+            raise ExportError(f"{said}ONNX Runtime CPU cannot run {which}: {first_line(e)}") from None
+        finally:
+            runner.deactivate()
     return _compare_real(f"--attention {attention}", "the lowered graph",
-                         list(zip(iospec.output_names(contract.n_layers), ref, got)), pad, past, dtype)
+                         list(zip(iospec.output_names(contract.n_layers), *outputs)), pad, past, dtype)
+
+
+def _flat(out) -> list[np.ndarray]:
+    """A contract call's outputs as the file's output list: logits, then present.* in output_names order."""
+    return [out[0]] + [t for kv in out[1] for t in kv]
 
 
 def _compare_real(what: str, graph: str, outputs: list[tuple[str, np.ndarray, np.ndarray]], pad: list[int],
@@ -112,8 +116,5 @@ def self_check_shared(decomposed: ModelSource, lowered: ModelSource, contract: i
             why += (f" (the window cache needs GroupQueryAttention's sliding_window_cache and query_seqlens: "
                     f"onnxruntime >= 1.32; this is {ort.__version__})")
         raise ExportError(f"{option}: ONNX Runtime CPU cannot run the lowered {dtype} graph: {why}") from None
-    def flat(out) -> list[np.ndarray]:  # logits, then present.* in output_names order
-        return [out[0]] + [t for kv in out[1] for t in kv]
-
     return _compare_real(option, "the GroupQueryAttention graph",
-                         list(zip(iospec.output_names(contract.n_layers), flat(r), flat(g))), pad, past, dtype)
+                         list(zip(iospec.output_names(contract.n_layers), _flat(r), _flat(g))), pad, past, dtype)
