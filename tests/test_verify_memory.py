@@ -116,3 +116,32 @@ def test_case_bytes_is_what_a_run_holds_and_the_estimate_grows_with_the_model():
     assert 0 < s < m and sweep_peak_bytes(small, build_sweep(small), runtimes_at_once=2) > s
     longest = case_bytes(small, Case(1, 2048, 0))
     assert longest < s < sum(case_bytes(small, x) for x in build_sweep(small, "full"))
+
+
+def _generation(module, contract, stepwise_max, monkeypatch):
+    from mhaexport.runners.decoder import EagerRunner
+    from mhaexport.verify import checks
+
+    monkeypatch.setattr(checks, "STEPWISE_RECOMPUTE_MAX_PROMPT", stepwise_max)
+    eager = EagerRunner("eager", contract, module)
+    ctx = Context(contract=contract, cases=[], tol=Tolerance(1e-4, 1e-3), eager=eager, export_sizes=(3, 5),
+                  gen_tokens=6)
+    return checks.check_generation(eager, ctx)
+
+
+@pytest.mark.parametrize("bug", [None, "window_in_decode"])
+def test_the_long_prompts_recompute_in_one_forward_proves_what_step_by_step_did(bug, tiny, monkeypatch):
+    """Eager's cached greedy decode held to a recompute: step by step (n forwards) and in one forward of prompt +
+    tokens (checks.recomputed) agree — the same tokens, status and figures within float32 rounding on the tiny
+    model — and both fail a decode path that goes wrong past 48 positions (tests/planted/bugs.py)."""
+    from planted import bugs
+
+    module = tiny.module if bug is None else getattr(bugs, bug)()
+    step = _generation(module, tiny.contract, 10 ** 6, monkeypatch)
+    once = _generation(module, tiny.contract, 0, monkeypatch)
+    assert step.status is once.status is (bug is None), (step.message, once.message)
+    f1, f2 = step.figures.to_dict(), once.figures.to_dict()
+    for key in ("tokens", "matched", "first_divergence", "long_matched", "long_first_divergence"):
+        assert f1.get(key) == f2.get(key), key
+    if bug is None:
+        assert max(f2["step_max_abs"] + f2["long_step_max_abs"]) < 1e-4

@@ -398,15 +398,3 @@ def first_bad_position(case: Case, got: np.ndarray, want: np.ndarray, tol: Toler
                 first = case.past + t - int(pads[b])
                 break
     return first
-
-
-def run_cases(runner, cases, inputs: Callable) -> dict:
-    """``runner.run(*inputs(case))`` for every case (the decoder's and the block's sweeps): case -> outputs, or the
-    MhaExportError it raised — the runtime failing at one shape is a result, not a crash."""
-    out: dict = {}
-    for case in cases:
-        try:
-            out[case] = runner.run(*inputs(case))
-        except MhaExportError as e:
-            out[case] = e
-    return out
