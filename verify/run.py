@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Callable
 from mhaexport.errors import MhaExportError, ProviderUnavailable
 from mhaexport.progress import Step
 from mhaexport.runners.names import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT
+from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.quality import self_tolerance
 from mhaexport.verify.report import RuntimeInfo
 from mhaexport.verify.results import CheckResult, SweepContext
-from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.verify.suite import run_check, subject
 
 if TYPE_CHECKING:
