@@ -21,7 +21,7 @@ from mhaexport.runtime.runner import Outputs, Runner
 from mhaexport.runners.names import EAGER, ORT_CPU, ORT_CUDA
 from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare, compare_by_output, merged
 from mhaexport.verify.figures import NOT_A_CHECK, DiffFigures, Figures, figures_of  # noqa: F401 (NOT_A_CHECK)
-from mhaexport.verify.sweep import Case
+from mhaexport.verify.sweep import REFERENCE_CACHE_BYTES, Case
 
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
 # the checks of an attention-block export (--module attention), in verify/block.py
@@ -95,11 +95,6 @@ class CrossResult(Record):
 
     def as_check(self) -> CheckResult:
         return CheckResult("cross-provider", self.status, self.figures, self.message)
-
-
-# eager's references of the sweep's cases kept for later checks, at most this many bytes in all (the small cases':
-# a long case's reference is recomputed where a check asks for it again; the sweep itself computes each once)
-REFERENCE_CACHE_BYTES = 16 << 20
 
 
 def outputs_bytes(outputs: Any) -> int:

@@ -112,6 +112,10 @@ def unseen(case: Case, export_sizes: tuple[int, int]) -> bool:
 
 # ---- what the sweep holds at once: the estimate a memory planner reads before the run ---------------------------
 
+# eager's references of the sweep's cases kept for later checks (results.SweepContext.reference), at most this many
+# bytes in all (the small cases': a long case's reference is computed again where a check asks for it again; the
+# sweep itself computes each once)
+REFERENCE_CACHE_BYTES = 16 << 20
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
@@ -146,11 +150,10 @@ def sweep_peak_bytes(contract, cases: list[Case], dtype: str = "float32", runtim
     included: the sweep runs case by case, holding a case's inputs, eager's reference, ``runtimes_at_once``
     runtimes' outputs (2 where a provider pair is compared with each other: ort-cuda and ort-cpu), one call's working
     memory and the comparison's float64 blocks (compare.CHUNK_ELEMENTS), plus the small references kept for later checks
-    (results.REFERENCE_CACHE_BYTES at most). ``long_checks``: also the checks that prefill max_positions tokens once
+    (REFERENCE_CACHE_BYTES at most). ``long_checks``: also the checks that prefill max_positions tokens once
     (kv-consistency's long context, generation's long prompt: one such call's outputs and working memory, and the
     rows they keep). A planner compares this plus the weights held (eager's and each session's) with its cap."""
     from mhaexport.verify.compare import CHUNK_ELEMENTS
-    from mhaexport.verify.results import REFERENCE_CACHE_BYTES
 
     workspace = 12 * 8 * CHUNK_ELEMENTS  # compare(): its float64 temporaries of one block (~10) and the selection
     kept = 0  # the references kept: the small ones, up to the budget
