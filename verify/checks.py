@@ -707,7 +707,12 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
     """Greedy decoding of n tokens after ``prompt`` judged against the reference (see check_generation)."""
     if runner.name == EAGER or ctx.lossy:  # a lossy artifact is held to itself; its agreement is quality's
         recompute = ctx.without_cache or RecomputeRunner  # verify's: the registry's; a bare Context's (tests): the class
-        got = greedy(runner, prompt, n)
+        memo = ("greedy", key, n)
+        got = ctx._ref.get(memo) if runner is ctx.eager else None
+        if got is None:
+            got = greedy(runner, prompt, n)
+            if runner is ctx.eager:  # the other runtimes' reference of the same prompt: decoded once
+                ctx._ref[memo] = got
         ref = (greedy(recompute(runner), prompt, n) if prompt.shape[1] <= STEPWISE_RECOMPUTE_MAX_PROMPT else
                recomputed(recompute(runner), prompt, got.tokens))
         against = "recompute"
