@@ -85,8 +85,7 @@ def check_parity(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:
     if baked:
         return CheckResult("parity", False, ParityFigures.of(baked_axes=len(baked)),
                            f"the graph fixes dynamic axes to the export's sizes: {'; '.join(baked[:3])}")
-    return parity_over_sweep(ctx.sweep(runner), ctx.output_kinds, ctx.tol,
-                             lambda case, out: ctx.compare(case, out, ctx.reference(case), ctx.tol))
+    return parity_over_sweep(ctx.sweep(runner), ctx.output_kinds, ctx.tol, lambda case, run: run.by_kind)
 
 
 def check_causality(runner: ModuleRunner, ctx: ModuleContext) -> CheckResult:

@@ -122,27 +122,73 @@ def rounded(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance, where: np.ndarray | None = None) -> Diff:
-    """Compare two arrays (float64 math); ``where`` selects elements (broadcast to the arrays' shape)."""
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    if a.shape != e.shape:
-        return Diff(float("inf"), float("inf"), max(a.size, e.size, 1), max(a.size, e.size, 1), float("inf"))
-    if where is not None:
-        sel = np.broadcast_to(where, a.shape)
-        a, e = a[sel], e[sel]
+# compare() reduces this many elements at a time (float64 temporaries of ~8 arrays of this size: ~32 MiB): a long
+# case's (B, T, V) logits are compared in slices along B and T, never as whole float64 copies
+CHUNK_ELEMENTS = 1 << 19
+
+
+def _blocks(shape: tuple[int, ...], limit: int | None = None):
+    """Basic-index tuples that tile an array of ``shape`` in blocks of at most ``limit`` (CHUNK_ELEMENTS) elements
+    (or one row of its last axis, when a row alone is larger), in C order."""
+    limit = CHUNK_ELEMENTS if limit is None else limit
+    size = int(np.prod(shape, dtype=np.int64))
+    if size <= limit or len(shape) <= 1:
+        yield ()
+        return
+    inner = int(np.prod(shape[1:], dtype=np.int64))
+    if inner <= limit:
+        step = max(1, limit // max(inner, 1))
+        for i in range(0, shape[0], step):
+            yield (slice(i, min(i + step, shape[0])),)
+        return
+    for i in range(shape[0]):
+        for rest in _blocks(shape[1:], limit):
+            yield (i,) + rest
+
+
+def _compare_block(a: np.ndarray, e: np.ndarray, tol: Tolerance) -> Diff:
+    """The figures of two same-shape blocks (float64 math), every element selected."""
+    a = np.asarray(a, dtype=np.float64)
+    e = np.asarray(e, dtype=np.float64)
     if a.size == 0:
         return Diff()
     err = np.abs(a - e)
     err = np.where(np.isnan(err), np.inf, err)  # NaN on either side is a mismatch
-    bound = tol.atol + tol.rtol * np.abs(e)
-    rel = err / np.maximum(np.abs(e), 1e-12)
-    need = err - tol.rtol * np.abs(e)
+    ae = np.abs(e)
+    bound = tol.atol + tol.rtol * ae
+    rel = err / np.maximum(ae, 1e-12)
+    need = err - tol.rtol * ae
     finite = np.isfinite(err)
     hist = np.bincount(np.searchsorted(HIST_EDGES, err[finite]), minlength=len(HIST_EDGES) + 1)
     hist[-1] += int((~finite).sum())
     return Diff(float(err.max()), float(rel.max()), int((err > bound).sum()), int(err.size),
                 float(max(need.max(), 0.0)), float(err[finite].sum()), hist)
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance, where: np.ndarray | None = None) -> Diff:
+    """Compare two arrays (float64 math); ``where`` selects elements (broadcast to the arrays' shape). Reduced
+    block by block (:data:`CHUNK_ELEMENTS`): what it holds beyond its inputs is bounded whatever their size."""
+    a, e = np.asarray(actual), np.asarray(expected)
+    if a.shape != e.shape:
+        return Diff(float("inf"), float("inf"), max(a.size, e.size, 1), max(a.size, e.size, 1), float("inf"))
+    sel = None if where is None else np.broadcast_to(where, a.shape)
+    parts = []
+    for ix in _blocks(a.shape):
+        if sel is None:
+            d = _compare_block(a[ix], e[ix], tol)
+        else:
+            s = sel[ix]
+            d = _compare_block(a[ix][s], e[ix][s], tol)
+        if d.total:
+            parts.append(d)
+    if len(parts) <= 1:
+        return parts[0] if parts else Diff()
+    total = merged(parts)
+    # as one pass over the whole array reads them: NaN in the expected values makes max_rel and min_atol NaN
+    for name in ("max_rel", "min_atol"):
+        if any(np.isnan(getattr(d, name)) for d in parts):
+            setattr(total, name, float("nan"))
+    return total
 
 
 def compare_by_output(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np.ndarray | None,

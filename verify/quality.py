@@ -183,13 +183,7 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     fig = QualityFigures.of(scheme=ctx.lossy.label or scheme, thresholds=built(Limits, limits.to_dict()),
                             thresholds_of=table)
     # the sweep: every case eager and the artifact ran, real rows only
-    sweep = Agreement()
-    for case, out in ctx.sweep(runner).items():
-        if isinstance(out, BaseException):
-            continue
-        ref = ctx.reference(case)[0]  # (B, T, V)
-        rows = case.real_rows()  # (B, T)
-        sweep.add(ref[rows], out[0][rows])
+    sweep = ctx.sweep(runner).agreement or Agreement()  # accumulated case by case as the sweep ran
     fig.set(sweep=built(Scores, sweep.figures()))
     # real text: the held-out text (byte-level models) or --text
     from mhaexport.models.text import heldout_text, is_byte_level

@@ -33,7 +33,7 @@ from mhaexport.artifact import schema
 from mhaexport.errors import ArtifactError, MhaExportError
 from mhaexport.untrusted import load_json, shown
 from mhaexport.verify.compare import Diff, Tolerance, compare
-from mhaexport.verify.results import Context
+from mhaexport.verify.results import CaseRun, Context, non_finite
 from mhaexport.verify.sweep import Case
 
 PREFIX = "reference."  # the record's files, beside model.onnx (plain names: no folder to create in the user's)
@@ -401,8 +401,18 @@ class RecordedContext(Context):
                               f"{len(self.record.cases)} sweep cases)")
         return got
 
-    def reference_scale(self, case: Case) -> float:
-        return self.reference(case).absmax
+    def summarize(self, runner, case: Case, out, ref, runs) -> CaseRun:
+        """What the sweep keeps of a runtime's run of ``case`` against the record (``ref``: its
+        :class:`RecordedCase`): non-finite counts, the contract's shapes, the recorded scale (max |eager logits|)
+        and {kind: Diff} on what was kept; no per-present-output figures and no first bad position (a top-k record
+        cannot say it)."""
+        if not isinstance(ref, RecordedCase):
+            return super().summarize(runner, case, out, ref, runs)
+        run = CaseRun(non_finite=non_finite(self.named_outputs(out)), shape_problem=self.shape_problem(case, out))
+        if self.compared(runner):
+            run.scale = ref.absmax
+            run.by_kind = ref.compare(out, self.tol, case.real_rows(), case.real_keys())
+        return run
 
     def compare(self, case: Case, actual, expected, tol: Tolerance) -> dict[str, Diff]:
         if isinstance(expected, RecordedCase):

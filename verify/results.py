@@ -15,11 +15,13 @@ import numpy as np
 from mhaexport.artifact.details import Quantization
 from mhaexport.artifact.record import Record
 from mhaexport.errors import MhaExportError
+from mhaexport import iospec
 from mhaexport.iospec import ModelContract
 from mhaexport.runtime.runner import Outputs, Runner
-from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare, compare_by_output
+from mhaexport.runners.names import EAGER, ORT_CPU, ORT_CUDA
+from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare, compare_by_output, merged
 from mhaexport.verify.figures import NOT_A_CHECK, DiffFigures, Figures, figures_of  # noqa: F401 (NOT_A_CHECK)
-from mhaexport.verify.sweep import Case
+from mhaexport.verify.sweep import REFERENCE_CACHE_BYTES, Case
 
 CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
 # the checks of an attention-block export (--module attention), in verify/block.py
@@ -95,15 +97,56 @@ class CrossResult(Record):
         return CheckResult("cross-provider", self.status, self.figures, self.message)
 
 
+def outputs_bytes(outputs: Any) -> int:
+    """Bytes of the arrays of one run's outputs (nested tuples of arrays)."""
+    if isinstance(outputs, np.ndarray):
+        return int(outputs.nbytes)
+    if isinstance(outputs, (tuple, list)):
+        return sum(outputs_bytes(o) for o in outputs)
+    return 0
+
+
+@dataclass
+class CaseRun:
+    """What the sweep kept of one runtime's run of one case — its outputs are reduced as it runs and dropped.
+    ``by_kind``: {kind: Diff} against eager (None for eager itself and a lossy artifact, which parity does not
+    compare); ``non_finite``: [(output name, count of NaN/inf)] of the outputs that had any; the decoder's adds
+    ``scale`` (max |eager logits|), ``present`` ({present.i.key|value: Diff} on real keys), ``present_scale``
+    ({name: max |eager| on real keys}), ``shape_problem`` (the contract's shapes broken: the message) and
+    ``first_bad`` (the lowest position whose logits differ)."""
+
+    by_kind: dict[str, Diff] | None = None
+    non_finite: list[tuple[str, int]] = field(default_factory=list)
+    scale: float = 0.0
+    present: dict[str, Diff] | None = None
+    present_scale: dict[str, float] | None = None
+    shape_problem: str | None = None
+    first_bad: int | None = None
+
+
+class SweepRuns(dict):
+    """{case: :class:`CaseRun`, or the MhaExportError the runtime raised there}, in the runtime's case order;
+    ``agreement``: a lossy artifact's running quality figures over the sweep (evaluate.scoring.Agreement)."""
+
+    agreement: Any = None
+
+
 @dataclass(kw_only=True)
 class SweepContext:
     """What the checks of one export share, whatever its contract: the sweep, the tolerance of the runtime under
-    check (verify gives each runtime a copy with its own), eager's memoized outputs, and each runtime's run over
-    the sweep, done once (parity, finite, dynamic-shapes and the cross-provider comparison share it).
+    check (verify gives each runtime a copy with its own), eager's references, and each runtime's run over the
+    sweep, done once and reduced as it goes (parity, finite, dynamic-shapes, quality and the cross-provider
+    comparison read its :class:`CaseRun`s: no check holds a sweep's outputs).
+
+    The sweep runs *case by case* over every runtime :meth:`plan` named: eager's reference of a case is computed
+    once, each runtime runs the case, its outputs are reduced against the reference (and compared with its
+    provider pair's, :data:`CROSS_PAIRS`), and all of them are dropped before the next case; what it holds at once
+    is one case's reference and one or two runtimes' outputs (verify.sweep.sweep_peak_bytes).
 
     A contract's context says how a case becomes inputs (:meth:`inputs`), how two runs of a case compare, per
-    output kind (:meth:`compare`, kinds :attr:`output_kinds`), and what its outputs are called
-    (:meth:`named_outputs`): the decoder's :class:`Context`, the attention block's ``verify.block.ModuleContext``.
+    output kind (:meth:`compare`, kinds :attr:`output_kinds`), what its outputs are called (:meth:`named_outputs`)
+    and what a run of a case keeps (:meth:`summarize`): the decoder's :class:`Context`, the attention block's
+    ``verify.block.ModuleContext``.
     """
 
     contract: Any
@@ -112,8 +155,11 @@ class SweepContext:
     eager: Runner
     seed: int = 0
     tol_override: tuple = (None, None)  # --atol/--rtol as given: numbers or {None|"logits"|"present": number}
-    _ref: dict = field(default_factory=dict)
-    _sweep_out: dict = field(default_factory=dict)
+    _ref: dict = field(default_factory=dict)  # memos of checks (greedy references, genai-config, weights)
+    _refs: dict = field(default_factory=dict)  # eager's references kept (REFERENCE_CACHE_BYTES)
+    _sweep_out: dict = field(default_factory=dict)  # runtime name -> SweepRuns
+    _plan: list = field(default_factory=list)  # [(runner, its context)] whose sweeps run together, case by case
+    _cross: dict = field(default_factory=dict)  # (a, b) -> [(case, Diff)] of a provider pair, from the sweep
 
     output_kinds: ClassVar[tuple[str, ...]] = OUTPUT_KINDS  # parity's figures per kind
 
@@ -128,20 +174,114 @@ class SweepContext:
         """Every output array of one run, with the name a message gives it."""
         raise NotImplementedError
 
+    def compared(self, runner: Runner) -> bool:
+        """Whether the sweep compares ``runner``'s outputs with eager's (not eager itself)."""
+        return runner.name != EAGER
+
+    def needs_reference(self, runner: Runner) -> bool:
+        """Whether summarizing ``runner``'s runs reads eager's outputs."""
+        return self.compared(runner)
+
+    def summarize(self, runner: Runner, case: Case, out: Any, ref: Any, runs: SweepRuns) -> CaseRun:
+        """What the sweep keeps of ``runner``'s run of ``case`` (``ref``: eager's, when :meth:`needs_reference`)."""
+        run = CaseRun(non_finite=non_finite(self.named_outputs(out)))
+        if self.compared(runner):
+            run.by_kind = self.compare(case, out, ref, self.tol)
+        return run
+
     def reference(self, case: Case) -> Any:
-        if case not in self._ref:
-            self._ref[case] = self.eager.run(*self.inputs(case))
-        return self._ref[case]
+        """Eager's outputs of ``case``: kept while the kept ones stay under REFERENCE_CACHE_BYTES, else computed
+        again when asked again."""
+        if case in self._refs:
+            return self._refs[case]
+        out = self.eager.run(*self.inputs(case))
+        size = outputs_bytes(out)
+        if size + sum(outputs_bytes(o) for o in self._refs.values()) <= REFERENCE_CACHE_BYTES:
+            self._refs[case] = out
+        return out
 
     def cases_for(self, runner: Runner) -> list[Case]:
         """The sweep cases the runner accepts."""
         return list(self.cases)
 
-    def sweep(self, runner: Runner) -> dict[Case, Any]:
-        """Run the runner over its cases once: case -> outputs, or the MhaExportError it raised."""
+    def plan(self, runners: list[tuple[Runner, SweepContext]]) -> None:
+        """Run these runtimes' sweeps together, case by case, when the first of them is asked for (each with its
+        own context: its tolerance, a lossy artifact's record). verify's run_all plans the runtimes that ran."""
+        self._plan[:] = [(r, c) for r, c in runners if r.name not in self._sweep_out]
+
+    def sweep(self, runner: Runner) -> SweepRuns:
+        """The runner's run over its cases, done once (with the runtimes planned with it): case -> CaseRun, or
+        the MhaExportError it raised."""
         if runner.name not in self._sweep_out:
-            self._sweep_out[runner.name] = run_cases(runner, self.cases_for(runner), self.inputs)
+            group = [(r, c) for r, c in self._plan if r.name not in self._sweep_out]
+            if not any(r is runner for r, _ in group):
+                group = [(runner, self)]
+            self._sweep_out.update(sweep_pass(group, self))
         return self._sweep_out[runner.name]
+
+
+def non_finite(named: list[tuple[str, np.ndarray]]) -> list[tuple[str, int]]:
+    """[(name, count)] of the outputs holding NaN or inf."""
+    out = []
+    for name, arr in named:
+        n = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        if n:
+            out.append((name, n))
+    return out
+
+
+# runtimes of one artifact on different providers: when both ran, they are compared with each other too (eager-cuda
+# against eager is its parity already)
+CROSS_PAIRS = ((ORT_CUDA, ORT_CPU),)
+
+
+def sweep_pass(group: list[tuple[Runner, SweepContext]], ctx: SweepContext) -> dict[str, SweepRuns]:
+    """Run every runner of ``group`` over its cases, case by case: eager's reference once per case (eager itself
+    takes it as its own run), each runner's outputs reduced by its context's :meth:`~SweepContext.summarize` and
+    compared with its provider pair's (``ctx._cross``), then dropped. Returns {runner name: SweepRuns}."""
+    runs = {r.name: SweepRuns() for r, _ in group}
+    lists = {r.name: c.cases_for(r) for r, c in group}
+    order: list[Case] = []
+    for r, _ in group:
+        order += [case for case in lists[r.name] if case not in order]
+    names = {r.name for r, _ in group}
+    pairs = [(a, b) for a, b in CROSS_PAIRS if a in names and b in names]
+    paired = {n for p in pairs for n in p}
+    for case in order:
+        ref, kept = None, {}
+        for r, c in group:
+            if case not in lists[r.name]:
+                continue
+            try:
+                if r is ctx.eager:
+                    out = ref = ctx.reference(case) if ref is None else ref
+                else:
+                    out = r.run(*c.inputs(case))
+            except MhaExportError as e:
+                runs[r.name][case] = e
+                continue
+            want = None
+            if c.needs_reference(r):
+                if ref is None:
+                    ref = ctx.reference(case)
+                want = ref
+            runs[r.name][case] = c.summarize(r, case, out, want, runs[r.name])
+            if r.name in paired:
+                kept[r.name] = (out, c)
+            del out
+        for a, b in pairs:
+            if a in kept and b in kept:
+                tol = Tolerance.for_dtype(next(r for r, _ in group if r.name == a).dtype, *ctx.tol_override)
+                ctx._cross.setdefault((a, b), []).append(
+                    (case, merged(kept[a][1].compare(case, kept[a][0], kept[b][0], tol).values())))
+        kept.clear()
+        ref = None
+    for r, _ in group:  # each runtime's cases in its own order (parity's worst case and per-case figures)
+        sr = runs[r.name]
+        ordered = SweepRuns((case, sr[case]) for case in lists[r.name] if case in sr)
+        ordered.agreement = sr.agreement
+        runs[r.name] = ordered
+    return runs
 
 
 @dataclass(kw_only=True)
@@ -175,16 +315,66 @@ class Context(SweepContext):
         logits, present = outputs
         return [("logits", logits)] + [(f"present[{i}]", t) for i, kv in enumerate(present) for t in kv]
 
+    def compared(self, runner: Runner) -> bool:
+        """Eager and a lossy artifact (judged by quality) are not compared value for value with eager."""
+        return runner.name != EAGER and not self.lossy
+
+    def needs_reference(self, runner: Runner) -> bool:
+        """Compared with eager, or a lossy artifact (its quality figures over the sweep)."""
+        return runner.name != EAGER
+
+    def shape_problem(self, case: Case, out: Outputs) -> str | None:
+        """What breaks the contract's shapes in a run of ``case`` (the message), or None."""
+        c = self.contract
+        logits, present = out
+        want_l = (case.batch, case.seq, c.vocab_size)
+        want_kv = (case.batch, c.n_kv_heads, case.past + case.seq, c.head_dim)
+        if tuple(logits.shape) != want_l or any(tuple(t.shape) != want_kv for kv in present for t in kv):
+            return f"wrong output shapes at {case.name}: logits {list(logits.shape)} (want {list(want_l)})"
+        return None
+
+    def summarize(self, runner: Runner, case: Case, out: Outputs, ref: Outputs | None, runs: SweepRuns) -> CaseRun:
+        """What parity, finite, dynamic-shapes and quality need of one run: non-finite counts, whether the shapes
+        are the contract's, and against eager (``ref``) the figures per kind and per present output, eager's
+        scale, and the first position whose logits differ; a lossy artifact's outputs feed the running quality
+        figures (``runs.agreement``) instead."""
+        logits, present = out
+        run = CaseRun(non_finite=non_finite(self.named_outputs(out)), shape_problem=self.shape_problem(case, out))
+        if self.lossy and runner.name != EAGER:
+            from mhaexport.evaluate.scoring import Agreement
+
+            if runs.agreement is None:
+                runs.agreement = Agreement()
+            rows = case.real_rows()
+            runs.agreement.add(ref[0][rows], logits[rows])
+        if not self.compared(runner):
+            return run
+        rows, keys = case.real_rows(), case.real_keys()
+        le, pe = ref
+        tl = self.tol.for_output("logits")
+        run.scale = float(max(le.max(initial=0.0), -le.min(initial=0.0)))  # max |eager logits|, no |copy|
+        run.by_kind = {"logits": compare(logits, le, tl, rows[:, :, None])}
+        if len(present) != len(pe):
+            run.by_kind["present"] = Diff(float("inf"), float("inf"), 1, 1, float("inf"))
+        else:
+            tp, kmask = self.tol.for_output("present"), keys[:, None, :, None]  # (B, 1, S, 1)
+            run.present, run.present_scale = {}, {}
+            for i, (pair_a, pair_e) in enumerate(zip(present, pe)):
+                for name, a, e in zip(iospec.present_names(i), pair_a, pair_e):
+                    run.present[name] = compare(a, e, tp, kmask)
+                    sel = np.broadcast_to(kmask, e.shape) if e.shape == a.shape else None
+                    run.present_scale[name] = float(np.abs(e[sel] if sel is not None else e).max(initial=0.0))
+            run.by_kind["present"] = merged(run.present.values())
+        if run.by_kind["logits"].mismatched and logits.shape == le.shape:
+            run.first_bad = first_bad_position(case, logits, le, tl)
+        return run
+
     @property
     def ltol(self) -> Tolerance:
         """The tolerance for logits (checks that compare logits only)."""
         return self.tol.for_output("logits")
 
     recorded = None  # verify.reference.RecordedReference when eager's references come from a record (RecordedContext)
-
-    def reference_scale(self, case: Case) -> float:
-        """max |eager logits| of ``case`` (parity's rounding scale)."""
-        return float(np.abs(self.reference(case)[0]).max(initial=0.0))
 
     def ref_compare(self, got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Diff:
         """A runtime's logits against a reference's (one greedy step): the comparison of every value (a top-k
@@ -199,13 +389,18 @@ class Context(SweepContext):
         return [Case(2, seq, past, (0, min(2, seq + past - 1)), seed=self.seed)]
 
 
-def run_cases(runner, cases, inputs: Callable) -> dict:
-    """``runner.run(*inputs(case))`` for every case (the decoder's and the block's sweeps): case -> outputs, or the
-    MhaExportError it raised — the runtime failing at one shape is a result, not a crash."""
-    out: dict = {}
-    for case in cases:
-        try:
-            out[case] = runner.run(*inputs(case))
-        except MhaExportError as e:
-            out[case] = e
-    return out
+def first_bad_position(case: Case, got: np.ndarray, want: np.ndarray, tol: Tolerance) -> int | None:
+    """The lowest token position (past + index in the call, a row's left padding not counted) whose (B, T, V)
+    logits differ beyond ``tol`` on a real row; reduced one row of T at a time (no float64 copy of the whole)."""
+    rows = case.real_rows()
+    pads = list(case.pad) + [0] * (case.batch - len(case.pad))
+    first = None
+    for b in range(got.shape[0]):
+        for t in range(got.shape[1]):
+            if not rows[b, t] or (first is not None and case.past + t - int(pads[b]) >= first):
+                continue
+            g, w = got[b, t].astype(np.float64), want[b, t].astype(np.float64)
+            if (np.abs(g - w) > tol.atol + tol.rtol * np.abs(w)).any():
+                first = case.past + t - int(pads[b])
+                break
+    return first

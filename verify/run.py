@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Callable
 from mhaexport.errors import MhaExportError, ProviderUnavailable
 from mhaexport.progress import Step
 from mhaexport.runners.names import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT
+from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.quality import self_tolerance
 from mhaexport.verify.report import RuntimeInfo
 from mhaexport.verify.results import CheckResult, SweepContext
-from mhaexport.verify.suite import run_check
+from mhaexport.verify.suite import run_check, subject
 
 if TYPE_CHECKING:
     from mhaexport.artifact.details import Quantization
@@ -61,19 +62,28 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
             say(f"{runner.name}: {info.status} ({info.reason})")
     done = 0
     total = sum(infos[r.name].status == "ran" for r in todo) * len(checks)  # the counted steps: a check on a runtime
+    contexts = {}
     for runner in todo:
         info = infos[runner.name]
         if info.status != "ran":
             continue
-        t0 = time.perf_counter()
         # each runtime is held to its own artifact's dtype: an fp16 ONNX file next to an fp32 TorchScript one
-        # must not loosen TorchScript's tolerance; the memoized eager references stay shared (shallow copy)
+        # must not loosen TorchScript's tolerance; eager's references and the sweep's runs stay shared (shallow copy)
         quant = (lossy or {}).get(_artifact_of(runner) or "")
         tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
         if quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
             tol = self_tolerance(ctx, quant, tol)
             info.self_tolerance = tol.describe()
-        runner_ctx = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # a module: no lossy
+        contexts[runner.name] = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # (module: not)
+    # the sweep of every runtime driven by contract calls runs case by case, all of them together, when a check
+    # first reads it: eager's reference of a case computed once, every output reduced and dropped before the next
+    ctx.plan([(r, contexts[r.name]) for r in todo if r.name in contexts and subject(r) in (CONTRACT, MODULE)])
+    for runner in todo:
+        info = infos[runner.name]
+        if info.status != "ran":
+            continue
+        t0 = time.perf_counter()
+        runner_ctx = contexts[runner.name]
         for ch in checks:
             say(Step(f"{runner.name}: {ch} ...", done, total))
             results[runner.name][ch] = run_check(ch, runner, runner_ctx)

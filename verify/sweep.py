@@ -108,3 +108,62 @@ def build_sweep(contract: ModelContract, kind: str = "quick", seed: int = 0) -> 
 def unseen(case: Case, export_sizes: tuple[int, int]) -> bool:
     """True when the case's seq or past length differs from the ones used at export."""
     return (case.seq, case.past) != tuple(export_sizes)
+
+
+# ---- what the sweep holds at once: the estimate a memory planner reads before the run ---------------------------
+
+# eager's references of the sweep's cases kept for later checks (results.SweepContext.reference), at most this many
+# bytes in all (the small cases': a long case's reference is computed again where a check asks for it again; the
+# sweep itself computes each once)
+REFERENCE_CACHE_BYTES = 16 << 20
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def case_bytes(contract, case: Case, dtype: str = "float32") -> int:
+    """Bytes of one run of ``case``: its inputs (ids, mask, the past cache) and its outputs (the decoder's logits
+    (B, T, V) and present (B, H_kv, past + T, D) per layer; the attention block's output, present and attention
+    weights), at ``dtype``'s width (ids and mask: int64)."""
+    n = _ITEMSIZE.get(dtype, 4)
+    b, t, p = case.batch, case.seq, case.past
+    ints = 8 * b * (t + p + t)  # input_ids (B, T) and attention_mask (B, past + T), int64
+    if hasattr(contract, "vocab_size"):  # the decoder
+        kv = 2 * contract.n_layers * b * contract.n_kv_heads * contract.head_dim
+        return ints + n * (kv * p + b * t * contract.vocab_size + kv * (p + t))
+    e, h, hk = contract.d_model, contract.n_heads, contract.n_kv_heads or contract.n_heads  # the attention block
+    d = e // h
+    return n * (b * t * e + 2 * b * hk * p * d + b * t * e + 2 * b * hk * (p + t) * d + b * h * t * (p + t))
+
+
+def call_bytes(contract, case: Case, dtype: str = "float32") -> int:
+    """A runtime's own working memory for one call of ``case``, beyond its inputs and outputs (an estimate: one
+    layer's attention scores and probabilities (B, H, T, past + T) and its MLP activation (B, T, d_ff ~ 4 x d),
+    which a runtime holds at its widest point)."""
+    n = _ITEMSIZE.get(dtype, 4)
+    b, t, s = case.batch, case.seq, case.past + case.seq
+    d = contract.n_heads * contract.head_dim if hasattr(contract, "head_dim") else contract.d_model
+    return n * (2 * b * contract.n_heads * t * s + 4 * b * t * d)
+
+
+def sweep_peak_bytes(contract, cases: list[Case], dtype: str = "float32", runtimes_at_once: int = 1,
+                     long_checks: bool = True) -> int:
+    """The most bytes of activations verify's checks hold at once for this sweep, weights and sessions not
+    included: the sweep runs case by case, holding a case's inputs, eager's reference, ``runtimes_at_once``
+    runtimes' outputs (2 where a provider pair is compared with each other: ort-cuda and ort-cpu), one call's working
+    memory and the comparison's float64 blocks (compare.CHUNK_ELEMENTS), plus the small references kept for later checks
+    (REFERENCE_CACHE_BYTES at most). ``long_checks``: also the checks that prefill max_positions tokens once
+    (kv-consistency's long context, generation's long prompt: one such call's outputs and working memory, and the
+    rows they keep). A planner compares this plus the weights held (eager's and each session's) with its cap."""
+    from mhaexport.verify.compare import CHUNK_ELEMENTS
+
+    workspace = 12 * 8 * CHUNK_ELEMENTS  # compare(): its float64 temporaries of one block (~10) and the selection
+    kept = 0  # the references kept: the small ones, up to the budget
+    peak = 0
+    for case in cases:
+        one = case_bytes(contract, case, dtype)
+        if kept + one <= REFERENCE_CACHE_BYTES:
+            kept += one
+        peak = max(peak, one * (1 + runtimes_at_once) + call_bytes(contract, case, dtype))
+    if long_checks and hasattr(contract, "vocab_size"):
+        long = Case(1, contract.max_positions, 0)
+        peak = max(peak, case_bytes(contract, long, dtype) + call_bytes(contract, long, dtype))
+    return int(peak + workspace + kept)
