@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -403,7 +404,12 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
         shipped = None if checkpoint is not None or random_weights or not is_preset else shipped_weights(cfg)
         if streamed:
             given = checkpoint if checkpoint is not None else shipped
-            weights = staged_weights(cfg) if given is None else streamed_checkpoint(cfg, given)
+            try:
+                weights = staged_weights(cfg) if given is None else streamed_checkpoint(cfg, given)
+            except OSError as e:
+                raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the "
+                                    "export writes them there first; set TMPDIR to a folder with room for them") \
+                    from None
             module = weights.model(cfg)
         else:
             weights, module = None, DecoderLM(cfg)

@@ -21,6 +21,7 @@ import json
 import os
 import struct
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -234,8 +235,13 @@ class WeightsFile:
         except BaseException:
             os.close(self.fd)
             raise
+        self._unlink_at_close = False
         if unlink:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:  # a file open elsewhere cannot be removed on Windows: removed at close instead
+                self._unlink_at_close = True
+        self._lock = threading.Lock()
         self._start = self._mm.ctypes.data
         self._end = self._start + self._mm.size
 
@@ -243,6 +249,9 @@ class WeightsFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+            if self._unlink_at_close:
+                self._mm = self.state = None
+                self.path.unlink(missing_ok=True)
 
     def __del__(self) -> None:
         self.close()
@@ -252,7 +261,14 @@ class WeightsFile:
         buf = np.empty(nbytes, np.uint8)
         view, done = memoryview(buf), 0
         while done < nbytes:
-            n = os.preadv(self.fd, [view[done:]], offset + done)
+            if hasattr(os, "preadv"):
+                n = os.preadv(self.fd, [view[done:]], offset + done)
+            else:  # no positional read (Windows): seek and read under a lock
+                with self._lock:
+                    os.lseek(self.fd, offset + done, os.SEEK_SET)
+                    chunk = os.read(self.fd, min(nbytes - done, 1 << 30))
+                    n = len(chunk)
+                    view[done:done + n] = chunk
             if n <= 0:
                 raise OSError(f"{self.path}: short read at byte {offset + done}")
             done += n

@@ -107,3 +107,17 @@ def test_split_refuses_fields_out_of_order():
     assert streamed._split(low + key, 5) == (low, b"")
     with pytest.raises(ValueError, match="after field"):
         streamed._split(key + low, 3)
+
+
+def test_no_room_to_stage_the_weights_is_one_line(monkeypatch):
+    import errno
+
+    from mhaexport.errors import ArtifactError
+    from mhaexport.models import loading
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(loading, "staged_weights", full)
+    with pytest.raises(ArtifactError, match="cannot stage the weights .*No space left.*TMPDIR"):
+        load_model("tiny", streamed=True)
