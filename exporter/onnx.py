@@ -267,6 +267,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     opset: default 18, or 23 for attention="onnx".
     kv_cache: "concat" (present = concat(past, new)) or "shared" (past and present one buffer of ``max_cache``
     slots, default max_positions, written in place by com.microsoft GroupQueryAttention; rows packed from slot 0).
+    A model loaded streamed (``loaded.weights``, :func:`mhaexport.models.loading.load_model`) is written from its
+    staging file one tensor at a time (:mod:`mhaexport.exporter.streamed`): the same bytes, never whole in memory.
     """
     opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
