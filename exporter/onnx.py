@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -27,9 +28,11 @@ from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
 from mhaexport.exporter.lowering.guard import refuse_unexpressible, self_check_sizes
 from mhaexport.exporter.precision import precision_report
+from mhaexport.exporter.streamed import check_stand_in, read_when_written, save_inline
 from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
+from mhaexport.models.stream import staged_weights
 from mhaexport.runtime.protocol import padding_of
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
@@ -264,6 +267,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     opset: default 18, or 23 for attention="onnx".
     kv_cache: "concat" (present = concat(past, new)) or "shared" (past and present one buffer of ``max_cache``
     slots, default max_positions, written in place by com.microsoft GroupQueryAttention; rows packed from slot 0).
+    A model loaded streamed (``loaded.weights``, :func:`mhaexport.models.loading.load_model`) is written from its
+    staging file one tensor at a time (:mod:`mhaexport.exporter.streamed`): the same bytes, never whole in memory.
     """
     opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
@@ -291,7 +296,14 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         raise ExportOptionError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)
     torch_dtype = models_torch_dtype(dtype)
-    module = loaded.module if dtype == "float32" else copy.deepcopy(loaded.module).to(torch_dtype)
+    weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
+    if dtype == "float32":
+        module = loaded.module
+    elif weights is not None:  # converted one tensor at a time into a second staging file
+        weights = staged_weights(loaded.config, weights.tensors(), dtype=torch_dtype)
+        module = weights.model(loaded.config)
+    else:
+        module = copy.deepcopy(loaded.module).to(torch_dtype)
     args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     threshold = external_data_threshold()  # a bad MHAEXPORT_EXTERNAL_DATA_BYTES is refused before any work
@@ -333,10 +345,22 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             warns.append(f"--attention decomposed: torch.onnx already wrote {n_attn} ONNX Attention node(s) (the "
                          f"model calls scaled_dot_product_attention, opset {opset}); export at --opset 18 for a "
                          "decomposed graph")
-        files = save_model(model, tmp / ONNX_FILE, external=external)
+        # a streamed model's weights are read from its staging file as they are written, one at a time
+        streamed = read_when_written(model, weights) if weights is not None else []
+        inline = None
+        if streamed and not external:  # one protobuf, written field by field: never whole in memory
+            inline = save_inline(model, tmp / ONNX_FILE, streamed)
+            files = [ONNX_FILE]
+        else:
+            files = save_model(model, tmp / ONNX_FILE, external=external)
         casts = sum(n.op_type == "Cast" for n in model.graph)
-        del model, program  # the IR's folded tensors (transposed weights) are not needed past this point
-        check_onnx(tmp / ONNX_FILE)
+        del model, program, module, weights  # the IR's folded tensors (transposed weights) are not needed now
+        if inline is None:
+            check_onnx(tmp / ONNX_FILE)
+        else:  # the same graph, its streamed weights a sparse external file: the checker never loads them
+            with tempfile.TemporaryDirectory() as d:
+                check_onnx(check_stand_in(inline, Path(d), ONNX_FILE))
+            del inline
         checked = None
         if decomposed is not None:
             # beyond the longest window where the axes are dynamic, so a dropped or shifted window cannot pass

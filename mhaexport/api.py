@@ -126,7 +126,7 @@ def _tolerance(value: Any, arg: str) -> None:
 
 def load(*, model: str | LoadedModel | None = None, config: str | None = None, hf: str | Path | None = None,
          checkpoint: str | Path | None = None, revision: str | None = None,
-         allow_download: bool = False) -> LoadedModel:
+         allow_download: bool = False, streamed: bool = False) -> LoadedModel:
     """The model a command works on, checked against the decoder contract (``--model`` / ``--config`` / ``--hf`` /
     ``--checkpoint`` / ``--revision`` / ``--allow-download``). A LoadedModel given as ``model`` is returned as it
     is. Raises ConfigError or ModelLoadError. ``.notes``: what the loading had to decide (a context length the
@@ -138,17 +138,18 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
             raise ConfigError("a loaded model was given: config, hf and checkpoint do not apply")
         return model
     return load_model(config=config, model=model, checkpoint=checkpoint, hf=hf, revision=revision,
-                      allow_download=allow_download)
+                      allow_download=allow_download, streamed=streamed)
 
 
-def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None) -> LoadedModel:
+def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None, *,
+           streamed: bool = False) -> LoadedModel:
     """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.progress.Note`)."""
     from mhaexport.models.loading import LoadedModel
     from mhaexport.progress import Note
 
     given = isinstance(model, LoadedModel)
     loaded = load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
-                  allow_download=allow_download)
+                  allow_download=allow_download, streamed=streamed)
     if progress is not None and not given:
         for note in loaded.notes:
             progress(Note(note))
@@ -242,7 +243,8 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
     shown = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     writable_output(output)
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    # the built-in decoder streamed: its weights in a staging file, written to the export one tensor at a time
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
         cache = {"concat": "", "window": ", window-sized KV cache (GroupQueryAttention)"}.get(

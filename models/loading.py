@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from mhaexport.errors import (ArtifactError, ConfigError, MhaExportError, ModelL
 from mhaexport.iospec import ModelContract, ModuleContract
 from mhaexport.models.config import PRESETS, DecoderConfig, load_config
 from mhaexport.models.decoder import DecoderLM
+from mhaexport.models.stream import WeightsFile, meta_model, mmap_state, param_specs, staged_weights
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -50,6 +52,8 @@ class LoadedModel:
     # the manifest; a Hub model's "path" is the cache's snapshot, never recorded
     origin: Source = field(default_factory=Source)
     notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
+    # the built-in decoder loaded streamed (``load_model(streamed=True)``): the staging file its parameters map
+    weights: WeightsFile | None = field(default=None, repr=False)
     _weights_sha256: str | None = field(default=None, repr=False)
     _n_params: int | None = field(default=None, repr=False)
 
@@ -57,7 +61,8 @@ class LoadedModel:
     def weights_sha256(self) -> str:
         """sha256 of the module's state dict (names, dtypes, shapes and bytes), computed once."""
         if self._weights_sha256 is None:
-            self._weights_sha256 = weights_sha256(self.module)
+            self._weights_sha256 = (self.weights.sha256() if self.weights is not None
+                                    else weights_sha256(self.module))
         return self._weights_sha256
 
     @property
@@ -198,15 +203,22 @@ def _load_failure(e: Exception) -> str:
     return first_line(e)
 
 
-def load_checkpoint(module: nn.Module, path: str | Path) -> str:
-    """Load a state dict (tensors only) into module; returns its sha256. Mismatches raise ModelLoadError."""
+def read_state(path: str | Path, *, mmap: bool = False) -> dict:
+    """A checkpoint's state dict (tensors only: ``torch.load(weights_only=True)``, or a ``.safetensors`` file;
+    ``mmap``: memory-mapped, each tensor read when used); ModelLoadError for a file that is missing or is not one."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"checkpoint {path} does not exist")
+    if path.suffix == ".safetensors":
+        try:
+            state = mmap_state(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"checkpoint {path} cannot be read as safetensors: {first_line(e)}") from None
+        return state if mmap else {k: v.clone() for k, v in state.items()}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says what matters
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:
         raise ModelLoadError(f"checkpoint {path} cannot be read as a tensors-only state dict "
                              f"(torch.load weights_only=True): {_load_failure(e)}") from None
@@ -214,6 +226,12 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> str:
         state = state["state_dict"]
     if not isinstance(state, dict):
         raise ModelLoadError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
+    return state
+
+
+def load_checkpoint(module: nn.Module, path: str | Path) -> str:
+    """Load a state dict (tensors only) into module; returns its sha256. Mismatches raise ModelLoadError."""
+    state = read_state(path)
     if misfit := _state_misfit(module, state):
         raise ModelLoadError(f"checkpoint {path} does not fit the model: {misfit}")
     try:
@@ -224,11 +242,51 @@ def load_checkpoint(module: nn.Module, path: str | Path) -> str:
     return sha256_file(path)
 
 
-def smoke_check(module: nn.Module, contract: ModelContract) -> None:
-    """Call the model once at (batch, seq, past) = (1, 2, 0) and check the contract's output structure."""
+def streamed_checkpoint(cfg: DecoderConfig, path: str | Path) -> WeightsFile:
+    """A checkpoint of the built-in decoder copied one tensor at a time into a staging file (:func:`staged_weights`):
+    a ``.pt`` read with ``torch.load(mmap=True)``, a ``.safetensors`` read by offset; each tensor converted to the
+    model's dtype as ``load_state_dict`` would. A tied LM head takes the checkpoint's ``lm_head.weight`` where it has
+    one (``load_state_dict`` copies it last into the shared tensor). ModelLoadError when it does not fit."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise ModelLoadError(f"checkpoint {path} does not exist")
+        try:
+            source = WeightsFile(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"checkpoint {path} cannot be read as safetensors: {first_line(e)}") from None
+        state, read = source.state, source.read
+    else:
+        state = read_state(path, mmap=True)
+        read = state.__getitem__
+    meta = meta_model(cfg)
+    if misfit := _state_misfit(meta, state):
+        raise ModelLoadError(f"checkpoint {path} does not fit the model: {misfit}")
+    bad = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
+    if bad is not None:
+        raise ModelLoadError(f"checkpoint {path} does not fit the model: {bad} is not a tensor")
+    tied = cfg.tie_embeddings
+
+    def tensors():
+        for name, _, dtype in param_specs(cfg):
+            if tied and name == "lm_head.weight":
+                yield name, None
+                continue
+            src = "lm_head.weight" if tied and name == "tok_emb.weight" else name
+            yield name, read(src).detach().to(dtype).contiguous()
+
+    return staged_weights(cfg, tensors())
+
+
+def smoke_check(module: nn.Module, contract: ModelContract, device: str = "cpu") -> None:
+    """Call the model once at (batch, seq, past) = (1, 2, 0) and check the contract's output structure; ``device``
+    "meta": shapes only (a model on the meta device: nothing computed, no weight read)."""
     from mhaexport.models.inputs import make_inputs
 
     ids, mask, past = make_inputs(contract, batch=1, seq=2, past=0)
+    if device != "cpu":
+        ids, mask = ids.to(device), mask.to(device)
+        past = tuple((k.to(device), v.to(device)) for k, v in past)
     try:
         with torch.no_grad():
             out = module(ids, mask, past)
@@ -303,7 +361,7 @@ def _factory_origin(model: str) -> tuple[str, FactorySource]:
 def load_model(config: str | DecoderConfig | None = None, model: str | None = None,
                checkpoint: str | Path | None = None, *, hf: str | Path | None = None,
                random_weights: bool = False, revision: str | None = None,
-               allow_download: bool = False) -> LoadedModel:
+               allow_download: bool = False, streamed: bool = False) -> LoadedModel:
     """Build the model a command works on. ``config``, ``model`` and ``hf`` are exclusive; none means the default
     preset.
 
@@ -313,6 +371,9 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     :mod:`mhaexport.models.hf`; it holds its own weights, so ``checkpoint`` does not apply. ``hf`` may also be a Hub
     model id ``org/name`` (at ``revision``), read from the user's Hugging Face cache, downloaded only with
     ``allow_download`` (:mod:`mhaexport.models.hub`).
+    ``streamed`` (the built-in decoder; ignored otherwise): its weights — seeded, shipped or the checkpoint's — are
+    written one tensor at a time to a staging file (unlinked at once, gone with the model) and the module's parameters
+    are that file memory-mapped (read-only): nothing holds the model in memory; ``.weights`` reads it by offset.
     """
     given = [f"--{n}" for n, v in (("config", config), ("model", model), ("hf", hf)) if v is not None]
     if len(given) > 1:
@@ -339,23 +400,38 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
         loaded = LoadedModel(module, contract, spec=spec, origin=origin)
     else:
         cfg = config if isinstance(config, DecoderConfig) else load_config(config)
-        module = DecoderLM(cfg)
         is_preset = isinstance(config, str) and config in PRESETS or config is None
+        shipped = None if checkpoint is not None or random_weights or not is_preset else shipped_weights(cfg)
+        if streamed:
+            given = checkpoint if checkpoint is not None else shipped
+            try:
+                weights = staged_weights(cfg) if given is None else streamed_checkpoint(cfg, given)
+            except OSError as e:
+                raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the "
+                                    "export writes them there first; set TMPDIR to a folder with room for them") \
+                    from None
+            module = weights.model(cfg)
+        else:
+            weights, module = None, DecoderLM(cfg)
         if is_preset:
             spec, origin = f"preset:{cfg.name}", PresetSource(name=cfg.name)
         else:
             shown = Path(config).name if isinstance(config, str) else cfg.name
             spec, origin = f"config:{shown}", ConfigSource()
-        loaded = LoadedModel(module, contract_of(module), spec=spec, config=cfg, origin=origin)
-        if checkpoint is None and not random_weights and is_preset and (w := shipped_weights(cfg)):
-            loaded.checkpoint_sha256 = load_checkpoint(module, w)
-            loaded.checkpoint = f"shipped:{w.name}"
+        loaded = LoadedModel(module, contract_of(module), spec=spec, config=cfg, origin=origin, weights=weights)
+        if shipped is not None:
+            loaded.checkpoint_sha256 = sha256_file(shipped) if streamed else load_checkpoint(module, shipped)
+            loaded.checkpoint = f"shipped:{shipped.name}"
     if checkpoint is not None:
-        loaded.checkpoint_sha256 = load_checkpoint(loaded.module, checkpoint)
+        loaded.checkpoint_sha256 = (sha256_file(checkpoint) if loaded.weights is not None
+                                    else load_checkpoint(loaded.module, checkpoint))
         loaded.checkpoint = str(checkpoint)
         loaded.origin.checkpoint = str(Path(checkpoint).resolve())
     loaded.module.eval()
-    smoke_check(loaded.module, loaded.contract)
+    if loaded.weights is not None:  # shapes only: a forward would read every weight's pages
+        smoke_check(meta_model(loaded.config), loaded.contract, "meta")
+    else:
+        smoke_check(loaded.module, loaded.contract)
     return loaded
 
 

@@ -21,6 +21,7 @@ import json
 import os
 import struct
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -194,7 +195,152 @@ def mmap_state(path: str | Path) -> dict[str, torch.Tensor]:
     """The file's tensors as read-only views of one memory map (no copy: file-backed pages, read on use); names
     that share bytes (a tied head) are one tensor."""
     base, meta = read_header(path)
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    return _state_over(path, np.memmap(path, dtype=np.uint8, mode="r"), base, meta)
+
+
+def mmap_model(cfg: DecoderConfig, path: str | Path) -> DecoderLM:
+    """The built-in decoder whose parameters are ``path``'s tensors, memory-mapped (:func:`mmap_state`): built on
+    meta, loaded with ``assign`` (strict: every name, no extra); eval mode."""
+    return _model_over(cfg, mmap_state(path))
+
+
+def streamed_sha256(state: dict[str, torch.Tensor]) -> str:
+    """:func:`mhaexport.models.loading.weights_sha256` of a state dict, reading one tensor at a time (a memory-mapped
+    state's pages are read once and may be dropped again)."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            flat = t.reshape(-1)
+            step = max(1, (64 << 20) // max(1, t.element_size()))
+            for i in range(0, flat.numel(), step):  # 64 MB at a time
+                h.update(flat[i:i + step].contiguous().view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+class WeightsFile:
+    """A safetensors file open for the length of an export: its tensors memory-mapped (:attr:`state`, what a model
+    over the file holds) and read again by offset with ``os.pread`` (:meth:`read_view`, :meth:`sha256`), which copies
+    one tensor into memory the caller drops, never touching the map's pages — so the process's resident set never
+    holds the file. ``unlink``: remove the file once open (a staging file: gone when this object is, even on a
+    crash; the map and the descriptor keep its data until then)."""
+
+    def __init__(self, path: str | Path, *, unlink: bool = False) -> None:
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self.base, self.meta = read_header(self.path)
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self.state = _state_over(self.path, self._mm, self.base, self.meta)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._unlink_at_close = False
+        if unlink:
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:  # a file open elsewhere cannot be removed on Windows: removed at close instead
+                self._unlink_at_close = True
+        self._lock = threading.Lock()
+        self._start = self._mm.ctypes.data
+        self._end = self._start + self._mm.size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            if self._unlink_at_close:
+                self._mm = self.state = None
+                self.path.unlink(missing_ok=True)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _pread(self, offset: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` of the file from ``offset``, read into a new buffer (uint8)."""
+        buf = np.empty(nbytes, np.uint8)
+        view, done = memoryview(buf), 0
+        while done < nbytes:
+            if hasattr(os, "preadv"):
+                n = os.preadv(self.fd, [view[done:]], offset + done)
+            else:  # no positional read (Windows): seek and read under a lock
+                with self._lock:
+                    os.lseek(self.fd, offset + done, os.SEEK_SET)
+                    chunk = os.read(self.fd, min(nbytes - done, 1 << 30))
+                    n = len(chunk)
+                    view[done:done + n] = chunk
+            if n <= 0:
+                raise OSError(f"{self.path}: short read at byte {offset + done}")
+            done += n
+        return buf
+
+    def offset_of(self, address: int, span: int) -> int | None:
+        """The file offset of the bytes at ``address`` (``span`` long) when they lie in this file's map, else None."""
+        if self._start <= address and address + span <= self._end:
+            return address - self._start
+        return None
+
+    def read_view(self, address: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                  dtype: np.dtype) -> np.ndarray | None:
+        """A contiguous copy of the (possibly strided: a transposed weight) array of ``dtype`` at ``address`` in this
+        file's map (``strides`` in bytes, >= 0), read from the file by offset; None when it is not in the map."""
+        itemsize = np.dtype(dtype).itemsize
+        if any(s < 0 for s in strides):
+            return None
+        span = (sum((n - 1) * s for n, s in zip(shape, strides)) + itemsize) if all(shape) else 0
+        offset = self.offset_of(address, span)
+        if offset is None:
+            return None
+        raw = self._pread(offset, span).view(dtype) if span else np.empty(0, dtype)
+        view = np.lib.stride_tricks.as_strided(raw, shape, strides) if span else raw.reshape(shape)
+        if view.flags.c_contiguous:
+            return view
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return torch.from_numpy(view).contiguous().numpy()  # torch's blocked copy: ~3x numpy's on a transpose
+        except (TypeError, ValueError):  # a dtype torch does not take (ml_dtypes' bfloat16)
+            return np.ascontiguousarray(view)
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` as a new (writable, anonymous-memory) tensor read from the file."""
+        entry = self.meta[name]
+        start, end = (int(x) for x in entry["data_offsets"])
+        dtype = _TORCH_DTYPES[entry["dtype"]]
+        raw = torch.from_numpy(self._pread(self.base + start, end - start))
+        return raw.view(dtype).reshape([int(x) for x in entry["shape"]])
+
+    def sha256(self) -> str:
+        """:func:`streamed_sha256` of :attr:`state` (= weights_sha256 of a model over it), read by offset 64 MB at a
+        time."""
+        h = hashlib.sha256()
+        for name in sorted(self.meta):
+            entry = self.meta[name]
+            t = self.state[name]
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            start, end = (int(x) for x in entry["data_offsets"])
+            for at in range(start, end, 64 << 20):
+                h.update(self._pread(self.base + at, min(64 << 20, end - at)).data)
+        return h.hexdigest()
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor | None]]:
+        """Every tensor, read by offset one at a time (a name sharing another's bytes — a tied head — as (name,
+        None), for :func:`write_safetensors`'s aliases)."""
+        seen: set[tuple[int, int]] = set()
+        for name, entry in self.meta.items():
+            key = tuple(entry["data_offsets"])
+            if key in seen and key[1] > key[0]:
+                yield name, None
+                continue
+            seen.add(key)
+            yield name, self.read(name)
+
+    def model(self, cfg: DecoderConfig) -> DecoderLM:
+        """The built-in decoder over :attr:`state` (as :func:`mmap_model`)."""
+        return _model_over(cfg, self.state)
+
+
+def _state_over(path, mm: np.memmap, base: int, meta: dict) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     by_offset: dict[tuple[int, int], torch.Tensor] = {}
     for name, entry in meta.items():
@@ -217,26 +363,36 @@ def mmap_state(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def mmap_model(cfg: DecoderConfig, path: str | Path) -> DecoderLM:
-    """The built-in decoder whose parameters are ``path``'s tensors, memory-mapped (:func:`mmap_state`): built on
-    meta, loaded with ``assign`` (strict: every name, no extra); eval mode."""
+def _model_over(cfg: DecoderConfig, state: dict[str, torch.Tensor]) -> DecoderLM:
     model = meta_model(cfg)
-    state = mmap_state(path)
     model.load_state_dict(state, strict=True, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
     return model.eval()
 
 
-def streamed_sha256(state: dict[str, torch.Tensor]) -> str:
-    """:func:`mhaexport.models.loading.weights_sha256` of a state dict, reading one tensor at a time (a memory-mapped
-    state's pages are read once and may be dropped again)."""
-    h = hashlib.sha256()
-    for name, t in sorted(state.items()):
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            flat = t.reshape(-1)
-            step = max(1, (64 << 20) // max(1, t.element_size()))
-            for i in range(0, flat.numel(), step):  # 64 MB at a time
-                h.update(flat[i:i + step].contiguous().view(torch.uint8).numpy().data)
-    return h.hexdigest()
+def staged_weights(cfg: DecoderConfig, tensors: Iterable[tuple[str, torch.Tensor | None]] | None = None, *,
+                   dtype: torch.dtype | None = None, folder: str | Path | None = None) -> WeightsFile:
+    """The built-in decoder's weights written to a staging safetensors file in ``folder`` (default: the temporary
+    folder, ``TMPDIR``), opened and unlinked (:class:`WeightsFile`): ``tensors`` (name, tensor) in any order — a
+    checkpoint's, read one at a time — or, when None, the seeded init (:func:`seeded_tensors`); ``dtype``: floating
+    tensors converted to it as they are written. The tied LM head is stored once."""
+    specs = param_specs(cfg)
+    if dtype is not None:
+        specs = [(n, s, dtype if d.is_floating_point else d) for n, s, d in specs]
+    aliases = {"lm_head.weight": "tok_emb.weight"} if cfg.tie_embeddings else {}
+    stream = seeded_tensors(cfg) if tensors is None else tensors
+
+    def converted():
+        for name, t in stream:
+            if t is not None and dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            yield name, t
+
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".mhaexport-weights-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        write_safetensors(tmp, specs, converted(), aliases)
+        return WeightsFile(tmp, unlink=True)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
