@@ -326,7 +326,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
            atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
            output: str | Path | None = None, junit: str | Path | None = None, quality: Any = None,
            trust_code: bool = False, progress: Progress | None = None, tokens: int | None = None,
-           allow_download: bool = False) -> VerifyReport:
+           allow_download: bool = False, memory: str | int | None = None, mapped: bool = False) -> VerifyReport:
     """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
 
     The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
@@ -342,6 +342,13 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     ``tokens``: greedy tokens for the generation check (``--tokens``; default 8 quick, 32 full; ``gen_tokens`` is its
     deprecated alias). ``allow_download``: with ``hf`` a Hub id, let huggingface_hub download what the cache lacks.
 
+    ``memory``: the memory cap (``--memory``: ``"1.5G"``, ``"800M"`` or bytes; None: the machine's — the cgroup's
+    limit or MemAvailable, the smaller); ``mapped``: hold the weights memory-mapped whatever fits (``--mapped``). The
+    run is planned before any weight is read (:mod:`mhaexport.verify.memory`): weights whole when everything fits,
+    memory-mapped (eager's built-in decoder and ONNX Runtime's external data) when only that fits, and refused
+    (ConfigError, exit 2, one line saying what it needs and what to try) when even that does not; ``report.memory``
+    says the cap, the mode and why, and the peak RSS measured.
+
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
     ``report.verdict`` says which (``.code`` 1 or 4, ``.message``). Raises ArtifactError / ConfigError for bad
@@ -354,6 +361,10 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     _tolerance(atol, "atol")
     _tolerance(rtol, "rtol")
     runtimes = _names(runtimes, "runtimes")
+    if memory is not None:
+        from mhaexport.verify.memory import parse_size
+
+        parse_size(memory)  # a bad size is refused before any work
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
         loaded = _model(model, config, hf, checkpoint, revision, allow_download)
@@ -362,7 +373,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     try:
         report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                                runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens,
-                               quality=quality, reproduce=reproduce, trust_code=trust_code, progress=progress)
+                               quality=quality, reproduce=reproduce, trust_code=trust_code, progress=progress,
+                               memory=memory, mapped=mapped)
     except MhaExportError as e:  # a refused folder: its report (verdict "refused") where asked, then the error
         if output is not None or junit is not None:
             from mhaexport.verify.report import refused_report
@@ -885,14 +897,17 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
         sweep: str = "quick", seed: int = 0, atol: float | dict | None = None, rtol: float | dict | None = None,
         tokens: int | None = None, quality: Any = None, opset: int | None = None, attention: str | None = None,
         dtype: str | None = None, target: str | None = None, pt2: bool = False, aoti: bool = False,
-        replace: bool = False, junit: str | Path | None = None, progress: Progress | None = None) -> AllRun:
+        replace: bool = False, junit: str | Path | None = None, progress: Progress | None = None,
+        memory: str | int | None = None, mapped: bool = False) -> AllRun:
     """``mhaexport all``, the main job: export ONNX and TorchScript into folder ``output``, verify both against
     eager PyTorch, write report.json / .md / .html there (and ``junit``). ``target`` (portable, ort-cpu, ort-cuda):
     the ONNX file for that runtime (``attention``/``dtype`` given too must agree; ort-cpu's float source goes to
     ``OUTPUT-float32``); ``pt2`` / ``aoti``: also export with torch.export (and AOTInductor) and verify those.
     Each stage is said through ``progress`` as a :class:`mhaexport.progress.Stage` (``[k/n]`` on the command line).
     Everything is checked before any work. Returns an :class:`AllRun` (truthy only when the verdict passed;
-    ``.report``, ``.records``, ``.written``). Raises ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    ``.report``, ``.records``, ``.written``). ``memory`` / ``mapped``: verify's memory cap and mode (:func:`verify`;
+    the model exported is in memory already, so only ONNX Runtime's weights can be mapped). Raises ConfigError /
+    ModelLoadError / ExportError / ArtifactError."""
     from mhaexport.outputs import check_outputs
     from mhaexport.progress import Stage
 
@@ -903,6 +918,10 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
     attention, dtype = attention or "decomposed", dtype or "float32"
     if junit is not None:
         check_junit(junit)
+    if memory is not None:
+        from mhaexport.verify.memory import parse_size
+
+        parse_size(memory)
     check_outputs({"--junit": junit}, writing=[output], reports=output)
     writable_output(output)  # every stage writes there: checked before the model loads
     stages = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript",
@@ -932,7 +951,7 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
         records.extend(export_pt2(output, model=loaded, aoti=aoti, replace=replace))
     stage(f"verify {output} ({sweep} sweep)")
     report = verify(output, model=loaded, runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                    tokens=tokens, quality=quality, progress=progress)
+                    tokens=tokens, quality=quality, progress=progress, memory=memory, mapped=mapped)
     from mhaexport.verify.render import markdown
 
     written = write_reports(report, output, junit, name="report", markdown=markdown(report))

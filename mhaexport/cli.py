@@ -959,6 +959,19 @@ def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | Non
     return _remember(ctx, param, value)
 
 
+def _parse_memory(ctx, param, value):
+    """--memory SIZE: refused at parsing when it is no size (the API checks it again)."""
+    if value is None:
+        return None
+    from mhaexport.verify.memory import parse_size
+
+    try:
+        parse_size(value)
+    except MhaExportError as e:
+        raise click.BadParameter(str(e).removeprefix("--memory "), param_hint="--memory") from None
+    return value
+
+
 def verify_options(f):
     """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
 
@@ -977,6 +990,13 @@ def verify_options(f):
                     "attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
+    @click.option("--memory", "memory", metavar="SIZE", default=None, callback=_parse_memory,
+                  help="The memory verify may use, e.g. 1.5G or 800M (default: the machine's: the cgroup's limit or "
+                       "MemAvailable, the smaller). verify plans before loading: weights whole when they fit, "
+                       "memory-mapped when only that fits, exit 2 when even that cannot (docs/verify.md).")
+    @click.option("--mapped", "mapped", is_flag=True, default=False,
+                  help="Hold the weights memory-mapped (eager's built-in decoder, ONNX Runtime's external data) "
+                       "whatever fits.")
     @click.option("--quality", "quality", multiple=True, metavar="FIGURE=X", callback=_parse_quality,
                   help="Override a lossy artifact's threshold (repeat): top1, greedy (at least), kl_mean, kl_p99, "
                        "logit_err, ppl_ratio (at most), e.g. --quality top1=0.9. Defaults per scheme (docs/quantize.md).")
@@ -1014,7 +1034,7 @@ def _progress(msg: str) -> None:
 
 
 def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, quiet=False, name=None,
-                quality=None, out_is_folder=False, trust_code=False):
+                quality=None, out_is_folder=False, trust_code=False, memory=None, mapped=False):
     """Verify, print the table, write the report (``name``: its file stem; default "report" for a full run, a
     subset's own name otherwise); raise VerificationFailed (1) or NotVerified (4) as the verdict says. A folder
     refused before any check is a verdict too (exit 2) with its report and JUnit, except that nothing is written into
@@ -1025,7 +1045,8 @@ def _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_toke
     try:
         report = api.verify(folder, model=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                             runtimes=tuple(runtimes) or None, tokens=gen_tokens, quality=quality,
-                            trust_code=trust_code, progress=None if quiet else _progress)
+                            trust_code=trust_code, progress=None if quiet else _progress, memory=memory,
+                            mapped=mapped)
     except VerificationFailed:
         raise
     except MhaExportError as e:  # a folder refused (a hash that does not match, a name leaving it...): a verdict
@@ -1196,7 +1217,7 @@ def _run_bisect(folder, config, model, checkpoint, hf, seed, case=None, loaded=N
               help="With --bisect: the batch, sequence and past to bisect at, e.g. --case 1,121,7.")
 @trust_code_option
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
-               quality_text, output, bisect_=False, case=None, trust_code=False) -> None:
+               quality_text, output, bisect_=False, case=None, trust_code=False, memory=None, mapped=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that (one of the two is
     required: verify alone verifies nothing and exits 2). A folder refused before any check (a file that does not
@@ -1244,7 +1265,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
             _run_bisect(rec.folder, None, None, None, None, seed, case=case, loaded=loaded, output=output)
             return
         _progress(f"Verifying {rec.folder} ...")
-        _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings)
+        _run_verify(rec.folder, loaded, rec.folder, sweep, seed, atol, rtol, runtimes, gen_tokens, quality=settings,
+                    memory=memory, mapped=mapped)
         return
     if folder is not None and not Path(folder).is_dir():
         raise click.BadParameter(f"{folder}: no such folder (an export folder, or an ONNX file FILE.onnx)",
@@ -1262,7 +1284,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         loaded = _load(config, model, checkpoint, hf) if (config or model or checkpoint or hf) else None
         _progress(f"Verifying {folder} ...")
         _run_verify(folder, loaded, out, sweep, seed, atol, rtol, runtimes, gen_tokens, out_is_folder=not output,
-                    name="report" if output else None, quality=settings, trust_code=trust_code)
+                    name="report" if output else None, quality=settings, trust_code=trust_code, memory=memory,
+                    mapped=mapped)
         return
     _check_outputs({"--junit": junit}, reports=output)
     if output:
@@ -1277,7 +1300,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
         started = time.perf_counter()
         _export_both(loaded, tmp)
         _progress(f"exported in {time.perf_counter() - started:.0f} s; verifying {loaded.spec} ...")
-        _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report")
+        _run_verify(tmp, loaded, output, sweep, seed, atol, rtol, runtimes, gen_tokens, name="report", memory=memory,
+                    mapped=mapped)
 
 
 @main.command("all")
@@ -1298,7 +1322,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
 @replace_option
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output, pt2=False, aoti=False, replace=False, target=None) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False, replace=False, target=None, memory=None,
+            mapped=False) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report
     (:func:`mhaexport.api.all`)."""
     from mhaexport import api
@@ -1319,7 +1344,8 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     run = api.all(output, **_model_args(config, model, checkpoint, hf), runtimes=runtimes or None, sweep=sweep,
                   seed=seed, atol=atol, rtol=rtol, tokens=gen_tokens, quality=_quality_settings(quality, quality_text),
                   opset=opset, **given, target=target, pt2=pt2, aoti=aoti, replace=replace,
-                  junit=click.get_current_context().meta.get("mhaexport.junit"), progress=progress)
+                  junit=click.get_current_context().meta.get("mhaexport.junit"), progress=progress, memory=memory,
+                  mapped=mapped)
     _progress_done()
     for rec in run.records:
         _show_record(rec, as_json=True)
