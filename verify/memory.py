@@ -118,24 +118,25 @@ def machine_memory() -> tuple[int | None, str]:
 
 
 def activation_bytes(contract: ModelContract, cases: Iterable, d_ff: int | None = None) -> tuple[int, str]:
-    """The largest activations one check holds over ``cases`` (the sweep's): per case its logits B×T×V×4 bytes
-    (:data:`LOGITS_COPIES` copies), its KV cache 2×L×B×(P+T)×KV heads×head dim×4 (:data:`KV_COPIES`) and one
-    layer's attention scores B×H×T×(P+T)×4 (twice: scores and softmax) and MLP hidden state; returns the bytes of the
-    largest case and its name. A bound for the plan, not a measurement: verify/checks.py's own bounds on what a
-    check holds are the better figure where they exist."""
+    """The activations verify holds over ``cases`` (the sweep's), a bound: eager's references, memoized for the
+    whole run — every case's logits B×T×V×4 bytes and KV cache 2×L×B×(P+T)×KV heads×head dim×4 — plus, for the
+    largest case, what a check holds besides (:data:`LOGITS_COPIES` - 1 more logits, :data:`KV_COPIES` - 1 more
+    caches: the runtime's outputs, the inputs, the comparison) and one layer's attention scores and MLP state.
+    Returns the bytes and the largest case's name. Not a measurement: verify/checks.py's own bounds on what a check
+    holds are the better figure where they exist (docs/measurements/verify-memory-2026-12-04.md)."""
     c = contract
     hidden = d_ff or 4 * c.n_heads * c.head_dim
-    best, name = 0, "no case"
+    memoized, best, name = 0, 0, "no case"
     for case in cases:
         b, t, p = case.batch, case.seq, case.past
-        logits = b * t * c.vocab_size * 4 * LOGITS_COPIES
-        kv = 2 * c.n_layers * b * (p + t) * c.n_kv_heads * c.head_dim * 4 * KV_COPIES
-        scores = 2 * b * c.n_heads * t * (p + t) * 4
-        mlp = 2 * b * t * hidden * 4
-        total = logits + kv + scores + mlp
-        if total > best:
-            best, name = total, case.name
-    return best, name
+        logits = b * t * c.vocab_size * 4
+        kv = 2 * c.n_layers * b * (p + t) * c.n_kv_heads * c.head_dim * 4
+        memoized += logits + kv
+        extra = ((LOGITS_COPIES - 1) * logits + (KV_COPIES - 1) * kv + 2 * b * c.n_heads * t * (p + t) * 4
+                 + 2 * b * t * hidden * 4)
+        if extra > best:
+            best, name = extra, case.name
+    return memoized + best, name
 
 
 @dataclass
