@@ -269,8 +269,7 @@ def _builtin_bytes(config: dict | None) -> int:
 
 
 def cap_from(memory: str | int | None) -> tuple[int | None, str]:
-    """(bytes, where from) of the cap: ``memory`` as given (``--memory``) or the machine's (:func:`machine_memory`);
-    ``MHAEXPORT_MEMORY`` is not read (the option is the one way to set it)."""
+    """(bytes, where from) of the cap: ``memory`` as given (``--memory``) or the machine's (:func:`machine_memory`)."""
     if memory is not None:
         return parse_size(memory), f"--memory {memory}"
     return machine_memory()
