@@ -329,7 +329,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
            atol: float | dict | None = None, rtol: float | dict | None = None, gen_tokens: int | None = None,
            output: str | Path | None = None, junit: str | Path | None = None, quality: Any = None,
            trust_code: bool = False, progress: Progress | None = None, tokens: int | None = None,
-           allow_download: bool = False, reference: str = "auto", record: bool = False) -> VerifyReport:
+           allow_download: bool = False, reference: str = "auto", record: bool = False,
+           memory: str | int | None = None, mapped: bool = False) -> VerifyReport:
     """``mhaexport verify FOLDER``: check every artifact of an export folder against eager PyTorch on each runtime.
 
     The eager model is rebuilt from the folder's manifest, or given (``model``/``config``/``hf``/``checkpoint``: it
@@ -350,6 +351,12 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     holds one and torch cannot be imported here, else eager), ``"eager"``, ``"recorded"`` (judge the ONNX file from
     the record, without torch or the weights; a record of other weights, another sweep or another file is refused:
     ReferenceMismatch). docs/verify.md says what a record keeps and proves.
+    ``memory``: the memory cap (``--memory``: ``"1.5G"``, ``"800M"`` or bytes; None: the machine's — the cgroup's
+    limit or MemAvailable, the smaller); ``mapped``: hold the weights memory-mapped whatever fits (``--mapped``). The
+    run is planned before any weight is read (:mod:`mhaexport.verify.memory`): weights whole when everything fits,
+    memory-mapped (eager's built-in decoder and ONNX Runtime's external data) when only that fits, and refused
+    (ConfigError, exit 2, one line saying what it needs and what to try) when even that does not; ``report.memory``
+    says the cap, the mode and why, and the peak RSS measured.
 
     Returns the :class:`~mhaexport.verify.report.VerifyReport`: ``bool(report)`` is True only when the verdict
     passed (exit 0 on the command line) — a failed check and a runtime asked for that was skipped are both False;
@@ -363,6 +370,10 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     _tolerance(atol, "atol")
     _tolerance(rtol, "rtol")
     runtimes = _names(runtimes, "runtimes")
+    if memory is not None:
+        from mhaexport.verify.memory import parse_size
+
+        parse_size(memory)  # a bad size is refused before any work
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
         loaded = _model(model, config, hf, checkpoint, revision, allow_download)
@@ -372,7 +383,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
         report = verify_folder(folder, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
                                runtimes=tuple(runtimes) if runtimes else None, gen_tokens=gen_tokens,
                                quality=quality, reproduce=reproduce, trust_code=trust_code, progress=progress,
-                               reference=reference, record=record)
+                               reference=reference, record=record, memory=memory, mapped=mapped)
     except MhaExportError as e:  # a refused folder: its report (verdict "refused") where asked, then the error
         if output is not None or junit is not None:
             from mhaexport.verify.report import refused_report
@@ -722,7 +733,8 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
                atol: float | dict | None = None, rtol: float | dict | None = None, tokens: int | None = None,
                quality: Any = None, junit: str | Path | None = None, trust_code: bool = False, bisect: bool = False,
                case: Sequence[int] | None = None, markdown: Callable[[Any], str] | None = None,
-               progress: Progress | None = None, reference: str = "auto", record: bool = False) -> VerifyRun:
+               progress: Progress | None = None, reference: str = "auto", record: bool = False,
+               memory: str | int | None = None, mapped: bool = False) -> VerifyRun:
     """``mhaexport verify [PATH]``, the whole verb: ``path`` an export folder, an ONNX file another tool exported
     (adopted first, :func:`adopt`, into ``output`` or FILE's folder/mhaexport, and verified there), or None (the
     model named by ``model``/``config``/``hf``/``checkpoint`` exported to a temporary folder and verified). Every
@@ -734,7 +746,8 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
 
     ``bisect``: verify plus a diagnosis (:func:`bisect_folder`: its exit is verify's verdict, 1 also when bisect
     finds a difference; ``case``: where to bisect; ``output``: where its Model Explorer node data goes).
-    ``reference`` / ``record``: :func:`verify`'s (a recorded reference), for an export folder only.
+    ``reference`` / ``record``: :func:`verify`'s (a recorded reference), for an export folder only; ``memory`` /
+    ``mapped``: :func:`verify`'s memory plan, wherever a folder is verified.
     Returns a :class:`VerifyRun`; raises ConfigError for bad input, :class:`~mhaexport.errors.ReportNotWritten`
     (after writing what it could) when a report cannot be written where asked."""
     import tempfile
@@ -764,7 +777,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         say(f"Verifying {rec.folder} ...")
         run = _verify_into(rec.folder, loaded, rec.folder, None, junit, markdown, progress, refused_into=rec.folder,
                            runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,
-                           quality=quality)
+                           quality=quality, memory=memory, mapped=mapped)
         run.adopted = rec
         return run
     if where is not None and not where.is_dir():
@@ -787,7 +800,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         return _verify_into(where, loaded, out, "report" if output is not None else None, junit, markdown, progress,
                             runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,
                             quality=quality, trust_code=trust_code, refused_into=output, reference=reference,
-                            record=record)
+                            record=record, memory=memory, mapped=mapped)
     from mhaexport.outputs import check_outputs  # no folder: the model exported to a temporary one first
 
     if junit is not None:
@@ -807,7 +820,8 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
                     export_torchscript(tmp, model=loaded, progress=progress)]
         say(f"exported in {time.perf_counter() - started:.0f} s; verifying {loaded.spec} ...")
         run = _verify_into(Path(tmp), loaded, output, "report", junit, markdown, progress, runtimes=runtimes,
-                           sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens, quality=quality)
+                           sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens, quality=quality,
+                           memory=memory, mapped=mapped)
     run.exported, run.folder = exported, None
     return run
 
@@ -1160,14 +1174,17 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
         sweep: str = "quick", seed: int = 0, atol: float | dict | None = None, rtol: float | dict | None = None,
         tokens: int | None = None, quality: Any = None, opset: int | None = None, attention: str | None = None,
         dtype: str | None = None, target: str | None = None, pt2: bool = False, aoti: bool = False,
-        replace: bool = False, junit: str | Path | None = None, progress: Progress | None = None) -> AllRun:
+        replace: bool = False, junit: str | Path | None = None, progress: Progress | None = None,
+        memory: str | int | None = None, mapped: bool = False) -> AllRun:
     """``mhaexport all``, the main job: export ONNX and TorchScript into folder ``output``, verify both against
     eager PyTorch, write report.json / .md / .html there (and ``junit``). ``target`` (portable, ort-cpu, ort-cuda):
     the ONNX file for that runtime (``attention``/``dtype`` given too must agree; ort-cpu's float source goes to
     ``OUTPUT-float32``); ``pt2`` / ``aoti``: also export with torch.export (and AOTInductor) and verify those.
     Each stage is said through ``progress`` as a :class:`mhaexport.progress.Stage` (``[k/n]`` on the command line).
     Everything is checked before any work. Returns an :class:`AllRun` (truthy only when the verdict passed;
-    ``.report``, ``.records``, ``.written``). Raises ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    ``.report``, ``.records``, ``.written``). ``memory`` / ``mapped``: verify's memory cap and mode (:func:`verify`;
+    the model exported is in memory already, so only ONNX Runtime's weights can be mapped). Raises ConfigError /
+    ModelLoadError / ExportError / ArtifactError."""
     from mhaexport.outputs import check_outputs
     from mhaexport.progress import Stage
 
@@ -1178,6 +1195,10 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
     attention, dtype = attention or "decomposed", dtype or "float32"
     if junit is not None:
         check_junit(junit)
+    if memory is not None:
+        from mhaexport.verify.memory import parse_size
+
+        parse_size(memory)
     check_outputs({"--junit": junit}, writing=[output], reports=output)
     writable_output(output)  # every stage writes there: checked before the model loads
     stages = ["load", "export ONNX", *(["quantize ONNX"] if weights else []), "export TorchScript",
@@ -1207,7 +1228,7 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
         records.extend(export_pt2(output, model=loaded, aoti=aoti, replace=replace))
     stage(f"verify {output} ({sweep} sweep)")
     report = verify(output, model=loaded, runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
-                    tokens=tokens, quality=quality, progress=progress)
+                    tokens=tokens, quality=quality, progress=progress, memory=memory, mapped=mapped)
     from mhaexport.verify.render import markdown
 
     written = write_reports(report, output, junit, name="report", markdown=markdown(report))

@@ -918,6 +918,19 @@ def _remember_junit(ctx: click.Context, param: click.Parameter, value: str | Non
     return _remember(ctx, param, value)
 
 
+def _parse_memory(ctx, param, value):
+    """--memory SIZE: refused at parsing when it is no size (the API checks it again)."""
+    if value is None:
+        return None
+    from mhaexport.verify.memory import parse_size
+
+    try:
+        parse_size(value)
+    except MhaExportError as e:
+        raise click.BadParameter(str(e).removeprefix("--memory "), param_hint="--memory") from None
+    return value
+
+
 def verify_options(f):
     """--sweep / --seed / --atol / --rtol / --runtime / --tokens: how verify checks an export."""
 
@@ -936,6 +949,13 @@ def verify_options(f):
                     "attention with the same weights.")
     @click.option("--tokens", "gen_tokens", type=click.IntRange(min=1), default=None,
                   help="Greedy tokens for the generation check (default: 8 quick, 32 full).")
+    @click.option("--memory", "memory", metavar="SIZE", default=None, callback=_parse_memory,
+                  help="The memory verify may use, e.g. 1.5G or 800M (default: the machine's: the cgroup's limit or "
+                       "MemAvailable, the smaller). verify plans before loading: weights whole when they fit, "
+                       "memory-mapped when only that fits, exit 2 when even that cannot (docs/verify.md).")
+    @click.option("--mapped", "mapped", is_flag=True, default=False,
+                  help="Hold the weights memory-mapped (eager's built-in decoder, ONNX Runtime's external data) "
+                       "whatever fits.")
     @click.option("--quality", "quality", multiple=True, metavar="FIGURE=X", callback=_parse_quality,
                   help="Override a lossy artifact's threshold (repeat): top1, greedy (at least), kl_mean, kl_p99, "
                        "logit_err, ppl_ratio (at most), e.g. --quality top1=0.9. Defaults per scheme (docs/quantize.md).")
@@ -1062,7 +1082,7 @@ def _show_bisect(run) -> None:
 @trust_code_option
 def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality,
                quality_text, output, bisect_=False, case=None, trust_code=False, record=False,
-               reference="auto") -> None:
+               reference="auto", memory=None, mapped=False) -> None:
     """Verify an export FOLDER (ONNX and/or TorchScript) against eager PyTorch on every runtime, or, with
     --config/--model/--hf only, export both formats to a temporary folder first and verify that (one of the two is
     required: verify alone verifies nothing and exits 2). A folder refused before any check (a file that does not
@@ -1090,7 +1110,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
                              sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=gen_tokens,
                              quality=_quality_settings(quality, quality_text), junit=_state(ctx).junit,
                              trust_code=trust_code, bisect=bisect_, case=case, markdown=render_markdown,
-                             progress=_progress, reference=reference, record=record)
+                             progress=_progress, reference=reference, record=record,
+                             memory=memory, mapped=mapped)
     except ReportNotWritten as e:  # what could be written is said before the error
         for line in _wrote(e.written):
             click.echo(line, err=True)
@@ -1127,7 +1148,8 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
               help="Folder for model.onnx, model.pt, manifest.json, report.json and report.md.")
 @replace_option
 def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, gen_tokens, quality, quality_text,
-            opset, attention, dtype, output, pt2=False, aoti=False, replace=False, target=None) -> None:
+            opset, attention, dtype, output, pt2=False, aoti=False, replace=False, target=None, memory=None,
+            mapped=False) -> None:
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report
     (:func:`mhaexport.api.all`)."""
     from mhaexport import api
@@ -1148,7 +1170,7 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     run = api.all(output, **_model_args(config, model, checkpoint, hf), runtimes=runtimes or None, sweep=sweep,
                   seed=seed, atol=atol, rtol=rtol, tokens=gen_tokens, quality=_quality_settings(quality, quality_text),
                   opset=opset, **given, target=target, pt2=pt2, aoti=aoti, replace=replace,
-                  junit=_state().junit, progress=progress)
+                  junit=_state().junit, progress=progress, memory=memory, mapped=mapped)
     _progress_done()
     for rec in run.records:
         _show_record(rec, as_json=True)

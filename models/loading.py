@@ -361,7 +361,7 @@ def _factory_origin(model: str) -> tuple[str, FactorySource]:
 def load_model(config: str | DecoderConfig | None = None, model: str | None = None,
                checkpoint: str | Path | None = None, *, hf: str | Path | None = None,
                random_weights: bool = False, revision: str | None = None,
-               allow_download: bool = False, streamed: bool = False) -> LoadedModel:
+               allow_download: bool = False, streamed: bool = False, mapped: bool = False) -> LoadedModel:
     """Build the model a command works on. ``config``, ``model`` and ``hf`` are exclusive; none means the default
     preset.
 
@@ -374,6 +374,10 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     ``streamed`` (the built-in decoder; ignored otherwise): its weights — seeded, shipped or the checkpoint's — are
     written one tensor at a time to a staging file (unlinked at once, gone with the model) and the module's parameters
     are that file memory-mapped (read-only): nothing holds the model in memory; ``.weights`` reads it by offset.
+    ``mapped`` (the built-in decoder; ``streamed`` wins): its parameters memory-mapped from a file instead of held in memory
+    (:mod:`mhaexport.models.stream`; verify's mapped mode): the seeded weights written once into this user's cache
+    (:func:`~mhaexport.models.stream.cached_seeded`), a checkpoint mapped by ``torch.load(mmap=True)`` (one torch
+    cannot map is loaded whole, said in ``notes``). A user factory's or a Hugging Face model is loaded whole.
     """
     given = [f"--{n}" for n, v in (("config", config), ("model", model), ("hf", hf)) if v is not None]
     if len(given) > 1:
@@ -402,6 +406,7 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
         cfg = config if isinstance(config, DecoderConfig) else load_config(config)
         is_preset = isinstance(config, str) and config in PRESETS or config is None
         shipped = None if checkpoint is not None or random_weights or not is_preset else shipped_weights(cfg)
+        notes: list[str] = []
         if streamed:
             given = checkpoint if checkpoint is not None else shipped
             try:
@@ -412,16 +417,33 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
                     from None
             module = weights.model(cfg)
         else:
-            weights, module = None, DecoderLM(cfg)
+            weights = None
+            module = _mapped_builtin(cfg, checkpoint or shipped, notes) if mapped else None
+            if module is None:
+                module = DecoderLM(cfg)
         if is_preset:
             spec, origin = f"preset:{cfg.name}", PresetSource(name=cfg.name)
         else:
             shown = Path(config).name if isinstance(config, str) else cfg.name
             spec, origin = f"config:{shown}", ConfigSource()
-        loaded = LoadedModel(module, contract_of(module), spec=spec, config=cfg, origin=origin, weights=weights)
+        loaded = LoadedModel(module, contract_of(module), spec=spec, config=cfg, origin=origin, weights=weights,
+                             notes=notes)
+        mapped = mapped and not streamed and not notes  # the module is over the cache's file, memory-mapped
+        if mapped:  # the fingerprint read one tensor at a time (pages read once)
+            from mhaexport.models.stream import streamed_sha256
+
+            loaded._weights_sha256 = streamed_sha256(module.state_dict())
         if shipped is not None:
-            loaded.checkpoint_sha256 = sha256_file(shipped) if streamed else load_checkpoint(module, shipped)
+            loaded.checkpoint_sha256 = (sha256_file(shipped) if streamed or mapped
+                                        else load_checkpoint(module, shipped))
             loaded.checkpoint = f"shipped:{shipped.name}"
+        elif checkpoint is not None and mapped:
+            if not Path(checkpoint).is_file():
+                raise ModelLoadError(f"checkpoint {checkpoint} does not exist")
+            loaded.checkpoint_sha256 = sha256_file(checkpoint)
+            loaded.checkpoint = str(checkpoint)
+            loaded.origin.checkpoint = str(Path(checkpoint).resolve())
+            checkpoint = None  # mapped already
     if checkpoint is not None:
         loaded.checkpoint_sha256 = (sha256_file(checkpoint) if loaded.weights is not None
                                     else load_checkpoint(loaded.module, checkpoint))
@@ -435,6 +457,22 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     return loaded
 
 
+def _mapped_builtin(cfg: DecoderConfig, checkpoint: str | Path | None, notes: list[str]) -> nn.Module | None:
+    """The built-in decoder of ``cfg`` with its parameters memory-mapped: over ``checkpoint`` (torch's map of it),
+    else over its seeded weights cached once (:func:`~mhaexport.models.stream.cached_seeded`). None, with the
+    reason in ``notes``, when the checkpoint cannot be mapped (it is then loaded whole)."""
+    from mhaexport.models.stream import cached_seeded, mmap_checkpoint, mmap_model
+
+    if checkpoint is None:
+        return mmap_model(cfg, cached_seeded(cfg))
+    if not Path(checkpoint).is_file():
+        return None  # the whole load says so
+    module, why = mmap_checkpoint(cfg, checkpoint)
+    if module is None:
+        notes.append(f"checkpoint {Path(checkpoint).name} is loaded whole, not memory-mapped: {why}")
+    return module
+
+
 def code_source(record: ModelRecord) -> str | None:
     """What code rebuilding ``record``'s model would import and run ("the factory file ../net.py:build"), or None
     when its source is data only (a built-in preset or config, a Hugging Face folder or Hub model, which transformers
@@ -446,14 +484,18 @@ def code_source(record: ModelRecord) -> str | None:
     return record.source.code
 
 
-def load_recorded(folder: ExportFolder, *, trust_code: bool = False) -> LoadedModel:
+def load_recorded(folder: ExportFolder, *, trust_code: bool = False, mapped: bool = False) -> LoadedModel:
     """Rebuild the eager model an export folder was made from (its recorded source and checkpoint, paths relative
     to the folder) and check that it is the same model (fingerprint). ArtifactError says how to re-point it
     (``--model`` / ``--config`` / ``--checkpoint`` / ``--hf``) when the source cannot be found or no longer matches.
 
     A source that is code (a factory file or module: :func:`code_source`) is a name the folder supplies: it is
     imported only with ``trust_code`` (the user's ``--trust-code``), else UntrustedCode says how to allow it or name
-    the model instead — nothing runs because a folder says so."""
+    the model instead — nothing runs because a folder says so.
+
+    ``mapped``: a built-in decoder's parameters memory-mapped (:func:`load_model` ``mapped``; its seeded weights
+    cached once, a cached file that is not the recorded model's written again); a factory's or a Hugging Face model
+    is loaded whole."""
     record = folder.model
     code = code_source(record)
     if code is not None and not trust_code:
@@ -469,7 +511,7 @@ def load_recorded(folder: ExportFolder, *, trust_code: bool = False) -> LoadedMo
     checkpoint = recorded_checkpoint(folder, src, record, "this folder", "the model options")
     try:
         if isinstance(src, BuiltinSource):
-            loaded = rebuild_builtin(src, record, checkpoint, record.spec)
+            loaded = rebuild_builtin(src, record, checkpoint, record.spec, mapped=mapped)
         elif isinstance(src, FactorySource) and src.file is not None:
             path = (folder.path / src.file).resolve()
             if not path.is_file():
@@ -511,13 +553,27 @@ def recorded_checkpoint(folder: ExportFolder, src: Source, record: ModelRecord, 
     return checkpoint
 
 
-def rebuild_builtin(src: BuiltinSource, record: ModelRecord, checkpoint: Path | None, spec: str) -> LoadedModel:
+def rebuild_builtin(src: BuiltinSource, record: ModelRecord, checkpoint: Path | None, spec: str, *,
+                    mapped: bool = False) -> LoadedModel:
     """The built-in decoder of a recorded ``preset`` or ``config`` source, with its checkpoint (a preset recorded
-    without one gets its seeded random weights); ``spec``: the name it is shown under (a config's)."""
-    if isinstance(src, PresetSource):
-        return load_model(config=src.name, checkpoint=checkpoint, random_weights=record.checkpoint is None)
-    loaded = load_model(config=DecoderConfig.from_dict(record.config or {}), checkpoint=checkpoint)
-    loaded.spec = spec
+    without one gets its seeded random weights); ``spec``: the name it is shown under (a config's). ``mapped``: its
+    parameters memory-mapped (:func:`load_model`); seeded weights cached that are not the recorded model's (a file
+    damaged in the cache) are written again once."""
+    def load() -> LoadedModel:
+        if isinstance(src, PresetSource):
+            return load_model(config=src.name, checkpoint=checkpoint, random_weights=record.checkpoint is None,
+                              mapped=mapped)
+        out = load_model(config=DecoderConfig.from_dict(record.config or {}), checkpoint=checkpoint, mapped=mapped)
+        out.spec = spec
+        return out
+
+    loaded = load()
+    seeded = mapped and loaded.checkpoint is None and not record.legacy
+    if seeded and loaded.fingerprint != record.fingerprint:  # a damaged cache file: written again, once
+        from mhaexport.models.stream import cached_seeded
+
+        cached_seeded(loaded.config, rebuild=True)
+        loaded = load()
     return loaded
 
 

@@ -396,3 +396,57 @@ def staged_weights(cfg: DecoderConfig, tensors: Iterable[tuple[str, torch.Tensor
         return WeightsFile(tmp, unlink=True)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def seeded_cache_path(cfg: DecoderConfig) -> Path:
+    """Where the seeded weights of ``cfg`` are cached to be memory-mapped: ``weights/seeded-<key>.safetensors`` in
+    this user's cache (:func:`mhaexport.artifact.cache.cache_root`: never inside a folder being read), keyed by the
+    sha256 of the config (seed included) and torch's version (its generator draws the numbers)."""
+    from mhaexport.artifact.cache import cache_root
+
+    key = hashlib.sha256(json.dumps({"config": cfg.to_dict(), "torch": torch.__version__, "format": ALIGN},
+                                    sort_keys=True).encode()).hexdigest()
+    return cache_root() / "weights" / f"seeded-{key}.safetensors"
+
+
+def cached_seeded(cfg: DecoderConfig, *, rebuild: bool = False) -> Path:
+    """The seeded weights of ``cfg`` as a safetensors file in the cache (:func:`seeded_cache_path`), written once
+    (:func:`write_seeded`: atomic, so never half there); a file that does not read as that model's (a bad header,
+    other names or shapes) or ``rebuild`` is written again."""
+    path = seeded_cache_path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not rebuild and path.is_file():
+        try:
+            _, meta = read_header(path)
+            want = {n: [list(s), _ST_DTYPES[d]] for n, s, d in param_specs(cfg)}
+            if {n: [e.get("shape"), e.get("dtype")] for n, e in meta.items()} == want:
+                return path
+        except (ValueError, OSError):
+            pass
+    return write_seeded(cfg, path)
+
+
+def mmap_checkpoint(cfg: DecoderConfig, path: str | Path) -> tuple[DecoderLM | None, str]:
+    """The built-in decoder of ``cfg`` over checkpoint ``path`` memory-mapped (``torch.load(mmap=True,
+    weights_only=True)``; loaded with ``assign``), or (None, why) when it cannot be mapped: a file torch cannot map
+    (the legacy format), a state dict that does not fit or holds another dtype than the model's (the whole load then
+    says what is wrong, in its words)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - the whole load reports the checkpoint's problem in its own words
+        return None, f"torch cannot map it ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    specs = {n: (s, d) for n, s, d in param_specs(cfg)}
+    required = set(specs) - ({"lm_head.weight"} if cfg.tie_embeddings else set())
+    if not isinstance(state, dict) or not required <= set(state) <= set(specs) or any(
+            not isinstance(state[n], torch.Tensor) or (tuple(state[n].shape), state[n].dtype) != specs[n]
+            for n in state):
+        return None, "its tensors are not the model's names, shapes and dtypes"
+    model = meta_model(cfg)
+    model.load_state_dict(state, strict=set(state) == set(specs), assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    return model.eval(), ""

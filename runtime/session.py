@@ -22,6 +22,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from mhaexport.artifact import sha256_file, shown_path
+from mhaexport.artifact.cache import CACHE_ENV, cache_root  # noqa: F401 - CACHE_ENV: where the cache is
 from mhaexport.devices import no_cuda_device
 from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
 
@@ -58,6 +59,12 @@ class SessionConfig:
     # a model given as bytes whose weights stay in external data: the folder ONNX Runtime reads them from (bisect's
     # copy of a graph with every value exposed, served from memory without copying a large model's weights)
     external_data_dir: str | None = None
+    # weights memory-mapped, not copied (verify's mapped mode, issue 38): prepacking off
+    # (``session.disable_prepacking``: the kernels read the mapped external data instead of packed copies in
+    # anonymous memory) and constant folding off (it would fold, e.g., a tied LM head's Transpose of the embedding
+    # into a new anonymous copy of it); the graph computes the same numbers. A file whose weights are inside
+    # model.onnx is read whole all the same
+    mmap_weights: bool = False
 
 
 def resolve_providers(names: tuple[str, ...] | list[str] | str) -> list[str]:
@@ -74,32 +81,6 @@ def resolve_providers(names: tuple[str, ...] | list[str] | str) -> list[str]:
     if CPU not in out:
         out.append(CPU)
     return out
-
-
-CACHE_ENV = "MHAEXPORT_CACHE_DIR"
-
-
-def cache_root(model: str | Path | None = None) -> Path:
-    """This user's cache of optimized graphs: ``MHAEXPORT_CACHE_DIR`` (a relative value taken from the working
-    directory), else ``$XDG_CACHE_HOME/mhaexport``, else ``~/.cache/mhaexport``; resolved. Never inside a folder
-    being read: ConfigError (one line, naming the variable) when it is inside the folder of ``model`` or of an export
-    folder this process has open (a folder someone else made must not supply the graph a reader runs, nor be
-    written by a reader)."""
-    from mhaexport.artifact.folder import folders_being_read
-
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        root = Path(explicit).expanduser().resolve()
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        root = (Path(base) / "mhaexport").resolve()
-    read = folders_being_read() + ([Path(model).resolve().parent] if model is not None else [])
-    for folder in read:
-        if root == folder or folder in root.parents:
-            raise ConfigError(f"{CACHE_ENV if explicit else 'the optimized-graph cache'}={root} is inside {folder}, "
-                              "a folder being read: the optimized-graph cache never lives in a folder a reader "
-                              f"reads (set {CACHE_ENV} to a folder of your own)")
-    return root
 
 
 def optimized_path(source_sha256: str, model_file: str, opt_level: str, provider: str,
@@ -241,8 +222,12 @@ def provider_unavailable(provider: str) -> str | None:
     return _probed[full]
 
 
-def _create_session(model: str | Path | bytes, requested: list[str],
-                    options: ort.SessionOptions) -> tuple[ort.InferenceSession, str | None]:
+# the graph optimizers a mapped session leaves out (SessionConfig.mmap_weights): each would copy mapped weights
+MMAP_DISABLED_OPTIMIZERS = ("ConstantFolding",)
+
+
+def _create_session(model: str | Path | bytes, requested: list[str], options: ort.SessionOptions,
+                    disabled_optimizers: tuple[str, ...] = ()) -> tuple[ort.InferenceSession, str | None]:
     """Create an InferenceSession on ``requested`` providers: :func:`open_session`'s last step (and the provider
     probe's), called by nothing else. Returns it and, when a requested provider is not among
     ``session.get_providers()`` (onnxruntime-gpu silently falls back to CPU), one line saying so and why."""
@@ -250,7 +235,8 @@ def _create_session(model: str | Path | bytes, requested: list[str],
     with capture as log:
         source = model if isinstance(model, bytes) else str(model)  # a file, or a serialized ModelProto
         session = ort.InferenceSession(source, sess_options=options, providers=requested,
-                                       provider_options=[PROVIDER_OPTIONS.get(p, {}) for p in requested])
+                                       provider_options=[PROVIDER_OPTIONS.get(p, {}) for p in requested],
+                                       disabled_optimizers=list(disabled_optimizers) or None)
     used = list(session.get_providers())
     missing = [p for p in requested if p not in used]
     why = (CUDA in missing and no_cuda_device()) or _load_failure(log)
@@ -284,6 +270,8 @@ def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
         so.optimized_model_filepath = str(cfg.optimized_file)
     if cfg.external_data_dir:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(cfg.external_data_dir))
+    if cfg.mmap_weights:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     return so
 
 
@@ -330,7 +318,8 @@ def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig()
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                         _cache_data(optimized_cache).name)
     try:
-        session, missing = _create_session(source, requested, so)
+        session, missing = _create_session(source, requested, so,
+                                           MMAP_DISABLED_OPTIMIZERS if cfg.mmap_weights else ())
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         what = "the model" if isinstance(source, bytes) else shown_path(source)

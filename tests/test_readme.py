@@ -128,6 +128,7 @@ def run_blocks(blocks: list[Block], cwd: Path, timeout: float) -> None:
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("MHAEXPORT_HOST_LABEL", "readme-test")
+    env.setdefault("MHAEXPORT_CACHE_DIR", str(cwd / ".cache"))  # verify --mapped's weights: not in the user's cache
     env["NO_COLOR"] = "1"
     for b in blocks:
         res = subprocess.run(["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", b.code], cwd=cwd,

@@ -119,7 +119,9 @@ def _cell(r: CheckResult | None, cell: Cell) -> str:
 def _footer(report: VerifyReport) -> str:
     env = report.environment
     versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
-    return (f'<p class="note">{e(env.host or "?")} · {e(env.platform or "?")} · {e(env.cpus or "?")} CPUs · '
+    memory = (f'<p class="note">Memory: {e(report.memory.summary().removeprefix("memory: "))}</p>'
+              if report.memory is not None and report.memory.mode else "")
+    return memory + (f'<p class="note">{e(env.host or "?")} · {e(env.platform or "?")} · {e(env.cpus or "?")} CPUs · '
             f"{e(versions)} · {report.seconds:.1f} s · {e(report.created)}</p>")
 
 

@@ -44,6 +44,8 @@ def markdown(report: VerifyReport) -> str:
     lines = [shown(line) for line in lines]  # one line each: a name or message from a folder cannot start another
     if report.lint is not None:
         lines += [report.lint.to_markdown("###")]  # escaped line by line by lint
+    if report.memory is not None and report.memory.mode:  # the memory plan: cap, mode and why, the peak measured
+        lines += [shown(f"**Memory:** {report.memory.summary().removeprefix('memory: ')}"), ""]
     vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
     lines.append(shown(f"<sub>{env.host or '?'} · {env.platform or '?'} · {env.cpus or '?'} CPUs · "
                        f"{vers} · {report.seconds:.1f} s · {report.created}</sub>"))

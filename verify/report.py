@@ -22,6 +22,7 @@ from mhaexport.env import environment, tool_versions
 from mhaexport.errors import ArtifactError
 from mhaexport.runtime.feed import Feed
 from mhaexport.verify.lint import LintReport
+from mhaexport.verify.memory import MemoryInfo
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, MODULE_CHECKS, CheckResult, CrossResult
 
 if TYPE_CHECKING:
@@ -241,13 +242,14 @@ class VerifyReport(Record):
     # "keeps", "checks": {check: how it was judged}} for a verify from a record; {"kind": "eager", "recorded":
     # {"files", "bytes", "keeps"}} for one that wrote a record (verify --record); None: eager, nothing recorded
     reference: dict[str, Any] | None = None
+    memory: MemoryInfo | None = None  # the memory plan (cap, mode and why) and the run's peak RSS
 
     # written, never read back: the verdict and counts follow from the records
     DERIVED = ("schema", "passed", "verdict", "counts")
     WRITE_NONE = ("requested", "module", "lint", "refused", "other_protocol", "reference")
     KEY_ORDER = ("schema", "created", "passed", "verdict", "counts", "requested", "checks", "module", "lint", "cross",
                  "environment", "versions", "model", "folder", "artifacts", "sweep", "tolerance", "seconds",
-                 "sources", "runtimes", "results", "refused", "other_protocol", "reference")
+                 "sources", "runtimes", "results", "refused", "other_protocol", "reference", "memory")
 
     schema = REPORT_SCHEMA
 
@@ -384,7 +386,7 @@ def build_report(ef: ExportFolder, *, sweep: str, seed: int, cases: list, tol: T
                  checks: tuple[str, ...], requested: tuple[str, ...] | None, threads: int | None, started: float,
                  export_sizes: tuple[int, int], dtype: str = "float32", generation_tokens: int | None = None,
                  module: str | None = None, lint: LintReport | None = None, cross: list[CrossResult] = (),
-                 other: OtherProtocol | None = None) -> VerifyReport:
+                 other: OtherProtocol | None = None, memory: MemoryInfo | None = None) -> VerifyReport:
     """The report of one verify run, the decoder's and the attention block's alike (``module``): the folder's model
     and artifacts (:meth:`ArtifactInfo.of`), the sweep (``cases`` at ``seed``), the tolerance ``tol`` (``atol``/
     ``rtol`` as given; each runner's own for its dtype), what each runtime did (``infos``, ``results``), the lint,
@@ -404,7 +406,7 @@ def build_report(ef: ExportFolder, *, sweep: str, seed: int, cases: list, tol: T
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: ArtifactInfo.of(v) for k, v in ef.artifacts.items()},
         requested=list(requested) if requested else None, checks=list(checks), lint=lint, cross=list(cross),
-        other_protocol=other, environment=here(torch_threads=threads),
+        other_protocol=other, environment=here(torch_threads=threads), memory=memory,
         seconds=round(time.perf_counter() - started, 2))
 
 

@@ -19,7 +19,7 @@ from mhaexport.iospec import ModuleContract
 from mhaexport.runners.block import ModuleRunner
 from mhaexport.runners.genai import genai_unavailable
 from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ONNX_REFERENCE,
-                                     ORT_CPU, ORT_CUDA, ORT_GENAI, VERIFY, refuse_unknown)
+                                     ORT_CPU, ORT_CUDA, ORT_GENAI, VERIFY, refuse_unknown, session_config)
 from mhaexport.runners.pt2 import CODE_RUNTIMES, present_code_runtimes, refuse_untrusted
 from mhaexport.runners.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
 from mhaexport.runners.threads import ONE_THREAD_MAX_PARAMS, torch_threads
@@ -31,6 +31,8 @@ from mhaexport.verify.external_data import check_external_data
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
+from mhaexport.verify.memory import (MAPPED, MemoryInfo, activation_bytes, cap_from, folder_weights, peak_rss,
+                                     plan_memory)
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import run_all
@@ -55,16 +57,40 @@ def _export_sizes(ef: ExportFolder) -> tuple[int, int]:
     return iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST
 
 
-def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_code: bool = False) -> list[Runner]:
+def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_code: bool = False,
+                  plan: MemoryInfo | None = None) -> list[Runner]:
     """Eager first, then one runner per requested runtime (the registry's, runners/registry.py); a runtime whose
-    artifact is absent is skipped with why. onnxruntime-genai's loop is built after the others (runners/genai.py)."""
+    artifact is absent is skipped with why. onnxruntime-genai's loop is built after the others (runners/genai.py).
+    ``plan``: the memory plan — mapped: ONNX Runtime's sessions map their external data; a runtime it left out to
+    fit is skipped with its reason."""
     c = loaded.contract
     runners: list[Runner] = [runner_for(ef, EAGER, c, eager=loaded.module)]
     for rt in runtimes:
         if rt not in (EAGER, ORT_GENAI):
             runners.append(runner_for(ef, rt, c, eager=loaded.module, n_params=loaded.n_params,
-                                      trust_code=trust_code))
+                                      trust_code=trust_code, config=_ort_config(rt, plan)))
+            if plan is not None and rt in plan.skipped and runners[-1].available:
+                runners[-1].skip_reason = plan.skipped[rt]
     return runners
+
+
+def _ort_config(runtime: str, plan: MemoryInfo | None):
+    """verify's ONNX Runtime session of ``runtime`` under the memory plan (None: the registry's default)."""
+    if runtime not in (ORT_CPU, ORT_CUDA) or plan is None or plan.mode != MAPPED:
+        return None
+    return session_config(runtime, mmap_weights=True)
+
+
+def memory_plan(ef: ExportFolder, runtimes: tuple[str, ...], cases: list, *, memory: str | int | None = None,
+                mapped: bool = False, loaded_given: bool = False, sweep: str = "quick") -> MemoryInfo:
+    """The run's memory plan (verify/memory.py), from the manifest and the sweep only — before any weight is read:
+    ``memory`` the cap (None: the machine's), ``mapped`` forces the mapped mode; ConfigError (exit 2) when even the
+    mapped run cannot fit. The activations are a simple bound over the sweep's ``cases``."""
+    cap, source = cap_from(memory)
+    d_ff = (ef.model.config or {}).get("d_ff")
+    acts, largest = activation_bytes(ef.contract, cases, d_ff if isinstance(d_ff, int) else None)
+    return plan_memory(folder_weights(ef, runtimes, loaded_given), acts, cap, source, forced=mapped,
+                       largest_case=largest, sweep=sweep)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -92,7 +118,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                   runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
                   gen_tokens: int | None = None, threads: int | None = None, quality=None, reproduce=None,
                   trust_code: bool = False, progress: Progress | None = None, reference: str = AUTO,
-                  record: bool = False) -> VerifyReport:
+                  record: bool = False, memory: str | int | None = None, mapped: bool = False) -> VerifyReport:
     """Verify every artifact in ``folder`` against eager (a path: opened here, its snapshot removed when done; an
     opened :class:`ExportFolder`: used as it is, its opener closes it). A folder of the attention block on its own
     (``--module attention``) gets the module's runtimes and checks (:func:`verify_module`).
@@ -115,7 +141,12 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     verify/reference.py: the ONNX file judged without torch; ReferenceMismatch for a record of other weights, sweep
     or file), ``"auto"`` (the record when the folder holds one and torch cannot be imported here, else eager).
     ``record``: also write eager's outputs into the folder as its record (the ONNX file's entry in the manifest).
-    Raises ArtifactError for a bad folder; check failures are in the report."""
+    ``memory``: the memory cap
+    (``"1.5G"`` or bytes; None: the machine's, :func:`mhaexport.verify.memory.machine_memory`); ``mapped``: hold
+    the weights memory-mapped whatever fits (``--mapped``). A decoder's run is planned first (:func:`memory_plan`):
+    weights whole when they fit, memory-mapped when only that fits, ConfigError before any work when even that does
+    not; the report's ``memory`` says the plan and the peak RSS measured. Raises ArtifactError for a bad
+    folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
@@ -129,7 +160,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
             return verify_folder(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
                                  checks=checks, gen_tokens=gen_tokens, threads=threads, quality=quality,
                                  reproduce=reproduce, trust_code=trust_code, progress=progress,
-                                 reference=reference, record=record)
+                                 reference=reference, record=record, memory=memory, mapped=mapped)
     ef = folder
     check_external_data(ef)
     if not ef.artifacts:
@@ -186,11 +217,16 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
         thresholds_for(None, quality.overrides)
         if quality.text is not None:
             text_tokens(quality.text, ef.contract, tokenizer)
+    # the memory plan, before any weight is read (a run that cannot fit is refused here, exit 2)
+    plan = memory_plan(ef, wanted, build_sweep(ef.contract, sweep, seed), memory=memory, mapped=mapped,
+                       loaded_given=loaded is not None, sweep=sweep)
+    say(plan.summary())
     from mhaexport.models.loading import check_same_model, load_recorded
 
     if loaded is None:
-        say(f"rebuilding the eager reference from {ef.model.spec}")
-        loaded = load_recorded(ef, trust_code=trust_code)
+        say(f"rebuilding the eager reference from {ef.model.spec}"
+            + (" (weights memory-mapped)" if plan.mode == MAPPED else ""))
+        loaded = load_recorded(ef, trust_code=trust_code, mapped=plan.mode == MAPPED)
     else:
         check_same_model(loaded, ef.model)
     c = loaded.contract
@@ -198,7 +234,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     dtype = next((d for d in ("float16", "bfloat16") if any(a.dtype == d for a in arts.values())), "float32")
     tol = Tolerance.for_dtype(dtype, atol, rtol)
     cases = build_sweep(c, sweep, seed)
-    runners = build_runners(ef, loaded, wanted, trust_code)
+    runners = build_runners(ef, loaded, wanted, trust_code, plan)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   without_cache=without_cache, deploy=deploy_of, export_sizes=_export_sizes(ef),
@@ -229,10 +265,11 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
             p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
             other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder: the suite's loop subject
-            ours = runner_for(ef, ORT_CPU, c) if ef.has("onnx") else None
-            g_infos, g_results = run_all([runners[0], runner_for(ef, ORT_GENAI, c, ours=ours, infos=infos,
-                                                                      trust_code=trust_code)], ctx, checks, say,
-                                         skip_first=True, lossy=lossy)
+            ours = runner_for(ef, ORT_CPU, c, config=_ort_config(ORT_CPU, plan)) if ef.has("onnx") else None
+            genai = runner_for(ef, ORT_GENAI, c, ours=ours, infos=infos, trust_code=trust_code)
+            if ORT_GENAI in plan.skipped and genai.available:
+                genai.skip_reason = plan.skipped[ORT_GENAI]
+            g_infos, g_results = run_all([runners[0], genai], ctx, checks, say, skip_first=True, lossy=lossy)
             infos.update(g_infos)
             results.update(g_results)
         made = None
@@ -245,10 +282,11 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
+    plan.peak_rss = peak_rss()
     report = build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
                           infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
                           started=started, export_sizes=ctx.export_sizes, dtype=dtype,
-                          generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other)
+                          generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other, memory=plan)
     if made is not None:
         report.reference = {"kind": "eager", "recorded": rec.write(ef, made)}
     return report
