@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 
 CACHE_ENV = "MHAEXPORT_CACHE_DIR"
 

@@ -19,7 +19,7 @@ import stat
 import unicodedata
 from pathlib import Path, PurePosixPath
 
-from mhaexport.errors import ArtifactError, UnsafeFolder
+from mhaexport.core.errors import ArtifactError, UnsafeFolder
 
 # mhaexport's own files in a folder: never an artifact's file
 LOCK_FILE = ".mhaexport.lock"

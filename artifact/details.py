@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mhaexport.artifact.record import Record
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 
 CONCAT, SHARED = "concat", "shared"  # the cache kinds a protocol drives (runtime/protocol.py)
 LEFT, RIGHT = "left", "right"  # the sides a batch of prompts is padded on

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mhaexport.errors import ArtifactError, ConfigError, UnsafeFolder
+from mhaexport.core.errors import ArtifactError, ConfigError, UnsafeFolder
 
 # protobuf cannot serialize one message past 2 GiB: larger ONNX models keep their weights in external data
 TWO_GB = 2 * 1024**3
@@ -77,9 +77,9 @@ def atomic_write_json(path: str | Path, data: dict) -> None:
 
 
 def read_json(path: str | Path, what: str) -> dict:
-    """A JSON object from ``path``, read by the one bounded reader (:func:`mhaexport.untrusted.load_json`: size and
+    """A JSON object from ``path``, read by the one bounded reader (:func:`mhaexport.core.untrusted.load_json`: size and
     depth limited), or ArtifactError naming ``what`` it was supposed to be."""
-    from mhaexport.untrusted import load_json
+    from mhaexport.core.untrusted import load_json
 
     path = Path(path)
     if not path.exists() and not path.is_symlink():

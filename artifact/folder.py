@@ -52,9 +52,9 @@ from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_fre
                                       file_entries, read_json)
 from mhaexport.artifact.lock import FolderLock, reader_lock
 from mhaexport.artifact.manifest import FILENAME, ArtifactEntry, Manifest, ModelRecord
-from mhaexport.errors import ArtifactError, UnsafeFolder
-from mhaexport.iospec import ModelContract
-from mhaexport.untrusted import check_json, load_json
+from mhaexport.core.errors import ArtifactError, UnsafeFolder
+from mhaexport.core.iospec import ModelContract
+from mhaexport.core.untrusted import check_json, load_json
 
 STAGING_PREFIX = ".staging-"
 SNAPSHOT_PREFIX = ".snapshot-"

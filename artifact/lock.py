@@ -21,8 +21,8 @@ from pathlib import Path
 
 from mhaexport.artifact.confine import LOCK_FILE
 from mhaexport.artifact.files import env_number
-from mhaexport.errors import ArtifactError, UnsafeFolder
-from mhaexport.untrusted import load_json, shown
+from mhaexport.core.errors import ArtifactError, UnsafeFolder
+from mhaexport.core.untrusted import load_json, shown
 # how long a writer waits for another one to finish its critical section (seconds); MHAEXPORT_LOCK_TIMEOUT overrides
 DEFAULT_TIMEOUT = 120.0
 LOCK_TIMEOUT_ENV = "MHAEXPORT_LOCK_TIMEOUT"

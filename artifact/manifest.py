@@ -36,9 +36,9 @@ from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.details import Details, details_from_dict
 from mhaexport.artifact.record import Record, at, check_fields
 from mhaexport.artifact.source import LegacySource, Source, V1Rebuild
-from mhaexport.errors import ArtifactError, UntrustedInput
-from mhaexport.iospec import Contract, ModelContract, ModuleContract, contract_from_dict
-from mhaexport.untrusted import check_dims
+from mhaexport.core.errors import ArtifactError, UntrustedInput
+from mhaexport.core.iospec import Contract, ModelContract, ModuleContract, contract_from_dict
+from mhaexport.core.untrusted import check_dims
 
 KIND = "manifest"
 VERSION = 2
@@ -148,7 +148,7 @@ class ArtifactEntry(Record):
         """(sequence_length, past_sequence_length) of a static export, None for a dynamic one."""
         if self.seq_dynamic or not self.static_sizes:
             return None
-        from mhaexport import iospec
+        from mhaexport.core import iospec
 
         return int(self.static_sizes[iospec.SEQ]), int(self.static_sizes[iospec.PAST])
 

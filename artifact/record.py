@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 
 R = TypeVar("R", bound="Record")
 
@@ -270,7 +270,7 @@ def dump(value: Any) -> Any:
 
 @dataclass
 class Environment(Record):
-    """Where a report or a bench result was made (:func:`mhaexport.env.environment`, plus what a verb adds:
+    """Where a report or a bench result was made (:func:`mhaexport.core.env.environment`, plus what a verb adds:
     ``torch_threads``, ``threads``, ``cuda_device``, kept in ``extra``)."""
 
     host: str | None = None

@@ -6,7 +6,7 @@ manifest.json (``mhaexport.manifest/2``; version 1 wrote ``"schema_version": 1``
 
 from __future__ import annotations
 
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 
 PREFIX = "mhaexport."
 

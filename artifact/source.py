@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Literal
 
 from mhaexport.artifact.record import R, Record, at
-from mhaexport.errors import ArtifactError, UntrustedInput
-from mhaexport.untrusted import shown
+from mhaexport.core.errors import ArtifactError, UntrustedInput
+from mhaexport.core.untrusted import shown
 
 
 @dataclass

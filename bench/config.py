@@ -7,7 +7,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mhaexport.errors import ConfigError, RuntimeOptionError
+from mhaexport.core.errors import ConfigError, RuntimeOptionError
 from mhaexport.runners.names import (AOTI, BENCH, EAGER, EAGER_CUDA, EAGER_NOCACHE, ORT_BARE, ORT_CPU, ORT_CUDA,
                                      ORT_GENAI, PT2, RUNTIMES, TORCHSCRIPT, refuse_unknown)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from mhaexport.progress import Estimate
+from mhaexport.core.progress import Estimate
 
 
 class Eta:

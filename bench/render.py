@@ -10,7 +10,7 @@ from mhaexport.artifact import atomic_write_bytes, atomic_write_json
 from mhaexport.bench.html import write_html
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.targets import TARGETS, describe_conditions
-from mhaexport.untrusted import shown
+from mhaexport.core.untrusted import shown
 
 REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
 

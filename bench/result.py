@@ -11,7 +11,7 @@ from typing import Any
 from mhaexport.artifact.record import Environment, Record
 from mhaexport.artifact.schema import tag, version_of
 from mhaexport.bench.config import BenchConfig
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 
 KIND, VERSION = "bench", 1
 SCHEMA = tag(KIND, VERSION)
@@ -252,7 +252,7 @@ class BenchResult(Record):
     folder: str
     config: BenchConfig
     model: BenchModel
-    environment: Environment  # mhaexport.env.environment() plus the thread count and the CUDA device
+    environment: Environment  # mhaexport.core.env.environment() plus the thread count and the CUDA device
     bandwidth_gbps: float  # the memory read bandwidth the floor uses (the fastest probe)
     bandwidth: BandwidthInfo
     weight_bytes_per_token: int
@@ -263,7 +263,7 @@ class BenchResult(Record):
     targets: list[TargetResult] = field(default_factory=list)  # targets.evaluate
     profile: Profile | None = None
     notes: list[str] = field(default_factory=list)
-    versions: dict[str, Any] = field(default_factory=dict)  # mhaexport.env.tool_versions()
+    versions: dict[str, Any] = field(default_factory=dict)  # mhaexport.core.env.tool_versions()
     # how cost grows (--batches / --prompts; bench.scaling): one per ONNX Runtime row, every asked point
     scaling: list[ScalingRow] = field(default_factory=list)
     # mhaexport's loop / onnxruntime-genai's on the same file (run.loop_comparison); None unless both rows ran
@@ -310,7 +310,7 @@ def load_bench(path: str | Path) -> BenchResult:
     """A bench.json (or the folder holding one) as a :class:`BenchResult`."""
     from mhaexport.artifact import read_json
 
-    from mhaexport.errors import ConfigError
+    from mhaexport.core.errors import ConfigError
 
     path = Path(path)
     if path.is_dir():

@@ -11,7 +11,7 @@ binding), the ORT rows of each
 A row is planned (:func:`plan_rows`), then loaded (:meth:`Row.activate`), warmed up until steady
 (:meth:`Row.warm_up`), timed (:meth:`Row.generate`, called round-robin by :mod:`mhaexport.bench.run`) and summed
 up (:meth:`Row.finish`). A runtime that cannot run is skipped with the first line of why; only our own errors
-(:class:`~mhaexport.errors.MhaExportError`: the runner protocol turns a runtime's exceptions into RuntimeFailure)
+(:class:`~mhaexport.core.errors.MhaExportError`: the runner protocol turns a runtime's exceptions into RuntimeFailure)
 are caught — anything else is a bug and propagates.
 """
 
@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport import dtypes
+from mhaexport.core import dtypes
 from mhaexport.artifact import ExportFolder, lowering_of
 from mhaexport.bench.config import EAGER_NOCACHE, ORT_BARE, ORT_GENAI, ORT_RUNTIMES, BenchConfig
 from mhaexport.bench.result import RuntimeBench
 from mhaexport.bench.stats import agree, percentile, repeat_spread, token_spread
-from mhaexport.errors import MhaExportError, RuntimeInputError
+from mhaexport.core.errors import MhaExportError, RuntimeInputError
 from mhaexport.runners.names import EAGER, EAGER_CUDA, ORT_CPU, ORT_CUDA, TORCHSCRIPT
 from mhaexport.runners.pt2 import CODE_RUNTIMES
 from mhaexport.runners.registry import DEPLOY, runner_for

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mhaexport import dtypes
+from mhaexport.core import dtypes
 from mhaexport.artifact import ExportFolder, OpenFolders, same_model_folders
 from mhaexport.bench import probes
 from mhaexport.bench.config import (BENCH_RUNTIMES, EAGER_NOCACHE, ORT_GENAI, ORT_RUNTIMES, TORCH_RUNTIMES,
@@ -29,9 +29,9 @@ from mhaexport.bench.rows import EagerModel, Row, ort_session, plan_rows
 from mhaexport.bench.scaling import scaling_rows, scaling_runs, seeded_prompt
 from mhaexport.bench.stats import token_spread, window_median
 from mhaexport.bench.targets import evaluate
-from mhaexport.env import environment, tool_versions
-from mhaexport.errors import MhaExportError, ProviderUnavailable, RuntimeOptionError
-from mhaexport.progress import Step
+from mhaexport.core.env import environment, tool_versions
+from mhaexport.core.errors import MhaExportError, ProviderUnavailable, RuntimeOptionError
+from mhaexport.core.progress import Step
 from mhaexport.runners.names import ORT_CPU
 from mhaexport.runners.pt2 import refuse_untrusted
 from mhaexport.runners.registry import DEPLOY, runner_for

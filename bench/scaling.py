@@ -21,8 +21,8 @@ from mhaexport.bench.config import ORT_GENAI, ORT_RUNTIMES, BenchConfig
 from mhaexport.bench.result import BatchPoint, PromptPoint, ScalingRow
 from mhaexport.bench.rows import Row, why
 from mhaexport.bench.stats import percentile
-from mhaexport.errors import MhaExportError
-from mhaexport.progress import Step
+from mhaexport.core.errors import MhaExportError
+from mhaexport.core.progress import Step
 from mhaexport.runtime.decode import GenerationResult
 
 Progress = Callable[[str], None]

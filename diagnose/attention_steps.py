@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.graph import MASK_FILL_AT_MOST, GraphIndex
+from mhaexport.core.graph import MASK_FILL_AT_MOST, GraphIndex
 
 STEPS = ("scores", "scale", "mask fill", "softmax", "weighted sum", "output projection")
 # what each step's value is called in a note ("scores match, scaled scores do not"), and whether it is plural

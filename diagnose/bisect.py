@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport import iospec
-from mhaexport.errors import ArtifactError, ConfigError, MhaExportError
+from mhaexport.core import iospec
+from mhaexport.core.errors import ArtifactError, ConfigError, MhaExportError
 from mhaexport.artifact import TWO_GB
-from mhaexport.graph import SCOPES_KEY, GraphIndex, name_scopes
+from mhaexport.core.graph import SCOPES_KEY, GraphIndex, name_scopes
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, SessionConfig, open_session

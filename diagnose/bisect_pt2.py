@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact.trust import AOTI, PT2, refusal
-from mhaexport.errors import ConfigError, MhaExportError
+from mhaexport.core.errors import ConfigError, MhaExportError
 from mhaexport.diagnose.bisect import BisectReport, _compare, _eager_values, check_shapes
 
 PROVIDER = "torch.export (cpu)"

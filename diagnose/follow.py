@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mhaexport.errors import MhaExportError
+from mhaexport.core.errors import MhaExportError
 
 DEPLOY_CHECKS = ("kv-consistency", "padding", "generation")
 
@@ -91,7 +91,7 @@ class BisectRun:
     @property
     def exit(self) -> tuple[int, str]:
         """(code, message) of ``verify --bisect``: verify's verdict (1 failed, 4 not verified), and 1 also when bisect
-        found a difference in a passing one (:func:`mhaexport.errors.raise_for_verdict` makes it the exit)."""
+        found a difference in a passing one (:func:`mhaexport.core.errors.raise_for_verdict` makes it the exit)."""
         found, v = self.found, self.verdict
         said = "; ".join(x for x in (None if v is None or v else f"verify ({self.verified}): {v.message}", found)
                          if x)
@@ -162,7 +162,7 @@ def follow_weights(folder, runtime: str, result) -> FollowReport:
 
     from mhaexport.artifact import opened
     from mhaexport.diagnose.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
-    from mhaexport.graph import name_scopes
+    from mhaexport.core.graph import name_scopes
 
     first = str(getattr(result.figures, "first_difference", None) or result.message)
     tensor = first.split(" ", 1)[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import ExportFolder
-from mhaexport.errors import ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.core.errors import ConfigError, MhaExportError, ProviderUnavailable
 from mhaexport.evaluate.scoring import TextScore, score_text, text_tokens, windows
 from mhaexport.runners.names import EAGER, EAGER_CUDA, EVAL, RUNTIMES, TORCHSCRIPT, refuse_unknown
 from mhaexport.runners.registry import runner_for

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from mhaexport.progress import Step
+from mhaexport.core.progress import Step
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.runtime.runner import Runner
 
@@ -164,7 +164,7 @@ def text_tokens(text: bytes, contract, tokenizer=None) -> tuple[np.ndarray, bool
     if tokenizer is not None and getattr(tokenizer, "kind", "") != "byte-level":
         ids = np.asarray(tokenizer.encode(text.decode("utf-8", errors="replace")), dtype=np.int64)
         if ids.size < 2:
-            from mhaexport.errors import RuntimeInputError
+            from mhaexport.core.errors import RuntimeInputError
 
             raise RuntimeInputError(f"the text is {ids.size} token(s): at least 2 are needed to predict one")
         return ids, False
@@ -178,7 +178,7 @@ def score_text(runner: Runner, ids: np.ndarray, *, window: int | None = None, st
     """Perplexity of ``runner`` on token ids (sliding windows of ``window`` tokens, default max_positions, advancing
     by ``stride``, default half a window); with ``reference`` also eager's perplexity and the per-position
     :class:`Agreement` of the two. ``memo`` keeps ``reference``'s window logits between calls. ``progress``: told
-    each window as a counted :class:`~mhaexport.progress.Step`."""
+    each window as a counted :class:`~mhaexport.core.progress.Step`."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     L = window or runner.contract.max_positions
     got = TextScore(0, 0.0, byte_level)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import onnx
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization, WeightsRead
 from mhaexport.artifact.files import refuse_link
-from mhaexport.errors import ArtifactError, UnsafeFolder
+from mhaexport.core.errors import ArtifactError, UnsafeFolder
 from mhaexport.exporter.common import ExportRecord, finish, previous_model
-from mhaexport.graph import weights_read
+from mhaexport.core.graph import weights_read
 from mhaexport.models.loading import LoadedModel
 from mhaexport.runtime.foreign import GENAI_CONFIG, Layout, detect_layout
 from mhaexport.runtime.tokenizer import tokenizer_files

@@ -1,9 +1,9 @@
 """Export the attention block on its own (``--module attention``): ONNX and TorchScript under the module contract
-of :mod:`mhaexport.iospec` (inputs ``x``, ``past_key``, ``past_value``; outputs ``output``, ``present_key``,
+of :mod:`mhaexport.core.iospec` (inputs ``x``, ``past_key``, ``past_value``; outputs ``output``, ``present_key``,
 ``present_value``, ``attention_weights``), with dynamic batch, sequence, past and total axes.
 
 Both go through the same staged write and manifest record as the decoder (:func:`exporter.common.finish`): the
-model record's contract is the :class:`~mhaexport.iospec.ModuleContract`, each artifact entry says ``module``,
+model record's contract is the :class:`~mhaexport.core.iospec.ModuleContract`, each artifact entry says ``module``,
 ``mask``, where the weights came from, and its own I/O schema. No genai_config (a block is not a generator).
 """
 
@@ -16,16 +16,16 @@ import onnx_ir as ir
 import torch
 from torch.export import Dim
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import CacheLayout, Details, ExampleSizes, OnnxDetails, TorchScriptDetails
-from mhaexport.errors import ExportError, first_line
+from mhaexport.core.errors import ExportError, first_line
 from mhaexport.exporter.common import ExportRecord, captured_warnings, finish
 from mhaexport.exporter.genai import GENAI_CONFIG
 from mhaexport.exporter.onnx import (DATA_FILE, DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, ONNX_FILE,
                                      _explain_export_failure, check_onnx, refuse_fixed_axes)
 from mhaexport.exporter.torchscript import MODES, TS_FILE, _summarize
-from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModuleContract
+from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModuleContract
 from mhaexport.models.block import weights_note
 from mhaexport.models.loading import LoadedModel
 

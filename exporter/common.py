@@ -16,10 +16,10 @@ import torch
 from mhaexport.artifact import ArtifactEntry, Manifest, Staging
 from mhaexport.artifact.details import Details
 from mhaexport.artifact.source import HfSource
-from mhaexport.env import tool_versions
-from mhaexport.errors import ExportError, UntrustedInput
+from mhaexport.core.env import tool_versions
+from mhaexport.core.errors import ExportError, UntrustedInput
 from mhaexport.exporter.records import Replaced, record_dict
-from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, io_schema
+from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, io_schema
 from mhaexport.models.inputs import make_inputs
 from mhaexport.models.loading import LoadedModel
 
@@ -129,7 +129,7 @@ def finish(loaded: LoadedModel, staged: Staging, *, fmt: str, main_file: str, fi
            io: dict | None = None) -> ExportRecord:
     """Publish the staged ``files`` (``main_file`` first) and record the artifact with its own I/O schema (``io``;
     default: the decoder contract's, ``details.cache`` shaping the cache's entries) and dtype."""
-    from mhaexport import iospec
+    from mhaexport.core import iospec
 
     entry = ArtifactEntry(
         format=fmt, file=main_file, dtype=dtype,
@@ -164,7 +164,7 @@ class PreviousModel:
 def previous_model(folder: str | Path) -> PreviousModel | None:
     """The model ``folder``'s manifest.json records, or None (no folder, no manifest, a manifest not ours)."""
     from mhaexport.artifact.manifest import FILENAME
-    from mhaexport.untrusted import load_json
+    from mhaexport.core.untrusted import load_json
 
     try:
         data = load_json(Path(folder) / FILENAME, f"{folder}/{FILENAME}")

@@ -16,7 +16,7 @@ import traceback
 
 import torch
 
-from mhaexport.errors import clip, first_line
+from mhaexport.core.errors import clip, first_line
 from mhaexport.models.tracebacks import exception_chain, failing_module
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -33,16 +33,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import atomic_write_json
-from mhaexport.errors import RuntimeInputError
+from mhaexport.core.errors import RuntimeInputError
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.genai_config import DEFAULT_SPECIAL_ID, sliding_window_entry, special_ids  # noqa: F401
 
 
 def genai_config(contract: iospec.ModelContract, *, filename: str = "model.onnx",
                  ids: dict[str, int] | None = None, kv_cache: str = "concat") -> dict:
-    """The ``genai_config.json`` dict for an export of ``contract`` (I/O names from :mod:`mhaexport.iospec`)."""
+    """The ``genai_config.json`` dict for an export of ``contract`` (I/O names from :mod:`mhaexport.core.iospec`)."""
     ids = ids or special_ids(None)
     key0, value0 = iospec.past_names(0)
     pkey0, pvalue0 = iospec.present_names(0)

@@ -15,12 +15,12 @@ import onnx_ir as ir
 import torch
 from torch.export import Dim
 
-from mhaexport import dtypes, iospec
+from mhaexport.core import dtypes, iospec
 from mhaexport.artifact import TWO_GB, stage_artifact
 from mhaexport.artifact.details import CacheLayout, ExampleSizes, Lowering, OnnxDetails, Precision
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
-from mhaexport.errors import ExportError, ExportOptionError, first_line
+from mhaexport.core.errors import ExportError, ExportOptionError, first_line
 from mhaexport.exporter.common import (ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish,
                                        module_bytes)
 from mhaexport.exporter.failures import describe_failure
@@ -29,7 +29,7 @@ from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attent
 from mhaexport.exporter.lowering.guard import refuse_unexpressible, self_check_sizes
 from mhaexport.exporter.precision import precision_report
 from mhaexport.exporter.streamed import check_stand_in, read_when_written, save_inline
-from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
+from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
 from mhaexport.models.stream import staged_weights

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mhaexport.artifact import ExportFolder, OpenFolders
 from mhaexport.artifact.source import HfSource
-from mhaexport.errors import ArtifactError, ConfigError, ExportError
+from mhaexport.core.errors import ArtifactError, ConfigError, ExportError
 
 PRECISIONS = ("fp32", "int4")  # what --builder takes (the builder's -p values that run on its CPU provider)
 ADOPTED = "mhaexport"  # the adopted folder inside each build folder

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnx
 
-from mhaexport.errors import first_line
+from mhaexport.core.errors import first_line
 from mhaexport.runtime.session import cpu_session
 
 

@@ -20,15 +20,15 @@ from pathlib import Path
 import torch
 from torch.export import Dim
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import AotiDetails, CacheLayout, Details, ExampleSizes, Pt2Details
 from mhaexport.artifact.trust import AOTI, PT2, remember_own
-from mhaexport.errors import ExportError, first_line
+from mhaexport.core.errors import ExportError, first_line
 from mhaexport.exporter.common import ExportRecord, captured_warnings, example_inputs, finish, module_bytes
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.onnx import dynamic_shapes
-from mhaexport.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, ModuleContract
+from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, ModuleContract
 from mhaexport.models.loading import LoadedModel
 
 PT2_FILE = "model.pt2"

@@ -44,11 +44,11 @@ import onnx
 from mhaexport.artifact import ArtifactEntry, ExportFolder, Manifest, OpenFolders, shown_path, stage_artifact
 from mhaexport.artifact.details import OnnxDetails, QuantSource, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
-from mhaexport.env import tool_versions
-from mhaexport.errors import ArtifactError, ConfigError, ExportError, first_line
+from mhaexport.core.env import tool_versions
+from mhaexport.core.errors import ArtifactError, ConfigError, ExportError, first_line
 from mhaexport.exporter.records import Replaced, record_dict
-from mhaexport.progress import Step
-from mhaexport.graph import GraphIndex, name_scopes, weights_read
+from mhaexport.core.progress import Step
+from mhaexport.core.graph import GraphIndex, name_scopes, weights_read
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
@@ -383,7 +383,7 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
 
 def _smoke_run(path: Path, contract) -> None:
     """Load the quantized file in ONNX Runtime CPU and run it once (finite logits), or ExportError."""
-    from mhaexport import iospec
+    from mhaexport.core import iospec
     from mhaexport.runners.registry import graph_runner
     from mhaexport.runtime.feed import Feed
 

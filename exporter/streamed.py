@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from mhaexport.errors import ExportError
+from mhaexport.core.errors import ExportError
 from mhaexport.models.stream import WeightsFile
 
 

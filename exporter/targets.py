@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

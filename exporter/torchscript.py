@@ -13,8 +13,8 @@ import torch
 
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import ExampleSizes, TorchScriptDetails
-from mhaexport.errors import ExportError, ExportOptionError
-from mhaexport.errors import clip
+from mhaexport.core.errors import ExportError, ExportOptionError
+from mhaexport.core.errors import clip
 from mhaexport.exporter.common import (JIT_DEPRECATED, TRACED_CONSTANTS, ExportRecord, captured_warnings,
                                        example_inputs, finish, module_bytes)
 from mhaexport.exporter.failures import describe_failure

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mhaexport.artifact import ExportFolder, OpenFolders, lowering_of, same_model_folders
-from mhaexport.dtypes import NAMES as DTYPES
-from mhaexport.errors import RuntimeOptionError
+from mhaexport.core.dtypes import NAMES as DTYPES
+from mhaexport.core.errors import RuntimeOptionError
 
 
 SHARED = "shared"  # in --lowerings: the shared KV cache (GroupQueryAttention writing one buffer in place)

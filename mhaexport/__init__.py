@@ -5,8 +5,6 @@ This module imports nothing heavy: torch and onnxruntime are imported by the sub
 
 from __future__ import annotations
 
-from mhaexport.version import __version__
-
 import sys as _sys
 from pathlib import Path as _Path
 from types import ModuleType as _ModuleType
@@ -16,7 +14,7 @@ from types import ModuleType as _ModuleType
 # root) rather than the installed mapping, let it find those folders too -- only those: the checkout's other folders
 # (tests/, scripts/, docs/) are not mhaexport.tests or mhaexport.scripts.
 # pyproject.toml's package-dir
-_MAPPED = ("artifact", "models", "exporter", "verify", "runners", "runtime", "bench", "diagnose", "evaluate")
+_MAPPED = ("core", "artifact", "models", "exporter", "verify", "runners", "runtime", "bench", "diagnose", "evaluate")
 _root = _Path(__file__).resolve().parent.parent
 
 
@@ -38,7 +36,9 @@ if (_root / "pyproject.toml").is_file() and (_root / "models" / "attention.py").
     if not any(isinstance(f, type) and f.__name__ == "_CheckoutFinder" for f in _sys.meta_path):
         _sys.meta_path.append(_CheckoutFinder)
 
-from mhaexport.errors import MhaExportError  # noqa: E402
+from mhaexport.core.version import __version__  # noqa: E402 (the ground floor: found through the finder above in a checkout)
+
+from mhaexport.core.errors import MhaExportError  # noqa: E402
 
 # The Python API (mhaexport/api.py), imported on first use so `import mhaexport` and `mhaexport --help` stay instant.
 _API = ("adopt", "all", "bench", "bisect_folder", "check_junit", "check_threads", "eval_verdict", "evaluate",

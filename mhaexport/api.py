@@ -12,7 +12,7 @@ Re-exported lazily at the package's top level (``mhaexport.verify(...)`` imports
     print(mhaexport.generate("out", prompt_ids=[[5, 17, 42]], max_new_tokens=8).tokens)
 
 Every function calls the library functions the CLI calls (mhaexport/cli.py) and raises the package's exceptions
-(:mod:`mhaexport.errors`, all :class:`~mhaexport.errors.MhaExportError`) for bad input; a failed verification is a
+(:mod:`mhaexport.core.errors`, all :class:`~mhaexport.core.errors.MhaExportError`) for bad input; a failed verification is a
 report whose verdict says so, not an exception (one line checks it: ``if not report: ...``). Nothing here prints:
 progress goes to an optional ``progress(message)`` callback.
 
@@ -25,7 +25,7 @@ The rules every function keeps:
   (verify) and ``long_to`` (bench) still work with a DeprecationWarning; giving both names is a ConfigError.
 - **A bad argument is a ConfigError**: a value that is wrong in itself or against the model (an unknown
   ``attention``, ``dtype``, runtime or preset, a count out of range, options that contradict each other, no
-  prompt) raises :class:`~mhaexport.errors.ConfigError` -- some as a subclass that also keeps the stage class it
+  prompt) raises :class:`~mhaexport.core.errors.ConfigError` -- some as a subclass that also keeps the stage class it
   had before (``ExportOptionError`` is an ExportError too, ``RuntimeOptionError`` a RuntimeInputError), so either
   ``except`` catches them. What an argument *names* raises its stage's error: a folder with missing or altered
   files ArtifactError, a model that does not import or load ModelLoadError, a provider that does not load
@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mhaexport.errors import ConfigError, MhaExportError, RuntimeOptionError
+from mhaexport.core.errors import ConfigError, MhaExportError, RuntimeOptionError
 
 if TYPE_CHECKING:  # pragma: no cover
     from mhaexport.bench import BenchResult
@@ -143,9 +143,9 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
 
 def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None, *,
            streamed: bool = False) -> LoadedModel:
-    """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.progress.Note`)."""
+    """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.core.progress.Note`)."""
     from mhaexport.models.loading import LoadedModel
-    from mhaexport.progress import Note
+    from mhaexport.core.progress import Note
 
     given = isinstance(model, LoadedModel)
     loaded = load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
@@ -165,7 +165,7 @@ def writable_output(output: str | Path, hint: str = "") -> Path:
     (MHAEXPORT_LOCK_TIMEOUT) valid; ArtifactError / ConfigError in one line (``hint`` appended)."""
     from mhaexport.artifact.files import probe_writable
     from mhaexport.artifact.lock import lock_timeout
-    from mhaexport.errors import ArtifactError
+    from mhaexport.core.errors import ArtifactError
 
     lock_timeout()
     try:
@@ -181,7 +181,7 @@ def _block(module: str | None, mask: str | None, model: Any, hf: Any, **refused:
     checked before any work: ``mask`` needs ``module``; the block comes from ``config`` (not ``model``/``hf``) and
     is exported with dynamic axes, decomposed attention and float32 (``refused``: option -> (value, default)).
     ExportOptionError (a ConfigError) otherwise."""
-    from mhaexport.errors import ExportOptionError
+    from mhaexport.core.errors import ExportOptionError
 
     if module is None:
         if mask is not None:
@@ -703,7 +703,7 @@ class VerifyRun:
     ``bisect`` (the :class:`~mhaexport.diagnose.follow.BisectRun` of ``bisect=True``), ``written`` (the report files,
     the JUnit file, bisect's node data), ``adopted`` (FILE.onnx's ExportRecord), ``exported`` (the records of a
     temporary export), ``folder`` (the folder verified; None for a temporary one). ``exit``: (code, message) — the
-    verdict (:func:`mhaexport.errors.raise_for_verdict` makes it the exit: 1 failed, 2 refused, 4 not verified);
+    verdict (:func:`mhaexport.core.errors.raise_for_verdict` makes it the exit: 1 failed, 2 refused, 4 not verified);
     truthy only when it passed."""
 
     def __init__(self, *, report: VerifyReport | None = None, bisect: BisectRun | None = None,
@@ -748,7 +748,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
     finds a difference; ``case``: where to bisect; ``output``: where its Model Explorer node data goes).
     ``reference`` / ``record``: :func:`verify`'s (a recorded reference), for an export folder only; ``memory`` /
     ``mapped``: :func:`verify`'s memory plan, wherever a folder is verified.
-    Returns a :class:`VerifyRun`; raises ConfigError for bad input, :class:`~mhaexport.errors.ReportNotWritten`
+    Returns a :class:`VerifyRun`; raises ConfigError for bad input, :class:`~mhaexport.core.errors.ReportNotWritten`
     (after writing what it could) when a report cannot be written where asked."""
     import tempfile
     import time
@@ -833,7 +833,7 @@ def _verify_into(folder: Path, loaded: Any, output: str | Path | None, name: str
     """:func:`verify` of ``folder`` with its report written (``name``: its file stem, None: the report's own) into
     ``output`` and ``junit``; a folder refused before any check gets a refused report, written into
     ``refused_into`` (never into the folder itself)."""
-    from mhaexport.errors import ReportNotWritten, VerificationFailed
+    from mhaexport.core.errors import ReportNotWritten, VerificationFailed
     from mhaexport.verify.report import refused_report
 
     try:
@@ -909,9 +909,9 @@ def write_reports(report: Any, output: str | Path | None = None, junit: str | Pa
     """The one writer of a verify report (a run, a refused folder, a merge): NAME.json / .md / .html into folder
     ``output`` (when given; ``name`` None: the report's own default name, so a subset run never replaces the full
     report) and the JUnit XML file ``junit`` (when given). Returns the paths written. What cannot be written raises
-    :class:`~mhaexport.errors.ReportNotWritten` (an ArtifactError) after everything else was written; its
+    :class:`~mhaexport.core.errors.ReportNotWritten` (an ArtifactError) after everything else was written; its
     ``written`` lists those paths. Call it before printing anything: a closed stdout then loses no report."""
-    from mhaexport.errors import ReportNotWritten
+    from mhaexport.core.errors import ReportNotWritten
 
     written: list[Path] = []
     failed: list[str] = []
@@ -1112,7 +1112,7 @@ def lint(path: str | Path) -> Any:
 
 
 def lint_verdict(report: Any) -> tuple[int, str]:
-    """A lint report's verdict as (code, message): 1 when a finding is an error, else 0 (``mhaexport.errors.
+    """A lint report's verdict as (code, message): 1 when a finding is an error, else 0 (``mhaexport.core.errors.
     raise_for_verdict`` turns it into the exit)."""
     if not report.errors:
         return 0, "no error"
@@ -1180,13 +1180,13 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
     eager PyTorch, write report.json / .md / .html there (and ``junit``). ``target`` (portable, ort-cpu, ort-cuda):
     the ONNX file for that runtime (``attention``/``dtype`` given too must agree; ort-cpu's float source goes to
     ``OUTPUT-float32``); ``pt2`` / ``aoti``: also export with torch.export (and AOTInductor) and verify those.
-    Each stage is said through ``progress`` as a :class:`mhaexport.progress.Stage` (``[k/n]`` on the command line).
+    Each stage is said through ``progress`` as a :class:`mhaexport.core.progress.Stage` (``[k/n]`` on the command line).
     Everything is checked before any work. Returns an :class:`AllRun` (truthy only when the verdict passed;
     ``.report``, ``.records``, ``.written``). ``memory`` / ``mapped``: verify's memory cap and mode (:func:`verify`;
     the model exported is in memory already, so only ONNX Runtime's weights can be mapped). Raises ConfigError /
     ModelLoadError / ExportError / ArtifactError."""
     from mhaexport.outputs import check_outputs
-    from mhaexport.progress import Stage
+    from mhaexport.core.progress import Stage
 
     say = _say(progress)
     kv_cache, weights = None, None

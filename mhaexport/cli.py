@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from mhaexport.version import __version__
-from mhaexport.errors import MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
-from mhaexport.untrusted import shown
+from mhaexport.core.version import __version__
+from mhaexport.core.errors import MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
+from mhaexport.core.untrusted import shown
 
 
 class BadInput(click.ClickException):
@@ -130,7 +130,7 @@ class Group(click.Group):
                 sys.stdout, sys.stderr = saved
 
     def invoke(self, ctx: click.Context):
-        from mhaexport.env import onnxruntime_clash
+        from mhaexport.core.env import onnxruntime_clash
 
         if (clash := onnxruntime_clash()) is not None:  # a verb is about to run (--help/--version exited already)
             click.secho(f"warning: {clash}", fg="yellow", err=True)
@@ -384,7 +384,7 @@ def main() -> None:
 
 class Reporter:
     """The CLI's progress lines (library code reports, never prints): each message on stderr; a counted step
-    (:class:`mhaexport.progress.Step`) with where the work is — step k of n, the time since the phase began and an
+    (:class:`mhaexport.core.progress.Step`) with where the work is — step k of n, the time since the phase began and an
     estimate of what is left (the mean time per finished step). On a terminal the counted steps of a phase share one
     line with a bar, rewritten in place; elsewhere (CI logs, pipes) each is a plain line. Silent with --quiet."""
 
@@ -415,7 +415,7 @@ class Reporter:
         return f"{where} {msg} ({elapsed:.0f} s{left})"
 
     def __call__(self, msg: str) -> None:
-        from mhaexport.progress import Note
+        from mhaexport.core.progress import Note
 
         if isinstance(msg, Note):  # a note on the input: said even with --quiet
             self.close()
@@ -845,7 +845,7 @@ def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
 
 def _parse_quality(ctx, param, values: tuple[str, ...]) -> dict | None:
     """("top1=0.9", "kl_mean=0.05") -> {"top1": 0.9, "kl_mean": 0.05}; None when not given."""
-    from mhaexport.errors import ConfigError
+    from mhaexport.core.errors import ConfigError
     from mhaexport.verify.quality import QUALITY_FIGURES, check_threshold
 
     out: dict = {}
@@ -995,7 +995,7 @@ def _progress(msg: str) -> None:
 
 def _finish(report, markdown: str, written: list[str]):
     """Print a verify report written already (the table, or --json's object; the "wrote" lines) and exit with its
-    verdict (:func:`mhaexport.errors.raise_for_verdict`: 1 failed, 2 refused, 4 not verified)."""
+    verdict (:func:`mhaexport.core.errors.raise_for_verdict`: 1 failed, 2 refused, 4 not verified)."""
     if _state().json:
         import json
 
@@ -1101,7 +1101,7 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     causality, cache-consistency, demonstration.
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     from mhaexport import api
-    from mhaexport.errors import ReportNotWritten
+    from mhaexport.core.errors import ReportNotWritten
     from mhaexport.verify.render import markdown as render_markdown
 
     ctx = click.get_current_context()
@@ -1153,7 +1153,7 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
     """The main job: export ONNX and TorchScript into one folder, verify both against eager, write the report
     (:func:`mhaexport.api.all`)."""
     from mhaexport import api
-    from mhaexport.progress import Stage
+    from mhaexport.core.progress import Stage
     from mhaexport.verify.render import markdown as render_markdown
 
     quiet = _state().quiet

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from mhaexport.artifact.lock import LOCK_FILE
 from mhaexport.artifact.manifest import FILENAME
-from mhaexport.errors import MhaExportError
+from mhaexport.core.errors import MhaExportError
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
-from mhaexport.untrusted import load_json
+from mhaexport.core.untrusted import load_json
 
 # what an export writes into its folder (whichever formats): never an output's name there
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "model.pt", "model.pt2", "model.aoti.pt2", FILENAME, GENAI_CONFIG,

@@ -12,7 +12,7 @@ fails the test with verify's one-line verdict, and attaches report.md to the tes
 The fixture returns the :class:`~mhaexport.verify.report.VerifyReport` when the verdict passed (exit 0); a failed
 check (1) or a runtime asked for that could not run (4, not verified: skipped never counts as passed) fails the test
 with ``pytest.fail``; so does bad input (a missing folder, an unknown runtime, a folder refused because a file does not
-match its manifest: :class:`~mhaexport.errors.MhaExportError`), in one line "REFUSED: why" without a traceback. report.md goes into a "mhaexport report" section of the test's report (shown with the failure,
+match its manifest: :class:`~mhaexport.core.errors.MhaExportError`), in one line "REFUSED: why" without a traceback. report.md goes into a "mhaexport report" section of the test's report (shown with the failure,
 or for passed tests with ``-rA``), and the verdict into ``record_property`` (JUnit XML ``<property>`` entries).
 
 This module imports only pytest at load time: every pytest session of an environment holding mhaexport loads it.
@@ -41,7 +41,7 @@ def mhaexport_verify(request: pytest.FixtureRequest, record_property: Callable[[
                hf: str | None = None, runtimes: Sequence[str] | None = None, sweep: str = "quick",
                **verify_args: Any):
         from mhaexport import api
-        from mhaexport.errors import MhaExportError
+        from mhaexport.core.errors import MhaExportError
 
         what = folder if folder is not None else (model or config or hf)
         try:

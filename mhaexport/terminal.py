@@ -10,7 +10,7 @@ import unicodedata
 
 import click
 
-from mhaexport.untrusted import shown
+from mhaexport.core.untrusted import shown
 
 CELL = 40  # widest table cell shown whole; a longer one is cut and told in full under its table
 

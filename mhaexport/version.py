@@ -1,4 +1,8 @@
-"""mhaexport's version: on the ground floor (core), so the records that name it (env, reports, manifests) need not
-import the package's facade (mhaexport/__init__.py re-exports the API above every layer)."""
+"""``mhaexport.version`` is :mod:`mhaexport.core.version` (the ground floor, core/): this name stays importable and
+is the same module object."""
 
-__version__ = "0.1.0"
+import sys
+
+from mhaexport.core import version as _module
+
+sys.modules[__name__] = _module

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 
 KV = tuple[torch.Tensor, torch.Tensor]
 

@@ -1,7 +1,7 @@
 """The article's multi-head-attention block on its own, with a fixed I/O (``mhaexport onnx --module attention``).
 
 ``AttentionBlock`` wraps the built-in :class:`~mhaexport.models.attention.MultiHeadAttention` (W_q, W_k, W_v, W_o;
-grouped-query heads where the config has them) under the module contract of :mod:`mhaexport.iospec`::
+grouped-query heads where the config has them) under the module contract of :mod:`mhaexport.core.iospec`::
 
     block(x, past_key, past_value) -> (output, present_key, present_value, attention_weights)
 
@@ -23,8 +23,8 @@ from torch import nn
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.source import BuiltinSource
-from mhaexport.errors import ArtifactError, ConfigError, ModelLoadError
-from mhaexport.iospec import MASKS, ModuleContract
+from mhaexport.core.errors import ArtifactError, ConfigError, ModelLoadError
+from mhaexport.core.iospec import MASKS, ModuleContract
 from mhaexport.models.attention import MultiHeadAttention, build_causal_mask
 from mhaexport.models.config import DecoderConfig
 from mhaexport.models.loading import LoadedModel, check_same_model, load_model, rebuild_builtin, recorded_checkpoint

@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from mhaexport.errors import ConfigError
-from mhaexport.iospec import EXAMPLE_PAST, EXAMPLE_SEQ
+from mhaexport.core.errors import ConfigError
+from mhaexport.core.iospec import EXAMPLE_PAST, EXAMPLE_SEQ
 
 
 NORMS = ("layernorm", "rmsnorm")
@@ -208,7 +208,7 @@ def load_config(spec: str | None) -> DecoderConfig:
     if spec.endswith(".json") or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file {spec} {'is not a regular file' if path.exists() else 'does not exist'}")
-        from mhaexport.untrusted import load_json
+        from mhaexport.core.untrusted import load_json
 
         data = load_json(path, f"config file {spec}")
         return DecoderConfig.from_dict(data, name=path.stem)

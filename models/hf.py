@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from mhaexport.artifact.source import HfSource
-from mhaexport.errors import ModelLoadError, first_line
+from mhaexport.core.errors import ModelLoadError, first_line
 from mhaexport.models.tracebacks import failing_module
 
 INSTALL_LINE = "pip install -e '.[hf]' in the mhaexport checkout (or pip install transformers tokenizers)"
@@ -201,7 +201,7 @@ def _first_int(value: Any) -> int | None:
 def architecture_label(path: str | Path) -> str:
     """``LlamaForCausalLM (llama)`` from ``DIR/config.json`` without importing transformers; the folder's name
     when it cannot be read."""
-    from mhaexport.untrusted import load_json
+    from mhaexport.core.untrusted import load_json
 
     try:
         data = load_json(Path(path) / "config.json", f"{path}/config.json")
@@ -324,7 +324,7 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
     a Hub snapshot, held to the cache's own rules. transformers never runs the folder's code
     (``trust_remote_code=False``: a config with ``auto_map`` is refused, no prompt)."""
     from mhaexport.models.hf_files import hf_files
-    from mhaexport.untrusted import load_json
+    from mhaexport.core.untrusted import load_json
 
     folder = Path(path)
     path = shown or path

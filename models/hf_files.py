@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mhaexport.artifact.confine import check_name, copy_hashed, open_inside
-from mhaexport.errors import ModelLoadError, UnsafeFolder
+from mhaexport.core.errors import ModelLoadError, UnsafeFolder
 
 # what transformers reads of a causal LM folder (the Hub download's allow-list, models/hub.py)
 PATTERNS = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.tiktoken")

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mhaexport.errors import ModelLoadError, UnsafeFolder, first_line
+from mhaexport.core.errors import ModelLoadError, UnsafeFolder, first_line
 
 # org/name as the Hub spells it (one slash; letters, digits, '-', '_', '.'); a bare "name" is taken as a folder
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")

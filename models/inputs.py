@@ -1,17 +1,17 @@
-"""Seeded contract inputs as torch tensors: :func:`mhaexport.iospec.dummy_inputs` (the one builder), converted."""
+"""Seeded contract inputs as torch tensors: :func:`mhaexport.core.iospec.dummy_inputs` (the one builder), converted."""
 
 from __future__ import annotations
 
 import torch
 
-from mhaexport import dtypes
-from mhaexport.iospec import ModelContract, dummy_inputs
+from mhaexport.core import dtypes
+from mhaexport.core.iospec import ModelContract, dummy_inputs
 
 KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """torch's dtype for one of :data:`mhaexport.dtypes.NAMES` (torch spells them the same)."""
+    """torch's dtype for one of :data:`mhaexport.core.dtypes.NAMES` (torch spells them the same)."""
     return getattr(torch, dtypes.get(name).name)
 
 

@@ -26,9 +26,9 @@ from torch import nn
 from mhaexport.artifact import ExportFolder, ModelRecord, fingerprint_of, legacy_fingerprint, sha256_file
 from mhaexport.artifact.source import (BuiltinSource, ConfigSource, FactorySource, HfSource, LegacySource,
                                        PresetSource, Source)
-from mhaexport.errors import (ArtifactError, ConfigError, MhaExportError, ModelLoadError, UntrustedCode,
+from mhaexport.core.errors import (ArtifactError, ConfigError, MhaExportError, ModelLoadError, UntrustedCode,
                               first_line)
-from mhaexport.iospec import ModelContract, ModuleContract
+from mhaexport.core.iospec import ModelContract, ModuleContract
 from mhaexport.models.config import PRESETS, DecoderConfig, load_config
 from mhaexport.models.decoder import DecoderLM
 from mhaexport.models.stream import WeightsFile, meta_model, mmap_state, param_specs, staged_weights

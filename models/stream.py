@@ -6,7 +6,9 @@ the kernel reads on use and may drop again under a memory cap — nothing is cop
   weights allocated);
 - :func:`seeded_tensors` — the same numbers :meth:`DecoderLM.reset_parameters` draws, in its draw order, one tensor at
   a time (tied embeddings: the LM head's draw is made and dropped, as there);
-- :func:`write_safetensors` — a safetensors file from any (name, tensor) stream: the header from the specs first, each
+- :func:`write_safetensors` — a safetensors-layout file from any (name, tensor) stream (mhaexport's own staging and
+  cache files: page-aligned with gaps and a tied head's two names on one copy, which the ``safetensors`` library and
+  ``torch.load`` refuse — never offered to users as a checkpoint): the header from the specs first, each
   tensor written at its offset as it arrives, then dropped (peak: the largest tensor);
 - :func:`mmap_state` / :func:`mmap_model` — a state dict of read-only tensors over the file's pages, and a
   :class:`DecoderLM` whose parameters are those tensors (built on meta, loaded with ``assign``);

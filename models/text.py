@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mhaexport.errors import RuntimeInputError
-from mhaexport.iospec import ModelContract
+from mhaexport.core.errors import RuntimeInputError
+from mhaexport.core.iospec import ModelContract
 
 HELDOUT_FILE = Path(__file__).parent / "weights" / "small-heldout.txt"
 HELDOUT_FRACTION = 0.05  # scripts/train_default.py's validation split: the corpus' last 5 %

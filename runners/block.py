@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport import dtypes, iospec
-from mhaexport.errors import RuntimeInputError
-from mhaexport.iospec import ModuleContract
+from mhaexport.core import dtypes, iospec
+from mhaexport.core.errors import RuntimeInputError
+from mhaexport.core.iospec import ModuleContract
 from mhaexport.runtime.ort import OrtSessionRunner
 from mhaexport.runtime.runner import Runner, to_numpy
 from mhaexport.runners.decoder import _host

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport import iospec
-from mhaexport.devices import no_cuda_device
-from mhaexport.errors import ProviderUnavailable
-from mhaexport.iospec import ModelContract
+from mhaexport.core import iospec
+from mhaexport.core.devices import no_cuda_device
+from mhaexport.core.errors import ProviderUnavailable
+from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
 
 __all__ = ["EagerRunner", "OnnxReferenceRunner", "RecomputeRunner", "TorchScriptRunner"]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mhaexport.errors import ProviderUnavailable, RuntimeInputError, UntrustedInput
+from mhaexport.core.errors import ProviderUnavailable, RuntimeInputError, UntrustedInput
 from mhaexport.runners.names import ORT_GENAI
 from mhaexport.runners.subjects import LOOP
 from mhaexport.runtime.genai_config import GENAI_CONFIG, GenaiConfig, GenaiModel, GenaiSearch, section
 from mhaexport.runtime.runner import Runner
-from mhaexport.untrusted import load_json
+from mhaexport.core.untrusted import load_json
 
 
 def genai_unavailable() -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mhaexport.artifact.trust import AOTI, PT2
-from mhaexport.errors import ConfigError, RuntimeOptionError
+from mhaexport.core.errors import ConfigError, RuntimeOptionError
 from mhaexport.runtime.session import CUDA, SessionConfig
 
 EAGER, EAGER_CUDA, TORCHSCRIPT = "eager", "eager-cuda", "torchscript"

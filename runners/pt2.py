@@ -16,7 +16,7 @@ import numpy as np
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.trust import AOTI, CODE_ARTIFACTS, PT2, refusal
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 from mhaexport.runtime.runner import Runner, skipped
 from mhaexport.runners.block import TorchModuleRunner
 from mhaexport.runners.decoder import EagerRunner

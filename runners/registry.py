@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import TWO_GB, ExportFolder
-from mhaexport.iospec import ModelContract, ModuleContract
+from mhaexport.core.iospec import ModelContract, ModuleContract
 from mhaexport.runtime.choose import feed_of, no_decode_loop, ort_runner_for, ort_runner_over, runner_class
 from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.ort import OrtRunner

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mhaexport.artifact import ExportFolder
-from mhaexport.iospec import ModelContract
+from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.ort import OrtRunner, SharedCacheOrtRunner
 from mhaexport.runtime.protocol import Protocol, protocol_of

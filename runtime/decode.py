@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.errors import RuntimeInputError, RuntimeOptionError
+from mhaexport.core.errors import RuntimeInputError, RuntimeOptionError
 from mhaexport.runtime.runner import Runner
 from mhaexport.runtime.sampling import SamplingConfig, next_tokens
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import ExportFolder, read_json
-from mhaexport.errors import ArtifactError, RuntimeFailure, RuntimeOptionError
+from mhaexport.core.errors import ArtifactError, RuntimeFailure, RuntimeOptionError
 from mhaexport.runtime.choose import open_folder
 from mhaexport.runtime.genai import ENGINE as ONNXRUNTIME_GENAI
 from mhaexport.runtime.genai import GENAI_CONFIG, GenAIGenerator, GenAIUnavailable, config_providers, import_og

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import ArtifactEntry
 from mhaexport.artifact.details import OnnxDetails
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 from mhaexport.runtime.protocol import CONCAT, LEFT, RIGHT, SHARED, padding_of  # noqa: F401 (re-exported)
 
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mhaexport import dtypes, iospec
+from mhaexport.core import dtypes, iospec
 from mhaexport.artifact import ArtifactEntry, read_manifest
 from mhaexport.artifact.details import AdoptedLayout, CacheLayout, OnnxDetails
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 from mhaexport.runtime.genai_config import GenaiConfig, GenaiDecoder, GenaiModel, GenaiSearch, section
 from mhaexport.runtime.protocol import SHARED, padding_of
-from mhaexport.untrusted import load_json
+from mhaexport.core.untrusted import load_json
 
 GENAI_CONFIG = "genai_config.json"
 POSITION_IDS = "position_ids"

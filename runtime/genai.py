@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mhaexport.artifact import ExportFolder, opened, read_json
-from mhaexport.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
+from mhaexport.core.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
                               first_line)
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
                                       pad_prompts)
@@ -51,7 +51,7 @@ def check_options(folder: str | Path, shown: object = None, *, trust_code: bool 
     from mhaexport.artifact.confine import read_inside
     from mhaexport.runtime.genai_fields import refuse_unsafe
 
-    from mhaexport.untrusted import load_json
+    from mhaexport.core.untrusted import load_json
 
     where = f"{shown or folder}/{GENAI_CONFIG}"
     config = load_json(read_inside(folder, GENAI_CONFIG, where), where)  # the one bounded reader (size, depth)

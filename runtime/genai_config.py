@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact.record import R, Record
-from mhaexport.errors import ArtifactError, UntrustedInput
-from mhaexport.untrusted import load_json, shown
+from mhaexport.core.errors import ArtifactError, UntrustedInput
+from mhaexport.core.untrusted import load_json, shown
 
 GENAI_CONFIG = "genai_config.json"
 GENAI_CHECK = "genai-config"

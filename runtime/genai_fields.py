@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mhaexport.artifact.confine import check_name
-from mhaexport.errors import UnsafeFolder, UntrustedCode
+from mhaexport.core.errors import UnsafeFolder, UntrustedCode
 
 NUMBER, DATA, NAME, TEXT, CODE = "number", "data", "name", "text", "code"
 CLASSES = (NUMBER, DATA, NAME, TEXT, CODE)

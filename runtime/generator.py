@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mhaexport import dtypes
+from mhaexport.core import dtypes
 from mhaexport.artifact import ExportFolder
-from mhaexport.errors import ArtifactError, ProviderUnavailable, RuntimeInputError
+from mhaexport.core.errors import ArtifactError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
                                       GenerationConfig, GenerationResult, pad_prompts)
 from mhaexport.runtime.choose import no_decode_loop, open_folder, ort_runner_for

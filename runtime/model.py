@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.errors import RuntimeInputError
+from mhaexport.core.errors import RuntimeInputError
 from mhaexport.runtime.decode import GenerationConfig, GenerationResult
 from mhaexport.runtime.engine import AUTO, open_generator
 from mhaexport.runtime.generator import Generator

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from mhaexport import dtypes, iospec
-from mhaexport.errors import ProviderUnavailable, RuntimeFailure, first_line
-from mhaexport.iospec import Contract, ModelContract
+from mhaexport.core import dtypes, iospec
+from mhaexport.core.errors import ProviderUnavailable, RuntimeFailure, first_line
+from mhaexport.core.iospec import Contract, ModelContract
 from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.protocol import Protocol, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner

@@ -6,7 +6,7 @@ checks against the contract, timing, and the two ways a runtime can be unavailab
 
 - **skipped** (``skip_reason``): the runtime cannot run here at all (CUDA requested but not in use, no artifact);
   never counted as passed;
-- **failed** (:class:`~mhaexport.errors.RuntimeFailure`): it was there but raised while loading or running (a
+- **failed** (:class:`~mhaexport.core.errors.RuntimeFailure`): it was there but raised while loading or running (a
   truncated model, a kernel missing for a dtype, the user model's own exception).
 
 Each runtime writes only ``activate_impl``, ``run_impl`` and, where its cache should stay in its own form between
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport import dtypes
-from mhaexport.errors import MhaExportError, ProviderUnavailable, RuntimeFailure, RuntimeInputError, first_line
-from mhaexport.iospec import Contract
+from mhaexport.core import dtypes
+from mhaexport.core.errors import MhaExportError, ProviderUnavailable, RuntimeFailure, RuntimeInputError, first_line
+from mhaexport.core.iospec import Contract
 
 KVPairs = tuple[tuple[np.ndarray, np.ndarray], ...]
 Outputs = tuple[np.ndarray, KVPairs]  # (logits (B, T, V), present: n_layers x (key, value) (B, H, S, D))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mhaexport.errors import RuntimeOptionError
+from mhaexport.core.errors import RuntimeOptionError
 
 
 @dataclass(frozen=True)

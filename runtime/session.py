@@ -23,8 +23,8 @@ import onnxruntime as ort
 
 from mhaexport.artifact import sha256_file, shown_path
 from mhaexport.artifact.cache import CACHE_ENV, cache_root  # noqa: F401 - CACHE_ENV: where the cache is
-from mhaexport.devices import no_cuda_device
-from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
+from mhaexport.core.devices import no_cuda_device
+from mhaexport.core.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -195,7 +195,7 @@ _probed: dict[str, str | None] = {}
 def provider_unavailable(provider: str) -> str | None:
     """None when ``provider`` (an alias or full name) really runs in this process, else one line saying why not:
     "CUDAExecutionProvider requested; no CUDA device on this machine (no NVIDIA driver: libcuda.so.1 not found)"
-    where there is none (:func:`mhaexport.devices.no_cuda_device`, asked first), and only where a device exists the
+    where there is none (:func:`mhaexport.core.devices.no_cuda_device`, asked first), and only where a device exists the
     runtime's own reason ("... session runs on ['CPUExecutionProvider']: libcublasLt.so.13: cannot open shared
     object file"). Probed once per process on a tiny built-in model."""
     full = resolve_providers([provider])[0]

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import ExportFolder, read_json
-from mhaexport.errors import MhaExportError, RuntimeInputError
+from mhaexport.core.errors import MhaExportError, RuntimeInputError
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.genai_config import GenaiConfig, GenaiModel, section
-from mhaexport.untrusted import load_json, shown
+from mhaexport.core.untrusted import load_json, shown
 
 # A Hugging Face tokenizer's files, as an export carries them; tokenizer.json is the one that must be there
 # (onnxruntime-genai also reads tokenizer_config.json for the special tokens).

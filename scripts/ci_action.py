@@ -184,8 +184,8 @@ def main() -> int:
     for f in ("report.json", "report.md", "report.html"):
         if (report_dir / f).is_file():
             shutil.copyfile(report_dir / f, reports / f)
-    from mhaexport.errors import MhaExportError
-    from mhaexport.untrusted import load_json, shown  # installed by now: the one reader and the one escaping
+    from mhaexport.core.errors import MhaExportError
+    from mhaexport.core.untrusted import load_json, shown  # installed by now: the one reader and the one escaping
 
     message = tail[-1] if tail else ""
     if (reports / "report.json").is_file():

@@ -142,7 +142,7 @@ def export_plain(loaded, path: str | Path) -> Path:
     given: they are whatever the exporter calls them), as a user without mhaexport would make one."""
     import torch
 
-    from mhaexport import iospec
+    from mhaexport.core import iospec
     from mhaexport.exporter.onnx import dynamic_shapes
 
     c = loaded.contract

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import mhaexport
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ConfigError, ModelLoadError, RuntimeInputError
+from mhaexport.core.errors import ArtifactError, ConfigError, ModelLoadError, RuntimeInputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,7 +139,7 @@ def test_help_and_signature_are_the_api_functions_not_the_subpackages(monkeypatc
 
 
 def test_import_mhaexport_resolves_only_the_mapped_subpackages():
-    mapped = ("artifact", "models", "exporter", "verify", "runners", "runtime", "bench", "diagnose", "evaluate")
+    mapped = ("core", "artifact", "models", "exporter", "verify", "runners", "runtime", "bench", "diagnose", "evaluate")
     code = ("import importlib.util as u, sys\n"
             f"for name in {mapped!r}:\n"
             "    spec = u.find_spec('mhaexport.' + name)\n"
@@ -279,7 +279,7 @@ def _bad_arguments(folder, out):
 
 
 def test_every_bad_argument_is_a_config_error(tiny_export, tmp_path):
-    from mhaexport.errors import ExportError
+    from mhaexport.core.errors import ExportError
 
     for call, match in _bad_arguments(tiny_export, tmp_path / "out"):
         with pytest.raises(ConfigError, match=re.escape(match)):
@@ -319,7 +319,7 @@ def test_py_typed_ships_in_the_wheel(tmp_path):
 def test_an_export_over_another_model_needs_replace_in_the_api_too(tmp_path):
     """The API refuses what the CLI refuses (issue 25: outputs never clobber inputs) and takes the CLI's --replace."""
     from mhaexport.artifact import read_manifest
-    from mhaexport.errors import ExportError
+    from mhaexport.core.errors import ExportError
 
     out = tmp_path / "out"
     mhaexport.export_torchscript(out, config="tiny")

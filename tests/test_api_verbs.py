@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import mhaexport
 from mhaexport.cli import main
-from mhaexport.errors import ConfigError, ReportNotWritten
+from mhaexport.core.errors import ConfigError, ReportNotWritten
 
 
 def _checks(folder: Path, name: str = "report") -> dict:
@@ -94,7 +94,7 @@ def test_the_input_checks_and_the_target_are_api_functions(tmp_path):
 
 @pytest.mark.slow  # two exports and verifies of the tiny model (~40 s on 2 loaded cores)
 def test_all_from_python_gives_the_clis_folder_and_report(tmp_path):
-    from mhaexport.progress import Stage
+    from mhaexport.core.progress import Stage
 
     said: list = []
     run = mhaexport.all(tmp_path / "py", config="tiny", runtimes=["ort-cpu"], junit=tmp_path / "py.xml",

@@ -17,7 +17,7 @@ from mhaexport.artifact import ExportFolder, FolderLock, atomic_write_json, read
 from mhaexport.artifact.manifest import legacy_fingerprint
 from mhaexport.artifact.source import ConfigSource, FactorySource, HfSource, LegacySource, PresetSource, Source
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 
 
 def _strings(x):
@@ -167,7 +167,7 @@ def test_a_record_relocated_to_another_folder_keeps_every_source_path_pointing_a
     """A folder written from another (quantize's output beside its source) gets the source's model record with its
     paths made relative to the new folder: a factory file, a checkpoint and an --hf folder alike."""
     from mhaexport.artifact import ModelRecord
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
 
     src, out = tmp_path / "exp", tmp_path / "exp" / "quantized" / "int4"
     for source, keys in ((HfSource(path="../hfmodel", checkpoint="../w.pt"), ("path", "checkpoint")),

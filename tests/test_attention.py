@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 from mhaexport.models.attention import MultiHeadAttention, build_causal_mask, masked_fill_value
 from mhaexport.models.config import DecoderConfig
 

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ConfigError, ModelLoadError
+from mhaexport.core.errors import ArtifactError, ConfigError, ModelLoadError
 from mhaexport.artifact import ExportFolder
 
 
@@ -173,7 +173,7 @@ def test_checkpoint_truncated(cwd, tiny):
 
 
 def test_zero_prompts_for_right_padding():
-    from mhaexport.errors import RuntimeInputError
+    from mhaexport.core.errors import RuntimeInputError
     from mhaexport.runtime.decode import pad_prompts
 
     with pytest.raises(RuntimeInputError, match="empty batch: give at least one prompt"):
@@ -196,7 +196,7 @@ def test_generate_refuses_a_truncated_model_file(export_copy):
 def test_prompt_ids_out_of_vocab(tiny_export):
     msg = cli_error(["generate", str(tiny_export), "--prompt-ids", "5,300"])
     assert msg == "Error: prompt 0 holds token id 300, outside the vocabulary [0, 256)"
-    from mhaexport.errors import RuntimeInputError
+    from mhaexport.core.errors import RuntimeInputError
     from mhaexport.runtime import Generator
 
     with pytest.raises(RuntimeInputError, match=r"token id -1 is outside the vocabulary \[0, 256\)"):
@@ -213,7 +213,7 @@ def test_prompt_longer_than_max_positions(tiny_export):
 def test_mismatched_past_shapes_through_the_runtime_api(tiny_export):
     import numpy as np
 
-    from mhaexport.errors import RuntimeInputError
+    from mhaexport.core.errors import RuntimeInputError
     from mhaexport.runtime import Generator
 
     gen = Generator(tiny_export)
@@ -233,7 +233,7 @@ def test_mismatched_past_shapes_through_the_runtime_api(tiny_export):
 def test_batch_of_zero(tiny_export):
     import numpy as np
 
-    from mhaexport.errors import RuntimeInputError
+    from mhaexport.core.errors import RuntimeInputError
     from mhaexport.runtime import Generator
 
     gen = Generator(tiny_export)

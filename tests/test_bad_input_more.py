@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ConfigError
+from mhaexport.core.errors import ArtifactError, ConfigError
 from test_bad_input import cli_error
 
 CORES = os.cpu_count() or 1

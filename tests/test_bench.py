@@ -28,17 +28,17 @@ from mhaexport.artifact.record import Environment
 from mhaexport.bench import probes
 from mhaexport.bench.result import BandwidthInfo, BenchModel, LongRun, load_bench
 from mhaexport.bench.config import ALL_RUNTIMES, DEFAULT_RUNTIMES
-from mhaexport.progress import Estimate
+from mhaexport.core.progress import Estimate
 from mhaexport.bench.render import floor_text, markdown_body, targets_table
 from mhaexport.bench.rows import Row
 from mhaexport.bench.run import run_rounds
 from mhaexport.bench.stats import repeat_spread, token_spread
 from mhaexport.bench.targets import evaluate
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ConfigError, RuntimeFailure, RuntimeInputError
+from mhaexport.core.errors import ArtifactError, ConfigError, RuntimeFailure, RuntimeInputError
 from mhaexport.exporter.variants import export_lowerings, parse_lowerings
-from mhaexport.iospec import ModelContract
-from mhaexport.progress import Step
+from mhaexport.core.iospec import ModelContract
+from mhaexport.core.progress import Step
 from mhaexport.runtime.runner import Runner
 
 # every runtime but the code ones (pt2, aoti: tests/test_pt2.py), eager-nocache included (opt-in), and the project's
@@ -135,7 +135,7 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     assert data["schema"] == "mhaexport.bench/1" and list(data)[0] == "schema"
     assert data["runtimes"][0]["name"] == "eager" and "floor_ms" in data
     assert data["bandwidth"]["probe"] == "gemv" and data["bandwidth"]["threads"] == 1
-    assert data["versions"]["mhaexport"] and data["environment"]["threads"] == 1  # mhaexport.env's records
+    assert data["versions"]["mhaexport"] and data["environment"]["threads"] == 1  # mhaexport.core.env's records
     assert "plot" not in data["environment"]  # the markdown's plot line stays in the markdown
     back = load_bench(tmp_path)  # read back into the same types, written back key for key
     assert back.to_dict() == data and back.config == result.config and back.long_run().at == result.long_run().at

@@ -16,7 +16,7 @@ from mhaexport.cli import main
 from planted import attention_graph
 from planted.edit import rehashed_copy
 from mhaexport.diagnose.attention_steps import STEPS
-from mhaexport.graph import name_scopes
+from mhaexport.core.graph import name_scopes
 from mhaexport.diagnose.bisect import _module_paths, bisect, bisect_onnx
 
 
@@ -107,7 +107,7 @@ def test_cli_verify_bisect(tiny_export, tmp_path):
 
 
 def test_model_without_scopes_is_refused(tiny_export, tiny):
-    from mhaexport.errors import MhaExportError
+    from mhaexport.core.errors import MhaExportError
 
     proto = onnx.load(str(tiny_export / "model.onnx"))
     for node in proto.graph.node:
@@ -121,7 +121,7 @@ def test_values_exposed_are_what_ort_computes(tiny_export, tiny):
     import onnxruntime as ort
     import torch
 
-    from mhaexport import iospec
+    from mhaexport.core import iospec
     from mhaexport.models.inputs import make_inputs
 
     report = bisect(tiny_export, tiny, batch=1, seq=3, past=2, seed=5, opt_level="disable")

@@ -44,7 +44,7 @@ def fused_biased(tiny, tiny_export):
     import copy
 
     from mhaexport.exporter.lowering import lower_attention
-    from mhaexport.graph import name_scopes
+    from mhaexport.core.graph import name_scopes
     from mhaexport.models.loading import LoadedModel
     from mhaexport.diagnose.bisect import _module_paths
 

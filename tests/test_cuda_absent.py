@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from mhaexport import devices as env
+from mhaexport.core import devices as env
 from mhaexport.runtime import session
 
 

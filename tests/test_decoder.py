@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from mhaexport.errors import ConfigError, ModelLoadError
+from mhaexport.core.errors import ConfigError, ModelLoadError
 from mhaexport.models.config import PRESETS, DecoderConfig, load_config
 from mhaexport.models.decoder import DecoderLM
 from mhaexport.models.inputs import make_inputs

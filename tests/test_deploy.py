@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mhaexport.runtime as rt
-from mhaexport.errors import RuntimeInputError
+from mhaexport.core.errors import RuntimeInputError
 from mhaexport.runtime import GenerationConfig, Generator
 from mhaexport.runtime.model import _Pieces
 from mhaexport.runtime.tokenizer import byte_level

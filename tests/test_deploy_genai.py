@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import mhaexport
 import mhaexport.runtime as rt
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, RuntimeInputError, RuntimeOptionError
+from mhaexport.core.errors import ArtifactError, RuntimeInputError, RuntimeOptionError
 from mhaexport.runtime import GenerationConfig
 from mhaexport.runtime.engine import open_generator
 from planted.edit import edited_genai_config
@@ -127,7 +127,7 @@ def test_what_only_our_loop_takes_picks_it_or_is_refused(tiny_export, monkeypatc
 
 
 def test_a_file_onnxruntime_genai_cannot_load(tiny_export, monkeypatch):
-    from mhaexport.errors import RuntimeFailure
+    from mhaexport.core.errors import RuntimeFailure
     from mhaexport.runtime import genai as genai_mod
 
     def broken(*a, **k):

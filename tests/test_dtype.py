@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.exporter.lowering import op_counts
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.models.attention import build_causal_mask

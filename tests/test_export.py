@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from mhaexport import iospec
-from mhaexport.errors import ArtifactError, ExportError
+from mhaexport.core import iospec
+from mhaexport.core.errors import ArtifactError, ExportError
 from mhaexport.artifact import ExportFolder, sha256_file
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.exporter.torchscript import export_torchscript

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from mhaexport.artifact import TWO_GB, ExportFolder, sha256_file
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ConfigError
+from mhaexport.core.errors import ArtifactError, ConfigError
 from mhaexport.exporter.onnx import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV, ONNX_FILE,
                                      external_data_threshold)
 from mhaexport.runtime import GenerationConfig, Generator

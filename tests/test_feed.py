@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import ArtifactEntry, ExportFolder
 from mhaexport.artifact.details import AdoptedLayout, CacheLayout, OnnxDetails
 from mhaexport.runtime import session

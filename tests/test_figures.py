@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 from mhaexport.verify.figures import (RECORDS, Figures, GenerationFigures, KvFigures, OutputStats, PaddingFigures,
                                       ParityFigures, QualityFigures, Scores, figures_of)
 from mhaexport.verify.render import cell

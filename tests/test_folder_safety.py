@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mhaexport.artifact import ExportFolder, read_json
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 
 # Republish the folder's onnx artifact with new bytes (a model.onnx whose tail byte differs, a new genai_config and a
 # file the artifact did not have), through stage_artifact/publish. KILL_AT=N SIGKILLs the writer at its N-th rename

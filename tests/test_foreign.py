@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 from hf_models import export_plain
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 from mhaexport.exporter.adopt import adopt_onnx, default_folder
 from mhaexport.exporter.onnx import dynamic_shapes
 from mhaexport.models.loading import load_model
@@ -310,7 +310,7 @@ def test_a_file_with_the_contracts_names_is_optimums_unless_an_mhaexport_manifes
 def _write_manifest(folder: Path, details) -> None:
     """A manifest.json listing folder/model.onnx as its ONNX artifact with ``details``."""
     from mhaexport.artifact import ArtifactEntry, Manifest, ModelRecord, atomic_write_json
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
 
     from mhaexport.artifact.files import file_entries
 
@@ -337,7 +337,7 @@ class _WrongWherePadded(Runner):
 
 
 def test_dynamic_shapes_blames_the_padding_not_a_baked_size_when_only_padded_shapes_fail():
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.verify.checks import check_dynamic_shapes
     from mhaexport.verify.compare import Tolerance
     from mhaexport.verify.results import Context

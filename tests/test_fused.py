@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.exporter.lowering import lower_attention, op_counts
 from mhaexport.exporter.lowering.fused import canonical_last_axis
 from mhaexport.models.inputs import make_inputs

@@ -28,7 +28,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mhaexport.errors import MhaExportError  # noqa: E402
+from mhaexport.core.errors import MhaExportError  # noqa: E402
 
 FAST, SLOW = 8, 300  # cases per reader: the default run, and -m slow
 PER_CASE_S = 20  # a case still running after this is a hang
@@ -214,7 +214,7 @@ def _tokenizer_json() -> str:
 
 def _report_reader(folder: Path):
     from mhaexport.diagnose.bisect import case_of_report
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.verify.junit import to_junit_xml
     from mhaexport.verify.render import markdown
     from mhaexport.verify.report import load_report, merge_reports

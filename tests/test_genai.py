@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.exporter.genai import genai_config
 from mhaexport.runtime.decode import pad_prompts
@@ -49,7 +49,7 @@ def test_genai_config_matches_contract_and_iospec(tiny_export, tiny):
 
 
 def test_genai_config_rejects_special_id_outside_vocab(tiny):
-    from mhaexport.errors import MhaExportError
+    from mhaexport.core.errors import MhaExportError
 
     with pytest.raises(MhaExportError, match=r"eos_token_id=999 is outside the vocabulary \[0, 256\)"):
         genai_config(tiny.contract, ids={"bos_token_id": 0, "eos_token_id": 999, "pad_token_id": 0})

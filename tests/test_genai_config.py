@@ -94,7 +94,7 @@ def test_each_edited_field_is_named(tiny, tiny_export, tmp_path, path, value, fi
 def test_a_filename_outside_the_hashed_files_refuses_the_folder(tiny, tiny_export, tmp_path, filename):
     """onnxruntime-genai would load a file verify never hashed: the folder is refused when it is opened (issue 25),
     naming the field, before any check runs."""
-    from mhaexport.errors import UnsafeFolder
+    from mhaexport.core.errors import UnsafeFolder
 
     folder = edited(tiny_export, tmp_path / "f", _set("model.decoder.filename", filename))
     with pytest.raises(UnsafeFolder, match=r"model\.decoder\.filename.*refused"):
@@ -182,7 +182,7 @@ def test_an_edited_builder_config_is_named(builder_fp32, tmp_path, path, value, 
 
 def _graph_of(contract, shared: bool):
     """The I/O an export of ``contract`` has (iospec's names, the contract's sizes): what the check reads."""
-    from mhaexport import iospec
+    from mhaexport.core import iospec
     from mhaexport.runtime.genai_config import GraphIO
 
     cache = ["batch_size", contract.n_kv_heads, "max_cache" if shared else "past_sequence_length", contract.head_dim]
@@ -202,7 +202,7 @@ def _families():
 
     from mhaexport.models.config import PRESETS
     from mhaexport.models.hf import _contract_config
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
 
     out = []
     for name, cfg in PRESETS.items():

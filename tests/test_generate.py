@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mhaexport.devices import no_cuda_device
+from mhaexport.core.devices import no_cuda_device
 from mhaexport.cli import main
 from mhaexport.runtime import GenerationConfig, Generator, SamplingConfig
 

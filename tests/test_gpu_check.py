@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mhaexport.devices import no_cuda_device
+from mhaexport.core.devices import no_cuda_device
 from mhaexport.runtime.session import provider_unavailable
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"

@@ -1,4 +1,4 @@
-"""mhaexport/graph.py: the one reader of name scopes, the one graph index, the one mask-fill threshold."""
+"""core/graph.py: the one reader of name scopes, the one graph index, the one mask-fill threshold."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 
-from mhaexport.graph import MASK_FILL_AT_MOST, SCOPES_KEY, GraphIndex, name_scopes
+from mhaexport.core.graph import MASK_FILL_AT_MOST, SCOPES_KEY, GraphIndex, name_scopes
 from mhaexport.models.attention import masked_fill_value
 
 
@@ -55,7 +55,7 @@ def test_the_built_in_mask_fill_counts_as_a_mask_fill(dtype):
 
 
 def test_the_element_bit_table_matches_onnx():
-    from mhaexport.graph import _BITS_OF
+    from mhaexport.core.graph import _BITS_OF
 
     T = onnx.TensorProto
     assert _BITS_OF == {T.FLOAT: 32, T.FLOAT16: 16, T.BFLOAT16: 16, T.DOUBLE: 64, T.INT64: 64, T.INT32: 32,

@@ -26,7 +26,7 @@ from hf_models import IDS, PROVED  # noqa: E402
 
 from mhaexport.artifact.source import HfSource, PresetSource  # noqa: E402
 from mhaexport.cli import main  # noqa: E402
-from mhaexport.errors import ExportError, ModelLoadError  # noqa: E402
+from mhaexport.core.errors import ExportError, ModelLoadError  # noqa: E402
 from mhaexport.models.loading import load_model  # noqa: E402
 from mhaexport.verify.render import markdown
 from eager import eager_greedy  # noqa: E402

@@ -24,7 +24,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from hf_models import WINDOW, WINDOWED, beyond_window, configs  # noqa: E402
 
-from mhaexport.errors import ModelLoadError  # noqa: E402
+from mhaexport.core.errors import ModelLoadError  # noqa: E402
 from mhaexport.models.hf import _contract_config, _windows  # noqa: E402
 from mhaexport.models.loading import load_model  # noqa: E402
 

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 from mhaexport.runtime import Generator
 
 

@@ -270,7 +270,7 @@ def test_a_fifo_the_user_names_is_refused_not_opened(export_copy, cwd, args):
 
 def test_read_text_refuses_a_fifo_without_blocking(cwd):
     from mhaexport.api import read_text
-    from mhaexport.errors import ConfigError
+    from mhaexport.core.errors import ConfigError
 
     os.mkfifo(cwd / "fifo")
     with pytest.raises(ConfigError, match="is not a regular file") as e:
@@ -329,7 +329,7 @@ def test_a_size_no_machine_holds_is_bad_input(export_copy, cwd, monkeypatch):
 
 def test_the_api_writes_a_refused_folders_report_where_asked(altered_export, tmp_path):
     import mhaexport
-    from mhaexport.errors import ArtifactError
+    from mhaexport.core.errors import ArtifactError
 
     with pytest.raises(ArtifactError, match="does not match the manifest"):
         mhaexport.verify(altered_export, runtimes=["ort-cpu"], output=tmp_path / "r", junit=tmp_path / "j.xml")

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.files import sha256_file
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ModelLoadError, UnsafeFolder, UntrustedCode
+from mhaexport.core.errors import ArtifactError, ModelLoadError, UnsafeFolder, UntrustedCode
 
 
 def _cli(*args: str):

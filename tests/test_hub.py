@@ -22,7 +22,7 @@ pytest.importorskip("huggingface_hub")
 from click.testing import CliRunner  # noqa: E402
 
 from mhaexport.cli import main  # noqa: E402
-from mhaexport.errors import ModelLoadError  # noqa: E402
+from mhaexport.core.errors import ModelLoadError  # noqa: E402
 
 REPO = "tiny-org/tiny-llama"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

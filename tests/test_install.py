@@ -54,7 +54,7 @@ def test_without_onnx_runtime_the_cli_says_how_to_install_it(monkeypatch, tmp_pa
 def test_both_onnx_runtimes_installed_is_warned_about(monkeypatch, tmp_path):
     import importlib.metadata
 
-    from mhaexport import env
+    from mhaexport.core import env
 
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhaexport.errors import ArtifactError, ModelLoadError
+from mhaexport.core.errors import ArtifactError, ModelLoadError
 from mhaexport.artifact import ExportFolder, atomic_write_json, read_json
 
 EXPORT_SCRIPT = """

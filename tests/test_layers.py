@@ -16,13 +16,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # source folder -> layer name (the top-level folders pyproject.toml maps into mhaexport.*)
-FOLDERS = {"artifact": "artifact", "models": "models", "exporter": "exporter", "runtime": "runtime",
+FOLDERS = {"core": "core", "artifact": "artifact", "models": "models", "exporter": "exporter", "runtime": "runtime",
            "runners": "runners", "verify": "verify", "bench": "bench", "diagnose": "diagnose", "evaluate": "evaluate"}
 # modules that stand in another layer than their folder's: evaluate's scoring (perplexity, KL, logit error, top-1 and
 # greedy agreement) stands below verification, whose quality check uses it; the rest of evaluate stands on verify
 MODULES = {"evaluate/scoring.py": "scoring"}
-# the torch-free core modules inside mhaexport/ and what they are
-CORE = {"errors", "iospec", "dtypes", "env", "graph", "devices", "version"}
+# the ground floor (core/, mhaexport.core) and the names mhaexport/ keeps for it (aliases of the same modules)
+CORE = {"core", "errors", "iospec", "dtypes", "env", "graph", "devices", "version", "progress", "untrusted"}
 # the top layer inside mhaexport/: the command line, the Python API beside it and the pytest plugin on the API
 TOP = {"cli", "__main__", "api", "pytest_plugin", "outputs"}
 # the one downward edge allowed by name: the package's __init__ re-exports the Python API lazily (mhaexport.verify(...)
@@ -50,8 +50,8 @@ ALLOWED = {
 
 
 def _layer_of_module(name: str) -> str | None:
-    """'mhaexport.verify.checks' -> 'verify'; 'mhaexport.iospec' -> 'core'; 'mhaexport' itself -> 'cli' (its
-    __init__ is the public API's facade, above every layer: ``__version__`` is core's ``mhaexport.version``)."""
+    """'mhaexport.verify.checks' -> 'verify'; 'mhaexport.core.iospec' -> 'core'; 'mhaexport' itself -> 'cli' (its
+    __init__ is the public API's facade, above every layer: ``__version__`` is core's ``mhaexport.core.version``)."""
     parts = name.split(".")
     if parts[0] != "mhaexport":
         return None
@@ -259,7 +259,7 @@ def test_the_file_graph_sees_the_project_imports():
     graph = file_graph(_project_files())
     assert "mhaexport.runtime.session" in graph["mhaexport.runners.names"]  # a top-level import
     assert "mhaexport.models.hf" in graph["mhaexport.models.loading"]  # a lazy one (inside load_hf)
-    assert "mhaexport.iospec" in graph["mhaexport.diagnose.bisect"]  # `from mhaexport import iospec`: the module
+    assert "mhaexport.core.iospec" in graph["mhaexport.diagnose.bisect"]  # `from mhaexport import iospec`: the module
 
 
 def test_an_injected_edge_back_down_the_layers_is_a_cycle():

@@ -13,8 +13,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from mhaexport import iospec
-from mhaexport.errors import ExportError
+from mhaexport.core import iospec
+from mhaexport.core.errors import ExportError
 from mhaexport.exporter.common import EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.exporter.lowering import lower_attention, op_counts, self_check
 from mhaexport.exporter.lowering import rules as lowering_rules

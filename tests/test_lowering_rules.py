@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mhaexport.errors import ExportError
+from mhaexport.core.errors import ExportError
 from mhaexport.exporter.lowering import lower_attention, op_counts
 
 B, H, T, P, D = 2, 2, 3, 2, 4  # batch, heads, new tokens, past tokens, head size

@@ -15,7 +15,7 @@ from mhaexport.artifact import ExportFolder, lowering_of, read_json, read_manife
 from mhaexport.artifact.details import (AdoptedLayout, CacheLayout, OnnxDetails, Quantization, QuantSource,
                                         TorchScriptDetails, WeightsRead)
 from mhaexport.artifact.files import atomic_write_json
-from mhaexport.errors import ArtifactError
+from mhaexport.core.errors import ArtifactError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("artifact", "bench", "diagnose", "evaluate", "exporter", "models", "runners", "runtime", "verify",
+FOLDERS = ("core", "artifact", "bench", "diagnose", "evaluate", "exporter", "models", "runners", "runtime", "verify",
            "mhaexport")
 ROW = re.compile(r"^\| (?P<concept>[^|]+) \| `(?P<file>[\w/]+\.py)` \| `(?P<symbol>\w+)` \|$")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 from mhaexport.verify import memory
 from mhaexport.verify.memory import (BASELINE_BYTES, MAPPED, WHOLE, Weights, activation_bytes, parse_size,
                                      plan_memory)
@@ -89,7 +89,7 @@ def test_a_runtime_that_loads_whole_is_skipped_with_its_reason_when_it_does_not_
 
 
 def test_the_largest_activations_are_the_longest_case():
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.verify.sweep import build_sweep
 
     c = ModelContract(n_layers=2, n_heads=4, head_dim=16, vocab_size=32000, max_positions=512)

@@ -72,7 +72,7 @@ def test_cases_that_fail_to_run_do_not_hide_the_errors_of_those_that_ran():
 
 def test_a_long_message_is_cut_at_a_word_and_says_so():
     """ONNX Runtime's messages in one-line findings were cut mid-word at 300 characters; now at a word, with "…"."""
-    from mhaexport.errors import RuntimeFailure, clip, first_line
+    from mhaexport.core.errors import RuntimeFailure, clip, first_line
 
     ort = ("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Add node. Name:'node_add_3' "
            "Status Message: ") + "broadcasting dimensions of the past key and the new key do not match " * 6

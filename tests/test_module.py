@@ -17,9 +17,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ExportError, RuntimeInputError
+from mhaexport.core.errors import ArtifactError, ExportError, RuntimeInputError
 from mhaexport.exporter.block import export_module_onnx, export_module_torchscript
 from mhaexport.models.block import AttentionBlock, load_block
 from mhaexport.verify import verify_folder

@@ -1,4 +1,4 @@
-"""Progress on long work: library code reports counted steps (mhaexport.progress.Step); the CLI shows where the
+"""Progress on long work: library code reports counted steps (mhaexport.core.progress.Step); the CLI shows where the
 work is and an estimate of what is left, plain lines off a terminal, one rewritten line on one; --quiet silences
 it."""
 
@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import Reporter, main
-from mhaexport.progress import Estimate, Step, counted
+from mhaexport.core.progress import Estimate, Step, counted
 
 
 class Clock:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from mhaexport.artifact import ExportFolder, sha256_file, trust
 from mhaexport.artifact.details import AotiDetails, Pt2Details
 from mhaexport.cli import main
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 from mhaexport.exporter.pt2 import AOTI_FILE, PT2_FILE, export_pt2
 from mhaexport.models.inputs import make_inputs
 from mhaexport.verify import verify_folder
@@ -148,7 +148,7 @@ def test_the_code_runner_feeds_contiguous_tensors(tiny):
 
 def test_details_are_typed_records():
     from mhaexport.artifact.manifest import ArtifactEntry
-    from mhaexport.errors import ArtifactError
+    from mhaexport.core.errors import ArtifactError
 
     files = {AOTI_FILE: {"sha256": "0" * 64, "bytes": 1}}
     entry = {"format": "aoti", "file": AOTI_FILE, "files": files, "device": "cpu", "compile_seconds": 42.9,
@@ -328,7 +328,7 @@ def test_a_program_that_cannot_serve_the_contract_is_refused_in_one_line(hf_dir,
     input_ids width (a non-empty cache): the exporter's run at unseen shapes refuses it in one line, nothing
     written."""
     pytest.importorskip("transformers")
-    from mhaexport.errors import ExportError
+    from mhaexport.core.errors import ExportError
     from mhaexport.models import hf
     from mhaexport.models.loading import load_model
 

@@ -152,8 +152,8 @@ def test_eval_reports_perplexity_and_bits_per_byte(tiny_int4, tmp_path):
 
 
 def test_eval_refuses_a_model_that_does_not_read_bytes(tmp_path):
-    from mhaexport.errors import RuntimeInputError
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.errors import RuntimeInputError
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.models.text import text_ids
 
     with pytest.raises(RuntimeInputError, match="only byte-level models"):

@@ -18,7 +18,7 @@ import pytest
 
 from mhaexport import api
 from mhaexport.artifact.files import sha256_file
-from mhaexport.errors import ArtifactError, ConfigError, ReferenceMismatch
+from mhaexport.core.errors import ArtifactError, ConfigError, ReferenceMismatch
 from mhaexport.verify import reference as rec
 from mhaexport.verify.compare import Tolerance
 

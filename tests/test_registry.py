@@ -143,7 +143,7 @@ def test_one_table_says_which_runtimes_each_verb_takes_and_one_function_refuses_
     import re
 
     import mhaexport.bench as bench
-    from mhaexport.errors import ConfigError, RuntimeOptionError
+    from mhaexport.core.errors import ConfigError, RuntimeOptionError
     from mhaexport.runners.names import BENCH, DEFAULT_RUNTIMES, EVAL, RUNTIMES, VERIFY, refuse_unknown
 
     for verb, table in RUNTIMES.items():

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from mhaexport.devices import no_cuda_device
-from mhaexport.errors import ArtifactError, ConfigError, ProviderUnavailable, RuntimeInputError
+from mhaexport.core.devices import no_cuda_device
+from mhaexport.core.errors import ArtifactError, ConfigError, ProviderUnavailable, RuntimeInputError
 from mhaexport.runtime import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, Generator, SamplingConfig,
                                filtered_probs, next_tokens)
 
@@ -139,7 +139,7 @@ def test_top_k_keeps_exactly_k_when_tied():
 
 
 def test_kv_dtype_mapping_and_bfloat16_refused(tiny_export):
-    from mhaexport import dtypes
+    from mhaexport.core import dtypes
 
     assert dtypes.numpy_dtype("float32") == np.float32 and dtypes.numpy_dtype("float16") == np.float16
     with pytest.raises(ArtifactError, match="a bfloat16 KV cache cannot be held in numpy"):

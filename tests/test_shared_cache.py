@@ -11,7 +11,7 @@ import onnx
 import pytest
 import torch
 
-from mhaexport.errors import RuntimeInputError
+from mhaexport.core.errors import RuntimeInputError
 from mhaexport.exporter.onnx import export_onnx
 from mhaexport.runtime import GenerationConfig, Generator
 from mhaexport.verify import verify_folder
@@ -377,7 +377,7 @@ def test_grouped_heads_and_float16_on_a_shared_cache(tmp_path, preset, dtype):
 
 
 def test_bad_shared_cache_options(tiny, tmp_path):
-    from mhaexport.errors import ExportError
+    from mhaexport.core.errors import ExportError
 
     with pytest.raises(ExportError, match="the ONNX Attention op has no in-place cache"):
         export_onnx(tiny, tmp_path, kv_cache="shared", attention="onnx")

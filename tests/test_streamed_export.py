@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mhaexport
-from mhaexport.errors import ModelLoadError
+from mhaexport.core.errors import ModelLoadError
 from mhaexport.exporter import onnx as onnx_exporter
 from mhaexport.exporter import streamed
 from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
@@ -121,7 +121,7 @@ def test_split_refuses_fields_out_of_order():
 def test_no_room_to_stage_the_weights_is_one_line(monkeypatch):
     import errno
 
-    from mhaexport.errors import ArtifactError
+    from mhaexport.core.errors import ArtifactError
     from mhaexport.models import loading
 
     def full(*_a, **_k):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mhaexport.artifact.details import Quantization
-from mhaexport.iospec import ModelContract
+from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance, near_tie
 from mhaexport.runners.genai import GenAIRunner

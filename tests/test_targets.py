@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from mhaexport.cli import main
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 from mhaexport.exporter.targets import TARGETS, conflicts, deploy_target
 
 

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from mhaexport.artifact.record import Environment
 from mhaexport.cli import main
-from mhaexport.errors import ArtifactError, ConfigError, UntrustedInput
+from mhaexport.core.errors import ArtifactError, ConfigError, UntrustedInput
 from mhaexport.terminal import to_terminal
-from mhaexport.untrusted import MAX_JSON_DEPTH, check_dims, json_depth, load_json, shown
+from mhaexport.core.untrusted import MAX_JSON_DEPTH, check_dims, json_depth, load_json, shown
 from mhaexport.verify import CHECKS
 from mhaexport.verify.junit import to_junit_xml
 from mhaexport.verify.render import markdown, write_report
@@ -189,7 +189,7 @@ def test_model_dimensions_from_a_folder_are_bounded():
 def test_a_tensor_whose_dims_disagree_with_its_data_is_named():
     from onnx import TensorProto, helper
 
-    from mhaexport.graph import tensor_size_error
+    from mhaexport.core.graph import tensor_size_error
 
     ok = helper.make_tensor("w", TensorProto.FLOAT, [2, 3], [0.0] * 6)
     raw = helper.make_tensor("r", TensorProto.FLOAT16, [4], b"\0" * 8, raw=True)
@@ -229,7 +229,7 @@ def test_bisect_reads_only_a_case_name_from_a_report_nobody_hashed(tmp_path):
     """A report.json in the folder names the worst case; its shapes are verify's own sweep's, so a crafted report
     cannot make bisect allocate a batch of a million rows."""
     from mhaexport.diagnose.bisect import case_of_report
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
 
     contract = ModelContract(n_layers=2, n_heads=4, head_dim=16, vocab_size=256, max_positions=128)
     for worst, expected in (("b=1000000 seq=4 past=0", None), ("b=3 seq=11 past=6 pad=[0, 2, 9]", (3, 11, 6))):

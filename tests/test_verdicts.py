@@ -79,7 +79,7 @@ def test_an_export_output_probe_leaves_nothing_behind(tmp_path):
 
 
 def test_a_runtime_failing_inside_a_check_is_a_failed_check_but_a_bug_exits_3(tiny, tiny_export, monkeypatch):
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.runtime.runner import Runner
     from mhaexport.verify import suite
     from mhaexport.verify.compare import Tolerance

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mhaexport.devices import no_cuda_device
+from mhaexport.core.devices import no_cuda_device
 from mhaexport.cli import main
-from mhaexport.errors import RuntimeInputError
+from mhaexport.core.errors import RuntimeInputError
 from mhaexport.artifact import ExportFolder
 from mhaexport.models.loading import load_recorded
 from mhaexport.verify import CHECKS, build_sweep, load_report, merge_reports
@@ -239,7 +239,7 @@ class _FixedLogits(Runner):
 
 @pytest.mark.parametrize("flip, want", [(2e-6, True), (0.5, False)])
 def test_generation_reports_a_near_tie_as_a_tie(flip, want):
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.verify.checks import check_generation
     from mhaexport.verify.results import Context
 
@@ -269,7 +269,7 @@ class _StepLogits(_FixedLogits):
 
 
 def test_a_tie_after_earlier_logit_mismatches_is_a_failure():
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.verify.checks import check_generation
     from mhaexport.verify.results import Context
 
@@ -404,7 +404,7 @@ class _Offset(Runner):
 @pytest.mark.parametrize("offset,agree", [(4e-5, True), (8e-5, False)])
 def test_ort_cuda_and_ort_cpu_are_compared_with_each_other(offset, agree):
     """Each provider within tolerance of eager (|±offset| < 1e-4) can still disagree with the other by 2 x offset."""
-    from mhaexport.iospec import ModelContract
+    from mhaexport.core.iospec import ModelContract
     from mhaexport.verify.checks import check_parity, cross_provider
     from mhaexport.verify.report import RuntimeInfo
     from mhaexport.verify.results import Context

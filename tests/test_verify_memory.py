@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 import pytest
 
-from mhaexport.iospec import ModelContract
+from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify import compare as cmp
 from mhaexport.verify.checks import check_dynamic_shapes, check_finite, check_parity, cross_provider

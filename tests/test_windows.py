@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mhaexport.errors import ConfigError
-from mhaexport.iospec import ModelContract, ModuleContract
+from mhaexport.core.errors import ConfigError
+from mhaexport.core.iospec import ModelContract, ModuleContract
 
 
 def test_contract_records_score_features_only_when_set():
@@ -267,7 +267,7 @@ def test_a_window_cache_an_older_onnxruntime_cannot_load_is_refused_naming_the_o
     sliding_window_cache: the export's self-check refuses under --kv-cache window, naming what it needs."""
     import importlib
 
-    from mhaexport.errors import ExportError, RuntimeFailure
+    from mhaexport.core.errors import ExportError, RuntimeFailure
     from mhaexport.runners import registry
 
     self_check = importlib.import_module("mhaexport.exporter.lowering.self_check")  # the module, not its function

@@ -23,8 +23,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from mhaexport import iospec
-from mhaexport.iospec import ModuleContract
+from mhaexport.core import iospec
+from mhaexport.core.iospec import ModuleContract
 from mhaexport.runners.block import ModuleOutputs, ModuleRunner
 from mhaexport.verify.checks import causality_by_perturbation, parity_over_sweep
 from mhaexport.verify.compare import Diff, Tolerance, compare, rounded

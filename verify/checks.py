@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mhaexport import iospec
-from mhaexport.errors import MhaExportError, first_line
+from mhaexport.core import iospec
+from mhaexport.core.errors import MhaExportError, first_line
 from mhaexport.runners.decoder import RecomputeRunner
 from mhaexport.runners.names import EAGER
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
@@ -571,7 +571,7 @@ def _size_constant(runner: Runner, sizes: dict[str, int]) -> str | None:
     import onnx
     from onnx import numpy_helper
 
-    from mhaexport.graph import GraphIndex
+    from mhaexport.core.graph import GraphIndex
 
     try:
         model = onnx.load(str(path), load_external_data=False)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mhaexport import dtypes
+from mhaexport.core import dtypes
 from mhaexport.runtime.runner import Outputs
 
 OUTPUT_KINDS = ("logits", "present")  # what per-output tolerances and statistics are keyed by
@@ -18,7 +18,7 @@ OUTPUT_KINDS = ("logits", "present")  # what per-output tolerances and statistic
 
 @dataclass(frozen=True)
 class Tolerance:
-    """An element mismatches when |a - e| > atol + rtol * |e|. Defaults per artifact dtype (mhaexport.dtypes);
+    """An element mismatches when |a - e| > atol + rtol * |e|. Defaults per artifact dtype (mhaexport.core.dtypes);
     ``per_output``: overrides for ``logits`` or ``present`` (every present.* output), as (kind, atol, rtol)."""
 
     atol: float

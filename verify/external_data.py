@@ -13,9 +13,9 @@ from onnx.external_data_helper import _get_all_tensors
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.confine import check_name
 from mhaexport.artifact.manifest import FILENAME
-from mhaexport.errors import UnsafeFolder, UntrustedInput
-from mhaexport.graph import tensor_size_error
-from mhaexport.untrusted import shown
+from mhaexport.core.errors import UnsafeFolder, UntrustedInput
+from mhaexport.core.graph import tensor_size_error
+from mhaexport.core.untrusted import shown
 
 
 def external_data_names(onnx_path: str | Path, tensors: list | None = None) -> list[str]:

@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mhaexport.errors import ArtifactError, UntrustedInput
-from mhaexport.untrusted import load_json
+from mhaexport.core.errors import ArtifactError, UntrustedInput
+from mhaexport.core.untrusted import load_json
 # the findings themselves are the deploy runtime's too (torch- and onnx-free): imported from there, names kept here
 from mhaexport.runtime.genai_config import (CACHE_OPS_IN_PLACE, DEFAULT_NAMES, GENAI_CHECK, GENAI_CONFIG,  # noqa: F401
                                             OTHER_FED, AttentionAttrs, ConfigFinding, Expected, GqaWindow,

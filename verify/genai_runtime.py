@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.errors import MhaExportError, RuntimeFailure, first_line
+from mhaexport.core.errors import MhaExportError, RuntimeFailure, first_line
 from mhaexport.runners.genai import GenAIRunner
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Diff, compare, near_tie

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport.artifact import atomic_write_bytes
-from mhaexport.untrusted import shown
+from mhaexport.core.untrusted import shown
 from mhaexport.verify.figures import Limits, Scores
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.results import QUALITY, CheckResult
@@ -27,7 +27,7 @@ border-radius:4px}figure{margin:.5em 0 1.2em}figcaption{font-size:12px;color:#55
 code{background:#f3f3f3;padding:0 3px}.note{color:#555;font-size:13px}"""
 def e(text: object) -> str:
     """Text from a report (a folder's names, a message) as HTML: each line through the one escaping function for
-    shown text (:func:`mhaexport.untrusted.shown`), then markup escaped."""
+    shown text (:func:`mhaexport.core.untrusted.shown`), then markup escaped."""
     return escape("\n".join(shown(line) for line in str(text).split("\n")), quote=True)
 
 

@@ -32,7 +32,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mhaexport.verify.results import CheckResult
-from mhaexport.untrusted import shown
+from mhaexport.core.untrusted import shown
 from mhaexport.verify.report import EXIT_NOT_VERIFIED, VerifyReport
 
 

@@ -31,12 +31,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import ExportFolder, shown_path
-from mhaexport.untrusted import shown
+from mhaexport.core.untrusted import shown
 from mhaexport.artifact.record import Record
-from mhaexport.errors import ArtifactError
-from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
+from mhaexport.core.errors import ArtifactError
+from mhaexport.core.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
 
 SEVERITIES = ("error", "warning", "info")
 ICON = {"error": "❌", "warning": "⚠️", "info": "ℹ️"}

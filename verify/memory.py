@@ -11,7 +11,7 @@ from the sweep's cases). Three outcomes (:func:`plan_memory`):
   torch, :func:`mhaexport.models.loading.load_recorded` ``mapped=True``; ONNX Runtime's external data mapped,
   ``SessionConfig.mmap_weights``): file-backed pages the kernel reads per block and may drop again under the cap,
   so only the anonymous part (baseline, activations, weights that cannot be mapped) must fit;
-- refused: the anonymous part alone exceeds the cap — :class:`~mhaexport.errors.ConfigError` (exit 2) before any
+- refused: the anonymous part alone exceeds the cap — :class:`~mhaexport.core.errors.ConfigError` (exit 2) before any
   work, one line saying what it needs and what to try.
 
 The run's measured peak (``resource.getrusage`` ``ru_maxrss``) goes into the report with the plan
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Iterable
 
 from mhaexport.artifact.record import Record
-from mhaexport.errors import ConfigError
-from mhaexport.iospec import ModelContract
+from mhaexport.core.errors import ConfigError
+from mhaexport.core.iospec import ModelContract
 
 WHOLE, MAPPED = "whole", "mapped"
 # Python + torch + onnxruntime + mhaexport's verify imported and running a tiny model: RSS 0.26 GB after the imports

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mhaexport.errors import ConfigError
+from mhaexport.core.errors import ConfigError
 from mhaexport.evaluate.scoring import (Agreement, agreement_length, greedy_tokens, rounded4, score_text, text_prompts,
                                         text_tokens)
 from mhaexport.runtime.runner import Runner

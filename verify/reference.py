@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from mhaexport.artifact import schema
-from mhaexport.errors import ArtifactError, MhaExportError
-from mhaexport.untrusted import load_json, shown
+from mhaexport.core.errors import ArtifactError, MhaExportError
+from mhaexport.core.untrusted import load_json, shown
 from mhaexport.verify.compare import Diff, Tolerance, compare
 from mhaexport.verify.results import CaseRun, Context, non_finite
 from mhaexport.verify.sweep import Case
@@ -121,7 +121,7 @@ def recording(ef, ctx: Context, cases: list[Case], greedies: list[tuple[str, np.
               seed: int) -> Recording:
     """The record of eager's references in ``ctx`` (an eager verify's context, its references memoized or computed
     now) for ``cases`` and the generation check's ``greedies`` ((key, prompt, n))."""
-    from mhaexport.env import tool_versions
+    from mhaexport.core.env import tool_versions
     from mhaexport.verify.checks import reference_greedy
 
     c = ctx.contract
@@ -278,7 +278,7 @@ def load(ef, contract, *, sweep: str, seed: int, tokens: int, cases: list[Case],
     """The folder's record, checked against what this verify will ask of it: the model (fingerprint), the ONNX
     artifact's files (sha256), the sweep (kind, seed, tokens, its cases) — a ReferenceMismatch (exit 2, one line)
     otherwise; a malformed record is an ArtifactError naming the field."""
-    from mhaexport.errors import ReferenceMismatch
+    from mhaexport.core.errors import ReferenceMismatch
 
     where = _where(ef, INDEX)
     index = load_json(ef.file("onnx", INDEX).read_bytes(), where)

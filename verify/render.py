@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from mhaexport.artifact.source import HfSource
-from mhaexport.untrusted import shown
+from mhaexport.core.untrusted import shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.figures import Limits, Scores

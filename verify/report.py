@@ -18,8 +18,8 @@ from mhaexport.artifact import read_json, schema
 from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
 from mhaexport.artifact.record import Environment, Record
 from mhaexport.artifact.source import Source
-from mhaexport.env import environment, tool_versions
-from mhaexport.errors import ArtifactError
+from mhaexport.core.env import environment, tool_versions
+from mhaexport.core.errors import ArtifactError
 from mhaexport.runtime.feed import Feed
 from mhaexport.verify.lint import LintReport
 from mhaexport.verify.memory import MemoryInfo
@@ -205,7 +205,7 @@ def _name_results(results: dict[str, dict[str, CheckResult]], where: str = "resu
 
 
 def here(**more: Any) -> Environment:
-    """This machine, now (:func:`mhaexport.env.environment`), with a verb's own keys (``more``)."""
+    """This machine, now (:func:`mhaexport.core.env.environment`), with a verb's own keys (``more``)."""
     return Environment.from_dict({**environment(), **more}, "environment")
 
 

@@ -14,9 +14,9 @@ import numpy as np
 
 from mhaexport.artifact.details import Quantization
 from mhaexport.artifact.record import Record
-from mhaexport.errors import MhaExportError
-from mhaexport import iospec
-from mhaexport.iospec import ModelContract
+from mhaexport.core.errors import MhaExportError
+from mhaexport.core import iospec
+from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.runner import Outputs, Runner
 from mhaexport.runners.names import EAGER, ORT_CPU, ORT_CUDA
 from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare, compare_by_output, merged

@@ -10,8 +10,8 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Callable
 
-from mhaexport.errors import MhaExportError, ProviderUnavailable
-from mhaexport.progress import Step
+from mhaexport.core.errors import MhaExportError, ProviderUnavailable
+from mhaexport.core.progress import Step
 from mhaexport.runners.names import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT
 from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.runtime.runner import Runner

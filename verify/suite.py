@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from mhaexport.errors import MhaExportError, first_line
+from mhaexport.core.errors import MhaExportError, first_line
 from mhaexport.runners.names import EAGER, TORCHSCRIPT
 from mhaexport.runners.subjects import CONTRACT, LOOP, MODULE
 from mhaexport.runtime.runner import Runner

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from mhaexport.errors import ConfigError
-from mhaexport.iospec import ModelContract, dummy_inputs
+from mhaexport.core.errors import ConfigError
+from mhaexport.core.iospec import ModelContract, dummy_inputs
 
 SWEEPS = ("quick", "full")
 

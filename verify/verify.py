@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mhaexport import iospec
+from mhaexport.core import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.details import OnnxDetails, Quantization
-from mhaexport.errors import ArtifactError, ConfigError
-from mhaexport.iospec import ModuleContract
+from mhaexport.core.errors import ArtifactError, ConfigError
+from mhaexport.core.iospec import ModuleContract
 from mhaexport.runners.block import ModuleRunner
 from mhaexport.runners.genai import genai_unavailable
 from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ONNX_REFERENCE,

@@ -9,7 +9,7 @@ sees p-W+1..p, so a window first drops a key at position W.
 
 from __future__ import annotations
 
-from mhaexport.iospec import ModelContract
+from mhaexport.core.iospec import ModelContract
 from mhaexport.verify.results import CheckResult
 
 BEYOND = 4  # positions past the longest window a check reaches by default (W-1, W, W+1 and past them)

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from mhaexport.errors import ExportError
+from mhaexport.core.errors import ExportError
 from mhaexport.exporter.lowering.self_check import SELF_CHECK_TOL, self_check, self_check_shared
-from mhaexport.graph import MS_DOMAIN
+from mhaexport.core.graph import MS_DOMAIN
 
 if TYPE_CHECKING:
     import onnx_ir as ir

@@ -114,7 +114,7 @@ def _packed_matmul(model: ir.Model, group: list) -> ir.Node:
     scopes the group shares (its block), so quantize's ``--int8-blocks`` and bisect still place it."""
     import onnx_ir as ir
 
-    from mhaexport.graph import SCOPES_KEY, name_scopes
+    from mhaexport.core.graph import SCOPES_KEY, name_scopes
 
     first = group[0]
     name = f"{first.name}_packed"
@@ -137,7 +137,7 @@ def pack_projections(model: ir.Model) -> int:
     Returns the groups packed."""
     import onnx_ir as ir
 
-    from mhaexport.graph import SCOPES_KEY
+    from mhaexport.core.graph import SCOPES_KEY
 
     packed = 0
     for value in list(model.graph.inputs) + [o for n in list(model.graph) for o in n.outputs]:

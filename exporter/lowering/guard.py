@@ -20,8 +20,8 @@ window, a softcap, a scale or a sink is never written. How each one travels:
 
 from __future__ import annotations
 
-from mhaexport.errors import ExportOptionError
-from mhaexport.iospec import ModelContract
+from mhaexport.core.errors import ExportOptionError
+from mhaexport.core.iospec import ModelContract
 
 # lowering ("gqa": the shared cache's) -> contract features it expresses
 EXPRESSES: dict[str, frozenset[str]] = {

@@ -34,8 +34,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from mhaexport.errors import ExportError
-from mhaexport.graph import MASK_FILL_AT_MOST, MS_DOMAIN
+from mhaexport.core.errors import ExportError
+from mhaexport.core.graph import MASK_FILL_AT_MOST, MS_DOMAIN
 
 KEY_AXES = (-1, 3)  # Softmax over the key axis of (B, H, T, S)
 SEQ_AXES = (2, -2)  # the KV cache grows along axis 2 of (B, H, S, D)

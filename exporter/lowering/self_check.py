@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from mhaexport import dtypes, iospec
-from mhaexport.errors import ExportError, MhaExportError, first_line
+from mhaexport.core import dtypes, iospec
+from mhaexport.core.errors import ExportError, MhaExportError, first_line
 
 # Largest |lowered - decomposed| on logits the self-check accepts, relative to max |logits| (plus this absolute)
 SELF_CHECK_TOL = {name: d.self_check_tol for name, d in dtypes.DTYPES.items()}

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from mhaexport.graph import name_scopes
+from mhaexport.core.graph import name_scopes
 from mhaexport.diagnose.bisect import _module_paths
 
 
