@@ -234,9 +234,9 @@ def _create_session(model: str | Path | bytes, requested: list[str], options: or
     capture = _stderr_lines() if requested != [CPU] else contextlib.nullcontext([])
     with capture as log:
         source = model if isinstance(model, bytes) else str(model)  # a file, or a serialized ModelProto
+        extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
         session = ort.InferenceSession(source, sess_options=options, providers=requested,
-                                       provider_options=[PROVIDER_OPTIONS.get(p, {}) for p in requested],
-                                       disabled_optimizers=list(disabled_optimizers) or None)
+                                       provider_options=[PROVIDER_OPTIONS.get(p, {}) for p in requested], **extra)
     used = list(session.get_providers())
     missing = [p for p in requested if p not in used]
     why = (CUDA in missing and no_cuda_device()) or _load_failure(log)
