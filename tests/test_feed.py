@@ -115,9 +115,9 @@ def built(monkeypatch):
     made: list[tuple[str, object]] = []
     real = session._create_session
 
-    def spy(model, requested, options):
+    def spy(model, requested, options, *rest):
         made.append((sys._getframe(1).f_code.co_name, model))
-        return real(model, requested, options)
+        return real(model, requested, options, *rest)
 
     monkeypatch.setattr(session, "_create_session", spy)
     return made

@@ -50,8 +50,10 @@ def test_the_streamed_tiny_export_is_the_session_fixtures_bytes(tiny, tiny_expor
 
 
 # external data for two presets (ir.save's writer), the weights inside model.onnx for the others (save_inline)
-@pytest.mark.parametrize("preset,external", [("tiny-llama", False), ("tiny-window", True), ("tiny-gemma", False),
-                                             ("tiny-sinks", True)])
+# two in the fast suite (the one-file writer, external data); the softcap and sinks presets with the slow set
+@pytest.mark.parametrize("preset,external", [("tiny-llama", False), ("tiny-window", True),
+                                             pytest.param("tiny-gemma", False, marks=pytest.mark.slow),
+                                             pytest.param("tiny-sinks", True, marks=pytest.mark.slow)])
 def test_streamed_export_writes_the_in_memory_exports_bytes(tmp_path, monkeypatch, replaced, preset, external):
     if external:
         monkeypatch.setenv(EXTERNAL_DATA_ENV, "0")
