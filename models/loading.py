@@ -104,13 +104,9 @@ class LoadedModel:
 
 def weights_sha256(module: nn.Module) -> str:
     """sha256 over the state dict in key order: each key, dtype, shape and the tensor's bytes."""
-    h = hashlib.sha256()
-    for name, t in sorted(module.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
+    from mhaexport.models.stream import streamed_sha256
+
+    return streamed_sha256(module.state_dict())
 
 
 def contract_of(module: nn.Module) -> ModelContract:
@@ -429,10 +425,6 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
         loaded = LoadedModel(module, contract_of(module), spec=spec, config=cfg, origin=origin, weights=weights,
                              notes=notes)
         mapped = mapped and not streamed and not notes  # the module is over the cache's file, memory-mapped
-        if mapped:  # the fingerprint read one tensor at a time (pages read once)
-            from mhaexport.models.stream import streamed_sha256
-
-            loaded._weights_sha256 = streamed_sha256(module.state_dict())
         if shipped is not None:
             loaded.checkpoint_sha256 = (sha256_file(shipped) if streamed or mapped
                                         else load_checkpoint(module, shipped))
@@ -461,16 +453,26 @@ def _mapped_builtin(cfg: DecoderConfig, checkpoint: str | Path | None, notes: li
     """The built-in decoder of ``cfg`` with its parameters memory-mapped: over ``checkpoint`` (torch's map of it),
     else over its seeded weights cached once (:func:`~mhaexport.models.stream.cached_seeded`). None, with the
     reason in ``notes``, when the checkpoint cannot be mapped (it is then loaded whole)."""
-    from mhaexport.models.stream import cached_seeded, mmap_checkpoint, mmap_model
+    from mhaexport.models.stream import cached_seeded, mmap_model, model_over, param_specs
 
     if checkpoint is None:
         return mmap_model(cfg, cached_seeded(cfg))
     if not Path(checkpoint).is_file():
         return None  # the whole load says so
-    module, why = mmap_checkpoint(cfg, checkpoint)
-    if module is None:
-        notes.append(f"checkpoint {Path(checkpoint).name} is loaded whole, not memory-mapped: {why}")
-    return module
+    whole = f"checkpoint {Path(checkpoint).name} is loaded whole, not memory-mapped"
+    try:
+        state = read_state(checkpoint, mmap=True)
+    except ModelLoadError as e:  # e.g. torch cannot map the legacy format: the whole load reads it, or says why
+        notes.append(f"{whole}: {e}")
+        return None
+    specs = {n: (s, d) for n, s, d in param_specs(cfg)}
+    required = set(specs) - ({"lm_head.weight"} if cfg.tie_embeddings else set())
+    if not required <= set(state) <= set(specs) or any(
+            not isinstance(state[n], torch.Tensor) or (tuple(state[n].shape), state[n].dtype) != specs[n]
+            for n in state):
+        notes.append(f"{whole}: its tensors are not the model's names, shapes and dtypes")
+        return None
+    return model_over(cfg, state, strict=set(state) == set(specs))
 
 
 def code_source(record: ModelRecord) -> str | None:

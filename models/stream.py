@@ -203,7 +203,7 @@ def mmap_state(path: str | Path) -> dict[str, torch.Tensor]:
 def mmap_model(cfg: DecoderConfig, path: str | Path) -> DecoderLM:
     """The built-in decoder whose parameters are ``path``'s tensors, memory-mapped (:func:`mmap_state`): built on
     meta, loaded with ``assign`` (strict: every name, no extra); eval mode."""
-    return _model_over(cfg, mmap_state(path))
+    return model_over(cfg, mmap_state(path))
 
 
 def streamed_sha256(state: dict[str, torch.Tensor]) -> str:
@@ -211,12 +211,13 @@ def streamed_sha256(state: dict[str, torch.Tensor]) -> str:
     state's pages are read once and may be dropped again)."""
     h = hashlib.sha256()
     for name, t in sorted(state.items()):
+        t = t.detach()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         if t.numel():
             flat = t.reshape(-1)
             step = max(1, (64 << 20) // max(1, t.element_size()))
             for i in range(0, flat.numel(), step):  # 64 MB at a time
-                h.update(flat[i:i + step].contiguous().view(torch.uint8).numpy().data)
+                h.update(flat[i:i + step].cpu().contiguous().view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -339,7 +340,7 @@ class WeightsFile:
 
     def model(self, cfg: DecoderConfig) -> DecoderLM:
         """The built-in decoder over :attr:`state` (as :func:`mmap_model`)."""
-        return _model_over(cfg, self.state)
+        return model_over(cfg, self.state)
 
 
 def _state_over(path, mm: np.memmap, base: int, meta: dict) -> dict[str, torch.Tensor]:
@@ -365,9 +366,11 @@ def _state_over(path, mm: np.memmap, base: int, meta: dict) -> dict[str, torch.T
     return state
 
 
-def _model_over(cfg: DecoderConfig, state: dict[str, torch.Tensor]) -> DecoderLM:
+def model_over(cfg: DecoderConfig, state: dict[str, torch.Tensor], *, strict: bool = True) -> DecoderLM:
+    """The built-in decoder whose parameters are ``state``'s tensors as they are (built on meta, loaded with
+    ``assign``: a memory-mapped state stays mapped); a tied head is the embedding's tensor; eval mode."""
     model = meta_model(cfg)
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_state_dict(state, strict=strict, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
     return model.eval()
@@ -426,29 +429,3 @@ def cached_seeded(cfg: DecoderConfig, *, rebuild: bool = False) -> Path:
         except (ValueError, OSError):
             pass
     return write_seeded(cfg, path)
-
-
-def mmap_checkpoint(cfg: DecoderConfig, path: str | Path) -> tuple[DecoderLM | None, str]:
-    """The built-in decoder of ``cfg`` over checkpoint ``path`` memory-mapped (``torch.load(mmap=True,
-    weights_only=True)``; loaded with ``assign``), or (None, why) when it cannot be mapped: a file torch cannot map
-    (the legacy format), a state dict that does not fit or holds another dtype than the model's (the whole load then
-    says what is wrong, in its words)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 - the whole load reports the checkpoint's problem in its own words
-        return None, f"torch cannot map it ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    specs = {n: (s, d) for n, s, d in param_specs(cfg)}
-    required = set(specs) - ({"lm_head.weight"} if cfg.tie_embeddings else set())
-    if not isinstance(state, dict) or not required <= set(state) <= set(specs) or any(
-            not isinstance(state[n], torch.Tensor) or (tuple(state[n].shape), state[n].dtype) != specs[n]
-            for n in state):
-        return None, "its tensors are not the model's names, shapes and dtypes"
-    model = meta_model(cfg)
-    model.load_state_dict(state, strict=set(state) == set(specs), assign=True)
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.tok_emb.weight
-    return model.eval(), ""

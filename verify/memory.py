@@ -112,12 +112,12 @@ def machine_memory() -> tuple[int | None, str]:
     return min(found)
 
 
-def activation_bytes(contract: ModelContract, cases: Iterable, d_ff: int | None = None) -> tuple[int, str]:
+def activation_bytes(contract: ModelContract, cases: Iterable) -> tuple[int, str]:
     """The activations verify holds over ``cases`` (the sweep's), a bound, and the largest case's name: the checks
     run case by case and keep figures, not outputs (:func:`mhaexport.verify.sweep.sweep_peak_bytes`: one case's
     inputs, eager's reference and two runtimes' outputs — a provider pair compared with each other —, one call's
     working memory, the comparison's blocks, the small references kept, and the checks that prefill max_positions
-    once). ``d_ff``: not needed by that bound (kept for callers)."""
+    once)."""
     from mhaexport.verify.sweep import case_bytes, sweep_peak_bytes
 
     cases = list(cases)

@@ -87,8 +87,7 @@ def memory_plan(ef: ExportFolder, runtimes: tuple[str, ...], cases: list, *, mem
     ``memory`` the cap (None: the machine's), ``mapped`` forces the mapped mode; ConfigError (exit 2) when even the
     mapped run cannot fit. The activations are a simple bound over the sweep's ``cases``."""
     cap, source = cap_from(memory)
-    d_ff = (ef.model.config or {}).get("d_ff")
-    acts, largest = activation_bytes(ef.contract, cases, d_ff if isinstance(d_ff, int) else None)
+    acts, largest = activation_bytes(ef.contract, cases)
     return plan_memory(folder_weights(ef, runtimes, loaded_given), acts, cap, source, forced=mapped,
                        largest_case=largest, sweep=sweep)
 
