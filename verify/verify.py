@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from mhaexport.core import iospec
 from mhaexport.artifact import ExportFolder
@@ -229,9 +229,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     else:
         check_same_model(loaded, ef.model)
     c = loaded.contract
-    arts = ef.artifacts
-    dtype = next((d for d in ("float16", "bfloat16") if any(a.dtype == d for a in arts.values())), "float32")
-    tol = Tolerance.for_dtype(dtype, atol, rtol)
+    dtype, tol = _tolerance(ef, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted, trust_code, plan)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
@@ -243,15 +241,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                   if "onnx" in lossy else None,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small,
                   genai_config=genai_result(ef, loaded) if GENAI_CONFIG_CHECK in checks and ships_genai(ef) else None)
-    lint = None
-    if ef.has("onnx"):  # static findings first: they often say why a check below fails
-        from mhaexport.verify.lint import lint_path
-
-        try:
-            lint = lint_path(ef, genai=False)  # the snapshot verify checked, not the folder opened again
-            say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
-        except ArtifactError as e:  # an unreadable file: the ONNX runtimes report it, once, as a load failure
-            say(f"lint: not run ({e})")
+    lint = _lint(ef, say)
     if threads is None and small:
         threads = 1
     plain = other_protocol_runners(ef, c, wanted)
@@ -292,6 +282,29 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
 
 
 
+def _tolerance(ef: ExportFolder, atol, rtol) -> tuple[str, Tolerance]:
+    """The folder's compute dtype (float16/bfloat16 when an artifact holds it, else float32) and its tolerance, with
+    --atol/--rtol applied."""
+    dtype = next((d for d in ("float16", "bfloat16") if any(a.dtype == d for a in ef.artifacts.values())), "float32")
+    return dtype, Tolerance.for_dtype(dtype, atol, rtol)
+
+
+def _lint(ef: ExportFolder, say) -> Any:
+    """lint's static findings on the snapshot verify checked (not the folder opened again), said in one line; None
+    without an ONNX file or where it cannot be read (the ONNX runtimes report that, once, as a load failure)."""
+    if not ef.has("onnx"):
+        return None
+    from mhaexport.verify.lint import lint_path
+
+    try:
+        lint = lint_path(ef, genai=False)
+    except ArtifactError as e:
+        say(f"lint: not run ({e})")
+        return None
+    say(f"lint: {lint.counts()['error']} error(s), {lint.counts()['warning']} warning(s)")
+    return lint
+
+
 def _use_record(ef: ExportFolder, reference: str, record: bool, loaded) -> bool:
     """Whether eager's references come from the folder's record (``reference``: auto, eager, recorded); one line
     (ConfigError) where neither can be had: no record asked for, no torch for eager."""
@@ -326,9 +339,7 @@ def _verify_recorded(ef: ExportFolder, *, sweep, seed, atol, rtol, runtimes, wan
     from mhaexport.verify.checks import generation_prompts
 
     c = ef.contract
-    arts = ef.artifacts
-    dtype = next((d for d in ("float16", "bfloat16") if any(a.dtype == d for a in arts.values())), "float32")
-    tol = Tolerance.for_dtype(dtype, atol, rtol)
+    dtype, tol = _tolerance(ef, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     tokens = gen_tokens or (8 if sweep == "quick" else 32)
     runners: list[Runner] = [skipped(EAGER, c, "not run: the reference is the folder's record")]
@@ -351,14 +362,7 @@ def _verify_recorded(ef: ExportFolder, *, sweep, seed, atol, rtol, runtimes, wan
 
         ctx.genai_config = genai_result(ef, SimpleNamespace(contract=c, module=None))
     say(f"reference: {record.describe()}")
-    lint = None
-    if ef.has("onnx"):
-        from mhaexport.verify.lint import lint_path
-
-        try:
-            lint = lint_path(ef, genai=False)
-        except ArtifactError as e:
-            say(f"lint: not run ({e})")
+    lint = _lint(ef, say)
     infos, results = run_all(runners, ctx, checks, say, lossy=lossy_artifacts(ef))
     cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
     report = build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
