@@ -20,6 +20,7 @@ from mhaexport.core.devices import no_cuda_device
 from mhaexport.core.errors import ProviderUnavailable
 from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
+from mhaexport.runtime.spill import Spill
 
 __all__ = ["EagerRunner", "OnnxReferenceRunner", "RecomputeRunner", "TorchScriptRunner"]
 
@@ -32,6 +33,9 @@ class EagerRunner(Runner):
         self.source = module
         self.module = module
         self.device = device
+        # verify's mapped mode (runtime/spill.py): each block's present cache and the logits moved to file-backed
+        # pages as they are made, so a long case holds one block's working memory, not every block's cache
+        self.spill: Spill | None = None
 
     def activate_impl(self) -> None:
         import torch
@@ -54,8 +58,19 @@ class EagerRunner(Runner):
     def _call(self, ids: np.ndarray, mask: np.ndarray, past: Any):
         import torch
 
-        with torch.inference_mode():
-            return self.module(torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device), past)
+        spilled = self.spill is not None and self.device == "cpu"
+        hooks = _spill_hooks(self.module, self.spill) if spilled else []
+        try:
+            with torch.inference_mode():
+                logits, present = self.module(torch.from_numpy(ids).to(self.device),
+                                              torch.from_numpy(mask).to(self.device), past)
+        finally:
+            for h in hooks:
+                h.remove()
+        if spilled:  # a model without blocks we know (a user's, TorchScript): its outputs spilled once made
+            logits = _spilled_tensor(self.spill, logits)
+            present = tuple((_spilled_tensor(self.spill, k), _spilled_tensor(self.spill, v)) for k, v in present)
+        return logits, present
 
     def _torch_past(self, past: KVPairs):
         import torch
@@ -79,6 +94,34 @@ class EagerRunner(Runner):
 
     def cache_numpy(self, cache: Cache) -> KVPairs:
         return tuple((_host(k), _host(v)) for k, v in cache)
+
+
+def _spilled_tensor(spill: Spill, t: Any) -> Any:
+    """A CPU float tensor as one over ``spill``'s file-backed copy when it is large (no copy when it is one)."""
+    import torch
+
+    if t.dtype not in (torch.float32, torch.float16) or t.numel() * t.element_size() < spill.min_bytes:
+        return t
+    return torch.from_numpy(spill.keep(t.detach().contiguous().numpy()))
+
+
+def _spill_hooks(module: Any, spill: Spill) -> list:
+    """Forward hooks on the built-in decoder's blocks (each returns ``(x, (key, value))``) that replace the block's
+    present cache by file-backed copies as it is returned; none for a module without such blocks."""
+    import torch
+    from torch import nn
+
+    blocks = getattr(module, "blocks", None)
+    if isinstance(module, torch.jit.ScriptModule) or not isinstance(blocks, nn.ModuleList):
+        return []
+
+    def hook(_mod, _args, out):
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple) and len(out[1]) == 2):
+            return None
+        x, (k, v) = out
+        return x, (_spilled_tensor(spill, k), _spilled_tensor(spill, v))
+
+    return [b.register_forward_hook(hook) for b in blocks]
 
 
 def _host(t: Any) -> np.ndarray:

@@ -23,6 +23,7 @@ from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.protocol import Protocol, SharedBuffer, protocol_of
 from mhaexport.runtime.runner import Cache, KVPairs, Outputs, Runner
 from mhaexport.runtime.session import CUDA, SessionConfig, open_session
+from mhaexport.runtime.spill import Spill
 
 
 class OrtSessionRunner(Runner):
@@ -95,6 +96,8 @@ class OrtRunner(OrtSessionRunner):
         super().__init__(name, contract, path, config=config, dtype=feed.cache_dtype, fixed=feed.fixed,
                          source_sha256=source_sha256, session_of=session_of)
         self.io_binding = io_binding
+        # verify's mapped mode: large outputs written straight into file-backed buffers (runtime/spill.py)
+        self.spill: Spill | None = None
         self.feed = feed  # the file's names for the contract's inputs and outputs, its cache
         self.out_logits = feed.logits
         self.past_names, self.present_names = list(feed.past), list(feed.present)
@@ -129,9 +132,34 @@ class OrtRunner(OrtSessionRunner):
 
     # ---- numpy in, numpy out ---------------------------------------------------------------------------------
     def _run_plain(self, ids: np.ndarray, mask: np.ndarray, flat_past) -> list:
-        """``session.run`` on the host inputs and the 2L past values: [logits, present values...]."""
+        """``session.run`` on the host inputs and the 2L past values: [logits, present values...]; with a
+        :attr:`spill` on a CPU session, the outputs are bound to file-backed buffers (:meth:`_run_spilled`)."""
+        if self.spill is not None and self.device == "cpu" and type(self.protocol) is Protocol:
+            return self._run_spilled(ids, mask, flat_past)
         return self.session.run(self.output_names, {**self._host_inputs(ids, mask),
                                                     **dict(zip(self.past_names, flat_past))})
+
+    def _run_spilled(self, ids: np.ndarray, mask: np.ndarray, flat_past) -> list:
+        """One call whose logits (B, T, V) and present values (B, H_kv, past + T, D) ONNX Runtime writes into
+        :attr:`spill`'s buffers (IO binding; the inputs bound where they lie, file-backed or not), flushed after. A
+        file whose outputs are not these shapes or dtypes runs plainly, its outputs spilled once made."""
+        c, (B, T), S = self.contract, ids.shape, mask.shape[1]
+        feed = {**self._host_inputs(ids, mask), **dict(zip(self.past_names, flat_past))}
+        try:
+            io = self.session.io_binding()
+            for name, value in feed.items():
+                io.bind_cpu_input(name, np.ascontiguousarray(value))
+            logits_dtype = next(dtypes.numpy_dtype(dtypes.from_ort_type(o.type) or "float32")
+                                for o in self.session.get_outputs() if o.name == self.out_logits)
+            outs = [self.spill.empty((B, T, c.vocab_size), logits_dtype)]
+            outs += [self.spill.empty((B, c.n_kv_heads, S, c.head_dim), dtypes.numpy_dtype(self.dtype))
+                     for _ in self.present_names]
+            for name, arr in zip(self.output_names, outs):
+                io.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+            self.session.run_with_iobinding(io)
+        except Exception:  # noqa: BLE001 - ONNX Runtime's own types; the plain run raises what is really wrong
+            return [self.spill.keep(a) for a in self.session.run(self.output_names, feed)]
+        return [Spill.flushed(a) for a in outs]
 
     def run_impl(self, ids: np.ndarray, mask: np.ndarray, past: KVPairs) -> Outputs:
         return iospec.split_outputs(self._run_plain(ids, mask, [t for kv in past for t in kv]))

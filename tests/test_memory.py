@@ -93,7 +93,8 @@ def test_the_largest_activations_are_the_longest_case():
     from mhaexport.verify.sweep import build_sweep
 
     c = ModelContract(n_layers=2, n_heads=4, head_dim=16, vocab_size=32000, max_positions=512)
-    quick, name = activation_bytes(c, build_sweep(c, "quick"))
+    quick, spilled, name = activation_bytes(c, build_sweep(c, "quick"))
+    assert 0 < spilled < quick  # the mapped mode holds one call's working memory, not the outputs
     assert name == "b=1 seq=512 past=0"
     assert quick >= 512 * 32000 * 4  # at least one copy of its logits
     bigger = ModelContract(n_layers=2, n_heads=4, head_dim=16, vocab_size=64000, max_positions=512)

@@ -9,8 +9,10 @@ from the sweep's cases). Three outcomes (:func:`plan_memory`):
 - ``whole``: everything fits — weights loaded as they always were;
 - ``mapped``: it fits only with the weights memory-mapped (eager's from a safetensors file or a checkpoint mapped by
   torch, :func:`mhaexport.models.loading.load_recorded` ``mapped=True``; ONNX Runtime's external data mapped,
-  ``SessionConfig.mmap_weights``): file-backed pages the kernel reads per block and may drop again under the cap,
-  so only the anonymous part (baseline, activations, weights that cannot be mapped) must fit;
+  ``SessionConfig.mmap_weights``) and the large inputs and outputs spilled (runtime/spill.py: a long case's logits
+  and KV caches in unlinked files of the user's cache): file-backed pages the kernel reads per block and may drop
+  again under the cap, so only the anonymous part (baseline, one call's working memory, weights that cannot be
+  mapped) must fit;
 - refused: the anonymous part alone exceeds the cap — :class:`~mhaexport.core.errors.ConfigError` (exit 2) before any
   work, one line saying what it needs and what to try.
 
@@ -112,17 +114,20 @@ def machine_memory() -> tuple[int | None, str]:
     return min(found)
 
 
-def activation_bytes(contract: ModelContract, cases: Iterable) -> tuple[int, str]:
-    """The activations verify holds over ``cases`` (the sweep's), a bound, and the largest case's name: the checks
-    run case by case and keep figures, not outputs (:func:`mhaexport.verify.sweep.sweep_peak_bytes`: one case's
-    inputs, eager's reference and two runtimes' outputs — a provider pair compared with each other —, one call's
-    working memory, the comparison's blocks, the small references kept, and the checks that prefill max_positions
-    once)."""
-    from mhaexport.verify.sweep import case_bytes, sweep_peak_bytes
+def activation_bytes(contract: ModelContract, cases: Iterable) -> tuple[int, int, str]:
+    """The activations verify holds over ``cases`` (the sweep's), two bounds — with its arrays in memory (the whole
+    mode) and with the large ones spilled to file-backed pages (the mapped mode) — and the name of the case that
+    drives the second (what a refusal names): the
+    checks run case by case and keep figures, not outputs (:func:`mhaexport.verify.sweep.sweep_peak_bytes`: one
+    case's inputs, eager's reference and two runtimes' outputs — a provider pair compared with each other —, one
+    call's working memory, the comparison's blocks, the small references kept, and the checks that prefill
+    max_positions once; :func:`~mhaexport.verify.sweep.spilled_peak_bytes`: one call's working memory)."""
+    from mhaexport.verify.sweep import spilled_peak_bytes, sweep_peak_bytes
 
     cases = list(cases)
-    largest = max(cases, key=lambda cs: case_bytes(contract, cs), default=None)
-    return sweep_peak_bytes(contract, cases, runtimes_at_once=2), largest.name if largest is not None else "no case"
+    spilled, largest = spilled_peak_bytes(contract, cases)
+    return (sweep_peak_bytes(contract, cases, runtimes_at_once=2), spilled,
+            largest.name if largest is not None else "no case")
 
 
 @dataclass
@@ -141,11 +146,14 @@ class MemoryInfo(Record):
     largest_case: str | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # runtimes left out to fit: {name: why}
     peak_rss: int | None = None  # ru_maxrss after the run (anonymous and file-backed pages alike)
+    spilled: int | None = None  # bytes of inputs and outputs the mapped mode wrote to file-backed pages
 
     def summary(self) -> str:
         """One line: ``memory: mapped under 1.50 GB (the cgroup's memory limit): ...; peak RSS 1.21 GB``."""
         cap = f"{gib(self.cap)} ({self.cap_source})" if self.cap else f"no cap ({self.cap_source})"
         peak = f"; peak RSS {gib(self.peak_rss)}" if self.peak_rss else ""
+        if self.spilled:
+            peak += f"; {gib(self.spilled)} of inputs and outputs spilled to file-backed pages"
         return f"memory: weights {self.mode} under {cap}: {self.reason}{peak}"
 
 
@@ -170,7 +178,7 @@ class Weights:
 
 
 def plan_memory(weights: Weights, activations: int, cap: int | None, cap_source: str, *, forced: bool = False,
-                largest_case: str = "", sweep: str = "quick") -> MemoryInfo:
+                largest_case: str = "", sweep: str = "quick", spilled: int | None = None) -> MemoryInfo:
     """Choose how verify holds its weights within ``cap`` bytes (None: no cap known, weights whole unless
     ``forced``). ``forced``: ``--mapped`` (mapped whatever fits). In the mapped mode a runtime of
     ``weights.whole_only`` whose weights do not fit beside the rest is skipped, its reason in ``skipped``. Raises
@@ -179,13 +187,15 @@ def plan_memory(weights: Weights, activations: int, cap: int | None, cap_source:
     w = weights
     whole = BASELINE_BYTES + activations + w.eager + w.ort + sum(w.whole_only.values())
     unmapped = (0 if w.eager_mappable else w.eager) + (0 if w.ort_mappable else w.ort)
-    mapped = BASELINE_BYTES + activations + unmapped
-    parts = {"baseline": BASELINE_BYTES, "activations": activations, "eager_weights": w.eager, "ort_weights": w.ort,
+    spilled = activations if spilled is None else spilled  # the mapped mode's activations (large arrays on disk)
+    mapped = BASELINE_BYTES + spilled + unmapped
+    parts = {"baseline": BASELINE_BYTES, "activations": activations, "activations_spilled": spilled,
+             "eager_weights": w.eager, "ort_weights": w.ort,
              **{f"{rt}_weights": n for rt, n in w.whole_only.items()}}
     info = MemoryInfo(cap=cap, cap_source=cap_source, forced=forced, need_whole=whole, need_mapped=mapped,
                       parts=parts, largest_case=largest_case or None)
     if cap is not None and mapped > cap:
-        held = [f"{gib(BASELINE_BYTES)} baseline", f"{gib(activations)} of activations ({largest_case})"]
+        held = [f"{gib(BASELINE_BYTES)} baseline", f"{gib(spilled)} of activations ({largest_case})"]
         if not w.ort_mappable and w.ort:
             held.append(f"{gib(w.ort)} of ONNX weights inside model.onnx, not external data (re-export with "
                         "MHAEXPORT_EXTERNAL_DATA_BYTES=0 to let them be mapped)")

@@ -155,6 +155,7 @@ class SweepContext:
     eager: Runner
     seed: int = 0
     tol_override: tuple = (None, None)  # --atol/--rtol as given: numbers or {None|"logits"|"present": number}
+    spill: Any = None  # runtime.spill.Spill in the mapped mode: large inputs in file-backed pages
     _ref: dict = field(default_factory=dict)  # memos of checks (greedy references, genai-config, weights)
     _refs: dict = field(default_factory=dict)  # eager's references kept (REFERENCE_CACHE_BYTES)
     _sweep_out: dict = field(default_factory=dict)  # runtime name -> SweepRuns
@@ -305,7 +306,10 @@ class Context(SweepContext):
     deploy: Callable[[Any], Any] | None = None
 
     def inputs(self, case: Case):
-        return case.inputs(self.contract)
+        ids, mask, past = case.inputs(self.contract)
+        if self.spill is not None:  # a long past (a decode step at max_positions) in file-backed pages
+            past = tuple((self.spill.keep(k), self.spill.keep(v)) for k, v in past)
+        return ids, mask, past
 
     def compare(self, case: Case, actual: Outputs, expected: Outputs, tol: Tolerance) -> dict[str, Diff]:
         """logits on the case's real query rows, present keys/values on its real key positions."""

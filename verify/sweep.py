@@ -134,14 +134,41 @@ def case_bytes(contract, case: Case, dtype: str = "float32") -> int:
     return n * (b * t * e + 2 * b * hk * p * d + b * t * e + 2 * b * hk * (p + t) * d + b * h * t * (p + t))
 
 
-def call_bytes(contract, case: Case, dtype: str = "float32") -> int:
+def call_bytes(contract, case: Case, dtype: str = "float32", scores: int = 2) -> int:
     """A runtime's own working memory for one call of ``case``, beyond its inputs and outputs (an estimate: one
-    layer's attention scores and probabilities (B, H, T, past + T) and its MLP activation (B, T, d_ff ~ 4 x d),
-    which a runtime holds at its widest point)."""
+    layer's attention scores and probabilities, ``scores`` tensors of (B, H, T, past + T) alive at once, and its MLP
+    activation (B, T, d_ff ~ 4 x d), which a runtime holds at its widest point)."""
     n = _ITEMSIZE.get(dtype, 4)
     b, t, s = case.batch, case.seq, case.past + case.seq
     d = contract.n_heads * contract.head_dim if hasattr(contract, "head_dim") else contract.d_model
-    return n * (2 * b * contract.n_heads * t * s + 4 * b * t * d)
+    return n * (scores * b * contract.n_heads * t * s + 4 * b * t * d)
+
+
+# score-sized tensors a runtime holds at once inside one attention layer when nothing else of the call is in memory:
+# measured, ONNX Runtime's CPU session without an arena (a 2,048-token prompt, d 1536, 12 heads: 0.84 GB above the
+# session, ~4 x the (1, 12, 2048, 2048) scores); eager's attention holds 3 (scores, scaled, masked/softmax)
+SPILLED_SCORES = 4
+
+
+def spilled_peak_bytes(contract, cases: list[Case], dtype: str = "float32", long_checks: bool = True
+                       ) -> tuple[int, Case | None]:
+    """:func:`sweep_peak_bytes` of the mapped mode, where every large input and output lives in file-backed pages
+    (runtime/spill.py): one call's working memory (:data:`SPILLED_SCORES` score tensors and the MLP's) or eager's
+    logits before they are spilled, whichever is larger, plus the comparison's blocks and the small references kept.
+    Returns the bytes and the case that needs the most."""
+    from mhaexport.verify.compare import CHUNK_ELEMENTS
+
+    n = _ITEMSIZE.get(dtype, 4)
+    cases = list(cases)
+    if long_checks and hasattr(contract, "vocab_size"):
+        cases.append(Case(1, contract.max_positions, 0))
+    peak, largest = 0, None
+    for case in cases:
+        logits = n * case.batch * case.seq * getattr(contract, "vocab_size", 0)
+        one = max(call_bytes(contract, case, dtype, scores=SPILLED_SCORES), logits)
+        if one > peak:
+            peak, largest = one, case
+    return int(peak + 12 * 8 * CHUNK_ELEMENTS + REFERENCE_CACHE_BYTES), largest
 
 
 def sweep_peak_bytes(contract, cases: list[Case], dtype: str = "float32", runtimes_at_once: int = 1,

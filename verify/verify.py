@@ -81,15 +81,29 @@ def _ort_config(runtime: str, plan: MemoryInfo | None):
     return session_config(runtime, mmap_weights=True)
 
 
+def _spill_for(runners: list[Runner], plan: MemoryInfo):
+    """The mapped mode's spill (runtime/spill.py), set on every runner that takes one (eager's, ONNX Runtime's);
+    None in the whole mode."""
+    if plan.mode != MAPPED:
+        return None
+    from mhaexport.runtime import spill as sp
+
+    spill = sp.Spill(sp.spill_dir(), min_bytes=sp.SPILL_MIN_BYTES)
+    for r in runners:
+        if hasattr(r, "spill"):
+            r.spill = spill
+    return spill
+
+
 def memory_plan(ef: ExportFolder, runtimes: tuple[str, ...], cases: list, *, memory: str | int | None = None,
                 mapped: bool = False, loaded_given: bool = False, sweep: str = "quick") -> MemoryInfo:
     """The run's memory plan (verify/memory.py), from the manifest and the sweep only — before any weight is read:
     ``memory`` the cap (None: the machine's), ``mapped`` forces the mapped mode; ConfigError (exit 2) when even the
     mapped run cannot fit. The activations are a simple bound over the sweep's ``cases``."""
     cap, source = cap_from(memory)
-    acts, largest = activation_bytes(ef.contract, cases)
+    acts, spilled, largest = activation_bytes(ef.contract, cases)
     return plan_memory(folder_weights(ef, runtimes, loaded_given), acts, cap, source, forced=mapped,
-                       largest_case=largest, sweep=sweep)
+                       largest_case=largest, sweep=sweep, spilled=spilled)
 
 
 # The protocol every file is also driven in when its producer's differs: the contract's own (verify's findings)
@@ -232,11 +246,12 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     dtype, tol = _tolerance(ef, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted, trust_code, plan)
+    spill = _spill_for(runners, plan)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   without_cache=without_cache, deploy=deploy_of, export_sizes=_export_sizes(ef),
                   gen_tokens=gen_tokens or (8 if sweep == "quick" else 32), seed=seed, quality=quality,
-                  tokenizer=tokenizer,
+                  tokenizer=tokenizer, spill=spill,
                   weights=(lambda: check_weights(ef, reproduce, lambda: _linear_weights(loaded.module)))
                   if "onnx" in lossy else None,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small,
@@ -245,6 +260,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     if threads is None and small:
         threads = 1
     plain = other_protocol_runners(ef, c, wanted)
+    for r in plain if spill is not None else ():
+        r.spill = spill
     with torch_threads(threads):
         infos, results = run_all(runners, ctx, checks, say, lossy=lossy)
         other = None
@@ -272,6 +289,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
     plan.peak_rss = peak_rss()
+    plan.spilled = spill.spilled_bytes if spill is not None else None
     report = build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
                           infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
                           started=started, export_sizes=ctx.export_sizes, dtype=dtype,

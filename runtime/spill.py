@@ -1,0 +1,75 @@
+"""Arrays held in file-backed pages instead of anonymous memory (verify's mapped mode, issue 38), torch-free.
+
+A run under a memory cap cannot hold a long case's outputs beside a runtime's working memory: a 2,048-token prompt
+of a 32,000-token model has 262 MB of logits and, at 20 layers of d 1536, a 503 MB KV cache, per runtime. A
+:class:`Spill` places such arrays in a file under its folder (the user's cache, on disk) that is unlinked as soon
+as it is mapped: the pages are the page cache's, which the kernel writes back and drops under a cgroup's cap and
+reads again when touched, instead of counting against the cap like anonymous memory. An array is flushed
+(``msync``) once written, so its pages are clean and can be dropped without waiting for a write-back. The numbers
+are the same; only where they live changes. Arrays under ``min_bytes`` stay ordinary numpy arrays.
+
+What writes into a spill: ONNX Runtime's outputs bound to spilled buffers (``OrtRunner``: the logits and the
+present cache written straight into them, IO binding), eager PyTorch's present cache per block as each block
+returns and its logits (``EagerRunner``), and verify's large inputs (a decode step's past at max_positions).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# arrays smaller than this stay in memory: spilling costs a write and an msync, worth it only for the large ones
+SPILL_MIN_BYTES = 4 << 20
+
+
+class Spill:
+    """A folder (created 0700 if absent) where large arrays live as unlinked, memory-mapped files."""
+
+    def __init__(self, root: str | Path, min_bytes: int = SPILL_MIN_BYTES) -> None:
+        self.root = Path(root)
+        self.min_bytes = int(min_bytes)
+        self.spilled_bytes = 0  # what went to files over the run (a figure for the report)
+
+    def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialized array of ``shape``: file-backed at ``min_bytes`` and above, else an ordinary one."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if n < self.min_bytes or n == 0:
+            return np.empty(shape, dtype)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # unlinked from the start (O_TMPFILE where the file system has it): nothing is left behind by a crash, and the
+        # mapping keeps the pages until the array is freed
+        with tempfile.TemporaryFile(dir=self.root) as f:
+            f.truncate(n)
+            arr = np.memmap(f, dtype=dtype, mode="r+", shape=tuple(shape))
+        self.spilled_bytes += n
+        return arr
+
+    def keep(self, arr: np.ndarray) -> np.ndarray:
+        """``arr`` as a file-backed copy, flushed (its pages clean), when it is large; itself otherwise."""
+        if arr.nbytes < self.min_bytes or isinstance(arr, np.memmap):
+            return arr
+        out = self.empty(arr.shape, arr.dtype)
+        np.copyto(out, arr)
+        return self.flushed(out)
+
+    @staticmethod
+    def flushed(arr: np.ndarray) -> np.ndarray:
+        """``arr`` after writing its pages back (a file-backed array; others as they are)."""
+        if isinstance(arr, np.memmap):
+            arr.flush()
+        return arr
+
+
+def spill_dir() -> Path:
+    """Where verify spills: ``spill/<pid>`` in the user's cache (:func:`mhaexport.artifact.cache.cache_root`), on
+    the same disk as the mapped weights; the files in it are unlinked, so the folder stays empty."""
+    from mhaexport.artifact.cache import cache_root
+
+    return cache_root() / "spill" / str(os.getpid())
+
+
+__all__ = ["SPILL_MIN_BYTES", "Spill", "spill_dir"]
