@@ -56,12 +56,34 @@ class Spill:
         np.copyto(out, arr)
         return self.flushed(out)
 
+    def close(self) -> None:
+        """Remove the folder (its files were unlinked when mapped; arrays still alive keep their pages)."""
+        try:
+            self.root.rmdir()
+        except OSError:  # never made, or not empty: someone else's files are left alone
+            pass
+
     @staticmethod
     def flushed(arr: np.ndarray) -> np.ndarray:
         """``arr`` after writing its pages back (a file-backed array; others as they are)."""
         if isinstance(arr, np.memmap):
             arr.flush()
         return arr
+
+
+def return_freed_memory(threshold: int = 1 << 20) -> bool:
+    """Ask glibc's malloc to give every allocation of ``threshold`` bytes and more its own mapping, returned to the
+    system when freed. By default glibc raises that threshold to the size of the last large block freed (up to
+    32 MiB), after which a long run's 4-32 MiB caches and scores come from the heap, which fragments and is not given
+    back: measured, the anonymous memory of a mapped verify of a 5 GB model crept up by ~0.3 GB over its generation
+    check. Process-wide (verify's mapped mode sets it); False where the C library has no ``mallopt`` (not glibc)."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(-3, int(threshold)))  # M_MMAP_THRESHOLD: fixed, so glibc stops raising it
 
 
 def spill_dir() -> Path:
@@ -72,4 +94,4 @@ def spill_dir() -> Path:
     return cache_root() / "spill" / str(os.getpid())
 
 
-__all__ = ["SPILL_MIN_BYTES", "Spill", "spill_dir"]
+__all__ = ["SPILL_MIN_BYTES", "Spill", "return_freed_memory", "spill_dir"]

@@ -4,8 +4,11 @@ pages instead of anonymous memory: the same numbers, written where the kernel ca
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.spill import Spill
 from mhaexport.verify.memory import BASELINE_BYTES, activation_bytes
@@ -93,6 +96,7 @@ def test_spilling_everything_changes_no_figure_of_a_mapped_verify(tiny_export, t
     assert kept and spilled, spilled.verdict.message
     assert not kept.memory.spilled and spilled.memory.spilled > 0
     assert "spilled to file-backed pages" in spilled.memory.summary()
+    assert not (tmp_path / "cache" / "spill" / str(os.getpid())).exists()  # its folder removed after the run
     assert spilled.to_dict()["results"] == kept.to_dict()["results"]
 
 
@@ -106,3 +110,34 @@ def test_the_mapped_plan_holds_one_calls_working_memory_not_the_long_outputs():
     assert 0.7 * GB < spilled < 1.5 * GB - BASELINE_BYTES
     half = ModelContract(n_layers=20, n_heads=12, head_dim=128, vocab_size=32000, max_positions=1024)
     assert activation_bytes(half, build_sweep(half, "quick"))[1] < spilled / 2  # scores: quadratic in length
+
+
+_FRAGMENT = """
+import sys, numpy as np
+from mhaexport.runtime.spill import return_freed_memory
+if sys.argv[1] == "on":
+    assert return_freed_memory()
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+first = np.ones(24 << 20, np.uint8); del first  # glibc raises its mmap threshold to ~24 MiB here
+base = anon()
+big, small = [], []
+for i in range(40):  # a long run's caches: 8 MiB blocks, small allocations kept between them
+    big.append(np.ones(8 << 20, np.uint8))
+    small.append(np.ones(1024, np.uint8))
+del big
+print((anon() - base) >> 20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon and mallopt: Linux with glibc")
+def test_freed_large_blocks_go_back_to_the_system_in_the_mapped_mode():
+    def kept(mode: str) -> int:
+        res = subprocess.run([sys.executable, "-c", _FRAGMENT, mode], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return int(res.stdout.split()[-1])
+
+    assert kept("off") >= 16  # glibc's default: freed 8 MiB blocks stay in the process's heap
+    assert kept("on") <= 4  # return_freed_memory: each had its own mapping, unmapped when freed

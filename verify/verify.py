@@ -89,6 +89,7 @@ def _spill_for(runners: list[Runner], plan: MemoryInfo):
     from mhaexport.runtime import spill as sp
 
     spill = sp.Spill(sp.spill_dir(), min_bytes=sp.SPILL_MIN_BYTES)
+    sp.return_freed_memory()  # what a long call took goes back to the system, not to a fragmenting heap
     for r in runners:
         if hasattr(r, "spill"):
             r.spill = spill
@@ -289,7 +290,9 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     # judged by quality against eager instead
     cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
     plan.peak_rss = peak_rss()
-    plan.spilled = spill.spilled_bytes if spill is not None else None
+    if spill is not None:
+        plan.spilled = spill.spilled_bytes
+        spill.close()
     report = build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
                           infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
                           started=started, export_sizes=ctx.export_sizes, dtype=dtype,
