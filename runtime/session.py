@@ -62,8 +62,8 @@ class SessionConfig:
     # weights memory-mapped, not copied (verify's mapped mode, issue 38): prepacking off
     # (``session.disable_prepacking``: the kernels read the mapped external data instead of packed copies in
     # anonymous memory), constant folding off (it would fold, e.g., a tied LM head's Transpose of the embedding
-    # into a new anonymous copy of it) and the CPU arena off; the graph computes the same numbers. A file whose weights are inside
-    # model.onnx is read whole all the same
+    # into a new anonymous copy of it) and the CPU arena off; the graph computes the same numbers. A file whose
+    # weights are inside model.onnx is read whole all the same
     mmap_weights: bool = False
 
 

@@ -117,11 +117,11 @@ def machine_memory() -> tuple[int | None, str]:
 def activation_bytes(contract: ModelContract, cases: Iterable) -> tuple[int, int, str]:
     """The activations verify holds over ``cases`` (the sweep's), two bounds — with its arrays in memory (the whole
     mode) and with the large ones spilled to file-backed pages (the mapped mode) — and the name of the case that
-    drives the second (what a refusal names): the
-    checks run case by case and keep figures, not outputs (:func:`mhaexport.verify.sweep.sweep_peak_bytes`: one
-    case's inputs, eager's reference and two runtimes' outputs — a provider pair compared with each other —, one
-    call's working memory, the comparison's blocks, the small references kept, and the checks that prefill
-    max_positions once; :func:`~mhaexport.verify.sweep.spilled_peak_bytes`: one call's working memory)."""
+    drives the second (what a refusal names). The checks run case by case and keep figures, not outputs
+    (:func:`mhaexport.verify.sweep.sweep_peak_bytes`: one case's inputs, eager's reference and two runtimes'
+    outputs — a provider pair compared with each other —, one call's working memory, the comparison's blocks, the
+    small references kept, and the checks that prefill max_positions once;
+    :func:`~mhaexport.verify.sweep.spilled_peak_bytes`: one call's working memory)."""
     from mhaexport.verify.sweep import spilled_peak_bytes, sweep_peak_bytes
 
     cases = list(cases)
