@@ -39,7 +39,10 @@ class Spill:
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if n < self.min_bytes or n == 0:
             return np.empty(shape, dtype)
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError:  # a cache that cannot be written: the system's temporary folder (may be memory: tmpfs)
+            self.root = Path(tempfile.gettempdir())
         # unlinked from the start (O_TMPFILE where the file system has it): nothing is left behind by a crash, and the
         # mapping keeps the pages until the array is freed
         with tempfile.TemporaryFile(dir=self.root) as f:
@@ -58,6 +61,8 @@ class Spill:
 
     def close(self) -> None:
         """Remove the folder (its files were unlinked when mapped; arrays still alive keep their pages)."""
+        if self.root == Path(tempfile.gettempdir()):
+            return
         try:
             self.root.rmdir()
         except OSError:  # never made, or not empty: someone else's files are left alone

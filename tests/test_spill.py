@@ -27,6 +27,10 @@ def test_a_large_array_is_kept_in_an_unlinked_file_and_a_small_one_stays(tmp_pat
     small = np.ones(16, np.float32)
     assert spill.keep(small) is small and spill.spilled_bytes == big.nbytes
     assert spill.keep(kept) is kept  # already file-backed: not copied again
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    elsewhere = Spill(blocked / "spill", min_bytes=1)  # a cache that cannot be made: the temporary folder
+    assert np.array_equal(elsewhere.keep(big), big) and elsewhere.root != blocked / "spill"
     empty = spill.empty((0, 1024), np.float32)
     assert empty.shape == (0, 1024) and not isinstance(empty, np.memmap)
 
