@@ -16,6 +16,9 @@ token inside), so an unpadded row gets exactly transformers' mask and a padded r
 Softcaps, the query scale and attention sinks stay transformers' own code; the adapter's config names them
 (``attn_softcap``, ``final_softcap``, ``attn_scale``, ``attn_sinks``) for the contract and the lowerings.
 
+``mhaexport onnx --hf`` loads the folder streamed (:mod:`mhaexport.models.hf_stream`): its safetensors staged one
+tensor at a time, the model's parameters that file memory-mapped, the probe below run on the meta device.
+
 transformers is an optional extra (``pip install -e '.[hf]'``), imported only here and only when ``--hf`` is
 used. ``--hf org/name`` names a Hub model: :mod:`mhaexport.models.hub` finds its snapshot in the user's cache
 (downloading only when allowed); transformers then reads that folder like any other. transformers itself never

@@ -116,8 +116,9 @@ def load_streamed(transformers: Any, hf_config: Any, files: list[Path]) -> tuple
     copied = [(n, p.numel() * p.element_size()) for n, p in model.named_parameters() if weights.where(p) is None]
     notes = []
     if copied:
-        notes.append(f"{len(copied)} of {len(list(model.parameters()))} parameters ({sum(b for _, b in copied) / 1e6:.1f}"
-                     f" MB, e.g. {copied[0][0]}) were made in memory by transformers' loader, not streamed")
+        total = len(list(model.parameters()))
+        notes.append(f"{len(copied)} of {total} parameters ({sum(b for _, b in copied) / 1e6:.1f} MB, e.g. "
+                     f"{copied[0][0]}) were made in memory by transformers' loader, not streamed")
     return model.eval(), weights, notes
 
 

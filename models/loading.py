@@ -52,7 +52,8 @@ class LoadedModel:
     # the manifest; a Hub model's "path" is the cache's snapshot, never recorded
     origin: Source = field(default_factory=Source)
     notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
-    # the built-in decoder loaded streamed (``load_model(streamed=True)``): the staging file its parameters map
+    # a model loaded streamed (``load_model(streamed=True)``: the built-in decoder, an --hf folder): the staging file
+    # its parameters map
     weights: WeightsFile | None = field(default=None, repr=False)
     _weights_sha256: str | None = field(default=None, repr=False)
     _n_params: int | None = field(default=None, repr=False)
@@ -376,13 +377,15 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     :mod:`mhaexport.models.hf`; it holds its own weights, so ``checkpoint`` does not apply. ``hf`` may also be a Hub
     model id ``org/name`` (at ``revision``), read from the user's Hugging Face cache, downloaded only with
     ``allow_download`` (:mod:`mhaexport.models.hub`).
-    ``streamed`` (the built-in decoder; ignored otherwise): its weights — seeded, shipped or the checkpoint's — are
-    written one tensor at a time to a staging file (unlinked at once, gone with the model) and the module's parameters
-    are that file memory-mapped (read-only): nothing holds the model in memory; ``.weights`` reads it by offset.
+    ``streamed`` (the built-in decoder and an ``--hf`` folder, :func:`load_hf`; ignored for a factory): its weights —
+    seeded, shipped, the checkpoint's or the folder's — are written one tensor at a time to a staging file (unlinked at
+    once, gone with the model) and the module's parameters are that file memory-mapped (read-only): nothing holds the
+    model in memory; ``.weights`` reads it by offset.
     ``mapped`` (the built-in decoder; ``streamed`` wins): its parameters memory-mapped from a file instead of held in memory
     (:mod:`mhaexport.models.stream`; verify's mapped mode): the seeded weights written once into this user's cache
     (:func:`~mhaexport.models.stream.cached_seeded`), a checkpoint mapped by ``torch.load(mmap=True)`` (one torch
-    cannot map is loaded whole, said in ``notes``). A user factory's or a Hugging Face model is loaded whole.
+    cannot map is loaded whole, said in ``notes``). A user factory is loaded whole, and so is a Hugging Face model
+    unless ``streamed``.
     """
     given = [f"--{n}" for n, v in (("config", config), ("model", model), ("hf", hf)) if v is not None]
     if len(given) > 1:
