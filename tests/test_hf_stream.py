@@ -78,6 +78,25 @@ def test_a_model_whose_forward_needs_real_weights_loads_in_memory_and_says_why(h
                         "(RuntimeError: Tensor.item() cannot be called on meta tensors)"]
 
 
+def test_experts_transformers_merges_are_right_and_said_to_be_in_memory(tmp_path):
+    """Mixtral's checkpoint keeps one tensor per expert; transformers' loader merges them into new tensors: the
+    model is still the in-memory one, and the notes say what was not streamed."""
+    import transformers
+
+    from hf_models import IDS
+
+    cfg = transformers.MixtralConfig(vocab_size=320, max_position_embeddings=64, num_hidden_layers=1, hidden_size=32,
+                                     intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                     num_local_experts=4, num_experts_per_tok=2, **IDS)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(str(tmp_path))
+    mem, st = _both(tmp_path)
+    assert st.weights is not None and st.fingerprint == mem.fingerprint
+    assert [n for n in st.notes if "not streamed" in n] == [
+        "2 of 12 parameters (0.1 MB, e.g. model.layers.0.mlp.experts.gate_up_proj) were made in memory by "
+        "transformers' loader, not streamed"]
+
+
 def test_a_quantized_config_is_not_streamed():
     import transformers
 
