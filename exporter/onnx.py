@@ -32,7 +32,7 @@ from mhaexport.exporter.streamed import check_stand_in, read_when_written, save_
 from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
 from mhaexport.models.loading import LoadedModel
-from mhaexport.models.stream import staged_weights
+from mhaexport.models.stream import restaged
 from mhaexport.runtime.protocol import padding_of
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
@@ -300,8 +300,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     if dtype == "float32":
         module = loaded.module
     elif weights is not None:  # converted one tensor at a time into a second staging file
-        weights = staged_weights(loaded.config, weights.tensors(), dtype=torch_dtype)
-        module = weights.model(loaded.config)
+        weights, module = restaged(loaded.module, weights, torch_dtype)
     else:
         module = copy.deepcopy(loaded.module).to(torch_dtype)
     args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)

@@ -243,7 +243,8 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
     shown = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     writable_output(output)
-    # the built-in decoder streamed: its weights in a staging file, written to the export one tensor at a time
+    # the model streamed (the built-in decoder, an --hf folder): its weights in a staging file, written to the export
+    # one tensor at a time
     loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"

@@ -16,6 +16,9 @@ token inside), so an unpadded row gets exactly transformers' mask and a padded r
 Softcaps, the query scale and attention sinks stay transformers' own code; the adapter's config names them
 (``attn_softcap``, ``final_softcap``, ``attn_scale``, ``attn_sinks``) for the contract and the lowerings.
 
+``mhaexport onnx --hf`` loads the folder streamed (:mod:`mhaexport.models.hf_stream`): its safetensors staged one
+tensor at a time, the model's parameters that file memory-mapped, the probe below run on the meta device.
+
 transformers is an optional extra (``pip install -e '.[hf]'``), imported only here and only when ``--hf`` is
 used. ``--hf org/name`` names a Hub model: :mod:`mhaexport.models.hub` finds its snapshot in the user's cache
 (downloading only when allowed); transformers then reads that folder like any other. transformers itself never
@@ -28,18 +31,22 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
 from mhaexport.artifact.source import HfSource
-from mhaexport.core.errors import ModelLoadError, first_line
+from mhaexport.core.errors import ArtifactError, ModelLoadError, first_line
 from mhaexport.models.tracebacks import failing_module
+
+if TYPE_CHECKING:
+    from mhaexport.models.stream import WeightsFile
 
 INSTALL_LINE = "pip install -e '.[hf]' in the mhaexport checkout (or pip install transformers tokenizers)"
 # A model that claims more positions than this gets max_positions capped here (with a note): the contract's
@@ -316,13 +323,26 @@ HF_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
                  "special_tokens_map.json")
 
 
-def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True) -> tuple[HFCausalLM, HfSource]:
+class HfModel(NamedTuple):
+    """What :func:`hf_adapter` loads: the adapter, the origin to record, and for a streamed load the staging file its
+    parameters map and the same adapter on the meta device (shapes only: the smoke check)."""
+
+    adapter: HFCausalLM
+    origin: HfSource
+    weights: WeightsFile | None = None
+    meta: HFCausalLM | None = None
+
+
+def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True,
+               streamed: bool = False) -> HfModel:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`, ``.tokenizer``
     the tokenizer files' bytes as read) and the origin to record; see :func:`mhaexport.models.loading.load_hf`.
     ``shown``: how messages name the model (default: ``path``). ``confine``: transformers loads a private copy of
     the folder's files, each opened inside it without following a link (:mod:`mhaexport.models.hf_files`); off for
     a Hub snapshot, held to the cache's own rules. transformers never runs the folder's code
-    (``trust_remote_code=False``: a config with ``auto_map`` is refused, no prompt)."""
+    (``trust_remote_code=False``: a config with ``auto_map`` is refused, no prompt). ``streamed``: the weights
+    staged one tensor at a time and mapped (:mod:`mhaexport.models.hf_stream`), the probe run on the meta device; a
+    folder that cannot be is loaded in memory, the reason in the config's notes."""
     from mhaexport.models.hf_files import hf_files
     from mhaexport.core.untrusted import load_json
 
@@ -332,6 +352,11 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
         what = "does not exist" if not folder.exists() else "has no config.json"
         raise ModelLoadError(f"--hf {path}: {what} (expected a Hugging Face save_pretrained folder)")
     transformers = import_transformers()
+    cache_cls = getattr(transformers, "DynamicCache", None)
+    if cache_cls is None:
+        raise ModelLoadError(f"--hf needs a transformers whose KV cache is a DynamicCache: {INSTALL_LINE}")
+    model = weights = meta = cache = None
+    load_notes: list[str] = []
     with hf_files(folder, str(path), confine=confine) as files, _quiet(transformers):
         for name in HF_JSON_FILES:  # bounded (size, depth) by mhaexport's reader before transformers parses them
             if (files.dir / name).is_file():
@@ -347,13 +372,16 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
                                      "(trust_remote_code=False); wrap the model with --model SPEC instead") from None
             raise ModelLoadError(f"--hf {path} ({label}): transformers cannot read config.json: "
                                  f"{first_line(e).replace(str(files.dir), str(path))}") from None
-        try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(files.dir), local_files_only=True, attn_implementation="eager", dtype=torch.float32,
-                trust_remote_code=False)
-        except Exception as e:
-            raise ModelLoadError(f"--hf {path} ({label}): transformers cannot load it as a causal LM: "
-                                 f"{first_line(e).replace(str(files.dir), str(path))}") from None
+        if streamed:
+            model, weights, meta, cache, load_notes = _load_streamed(transformers, hf_config, files.dir, cache_cls)
+        if model is None:
+            try:
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(files.dir), local_files_only=True, attn_implementation="eager", dtype=torch.float32,
+                    trust_remote_code=False)
+            except Exception as e:
+                raise ModelLoadError(f"--hf {path} ({label}): transformers cannot load it as a causal LM: "
+                                     f"{first_line(e).replace(str(files.dir), str(path))}") from None
         _exportable_experts(model)
         # torch.jit.trace reads every property of every module; `loss_function` logs once ("loss_type=None ... is
         # unrecognized") on the inner base model: read it here, where transformers' logs are silenced
@@ -365,29 +393,77 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
     arch = (getattr(hf_config, "architectures", None) or [type(model).__name__])[0]
     model_type = getattr(hf_config, "model_type", "") or ""
     label = f"{arch} ({model_type})"
-    params = inspect.signature(model.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
-    cache_cls = getattr(transformers, "DynamicCache", None)
-    if cache_cls is None:
-        raise ModelLoadError(f"--hf needs a transformers whose KV cache is a DynamicCache: {INSTALL_LINE}")
+    cache_kw = _cache_kw(model)
     # the real sizes come from the cache this probe call returns
-    probe = HFContractConfig(n_layers=1, n_heads=1, head_dim=1, vocab_size=1, max_positions=2, n_kv_heads=1)
-    adapter = HFCausalLM(model, probe, cache_kw, cache_cls)
-    ids = torch.zeros(1, 2, dtype=torch.long)  # (1, 2)
-    mask = torch.ones(1, 2, dtype=torch.long)  # (1, 2)
-    try:
-        with torch.no_grad():
-            _, cache = adapter(ids, mask, ())
-    except ModelLoadError as e:
-        raise ModelLoadError(f"--hf {path} ({label}): {e}") from None
-    except Exception as e:
-        where = failing_module(e)
-        raise ModelLoadError(f"--hf {path} ({label}): forward failed{f' in {where}' if where else ''}: "
-                             f"{first_line(e)}") from None
+    adapter = HFCausalLM(model, _probe_config(), cache_kw, cache_cls)
+    if cache is None:
+        try:
+            cache = _probe(adapter, "cpu")
+        except ModelLoadError as e:
+            raise ModelLoadError(f"--hf {path} ({label}): {e}") from None
+        except Exception as e:
+            where = failing_module(e)
+            raise ModelLoadError(f"--hf {path} ({label}): forward failed{f' in {where}' if where else ''}: "
+                                 f"{first_line(e)}") from None
     config, plan = _contract_config(text_cfg, cache, label)
     config.model_type, config.architecture = model_type, arch
     config.attn_sinks = any(isinstance(getattr(m, "sinks", None), nn.Parameter) for m in model.modules())
+    config.notes += load_notes
     adapter.config = config
     adapter.tokenizer = files.tokenizer  # {name: bytes} of tokenizer.json & co as read (what an export ships)
     adapter._window_plan = plan
-    return adapter, HfSource(path=str(folder.resolve()), model_type=model_type, architecture=arch)
+    if meta is not None:
+        meta.config, meta._window_plan = config, plan
+    return HfModel(adapter, HfSource(path=str(folder.resolve()), model_type=model_type, architecture=arch), weights,
+                   meta)
+
+
+def _cache_kw(model: nn.Module) -> str:
+    """The keyword the model's forward takes its cache by: "cache" (transformers 5.x) or "past_key_values"."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _probe_config() -> HFContractConfig:
+    return HFContractConfig(n_layers=1, n_heads=1, head_dim=1, vocab_size=1, max_positions=2, n_kv_heads=1)
+
+
+def _probe(adapter: HFCausalLM, device: str) -> tuple:
+    """The cache one call at batch 1, seq 2 returns (its shapes are the contract's); ``device`` "meta": shapes only."""
+    ids = torch.zeros(1, 2, dtype=torch.long, device=device)  # (1, 2)
+    mask = torch.ones(1, 2, dtype=torch.long, device=device)  # (1, 2)
+    with torch.no_grad():
+        _, cache = adapter(ids, mask, ())
+    return cache
+
+
+def _load_streamed(transformers, hf_config, folder: Path, cache_cls: type) -> tuple:
+    """(model over its staged weights, the staging file, the adapter on the meta device, the probe's cache, notes),
+    or (None, None, None, None, [why not]) for a folder loaded in memory instead (:mod:`mhaexport.models.hf_stream`).
+    The probe runs on the meta device first: a model that cannot is never staged."""
+    from mhaexport.models import hf_stream
+
+    why = hf_stream.why_not(hf_config)
+    files: list[Path] = []
+    if why is None:
+        files, why = hf_stream.checkpoint_files(folder)
+    if why is None and hf_stream.model_class(transformers, hf_config) is None:
+        why = f"transformers maps no causal LM class to {type(hf_config).__name__} directly"
+    meta = cache = None
+    if why is None:
+        try:
+            meta_model = hf_stream.meta_model(transformers, hf_config)
+            _exportable_experts(meta_model)
+            meta = HFCausalLM(meta_model, _probe_config(), _cache_kw(meta_model), cache_cls)
+            cache = _probe(meta, "meta")
+        except Exception as e:
+            why = f"its forward does not run on the meta device ({first_line(e)})"
+    if why is None:
+        try:
+            model, weights, notes = hf_stream.load_streamed(transformers, hf_config, files)
+            return model, weights, meta, cache, notes
+        except OSError as e:  # no room in TMPDIR: loading the model in memory instead would not fit either
+            raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the export "
+                                "writes them there first; set TMPDIR to a folder with room for them") from None
+        except Exception as e:  # the in-memory load says what is wrong, if anything is
+            why = f"staging its weights failed ({first_line(e)})"
+    return None, None, None, None, [hf_stream.fallback_note(why)]

@@ -52,7 +52,8 @@ class LoadedModel:
     # the manifest; a Hub model's "path" is the cache's snapshot, never recorded
     origin: Source = field(default_factory=Source)
     notes: list[str] = field(default_factory=list)  # what loading changed or cannot prove (the CLI shows them)
-    # the built-in decoder loaded streamed (``load_model(streamed=True)``): the staging file its parameters map
+    # a model loaded streamed (``load_model(streamed=True)``: the built-in decoder, an --hf folder): the staging file
+    # its parameters map
     weights: WeightsFile | None = field(default=None, repr=False)
     _weights_sha256: str | None = field(default=None, repr=False)
     _n_params: int | None = field(default=None, repr=False)
@@ -61,8 +62,7 @@ class LoadedModel:
     def weights_sha256(self) -> str:
         """sha256 of the module's state dict (names, dtypes, shapes and bytes), computed once."""
         if self._weights_sha256 is None:
-            self._weights_sha256 = (self.weights.sha256() if self.weights is not None
-                                    else weights_sha256(self.module))
+            self._weights_sha256 = weights_sha256(self.module, self.weights)
         return self._weights_sha256
 
     @property
@@ -102,11 +102,12 @@ class LoadedModel:
         return Path(self.checkpoint).name
 
 
-def weights_sha256(module: nn.Module) -> str:
-    """sha256 over the state dict in key order: each key, dtype, shape and the tensor's bytes."""
+def weights_sha256(module: nn.Module, weights: WeightsFile | None = None) -> str:
+    """sha256 over the state dict in key order: each key, dtype, shape and the tensor's bytes; a streamed model's
+    (``weights``: the staging file its parameters map) read from that file by offset, never through the map."""
     from mhaexport.models.stream import streamed_sha256
 
-    return streamed_sha256(module.state_dict())
+    return streamed_sha256(module.state_dict(), weights)
 
 
 def contract_of(module: nn.Module) -> ModelContract:
@@ -308,7 +309,8 @@ def smoke_check(module: nn.Module, contract: ModelContract, device: str = "cpu")
                                      "[batch, n_kv_heads, past + seq, head_dim]")
 
 
-def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False) -> LoadedModel:
+def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False,
+            streamed: bool = False) -> LoadedModel:
     """Load the Hugging Face causal LM in folder ``path`` — or, when ``path`` is a Hub id ``org/name``, its snapshot
     at ``revision`` in the user's cache (:mod:`mhaexport.models.hub`; downloaded only with ``allow_download``) —
     under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin an
@@ -316,7 +318,9 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
     snapshot, never recorded) with, for a Hub id, its ``repo_id``, ``revision``, ``commit``; notes from loading (a
     capped context length, a sliding window). Raises ModelLoadError with one line: transformers missing (with the
     install line), not a model folder, a Hub id not in the cache, an architecture transformers cannot load as a
-    causal LM, or one whose outputs are not the contract's (no cache, another cache layout)."""
+    causal LM, or one whose outputs are not the contract's (no cache, another cache layout). ``streamed``: its
+    weights staged one tensor at a time and its parameters that file mapped (``.weights``;
+    :mod:`mhaexport.models.hf_stream`), or, where the folder cannot be, loaded in memory with the reason in the notes."""
     from mhaexport.models import hub
     from mhaexport.models.hf import hf_adapter
 
@@ -326,14 +330,20 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
     elif revision is not None:
         raise ModelLoadError(f"--revision {revision} applies to a Hub model id (org/name); --hf {path} is a folder")
     if source is None:
-        module, origin = hf_adapter(path)
+        got = hf_adapter(path, streamed=streamed)
         spec = f"hf:{Path(path).resolve().name}"
+        origin = got.origin
     else:
-        module, origin = hf_adapter(source.folder, shown=source.repo_id, confine=False)  # the cache's own rules
-        origin = dataclasses.replace(origin, **source.record)
+        got = hf_adapter(source.folder, shown=source.repo_id, confine=False, streamed=streamed)  # the cache's rules
+        origin = dataclasses.replace(got.origin, **source.record)
         spec = source.spec
-    loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes))
-    smoke_check(module, loaded.contract)
+    module = got.adapter
+    loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes),
+                         weights=got.weights)
+    if got.meta is not None:  # shapes only: a forward would read every weight's pages
+        smoke_check(got.meta, loaded.contract, "meta")
+    else:
+        smoke_check(module, loaded.contract)
     return loaded
 
 
@@ -367,13 +377,15 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     :mod:`mhaexport.models.hf`; it holds its own weights, so ``checkpoint`` does not apply. ``hf`` may also be a Hub
     model id ``org/name`` (at ``revision``), read from the user's Hugging Face cache, downloaded only with
     ``allow_download`` (:mod:`mhaexport.models.hub`).
-    ``streamed`` (the built-in decoder; ignored otherwise): its weights — seeded, shipped or the checkpoint's — are
-    written one tensor at a time to a staging file (unlinked at once, gone with the model) and the module's parameters
-    are that file memory-mapped (read-only): nothing holds the model in memory; ``.weights`` reads it by offset.
+    ``streamed`` (the built-in decoder and an ``--hf`` folder, :func:`load_hf`; ignored for a factory): its weights —
+    seeded, shipped, the checkpoint's or the folder's — are written one tensor at a time to a staging file (unlinked at
+    once, gone with the model) and the module's parameters are that file memory-mapped (read-only): nothing holds the
+    model in memory; ``.weights`` reads it by offset.
     ``mapped`` (the built-in decoder; ``streamed`` wins): its parameters memory-mapped from a file instead of held in memory
     (:mod:`mhaexport.models.stream`; verify's mapped mode): the seeded weights written once into this user's cache
     (:func:`~mhaexport.models.stream.cached_seeded`), a checkpoint mapped by ``torch.load(mmap=True)`` (one torch
-    cannot map is loaded whole, said in ``notes``). A user factory's or a Hugging Face model is loaded whole.
+    cannot map is loaded whole, said in ``notes``). A user factory is loaded whole, and so is a Hugging Face model
+    unless ``streamed``.
     """
     given = [f"--{n}" for n, v in (("config", config), ("model", model), ("hf", hf)) if v is not None]
     if len(given) > 1:
@@ -383,7 +395,7 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     if hf is not None and checkpoint is not None:
         raise ConfigError("--checkpoint loads weights into mhaexport's own models; an --hf folder holds its weights")
     if hf is not None:
-        return load_hf(hf, revision, allow_download=allow_download)
+        return load_hf(hf, revision, allow_download=allow_download, streamed=streamed)
     if model is not None:
         factory = _import_factory(model)
         try:

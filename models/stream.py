@@ -12,7 +12,9 @@ the kernel reads on use and may drop again under a memory cap — nothing is cop
   tensor written at its offset as it arrives, then dropped (peak: the largest tensor);
 - :func:`mmap_state` / :func:`mmap_model` — a state dict of read-only tensors over the file's pages, and a
   :class:`DecoderLM` whose parameters are those tensors (built on meta, loaded with ``assign``);
-- :func:`streamed_sha256` — :func:`mhaexport.models.loading.weights_sha256` of such a state without materialising it.
+- :func:`streamed_sha256` — :func:`mhaexport.models.loading.weights_sha256` of such a state without materialising it;
+- :func:`staging_file` / :func:`restaged` — any (name, tensor) stream staged in an unlinked file and mapped; a model
+  over such a file converted to another dtype the same way (``--dtype float16`` of a streamed export).
 """
 
 from __future__ import annotations
@@ -206,18 +208,26 @@ def mmap_model(cfg: DecoderConfig, path: str | Path) -> DecoderLM:
     return model_over(cfg, mmap_state(path))
 
 
-def streamed_sha256(state: dict[str, torch.Tensor]) -> str:
+def streamed_sha256(state: dict[str, torch.Tensor], weights: "WeightsFile | None" = None) -> str:
     """:func:`mhaexport.models.loading.weights_sha256` of a state dict, reading one tensor at a time (a memory-mapped
-    state's pages are read once and may be dropped again)."""
+    state's pages are read once and may be dropped again); a tensor that lies in ``weights``' map is read from the
+    file by offset instead (:meth:`WeightsFile.read_tensor`: the map's pages never touched)."""
     h = hashlib.sha256()
     for name, t in sorted(state.items()):
         t = t.detach()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            flat = t.reshape(-1)
-            step = max(1, (64 << 20) // max(1, t.element_size()))
-            for i in range(0, flat.numel(), step):  # 64 MB at a time
-                h.update(flat[i:i + step].cpu().contiguous().view(torch.uint8).numpy().data)
+        if not t.numel():
+            continue
+        at = weights.where(t) if weights is not None else None
+        if at is not None:  # 64 MB at a time, by offset
+            offset, nbytes = at
+            for i in range(0, nbytes, 64 << 20):
+                h.update(weights._pread(offset + i, min(64 << 20, nbytes - i)).data)
+            continue
+        flat = t.reshape(-1)
+        step = max(1, (64 << 20) // max(1, t.element_size()))
+        for i in range(0, flat.numel(), step):  # 64 MB at a time
+            h.update(flat[i:i + step].cpu().contiguous().view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -313,30 +323,21 @@ class WeightsFile:
         raw = torch.from_numpy(self._pread(self.base + start, end - start))
         return raw.view(dtype).reshape([int(x) for x in entry["shape"]])
 
-    def sha256(self) -> str:
-        """:func:`streamed_sha256` of :attr:`state` (= weights_sha256 of a model over it), read by offset 64 MB at a
-        time."""
-        h = hashlib.sha256()
-        for name in sorted(self.meta):
-            entry = self.meta[name]
-            t = self.state[name]
-            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-            start, end = (int(x) for x in entry["data_offsets"])
-            for at in range(start, end, 64 << 20):
-                h.update(self._pread(self.base + at, min(64 << 20, end - at)).data)
-        return h.hexdigest()
+    def where(self, t: torch.Tensor) -> tuple[int, int] | None:
+        """(file offset, byte count) of a contiguous CPU tensor whose bytes lie in this file's map, else None."""
+        if t.device.type != "cpu" or not t.is_contiguous() or not t.numel():
+            return None
+        nbytes = t.numel() * t.element_size()
+        offset = self.offset_of(t.data_ptr(), nbytes)
+        return None if offset is None else (offset, nbytes)
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor | None]]:
-        """Every tensor, read by offset one at a time (a name sharing another's bytes — a tied head — as (name,
-        None), for :func:`write_safetensors`'s aliases)."""
-        seen: set[tuple[int, int]] = set()
-        for name, entry in self.meta.items():
-            key = tuple(entry["data_offsets"])
-            if key in seen and key[1] > key[0]:
-                yield name, None
-                continue
-            seen.add(key)
-            yield name, self.read(name)
+    def read_tensor(self, t: torch.Tensor) -> torch.Tensor | None:
+        """A copy of ``t`` (a tensor over this file's map: a parameter of a model over :attr:`state`) read from the
+        file by offset, in memory the caller drops; None when ``t`` is not in the map."""
+        at = self.where(t)
+        if at is None:
+            return None
+        return torch.from_numpy(self._pread(*at)).view(t.dtype).reshape(t.shape)
 
     def model(self, cfg: DecoderConfig) -> DecoderLM:
         """The built-in decoder over :attr:`state` (as :func:`mmap_model`)."""
@@ -376,12 +377,25 @@ def model_over(cfg: DecoderConfig, state: dict[str, torch.Tensor], *, strict: bo
     return model.eval()
 
 
+def staging_file(specs: list[tuple[str, tuple[int, ...], torch.dtype]],
+                 tensors: Iterable[tuple[str, torch.Tensor | None]], *, aliases: dict[str, str] | None = None,
+                 folder: str | Path | None = None) -> WeightsFile:
+    """``tensors`` written one at a time (:func:`write_safetensors`, header ``specs``) to a staging file in ``folder``
+    (default: the temporary folder, ``TMPDIR``), opened and unlinked (:class:`WeightsFile`: gone with it)."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".mhaexport-weights-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        write_safetensors(tmp, specs, tensors, aliases)
+        return WeightsFile(tmp, unlink=True)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def staged_weights(cfg: DecoderConfig, tensors: Iterable[tuple[str, torch.Tensor | None]] | None = None, *,
                    dtype: torch.dtype | None = None, folder: str | Path | None = None) -> WeightsFile:
-    """The built-in decoder's weights written to a staging safetensors file in ``folder`` (default: the temporary
-    folder, ``TMPDIR``), opened and unlinked (:class:`WeightsFile`): ``tensors`` (name, tensor) in any order — a
-    checkpoint's, read one at a time — or, when None, the seeded init (:func:`seeded_tensors`); ``dtype``: floating
-    tensors converted to it as they are written. The tied LM head is stored once."""
+    """The built-in decoder's weights written to a staging file (:func:`staging_file`): ``tensors`` (name, tensor)
+    in any order — a checkpoint's, read one at a time — or, when None, the seeded init (:func:`seeded_tensors`);
+    ``dtype``: floating tensors converted to it as they are written. The tied LM head is stored once."""
     specs = param_specs(cfg)
     if dtype is not None:
         specs = [(n, s, dtype if d.is_floating_point else d) for n, s, d in specs]
@@ -394,13 +408,30 @@ def staged_weights(cfg: DecoderConfig, tensors: Iterable[tuple[str, torch.Tensor
                 t = t.to(dtype)
             yield name, t
 
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".mhaexport-weights-", suffix=".safetensors")
-    os.close(fd)
+    return staging_file(specs, converted(), aliases=aliases, folder=folder)
+
+
+def restaged(module: nn.Module, weights: WeightsFile, dtype: torch.dtype, *,
+             folder: str | Path | None = None) -> tuple[WeightsFile, nn.Module]:
+    """What ``copy.deepcopy(module).to(dtype)`` gives, without the model in memory: ``module``'s parameters (over
+    ``weights``' map, read by offset; any other from memory) converted to ``dtype`` one at a time into a new staging
+    file, and a copy of ``module`` whose parameters are that file mapped (a tied parameter stays one parameter),
+    its buffers converted by ``.to(dtype)`` as there. Any model: the built-in decoder, a transformers model."""
+    params = dict(module.named_parameters())  # a tied parameter once, under its first name
+    specs = [(n, tuple(p.shape), dtype if p.is_floating_point() else p.dtype) for n, p in params.items()]
+
+    def tensors():
+        for (name, p), (_, _, want) in zip(params.items(), specs):
+            t = weights.read_tensor(p)
+            yield name, (p.detach() if t is None else t).to(want)
+
+    new = staging_file(specs, tensors(), folder=folder)
     try:
-        write_safetensors(tmp, specs, converted(), aliases)
-        return WeightsFile(tmp, unlink=True)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+        memo = {id(p): nn.Parameter(new.state[n], requires_grad=p.requires_grad) for n, p in params.items()}
+        return new, copy.deepcopy(module, memo).to(dtype)
+    except BaseException:
+        new.close()
+        raise
 
 
 def seeded_cache_path(cfg: DecoderConfig) -> Path:

@@ -9,6 +9,7 @@ on every proved architecture, re-pointing, bench, a planted and a real export fa
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,34 @@ def test_llama_gqa_exports_with_our_io_and_verifies_on_ort(small):
     assert report.verdict.code == 0, markdown(report)
     ort = {check: r.status for check, r in report.results["ort-cpu"].items()}
     assert len(ort) == 8 and "genai-config" in ort and all(s is True for s in ort.values()), ort
+
+
+def test_the_streamed_export_writes_the_in_memory_exports_bytes_and_verifies(small, tmp_path, monkeypatch):
+    """`mhaexport onnx --hf` loads streamed (models/hf_stream.py): the folder's safetensors staged one tensor at a
+    time, the model's parameters that file mapped, each weight read from it by offset as it is written."""
+    from mhaexport.exporter import onnx as onnx_exporter
+    from mhaexport.exporter import streamed
+    from mhaexport.verify import verify_folder
+
+    mem, out = small
+    read = []
+    monkeypatch.setattr(onnx_exporter, "read_when_written",
+                        lambda model, weights: read.extend(streamed.read_when_written(model, weights)) or read)
+    loaded = load_model(hf=mem.origin.path, streamed=True)
+    assert loaded.weights is not None and loaded.fingerprint == mem.fingerprint and not loaded.notes
+    onnx_exporter.export_onnx(loaded, tmp_path)
+    files = {p.name for p in out.iterdir()} - {"manifest.json"}
+    assert files == {p.name for p in tmp_path.iterdir()} - {"manifest.json"}
+    assert all((out / n).read_bytes() == (tmp_path / n).read_bytes() for n in files)
+    # every weight was read from the staging file (the parameters and the projections' folded transposes; the
+    # other initializers are the exporter's small constants and the rotary buffer)
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "model.onnx")).graph
+    weights = {t.name for t in graph.initializer if math.prod(t.dims) >= 32}  # d_model: 32
+    assert weights and weights <= set(read), weights - set(read)
+    report = verify_folder(tmp_path, loaded=loaded, runtimes=("ort-cpu",))
+    assert report.verdict.code == 0, markdown(report)
 
 
 def test_generate_prompt_encodes_and_decodes_with_the_folders_tokenizer(small):
