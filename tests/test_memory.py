@@ -263,8 +263,9 @@ def _cgroup_v1() -> Path | None:
 def test_verify_under_a_real_cgroup_cap_below_the_weights_it_holds(tmp_path):
     """A built-in model whose eager and ONNX weights together (~0.64 GB, the ONNX file's in external data) exceed
     what a 0.85 GB cgroup leaves above the ~0.4 GB baseline: whole, the kernel would kill the run; verify plans
-    the mapped mode by itself and passes inside the cap. ~45 s with its export on a quiet 2-core machine, minutes
-    under load (the cap evicts the mapped pages, which are read again): slow."""
+    the mapped mode by itself and passes inside the cap. ~30 s with its export on a 2-core machine (45 s before the
+    mapped mode spilled its outputs), minutes under load (the cap evicts the mapped pages, which are read again):
+    slow. A cap below one copy of the weights needs a model over the ~0.4 GB baseline, each call re-reading it."""
     root = _cgroup_v1()
     if root is None:
         pytest.skip("no writable cgroup v1 memory controller at /sys/fs/cgroup/memory (needs root)")
