@@ -67,9 +67,10 @@ class EagerRunner(Runner):
         finally:
             for h in hooks:
                 h.remove()
-        if spilled:  # a model without blocks we know (a user's, TorchScript): its outputs spilled once made
+        if spilled:  # the logits once made; a model without blocks we know (a user's, TorchScript): its cache too
             logits = _spilled_tensor(self.spill, logits)
-            present = tuple((_spilled_tensor(self.spill, k), _spilled_tensor(self.spill, v)) for k, v in present)
+            if not hooks:
+                present = tuple((_spilled_tensor(self.spill, k), _spilled_tensor(self.spill, v)) for k, v in present)
         return logits, present
 
     def _torch_past(self, past: KVPairs):

@@ -134,17 +134,16 @@ class OrtRunner(OrtSessionRunner):
     def _run_plain(self, ids: np.ndarray, mask: np.ndarray, flat_past) -> list:
         """``session.run`` on the host inputs and the 2L past values: [logits, present values...]; with a
         :attr:`spill` on a CPU session, the outputs are bound to file-backed buffers (:meth:`_run_spilled`)."""
+        feed = {**self._host_inputs(ids, mask), **dict(zip(self.past_names, flat_past))}
         if self.spill is not None and self.device == "cpu" and type(self.protocol) is Protocol:
-            return self._run_spilled(ids, mask, flat_past)
-        return self.session.run(self.output_names, {**self._host_inputs(ids, mask),
-                                                    **dict(zip(self.past_names, flat_past))})
+            return self._run_spilled(ids, mask, feed)
+        return self.session.run(self.output_names, feed)
 
-    def _run_spilled(self, ids: np.ndarray, mask: np.ndarray, flat_past) -> list:
+    def _run_spilled(self, ids: np.ndarray, mask: np.ndarray, feed: dict[str, np.ndarray]) -> list:
         """One call whose logits (B, T, V) and present values (B, H_kv, past + T, D) ONNX Runtime writes into
         :attr:`spill`'s buffers (IO binding; the inputs bound where they lie, file-backed or not), flushed after. A
         file whose outputs are not these shapes or dtypes runs plainly, its outputs spilled once made."""
         c, (B, T), S = self.contract, ids.shape, mask.shape[1]
-        feed = {**self._host_inputs(ids, mask), **dict(zip(self.past_names, flat_past))}
         try:
             io = self.session.io_binding()
             for name, value in feed.items():

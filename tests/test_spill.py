@@ -84,6 +84,7 @@ def test_eager_spills_each_blocks_cache_as_it_is_made_and_keeps_its_numbers(tiny
     assert np.array_equal(seen[-1].numpy(), want[1][-1][0])
     present_bytes = sum(t.nbytes for kv in want[1] for t in kv)
     assert spill.spilled_bytes >= present_bytes + want[0].nbytes
+    assert spill.spilled_bytes == present_bytes + want[0].nbytes  # each block's cache once: not again after the call
     assert np.array_equal(got[0], want[0])
     assert all(np.array_equal(g, w) for gk, wk in zip(got[1], want[1]) for g, w in zip(gk, wk))
 

@@ -158,8 +158,6 @@ def spilled_peak_bytes(contract, cases: list[Case], dtype: str = "float32", long
     (runtime/spill.py): one call's working memory (:data:`SPILLED_SCORES` score tensors and the MLP's) or eager's
     logits before they are spilled, whichever is larger, plus the comparison's blocks and the small references kept.
     Returns the bytes and the case that needs the most."""
-    from mhaexport.verify.compare import CHUNK_ELEMENTS
-
     n = _ITEMSIZE.get(dtype, 4)
     cases = list(cases)
     if long_checks and hasattr(contract, "vocab_size"):
@@ -170,7 +168,14 @@ def spilled_peak_bytes(contract, cases: list[Case], dtype: str = "float32", long
         one = max(call_bytes(contract, case, dtype, scores=SPILLED_SCORES), logits)
         if one > peak:
             peak, largest = one, case
-    return int(peak + 12 * 8 * CHUNK_ELEMENTS + REFERENCE_CACHE_BYTES), largest
+    return int(peak + _compare_workspace() + REFERENCE_CACHE_BYTES), largest
+
+
+def _compare_workspace() -> int:
+    """compare()'s working memory: its float64 temporaries of one block (~10) and the selection."""
+    from mhaexport.verify.compare import CHUNK_ELEMENTS
+
+    return 12 * 8 * CHUNK_ELEMENTS
 
 
 def sweep_peak_bytes(contract, cases: list[Case], dtype: str = "float32", runtimes_at_once: int = 1,
@@ -182,9 +187,7 @@ def sweep_peak_bytes(contract, cases: list[Case], dtype: str = "float32", runtim
     (REFERENCE_CACHE_BYTES at most). ``long_checks``: also the checks that prefill max_positions tokens once
     (kv-consistency's long context, generation's long prompt: one such call's outputs and working memory, and the
     rows they keep). A planner compares this plus the weights held (eager's and each session's) with its cap."""
-    from mhaexport.verify.compare import CHUNK_ELEMENTS
-
-    workspace = 12 * 8 * CHUNK_ELEMENTS  # compare(): its float64 temporaries of one block (~10) and the selection
+    workspace = _compare_workspace()
     kept = 0  # the references kept: the small ones, up to the budget
     peak = 0
     for case in cases:

@@ -247,7 +247,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     dtype, tol = _tolerance(ef, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted, trust_code, plan)
-    spill = _spill_for(runners, plan)
+    plain = other_protocol_runners(ef, c, wanted)
+    spill = _spill_for(runners + plain, plan)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
     ctx = Context(contract=c, cases=cases, tol=tol, tol_override=(atol, rtol), eager=runners[0],
                   without_cache=without_cache, deploy=deploy_of, export_sizes=_export_sizes(ef),
@@ -260,9 +261,6 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     lint = _lint(ef, say)
     if threads is None and small:
         threads = 1
-    plain = other_protocol_runners(ef, c, wanted)
-    for r in plain if spill is not None else ():
-        r.spill = spill
     with torch_threads(threads):
         infos, results = run_all(runners, ctx, checks, say, lossy=lossy)
         other = None
