@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import tempfile
 import time
 import warnings
@@ -185,28 +186,44 @@ ORT_ONNX_DOMAIN_CONTRIB = frozenset({"SimplifiedLayerNormalization"})
 
 
 def check_onnx(path: Path) -> None:
-    """onnx.checker full check (with shape inference) and strict shape inference, path-based (works past 2 GB). A
-    graph holding ORT's contrib ops of the default domain (ORT_ONNX_DOMAIN_CONTRIB) is checked without them known:
-    those nodes are moved to com.microsoft in a copy of the graph (which the checker leaves to ONNX Runtime, as
-    every com.microsoft op) and checked without strict shape inference; the self-check and verify run them."""
+    """onnx.checker full check (with shape inference) and strict shape inference, always by path, so external data
+    resolves beside the file (a ``ModelProto`` in memory would resolve it against the working directory) and the
+    check works past 2 GB. A graph holding ORT's contrib ops of the default domain (ORT_ONNX_DOMAIN_CONTRIB) is
+    checked without them known: those nodes are moved to com.microsoft in a copy of the graph written beside the file
+    (its external data not loaded, so the copy is the graph alone and names the same data files), which the checker
+    leaves to ONNX Runtime as every com.microsoft op; shape inference there is not strict. The self-check and verify
+    run those nodes."""
     graph = onnx.load(str(path), load_external_data=False)
     contrib = [n for n in graph.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ORT_ONNX_DOMAIN_CONTRIB]
-    if contrib:
-        for n in contrib:
-            n.domain = "com.microsoft"
-        try:
-            onnx.checker.check_model(graph, full_check=False)
-        except Exception as e:
-            raise ExportError(f"the exported ONNX model fails onnx.checker: {e}") from None
+    if not contrib:
+        del graph
+        _check_path(path, strict=True)
         return
-    del graph
+    for n in contrib:
+        n.domain = "com.microsoft"
+    if not any(o.domain == "com.microsoft" for o in graph.opset_import):
+        graph.opset_import.add(domain="com.microsoft", version=1)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".check.onnx", dir=path.parent)
+    copy = Path(name)
     try:
-        onnx.checker.check_model(str(path), full_check=True)
-        onnx.shape_inference.infer_shapes_path(str(path), str(path) + ".inferred", strict_mode=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(graph.SerializeToString())
+        del graph
+        _check_path(copy, strict=False)
+    finally:
+        copy.unlink(missing_ok=True)
+
+
+def _check_path(path: Path, *, strict: bool) -> None:
+    """onnx.checker (full) and shape inference of the file at ``path``, its external data beside it."""
+    inferred = path.with_name(path.name + ".inferred")
+    try:
+        onnx.checker.check_model(str(path), full_check=strict)
+        onnx.shape_inference.infer_shapes_path(str(path), str(inferred), strict_mode=strict)
     except Exception as e:
         raise ExportError(f"the exported ONNX model fails onnx.checker/shape inference: {e}") from None
     finally:
-        Path(str(path) + ".inferred").unlink(missing_ok=True)
+        inferred.unlink(missing_ok=True)
 
 
 def check_cache_options(kv_cache: str, max_cache: int | None, seq_dynamic: bool = True,
