@@ -114,7 +114,7 @@ def _count(value: Any, arg: str, least: int = 1, *, optional: bool = True) -> No
 
 def _tolerance(value: Any, arg: str) -> None:
     """ConfigError unless ``value`` is None, a number >= 0, or {"logits" | "present" | None: number >= 0}."""
-    from mhaexport.verify.compare import OUTPUT_KINDS
+    from mhaexport.core.iospec import OUTPUT_KINDS
 
     per = value if isinstance(value, dict) else {None: value}
     for key, x in per.items():
