@@ -100,7 +100,8 @@ def judge_tokens(check: str, runner: GenAIRunner, ctx: Context, runs: list[Run],
                 else:
                     bad.append(f"{r.label} diverges from {AGAINST[check]} at token {d} (margin {margin:.3g})")
             else:
-                bad.append(f"{r.label} ran {len(r.got_tokens)} tokens, {AGAINST[check]} {len(r.want_tokens)}")
+                bad.append(f"{r.label} stops after {len(r.got_tokens)} tokens where {AGAINST[check]} gives "
+                           f"{len(r.want_tokens)}")
         rows.append(row)
     fig = ServingFigures.of(runs=rows, rounding=float(f"{rounding:.3g}"), allowed=float(f"{allowed:.3g}"),
                             ties=ties or None, engine=engine)

@@ -30,7 +30,7 @@ import numpy as np
 
 from mhaexport.core.iospec import WINDOW_SLACK, ModelContract
 from mhaexport.runners.names import EAGER
-from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
+from mhaexport.runtime.decode import STOP_MAX_POS, DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.runner import Runner
 from mhaexport.runtime.serve import Request, Scheduler, alone
 from mhaexport.runtime.speculative import DraftModel, PromptLookup, speculative_generate
@@ -194,6 +194,8 @@ def run_speculative(runner: Runner, ctx: Context) -> list[Run]:
                 "rounds": s["rounds"], "target_calls": s["target_calls"]}
         if drafter == "scripted":
             info["near_ties"] = [rounded(margins[i]) for i in closest]
+        if res.stop_reason == STOP_MAX_POS:
+            info["stopped"] = res.message
         runs.append(Run(f"{drafter} on the {prompt} prompt", res.tokens[0], [lg[0] for lg in res.step_logits],
                         *want[prompt], info))
     return runs
@@ -292,7 +294,9 @@ def judge(check: str, runner: Runner, ctx: Context, runs: list[Run]) -> CheckRes
                     bad.append(f"{r.label} diverges from {AGAINST[check]} at token {d} (margin {margin:.3g}, logits "
                                f"max abs {err:.3g})")
             else:
-                bad.append(f"{r.label} ran {len(r.got_tokens)} tokens, {AGAINST[check]} {len(r.want_tokens)}")
+                stop = f" ({r.info['stopped']})" if r.info.get("stopped") else ""
+                bad.append(f"{r.label} stops after {len(r.got_tokens)} tokens where {AGAINST[check]} gives "
+                           f"{len(r.want_tokens)}{stop}")
         elif err > allowed:
             bad.append(f"{r.label}: same tokens but logits differ by {err:.3g}")
         rows.append(row)
