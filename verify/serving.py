@@ -268,7 +268,7 @@ _EPS = {"float32": float(np.finfo(np.float32).eps), "float16": float(np.finfo(np
         "bfloat16": 2.0 ** -7}
 
 
-def judge(check: str, runner: Runner, ctx: Context, runs: list[Run]) -> CheckResult:
+def judge_runs(check: str, runner: Runner, ctx: Context, runs: list[Run]) -> CheckResult:
     """``runs`` judged as the module says: tokens equal (near-ties within the allowance pass), logits within the
     allowance; the figures: each run's first divergence and max abs, the runtime's worst, eager's floor, the
     allowance."""
@@ -323,8 +323,8 @@ def _check(check: str):
                                                               f"seq={runner.fixed[0]} past={runner.fixed[1]})")
         if runner.name == EAGER and ctx.recorded is None:
             floor(check, ctx)
-            return judge(check, runner, ctx, ctx._ref[("serving-floor", check)][1])
-        return judge(check, runner, ctx, RUNS[check](runner, ctx))
+            return judge_runs(check, runner, ctx, ctx._ref[("serving-floor", check)][1])
+        return judge_runs(check, runner, ctx, RUNS[check](runner, ctx))
 
     run.__name__ = f"check_{check.replace('-', '_')}"
     run.__doc__ = f"The {check} check of a contract runtime (see the module)."
