@@ -160,7 +160,9 @@ def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: 
         served = next((r for r in timed if r.ok and r.record.ran and r.record.name == ORT_CPU and r.runner is not None
                        and r.record.opt_level is None), None)
         if served is not None:
-            res.serving = serving_runs(served, cfg, c.vocab_size, c.max_positions, say)
+            from mhaexport.runtime.tokenizer import for_folder
+
+            res.serving = serving_runs(served, cfg, c.vocab_size, c.max_positions, say, for_folder(ef))
         else:
             notes.append("serving (--serving) not timed: the ort-cpu row did not run")
     own = res.get(ORT_CPU)

@@ -5,8 +5,9 @@ folder's file in its own protocol, the Generator's loop), after the main rounds 
   all waiting at the start, served over R rows, tokens/s against the plain loop (the same requests one at a time,
   :meth:`DecodeLoop.generate` at batch 1), at each R asked;
 - speculative decoding (:mod:`mhaexport.runtime.speculative`, prompt lookup, 4 drafts a call): tokens/s against
-  plain greedy decoding of the same prompt, on a repetitive prompt (an 8-gram over and over) and a non-repetitive
-  one (seeded ids).
+  plain greedy decoding of the same prompt, on a repetitive prompt and a non-repetitive one: text through the
+  folder's tokenizer where it has one (a sentence over and over; a paragraph of prose), else seeded ids (an 8-gram
+  over and over; ids drawn at random).
 
 Each workload's runs are interleaved round by round (one untimed round, then ``repeats`` timed ones), medians; the
 serving runs' tokens are checked against the plain loop's (``same_tokens``: verify's serving checks are the proof).
@@ -30,6 +31,22 @@ from mhaexport.runtime.speculative import PromptLookup, speculative_generate
 
 Progress = Callable[[str], None]
 DRAFT_TOKENS = 4  # prompt lookup's drafts per call
+REPEATED = "The river runs down to the sea, and the sea sends the rain back to the hills. "
+PROSE = ("Morning came slowly over the harbour. A fisherman checked his nets twice, counted the floats, and "
+         "decided the weather would hold until noon. Behind him the market was opening: bread, salt, lamp oil, a "
+         "crate of lemons that nobody had ordered. By the time the bell rang the boats were already past the wall.")
+
+
+def speculative_prompts(cfg: BenchConfig, vocab_size: int, tokenizer=None) -> dict[str, list[int]]:
+    """The repetitive and the non-repetitive prompt, ``cfg.prompt_len`` tokens each (see the module)."""
+    P = cfg.prompt_len
+    if tokenizer is not None:
+        rep, prose = tokenizer.encode(REPEATED * (P // 8 + 2)), tokenizer.encode(PROSE * (P // 64 + 1))
+        if len(rep) >= P and len(prose) >= P and max(rep + prose) < vocab_size:
+            return {"repetitive": rep[:P], "non-repetitive": prose[:P]}
+    rng = np.random.default_rng(cfg.seed + 2)
+    gram = rng.integers(0, vocab_size, 8).tolist()
+    return {"repetitive": (gram * P)[:P], "non-repetitive": rng.integers(0, vocab_size, P).tolist()}
 
 
 def serving_requests(cfg: BenchConfig, vocab_size: int, max_positions: int, count: int) -> list[Request]:
@@ -47,8 +64,10 @@ def serving_requests(cfg: BenchConfig, vocab_size: int, max_positions: int, coun
     return out
 
 
-def serving_runs(row: Row, cfg: BenchConfig, vocab_size: int, max_positions: int, say: Progress) -> ServingBench:
-    """The serving phase on ``row`` (loaded and warm): see the module."""
+def serving_runs(row: Row, cfg: BenchConfig, vocab_size: int, max_positions: int, say: Progress,
+                 tokenizer=None) -> ServingBench:
+    """The serving phase on ``row`` (loaded and warm; ``tokenizer``: the folder's, for the speculative prompts): see
+    the module."""
     loop = DecodeLoop(row.runner)
     points = sorted(set(cfg.serving))
     reqs = serving_requests(cfg, vocab_size, max_positions, max(8, 2 * max(points)))
@@ -83,11 +102,8 @@ def serving_runs(row: Row, cfg: BenchConfig, vocab_size: int, max_positions: int
         out.batching.append(BatchingPoint(R, round(tps, 2), round(tps / plain_tps, 3), len(batch_s[R])))
     out.same_tokens = same
 
-    rng = np.random.default_rng(cfg.seed + 2)
     n = min(cfg.new_tokens, max_positions - cfg.prompt_len - DRAFT_TOKENS - 1)
-    gram = rng.integers(0, vocab_size, 8).tolist()
-    prompts = {"repetitive": (gram * cfg.prompt_len)[:cfg.prompt_len],
-               "non-repetitive": rng.integers(0, vocab_size, cfg.prompt_len).tolist()}
+    prompts = speculative_prompts(cfg, vocab_size, tokenizer)
     spec_cfg = GenerationConfig(max_new_tokens=n)
     for name, prompt in prompts.items():
         plain_t, spec_t, stats, equal = [], [], None, True

@@ -91,13 +91,16 @@ class Scheduler:
     tokens are draws of one generator over the batch, so they repeat run to run, not the tokens a request draws
     alone; greedy tokens equal each request's run alone). ``keep_logits``: keep each token's logits in
     :attr:`outcomes` (verify). ``prefixes``: token sequences whose cache is computed once and copied into the row of
-    every request whose prompt starts with one (the longest that leaves it a token of its own)."""
+    every request whose prompt starts with one (the longest that leaves it a token of its own). ``positions``: the
+    positions each row's cache holds (default: the longest request's prompt + budget, all a row ever needs)."""
 
     def __init__(self, loop: DecodeLoop, rows: int = 4, config: GenerationConfig = GenerationConfig(), *,
-                 keep_logits: bool = False, prefixes: Sequence[Sequence[int]] = ()) -> None:
+                 keep_logits: bool = False, prefixes: Sequence[Sequence[int]] = (), positions: int | None = None
+                 ) -> None:
         if rows < 1:
             raise RuntimeOptionError(f"rows must be >= 1, got {rows}")
         self.loop, self.rows, self.config, self.keep_logits = loop, rows, config, keep_logits
+        self.positions = positions
         self.prefixes = [tuple(int(t) for t in p) for p in prefixes if len(p)]
         self.outcomes: list[Outcome] = []
         self.steps = 0  # decode steps run
@@ -126,7 +129,7 @@ class Scheduler:
                                         f"[0, {c.vocab_size})")
         if not requests:
             return
-        positions = max(len(r.prompt) + r.max_new_tokens for r in requests)
+        positions = max(max(len(r.prompt) + r.max_new_tokens for r in requests), self.positions or 0)
         limit = loop.runner.max_length
         if positions > limit:
             worst = max(range(len(requests)), key=lambda i: len(requests[i].prompt) + requests[i].max_new_tokens)

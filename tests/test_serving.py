@@ -187,3 +187,39 @@ def test_verify_serving_checks_pass_with_eagers_floor(tiny_export, shared_folder
     spec = report.results["ort-cpu"]["speculative"].figures.runs
     scripted = next(r for r in spec if r["drafter"] == "scripted")
     assert scripted["accepted"] < scripted["drafted"] and len(scripted["near_ties"]) == 3  # rejections probed
+
+
+def test_bench_serving_times_both_against_the_plain_loop(tiny_export, tmp_path):
+    from mhaexport.bench import BenchConfig, markdown_body, run_bench
+    from mhaexport.bench.probes import Bandwidth
+
+    cfg = BenchConfig(prompt_len=8, new_tokens=8, repeats=1, threads=1, runtimes=("ort-cpu",), serving="1,2",
+                      max_warmups=2)
+    res = run_bench(tiny_export, cfg, probe=lambda threads: Bandwidth({"sum": 10.0}, threads, 64, "fake"))
+    sv = res.serving
+    assert [p.rows for p in sv.batching] == [1, 2] and sv.requests == 8 and sv.tokens > 0
+    assert all(p.tokens_per_s > 0 and p.ratio == pytest.approx(p.tokens_per_s / sv.plain_tokens_per_s, rel=1e-2)
+               for p in sv.batching)
+    assert [p.prompt for p in sv.speculative] == ["repetitive", "non-repetitive"]
+    assert sv.same_tokens and all(p.same_tokens for p in sv.speculative)
+    assert "| 2 rows |" in markdown_body(res) and "x plain loop" in markdown_body(res)
+    again = type(res).from_dict(res.to_dict())  # bench.json round trip
+    assert again.serving.batching[1].rows == 2
+    with pytest.raises(Exception, match="serving"):
+        BenchConfig(serving="1,x")
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("onnxruntime_genai"),
+                    reason="onnxruntime-genai is not installed")
+def test_onnxruntime_genais_engine_serves_a_shared_cache_and_cannot_batch_a_concat_one(tiny_export, shared_folder):
+    """Its Engine (static batches for these files) passes on a shared buffer; on a concat cache it fails the batch
+    once a request ends first (its own defect): the part is not run, with the reason, never passed. If a later
+    onnxruntime-genai fixes it, this test says so."""
+    report = verify_folder(shared_folder, runtimes=("ort-genai",), checks=SERVING_CHECKS)
+    assert all(report.results["ort-genai"][ch].status is True for ch in SERVING_CHECKS), report.results["ort-genai"]
+    assert "static batches" in report.results["ort-genai"]["continuous-batching"].figures.engine
+    concat = verify_folder(tiny_export, runtimes=("ort-genai",), checks=SERVING_CHECKS).results["ort-genai"]
+    r = concat["continuous-batching"]
+    assert r.status is None and r.message.startswith("not run: onnxruntime-genai") and \
+        "cannot batch a file without past_present_share_buffer" in r.message
+    assert concat["speculative"].status is True and concat["prefix-reuse"].status is True

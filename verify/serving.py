@@ -120,7 +120,9 @@ def run_batching(runner: Runner, ctx: Context) -> list[Run]:
     probe = alone(loop, reqs[1]).tokens[0]
     eos = next((t for t in probe[1:] if t != probe[0]), None)
     cfg = GenerationConfig(eos_token_id=eos)
-    sched = Scheduler(loop, ROWS, cfg, keep_logits=True)
+    # each row's cache as long as the runner takes (not just what the requests need): a row that holds more than its
+    # request then shows as the request's tokens diverging, not as a row overflowing
+    sched = Scheduler(loop, ROWS, cfg, keep_logits=True, positions=loop.runner.max_length)
     for _ in sched.run(reqs):
         pass
     runs = []
