@@ -277,10 +277,16 @@ def _serving_lines(report: VerifyReport) -> list[str]:
                 d = run.get("first_divergence")
                 if d is not None or run.get("refused"):
                     where = (f"refused: {run['refused']}" if run.get("refused") else
-                             f"first diverges at token {d} (margin {run.get('margin', '—')}"
-                             f"{', a near-tie' if run.get('tie') else ''}, max abs {run.get('max_abs', '—')})")
+                             f"first diverges at token {d} (margin {_run_figure(run.get('margin'))}"
+                             f"{', a near-tie' if run.get('tie') else ''}, max abs "
+                             f"{_run_figure(run.get('max_abs'))})")
                     out.append(f"  - {run.get('run', '?')} ({run.get('prompt', '?')}-token prompt): {where}")
     return ["### Serving: each request against its run alone", ""] + out + [""] if out else []
+
+
+def _run_figure(v: object) -> str:
+    """A serving run's figure (a report read back may hold anything there): the one formatter's text, else "—"."""
+    return _x(v, ".3g") if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
 
 
 def cell(r: CheckResult | None) -> str:
@@ -319,7 +325,7 @@ def cell(r: CheckResult | None) -> str:
         elif sw.positions:
             figure = f"logit err {_n(sw.logit_err, '.2g')}"
     elif r.check in SERVING_CHECKS:
-        figure = f"{f.max_abs:.1e}" if f.max_abs is not None else f"{len(f.runs or [])} runs"
+        figure = _x(f.max_abs, ".1e") if f.max_abs is not None else f"{len(f.runs or [])} runs"
     elif r.check == "generation":
         figure = f"{_x(f.matched or 0, 'd')}/{_x(f.tokens or 0, 'd')} tokens" + (" (tie)" if f.tie else "")
         if f.long_prompt is not None:
