@@ -70,14 +70,19 @@ class Run:
         return None
 
     def max_abs(self) -> float:
-        """The largest logits difference at each token up to and including the first divergence."""
+        """The largest logits difference at each token up to and including the first divergence (inf where either
+        side is not finite: NaN is never equal)."""
         d = self.divergence
         upto = min(len(self.got_logits), len(self.want_logits), len(self.got_tokens) if d is None else d + 1)
-        return max((float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
-                    for a, b in zip(self.got_logits[:upto], self.want_logits[:upto])), default=0.0)
+        worst = 0.0
+        for a, b in zip(self.got_logits[:upto], self.want_logits[:upto]):
+            err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+            worst = max(worst, float(err.max()) if np.isfinite(err).all() else float("inf"))
+        return worst
 
     def scale(self) -> float:
-        return max((float(np.abs(b).max()) for b in self.want_logits), default=0.0)
+        """The largest finite |logit| of the runs alone (the dtype's rounding is taken at it)."""
+        return max((float(np.abs(b[np.isfinite(b)]).max(initial=0.0)) for b in self.want_logits), default=0.0)
 
 
 # ---- the runs ---------------------------------------------------------------------------------------------------
