@@ -170,6 +170,29 @@ def scaling_tables(res: BenchResult) -> str:
     return "\n".join(map(shown, out))
 
 
+def serving_tables(res: BenchResult) -> str:
+    """Serving (--serving): continuous batching's tokens/s at each number of rows against the plain loop, and
+    speculative decoding against plain greedy per prompt (bench.serving)."""
+    sv, cfg = res.serving, res.config
+    threads = f"{cfg.threads} thread{'s' if cfg.threads != 1 else ''}"
+    out = [(f"Serving on {sv.row} (after the main rounds; one untimed round, then {cfg.repeats} timed round(s), "
+            f"interleaved, medians; {threads}, greedy): {sv.requests} requests waiting at the start (prompts of "
+            f"{max(1, cfg.prompt_len // 4)}..{cfg.prompt_len} tokens, {sv.tokens} new tokens in all); the plain loop "
+            f"serves them one at a time at {_f(sv.plain_tokens_per_s, 1)} tokens/s."), "",
+           "| continuous batching | tokens/s | x plain loop |", "| --- | ---: | ---: |"]
+    out += [f"| {p.rows} row{'s' if p.rows != 1 else ''} | {_f(p.tokens_per_s, 1)} | {_f(p.ratio)} |"
+            for p in sv.batching]
+    if sv.speculative:
+        out += ["", "| speculative decoding (prompt lookup, 4 drafts) | plain tokens/s | tokens/s | x plain | "
+                    "drafts accepted | tokens per call |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        out += [f"| {p.prompt} prompt ({p.tokens} tokens) | {_f(p.plain_tokens_per_s, 1)} | {_f(p.tokens_per_s, 1)} | "
+                f"{_f(p.ratio)} | {_f(p.acceptance)} | {_f(p.tokens_per_call)} |" for p in sv.speculative]
+    tokens = "the same as the plain loop's" if sv.same_tokens and all(p.same_tokens for p in sv.speculative) else \
+        "**not** the same as the plain loop's (see the notes)"
+    out += ["", f"Every serving run's tokens: {tokens}."]
+    return "\n".join(map(shown, out))
+
+
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
@@ -223,6 +246,8 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
         parts += ["", scaling_tables(res)]
         if scaling_note:
             parts.append(f"\n{shown(scaling_note)}")
+    if res.serving is not None:
+        parts += ["", serving_tables(res)]
     if res.targets:  # the project's speed targets, when the run asked for them (--targets)
         parts += ["", targets_table(res)]
     if res.profile:

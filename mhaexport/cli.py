@@ -798,6 +798,11 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--prompts", default=None, metavar="32,512,2048",
               help="Also time the time to first token of every ONNX Runtime row (and ort-genai) at batch 1 for each "
                    "prompt length (one the model cannot hold is a skipped point with its reason). Default: off.")
+@click.option("--serving", default=None, metavar="1,4,8",
+              help="Also time serving on the ort-cpu row, after the main rounds: continuous batching's tokens/s at "
+                   "each number of rows against the plain loop (the same requests one at a time), and speculative "
+                   "decoding (prompt lookup) against plain greedy on a repetitive and a non-repetitive prompt. "
+                   "Default: off.")
 @click.option("--targets", is_flag=True,
               help="Also judge the project's own speed targets (a project benchmark: set for the bench preset and "
                    "the peer comparison) and add their table.")
@@ -807,8 +812,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
                    "trace is then summed up and not kept).")
 @trust_code_option
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, sessions, long_to, long_repeats,
-              opt_levels, profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
-              trust_code) -> None:
+              opt_levels, profile, compare, lowerings, quantize, builder, batches, prompts, serving, targets, as_json,
+              output, trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     from mhaexport import api, bench
 
@@ -818,7 +823,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
                        long_repeats=long_repeats,
                        opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), profile=profile,
                        profile_dir=output, targets=targets, compare=compare, batches=batches, prompts=prompts,
-                       trust_code=trust_code)
+                       serving=serving, trust_code=trust_code)
     _progress_done()
     if as_json:
         from mhaexport.core.numbers import dumps
