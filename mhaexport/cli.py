@@ -459,8 +459,13 @@ def lowering_options(f):
 def _folder_exists(ctx, param, value: str | None) -> str | None:
     """An export FOLDER that is not there, refused while the command line is parsed: one line before any of the
     verb's imports (torch, onnx: seconds)."""
-    if value is not None and not os.path.lexists(value):
-        raise ConfigError(f"export folder {value} does not exist")
+    if value is not None:
+        try:
+            os.lstat(value)
+        except FileNotFoundError:
+            raise ConfigError(f"export folder {value} does not exist") from None
+        except OSError as e:  # a name no file system takes (ENAMETOOLONG), a path through a loop
+            raise ConfigError(f"export folder {value}: {e.strerror or e}") from None
     return value
 
 
@@ -950,8 +955,13 @@ def _parse_memory(ctx, param, value):
 
 def _lint_path(ctx: click.Context, param: click.Parameter, value):
     """lint's PATH (a FILE.onnx or an export folder): one line when it is not there, then the regular-file check."""
-    if value is not None and not os.path.lexists(value):
-        raise ConfigError(f"{value}: no such file or folder (an ONNX file FILE.onnx or an export folder)")
+    try:
+        if value is not None:
+            os.lstat(value)
+    except FileNotFoundError:
+        raise ConfigError(f"{value}: no such file or folder (an ONNX file FILE.onnx or an export folder)") from None
+    except OSError as e:
+        raise ConfigError(f"{value}: {e.strerror or e}") from None
     return _regular_file(ctx, param, value)
 
 
