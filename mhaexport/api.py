@@ -444,8 +444,11 @@ def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Seq
             eos_id = tok.eos_token_id
         result = gen.generate(rows, GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
                                                      sampling=sampling))
+        random = ef.manifest.model.random_weights
     result.texts = [tok.continuation(r, t) for r, t in zip(rows, result.tokens)] if tok is not None else None
     result.warnings = list(gen.warnings)
+    if random is not None:  # noise is what such a model says: not a fault of the export
+        result.warnings.append(f"{random}: what it generates is noise, not a fault of the export")
     result.engine_reason = gen.engine_reason
     return result
 
