@@ -535,6 +535,9 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
             config[key] = _bench.parse_points(config[key], key)
     if "runtimes" in config and config["runtimes"] == ("all",):  # every runtime; the code ones (pt2, aoti) on trust
         config["runtimes"] = tuple(r for r in _bench.ALL_RUNTIMES if trust_code or r not in (PT2, AOTI))
+    # --prompt-len / --new-tokens not given: their defaults, shrunk to fit the model once its folder is open
+    defaulted = {k for k in ("prompt_len", "new_tokens") if config.get(k, None) is None}
+    config = {k: v for k, v in config.items() if k not in defaulted}
     cfg = _bench.BenchConfig(**config, trust_code=trust_code)  # checked when made: the one check of the request
     steps = _bench_steps(lowerings, quantize, builder)
     out_dir = Path(output if output is not None else folder)
@@ -547,8 +550,12 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
         writable_output(out_dir, " (give -o DIR to write the bench results elsewhere)"
                   if resolved(out_dir) == resolved(folder) else "")
     wanted, schemes, precisions = steps
+    fitted = None
     with OpenFolders() as reads:
         ef = reads.open(folder)
+        cfg, fitted = _fit_lengths(cfg, defaulted, ef.contract.max_positions)
+        if fitted:
+            _say(progress)(fitted)
         if precisions:
             from mhaexport.exporter.peer import hf_source
 
@@ -558,9 +565,33 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
                 found = step(ef, todo, out_dir, cfg, progress, reads)
                 cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
         result = _bench.run_bench(ef, cfg, progress=progress, reads=reads)
+    if fitted:
+        result.notes.insert(0, fitted)
     if output is not None:
         result.written = _bench.write_bench(result, output)
     return result
+
+
+def _fit_lengths(cfg: Any, defaulted: set[str], max_positions: int) -> tuple[Any, str | None]:
+    """bench's prompt and new tokens within the model's ``max_positions``: a length left at its default (in
+    ``defaulted``) shrinks to fit, and says so (the returned line); a length given that cannot fit is the run's
+    one-line refusal later. (cfg, the line or None)."""
+    import dataclasses
+
+    p, n = cfg.prompt_len, cfg.new_tokens
+    if p + n <= max_positions or not defaulted:
+        return cfg, None
+    if "prompt_len" in defaulted:
+        p = max(1, min(p, max_positions // 4, max_positions - (2 if "new_tokens" in defaulted else n)))
+    if "new_tokens" in defaulted:
+        n = max(2, min(n, max_positions - p))
+    if p + n > max_positions:  # the given length leaves no room: refused by the run, naming both
+        return cfg, None
+    said = [f"--{k.replace('_', '-')} {v} (default {getattr(cfg, k)})" for k, v in (("prompt_len", p),
+                                                                                      ("new_tokens", n))
+            if k in defaulted and v != getattr(cfg, k)]
+    return (dataclasses.replace(cfg, prompt_len=p, new_tokens=n),
+            f"{' and '.join(said)}: the defaults shrunk to fit the model's max_positions={max_positions}")
 
 
 def _bench_steps(lowerings: Any, quantize: Any, builder: Any) -> tuple[list, list, list]:

@@ -756,8 +756,10 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @main.command("bench")
 @quiet_option
 @click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
-@click.option("--prompt-len", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--prompt-len", type=click.IntRange(min=1), default=None,
+              help="Prompt tokens (default 32, shrunk to fit the model's max_positions with the new tokens).")
+@click.option("--new-tokens", type=click.IntRange(min=2), default=None,
+              help="Tokens generated (default 128, shrunk to fit the model's max_positions).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, callback=_threads,
               help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
