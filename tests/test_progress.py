@@ -76,6 +76,20 @@ def test_verify_shows_counted_progress_unless_quiet(tiny_export, tmp_path, quiet
         assert any("s left)" in ln for ln in steps)
 
 
+def test_verify_counts_every_pass_in_one_total(tiny_export, tmp_path):
+    """onnxruntime-genai's loop runs after the contract's runtimes (its own pass): the count goes on, [23/33] after
+    [22/33], where it restarted at [1/11]. A pass whose runtime is skipped takes its steps out of the total."""
+    import mhaexport
+
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed: one pass only")
+    said = []
+    mhaexport.verify(tiny_export, runtimes=["eager", "ort-cpu", "ort-genai"], output=tmp_path,
+                     progress=said.append)
+    steps = [(s.done, s.total) for s in said if getattr(s, "total", None)]
+    assert steps[0] == (0, 33) and [d for d, _ in steps] == list(range(33))
+    assert {t for _, t in steps} == {33}
+
+
 def test_the_group_option_silences_any_verb(tiny_export, tmp_path):
     res = CliRunner().invoke(main, ["-q", "quantize", str(tiny_export), "-o", str(tmp_path / "q")])
     assert res.exit_code == 0, res.output
