@@ -218,14 +218,15 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
                 opset: int | None = None, attention: str = "decomposed", dtype: str = "float32",
                 kv_cache: str = "concat", max_cache: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, replace: bool = False,
-                progress: Progress | None = None) -> ExportRecord:
+                progress: Progress | None = None, announce: bool = True) -> ExportRecord:
     """``mhaexport onnx``: export the model to ONNX into folder ``output`` (model.onnx + manifest.json; other
     artifacts already there stay). ``module="attention"``: the built-in attention block of ``config`` on its own
     (``mask`` "causal" or "none"; dynamic axes, decomposed attention, float32). ``replace``: ``output`` may hold
     another model (or the attention block where a decoder goes): it is replaced, its files and reports removed
     (``record.replaced`` says what went) — without it that is an ExportError before any work. Returns the
     ExportRecord (folder, files, seconds, warnings, manifest, replaced; ``.to_dict()``: what ``--json`` prints).
-    Raises ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    Raises ConfigError / ModelLoadError / ExportError / ArtifactError. ``progress`` hears each phase (loading,
+    tracing, lowering, writing, checking); ``announce`` False: no "Exporting ..." line (a caller that said it)."""
     say = _say(progress)
     if _block(module, mask, model, hf, **{"--seq-static": (not seq_dynamic, False),
                                           "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
@@ -245,15 +246,18 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
     writable_output(output)
     # the model streamed (the built-in decoder, an --hf folder): its weights in a staging file, written to the export
     # one tensor at a time
+    if (model is None or isinstance(model, str)) and announce:  # a model to load (a LoadedModel is loaded)
+        say(f"Loading {model or config or (f'--hf {hf}' if hf else None) or 'the default model'} ...")
     loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
         cache = {"concat": "", "window": ", window-sized KV cache (GroupQueryAttention)"}.get(
             kv_cache, ", shared KV cache (GroupQueryAttention)")
-        say(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
+        if announce:
+            say(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
         return done(_export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
                             past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache,
-                            max_cache=max_cache))
+                            max_cache=max_cache, progress=progress))
 
 
 @contextlib.contextmanager
@@ -1253,7 +1257,7 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
     stage(f"export ONNX (opset {opset or (23 if attention == 'onnx' else 18)}, dynamic axes, attention {attention}, "
           f"{dtype}{cache}) -> {onnx_out}")
     records: list = [export_onnx(onnx_out, model=loaded, opset=opset, attention=attention, dtype=dtype,
-                                 kv_cache=kv_cache or "concat", replace=replace)]
+                                 kv_cache=kv_cache or "concat", replace=replace, progress=progress, announce=False)]
     if weights:
         stage(f"quantize ONNX ({weights}) -> {output}")
         records.append(quantize(onnx_out, output, weights=weights, replace=replace))

@@ -122,3 +122,25 @@ def test_bench_progress_keeps_its_total_when_rows_settle_early_or_are_skipped():
     done = [m.done for m in said]
     assert done == sorted(done) and done[0] == 0 and done[-1] == 1 + 1 + 20 + 6 + 3
     assert said[-1].left_s == 9.0  # a has nothing left; b its nine generations at 1 s each
+
+
+def test_the_onnx_export_says_each_phase(tmp_path):
+    """`mhaexport onnx -o out/small` was silent ~20 s before its first line: the export says each phase as it starts
+    (tracing, lowering, writing, checking, the self-check), and a second export of the same model that reuses the
+    trace says so."""
+    from mhaexport.exporter import trace
+    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.models.loading import load_model
+
+    loaded = load_model("tiny", random_weights=True)
+    said: list[str] = []
+    export_onnx(loaded, tmp_path / "a", attention="ort", progress=said.append)
+    phases = ["tracing preset:tiny", "lowering the attention: ort", "writing model.onnx", "checking the file",
+              "self-check: the ort file"]
+    at = [next(i for i, m in enumerate(said) if m.startswith(p)) for p in phases]
+    assert at == sorted(at), said
+    said.clear()
+    export_onnx(loaded, tmp_path / "b", progress=said.append)
+    assert said[0].startswith("the trace of this model made by an earlier export in this process, reused")
+    assert not any(m.startswith("lowering") or m.startswith("self-check") for m in said)  # decomposed: nothing lowered
+    trace.forget(loaded.module)
