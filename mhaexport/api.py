@@ -126,11 +126,12 @@ def _tolerance(value: Any, arg: str) -> None:
 
 def load(*, model: str | LoadedModel | None = None, config: str | None = None, hf: str | Path | None = None,
          checkpoint: str | Path | None = None, revision: str | None = None,
-         allow_download: bool = False, streamed: bool = False) -> LoadedModel:
+         allow_download: bool = False, streamed: bool = False,
+         ready: Callable[[], None] | None = None) -> LoadedModel:
     """The model a command works on, checked against the decoder contract (``--model`` / ``--config`` / ``--hf`` /
     ``--checkpoint`` / ``--revision`` / ``--allow-download``). A LoadedModel given as ``model`` is returned as it
     is. Raises ConfigError or ModelLoadError. ``.notes``: what the loading had to decide (a context length the
-    config left out, say)."""
+    config left out, say). ``ready``: called once the source is checked, before the weights are read."""
     from mhaexport.models.loading import LoadedModel, load_model
 
     if isinstance(model, LoadedModel):
@@ -138,18 +139,20 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
             raise ConfigError("a loaded model was given: config, hf and checkpoint do not apply")
         return model
     return load_model(config=config, model=model, checkpoint=checkpoint, hf=hf, revision=revision,
-                      allow_download=allow_download, streamed=streamed)
+                      allow_download=allow_download, streamed=streamed, ready=ready)
 
 
 def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None, *,
-           streamed: bool = False) -> LoadedModel:
-    """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.core.progress.Note`)."""
+           streamed: bool = False, loading: str | None = None) -> LoadedModel:
+    """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.core.progress.Note`),
+    and ``loading`` (a "Loading ..." line) once its source is checked — an error in the source is the only line."""
     from mhaexport.models.loading import LoadedModel
     from mhaexport.core.progress import Note
 
     given = isinstance(model, LoadedModel)
+    ready = (lambda: progress(loading)) if progress is not None and loading and not given else None
     loaded = load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
-                  allow_download=allow_download, streamed=streamed)
+                  allow_download=allow_download, streamed=streamed, ready=ready)
     if progress is not None and not given:
         for note in loaded.notes:
             progress(Note(note))
@@ -246,9 +249,9 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
     writable_output(output)
     # the model streamed (the built-in decoder, an --hf folder): its weights in a staging file, written to the export
     # one tensor at a time
-    if (model is None or isinstance(model, str)) and announce:  # a model to load (a LoadedModel is loaded)
-        say(f"Loading {model or config or (f'--hf {hf}' if hf else None) or 'the default model'} ...")
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
+    loading = f"Loading {model or config or (f'--hf {hf}' if hf else None) or 'the default model'} ..."
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True,
+                    loading=loading if announce else None)
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
         cache = {"concat": "", "window": ", window-sized KV cache (GroupQueryAttention)"}.get(

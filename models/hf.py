@@ -33,7 +33,7 @@ import contextlib
 import inspect
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -334,7 +334,7 @@ class HfModel(NamedTuple):
 
 
 def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True,
-               streamed: bool = False) -> HfModel:
+               streamed: bool = False, ready: Callable[[], None] | None = None) -> HfModel:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`, ``.tokenizer``
     the tokenizer files' bytes as read) and the origin to record; see :func:`mhaexport.models.loading.load_hf`.
     ``shown``: how messages name the model (default: ``path``). ``confine``: transformers loads a private copy of
@@ -342,7 +342,9 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
     a Hub snapshot, held to the cache's own rules. transformers never runs the folder's code
     (``trust_remote_code=False``: a config with ``auto_map`` is refused, no prompt). ``streamed``: the weights
     staged one tensor at a time and mapped (:mod:`mhaexport.models.hf_stream`), the probe run on the meta device; a
-    folder that cannot be is loaded in memory, the reason in the config's notes."""
+    folder that cannot be is loaded in memory, the reason in the config's notes. ``ready``: called once the folder and
+    its config are read and checked, before the weights are (a caller's "Loading ..." line: never before an error the
+    checks give)."""
     from mhaexport.models.hf_files import hf_files
     from mhaexport.core.untrusted import load_json
 
@@ -372,6 +374,8 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
                                      "(trust_remote_code=False); wrap the model with --model SPEC instead") from None
             raise ModelLoadError(f"--hf {path} ({label}): transformers cannot read config.json: "
                                  f"{first_line(e).replace(str(files.dir), str(path))}") from None
+        if ready is not None:
+            ready()
         if streamed:
             model, weights, meta, cache, load_notes = _load_streamed(transformers, hf_config, files.dir, cache_cls)
         if model is None:

@@ -17,6 +17,7 @@ import re
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -310,7 +311,7 @@ def smoke_check(module: nn.Module, contract: ModelContract, device: str = "cpu")
 
 
 def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False,
-            streamed: bool = False) -> LoadedModel:
+            streamed: bool = False, ready: Callable[[], None] | None = None) -> LoadedModel:
     """Load the Hugging Face causal LM in folder ``path`` — or, when ``path`` is a Hub id ``org/name``, its snapshot
     at ``revision`` in the user's cache (:mod:`mhaexport.models.hub`; downloaded only with ``allow_download``) —
     under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin an
@@ -320,7 +321,8 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
     install line), not a model folder, a Hub id not in the cache, an architecture transformers cannot load as a
     causal LM, or one whose outputs are not the contract's (no cache, another cache layout). ``streamed``: its
     weights staged one tensor at a time and its parameters that file mapped (``.weights``;
-    :mod:`mhaexport.models.hf_stream`), or, where the folder cannot be, loaded in memory with the reason in the notes."""
+    :mod:`mhaexport.models.hf_stream`), or, where the folder cannot be, loaded in memory with the reason in the notes.
+    ``ready``: called once the folder and its config are checked, before its weights are read."""
     from mhaexport.models import hub
     from mhaexport.models.hf import hf_adapter
 
@@ -330,11 +332,12 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
     elif revision is not None:
         raise ModelLoadError(f"--revision {revision} applies to a Hub model id (org/name); --hf {path} is a folder")
     if source is None:
-        got = hf_adapter(path, streamed=streamed)
+        got = hf_adapter(path, streamed=streamed, ready=ready)
         spec = f"hf:{Path(path).resolve().name}"
         origin = got.origin
     else:
-        got = hf_adapter(source.folder, shown=source.repo_id, confine=False, streamed=streamed)  # the cache's rules
+        got = hf_adapter(source.folder, shown=source.repo_id, confine=False, streamed=streamed,
+                         ready=ready)  # the cache's rules
         origin = dataclasses.replace(got.origin, **source.record)
         spec = source.spec
     module = got.adapter
@@ -367,7 +370,8 @@ def _factory_origin(model: str) -> tuple[str, FactorySource]:
 def load_model(config: str | DecoderConfig | None = None, model: str | None = None,
                checkpoint: str | Path | None = None, *, hf: str | Path | None = None,
                random_weights: bool = False, revision: str | None = None,
-               allow_download: bool = False, streamed: bool = False, mapped: bool = False) -> LoadedModel:
+               allow_download: bool = False, streamed: bool = False, mapped: bool = False,
+               ready: Callable[[], None] | None = None) -> LoadedModel:
     """Build the model a command works on. ``config``, ``model`` and ``hf`` are exclusive; none means the default
     preset.
 
@@ -395,9 +399,11 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     if hf is not None and checkpoint is not None:
         raise ConfigError("--checkpoint loads weights into mhaexport's own models; an --hf folder holds its weights")
     if hf is not None:
-        return load_hf(hf, revision, allow_download=allow_download, streamed=streamed)
+        return load_hf(hf, revision, allow_download=allow_download, streamed=streamed, ready=ready)
     if model is not None:
         factory = _import_factory(model)
+        if ready is not None:
+            ready()
         try:
             module = factory()
         except MhaExportError:
@@ -412,6 +418,8 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
         loaded = LoadedModel(module, contract, spec=spec, origin=origin)
     else:
         cfg = config if isinstance(config, DecoderConfig) else load_config(config)
+        if ready is not None:
+            ready()
         is_preset = isinstance(config, str) and config in PRESETS or config is None
         shipped = None if checkpoint is not None or random_weights or not is_preset else shipped_weights(cfg)
         notes: list[str] = []

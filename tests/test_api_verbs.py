@@ -63,7 +63,8 @@ def test_merge_lint_the_verdicts_and_the_one_writer_are_api_functions(tiny_expor
     (tmp_path / "file").write_text("")  # the one writer: what it can, then what it could not
     with pytest.raises(ReportNotWritten, match="--junit") as e:
         mhaexport.write_reports(alone, tmp_path / "out", tmp_path / "file" / "j.xml", name="report")
-    assert [p.name for p in e.value.written] == ["report.json", "report.md"]  # the report was written first
+    # the report was written first, every one of its files
+    assert [p.name for p in e.value.written] == ["report.json", "report.md", "report.html"]
     assert (tmp_path / "out" / "report.html").is_file()
     assert mhaexport.eval_verdict(row(rows=[row(status="ok", runtime="a", reason="")]))[0] == 0
     assert mhaexport.eval_verdict(row(rows=[row(status="skipped", runtime="a", reason="no cuda")])) == \

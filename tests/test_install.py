@@ -34,7 +34,7 @@ def test_onnx_runtime_is_chosen_at_install_cpu_or_gpu():
             or name in ("cpu", "gpu"), name
     ci = (ROOT / ".ci" / "run").read_text()
     # CI installs the CPU runtime (plus the site's [docs]), never [gpu] beside it
-    assert re.search(r"pip install -e '\.\[cpu,test(,docs)?\]'", ci) and "'.[gpu" not in ci
+    assert re.search(r"pip install -e '\.\[cpu,test(,docs)?(,browser)?\]'", ci) and "'.[gpu" not in ci
     assert "pip install --no-deps onnxruntime-genai" in ci
 
 
