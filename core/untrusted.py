@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,41 @@ def shown(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in s)
+
+
+# Markdown's inline syntax in text from outside: what starts a link or image ([ ]), raw HTML or an autolink (< >), an
+# entity (&), code (`), emphasis or strikethrough (* ~, and _ that is not inside a word), a table cell (|), an escape
+# (\\), an email autolink (@); a GFM bare-URL autolink is broken at its "://", "www." and "mailto:"/"xmpp:"
+_MD_ALWAYS = re.compile(r"[\\`*\[\]<>&|~@!]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|:(?=/)|(?<=[Ww]{3})\.|"
+                        r"(?<=mailto):|(?<=xmpp):|(?<=MAILTO):")
+# what starts a block when it begins a line: a heading, a quote, a list item, a setext underline, a fence, a table row
+_MD_BLOCK_START = re.compile(r"^(\s*)(>|#+(?=\s|$)|([-+=])(?=\s|$|\3*\s*$)|\d{1,9}[.)](?=\s|$))")
+
+
+def md(value: object, spec: str | None = None) -> str:
+    """``value`` as Markdown text that renders as itself and nothing else: the one escaper of data put into report.md,
+    bench.md, lint's table, the CI step summary and any other Markdown (a cell, a title, a line). Text is first
+    :func:`shown` (no control character, no line break: it stays in its cell and on its line), then every character
+    that could start Markdown syntax is backslash-escaped (CommonMark escapes any ASCII punctuation so), so data can
+    make no link, image, raw HTML, autolink, code span, emphasis, table cell or heading. A number goes through the one
+    formatter (:func:`mhaexport.core.numbers.number`, ``spec``: its format, default ``d`` for an int and ``.4g`` for
+    a float)."""
+    from mhaexport.core.numbers import is_real, number
+
+    if is_real(value):
+        return md(number(value, spec or ("d" if isinstance(value, int) else ".4g")))
+    s = _MD_ALWAYS.sub(lambda m: "\\" + m.group(0), shown(value))
+    return _MD_BLOCK_START.sub(lambda m: m.group(1) + "".join("\\" + c if not c.isdigit() else c
+                                                               for c in m.group(2)), s, count=1)
+
+
+def fenced(text: str) -> str:
+    """``text`` (lines of a log, each :func:`shown`) as a Markdown code block whose fence no line can close: one
+    backtick longer than the longest run of backticks in it."""
+    lines = [shown(line) for line in str(text).split("\n")]
+    run = max((len(r) for r in re.findall(r"`+", "\n".join(lines))), default=0)
+    fence = "`" * max(3, run + 1)
+    return "\n".join([fence, *lines, fence])
 
 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")

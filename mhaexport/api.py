@@ -902,6 +902,22 @@ def _bisect_run(folder: Path | None, loaded: Any, output: str | Path | None, see
     return VerifyRun(bisect=run, written=written, adopted=adopted, exported=exported, folder=folder)
 
 
+def _bench_sections(report: Any, output: str | Path, name: str | None) -> tuple[str, ...]:
+    """report.md's bench section, when ``output`` holds a bench result beside the report (bench writes its section
+    into report.md): made again from bench.json, read by the confined reader and typed, never copied from the old
+    report.md."""
+    from mhaexport.bench.render import plot_notes, report_section
+    from mhaexport.bench.result import read_result_in
+
+    if (name or report.default_name()) != "report":
+        return ()
+    try:
+        res = read_result_in(output)
+    except MhaExportError:
+        return ()  # a bench.json that is not a bench result: no section (bench, run again, says why)
+    return () if res is None else (report_section(res, *plot_notes(Path(output))),)
+
+
 # The verbs the CLI used to compose itself: the one report writer, the input checks, --target, adoption, lint,
 # report merge, eval's and lint's verdicts, and the main job (``mhaexport.all``). The CLI parses, calls, prints.
 
@@ -920,7 +936,7 @@ def write_reports(report: Any, output: str | Path | None = None, junit: str | Pa
         from mhaexport.verify.render import write_report
 
         try:
-            written.extend(write_report(report, output, name))
+            written.extend(write_report(report, output, name, _bench_sections(report, output, name)))
         except (OSError, MhaExportError) as e:
             failed.append(f"cannot write the report into {output}: {getattr(e, 'strerror', None) or e}")
     if junit is not None:
