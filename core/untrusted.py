@@ -96,6 +96,15 @@ def md(value: object, spec: str | None = None) -> str:
                                                                for c in m.group(2)), s, count=1)
 
 
+_MD_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+
+
+def unescape_md(text: str) -> str:
+    """Text :func:`md` escaped, as it reads once rendered (each backslash escape the character itself): for a sink
+    that takes a Markdown cell's text and escapes it its own way (report.html's table)."""
+    return _MD_ESCAPED.sub(r"\1", text)
+
+
 def fenced(text: str) -> str:
     """``text`` (lines of a log, each :func:`shown`) as a Markdown code block whose fence no line can close: one
     backtick longer than the longest run of backticks in it."""

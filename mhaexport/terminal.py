@@ -10,7 +10,7 @@ import unicodedata
 
 import click
 
-from mhaexport.core.untrusted import shown
+from mhaexport.core.untrusted import shown, unescape_md
 
 CELL = 40  # widest table cell shown whole; a longer one is cut and told in full under its table
 
@@ -26,8 +26,6 @@ _INLINE = [
     (re.compile(_U + r"`([^`]*)" + _U + r"`"), r"\1"),
 ]
 _BOLD = re.compile(_U + r"\*\*(.+?)" + _U + r"\*\*")
-# a backslash escape of Markdown (data escaped by md()): the character itself on a terminal
-_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
 _SEPARATOR = re.compile(r"^\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
 
 
@@ -49,7 +47,7 @@ def _inline(text: str, style: bool) -> str:
     for pattern, repl in _INLINE:
         text = pattern.sub(repl, text)
     text = _BOLD.sub(lambda m: click.style(m.group(1), bold=True) if style else m.group(1), text)
-    return _ESCAPED.sub(r"\1", text)
+    return unescape_md(text)
 
 
 def _plain_width(text: str) -> int:
