@@ -114,6 +114,48 @@ def fenced(text: str) -> str:
     return "\n".join([fence, *lines, fence])
 
 
+def shown_fields(value: Any) -> Any:
+    """``value`` with every string in it :func:`shown` — in dataclass fields, lists, tuples and dict values, recursively
+    (a copy; ``value`` itself is left as it is): for a record rendered as lines of text (bisect's table of ONNX names),
+    so no name can break its line however the lines are then built."""
+    import dataclasses
+
+    if isinstance(value, str):
+        return shown(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: shown_fields(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (list, tuple)):
+        return type(value)(shown_fields(v) for v in value)
+    if isinstance(value, dict):
+        return {k: shown_fields(v) for k, v in value.items()}
+    return value
+
+
+# mhaexport's own terminal styling (click.style's SGR codes, the progress line's erase-to-end): kept on a terminal
+_OWN_STYLE = re.compile(r"\x1b\[[0-9;]*m|\r\x1b\[K")
+_CONTROL = re.compile(r"[^\n\t\x20-\x7e\xa0-\U0010ffff]|[\x7f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufff9-\uffff]"
+                      r"|[\ud800-\udfff]")
+
+
+def terminal_text(text: str, style: bool = False) -> str:
+    """Everything written to mhaexport's stdout and stderr (the terminal sink, applied by the CLI to its streams as a
+    whole): a control character other than a line break or a tab — the ESC that starts an ANSI escape, a carriage
+    return, a bidi override — written as its escape, as :func:`shown` writes it, whatever printed it (a renderer that
+    forgot, a library's message, a traceback). ``style``: on a terminal that takes styles, mhaexport's own bold and
+    colour codes and the progress line's carriage return stay (data reaching them was :func:`shown` already)."""
+    if text.isprintable() or _CONTROL.search(text) is None:
+        return text
+    if not style:
+        return _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], text)
+    parts = _OWN_STYLE.split(text)
+    codes = _OWN_STYLE.findall(text)
+    out = [_CONTROL.sub(lambda m: repr(m.group(0))[1:-1], parts[0])]
+    for code, part in zip(codes, parts[1:]):
+        out += [code, _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], part)]
+    return "".join(out)
+
+
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _ONE_KIND = bytes.maketrans(b"{}", b"[]")
 

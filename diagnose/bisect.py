@@ -27,6 +27,7 @@ import numpy as np
 
 from mhaexport.core import iospec
 from mhaexport.core.errors import ArtifactError, ConfigError, MhaExportError
+from mhaexport.core.untrusted import shown_fields
 from mhaexport.artifact import TWO_GB
 from mhaexport.core.graph import SCOPES_KEY, GraphIndex, name_scopes
 from mhaexport.artifact.details import OnnxDetails
@@ -118,7 +119,12 @@ class BisectReport:
         return asdict(self) | {"ok": self.ok}
 
     def summary(self, all_rows: bool = False) -> str:
-        """Text for the CLI: the table (divergent rows and their neighbours unless ``all_rows``), then the verdict."""
+        """Text for the CLI: the table (divergent rows and their neighbours unless ``all_rows``), then the verdict.
+        Every name from the graph is shown escaped (a node name cannot clear the screen or start a line)."""
+        if not getattr(self, "_shown", False):
+            escaped = shown_fields(self)
+            escaped._shown = True
+            return escaped.summary(all_rows)
         s = self.shapes
         pad = f" pad={self.pad}" if any(self.pad) else ""
         source = f" ({self.case_from})" if self.case_from else ""
@@ -134,10 +140,10 @@ class BisectReport:
         lines.append(f"  {'module':<28} {self.kind + ' value':<18} {'op':<26} {'rel err':>9} {'input':>9}")
         show = self.rows
         if not all_rows and self.first_divergent is not None:
-            i = self.rows.index(self.first_divergent)
+            i = next(k for k, r in enumerate(self.rows) if r == self.first_divergent)
             show = self.rows[max(0, i - 3): i + 6]
         for r in show:
-            mark = "  <-- culprit" if r is self.culprit else ("  <-- first divergence" if r is self.first_divergent
+            mark = "  <-- culprit" if r == self.culprit else ("  <-- first divergence" if r == self.first_divergent
                                                                else "")
             inp = f"{r.input_rel:9.1e}" if r.input_rel is not None else f"{'-':>9}"
             lines.append(f"  {r.module:<28} {r.onnx_value:<18} {r.op[:26]:<26} {r.rel:9.1e} {inp}{mark}")
@@ -190,7 +196,7 @@ class BisectReport:
         lines = [f"  steps inside {self.steps_module} (eager vs ONNX at real positions):"]
         for d in self.steps:
             rel = f"{d.rel:9.1e}" if d.rel is not None else f"{'-':>9}"
-            mark = "  <-- first divergent step" if d is self.step else ("" if d.rel is not None or not d.note
+            mark = "  <-- first divergent step" if d == self.step else ("" if d.rel is not None or not d.note
                                                                          else f"  ({d.note})")
             lines.append(f"    {d.step:<18} {d.onnx_value or '-':<18} {(d.op or '-')[:26]:<26} {rel}{mark}")
         if self.step is None:

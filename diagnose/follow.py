@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from mhaexport.core.errors import MhaExportError
+from mhaexport.core.untrusted import shown
 
 DEPLOY_CHECKS = ("kv-consistency", "padding", "generation")
 
@@ -40,7 +41,8 @@ class FollowReport:
         return self.ok
 
     def summary(self) -> str:
-        return "\n".join([f"bisect follows {self.runtime}'s {self.check} check: {self.protocol}"] + self.lines)
+        return "\n".join(shown(line) for line in [f"bisect follows {self.runtime}'s {self.check} check: "
+                                                   f"{self.protocol}"] + self.lines)  # each line one line
 
 
 @dataclass

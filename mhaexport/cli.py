@@ -18,7 +18,7 @@ import click
 
 from mhaexport.core.version import __version__
 from mhaexport.core.errors import MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
-from mhaexport.core.untrusted import shown
+from mhaexport.core.untrusted import shown, terminal_text
 
 
 class BadInput(click.ClickException):
@@ -67,12 +67,20 @@ def interrupted(e: BaseException) -> bool:
     return any(isinstance(x, (KeyboardInterrupt, click.exceptions.Abort)) for x in _chain(e))
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class _Forgiving:
     """sys.stdout / sys.stderr for the CLI: output nobody reads (a closed pipe: ``verify … | head -1``, a closed
     descriptor: ``>&-``) is dropped instead of raising, so the verdict's exit code and the reports stand."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, style: bool = False) -> None:
         self._stream = stream
+        self._style = style
 
     def _lost(self, e: OSError) -> None:
         if e.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL, errno.ECONNRESET):
@@ -88,6 +96,7 @@ class _Forgiving:
     def write(self, text):
         if isinstance(text, (bytes, bytearray)):  # click probes for a binary stream with write(b"")
             raise TypeError("a text stream")
+        text = terminal_text(text, self._style)  # the terminal sink: no control character but line breaks
         try:
             return self._stream.write(text)
         except OSError as e:
@@ -118,7 +127,8 @@ class Group(click.Group):
 
     def main(self, *args, **kwargs):
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = (_Forgiving(s if s is not None else open(os.devnull, "w", encoding="utf-8"))
+        sys.stdout, sys.stderr = (_Forgiving(s if s is not None else open(os.devnull, "w", encoding="utf-8"),
+                                             s is not None and _isatty(s))  # a terminal: our own styles stay
                                   for s in saved)
         try:
             return super().main(*args, **kwargs)

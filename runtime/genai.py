@@ -19,6 +19,7 @@ import numpy as np
 from mhaexport.artifact import ExportFolder, opened, read_json
 from mhaexport.core.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
                               first_line)
+from mhaexport.runtime.session import QUIET_LOG
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
                                       pad_prompts)
 from mhaexport.runtime.genai_config import (GenaiConfig, GenaiDecoder, GenaiModel, GenaiSessionOptions,
@@ -68,13 +69,14 @@ def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id:
     folder as messages name it): the one place og.Model is created, so no option reaches it unchecked."""
     og = import_og()
     check_options(folder, shown, trust_code=trust_code)
-    overlay: dict = {}
+    # ONNX Runtime's log of the sessions onnxruntime-genai makes off but for fatal errors: its lines echo the folder's
+    # node names and its own log_id to stderr raw (every failure still comes back as an exception, shown escaped)
+    session: dict = {"log_severity_level": QUIET_LOG}
     if threads is not None:
-        overlay["decoder"] = {"session_options": {"intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}
+        session.update(intra_op_num_threads=int(threads), inter_op_num_threads=1)
+    overlay: dict = {"decoder": {"session_options": session}}
     if eos_token_id is not None:
         overlay["eos_token_id"] = eos_token_id
-    if not overlay:
-        return og.Model(str(folder))
     config = og.Config(str(folder))
     config.overlay(json.dumps({"model": overlay}))
     return og.Model(config)

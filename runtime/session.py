@@ -27,6 +27,10 @@ from mhaexport.core.devices import no_cuda_device
 from mhaexport.core.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
 
 CPU = "CPUExecutionProvider"
+# ONNX Runtime's log severity for every session and run mhaexport makes: fatal only (its lines echo names from the file
+# raw; errors come back as exceptions)
+QUIET_LOG = 4
+ort.set_default_logger_severity(QUIET_LOG)
 CUDA = "CUDAExecutionProvider"
 PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA}
 # Every session's provider options. CUDA: no TF32 — onnxruntime's CUDA provider runs float32 MatMul/Gemm in TF32 by
@@ -54,7 +58,9 @@ class SessionConfig:
     cache_optimized: bool = False  # write/read the optimized graph in this user's cache (see ``optimized_path``)
     strict_providers: bool = True  # raise ProviderUnavailable when a requested provider is not used
     profile_prefix: str | None = None  # enable ONNX Runtime's profiler, writing a JSON trace with this prefix
-    log_severity: int = 3  # 0 verbose .. 4 fatal; 3 keeps ONNX Runtime quiet but for errors
+    # 0 verbose .. 4 fatal: ONNX Runtime's own log echoes the file's node names to stderr raw, so it says nothing but
+    # fatal errors (every failure comes back as an exception, which mhaexport shows escaped)
+    log_severity: int = 4
     optimized_file: str | None = None  # save the graph ONNX Runtime optimized here (the precision check reads it)
     # a model given as bytes whose weights stay in external data: the folder ONNX Runtime reads them from (bisect's
     # copy of a graph with every value exposed, served from memory without copying a large model's weights)
@@ -213,7 +219,7 @@ def provider_unavailable(provider: str) -> str | None:
                 with _stderr_lines(), contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(Exception):
                     ort.preload_dlls(msvc=False)  # it prints what it cannot find: the probe below says why
             so = ort.SessionOptions()
-            so.log_severity_level = 3
+            so.log_severity_level = QUIET_LOG
             try:
                 _, missing = _create_session(_PROBE_MODEL, resolve_providers([full]), so)
             except Exception as e:  # noqa: BLE001 - ORT's own exception types
