@@ -140,6 +140,15 @@ class Group(click.Group):
                 sys.stdout, sys.stderr = saved
 
     def invoke(self, ctx: click.Context):
+        from mhaexport.runtime import budget
+
+        saved = budget.state()  # --timeout sets it for this command only (CliRunner runs many in one process)
+        try:
+            return self._invoke(ctx)
+        finally:
+            budget.set_budget(*saved)
+
+    def _invoke(self, ctx: click.Context):
         from mhaexport.core.env import onnxruntime_clash
 
         if (clash := onnxruntime_clash()) is not None:  # a verb is about to run (--help/--version exited already)
@@ -212,6 +221,23 @@ def _remember(ctx: click.Context, param: click.Parameter, value):
     line's :class:`CliState`, so every command keeps its signature."""
     setattr(_state(ctx), param.name, value)
     return value
+
+
+def _set_timeout(ctx: click.Context, param: click.Parameter, value: float | None):
+    if value is not None:
+        from mhaexport.runtime import budget
+
+        budget.set_budget(None if value == 0 else float(value))
+    return value
+
+
+def timeout_option(f):
+    """--timeout SECONDS: the budget of each ONNX Runtime / onnxruntime-genai call (runtime/budget.py)."""
+    return click.option("--timeout", type=click.FloatRange(min=0, max=1e7), default=None, expose_value=False,
+                        callback=_set_timeout, metavar="SECONDS",
+                        help="Stop any one ONNX Runtime or onnxruntime-genai call that runs longer than this and report "
+                             "it (a check failed, or exit 2): a file that asks for unbounded work never hangs the "
+                             "command. Default: 600 s plus a minute per GB of weights; 0: no limit.")(f)
 
 
 def model_options(f):
@@ -639,6 +665,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 
 @main.command("eval")
 @quiet_option
+@timeout_option
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
               help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
@@ -694,6 +721,7 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
 
 
 @main.command("generate")
+@timeout_option
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
               help="Prompt text, encoded with the folder's tokenizer.json (an --hf export) or as UTF-8 bytes "
@@ -752,6 +780,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 
 @main.command("bench")
 @quiet_option
+@timeout_option
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--prompt-len", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
@@ -978,6 +1007,7 @@ def verify_options(f):
     @click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_remember_json,
                   help="Print the report (report.json's content) as one JSON object on stdout instead of its table; "
                        "progress and the verdict line stay on stderr, the exit code is the verdict's.")
+    @timeout_option
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)

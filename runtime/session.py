@@ -24,6 +24,7 @@ import onnxruntime as ort
 from mhaexport.artifact import sha256_file, shown_path
 from mhaexport.artifact.cache import CACHE_ENV, cache_root  # noqa: F401 - CACHE_ENV: where the cache is
 from mhaexport.core.devices import no_cuda_device
+from mhaexport.runtime.budget import watch
 from mhaexport.core.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
 
 CPU = "CPUExecutionProvider"
@@ -333,6 +334,7 @@ def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig()
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         what = "the model" if isinstance(source, bytes) else shown_path(source)
         raise ArtifactError(f"ONNX Runtime cannot load {what}: {first}") from None
+    watch(session)  # every call has a deadline (runtime/budget.py)
     if optimized_cache is not None and not from_cache and optimized_cache.is_file():
         optimized_cache.with_suffix(".sha256").write_text(_cache_stamp(source_sha256, optimized_cache, key) + "\n")
     if missing:
