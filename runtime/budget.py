@@ -79,13 +79,14 @@ def limit(budget: float | None) -> Iterator[None]:
 class _Watch:
     """One watched thing: its start time while a call runs, and how to stop it."""
 
-    __slots__ = ("started", "budget", "stop", "tripped", "__weakref__")
+    __slots__ = ("started", "budget", "stop", "tripped", "over", "__weakref__")
 
     def __init__(self, stop: Callable[[], None]) -> None:
         self.started: float | None = None
         self.budget: float | None = None
         self.stop = stop
         self.tripped = False
+        self.over: OverBudget | None = None  # set once a call was stopped
 
     def begin(self) -> None:
         self.tripped = False
@@ -134,7 +135,8 @@ def _over(what: str, w: _Watch) -> OverBudget:
 def watch(session: Any, what: str = "an ONNX Runtime call") -> Any:
     """``session`` (an InferenceSession) with its ``run`` and ``run_with_iobinding`` watched: each call gets this
     session's RunOptions unless it passes its own, and a call past the budget is terminated and raises
-    :class:`OverBudget`. Returns the session."""
+    :class:`OverBudget`, and so does every later call of the session at once (a file that ran past its budget once is
+    not waited on again). Returns the session."""
     import onnxruntime as ort
 
     options = ort.RunOptions()
@@ -144,17 +146,18 @@ def watch(session: Any, what: str = "an ONNX Runtime call") -> Any:
     cls = type(session)
 
     def call(method: Callable, *args: Any, run_options: Any = None) -> Any:
+        if w.over is not None:  # stopped once: every later call of this session is refused at once, not waited on
+            raise w.over
         w.begin()
         try:
             return method(session, *args, run_options if run_options is not None else options)
         except Exception as e:
             if w.tripped:
-                raise _over(what, w) from None
+                w.over = _over(what, w)
+                raise w.over from None
             raise e
         finally:
             w.end()
-            if w.tripped:
-                options.terminate = False  # the next call runs again
 
     session.run = lambda output_names, input_feed, run_options=None: call(cls.run, output_names, input_feed,
                                                                            run_options=run_options)
@@ -164,13 +167,29 @@ def watch(session: Any, what: str = "an ONNX Runtime call") -> Any:
     return session
 
 
+# past the budget, how long a call that cannot be stopped (it holds Python's lock) is given before the process ends
+BACKSTOP_S = 5.0
+
+
 @contextlib.contextmanager
 def watching(stop: Callable[[], None], what: str) -> Iterator[None]:
-    """One call of another runtime (onnxruntime-genai's ``generate_next_token``) under the budget: ``stop`` is called
-    when it runs past it, and the call's exception becomes :class:`OverBudget`."""
+    """One call of another runtime (onnxruntime-genai's ``append_tokens`` / ``generate_next_token``) under the budget:
+    ``stop`` is called when it runs past it, and the call's exception becomes :class:`OverBudget`. onnxruntime-genai
+    holds Python's lock while it runs, so no Python thread can call ``stop`` then: a backstop that needs no lock
+    (``faulthandler``'s timer thread) ends the process :data:`BACKSTOP_S` after the budget, exit 1 with "Timeout" and
+    the stack on stderr — never a hang."""
+    import faulthandler
+    import sys
+
     w = _Watch(stop)
     _watches.add(w)
     w.begin()
+    backstop = w.budget is not None
+    if backstop:
+        try:
+            faulthandler.dump_traceback_later(w.budget + BACKSTOP_S, exit=True, file=sys.__stderr__)
+        except (ValueError, OSError, AttributeError):  # no stderr to write to: the timer still ends the process
+            faulthandler.dump_traceback_later(w.budget + BACKSTOP_S, exit=True)
     try:
         yield
     except Exception:
@@ -178,5 +197,7 @@ def watching(stop: Callable[[], None], what: str) -> Iterator[None]:
             raise _over(what, w) from None
         raise
     finally:
+        if backstop:
+            faulthandler.cancel_dump_traceback_later()
         w.end()
         _watches.discard(w)

@@ -19,6 +19,7 @@ import numpy as np
 from mhaexport.artifact import ExportFolder, opened, read_json
 from mhaexport.core.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
                               first_line)
+from mhaexport.runtime import budget
 from mhaexport.runtime.session import QUIET_LOG
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
                                       pad_prompts)
@@ -60,6 +61,13 @@ def check_options(folder: str | Path, shown: object = None, *, trust_code: bool 
     return config
 
 
+def budgeted(gen, call: Callable, *args):
+    """One call of onnxruntime-genai's generator under the budget (runtime/budget.py): past it the generator is told
+    to terminate its session's run (``terminate_session``) and the call raises OverBudget."""
+    with budget.watching(lambda: gen.set_runtime_option("terminate_session", "1"), "an onnxruntime-genai call"):
+        return call(*args)
+
+
 def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id: int | list[int] | None = None,
                 trust_code: bool = False, shown: object = None):
     """onnxruntime-genai's Model over ``folder``'s genai_config.json; with ``threads`` its decoder session gets that
@@ -96,14 +104,14 @@ def genai_generate(model, ids: np.ndarray, max_length: int, *, eos_token_id: int
     gen = og.Generator(model, params)
     res = GenerationResult([[] for _ in range(B)], STOP_MAX_NEW, "", [P] * B)
     t0 = clock()
-    gen.append_tokens(ids.astype(np.int32))
+    budgeted(gen, gen.append_tokens, ids.astype(np.int32))
     res.prefill_s = clock() - t0
     if not gen.is_done():
-        gen.generate_next_token()
+        budgeted(gen, gen.generate_next_token)
         res.first_token_s = clock() - t0
     while not gen.is_done():
         t = clock()
-        gen.generate_next_token()
+        budgeted(gen, gen.generate_next_token)
         res.step_s.append(clock() - t)
         res.step_positions.append(P + len(res.step_s) - 1)
     for b in range(B):
@@ -161,12 +169,12 @@ def genai_trace(model, prompts: Sequence[Sequence[int]], new_tokens: int, pad_to
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=T + new_tokens + 1, batch_size=B)
     gen = og.Generator(model, params)
-    gen.append_tokens(ids)
+    budgeted(gen, gen.append_tokens, ids)
     steps = [np.asarray(gen.get_logits(), dtype=np.float32).reshape(B, -1)]  # (B, V) at each row's last token
     for _ in range(new_tokens):
         if gen.is_done():
             break
-        gen.generate_next_token()
+        budgeted(gen, gen.generate_next_token)
         if gen.is_done():  # every row chose eos (not appended): no logits after it (asking runs the graph again)
             break
         steps.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(B, -1))
@@ -338,12 +346,12 @@ class GenAIGenerator:
         try:
             gen = og.Generator(self._model(eos), params)
             t0 = clock()
-            gen.append_tokens(ids.astype(np.int32))
+            budgeted(gen, gen.append_tokens, ids.astype(np.int32))
             res.prefill_s = clock() - t0
             first = True
             while not gen.is_done():
                 t = clock()
-                gen.generate_next_token()  # the first: choose from the prefill's logits; then run one token + choose
+                budgeted(gen, gen.generate_next_token)  # the first: choose from the prefill's logits; then run one token + choose
                 token = np.asarray(gen.get_next_tokens(), dtype=np.int64)  # (B,)
                 if first:
                     res.first_token_s, first = clock() - t0, False
