@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from mhaexport.core import iospec
-from mhaexport.core.errors import ArtifactError, ConfigError, MhaExportError
+from mhaexport.core.errors import ArtifactError, ConfigError, MhaExportError, library_call
 from mhaexport.core.untrusted import shown_fields
-from mhaexport.artifact import TWO_GB
+from mhaexport.artifact import TWO_GB, shown_path
 from mhaexport.core.graph import SCOPES_KEY, GraphIndex, name_scopes
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.runtime.feed import Feed
@@ -368,10 +368,8 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     if isinstance(onnx_model, (str, Path)):
         label = str(onnx_model)
         data_dir = str(Path(onnx_model).resolve().parent)  # where ONNX Runtime finds the file's external data
-        try:
+        with library_call("onnx", shown_path(onnx_model)):
             proto = onnx.load(str(onnx_model), load_external_data=False)  # the graph; external weights stay on disk
-        except Exception as e:
-            raise ArtifactError(f"cannot read ONNX model {onnx_model}: {type(e).__name__}: {e}") from None
     else:
         label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
     index = GraphIndex(proto.graph)
@@ -392,8 +390,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     protocol = (f"one shared buffer per layer ({feed.max_cache} slots), each row alone, packed from slot 0"
                 if shared else "concat cache, left padding")
 
-    # ONNX: every float value
-    exposed, _ = _expose_all(proto)
+    # ONNX: every float value (onnx's shape inference reads the file's graph: its failure is the file's)
+    with library_call("onnx", shown_path(label) if data_dir is not None else label):
+        exposed, _ = _expose_all(proto)
     if data_dir is None and exposed.ByteSize() > TWO_GB:  # protobuf's limit for one serialized message
         raise MhaExportError(f"{label} holds over 2 GB inline: save it with external data (onnx.save_model(..., "
                              "save_as_external_data=True)) and bisect the file")

@@ -188,12 +188,29 @@ class Group(click.Group):
                                "what it held before") from None
             if isinstance(e, ModuleNotFoundError) and e.name == "onnxruntime":  # installed without [cpu] / [gpu]
                 raise BadInput(ORT_MISSING) from None
+            if (refused := _library_refused(e)) is not None:
+                raise refused from None
             import traceback
 
             traceback.print_exc()
             click.echo("internal error: this is a bug in mhaexport (exit code 3); please report it with the "
                        "traceback above", err=True)
             ctx.exit(INTERNAL_ERROR)
+        except BaseException as e:  # a Rust library's panic (pyo3's PanicException) is no Exception
+            if (refused := _library_refused(e)) is not None:
+                raise refused from None
+            raise
+
+
+def _library_refused(e: BaseException) -> BadInput | None:
+    """A third-party library's failure that reached the top (the places that know the file map it themselves,
+    ``core.errors.library_call``): exit 2 naming the library, never a traceback."""
+    from mhaexport.core.errors import library_of
+
+    lib = next((lib for x in _chain(e) if (lib := library_of(x)) is not None), None)
+    if lib is None:
+        return None
+    return BadInput(f"{lib} refused this command's input: {first_line(e)} ({type(e).__name__}): refused")
 
 
 @dataclasses.dataclass
