@@ -179,7 +179,14 @@ def write_seeded(cfg: DecoderConfig, path: str | Path) -> Path:
 
 
 def read_header(path: str | Path) -> tuple[int, dict]:
-    """(where the data starts, the header's entries) of a safetensors file; ValueError on a malformed one."""
+    """(where the data starts, the header's entries) of a safetensors file; ValueError on a malformed one. A file our
+    mapped reader accepts is one the safetensors library accepts too: the library validates it first (its header's
+    offsets, dtypes and shapes against the bytes: ``safe_open``), then the header is read by mhaexport's strict JSON
+    reader (a key twice — which two parsers would read differently — or a NaN token refused)."""
+    from mhaexport.core.errors import MhaExportError
+    from mhaexport.core.untrusted import load_json
+
+    _library_accepts(path)
     size = Path(path).stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -188,11 +195,31 @@ def read_header(path: str | Path) -> tuple[int, dict]:
         (n,) = struct.unpack("<Q", head)
         if n > min(size - 8, 100_000_000):
             raise ValueError(f"{path}: its header says {n} bytes, the file holds {size}")
-        meta = json.loads(f.read(n))
+        try:
+            meta = load_json(f.read(n), f"{path}: its header")
+        except MhaExportError as e:
+            raise ValueError(str(e)) from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: its header is not a JSON object")
     meta.pop("__metadata__", None)
     return 8 + n, meta
+
+
+def _library_accepts(path: str | Path) -> None:
+    """ValueError unless the safetensors library opens ``path`` (the parser transformers' loader uses); nothing
+    where the library is not installed (the built-in decoder's own files, written here)."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return
+    try:
+        with safe_open(str(path), framework="numpy"):
+            pass
+    except BaseException as e:  # noqa: BLE001 - its errors, and a Rust panic (a BaseException)
+        if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
+            raise
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path}: the safetensors library refuses it ({first})") from None
 
 
 def mmap_state(path: str | Path) -> dict[str, torch.Tensor]:
