@@ -46,7 +46,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhaexport.artifact.confine import GENAI_CONFIG, MissingFile, check_name, copy_hashed, open_inside
+from mhaexport.artifact.confine import (GENAI_CONFIG, MissingFile, check_name, copy_hashed, open_inside,
+                                       read_inside)
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_free_space, ensure_writable_dir,
                                       file_entries, read_json)
@@ -415,20 +416,34 @@ def _journal_names(journal: dict, key: str, where: str) -> list[str]:
 
 def _roll_back(folder: Path, staging: Path, journal: dict) -> None:
     """Undo an uncommitted publish: the replaced and removed files back from their hard links, the new ones gone.
-    Every name is the journal's, confined to the folder; nothing is followed through a symlink."""
-    backup = staging / _BACKUP
+    Every name is the journal's, confined to the folder; nothing is followed through a symlink: the staging folder,
+    its backup folder and each backed-up file are opened one part at a time without following a link
+    (:func:`~mhaexport.artifact.confine.open_inside`'s walk) and each must be what mhaexport wrote there — a folder, a
+    regular file — or the roll-back is refused (UnsafeFolder: a crafted staging folder holding a link out would
+    otherwise move a file from outside into the folder) and nothing is moved."""
     where = str(staging / JOURNAL)
     created = _journal_names(journal, "created", where)
     backed_up = _journal_names(journal, "backed_up", where)
     for name in created + backed_up:
         if any(p.is_symlink() for p in (folder / name).parents if folder in p.parents):
             raise UnsafeFolder(f"{where}: {name} lies under a symlink: refused")
+    sources = {}
+    for name in backed_up:  # every file to move back, checked before any is moved
+        try:
+            fd = open_inside(staging, f"{_BACKUP}/{name}", f"{where}: backed_up")
+        except MissingFile:
+            continue
+        st = os.fstat(fd)
+        os.close(fd)
+        sources[name] = st
     for name in created:
         (folder / name).unlink(missing_ok=True)  # unlink removes a link itself, never its target
-    for name in backed_up:
-        src = backup / name
-        if src.is_file() and not src.is_symlink():
-            os.replace(src, folder / name)
+    for name, st in sources.items():
+        src = staging / _BACKUP / name
+        now = os.lstat(src)
+        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):  # swapped since it was checked: leave it
+            raise UnsafeFolder(f"{where}: {_BACKUP}/{name} changed while it was rolled back: refused")
+        os.replace(src, folder / name)
 
 
 def _dead_scratch(folder: Path) -> list[Path]:
@@ -447,10 +462,12 @@ def _uncommitted(folder: Path, scratch: Path) -> dict | None:
     """The publish journal a dead writer left in ``scratch`` when manifest.json is still the one it names (the
     publish did not reach its commit point), else None."""
     journal_path = scratch / JOURNAL
-    if journal_path.is_symlink() or not journal_path.is_file():
+    try:  # read without following a link, a regular file only
+        journal = load_json(read_inside(scratch, JOURNAL, str(journal_path), 1 << 20), str(journal_path))
+    except MissingFile:
         return None
-    try:
-        journal = load_json(journal_path.read_bytes(), str(journal_path))
+    except UnsafeFolder:
+        raise
     except (OSError, ArtifactError):
         return None  # written atomically: a torn journal was never in force
     if isinstance(journal, dict) and _sha256_or_none(folder / FILENAME) == journal.get("manifest_sha256"):

@@ -178,15 +178,18 @@ def write_seeded(cfg: DecoderConfig, path: str | Path) -> Path:
     return write_safetensors(path, param_specs(cfg), seeded_tensors(cfg), aliases)
 
 
-def read_header(path: str | Path) -> tuple[int, dict]:
-    """(where the data starts, the header's entries) of a safetensors file; ValueError on a malformed one. A file our
-    mapped reader accepts is one the safetensors library accepts too: the library validates it first (its header's
-    offsets, dtypes and shapes against the bytes: ``safe_open``), then the header is read by mhaexport's strict JSON
-    reader (a key twice — which two parsers would read differently — or a NaN token refused)."""
+def read_header(path: str | Path, *, foreign: bool = False) -> tuple[int, dict]:
+    """(where the data starts, the header's entries) of a safetensors file; ValueError on a malformed one. The header
+    is read by mhaexport's strict JSON reader (a key twice — which two parsers would read differently — or a NaN
+    token refused). ``foreign``: a file from outside (an ``--hf`` folder's), which our mapped reader accepts only when
+    the safetensors library accepts it too — the library validates it first (its header's offsets, dtypes and shapes
+    against the bytes: ``safe_open``). mhaexport's own staging files alias a tied head's bytes, which the library
+    does not take: they are ours, written here."""
     from mhaexport.core.errors import MhaExportError
     from mhaexport.core.untrusted import load_json
 
-    _library_accepts(path)
+    if foreign:
+        _library_accepts(path)
     size = Path(path).stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -265,13 +268,13 @@ class WeightsFile:
     holds the file. ``unlink``: remove the file once open (a staging file: gone when this object is, even on a
     crash; the map and the descriptor keep its data until then)."""
 
-    def __init__(self, path: str | Path, *, unlink: bool = False) -> None:
+    def __init__(self, path: str | Path, *, unlink: bool = False, foreign: bool = False) -> None:
         self.path = Path(path)
         self.fd = -1  # owned from the moment it is open: close() closes it once, whoever calls it first
         self._unlink_at_close = False
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            self.base, self.meta = read_header(self.path)
+            self.base, self.meta = read_header(self.path, foreign=foreign)
             self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
             self.state = _state_over(self.path, self._mm, self.base, self.meta)
         except BaseException:
