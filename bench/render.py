@@ -18,7 +18,7 @@ REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
 
 
 
-def plain(value: object) -> str:
+def mpl_text(value: object) -> str:
     """Text from outside as matplotlib draws it (bench.png's sink): :func:`shown`, every ``$`` escaped (a pair of them
     would start mathtext, whose parser raises on what it cannot read), numbers through the one formatter."""
     from mhaexport.core.numbers import is_real
@@ -284,7 +284,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
         bars.plot([r.token_p50_ms], [y], "o", color=c, markersize=7)
         bars.annotate(f"{number(r.token_p50_ms, '.2f')}", (r.token_p50_ms, y), textcoords="offset points", xytext=(0, 7),
                       ha="center", fontsize=7)
-    bars.set_yticks(range(len(ran)), [plain(r.label) for r in ran], fontsize=8)
+    bars.set_yticks(range(len(ran)), [mpl_text(r.label) for r in ran], fontsize=8)
     for tick, r in zip(bars.get_yticklabels(), ran):
         tick.set_color(colours[r.label])
     bars.set_ylim(len(ran) - 0.5, -0.7)  # the table's order, top to bottom
@@ -294,12 +294,12 @@ def plot(res: BenchResult, path: Path) -> str | None:
     for r in ran:
         if r.per_position_ms:
             lines.plot(r.positions, _smooth(r.positions, r.per_position_ms), color=colours[r.label], linewidth=1.4,
-                       label=plain(r.label))
+                       label=mpl_text(r.label))
     for lr in res.long_runs:
         lines.plot(lr.positions, _smooth(lr.positions, lr.ms), color=colours[lr.label], linewidth=1.2,
-                   linestyle="--", label=f"{plain(lr.label)}, long run")
+                   linestyle="--", label=f"{mpl_text(lr.label)}, long run")
     lines.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.9,
-                  label=f"weight-bandwidth floor {number(res.floor_ms, '.2f')} ms ({plain(res.floor_probe)}, {plain(res.floor_threads)} "
+                  label=f"weight-bandwidth floor {number(res.floor_ms, '.2f')} ms ({mpl_text(res.floor_probe)}, {mpl_text(res.floor_threads)} "
                         f"thread{'s' if res.floor_threads != 1 else ''})")
     lines.set_xlabel("position of the token fed", fontsize=8)
     lines.set_ylabel("ms per token (median of repeats, +-8 positions)", fontsize=8)
@@ -317,8 +317,8 @@ def plot(res: BenchResult, path: Path) -> str | None:
         lines.set_ylim(bottom=0)
     handles, names = lines.get_legend_handles_labels()
     cfg = res.config
-    fig.suptitle(f"decode latency: {plain(res.model.spec)} (batch {plain(cfg.batch)}, prompt {plain(cfg.prompt_len)}, "
-                 f"{plain(cfg.new_tokens)} new tokens, {plain(cfg.threads)} threads)", fontsize=10)
+    fig.suptitle(f"decode latency: {mpl_text(res.model.spec)} (batch {mpl_text(cfg.batch)}, prompt {mpl_text(cfg.prompt_len)}, "
+                 f"{mpl_text(cfg.new_tokens)} new tokens, {mpl_text(cfg.threads)} threads)", fontsize=10)
     fig.legend(handles, names, loc="lower center", ncol=min(3, max(1, len(names))), fontsize=7, frameon=False)
     rows_of_legend = -(-len(names) // 3)
     fig.tight_layout(rect=(0, 0.04 + 0.035 * rows_of_legend, 1, 1), w_pad=3)
@@ -355,7 +355,7 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
         for entry in res.scaling:
             pts = [(getattr(pt, x), getattr(pt, y)) for pt in getattr(entry, key) if getattr(pt, y) is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", linewidth=1, label=plain(entry.label))
+                ax.plot(*zip(*pts), marker="o", linewidth=1, label=mpl_text(entry.label))
                 ticks.update(p for p, _ in pts)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
@@ -368,7 +368,7 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
             ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"how cost grows: {plain(res.model.spec)}", fontsize=10)
+    fig.suptitle(f"how cost grows: {mpl_text(res.model.spec)}", fontsize=10)
     fig.tight_layout()
     _save_png(fig, path)
     plt.close(fig)

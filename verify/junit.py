@@ -120,7 +120,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
         verdict = _case(suite, "mhaexport", "verdict", report.seconds)
         counts["failed"] += 1
         ET.SubElement(verdict, "failure", {"message": _text(f"{v.status}: {v.message}"),
-                                           "type": f"mhaexport.verdict.exit{v.code}"}).text = _text(v.message)
+                                           "type": _text(f"mhaexport.verdict.exit{v.code}")}).text = _text(v.message)
     if markdown:
         ET.SubElement(suite, "system-out").text = _lines(markdown)
     tests = sum(counts.values())
