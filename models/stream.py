@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import hmac
 import json
 import os
 import struct
@@ -487,16 +488,35 @@ def seeded_cache_path(cfg: DecoderConfig) -> Path:
 
 def cached_seeded(cfg: DecoderConfig, *, rebuild: bool = False) -> Path:
     """The seeded weights of ``cfg`` as a safetensors file in the cache (:func:`seeded_cache_path`), written once
-    (:func:`write_seeded`: atomic, so never half there); a file that does not read as that model's (a bad header,
-    other names or shapes) or ``rebuild`` is written again."""
+    (:func:`write_seeded`: atomic, so never half there) with an integrity stamp beside it, as the optimized-graph
+    cache's: an HMAC under this user's key (:func:`mhaexport.artifact.cache.cache_key`) of the config's key and the
+    file's sha256. A file whose stamp does not check (written by anyone else, changed since, a link, a folder others
+    can write), that does not read as that model's, or ``rebuild`` is written again — verify's eager reference is
+    never weights someone else put there."""
+    from mhaexport.artifact.cache import cache_key, cache_root, stamp, usable
+    from mhaexport.artifact.files import atomic_write_bytes, sha256_file
+
     path = seeded_cache_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not rebuild and path.is_file():
+    stamp_file = path.with_suffix(".stamp")
+    root = cache_root()
+    try:
+        key = cache_key(root) if usable(root, [path, stamp_file]) else None
+    except OSError:
+        key = None
+    if not rebuild and key is not None and path.is_file() and stamp_file.is_file():
         try:
             _, meta = read_header(path)
             want = {n: [list(s), _ST_DTYPES[d]] for n, s, d in param_specs(cfg)}
-            if {n: [e.get("shape"), e.get("dtype")] for n, e in meta.items()} == want:
+            if ({n: [e.get("shape"), e.get("dtype")] for n, e in meta.items()} == want and hmac.compare_digest(
+                    stamp_file.read_text().strip(), stamp(key, path.stem, sha256_file(path)))):
                 return path
         except (ValueError, OSError):
             pass
-    return write_seeded(cfg, path)
+    if key is None:  # not this user's private cache: written where only this process reads it
+        path = Path(tempfile.mkdtemp(prefix="mhaexport-seeded-")) / path.name
+        return write_seeded(cfg, path)
+    stamp_file.unlink(missing_ok=True)
+    out = write_seeded(cfg, path)
+    atomic_write_bytes(stamp_file, (stamp(key, path.stem, sha256_file(out)) + "\n").encode())
+    return out
