@@ -207,8 +207,8 @@ def check_fields(cls: type, value: Any, where: str, *, required: bool = True) ->
 
 
 @dataclass(frozen=True)
-class Bounds:
-    """A number field's bounds, in its type: ``Annotated[int, Bounds(0)]`` (:data:`Count`). Checked by :func:`parse`
+class Within:
+    """A number field's bounds, in its type: ``Annotated[int, Within(0)]`` (:data:`Count`). Checked by :func:`parse`
     wherever a record is read, so no reader forgets: a negative byte count refused where the manifest is read, not
     believed by the memory plan."""
 
@@ -224,20 +224,20 @@ class Bounds:
 
 
 # a count of things (bytes, tokens, positions, cases, threads): an integer >= 0
-Count = typing.Annotated[int, Bounds(0, MAX_INT)]
+Count = typing.Annotated[int, Within(0, MAX_INT)]
 # a figure that is a length of time or a size: a float >= 0 (NaN and +inf kept: a figure as measured)
-Positive = typing.Annotated[float, Bounds(0)]
+Positive = typing.Annotated[float, Within(0)]
 
 
 def parse(value: Any, hint: Any, where: str) -> Any:
-    """``value`` checked against ``hint`` (records parsed, in lists and maps too; a number's :class:`Bounds` where its
+    """``value`` checked against ``hint`` (records parsed, in lists and maps too; a number's :class:`Within` where its
     type carries them), or ArtifactError naming ``where``."""
     origin = typing.get_origin(hint)
     if origin is typing.Annotated:
         base, *marks = typing.get_args(hint)
         out = parse(value, base, where)
         for mark in marks:
-            if isinstance(mark, Bounds):
+            if isinstance(mark, Within):
                 out = mark.check(out, where)
         return out
     if origin in (types.UnionType, typing.Union):

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from mhaexport.core import iospec
-from mhaexport.core.errors import ArtifactError, ConfigError, MhaExportError, library_call
+from mhaexport.core.errors import ArtifactError, ConfigError, MhaExportError
+from mhaexport.core.libraries import library_call
 from mhaexport.core.untrusted import shown_fields
 from mhaexport.artifact import TWO_GB, shown_path
 from mhaexport.core.graph import SCOPES_KEY, GraphIndex, name_scopes

@@ -204,8 +204,8 @@ class Group(click.Group):
 
 def _library_refused(e: BaseException) -> BadInput | None:
     """A third-party library's failure that reached the top (the places that know the file map it themselves,
-    ``core.errors.library_call``): exit 2 naming the library, never a traceback."""
-    from mhaexport.core.errors import library_of
+    ``core.libraries.library_call``): exit 2 naming the library, never a traceback."""
+    from mhaexport.core.libraries import library_of
 
     lib = next((lib for x in _chain(e) if (lib := library_of(x)) is not None), None)
     if lib is None:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from mhaexport.artifact import ExportFolder, read_json, shown_path
-from mhaexport.core.errors import library_call, MhaExportError, RuntimeInputError
+from mhaexport.core.errors import MhaExportError, RuntimeInputError
+from mhaexport.core.libraries import library_call
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.genai_config import GenaiConfig, GenaiModel, section
 from mhaexport.core.untrusted import load_json, shown
