@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mhaexport.artifact.manifest import contract_dict
 from mhaexport.artifact.record import Environment, Record
 from mhaexport.artifact.schema import tag, version_of
 from mhaexport.bench.config import BenchConfig
@@ -76,7 +77,7 @@ class BenchModel(Record):
     """The model timed: its spec, contract and fingerprint (the manifest's)."""
 
     spec: str
-    contract: dict[str, Any] | None = None
+    contract: dict[str, Any] | None = field(default=None, metadata={"parse": lambda v, w: contract_dict(v, w)})
     fingerprint: str | None = None
 
 

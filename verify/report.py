@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mhaexport.artifact import read_json, schema
 from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
+from mhaexport.artifact.manifest import contract_dict
 from mhaexport.artifact.record import Environment, Record
 from mhaexport.artifact.source import Source
 from mhaexport.core.env import environment, tool_versions
@@ -72,7 +73,7 @@ class ReportModel(Record):
     ``spec`` None for a folder refused before it was read."""
 
     spec: str | None = None
-    contract: dict[str, Any] | None = None
+    contract: dict[str, Any] | None = field(default=None, metadata={"parse": lambda v, w: contract_dict(v, w)})
     source: Source | None = None  # how it is rebuilt: the record of its kind (artifact/source.py)
     checkpoint: str | None = None
     fingerprint: str | None = None
