@@ -60,6 +60,15 @@ def report_doc() -> dict:
                           versions={"onnxruntime": "1.32.0"})
     doc = report.to_dict()
     doc["sources"] = ["host-a: report.json", "host-b: report.json"]
+    # the artifacts as a manifest describes them (build_report copies these fields from the folder's manifest)
+    doc["artifacts"] = {"onnx": {"format": "onnx", "file": "model.onnx", "dtype": "float32", "seq_dynamic": False,
+                                 "static_sizes": {"batch_size": 1, "sequence_length": 8}, "opset": 18,
+                                 "attention": "decomposed", "kv_cache": "shared", "producer": "optimum",
+                                 "protocol": "concat", "quantization": {"weights": "int4", "label": "int4 rtn"}},
+                        "torchscript": {"format": "torchscript", "file": "model.pt", "mode": "trace"}}
+    doc["reference"] = {"kind": "recorded", "describe": "recorded 2026-12-06", "keeps": "top 16",
+                        "checks": {"parity": "against the record"}}
+    doc["memory"] = {"mode": "whole", "cap": 1000, "cap_source": "MemAvailable", "reason": "fits"}
     return doc
 
 
