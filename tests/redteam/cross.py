@@ -115,14 +115,24 @@ def _set(doc, path: tuple, value, key: bool) -> dict:
     return doc
 
 
+def _drop(doc, path: tuple) -> dict:
+    doc = copy.deepcopy(doc)
+    node = doc
+    for k in path[:-1]:
+        node = node[k]
+    node.pop(path[-1])
+    return doc
+
+
 def cases(doc: dict, *, numbers: bool = True) -> Iterator[tuple[str, str, dict]]:
     """(field, kind, document) for every leaf and key of ``doc`` and every hostile kind that fits it: text kinds
     for strings and keys, number kinds (and a text) for numbers."""
     for path, value in _paths(doc):
         field = ".".join(map(str, path))
-        if isinstance(value, tuple):  # a key
+        if isinstance(value, tuple):  # a key: renamed to each hostile text, and left out
             for kind, text in TEXT.items():
                 yield f"{field} (key)", kind, _set(doc, path, text, key=True)
+            yield field, "missing", _drop(doc, path)
         elif isinstance(value, str):
             for kind, text in TEXT.items():
                 yield field, kind, _set(doc, path, text, key=False)
