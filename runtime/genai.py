@@ -61,6 +61,26 @@ def check_options(folder: str | Path, shown: object = None, *, trust_code: bool 
     return config
 
 
+def model_fields(config: dict) -> GenaiModel:
+    """genai_config.json's ``model`` section with the fields mhaexport's own loop reads typed and bounded: vocab_size
+    and context_length counts, pad_token_id an id, eos_token_id an id or a list of ids (ArtifactError naming the
+    field otherwise: a crafted config is one line, not a KeyError)."""
+    from mhaexport.core.numbers import MAX_INT
+
+    model = GenaiModel.from_dict(GenaiConfig.from_dict(config, GENAI_CONFIG).model, f"{GENAI_CONFIG}: model")
+
+    def count(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT
+
+    for name in ("vocab_size", "context_length", "pad_token_id"):
+        if not count(getattr(model, name)):
+            raise ArtifactError(f"{GENAI_CONFIG}: model.{name} is {getattr(model, name)!r:.40}, expected a count")
+    eos = model.eos_token_id
+    if not (count(eos) or (isinstance(eos, list) and eos and all(count(e) for e in eos))):
+        raise ArtifactError(f"{GENAI_CONFIG}: model.eos_token_id is {eos!r:.40}, expected an id or a list of ids")
+    return model
+
+
 def budgeted(gen, call: Callable, *args):
     """One call of onnxruntime-genai's generator under the budget (runtime/budget.py): past it the generator is told
     to terminate its session's run (``terminate_session``) and the call raises OverBudget."""
@@ -133,15 +153,15 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
         if GENAI_CONFIG not in ef.entry("onnx").files:
             raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
                                 f"{ef.path}`")
-        cfg = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
-        ids, _mask, _lengths = pad_prompts(prompts, cfg["vocab_size"], cfg["context_length"], cfg["pad_token_id"],
+        model = model_fields(read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config"))
+        ids, _mask, _lengths = pad_prompts(prompts, model.vocab_size, model.context_length, model.pad_token_id,
                                            side="right")
-        if max_length > cfg["context_length"]:
+        if max_length > model.context_length:
             raise RuntimeInputError(f"max_length={max_length} exceeds the model's "
-                                    f"context_length={cfg['context_length']}")
+                                    f"context_length={model.context_length}")
         # the snapshot: the files whose hashes were checked
         res = genai_generate(genai_model(ef.root, trust_code=trust_code, shown=ef.path), ids, max_length,
-                             eos_token_id=cfg["eos_token_id"])
+                             eos_token_id=model.eos_token_id)
     return [list(p) + new for p, new in zip(prompts, res.tokens)]
 
 
@@ -252,8 +272,8 @@ class GenAIGenerator:
         if GENAI_CONFIG not in self.entry.files:
             raise ArtifactError(f"{export.path} ships no {GENAI_CONFIG}: onnxruntime-genai has nothing to run")
         self.config = read_json(export.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")
-        model = GenaiModel.from_dict(GenaiConfig.from_dict(self.config, GENAI_CONFIG).model, f"{GENAI_CONFIG}: model")
-        self.context_length = int(model.context_length)
+        model = model_fields(self.config)
+        self.context_length = model.context_length
         self.pad_token_id = model.pad_token_id
         self._config_eos = eos = model.eos_token_id
         if isinstance(eos, list) and eos and "tokenizer.json" in self.entry.files:
