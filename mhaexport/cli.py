@@ -451,6 +451,10 @@ class Reporter:
         self.t0, self.total, self.open_line = 0.0, None, False
 
     def line(self, msg: str) -> str:
+        """The progress line of ``msg``: one line (a name the library's message holds is shown escaped)."""
+        return shown(self._line(msg))
+
+    def _line(self, msg: str) -> str:
         done, total = getattr(msg, "done", None), getattr(msg, "total", None)
         if not total:
             return str(msg)
@@ -785,14 +789,14 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
     if as_json:
         click.echo(dumps(result.to_dict(result.texts)))
         return
-    click.echo(f"providers: {', '.join(result.providers)}", err=True)
-    click.echo(f"engine: {result.engine} ({result.engine_reason})", err=True)
+    click.echo(shown(f"providers: {', '.join(result.providers)}"), err=True)
+    click.echo(shown(f"engine: {result.engine} ({result.engine_reason})"), err=True)
     for i, toks in enumerate(result.tokens):
         if i < len(prompts):
             click.echo(prompts[i] + result.texts[i])
         else:
             click.echo(",".join(map(str, toks)))
-    click.echo(result.message, err=True)
+    click.echo(shown(result.message), err=True)
 
 
 @main.command("bench")

@@ -114,4 +114,4 @@ def test_a_crafted_folder_through_verify_and_the_step_summary(tmp_path, tiny_exp
     assert markdown_findings(summary.read_text()) == []
     assert html_findings((reports / "report.html").read_text()) == []
     assert xml_findings((reports / "junit.xml").read_bytes()) == []
-    assert terminal_findings(p.stderr) == []
+    assert terminal_findings(p.stdout + p.stderr) == []
