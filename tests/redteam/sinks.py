@@ -109,7 +109,7 @@ def terminal_findings(text: str) -> list[str]:
     if bad:
         out.append(f"control characters {', '.join(bad[:5])}")
     out += [f"forged line {line[:40]!r}" for line in text.splitlines()
-            if line.lstrip().startswith(("FORGED", "## ✅", "✅ verify passed", "verify passed"))]
+            if line.lstrip().startswith(("FORGED", "## ✅ passed", "✅ verify passed"))]
     return out
 
 
