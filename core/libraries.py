@@ -47,5 +47,5 @@ class library_call:  # noqa: N801 - used as a context manager: ``with library_ca
             return False
         if not isinstance(e, Exception) and library_of(e) is None:
             return False
-        raise LibraryRefused(f"{shown(self.file)}: {self.library} refused it: {shown(clip(first_line(e), 300))} "
-                             f"({type(e).__name__}): refused") from None
+        raise LibraryRefused(f"{shown(self.file)}: {self.library} refused it: {shown(clip(first_line(e), 300))}: "
+                             "refused") from None

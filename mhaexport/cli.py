@@ -210,7 +210,7 @@ def _library_refused(e: BaseException) -> BadInput | None:
     lib = next((lib for x in _chain(e) if (lib := library_of(x)) is not None), None)
     if lib is None:
         return None
-    return BadInput(f"{lib} refused this command's input: {first_line(e)} ({type(e).__name__}): refused")
+    return BadInput(f"{lib} refused this command's input: {first_line(e)}: refused")
 
 
 @dataclasses.dataclass
