@@ -399,10 +399,17 @@ def _scratch_pid(path: Path) -> int | None:
 
 
 def _sha256_or_none(path: Path) -> str | None:
+    """The sha256 of the regular file ``path`` (read without following a link: a manifest.json that is a link to a
+    device would never end), None where there is none or it is not a regular file."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
+        fd = open_inside(path.parent, path.name, str(path))
+    except (MissingFile, UnsafeFolder):
         return None
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _journal_names(journal: dict, key: str, where: str) -> list[str]:
