@@ -72,8 +72,9 @@ def shown(text: object) -> str:
 
 # Markdown's inline syntax in text from outside: what starts a link or image ([ ]), raw HTML or an autolink (< >), an
 # entity (&), code (`), emphasis or strikethrough (* ~, and _ that is not inside a word), a table cell (|), an escape
-# (\\), an email autolink (@); a GFM bare-URL autolink is broken at its "://", "www." and "mailto:"/"xmpp:"
-_MD_ALWAYS = re.compile(r"[\\`*\[\]<>&|~@!]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|:(?=/)|(?<=[Ww]{3})\.|"
+# (\\), an email autolink (an @ before a domain with a dot); a GFM bare-URL autolink is broken at its "://",
+# "www." and "mailto:" / "xmpp:"
+_MD_ALWAYS = re.compile(r"[\\`*\[\]<>&|~!]|@(?=[\w.+-]*\.)|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|:(?=/)|(?<=[Ww]{3})\.|"
                         r"(?<=mailto):|(?<=xmpp):|(?<=MAILTO):")
 # what starts a block when it begins a line: a heading, a quote, a list item, a setext underline, a fence, a table row
 _MD_BLOCK_START = re.compile(r"^(\s*)(>|#+(?=\s|$)|([-+=])(?=\s|$|\3*\s*$)|\d{1,9}[.)](?=\s|$))")

@@ -78,9 +78,9 @@ class _Forgiving:
     """sys.stdout / sys.stderr for the CLI: output nobody reads (a closed pipe: ``verify … | head -1``, a closed
     descriptor: ``>&-``) is dropped instead of raising, so the verdict's exit code and the reports stand."""
 
-    def __init__(self, stream, style: bool = False) -> None:
+    def __init__(self, stream, style=lambda: False) -> None:
         self._stream = stream
-        self._style = style
+        self._style = style  # whether this stream is a terminal that takes mhaexport's own styles (asked per write)
 
     def _lost(self, e: OSError) -> None:
         if e.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL, errno.ECONNRESET):
@@ -96,7 +96,7 @@ class _Forgiving:
     def write(self, text):
         if isinstance(text, (bytes, bytearray)):  # click probes for a binary stream with write(b"")
             raise TypeError("a text stream")
-        text = terminal_text(text, self._style)  # the terminal sink: no control character but line breaks
+        text = terminal_text(text, self._style())  # the terminal sink: no control character but line breaks
         try:
             return self._stream.write(text)
         except OSError as e:
@@ -127,9 +127,9 @@ class Group(click.Group):
 
     def main(self, *args, **kwargs):
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = (_Forgiving(s if s is not None else open(os.devnull, "w", encoding="utf-8"),
-                                             s is not None and _isatty(s))  # a terminal: our own styles stay
-                                  for s in saved)
+        out, err = (s if s is not None else open(os.devnull, "w", encoding="utf-8") for s in saved)
+        # on a terminal mhaexport's own styles stay (stdout asked as _show asks it: a terminal gets terminal text)
+        sys.stdout, sys.stderr = _Forgiving(out, lambda: _stdout_is_tty()), _Forgiving(err, lambda: _isatty(err))
         try:
             return super().main(*args, **kwargs)
         finally:
