@@ -118,3 +118,18 @@ def test_one_escaper_per_sink_kind():
     assert defs == {"shown": ["core/untrusted.py"], "md": ["core/untrusted.py"],
                     "terminal_text": ["core/untrusted.py"], "h": ["verify/markup.py"], "_text": ["verify/junit.py"],
                     "mpl_text": ["bench/render.py"]}
+
+
+def test_one_json_reader():
+    """Every JSON mhaexport reads goes through core/untrusted.load_json (strict: a key twice, a NaN token refused):
+    no other module of the package parses JSON itself."""
+    raw = []
+    for path in ROOT.glob("*/*.py"):
+        if path.parts[-2] in ("tests", "scripts", "build", ".venv", "docs", "examples") or \
+                path.relative_to(ROOT).as_posix() == "core/untrusted.py":
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("loads", "load")
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "json"):
+                raw.append(f"{path.relative_to(ROOT)}:{n.lineno}")
+    assert raw == []
