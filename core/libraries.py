@@ -33,11 +33,12 @@ def library_of(e: BaseException) -> str | None:
 class library_call:  # noqa: N801 - used as a context manager: ``with library_call("tokenizers", file):``
     """The one place a third-party library's failure on a folder's input becomes mhaexport's: inside it, whatever
     ``library`` raises — its own exception types, a RuntimeError, a Rust panic (a BaseException) — is
-    :class:`LibraryRefused` naming ``file`` and the library, its first line shown escaped. mhaexport's own errors, a
-    Ctrl-C and a MemoryError pass through unchanged."""
+    :class:`LibraryRefused` naming ``file`` and the library, its first line shown escaped (``error``: another
+    MhaExportError class, e.g. RuntimeFailure where a runtime's failure is a check's finding). mhaexport's own errors,
+    a Ctrl-C and a MemoryError pass through unchanged."""
 
-    def __init__(self, library: str, file: object) -> None:
-        self.library, self.file = library, file
+    def __init__(self, library: str, file: object, error: type[MhaExportError] = LibraryRefused) -> None:
+        self.library, self.file, self.error = library, file, error
 
     def __enter__(self) -> library_call:
         return self
@@ -47,5 +48,5 @@ class library_call:  # noqa: N801 - used as a context manager: ``with library_ca
             return False
         if not isinstance(e, Exception) and library_of(e) is None:
             return False
-        raise LibraryRefused(f"{shown(self.file)}: {self.library} refused it: {shown(clip(first_line(e), 300))}: "
-                             "refused") from None
+        raise self.error(f"{shown(self.file)}: {self.library} refused it: {shown(clip(first_line(e), 300))}: "
+                         "refused") from None

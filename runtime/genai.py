@@ -19,6 +19,7 @@ import numpy as np
 from mhaexport.artifact import ExportFolder, opened, read_json
 from mhaexport.core.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
                               first_line)
+from mhaexport.core.libraries import library_call
 from mhaexport.runtime import budget
 from mhaexport.runtime.session import QUIET_LOG
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
@@ -84,7 +85,8 @@ def model_fields(config: dict) -> GenaiModel:
 def budgeted(gen, call: Callable, *args):
     """One call of onnxruntime-genai's generator under the budget (runtime/budget.py): past it the generator is told
     to terminate its session's run (``terminate_session``) and the call raises OverBudget."""
-    with budget.watching(lambda: gen.set_runtime_option("terminate_session", "1"), "an onnxruntime-genai call"):
+    with budget.watching(lambda: gen.set_runtime_option("terminate_session", "1"), "an onnxruntime-genai call"), \
+            library_call("onnxruntime-genai", "the folder's model", RuntimeFailure):
         return call(*args)
 
 
@@ -105,9 +107,10 @@ def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id:
     overlay: dict = {"decoder": {"session_options": session}}
     if eos_token_id is not None:
         overlay["eos_token_id"] = eos_token_id
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": overlay}))
-    return og.Model(config)
+    with library_call("onnxruntime-genai", f"{shown or folder}/{GENAI_CONFIG}", RuntimeFailure):
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": overlay}))
+        return og.Model(config)
 
 
 def genai_generate(model, ids: np.ndarray, max_length: int, *, eos_token_id: int | None = None,
