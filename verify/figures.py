@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from mhaexport.artifact.record import Count, Record, parse
+from mhaexport.artifact.record import Record, parse
 
 F = TypeVar("F", bound="Figures")
 
@@ -417,8 +417,9 @@ def figures_of(check: str, figures: Mapping | None, where: str = "figures") -> F
 
 
 def _cases(value: Any, where: str) -> list[list[Any]]:
-    """Parity's ``by_case`` read back: each entry [batch, seq, past, max abs or null], the sizes counts and the figure
-    a float (a crafted entry is named, never added to a number in report.html's plot)."""
+    """Parity's ``by_case`` read back: each entry [batch, seq, past, max abs or null], the sizes integers (within
+    int64: any renders) and the figure a float (a crafted entry is named, never added to a number in report.html's
+    plot)."""
     rows = parse(value, list[Any], where)
     out = []
     for i, row in enumerate(rows):
@@ -426,6 +427,6 @@ def _cases(value: Any, where: str) -> list[list[Any]]:
             from mhaexport.core.errors import ArtifactError
 
             raise ArtifactError(f"{where}[{i}] is not [batch, seq, past, max abs]")
-        b, s, p = (parse(v, Count, f"{where}[{i}][{j}]") for j, v in enumerate(row[:3]))
+        b, s, p = (parse(v, int, f"{where}[{i}][{j}]") for j, v in enumerate(row[:3]))
         out.append([b, s, p, parse(row[3], float | None, f"{where}[{i}][3]")])
     return out
