@@ -125,7 +125,7 @@ def test_a_crafted_message_reaches_the_ci_step_summary_escaped(tmp_path):
                 "INPUT_NAME": "job\x1b[31m"})
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "ci_action.py")], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=300)
-    text = summary.read_text()
+    text = unescape_md(summary.read_text())  # as it reads rendered (data is Markdown-escaped)
     assert p.returncode == 2 and "REFUSED" in text, p.stdout + p.stderr
     assert _raw(text) == [] and "x\\x1b[2Jy" in text and "job\\x1b[31m" in text
 
