@@ -584,9 +584,9 @@ class Staging:
             journal = {"manifest_sha256": _sha256_or_none(self.folder / FILENAME), "created": [], "backed_up": []}
             for name in files + stale:
                 target = self.folder / name
-                if target.is_file():
+                if target.is_file() and not target.is_symlink():  # a link is never followed into the backup
                     (backup / name).parent.mkdir(parents=True, exist_ok=True)
-                    os.link(target, backup / name)
+                    os.link(target, backup / name, follow_symlinks=False)
                     journal["backed_up"].append(name)
                 elif name in files:
                     journal["created"].append(name)
