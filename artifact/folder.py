@@ -69,9 +69,13 @@ def read_manifest(folder: str | Path) -> Manifest:
     if not folder.is_dir():
         raise ArtifactError(f"export folder {folder} does not exist")
     path = folder / FILENAME
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise ArtifactError(f"{folder} has no {FILENAME}: not an export folder (run `mhaexport onnx -o {folder}`)")
-    return Manifest.from_dict(read_json(path, "manifest"), what=str(path))
+    # read inside the folder like every file it holds: a manifest.json that is a link is refused, never followed
+    data = load_json(read_inside(folder, FILENAME, str(path)), f"manifest {path}")
+    if not isinstance(data, dict):
+        raise ArtifactError(f"manifest {path} holds a JSON {type(data).__name__}, expected an object")
+    return Manifest.from_dict(data, what=str(path))
 
 
 # snapshots this process made and has not closed yet (snapshot -> the folder it copies): removed at exit

@@ -24,7 +24,7 @@ pytest.importorskip("markdown_it")
 
 from redteam import cross  # noqa: E402
 from redteam.sinks import markdown_findings, terminal_findings  # noqa: E402
-from redteam.values import TEXT  # noqa: E402
+from redteam.values import RAW_JSON, TEXT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # the default run's sample: every Nth case of each source (a few seconds; a report case renders six sinks)
@@ -115,3 +115,45 @@ def test_a_crafted_folder_through_verify_and_the_step_summary(tmp_path, tiny_exp
     assert html_findings((reports / "report.html").read_text()) == []
     assert xml_findings((reports / "junit.xml").read_bytes()) == []
     assert terminal_findings(p.stdout + p.stderr) == []
+
+
+# --- every JSON source: text that is no document two parsers read alike, and a link ------------------------------
+
+def _sources(folder: Path) -> dict:
+    """Each JSON file a verb reads from a folder, and its reader as the verb calls it."""
+    from mhaexport.artifact.folder import read_manifest
+    from mhaexport.bench.result import read_result_in
+    from mhaexport.models.config import load_config
+    from mhaexport.runtime.genai import check_options
+    from mhaexport.verify.report import read_report_in
+
+    return {"manifest.json": lambda: read_manifest(folder), "report.json": lambda: read_report_in(folder),
+            "bench.json": lambda: read_result_in(folder), "genai_config.json": lambda: check_options(folder),
+            "config.json": lambda: load_config(str(folder / "config.json"))}
+
+
+@pytest.mark.parametrize("kind", sorted(RAW_JSON))
+def test_every_json_source_refuses_a_document_two_parsers_read_apart(tmp_path, kind):
+    """A key twice (onnxruntime-genai applies both, Python keeps the last), a NaN token, a number beyond a float,
+    nesting 100 000 deep, bytes that are not UTF-8: every reader refuses in one line naming the file."""
+    from mhaexport.core.errors import MhaExportError
+
+    for name, read in _sources(tmp_path).items():
+        (tmp_path / name).write_bytes(RAW_JSON[kind])
+        with pytest.raises(MhaExportError) as e:
+            read()
+        assert name in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+
+
+def test_every_json_source_refuses_a_link_out_of_its_folder(tmp_path):
+    from mhaexport.core.errors import MhaExportError
+
+    folder, outside = tmp_path / "folder", tmp_path / "outside.json"
+    folder.mkdir()
+    outside.write_text("{}")
+    for name, read in _sources(folder).items():
+        if name == "config.json":  # a --config FILE.json the user names: their own path
+            continue
+        (folder / name).symlink_to(outside)
+        with pytest.raises(MhaExportError, match="symlink|link"):
+            read()
