@@ -50,7 +50,7 @@ from mhaexport.artifact.confine import (GENAI_CONFIG, MissingFile, check_name, c
                                        read_inside)
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_free_space, ensure_writable_dir,
-                                      file_entries, read_json)
+                                      file_entries)
 from mhaexport.artifact.lock import FolderLock, reader_lock
 from mhaexport.artifact.manifest import FILENAME, ArtifactEntry, Manifest, ModelRecord
 from mhaexport.core.errors import ArtifactError, UnsafeFolder
