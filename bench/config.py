@@ -24,7 +24,7 @@ ALL_RUNTIMES, DEFAULT_RUNTIMES = BENCH_RUNTIMES.accepts, BENCH_RUNTIMES.default
 
 TORCH_RUNTIMES = (EAGER, EAGER_NOCACHE, EAGER_CUDA, TORCHSCRIPT)
 ORT_RUNTIMES = (ORT_CPU, ORT_CUDA)
-_EXAMPLE = {"batches": "1,4,16", "prompts": "32,512,2048"}  # the issue's points, as the errors' example
+_EXAMPLE = {"batches": "1,4,16", "prompts": "32,512,2048", "serving": "1,4,8"}  # the errors' examples
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class BenchConfig:
     # time to first token at batch 1 for each of these prompt lengths. Empty: no scaling phase (the default).
     batches: tuple[int, ...] = ()
     prompts: tuple[int, ...] = ()
+    # Serving (bench.serving), after the main rounds on the ort-cpu row: continuous batching's tokens/s at each of
+    # these numbers of rows against the plain loop, and speculative decoding (prompt lookup) against plain greedy on a
+    # repetitive and a non-repetitive prompt. Empty: off (the default).
+    serving: tuple[int, ...] = ()
     # the folder's code runs only when the user says so (--trust-code; docs/DESIGN.md, "Folders from elsewhere"):
     # the eager rows' model rebuilt from a manifest source that is code (a factory file or module), and the folder's
     # pt2 program / AOTInductor package (artifact/trust.py)
@@ -79,13 +83,14 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        for name in ("batches", "prompts"):  # the command line's "1,4,16" (None: off)
+        for name in ("batches", "prompts", "serving"):  # the command line's "1,4,16" (None: off)
             value = getattr(self, name)
             if value is None or isinstance(value, str):
                 object.__setattr__(self, name, parse_points(value, name))
         check_config(self)
         object.__setattr__(self, "batches", parse_points(self.batches, "batches"))
         object.__setattr__(self, "prompts", parse_points(self.prompts, "prompts"))
+        object.__setattr__(self, "serving", parse_points(self.serving, "serving"))
 
 
 def check_config(cfg: BenchConfig) -> tuple[str, ...]:
@@ -106,7 +111,8 @@ def check_config(cfg: BenchConfig) -> tuple[str, ...]:
         raise ConfigError(f"steady_within={cfg.steady_within}: a fraction in (0, 1), e.g. 0.10 for 10 %")
     if cfg.max_spread < 1:
         raise ConfigError(f"max_spread={cfg.max_spread}: a spread is never below 1")
-    for option, values, unit in (("batches", cfg.batches, "prompt"), ("prompts", cfg.prompts, "token")):
+    for option, values, unit in (("batches", cfg.batches, "prompt"), ("prompts", cfg.prompts, "token"),
+                                 ("serving", cfg.serving, "row")):
         bad = _not_positive(values)
         if bad:
             raise ConfigError(f"{option}={tuple(values)}: {bad[0]!r} is not a positive integer (each point holds at "

@@ -184,6 +184,30 @@ def scaling_tables(res: BenchResult) -> str:
     return "\n".join(out)
 
 
+def serving_tables(res: BenchResult) -> str:
+    """Serving (--serving): continuous batching's tokens/s at each number of rows against the plain loop, and
+    speculative decoding against plain greedy per prompt (bench.serving)."""
+    sv, cfg = res.serving, res.config
+    threads = f"{md(cfg.threads)} thread{'s' if cfg.threads != 1 else ''}"
+    out = [(f"Serving on {md(sv.row)} (after the main rounds; one untimed round, then {md(cfg.repeats)} timed "
+            f"round(s), interleaved, medians; {threads}, greedy): {md(sv.requests)} requests waiting at the start "
+            f"(prompts of {md(max(1, cfg.prompt_len // 4))}..{md(cfg.prompt_len)} tokens, {md(sv.tokens)} new tokens "
+            f"in all); the plain loop serves them one at a time at {_f(sv.plain_tokens_per_s, 1)} tokens/s."), "",
+           "| continuous batching | tokens/s | x plain loop |", "| --- | ---: | ---: |"]
+    out += [f"| {md(p.rows)} row{'s' if p.rows != 1 else ''} | {_f(p.tokens_per_s, 1)} | {_f(p.ratio)} |"
+            for p in sv.batching]
+    if sv.speculative:
+        out += ["", "| speculative decoding (prompt lookup, 4 drafts) | plain tokens/s | tokens/s | x plain | "
+                    "drafts accepted | tokens per call |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        out += [f"| {md(p.prompt)} prompt ({md(p.tokens)} tokens) | {_f(p.plain_tokens_per_s, 1)} | "
+                f"{_f(p.tokens_per_s, 1)} | {_f(p.ratio)} | {_f(p.acceptance)} | {_f(p.tokens_per_call)} |"
+                for p in sv.speculative]
+    tokens = "the same as the plain loop's" if sv.same_tokens and all(p.same_tokens for p in sv.speculative) else \
+        "**not** the same as the plain loop's (see the notes)"
+    out += ["", f"Every serving run's tokens: {tokens}."]
+    return "\n".join(out)
+
+
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
@@ -237,6 +261,8 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
         parts += ["", scaling_tables(res)]
         if scaling_note:
             parts.append(f"\n{scaling_note}")
+    if res.serving is not None:
+        parts += ["", serving_tables(res)]
     if res.targets:  # the project's speed targets, when the run asked for them (--targets)
         parts += ["", targets_table(res)]
     if res.profile:

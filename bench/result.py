@@ -191,6 +191,54 @@ class ScalingRow(Record):
 
 
 @dataclass
+class BatchingPoint(Record):
+    """Serving: continuous batching over ``rows`` rows: tokens/s, and its ratio to the plain loop's (bench.serving)."""
+
+    rows: int
+    tokens_per_s: float | None = None
+    ratio: float | None = None
+    repeats: int = 0
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
+class SpeculativePoint(Record):
+    """Serving: speculative decoding (prompt lookup) on one prompt against plain greedy decoding: tokens/s both
+    ways, the ratio, the drafts accepted, tokens per call of the model, whether the tokens were the same."""
+
+    prompt: str
+    plain_tokens_per_s: float | None = None
+    tokens_per_s: float | None = None
+    ratio: float | None = None
+    acceptance: float | None = None
+    tokens_per_call: float | None = None
+    same_tokens: bool | None = None
+    repeats: int = 0
+    tokens: int | None = None
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
+class ServingBench(Record):
+    """Serving (``--serving``; bench.serving) on one row: the requests and their tokens, the plain loop's tokens/s,
+    continuous batching at each number of rows, speculative decoding per prompt, whether every serving run's
+    tokens were the plain loop's, notes."""
+
+    row: str
+    requests: int
+    tokens: int
+    plain_tokens_per_s: float | None = None
+    batching: list[BatchingPoint] = field(default_factory=list)
+    speculative: list[SpeculativePoint] = field(default_factory=list)
+    same_tokens: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    WRITE_NONE = ("*",)
+
+
+@dataclass
 class TargetResult(Record):
     """One speed target judged on this run (bench.targets): measured ratio, ``met`` (None: no verdict), the verdict,
     the widest spread among the figures read, whether the run conditions match the target's."""
@@ -269,9 +317,11 @@ class BenchResult(Record):
     scaling: list[ScalingRow] = field(default_factory=list)
     # mhaexport's loop / onnxruntime-genai's on the same file (run.loop_comparison); None unless both rows ran
     loop: LoopComparison | None = None
+    # continuous batching and speculative decoding against the plain loop (--serving; bench.serving); None: not asked
+    serving: ServingBench | None = None
 
     DERIVED = ("schema",)
-    WRITE_NONE = ("profile", "loop")
+    WRITE_NONE = ("profile", "loop", "serving")
     KEY_ORDER = ("schema",)
     schema = SCHEMA
 

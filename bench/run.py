@@ -153,6 +153,17 @@ def _run_bench(ef: ExportFolder, cfg: BenchConfig, names: tuple[str, ...], say: 
             res.scaling = scaling_runs(scaled, cfg, c.max_positions, c.vocab_size, say)
         else:
             notes.append("how cost grows (--batches / --prompts) not timed: no ONNX Runtime row ran")
+    if cfg.serving:  # continuous batching and speculative decoding against the plain loop, on the ort-cpu row
+        from mhaexport.bench.serving import serving_runs
+
+        served = next((r for r in timed if r.ok and r.record.ran and r.record.name == ORT_CPU and r.runner is not None
+                       and r.record.opt_level is None), None)
+        if served is not None:
+            from mhaexport.runtime.tokenizer import for_folder
+
+            res.serving = serving_runs(served, cfg, c.vocab_size, c.max_positions, say, for_folder(ef))
+        else:
+            notes.append("serving (--serving) not timed: the ort-cpu row did not run")
     own = res.get(ORT_CPU)
     if own is not None and own.ran and cfg.profile:
         say(f"profiling {ORT_CPU} ...")

@@ -24,6 +24,7 @@ WINDOW_SLACK = 16  # a window-sized buffer holds W + this many slots (onnxruntim
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
+OUTPUT_KINDS = ("logits", "present")  # the outputs a per-output tolerance and its statistics are keyed by
 
 # Example sizes every exporter traces with: all >= 2 and pairwise distinct, so torch.export neither specializes a
 # dynamic dim to 0/1 nor mistakes one axis for another. Verify's dynamic-shapes check runs at other sizes.

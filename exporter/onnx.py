@@ -145,9 +145,13 @@ def _window_sized_cache(model: ir.Model) -> None:
     most recent positions, W <= L <= C for a buffer of C slots. A full-length buffer (C = max_cache) is still right, so
     verify's contract calls feed it as a shared cache; the decode loop and onnxruntime-genai give it W + slack.
 
-    Such a node also takes ``query_seqlens`` (its input 16: each row's real new tokens, the attention mask's last S
-    columns summed): without it ONNX Runtime takes min(S, T) new tokens per row and refuses a right-padded prompt
-    batch ("seqlens_k[1] = 3 is too small for sequence_length 7"), which a full-length cache accepts."""
+    Such a node also takes ``query_seqlens`` (its input 16: each row's real new tokens): without it ONNX Runtime
+    takes min(S, T) new tokens per row and refuses a right-padded prompt batch ("seqlens_k[1] = 3 is too small for
+    sequence_length 7"), which a full-length cache accepts. A row's new tokens are min(S, its real tokens): all of a
+    prompt's real tokens (no past), one in a decode step, S in a chunk after a past (batch 1) — whichever way a
+    loop lays the mask out, holes before the new column (mhaexport's deploy loop, onnxruntime-genai's Generator) or
+    each row's ones packed from column 0 (onnxruntime-genai's Engine, whose packed decode masks gave a short row 0
+    new tokens when they were the mask's last S columns summed: its tokens went wrong from the second on)."""
     windowed = [n for n in model.graph if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"
                 and (a := n.attributes.get("local_window_size")) is not None and a.as_int() > 0]
     if not windowed:
@@ -159,14 +163,13 @@ def _window_sized_cache(model: ir.Model) -> None:
         return ir.node("Constant", [], attributes={"value": ir.tensor(array, name=name)}, name=name,
                        num_outputs=1).outputs[0]
 
-    one, big = const("wc_axis1", np.array([1], np.int64)), const("wc_end", np.array([2**62], np.int64))
+    one = const("wc_axis1", np.array([1], np.int64))
     width = ir.node("Shape", [ids], attributes={"start": 1, "end": 2}, name="wc_new_tokens")  # (1,): S
-    start = ir.node("Neg", [width.outputs[0]], name="wc_neg_new_tokens")  # (1,): -S
-    new = ir.node("Slice", [mask, start.outputs[0], big, one], name="wc_new_mask")  # (B, S): the call's columns
-    real = ir.node("ReduceSum", [new.outputs[0], one], attributes={"keepdims": 0}, name="wc_real_new")  # (B,)
-    q = ir.node("Cast", [real.outputs[0]], attributes={"to": ir.DataType.INT32}, name="query_seqlens")
+    real = ir.node("ReduceSum", [mask, one], attributes={"keepdims": 0}, name="wc_real_tokens")  # (B,)
+    new = ir.node("Min", [real.outputs[0], width.outputs[0]], name="wc_real_new")  # (B,): min(real, S)
+    q = ir.node("Cast", [new.outputs[0]], attributes={"to": ir.DataType.INT32}, name="query_seqlens")
     q.outputs[0].name = "query_seqlens"
-    nodes = [one.producer(), big.producer(), width, start, new, real, q]
+    nodes = [one.producer(), width, real, new, q]
     model.graph.insert_before(next(iter(model.graph)), nodes)  # graph inputs only: first is in order
     for n in windowed:
         n.attributes["sliding_window_cache"] = ir.AttrInt64("sliding_window_cache", 1)

@@ -144,7 +144,7 @@ def _count(value: Any, arg: str, least: int = 1, *, optional: bool = True) -> No
 
 def _tolerance(value: Any, arg: str) -> None:
     """ConfigError unless ``value`` is None, a number >= 0, or {"logits" | "present" | None: number >= 0}."""
-    from mhaexport.verify.compare import OUTPUT_KINDS
+    from mhaexport.core.iospec import OUTPUT_KINDS
 
     per = value if isinstance(value, dict) else {None: value}
     for key, x in per.items():
@@ -532,7 +532,8 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
     """``mhaexport bench``: time the KV-cache decode loop of an export folder on each runtime. ``config``: fields
     of :class:`mhaexport.bench.BenchConfig` (prompt_len, new_tokens, batch, threads, runtimes, repeats, long, ...;
     ``runtimes=["all"]``: every runtime, pt2/aoti with ``trust_code``; ``batches=[1, 4, 16]`` /
-    ``prompts=[32, 512, 2048]``, or the CLI's "1,4,16": how cost grows; ``targets=True``: the project's speed
+    ``prompts=[32, 512, 2048]``, or the CLI's "1,4,16": how cost grows; ``serving=[1, 4, 8]``: continuous batching
+    at those rows and speculative decoding against the plain loop (bench.serving); ``targets=True``: the project's speed
     targets; the default runtimes leave out eager-nocache). ``long`` is the CLI's ``--long`` (BenchConfig's
     ``long_to``; ``long_to=`` still works, deprecated).
 
@@ -560,7 +561,7 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
         if key in config:
             names = _names(config[key], key, paths=key == "compare")
             config[key] = names if names is not None or key == "runtimes" else ()
-    for key in ("batches", "prompts"):  # "1,4,16" or [1, 4, 16]: ConfigError in one line naming the point
+    for key in ("batches", "prompts", "serving"):  # "1,4,16" or [1, 4, 16]: ConfigError in one line naming the point
         if key in config:
             config[key] = _bench.parse_points(config[key], key)
     if "runtimes" in config and config["runtimes"] == ("all",):  # every runtime; the code ones (pt2, aoti) on trust

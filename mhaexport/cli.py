@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from mhaexport.core.version import __version__
-from mhaexport.core.errors import MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
+from mhaexport.core.errors import ConfigError, MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
 from mhaexport.core.untrusted import shown, terminal_text
 
 
@@ -513,6 +513,19 @@ def lowering_options(f):
     return wrapper
 
 
+def _folder_exists(ctx, param, value: str | None) -> str | None:
+    """An export FOLDER that is not there, refused while the command line is parsed: one line before any of the
+    verb's imports (torch, onnx: seconds)."""
+    if value is not None:
+        try:
+            os.lstat(value)
+        except FileNotFoundError:
+            raise ConfigError(f"export folder {value} does not exist") from None
+        except OSError as e:  # a name no file system takes (ENAMETOOLONG), a path through a loop
+            raise ConfigError(f"export folder {value}: {e.strerror or e}") from None
+    return value
+
+
 @main.command("onnx")
 @quiet_option
 @model_options
@@ -638,7 +651,7 @@ def _parse_groups(ctx, param, value: str) -> tuple[str, ...]:
 
 @main.command("quantize")
 @quiet_option
-@click.argument("folder", type=click.Path(file_okay=False))
+@click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
               help="The quantized export folder (another folder: the float one stays verify's and bench's reference).")
 @click.option("--weights", type=click.Choice(["int4", "int8"]), default="int4", show_default=True,
@@ -687,7 +700,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 @main.command("eval")
 @quiet_option
 @timeout_option
-@click.argument("folder", type=click.Path(file_okay=False))
+@click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
 @click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
               help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
                    "weights (models/weights/small-heldout.txt), which they never trained on.")
@@ -743,7 +756,7 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
 
 @main.command("generate")
 @timeout_option
-@click.argument("folder", type=click.Path(file_okay=False))
+@click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
 @click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
               help="Prompt text, encoded with the folder's tokenizer.json (an --hf export) or as UTF-8 bytes "
                    "(byte-level models, vocab >= 256). Repeat for a batch.")
@@ -802,7 +815,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @main.command("bench")
 @quiet_option
 @timeout_option
-@click.argument("folder", type=click.Path(file_okay=False))
+@click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
 @click.option("--prompt-len", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
@@ -850,6 +863,11 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @click.option("--prompts", default=None, metavar="32,512,2048",
               help="Also time the time to first token of every ONNX Runtime row (and ort-genai) at batch 1 for each "
                    "prompt length (one the model cannot hold is a skipped point with its reason). Default: off.")
+@click.option("--serving", default=None, metavar="1,4,8",
+              help="Also time serving on the ort-cpu row, after the main rounds: continuous batching's tokens/s at "
+                   "each number of rows against the plain loop (the same requests one at a time), and speculative "
+                   "decoding (prompt lookup) against plain greedy on a repetitive and a non-repetitive prompt. "
+                   "Default: off.")
 @click.option("--targets", is_flag=True,
               help="Also judge the project's own speed targets (a project benchmark: set for the bench preset and "
                    "the peer comparison) and add their table.")
@@ -859,8 +877,8 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
                    "trace is then summed up and not kept).")
 @trust_code_option
 def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats, sessions, long_to, long_repeats,
-              opt_levels, profile, compare, lowerings, quantize, builder, batches, prompts, targets, as_json, output,
-              trust_code) -> None:
+              opt_levels, profile, compare, lowerings, quantize, builder, batches, prompts, serving, targets, as_json,
+              output, trust_code) -> None:
     """Time the KV-cache decode loop of an export folder on each runtime; write bench.json, bench.md, bench.png."""
     from mhaexport import api, bench
 
@@ -870,7 +888,7 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
                        long_repeats=long_repeats,
                        opt_levels=tuple(x.strip() for x in opt_levels.split(",") if x.strip()), profile=profile,
                        profile_dir=output, targets=targets, compare=compare, batches=batches, prompts=prompts,
-                       trust_code=trust_code)
+                       serving=serving, trust_code=trust_code)
     _progress_done()
     if as_json:
         from mhaexport.core.numbers import dumps
@@ -885,7 +903,9 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
 
 def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
     """("1e-4", "logits=1e-3") -> {None: 1e-4, "logits": 1e-3}; None when not given."""
-    from mhaexport.verify.compare import OUTPUT_KINDS
+    if not values:  # nothing to parse: import nothing (a bad FOLDER is refused before verify's imports)
+        return None
+    from mhaexport.core.iospec import OUTPUT_KINDS
 
     out: dict = {}
     for v in values:
@@ -905,6 +925,8 @@ def _parse_tolerance(ctx, param, values: tuple[str, ...]) -> dict | None:
 
 def _parse_quality(ctx, param, values: tuple[str, ...]) -> dict | None:
     """("top1=0.9", "kl_mean=0.05") -> {"top1": 0.9, "kl_mean": 0.05}; None when not given."""
+    if not values:
+        return None
     from mhaexport.core.errors import ConfigError
     from mhaexport.verify.quality import QUALITY_FIGURES, check_threshold
 
@@ -989,6 +1011,25 @@ def _parse_memory(ctx, param, value):
     except MhaExportError as e:
         raise click.BadParameter(str(e).removeprefix("--memory "), param_hint="--memory") from None
     return value
+
+
+def _lint_path(ctx: click.Context, param: click.Parameter, value):
+    """lint's PATH (a FILE.onnx or an export folder): one line when it is not there, then the regular-file check."""
+    try:
+        if value is not None:
+            os.lstat(value)
+    except FileNotFoundError:
+        raise ConfigError(f"{value}: no such file or folder (an ONNX file FILE.onnx or an export folder)") from None
+    except OSError as e:
+        raise ConfigError(f"{value}: {e.strerror or e}") from None
+    return _regular_file(ctx, param, value)
+
+
+def render_markdown(report) -> str:
+    """report.md's text (verify/render.py), imported when a report is there to render."""
+    from mhaexport.verify.render import markdown
+
+    return markdown(report)
 
 
 def verify_options(f):
@@ -1163,10 +1204,9 @@ def verify_cmd(folder, config, model, checkpoint, hf, sweep, seed, atol, rtol, r
     Exit 0 passed, 1 a check failed, 2 bad input, 4 not verified (a --runtime asked for could not run here)."""
     from mhaexport import api
     from mhaexport.core.errors import ReportNotWritten
-    from mhaexport.verify.render import markdown as render_markdown
 
     ctx = click.get_current_context()
-    try:
+    try:  # verify's modules import once the input is checked: a missing FOLDER is refused at once
         run = api.verify_run(folder, output, **_model_args(config, model, checkpoint, hf), runtimes=runtimes or None,
                              sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=gen_tokens,
                              quality=_quality_settings(quality, quality_text), junit=_state(ctx).junit,
@@ -1239,7 +1279,7 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
 
 
 @main.command("lint")
-@click.argument("path", type=click.Path(exists=True), callback=_regular_file)
+@click.argument("path", type=click.Path(), callback=_lint_path)
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
 def lint_cmd(path, as_json) -> None:
     """Static findings on a decoder's ONNX graph (a FILE.onnx, ours or another tool's, or an export DIR), each with

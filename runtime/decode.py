@@ -5,6 +5,11 @@ bench's rows and the onnxruntime-genai comparison all drive this loop over a
 Split as in gpt-fast: :meth:`DecodeLoop.prefill`, :meth:`DecodeLoop.decode_one_token`,
 :meth:`DecodeLoop.decode_n_tokens`; :meth:`DecodeLoop.generate` ties them together for a batch of prompts (left
 padded). :meth:`DecodeLoop.feed` appends any chunk of tokens (chunked prefill, a mask with holes for right padding).
+Rows at their own positions, for the serving loops (:mod:`mhaexport.runtime.serve`'s continuous batching,
+:mod:`mhaexport.runtime.speculative`): :meth:`DecodeLoop.with_rows` (each row's length), :meth:`DecodeLoop.feed_row`
+(a request joining its row), :meth:`DecodeLoop.checkpoint` / :meth:`DecodeLoop.rewind` (positions taken back) and
+:meth:`DecodeLoop.fork` (a prefix's cache reused) — the protocol says where a row's positions sit, the runner how
+its cache moves.
 The cache stays in the runner's own form between steps (an OrtValue on the device, a torch tensor); the timings of
 each step land in the :class:`GenerationResult` (the timing hooks bench reads), taken after the host has the
 logits, which synchronizes any device.
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from mhaexport.core.errors import RuntimeInputError, RuntimeOptionError
+from mhaexport.runtime.protocol import Concat, Protocol
 from mhaexport.runtime.runner import Runner
 from mhaexport.runtime.sampling import SamplingConfig, next_tokens
 
@@ -55,6 +61,15 @@ class DecodeState:
         return self.cache
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """What :meth:`DecodeLoop.rewind` needs besides the positions to keep: the state's length when it was taken and
+    what the runner saved (None: nothing, the mask alone takes positions back)."""
+
+    length: int
+    saved: Any = None
+
+
 @dataclass
 class GenerationResult:
     """New tokens per prompt, why generation stopped, and the timings of each step (seconds)."""
@@ -70,6 +85,7 @@ class GenerationResult:
     providers: list[str] = field(default_factory=list)
     step_logits: list[np.ndarray] = field(default_factory=list)  # (B, V) per chosen token, when kept
     engine: str = "mhaexport"  # whose loop generated: "mhaexport" (this DecodeLoop) or "onnxruntime-genai"
+    speculative: dict | None = None  # speculative decoding's counts (runtime/speculative.py), None without it
 
     def to_dict(self, texts: list[str] | None = None) -> dict:
         """The JSON form `mhaexport generate --json` prints: tokens, text, stop_reason, message, prompt_lengths,
@@ -121,6 +137,8 @@ class DecodeLoop:
         self.runner = runner
         self.contract = runner.contract
         self.clock = clock
+        # where a row's positions sit: the runner's protocol (an ONNX Runtime runner's), else the contract's
+        self.protocol: Protocol = getattr(runner, "protocol", None) or Concat(None)
 
     # ---- feeding tokens --------------------------------------------------------------------------------------
     def empty(self, batch: int, positions: int | None = None) -> DecodeState:
@@ -172,6 +190,8 @@ class DecodeLoop:
         which is why this loop hands them to no one but the sampler and ``keep_logits``'s copies); else each step
         is :meth:`decode_one_token`. Measured: the host's time between two runs of the bench-size Llama fell from
         ~0.58 to ~0.25 ms, onnxruntime-genai's loop's ~0.20 (docs/CHANGELOG.md, "The deploy loop's steps").
+        ``on_token`` returning True stops the loop after that step (a serving loop's row retired). Returns the state
+        after the last step fed.
         """
         eos = config.eos_token_id
         limit = self.runner.max_length
@@ -201,12 +221,85 @@ class DecodeLoop:
                 result.step_logits.append(np.asarray(logits, dtype=np.float64))
             live = None if on_token is None else ~done  # (no allocation on the plain loop's steps)
             left -= _append(result, token, done, eos)
-            if live is not None:
-                on_token(np.where(live, token, -1))
+            if live is not None and on_token(np.where(live, token, -1)):
+                break  # the caller's stop (a serving loop: a row retired, a request arrives)
         if steps is not None:
             cache, mask = steps.finish()
             state = DecodeState(cache, mask, state.capacity)
         return state
+
+    # ---- rows at their own positions (the serving loops) -----------------------------------------------------
+    def with_rows(self, state: DecodeState, lengths: Sequence[int] | np.ndarray) -> DecodeState:
+        """``state`` with its mask rebuilt from each row's real positions (``lengths``, the rows of a continuous
+        batch, each at its own position), laid out as the protocol keeps rows (:meth:`Protocol.row_mask`). A cache
+        whose rows end at its last column (concat) drops the first columns no row holds any more; a shared buffer's
+        mask is as wide as its longest row."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        top = int(lengths.max(initial=0))
+        cache, width = state.cache, state.length
+        if self.protocol.in_place:
+            width = top
+        elif top < width:
+            cache, width = self.runner.cache_columns(cache, width - top, width), top
+        return DecodeState(cache, self.protocol.row_mask(lengths, width), state.capacity)
+
+    def feed_row(self, state: DecodeState, row: int, input_ids: Sequence[int] | np.ndarray,
+                 lengths: Sequence[int] | np.ndarray) -> tuple[np.ndarray, DecodeState]:
+        """Feed ``input_ids`` to row ``row`` alone, after the ``lengths[row]`` positions it holds (0: a request
+        starting in a free row): the row's (T, V) logits and the state with ``lengths[row]`` grown by T (its mask
+        rebuilt by :meth:`with_rows` from the lengths given). A concat cache's row is copied out, fed and copied back
+        (the batch widened when it grew past it); a shared buffer's is fed in place, bound by address."""
+        ids = np.asarray(input_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
+        lengths = np.array(lengths, dtype=np.int64)
+        past, T = int(lengths[row]), ids.shape[1]
+        if past + T > (state.capacity or self.runner.max_length):
+            limit = (f"the {state.capacity} positions this cache was made for" if state.capacity
+                     else self.runner.limit_text())
+            raise RuntimeInputError(f"cannot feed past {limit}: row {row} holds {past} positions and {T} more were "
+                                    "given")
+        start, stop = self.protocol.row_columns(state.length, past)
+        one = self.runner.cache_row(state.cache, row, start, stop)
+        logits, one = self.runner.step(ids, np.ones((1, past + T), dtype=np.int64), one)
+        cache = self.runner.cache_put_row(state.cache, row, one)
+        lengths[row] = past + T
+        width = max(state.length, past + T) if not self.protocol.in_place else state.length
+        return logits[0], self.with_rows(DecodeState(cache, np.zeros((len(lengths), width), np.int64),
+                                                     state.capacity), lengths)
+
+    def put_row(self, state: DecodeState, row: int, one: DecodeState,
+                lengths: Sequence[int] | np.ndarray) -> DecodeState:
+        """``one``'s cache (a batch of one sized as ``state``'s rows: a prefix's) copied into row ``row``, which
+        then holds its ``one.length`` positions; the state's mask rebuilt from ``lengths`` with that row's so."""
+        lengths = np.array(lengths, dtype=np.int64)
+        lengths[row] = one.length
+        cache = self.runner.cache_put_row(state.cache, row, one.cache)
+        width = state.length if self.protocol.in_place else max(state.length, one.length)
+        return self.with_rows(DecodeState(cache, np.zeros((len(lengths), width), np.int64), state.capacity), lengths)
+
+    def checkpoint(self, state: DecodeState, adding: int) -> Checkpoint:
+        """What :meth:`rewind` needs to take back up to ``adding`` positions fed after ``state``: its length, and
+        where the cache cannot give positions back by its mask alone (a window cache's window-sized buffers, which
+        evict in place once a row passes their slots) a copy of those buffers."""
+        return Checkpoint(state.length, self.runner.cache_checkpoint(state.cache, state.length, adding))
+
+    def rewind(self, state: DecodeState, keep: int, mark: Checkpoint | None = None) -> tuple[DecodeState, int]:
+        """``state`` with its first ``keep`` positions only (every row: speculative decoding's rejected drafts taken
+        back): a concat cache sliced, a shared buffer's mask shortened (its slots after it written over later).
+        Returns the state and the positions it holds: ``keep``, or where ``mark`` saved buffers that evicted, the
+        checkpoint's length — the caller feeds the positions from there to ``keep`` again."""
+        if keep >= state.length:
+            return state, state.length
+        if mark is not None and mark.saved is not None:
+            cache = self.runner.cache_restore(state.cache, mark.saved)
+            keep = min(keep, mark.length)
+        else:
+            cache = self.runner.cache_columns(state.cache, 0, keep)
+        return DecodeState(cache, np.ascontiguousarray(state.attention_mask[:, :keep]), state.capacity), keep
+
+    def fork(self, state: DecodeState) -> DecodeState:
+        """A state that grows apart from ``state`` (a prefix's cache reused by several requests): the concat cache's
+        arrays shared (never written), a shared buffer's copied."""
+        return DecodeState(self.runner.cache_fork(state.cache), state.attention_mask.copy(), state.capacity)
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray, config: GenerationConfig = GenerationConfig(),
                  *, keep_logits: bool = False, on_token: Callable[[np.ndarray], None] | None = None

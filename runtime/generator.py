@@ -7,7 +7,7 @@ binding: the cache stays an OrtValue on the session's device) driven by the one 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,8 @@ from mhaexport.core.errors import ArtifactError, ProviderUnavailable, RuntimeInp
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, DecodeLoop, DecodeState,  # noqa: F401
                                       GenerationConfig, GenerationResult, pad_prompts)
 from mhaexport.runtime.choose import no_decode_loop, open_folder, ort_runner_for
+from mhaexport.runtime.serve import Request, Scheduler, Served
+from mhaexport.runtime.speculative import DEFAULT_DRAFT_TOKENS, DraftModel, PromptLookup, speculative_generate
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, SessionConfig
 
 
@@ -100,3 +102,21 @@ class Generator:
         for a shared cache). ``on_token``: each step's (B,) chosen tokens as they come (streaming; see
         :meth:`DecodeLoop.generate`)."""
         return self.loop.generate(prompts, config, on_token=on_token)
+
+    def serve(self, requests: Sequence[Request], rows: int = 4, config: GenerationConfig = GenerationConfig(), *,
+              prefixes: Sequence[Sequence[int]] = ()) -> Iterator[Served]:
+        """Continuous batching (:class:`~mhaexport.runtime.serve.Scheduler`): ``requests`` (each its prompt, token
+        budget and arrival step) over ``rows`` rows of this file's session, each token yielded as handed out."""
+        yield from Scheduler(self.loop, rows, config, prefixes=prefixes).run(requests)
+
+    def speculative(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig(),
+                    drafter: PromptLookup | DraftModel | None = None, *, k: int = DEFAULT_DRAFT_TOKENS
+                    ) -> GenerationResult:
+        """Greedy speculative decoding after one ``prompt`` (:func:`~mhaexport.runtime.speculative.
+        speculative_generate`): drafts from ``drafter`` (default prompt lookup) checked ``k`` at a time; the tokens
+        of :meth:`generate`, ``result.speculative`` the counts."""
+        return speculative_generate(self.loop, prompt, config, drafter or PromptLookup(), k=k)
+
+    def draft_model(self) -> DraftModel:
+        """This file's loop as a draft model for another export sharing its vocabulary."""
+        return DraftModel(DecodeLoop(self.runner))

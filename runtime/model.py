@@ -8,6 +8,9 @@ Torch-free and transformers-free (numpy, onnxruntime, and ``tokenizers`` for a f
         print(piece, end="", flush=True)                     # text as it is decoded
     model.generate("The river ", streamer=print_piece)       # a callable gets each piece; transformers'
                                                              # TextStreamer (put/end) gets the token ids
+    for ev in model.serve(["The river ", "Once upon"], rows=4):   # continuous batching: requests join and
+        ev.request, ev.text                                  # leave a running batch, tokens streamed
+    model.generate("The river ", draft="prompt-lookup")      # speculative decoding (or draft=a smaller export)
 
 It runs on onnxruntime-genai's own loop where that is installed and the folder ships a genai_config.json the
 genai-config check accepts, else on the decode loop verify proved and bench timed
@@ -21,6 +24,7 @@ through ``forward``, which this runtime never imports (Optimum's ``ORTModelForCa
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -29,12 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from mhaexport.core.errors import RuntimeInputError
-from mhaexport.runtime.decode import GenerationConfig, GenerationResult
+from mhaexport.core.errors import RuntimeInputError, RuntimeOptionError
+from mhaexport.runtime.decode import DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.engine import AUTO, open_generator
 from mhaexport.runtime.generator import Generator
 from mhaexport.runtime.genai import GenAIGenerator
 from mhaexport.runtime.sampling import SamplingConfig
+from mhaexport.runtime.serve import Request, Served
+from mhaexport.runtime.speculative import DEFAULT_DRAFT_TOKENS, DraftModel, PromptLookup
 from mhaexport.runtime.tokenizer import TextTokenizer, for_folder
 
 # a streamer: a callable taking text pieces, or an object with put(ids) / end() (transformers' BaseStreamer)
@@ -85,6 +91,7 @@ class TextModel:
 
     def __init__(self, generator: Generator | GenAIGenerator) -> None:
         self.generator = generator
+        self._loop: Generator | None = None  # mhaexport's loop beside onnxruntime-genai's (serve, speculative)
         self.engine, self.engine_reason = generator.engine, generator.engine_reason
         self.tokenizer: TextTokenizer | None = for_folder(generator.export)
         self.providers = generator.providers
@@ -127,11 +134,69 @@ class TextModel:
                                     f"{self.generator.contract.vocab_size}, no tokenizer.json): give token ids")
         return self.tokenizer.encode(text)
 
+    def ours(self) -> Generator:
+        """mhaexport's loop over this folder: the generator itself, or where onnxruntime-genai's loop generates, a
+        :class:`Generator` opened once over the same snapshot (continuous batching and speculative decoding run on
+        it; onnxruntime-genai 0.18's Engine batches a file without PagedAttention in static batches only)."""
+        if isinstance(self.generator, Generator):
+            return self.generator
+        if self._loop is None:
+            self._loop = Generator(self.generator.export, threads=self.generator.threads)
+        return self._loop
+
+    def serve(self, requests: Sequence[str | Sequence[int] | Request], *, rows: int = 4, max_new_tokens: int = 32,
+              eos_token_id: int | None = None, prefixes: Sequence[str | Sequence[int]] = ()) -> Iterator[Served]:
+        """Continuous batching (:mod:`mhaexport.runtime.serve`): ``requests`` — text, token ids, or
+        :class:`~mhaexport.runtime.serve.Request` (its own budget and arrival step) — served over ``rows`` rows of
+        one batch, each token yielded as a :class:`~mhaexport.runtime.serve.Served` as it is handed out (``request``:
+        the index given, ``token``, ``text``: the text it adds for a text request, ``finished``: "eos" or
+        "max_new_tokens" on its last). Greedy: each request's tokens are its tokens alone. ``prefixes``: prompts'
+        shared beginnings (a system prompt) whose cache is computed once and reused by every request starting with
+        one. Runs on mhaexport's loop (:meth:`ours`)."""
+        reqs, texts = [], []
+        for i, r in enumerate(requests):
+            if isinstance(r, Request):
+                reqs.append(r)
+                texts.append(False)
+            elif isinstance(r, str):
+                reqs.append(Request(self._encode(r), max_new_tokens))
+                texts.append(True)
+            else:
+                reqs.append(Request(r, max_new_tokens))
+                texts.append(False)
+        pre = [self._encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prefixes]
+        eos = self.eos_token_id if eos_token_id is None else eos_token_id
+        pieces = {i: _Pieces(self.tokenizer, list(r.prompt)) for i, r in enumerate(reqs)
+                  if texts[i] and self.tokenizer is not None}
+        for ev in self.ours().serve(reqs, rows, GenerationConfig(eos_token_id=eos), prefixes=pre):
+            if ev.request in pieces:
+                text = pieces[ev.request].add(ev.token)
+                if ev.finished:
+                    text += pieces[ev.request].rest()
+                ev = dataclasses.replace(ev, text=text)
+            yield ev
+
+    def _drafter(self, draft: Any) -> PromptLookup | DraftModel:
+        """``draft`` as a drafter: "prompt-lookup", a loaded TextModel or Generator, or an export folder's path."""
+        if isinstance(draft, (PromptLookup, DraftModel)):
+            return draft
+        if draft == PromptLookup.name:
+            return PromptLookup()
+        if isinstance(draft, TextModel):
+            return DraftModel(DecodeLoop(draft.ours().runner))
+        if isinstance(draft, Generator):
+            return draft.draft_model()
+        if isinstance(draft, (str, Path)):
+            return Generator(draft, ("cpu",)).draft_model()
+        raise RuntimeOptionError(f"draft: 'prompt-lookup', a loaded model or an export folder, not "
+                                 f"{type(draft).__name__}")
+
     def generate(self, inputs: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]] | np.ndarray, *,
                  max_new_tokens: int = 32, do_sample: bool = False, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
                  eos_token_id: int | None = None, streamer: Streamer | None = None,
-                 return_result: bool = False) -> Any:
+                 return_result: bool = False, draft: Any = None,
+                 num_draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> Any:
         """Generate after ``inputs``: a str gives the continuation (a str), a list of str a list of them; token
         ids (one list, or a list of lists) give the new token ids the same way (only the new ones: transformers'
         ``generate`` also repeats the prompt). Greedy unless ``do_sample`` (or a temperature > 0); stops at
@@ -140,13 +205,22 @@ class TextModel:
         ``TextStreamer`` protocol: the prompt's ids, then each new token, as numpy arrays. ``return_result``: the
         :class:`GenerationResult` (tokens, stop reason, timings, ``engine``) with ``texts``, instead. On
         onnxruntime-genai's loop greedy decoding gives the same tokens; sampling draws from its own random generator
-        (a seed repeats its tokens, not mhaexport's sampler's)."""
+        (a seed repeats its tokens, not mhaexport's sampler's). ``draft``: speculative decoding of one prompt,
+        greedy, on mhaexport's loop — "prompt-lookup" (n-grams of the prompt) or a smaller export sharing the
+        vocabulary (a loaded model or its folder), ``num_draft_tokens`` checked per call of this model; the same
+        tokens as without, ``return_result``'s ``speculative`` the counts (:mod:`mhaexport.runtime.speculative`)."""
         rows, text, one = self._rows(inputs)
         cfg = self._config(max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
+        if draft is not None:
+            if len(rows) != 1 or streamer is not None:
+                raise RuntimeOptionError("speculative decoding (draft=...) takes one prompt and no streamer")
+            result = self.ours().speculative(rows[0], cfg, self._drafter(draft), k=num_draft_tokens)
+            streamer = None
         on_token = None
         if streamer is not None:
             on_token, finish = self._streaming(streamer, rows)
-        result = self.generator.generate(rows, cfg, on_token=on_token)
+        if draft is None:
+            result = self.generator.generate(rows, cfg, on_token=on_token)
         if streamer is not None:
             finish()
         texts = ([self.tokenizer.continuation(r, t) for r, t in zip(rows, result.tokens)]

@@ -226,6 +226,15 @@ class BoundBuffers(list):
     io = None
 
 
+class RowBuffers:
+    """One row of a shared cache's buffers, as a batch of one: each layer's (1, H_kv, slots, D) slice of the batch's
+    buffer, bound by address (no copy), so a call writes that row's slots in place (a request joining a running
+    batch is prefilled into its row)."""
+
+    def __init__(self, bufs: BoundBuffers, row: int) -> None:
+        self.bufs, self.row = bufs, row
+
+
 class SharedCacheOrtRunner(OrtRunner):
     """An export whose past and present are one preallocated buffer per layer (``--kv-cache shared``;
     onnxruntime-genai's ``past_present_share_buffer``): past_key_values.i.* and present.i.* are (B, H_kv, max_cache, D)
@@ -374,7 +383,90 @@ class SharedCacheOrtRunner(OrtRunner):
         if not self.protocol.in_place:  # each call translated, the cache the contract's arrays
             logits, present = self.run_impl(ids, mask, self.cache_numpy(cache))
             return logits, present
+        if isinstance(cache, RowBuffers):
+            return self._run_row(ids, mask, cache), cache
         return self._run_shared(ids, mask, cache), cache
+
+    def _run_row(self, ids: np.ndarray, mask: np.ndarray, view: RowBuffers) -> np.ndarray:
+        """One batch-of-one call on row ``view.row`` of the batch's buffers: each layer's row bound by address as its
+        past and present (written in place, on the device the buffers live on); returns the (1, T, V) logits."""
+        io = self.session.io_binding()
+        np_dtype = dtypes.numpy_dtype(self.dtype)
+        for past, present, buf in zip(self.feed.past, self.feed.present, view.bufs):
+            shape = buf.shape()  # [B, H_kv, slots, D]
+            row_bytes = int(np.prod(shape[1:])) * np.dtype(np_dtype).itemsize
+            at = buf.data_ptr() + view.row * row_bytes
+            io.bind_input(past, self.cache_device, 0, np_dtype, [1, *shape[1:]], at)
+            io.bind_output(present, self.cache_device, 0, np_dtype, [1, *shape[1:]], at)
+        for name, value in self._host_inputs(np.ascontiguousarray(ids, dtype=np.int64),
+                                             np.ascontiguousarray(mask, dtype=np.int64)).items():
+            io.bind_cpu_input(name, value)
+        io.bind_output(self.out_logits, "cpu")
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()[-1].numpy()
+
+    # ---- a cache's rows and positions, in place (continuous batching, speculative decoding, prefix reuse) ------
+    def cache_columns(self, cache, start: int, stop: int):
+        """Positions [0, stop) of a shared buffer: the same buffers (a row's length is its mask's sum; the slots
+        after it are written over by the next call). Rows are packed from slot 0, so they never lose first columns."""
+        if not self.protocol.in_place:
+            return super().cache_columns(cache, start, stop)
+        if start:
+            raise ValueError(f"{self.name}: a shared buffer's rows start at slot 0; positions [{start}, {stop}) are "
+                             "not a row's")
+        return cache
+
+    def cache_row(self, cache, row: int, start: int, stop: int):
+        """Row ``row`` of the batch's buffers, bound by address (:class:`RowBuffers`): its slots from 0."""
+        if not self.protocol.in_place:
+            return super().cache_row(cache, row, start, stop)
+        return RowBuffers(cache, row)
+
+    def cache_put_row(self, cache, row: int, values):
+        """Nothing to move when ``values`` is the row itself (:class:`RowBuffers`: its call wrote the slots in place);
+        a batch of one's own buffers (a prefix's cache, the same slots per layer) copied into the row."""
+        if not self.protocol.in_place:
+            return super().cache_put_row(cache, row, values)
+        if isinstance(values, RowBuffers) and values.bufs is cache and values.row == row:
+            return cache
+        for buf, src in zip(cache, values):
+            arr, one = buf.numpy(), src.numpy()  # on the host: a view of a host buffer, else a copy
+            if arr.shape[2] != one.shape[2]:
+                raise ValueError(f"{self.name}: a row of {one.shape[2]} slots into buffers of {arr.shape[2]}")
+            arr[row] = one[0]
+            if not (self.cache_device == "cpu" and np.shares_memory(arr, buf.numpy())):
+                buf.update_inplace(arr)
+        return cache
+
+    def cache_fork(self, cache):
+        """New buffers holding a copy of ``cache``'s (where the session reads them): a prefix's cache reused by
+        several requests, each writing its own slots after the prefix."""
+        if not self.protocol.in_place:
+            return super().cache_fork(cache)
+        return BoundBuffers(ort.OrtValue.ortvalue_from_numpy(np.array(buf.numpy(), copy=True), self.cache_device, 0)
+                            for buf in cache)
+
+    def windowed_slots(self) -> int | None:
+        """The fewest slots of a window-sized buffer (a window cache's sliding-window layers), None without one."""
+        slots = [w for w in (self.feed.window_slots or ()) if w]
+        return min(slots) if slots and self.protocol.in_place else None
+
+    def cache_checkpoint(self, cache, length: int, adding: int):
+        """A window cache whose window-sized buffers evict in place once a row passes their slots
+        (GroupQueryAttention's ``sliding_window_cache``: the most recent positions kept from slot 0): a rewind after
+        such a call cannot take positions back by the mask alone, so the windowed layers' buffers are copied before it
+        (the caller restores them and feeds the kept positions again). None below the buffers (and for every other
+        cache: a rewind is the mask's sum going back)."""
+        slots = self.windowed_slots()
+        if slots is None or length + adding <= slots:
+            return None
+        return {i: np.array(buf.numpy(), copy=True) for i, buf in enumerate(cache)
+                if self.feed.window_slots[i // 2]}
+
+    def cache_restore(self, cache, saved):
+        for i, arr in saved.items():
+            cache[i].update_inplace(arr)
+        return cache
 
     def cache_numpy(self, cache) -> KVPairs:
         if not cache or isinstance(cache[0], tuple):

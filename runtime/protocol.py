@@ -17,6 +17,16 @@ decoder contract (any padding, any past) becomes the file's calls. Three ways ex
 The rule "a shared cache pads right" is :func:`~mhaexport.artifact.details.padding_of`, one place (beside the
 manifest's cache layout, which a legacy entry fills from it). A windowed cache (a ring of ``window``
 slots) is one more subclass: its padding, its buffer sizing and its translation of a contract call.
+
+**Rows at their own positions.** A serving loop keeps each row of a batch at its own length (continuous batching:
+rows join and leave; speculative decoding: positions taken back; a prefix's cache forked). Where a row's real
+positions sit is the protocol's (:meth:`Protocol.row_mask`, :meth:`Protocol.row_columns`): the concat cache's rows
+end at the last column (left padding: a row of length l holds the last l columns, so every row's positions are its
+own, ``cumsum(mask) - 1``), a shared buffer's start at slot 0 (right padding: GroupQueryAttention reads a row's
+length from its mask's sum). How the cache itself moves — columns copied (concat: its arrays are never written, a
+call's present is a new array) or written in place (a shared buffer: a row's slots, bound by address) — is the
+runner's (``Runner.cache_columns``, ``cache_row``, ``cache_put_row``, ``cache_fork``), driven by
+:class:`~mhaexport.runtime.decode.DecodeLoop`.
 """
 
 from __future__ import annotations
@@ -62,6 +72,20 @@ class Protocol:
         ``max_positions`` (a shared buffer's slots cap it where the buffers are carried)."""
         return max_positions
 
+    def row_columns(self, width: int, length: int) -> tuple[int, int]:
+        """The columns [start, stop) of a cache ``width`` positions wide that hold a row of ``length`` real
+        positions: the last ``length`` (left padding)."""
+        return width - length, width
+
+    def row_mask(self, lengths: np.ndarray, width: int) -> np.ndarray:
+        """The (B, ``width``) attention mask of rows holding ``lengths`` real positions each, laid out as this
+        protocol keeps them (:meth:`row_columns`): a continuous batch's rows, each at its own position."""
+        mask = np.zeros((len(lengths), width), dtype=np.int64)  # (B, width)
+        for b, n in enumerate(np.asarray(lengths).tolist()):
+            start, stop = self.row_columns(width, int(n))
+            mask[b, start:stop] = 1
+        return mask
+
     def calls(self, ids: np.ndarray, mask: np.ndarray, *, rows_alone: bool = False) -> tuple[list[Call], list[int]]:
         """The file's calls for one contract call of (B, T) ``ids`` and (B, P + T) ``mask``, and the rows none runs
         (all padding in this call). The concat cache: the whole batch in one call."""
@@ -97,6 +121,11 @@ class SharedBuffer(Protocol):
         if positions is None:
             return self.max_cache
         return max(self.max_cache, positions) if at_least else min(positions, self.max_cache)
+
+    def row_columns(self, width: int, length: int) -> tuple[int, int]:
+        """A row's real positions start at slot 0 (right padding): the first ``length`` columns. GroupQueryAttention
+        reads only the mask's sum per row (``seqlens_k``) and its width, so any holes after them are never read."""
+        return 0, length
 
     def layer_slots(self, slots: int) -> list[int]:
         """Per layer, the slots of the decode loop's buffer of ``slots``: a window cache's sliding-window layer holds

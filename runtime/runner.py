@@ -225,6 +225,55 @@ class Runner:
         """The contract's numpy (key, value) pairs in this runner's own cache form."""
         return past
 
+    # ---- a cache's rows and positions (continuous batching, speculative decoding, prefix reuse) ---------------
+    # The contract's cache (concat: a call's present is a new array, the past is never written) moves by copying
+    # columns through numpy; a runner whose cache is written in place (a shared buffer) overrides these.
+    def cache_columns(self, cache: Cache, start: int, stop: int) -> Cache:
+        """The cache's positions [start, stop) of every row (a rewind keeps [0, keep); a batch whose longest row got
+        shorter drops its first columns)."""
+        return self.cache_from_numpy(tuple((np.ascontiguousarray(k[:, :, start:stop]),
+                                            np.ascontiguousarray(v[:, :, start:stop]))
+                                           for k, v in self.cache_numpy(cache)))
+
+    def cache_row(self, cache: Cache, row: int, start: int, stop: int) -> Cache:
+        """Row ``row``'s positions [start, stop) as a batch of one, fed as that row's past (a request joining a
+        running batch, fed after what its row holds)."""
+        return self.cache_from_numpy(tuple((np.ascontiguousarray(k[row:row + 1, :, start:stop]),
+                                            np.ascontiguousarray(v[row:row + 1, :, start:stop]))
+                                           for k, v in self.cache_numpy(cache)))
+
+    def cache_put_row(self, cache: Cache, row: int, values: Cache) -> Cache:
+        """The cache with row ``row`` replaced by ``values`` (a batch of one, as :meth:`cache_row` gave and a call
+        grew), right-aligned as left padding keeps rows: the batch widened to the longer of the two, the other rows'
+        new first columns zeros (masked)."""
+        out = []
+        for (k, v), (rk, rv) in zip(self.cache_numpy(cache), self.cache_numpy(values)):
+            pair = []
+            for t, r in ((k, rk), (v, rv)):
+                B, H, S, D = t.shape
+                W = max(S, r.shape[2])
+                grown = np.zeros((B, H, W, D), dtype=t.dtype)  # (B, H, W, D)
+                grown[:, :, W - S:] = t
+                grown[row] = 0
+                grown[row, :, W - r.shape[2]:] = r[0]
+                pair.append(grown)
+            out.append(tuple(pair))
+        return self.cache_from_numpy(tuple(out))
+
+    def cache_fork(self, cache: Cache) -> Cache:
+        """A cache that can grow apart from ``cache`` (a prefix's cache reused by several requests): the same arrays
+        here — the contract's past is never written (each call's present is a new array)."""
+        return cache
+
+    def cache_checkpoint(self, cache: Cache, length: int, adding: int) -> Any:
+        """What a rewind after feeding ``adding`` positions to a cache of ``length`` needs besides dropping
+        positions (a window-sized buffer that will evict: its contents), or None: nothing here."""
+        return None
+
+    def cache_restore(self, cache: Cache, saved: Any) -> Cache:
+        """The cache as :meth:`cache_checkpoint` saved it."""
+        return cache
+
     # ---- what each runtime writes ---------------------------------------------------------------------------
     def activate_impl(self) -> None:
         """Load the artifact; raise ProviderUnavailable when the runtime cannot run here."""

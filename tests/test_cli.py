@@ -96,3 +96,24 @@ def test_an_unexpected_exception_exits_3_not_1(runner, monkeypatch):
     result = runner.invoke(main, ["onnx", "--config", "tiny"])
     assert result.exit_code == 3
     assert "internal error: this is a bug in mhaexport" in result.output
+
+
+@pytest.mark.parametrize("args", [["verify", "{nope}"], ["verify", "{nope}", "--atol", "1e-3"],
+                                  ["verify", "{nope}", "--bisect"], ["generate", "{nope}", "--prompt-ids", "1"],
+                                  ["bench", "{nope}"], ["eval", "{nope}"], ["quantize", "{nope}", "-o", "{out}"],
+                                  ["lint", "{nope}"]])
+def test_a_missing_folder_is_refused_before_torch_or_onnx_is_imported(tmp_path, args):
+    """A FOLDER that is not there is one line, exit 2, said before the verb imports torch, onnx or onnxruntime
+    (seconds: `mhaexport verify out/nope` took 4.6 s to say so). Held in a fresh interpreter by what it imported."""
+    import subprocess
+    import sys
+
+    argv = [a.format(nope=tmp_path / "nope", out=tmp_path / "out") for a in args]
+    code = ("import sys\nfrom mhaexport.cli import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
+            "heavy = sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'transformers') if m in sys.modules)\n"
+            "print('exit', code, 'imported', heavy)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.stdout.strip().splitlines()[-1] == "exit 2 imported []", (res.stdout, res.stderr)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "nope" in lines[0], res.stderr

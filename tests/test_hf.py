@@ -72,7 +72,7 @@ def test_llama_gqa_exports_with_our_io_and_verifies_on_ort(small):
     report = verify_folder(out, loaded=loaded, runtimes=("ort-cpu",))
     assert report.verdict.code == 0, markdown(report)
     ort = {check: r.status for check, r in report.results["ort-cpu"].items()}
-    assert len(ort) == 8 and "genai-config" in ort and all(s is True for s in ort.values()), ort
+    assert len(ort) == 11 and "genai-config" in ort and all(s is True for s in ort.values()), ort  # 3 serving checks
 
 
 def test_the_streamed_export_writes_the_in_memory_exports_bytes_and_verifies(small, tmp_path, monkeypatch):

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mhaexport.core import dtypes
+from mhaexport.core.iospec import OUTPUT_KINDS  # what per-output tolerances and statistics are keyed by
 from mhaexport.runtime.runner import Outputs
-
-OUTPUT_KINDS = ("logits", "present")  # what per-output tolerances and statistics are keyed by
 
 
 @dataclass(frozen=True)

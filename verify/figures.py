@@ -398,13 +398,34 @@ class DemonstrationFigures(Figures):
     STRICT = True
 
 
+@dataclass(eq=False)
+class ServingFigures(Figures):
+    """continuous-batching, speculative, prefix-reuse (verify/serving.py, verify/genai_serving.py): per run (a
+    request, a drafter's generation) where it came from, its tokens, its first divergence from the run it is held to
+    (null: none), the margin there and whether that is a near-tie, its logits' max abs; the runtime's worst, eager's
+    floor (its own difference over the same runs), the dtype's rounding at the logits' scale, the allowance they
+    give, the near-ties, the protocol; onnxruntime-genai's: its engine or options, and why a part does not apply."""
+
+    runs: list[dict[str, Any]] | None = None
+    max_abs: float | None = None
+    floor: float | None = None
+    rounding: float | None = None
+    allowed: float | None = None
+    ties: int | None = None
+    protocol: str | None = None
+    engine: str | None = None
+
+    STRICT = True
+
+
 # each check's record (the decoder's, the block's, provider against provider); a check not listed (lint's rules, a
 # runtime that failed to load, a check this version does not know) keeps its figures in Figures' extra
 RECORDS: dict[str, type[Figures]] = {
     "parity": ParityFigures, "finite": FiniteFigures, "causality": CausalityFigures, "kv-consistency": KvFigures,
     "padding": PaddingFigures, "dynamic-shapes": ShapesFigures, "generation": GenerationFigures,
     "quality": QualityFigures, "weights": WeightsFigures, "genai-config": GenaiConfigFigures,
-    "cache-consistency": CacheFigures, "demonstration": DemonstrationFigures, "cross-provider": DiffFigures}
+    "cache-consistency": CacheFigures, "demonstration": DemonstrationFigures, "cross-provider": DiffFigures,
+    "continuous-batching": ServingFigures, "speculative": ServingFigures, "prefix-reuse": ServingFigures}
 
 
 def figures_of(check: str, figures: Mapping | None, where: str = "figures") -> Figures:

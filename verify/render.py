@@ -15,7 +15,7 @@ from mhaexport.core.untrusted import md, shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.figures import Limits, Scores
-from mhaexport.verify.results import QUALITY, CheckResult
+from mhaexport.verify.results import QUALITY, SERVING_CHECKS, CheckResult
 
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 # the cell of a result that is no check (CheckResult.counted) or was skipped for a static export
@@ -36,6 +36,7 @@ def markdown(report: VerifyReport) -> str:
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
     lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)
     lines += _details(report, cols)
+    lines += _serving_lines(report)
     lines += _other_protocol_lines(report, cols)
     if report.cross:
         lines += ["### Provider against provider", ""]
@@ -261,6 +262,38 @@ def _quality_lines(report: VerifyReport) -> list[str]:
     return out
 
 
+def _serving_lines(report: VerifyReport) -> list[str]:
+    """The serving checks' noise figures per runtime (its difference, eager's floor, the allowance) and, where a run
+    diverged, each run's first divergence from the run it is held to."""
+    out = []
+    for rt, checks in report.results.items():
+        for ch in SERVING_CHECKS:
+            r = checks.get(ch)
+            if r is None or r.status is None and not r.figures.runs:
+                continue
+            f = r.figures
+            floor = ("the floor the others are judged by" if rt == "eager" else
+                     f"eager's floor {_n(f.floor, '.3g')}")
+            noise = (f"max abs {_n(f.max_abs, '.3g')} ({floor}, rounding {_n(f.rounding, '.3g')}, allowed "
+                     f"{_n(f.allowed, '.3g')})" if f.max_abs is not None else
+                     f"tokens only ({md(f.engine or 'its loop')})")
+            out.append(f"- {ICONS[r.status]} **{md(rt)} / {md(ch)}**: {_x(len(f.runs or []), 'd')} runs, {noise}")
+            for run in f.runs or []:
+                d = run.get("first_divergence")
+                if d is not None or run.get("refused"):
+                    where = (f"refused: {md(run['refused'])}" if run.get("refused") else
+                             f"first diverges at token {md(d)} (margin {_run_figure(run.get('margin'))}"
+                             f"{', a near-tie' if run.get('tie') else ''}, max abs "
+                             f"{_run_figure(run.get('max_abs'))})")
+                    out.append(f"  - {md(run.get('run', '?'))} ({md(run.get('prompt', '?'))}-token prompt): {where}")
+    return ["### Serving: each request against its run alone", ""] + out + [""] if out else []
+
+
+def _run_figure(v: object) -> str:
+    """A serving run's figure (a report read back may hold anything there): the one formatter's text, else "—"."""
+    return _x(v, ".3g") if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
+
+
 def cell(r: CheckResult | None) -> str:
     """One check's table cell: its icon and the figure that says most (``ref``, ``n/a (lossy)`` where not run)."""
     if r is None:
@@ -296,6 +329,8 @@ def cell(r: CheckResult | None) -> str:
             figure = f"top-1 {_n(t.top1, '.3f')}, ppl x{_n(t.ppl_ratio, '.4g')}"
         elif sw.positions:
             figure = f"logit err {_n(sw.logit_err, '.2g')}"
+    elif r.check in SERVING_CHECKS:
+        figure = _x(f.max_abs, ".1e") if f.max_abs is not None else f"{_x(len(f.runs or []), 'd')} runs"
     elif r.check == "generation":
         figure = f"{_x(f.matched or 0, 'd')}/{_x(f.tokens or 0, 'd')} tokens" + (" (tie)" if f.tie else "")
         if f.long_prompt is not None:

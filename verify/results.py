@@ -23,7 +23,10 @@ from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare, com
 from mhaexport.verify.figures import NOT_A_CHECK, DiffFigures, Figures, figures_of  # noqa: F401 (NOT_A_CHECK)
 from mhaexport.verify.sweep import REFERENCE_CACHE_BYTES, Case
 
-CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation")
+# what serving stacks do with a file, each request held to its run alone (verify/serving.py)
+CONTINUOUS_BATCHING, SPECULATIVE, PREFIX_REUSE = "continuous-batching", "speculative", "prefix-reuse"
+SERVING_CHECKS = (CONTINUOUS_BATCHING, SPECULATIVE, PREFIX_REUSE)
+CHECKS = ("parity", "finite", "causality", "kv-consistency", "padding", "dynamic-shapes", "generation") + SERVING_CHECKS
 # the checks of an attention-block export (--module attention), in verify/block.py
 MODULE_CHECKS = ("parity", "finite", "causality", "cache-consistency", "demonstration")
 # A lossy (quantized) artifact adds this one: its figures against eager fp32 instead of exact parity

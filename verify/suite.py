@@ -28,10 +28,11 @@ from mhaexport.core.errors import MhaExportError, first_line
 from mhaexport.runners.names import EAGER, TORCHSCRIPT
 from mhaexport.runners.subjects import CONTRACT, LOOP, MODULE
 from mhaexport.runtime.runner import Runner
-from mhaexport.verify import block, checks, genai_runtime as loop
+from mhaexport.verify import block, checks, genai_runtime as loop, genai_serving, serving
 from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
 from mhaexport.verify.quality import check_quality
-from mhaexport.verify.results import GENAI_CONFIG_CHECK, QUALITY, WEIGHTS, CheckResult, SweepContext
+from mhaexport.verify.results import (CONTINUOUS_BATCHING, GENAI_CONFIG_CHECK, PREFIX_REUSE, QUALITY, SPECULATIVE,
+                                      WEIGHTS, CheckResult, SweepContext)
 
 CheckFn = Callable[[Runner, SweepContext], CheckResult]
 # a subject's entry in a row: the check's function, the reason it does not apply (n/a), or None (not its check)
@@ -133,6 +134,13 @@ CHECK_FUNCS = _suite(
     Check("generation", checks.check_generation, loop.check_generation,
           recorded="greedy tokens against the record's (short and long prompt, the deploy loop's rows); step logits "
                    "on {logits}; a near-tie by the kept logits"),
+    Check(CONTINUOUS_BATCHING, serving.check_continuous_batching, genai_serving.check_continuous_batching,
+          recorded="the file's requests in a batch against each alone, within its dtype's rounding (a record keeps "
+                   "no eager floor)"),
+    Check(SPECULATIVE, serving.check_speculative, genai_serving.check_speculative,
+          recorded="the file's speculative decoding against its plain greedy decoding, within its dtype's rounding"),
+    Check(PREFIX_REUSE, serving.check_prefix_reuse, genai_serving.check_prefix_reuse,
+          recorded="the file's reused prefix against each request alone, within its dtype's rounding"),
     Check("cache-consistency", module=block.check_cache_consistency),
     Check("demonstration", module=block.check_demonstration),
     Check(QUALITY, check_quality, loop.check_quality, reference="lossy artifacts are judged against eager",

@@ -43,10 +43,15 @@ def report_doc() -> dict:
                                             "greedy": {"mean": 0.9, "min": 3, "tokens": 8, "prompts": 2},
                                             "not_judged": ["kl: no text"]}, "int4: fine")
     skipped = CheckResult("padding", None, {}, "not run: the file has no padding input")
+    serving = CheckResult("continuous-batching", False, {
+        "max_abs": 0.2, "floor": 1e-6, "rounding": 1e-7, "allowed": 1e-4, "engine": "its loop",
+        "runs": [{"run": "request 1", "prompt": 8, "first_divergence": 3, "margin": 0.1, "tie": False,
+                  "max_abs": 0.2}, {"run": "request 2", "prompt": 4, "refused": "the window"}]},
+        "request 1 diverges at token 3")
     results = {"eager": {"parity": CheckResult("parity", None, {"not_a_check": "reference"}, "reference"),
                          "kv-consistency": kv, "generation": gen},
                "ort-cpu": {"parity": parity, "kv-consistency": kv, "generation": gen, "padding": skipped,
-                           "quality": quality}}
+                           "quality": quality, "continuous-batching": serving}}
     runtimes = {"eager": RuntimeInfo("eager", "ran", providers=["torch (cpu)"], seconds=0.5),
                 "ort-cpu": RuntimeInfo("ort-cpu", "ran", providers=["CPUExecutionProvider"], seconds=1.5),
                 "ort-cuda": RuntimeInfo("ort-cuda", "skipped", reason="no CUDA device")}
@@ -55,7 +60,8 @@ def report_doc() -> dict:
     report = VerifyReport(model=ReportModel(spec="preset:tiny", contract={"n_layers": 2, "windows": [0, 8]}),
                           folder="out/tiny", sweep=SweepInfo(kind="quick", seed=0, cases=9),
                           tolerance=ToleranceInfo(atol=1e-4, rtol=1e-3), runtimes=runtimes, results=results,
-                          checks=["parity", "kv-consistency", "generation", "padding", "quality"], lint=lint,
+                          checks=["parity", "kv-consistency", "generation", "padding", "quality",
+                                  "continuous-batching"], lint=lint,
                           cross=[CrossResult("ort-cpu", "eager", True, message="agree within 1e-7")],
                           versions={"onnxruntime": "1.32.0"})
     doc = report.to_dict()
