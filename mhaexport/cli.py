@@ -140,13 +140,16 @@ class Group(click.Group):
                 sys.stdout, sys.stderr = saved
 
     def invoke(self, ctx: click.Context):
-        from mhaexport.runtime import budget
-
-        saved = budget.state()  # --timeout sets it for this command only (CliRunner runs many in one process)
+        # --timeout sets the run budget for this command only (CliRunner runs many in one process); the module is
+        # looked up, not imported: a refusal at parse time imports no runtime
+        budget = sys.modules.get("mhaexport.runtime.budget")
+        saved = budget.state() if budget is not None else None
         try:
             return self._invoke(ctx)
         finally:
-            budget.set_budget(*saved)
+            budget = sys.modules.get("mhaexport.runtime.budget")
+            if budget is not None:
+                budget.set_budget(*(saved or (budget.DEFAULT_SECONDS, False)))
 
     def _invoke(self, ctx: click.Context):
         from mhaexport.core.env import onnxruntime_clash
