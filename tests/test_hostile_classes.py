@@ -222,7 +222,7 @@ def test_a_rust_panic_and_a_librarys_error_are_one_line_naming_the_file_and_the_
             raise KeyboardInterrupt
 
 
-def test_a_panic_that_reaches_the_cli_is_exit_2_not_a_traceback(monkeypatch):
+def test_a_panic_that_reaches_the_cli_is_exit_2_not_a_traceback(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     from mhaexport import api
@@ -234,7 +234,7 @@ def test_a_panic_that_reaches_the_cli_is_exit_2_not_a_traceback(monkeypatch):
         raise panic("called `Option::unwrap()` on a `None` value")
 
     monkeypatch.setattr(api, "generate", generate)
-    r = CliRunner().invoke(main, ["generate", "somewhere", "--prompt", "x"])
+    r = CliRunner().invoke(main, ["generate", str(tmp_path), "--prompt", "x"])
     assert r.exit_code == 2 and "refused" in r.output and "Traceback" not in r.output
 
 
