@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -277,7 +278,8 @@ def check_options(*, opset: int | None = None, seq_dynamic: bool = True, seq_len
 
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, attention: str = "decomposed",
-                dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None) -> ExportRecord:
+                dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None,
+                progress: Callable[[str], None] | None = None) -> ExportRecord:
     """Export ``loaded`` to out_dir/model.onnx and record it in out_dir/manifest.json.
 
     seq_dynamic: batch, sequence, past and total lengths are symbolic; the causal mask is computed in the graph.
@@ -290,7 +292,9 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     slots, default max_positions, written in place by com.microsoft GroupQueryAttention; rows packed from slot 0).
     A model loaded streamed (``loaded.weights``, :func:`mhaexport.models.loading.load_model`) is written from its
     staging file one tensor at a time (:mod:`mhaexport.exporter.streamed`): the same bytes, never whole in memory.
+    ``progress``: told each phase as it starts (trace, lowering, write, check, self-check).
     """
+    say = progress or (lambda _m: None)
     opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     window_cache = kv_cache == "window"  # the shared cache, its sliding-window layers' buffers window-sized
@@ -322,7 +326,12 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     threshold = external_data_threshold()  # a bad MHAEXPORT_EXTERNAL_DATA_BYTES is refused before any work
     started = time.perf_counter()
 
+    traced_now = False
+
     def build() -> tuple[tuple, ir.Model]:
+        nonlocal traced_now
+        traced_now = True
+        say(f"tracing {loaded.label} (torch.export, then torch.onnx's translation) ...")
         weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
         if dtype == "float32":
             module = loaded.module
@@ -350,6 +359,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         # traced once per process for this model, dtype, opset and axes (exporter/trace.py): the module traced and
         # the staging file its parameters map (a streamed model's, or its float16 restaging) are kept with it
         (module, weights), model = traced(loaded.module, (dtype, opset, seq_dynamic, seq, past), build, warns)
+        if not traced_now:
+            say("the trace of this model made by an earlier export in this process, reused ...")
         program = None
         _name_io_dims(model, c, seq_dynamic)
         size = weight_bytes(model)
@@ -361,6 +372,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         decomposed = None
         if lowering_name != "decomposed" and too_big is None:
             decomposed = ir.serde.serialize_model(model).SerializeToString()
+        if lowering_name != "decomposed":
+            say(f"lowering the attention: {lowering_name} ...")
         lowering = lower_attention_ir(model, lowering_name, n_heads=c.n_heads, head_dim=c.head_dim,
                                       n_kv_heads=c.n_kv_heads, max_positions=c.max_positions,
                                       shared_fused=kv_cache == "shared" and attention == "fused", windows=c.windows)
@@ -373,6 +386,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                          f"model calls scaled_dot_product_attention, opset {opset}); export at --opset 18 for a "
                          "decomposed graph")
         # a streamed model's weights are read from its staging file as they are written, one at a time
+        say(f"writing {ONNX_FILE}{' (its weights read one at a time)' if weights is not None else ''} ...")
         streamed = read_when_written(model, weights) if weights is not None else []
         inline = None
         if streamed and not external:  # one protobuf, written field by field: never whole in memory
@@ -382,6 +396,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             files = save_model(model, tmp / ONNX_FILE, external=external)
         casts = sum(n.op_type == "Cast" for n in model.graph)
         del model, program, module, weights  # the IR's folded tensors (transposed weights) are not needed now
+        say("checking the file (onnx.checker, shape inference) ...")
         if inline is None:
             check_onnx(tmp / ONNX_FILE)
         else:  # the same graph, its streamed weights a sparse external file: the checker never loads them
@@ -390,6 +405,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             del inline
         checked = None
         if decomposed is not None:
+            say(f"self-check: the {lowering_name} file against the decomposed graph on ONNX Runtime CPU ...")
             # beyond the longest window where the axes are dynamic, so a dropped or shifted window cannot pass
             cseq, cpast = self_check_sizes(c, seq, past, max_cache) if seq_dynamic else (seq, past)
             if kv_cache == "shared":

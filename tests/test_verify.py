@@ -118,7 +118,8 @@ def test_report_json_round_trip_and_skipped_is_not_passed(tmp_path):
     assert "nothing was verified" in only_eager.verdict.message
     only_skipped = _report({"ort-cuda": None}, "cpu-box")
     assert not only_skipped.passed  # nothing passed: skipped never counts as passed
-    js, md = write_report(rep, tmp_path)
+    js, md, page = write_report(rep, tmp_path)
+    assert page.name == "report.html" and page.is_file()
     back = load_report(js)
     assert back.to_dict()["results"] == rep.to_dict()["results"]
     assert json.loads(js.read_text())["schema"].startswith("mhaexport.verify.report/")
@@ -335,7 +336,7 @@ def test_report_write_keeps_sections_other_commands_own(tmp_path):
     from the old report.md: an output folder's files are input too."""
     rep = _report({"eager": True}, "cpu")
     (tmp_path / "report.md").write_text("old table\n<!-- bench -->\n## Bench\nrow\n<!-- /bench -->\n")
-    _, md = write_report(rep, tmp_path, sections=("<!-- bench -->\n## Bench\n\nmade again\n<!-- /bench -->",))
+    _, md, _ = write_report(rep, tmp_path, sections=("<!-- bench -->\n## Bench\n\nmade again\n<!-- /bench -->",))
     text = md.read_text()
     assert "old table" not in text and "row" not in text and "## Bench\n\nmade again" in text
     assert text.startswith("## mhaexport verify")

@@ -357,17 +357,16 @@ def _worst(*values: float | None) -> float:
 
 
 def write_report(report: VerifyReport, folder: str | Path, name: str | None = None,
-                 sections: tuple[str, ...] = ()) -> tuple[Path, Path]:
+                 sections: tuple[str, ...] = ()) -> tuple[Path, Path, Path]:
     """Write NAME.json, NAME.md and NAME.html into folder (atomically); ``name`` defaults to the report's
     :meth:`~VerifyReport.default_name`, so a subset run never overwrites the full report. ``sections``: Markdown
     sections other commands own (bench's, rendered from bench.json by its own renderer), appended to report.md. Every
     file is made from records: nothing of an earlier report.md in the folder is read or carried over (an output
-    folder's files are input too: a crafted one would otherwise reach the new report). Returns the JSON and
-    Markdown paths."""
+    folder's files are input too: a crafted one would otherwise reach the new report). Returns the three paths."""
     folder = ensure_writable_dir(folder)
     name = name or report.default_name()
     atomic_write_json(folder / f"{name}.json", report.to_dict())
     text = markdown(report) + "".join(f"\n{section}\n" for section in sections)
     atomic_write_bytes(folder / f"{name}.md", text.encode())
     write_html(report, folder / f"{name}.html", cell)  # report.html beside them (verify/html.py)
-    return folder / f"{name}.json", folder / f"{name}.md"
+    return folder / f"{name}.json", folder / f"{name}.md", folder / f"{name}.html"
