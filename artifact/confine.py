@@ -64,7 +64,10 @@ def open_inside(root: str | Path, name: str, where: str) -> int:
     shown = Path(root) / name
     parts = name.split("/")
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise MissingFile(f"{shown} is missing: {root} is not a folder") from None
     try:
         for i, part in enumerate(parts):
             last = i == len(parts) - 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mhaexport.artifact.record import Record
+from mhaexport.artifact.record import Count, Record
 from mhaexport.core.errors import ArtifactError
 
 CONCAT, SHARED = "concat", "shared"  # the cache kinds a protocol drives (runtime/protocol.py)
@@ -39,7 +39,7 @@ class CacheLayout(Record):
     """How the KV cache is held (keys ``kv_cache``, ``max_cache``, ``padding`` of the entry itself)."""
 
     kind: str | None = field(default=None, metadata={"key": "kv_cache"})  # "concat" | "shared" | "window"; None: concat
-    max_cache: int | None = None  # shared: the length of each layer's one buffer
+    max_cache: Count | None = None  # shared: the length of each layer's one buffer
     padding: str | None = None  # the protocol's: "left" (the contract's) | "right" (rows packed from slot 0)
     # "window": per layer, the slots a decode loop's buffer needs at most (W + slack for a sliding-window layer, whose
     # GroupQueryAttention evicts in place: sliding_window_cache=1), 0 for a full layer (max_cache)
@@ -60,9 +60,9 @@ class CacheLayout(Record):
 class ExampleSizes(Record):
     """The sizes the export was traced at (``example_sizes``)."""
 
-    batch: int
-    seq: int
-    past: int
+    batch: Count
+    seq: Count
+    past: Count
 
 
 @dataclass
@@ -70,9 +70,9 @@ class Lowering(Record):
     """How attention was lowered (``lowering``) and the lowered graph's self-check against the decomposed one."""
 
     attention: str | None = None
-    fused_nodes: int | None = None
+    fused_nodes: Count | None = None
     kv_cache_in_op: bool | None = None  # the cache goes through the fused op (GroupQueryAttention's past/present)
-    softmax_left: int | None = None
+    softmax_left: Count | None = None
     op_counts: dict[str, int] | None = None
     fusions: dict[str, int] | None = None  # --attention fused: onnxscript's ort_fusions rule -> count
     self_check_max_abs_diff: float | None = None
@@ -85,7 +85,7 @@ class Precision(Record):
 
     dtype: str | None = None
     cast_by_ort_cpu: dict[str, int] | None = None  # op type -> nodes ORT CPU casts to float32; None: not checked
-    casts_in_graph: int | None = None
+    casts_in_graph: Count | None = None
     ort_cpu_session_error: str | None = None
     not_run: str | None = None
 
@@ -94,8 +94,8 @@ class Precision(Record):
 class WeightsRead(Record):
     """Bytes of weights one decode step reads: fixed, plus per batch row (gathered table rows)."""
 
-    fixed_bytes: int
-    per_row_bytes: int
+    fixed_bytes: Count
+    per_row_bytes: Count
 
 
 @dataclass
@@ -114,12 +114,12 @@ class Quantization(Record):
     what an adopted file's quantized ops say (``ops``, ``source`` in words)."""
 
     weights: str | None = None  # the scheme: "int4" | "int8"
-    block_size: int | None = None
+    block_size: Count | None = None
     symmetric: bool | None = None
     accuracy_level: int | None = None  # MatMulNBits' compute type: 4 = int8 activations
     keep_float: list[str] | None = None
-    int8_blocks: int | None = None
-    bits: int | None = None
+    int8_blocks: Count | None = None
+    bits: Count | None = None
     label: str | None = None  # "int4 b32 sym acc4 (block 0 int8; float: embeddings)"
     method: str | None = None
     lm_head: str | None = None
@@ -148,12 +148,12 @@ class AdoptedLayout(Record):
     present: list[str]  # 2L file output names, same order
     position_ids: str | None = None  # an input fed cumsum(mask) - 1 over the new tokens
     dtype: str = "float32"  # the cache's float dtype
-    n_layers: int = 0
-    n_heads: int = 0
-    n_kv_heads: int = 0
-    head_dim: int = 0
-    vocab_size: int = 0
-    max_positions: int = 0
+    n_layers: Count = 0
+    n_heads: Count = 0
+    n_kv_heads: Count = 0
+    head_dim: Count = 0
+    vocab_size: Count = 0
+    max_positions: Count = 0
     notes: list[str] = field(default_factory=list)
     # an earlier version's copy of the entry's cache layout (never written now; kept as read)
     legacy_kv_cache: str | None = field(default=None, metadata={"key": "kv_cache"})
@@ -186,12 +186,12 @@ class Details(Record):
 class OnnxDetails(Details):
     """An ONNX entry's details: opset, how attention is held, precision, quantization, an adopted file's layout."""
 
-    opset: int | None = None
+    opset: Count | None = None
     attention: str | None = None  # "decomposed" | "onnx" | "ort" | "fused" | "gqa" | "as exported" (adopted)
     lowering: Lowering | None = None
     precision: Precision | None = None
     external_data: bool | None = None
-    weight_bytes: int | None = None
+    weight_bytes: Count | None = None
     producer: str | None = None  # an adopted file's producer ("onnxruntime-genai", ...); None: mhaexport's export
     adopted_from: str | None = None  # the adopted file's path
     layout: AdoptedLayout | None = None  # an adopted file's I/O and protocol

@@ -46,10 +46,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhaexport.artifact.confine import GENAI_CONFIG, MissingFile, check_name, copy_hashed, open_inside
+from mhaexport.artifact.confine import (GENAI_CONFIG, MissingFile, check_name, copy_hashed, open_inside,
+                                       read_inside)
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_free_space, ensure_writable_dir,
-                                      file_entries, read_json)
+                                      file_entries)
 from mhaexport.artifact.lock import FolderLock, reader_lock
 from mhaexport.artifact.manifest import FILENAME, ArtifactEntry, Manifest, ModelRecord
 from mhaexport.core.errors import ArtifactError, UnsafeFolder
@@ -68,9 +69,13 @@ def read_manifest(folder: str | Path) -> Manifest:
     if not folder.is_dir():
         raise ArtifactError(f"export folder {folder} does not exist")
     path = folder / FILENAME
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise ArtifactError(f"{folder} has no {FILENAME}: not an export folder (run `mhaexport onnx -o {folder}`)")
-    return Manifest.from_dict(read_json(path, "manifest"), what=str(path))
+    # read inside the folder like every file it holds: a manifest.json that is a link is refused, never followed
+    data = load_json(read_inside(folder, FILENAME, str(path)), f"manifest {path}")
+    if not isinstance(data, dict):
+        raise ArtifactError(f"manifest {path} holds a JSON {type(data).__name__}, expected an object")
+    return Manifest.from_dict(data, what=str(path))
 
 
 # snapshots this process made and has not closed yet (snapshot -> the folder it copies): removed at exit
@@ -398,10 +403,17 @@ def _scratch_pid(path: Path) -> int | None:
 
 
 def _sha256_or_none(path: Path) -> str | None:
+    """The sha256 of the regular file ``path`` (read without following a link: a manifest.json that is a link to a
+    device would never end), None where there is none or it is not a regular file."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
+        fd = open_inside(path.parent, path.name, str(path))
+    except (MissingFile, UnsafeFolder):
         return None
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _journal_names(journal: dict, key: str, where: str) -> list[str]:
@@ -415,20 +427,34 @@ def _journal_names(journal: dict, key: str, where: str) -> list[str]:
 
 def _roll_back(folder: Path, staging: Path, journal: dict) -> None:
     """Undo an uncommitted publish: the replaced and removed files back from their hard links, the new ones gone.
-    Every name is the journal's, confined to the folder; nothing is followed through a symlink."""
-    backup = staging / _BACKUP
+    Every name is the journal's, confined to the folder; nothing is followed through a symlink: the staging folder,
+    its backup folder and each backed-up file are opened one part at a time without following a link
+    (:func:`~mhaexport.artifact.confine.open_inside`'s walk) and each must be what mhaexport wrote there — a folder, a
+    regular file — or the roll-back is refused (UnsafeFolder: a crafted staging folder holding a link out would
+    otherwise move a file from outside into the folder) and nothing is moved."""
     where = str(staging / JOURNAL)
     created = _journal_names(journal, "created", where)
     backed_up = _journal_names(journal, "backed_up", where)
     for name in created + backed_up:
         if any(p.is_symlink() for p in (folder / name).parents if folder in p.parents):
             raise UnsafeFolder(f"{where}: {name} lies under a symlink: refused")
+    sources = {}
+    for name in backed_up:  # every file to move back, checked before any is moved
+        try:
+            fd = open_inside(staging, f"{_BACKUP}/{name}", f"{where}: backed_up")
+        except MissingFile:
+            continue
+        st = os.fstat(fd)
+        os.close(fd)
+        sources[name] = st
     for name in created:
         (folder / name).unlink(missing_ok=True)  # unlink removes a link itself, never its target
-    for name in backed_up:
-        src = backup / name
-        if src.is_file() and not src.is_symlink():
-            os.replace(src, folder / name)
+    for name, st in sources.items():
+        src = staging / _BACKUP / name
+        now = os.lstat(src)
+        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):  # swapped since it was checked: leave it
+            raise UnsafeFolder(f"{where}: {_BACKUP}/{name} changed while it was rolled back: refused")
+        os.replace(src, folder / name)
 
 
 def _dead_scratch(folder: Path) -> list[Path]:
@@ -447,10 +473,12 @@ def _uncommitted(folder: Path, scratch: Path) -> dict | None:
     """The publish journal a dead writer left in ``scratch`` when manifest.json is still the one it names (the
     publish did not reach its commit point), else None."""
     journal_path = scratch / JOURNAL
-    if journal_path.is_symlink() or not journal_path.is_file():
+    try:  # read without following a link, a regular file only
+        journal = load_json(read_inside(scratch, JOURNAL, str(journal_path), 1 << 20), str(journal_path))
+    except MissingFile:
         return None
-    try:
-        journal = load_json(journal_path.read_bytes(), str(journal_path))
+    except UnsafeFolder:
+        raise
     except (OSError, ArtifactError):
         return None  # written atomically: a torn journal was never in force
     if isinstance(journal, dict) and _sha256_or_none(folder / FILENAME) == journal.get("manifest_sha256"):
@@ -560,9 +588,9 @@ class Staging:
             journal = {"manifest_sha256": _sha256_or_none(self.folder / FILENAME), "created": [], "backed_up": []}
             for name in files + stale:
                 target = self.folder / name
-                if target.is_file():
+                if target.is_file() and not target.is_symlink():  # a link is never followed into the backup
                     (backup / name).parent.mkdir(parents=True, exist_ok=True)
-                    os.link(target, backup / name)
+                    os.link(target, backup / name, follow_symlinks=False)
                     journal["backed_up"].append(name)
                 elif name in files:
                     journal["created"].append(name)

@@ -70,6 +70,23 @@ def _contract(value: object, where: str) -> Contract:
         raise ArtifactError(f"{where}: {type(e).__name__}: {e}") from None
 
 
+def contract_dict(value: object, where: str) -> dict:
+    """A contract as a report or a bench result records it (a JSON object, fields optional), read with the
+    manifest's types and bounds: its fields' JSON types, its sizes within what mhaexport runs, each layer's window a
+    count within the positions mhaexport runs. The object itself is returned (the renderers read it as a dict)."""
+    from mhaexport.core.untrusted import MAX_DIMS
+
+    if not isinstance(value, dict):
+        raise ArtifactError(f"{where} is not an object")
+    check_fields(ModuleContract if "kind" in value else ModelContract, value, where, required=False)
+    check_dims(value, where)
+    windows = value.get("windows")
+    if windows is not None and not (isinstance(windows, list) and all(
+            isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= MAX_DIMS["max_positions"] for w in windows)):
+        raise ArtifactError(f"{where}.windows: expected a list of window lengths within 0..{MAX_DIMS['max_positions']}")
+    return value
+
+
 def _no_nul(record: Record, keys: tuple[str, ...], where: str) -> None:
     """UntrustedInput when a name or path among ``keys`` holds a NUL: no file system takes it."""
     for key in keys:

@@ -136,7 +136,7 @@ class _Field(typing.NamedTuple):
 
 @functools.cache
 def _fields_of(cls: type) -> list[_Field]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     metas = {f.name: FieldMeta.of(f) for f in dataclasses.fields(cls) if f.name not in ("extra", "read_keys")}
     return [_Field(f, metas[f.name].key, hints[f.name], metas[f.name]) for f in dataclasses.fields(cls)
             if f.name in metas and metas[f.name].json]
@@ -161,6 +161,8 @@ def _shown(value: Any) -> str:
 
 def _name(hint: Any) -> str:
     origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _name(typing.get_args(hint)[0])
     if origin in (types.UnionType, typing.Union):
         return " or ".join(dict.fromkeys(_name(a) for a in typing.get_args(hint)))
     if origin is Literal:
@@ -192,7 +194,7 @@ def check_fields(cls: type, value: Any, where: str, *, required: bool = True) ->
     (other keys, such as a derived one the writer adds, are left alone)."""
     if not isinstance(value, dict):
         raise ArtifactError(f"{where or 'the document'} is {_shown(value)}, expected an object")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -204,10 +206,40 @@ def check_fields(cls: type, value: Any, where: str, *, required: bool = True) ->
     return out
 
 
+@dataclass(frozen=True)
+class Within:
+    """A number field's bounds, in its type: ``Annotated[int, Within(0)]`` (:data:`Count`). Checked by :func:`parse`
+    wherever a record is read, so no reader forgets: a negative byte count refused where the manifest is read, not
+    believed by the memory plan."""
+
+    lo: float | None = None
+    hi: float | None = None
+
+    def check(self, value: Any, where: str) -> Any:
+        if isinstance(value, (int, float)) and value == value and not (
+                (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)):
+            span = f"{'' if self.lo is None else self.lo}..{'' if self.hi is None else self.hi}"
+            raise ArtifactError(f"{where} is {_shown(value)}, expected a number within {span}")
+        return value
+
+
+# a count of things (bytes, tokens, positions, cases, threads): an integer >= 0
+Count = typing.Annotated[int, Within(0, MAX_INT)]
+# a figure that is a length of time or a size: a float >= 0 (NaN and +inf kept: a figure as measured)
+Positive = typing.Annotated[float, Within(0)]
+
+
 def parse(value: Any, hint: Any, where: str) -> Any:
-    """``value`` checked against ``hint`` (records parsed, in lists and maps too), or ArtifactError naming
-    ``where``."""
+    """``value`` checked against ``hint`` (records parsed, in lists and maps too; a number's :class:`Within` where its
+    type carries them), or ArtifactError naming ``where``."""
     origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        base, *marks = typing.get_args(hint)
+        out = parse(value, base, where)
+        for mark in marks:
+            if isinstance(mark, Within):
+                out = mark.check(out, where)
+        return out
     if origin in (types.UnionType, typing.Union):
         arms = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None and len(arms) < len(typing.get_args(hint)):
@@ -260,6 +292,8 @@ def _bound(value: Any, types_: list) -> str:
 def _fits(value: Any, hint: Any) -> bool:
     """Whether ``value`` is of ``hint``'s JSON type (its contents not looked at)."""
     origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _fits(value, typing.get_args(hint)[0])
     if hint is Any:
         return True
     if origin is Literal:

@@ -10,7 +10,8 @@ from pathlib import Path
 from mhaexport.core.numbers import number
 from mhaexport.artifact import atomic_write_bytes
 from mhaexport.bench.result import BenchResult
-from mhaexport.verify.html import e, figure, page, table
+from mhaexport.verify.html import figure, page, table
+from mhaexport.verify.markup import as_text, h
 from mhaexport.verify.svg import COLOURS, Chart, Series
 
 
@@ -22,29 +23,30 @@ def html(res: BenchResult) -> str:
     """The bench result as an HTML page (see the module's docstring)."""
     env = res.environment
     cfg = res.config
-    body = [f"<h1>mhaexport bench: <code>{e(res.model.spec)}</code></h1>",
-            f"<p>{e(env.date or '')} · {e(env.cpu or '?')} · batch {cfg.batch}, prompt {cfg.prompt_len}, "
-            f"{cfg.new_tokens} new tokens, {cfg.threads} threads; times in ms (medians over {cfg.repeats} timed "
-            f"repeats); weight-bandwidth floor {number(res.floor_ms, '.3g')} ms per token</p>"]
+    body = [h("<h1>mhaexport bench: <code>{}</code></h1>", res.model.spec),
+            h("<p>{} · {} · batch {}, prompt {}, {} new tokens, {} threads; times in ms (medians over {} timed "
+              "repeats); weight-bandwidth floor {} ms per token</p>", env.date or "", env.cpu or "?", cfg.batch,
+              cfg.prompt_len, cfg.new_tokens, cfg.threads, cfg.repeats, number(res.floor_ms, ".3g"))]
     rows = []
     for r in res.runtimes:
         if not r.ran:
-            rows.append([f"<b>{e(r.label)}</b>", e(f"skipped: {r.reason}")] + ["—"] * 6)
+            rows.append([h("<b>{}</b>", r.label), f"skipped: {as_text(r.reason)}"] + ["—"] * 6)
             continue
-        rows.append([f"<b>{e(r.label)}</b>", e(", ".join(r.providers)), _ms(r.load_ms, 0), _ms(r.prefill_ms),
-                     _ms(r.ttft_ms), _ms(r.token_p50_ms), _ms(r.token_p90_ms), _ms(r.tokens_per_s, 1)])
+        rows.append([h("<b>{}</b>", r.label), ", ".join(as_text(p) for p in r.providers), _ms(r.load_ms, 0),
+                     _ms(r.prefill_ms), _ms(r.ttft_ms), _ms(r.token_p50_ms), _ms(r.token_p90_ms),
+                     _ms(r.tokens_per_s, 1)])
     body.append(table(["row", "providers", "load", "prefill", "TTFT", "token p50", "token p90", "tokens/s"], rows))
     labels = list(dict.fromkeys([r.label for r in res.runtimes] + [lr.label for lr in res.long_runs]))
     colour = {lab: COLOURS[i % len(COLOURS)] for i, lab in enumerate(labels)}
     series = [Series(r.label, list(zip(r.positions, r.per_position_ms)), colour=colour[r.label])
               for r in res.runtimes if r.ran and r.per_position_ms]
-    series += [Series(f"{lr.label}, long run", list(zip(lr.positions, lr.ms)), dashed=True, colour=colour[lr.label])
-               for lr in res.long_runs]
+    series += [Series(f"{as_text(lr.label)}, long run", list(zip(lr.positions, lr.ms)), dashed=True,
+                      colour=colour[lr.label]) for lr in res.long_runs]
     windows = [w for w in (res.model.contract or {}).get("windows") or [] if isinstance(w, int) and w > 0]
     if series:
         body.append(figure(Chart("Per-token latency against position", "position of the token fed (tokens)",
                                  "ms per token", series,
-                                 vlines=[(float(w), f"window {w}") for w in sorted(set(windows))]),
+                                 vlines=[(float(w), f"window {number(w, 'd')}") for w in sorted(set(windows))]),
                            "each row's median over the timed repeats at each decode step: a cache that grows "
                            "costs more per token further out; a window caps it."))
     for key, x, y, title, xlabel in (
@@ -57,8 +59,8 @@ def html(res: BenchResult) -> str:
         if lines:
             body.append(figure(Chart(title, xlabel, y.replace("_", " "), lines, logy=False), "how cost grows "
                                "(--batches / --prompts): one line per row."))
-    body.append(f'<p class="note">{e(", ".join(f"{k} {v}" for k, v in res.versions.items()))}</p>')
-    return page(f"mhaexport bench: {res.model.spec}", body)
+    body.append(h('<p class="note">{}</p>', ", ".join(f"{as_text(k)} {as_text(v)}" for k, v in res.versions.items())))
+    return page(f"mhaexport bench: {as_text(res.model.spec)}", body)
 
 
 def write_html(res: BenchResult, path: str | Path) -> Path:

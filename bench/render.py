@@ -3,7 +3,8 @@ delimited section of the export folder's report.md, and the terminal summary. No
 
 from __future__ import annotations
 
-import re
+import os
+import stat
 from pathlib import Path
 
 from mhaexport.core.numbers import number
@@ -11,10 +12,18 @@ from mhaexport.artifact import atomic_write_bytes, atomic_write_json
 from mhaexport.bench.html import write_html
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.targets import TARGETS, describe_conditions
-from mhaexport.core.untrusted import shown
+from mhaexport.core.untrusted import md, shown
 
 REPORT_BEGIN, REPORT_END = "<!-- bench -->", "<!-- /bench -->"
 
+
+
+def mpl_text(value: object) -> str:
+    """Text from outside as matplotlib draws it (bench.png's sink): :func:`shown`, every ``$`` escaped (a pair of them
+    would start mathtext, whose parser raises on what it cannot read), numbers through the one formatter."""
+    from mhaexport.core.numbers import is_real
+
+    return (number(value, "g") if is_real(value) else shown(value)).replace("$", r"\$")
 
 
 def _save_png(fig, path) -> None:
@@ -26,8 +35,13 @@ def _save_png(fig, path) -> None:
     fig.savefig(buf, format="png", dpi=110)
     atomic_write_bytes(path, buf.getvalue())
 
+def _num(x: object, spec: str) -> str:
+    """A figure in bench.md: the one formatter's text, as Markdown text."""
+    return md(number(x, spec))
+
+
 def _f(x: float | None, nd: int = 2) -> str:
-    return "-" if x is None else number(x, f".{nd}f")
+    return "-" if x is None else _num(x, f".{nd}f")
 
 
 def _div(a: float, b: float) -> float:
@@ -36,16 +50,16 @@ def _div(a: float, b: float) -> float:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{number(x * 100, '.0f')} %"
+    return "-" if x is None else f"{_num(x * 100, '.0f')} %"
 
 
 def runtimes_table(res: BenchResult) -> str:
     """One line per row: load, warm-ups, prefill, TTFT, per-token p50 / p90 / min, spread, tokens/s."""
     cfg = res.config
-    rows = [(f"batch {cfg.batch}, prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, "
-             f"{cfg.threads} threads, greedy; times in ms (medians over {cfg.repeats} timed repeats, "
+    rows = [(f"batch {md(cfg.batch)}, prompt {md(cfg.prompt_len)}, {md(cfg.new_tokens)} new tokens, "
+             f"{md(cfg.threads)} threads, greedy; times in ms (medians over {md(cfg.repeats)} timed repeats, "
              "round-robin; token latency over all decode steps). warm-ups: untimed generations until two in a row "
-             f"agreed within {number(cfg.steady_within * 100, '.0f')} % (at most {cfg.max_warmups}). spread: the "
+             f"agreed within {_num(cfg.steady_within * 100, '.0f')} % (at most {md(cfg.max_warmups)}). spread: the "
              "larger of p90 / p50 and p50 / p10 of per-token latency with its growth with position taken out; "
              "repeats apart: (slowest - fastest) / median of the repeats' medians."), "",
             "| runtime | providers | load | warm-ups | prefill | TTFT | token p50 | token p90 | token min | spread | "
@@ -53,33 +67,33 @@ def runtimes_table(res: BenchResult) -> str:
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in res.runtimes:
         if not r.ran:
-            rows.append(f"| {r.label} | skipped: {r.reason} | | | | | | | | | | |")
+            rows.append(f"| {md(r.label)} | skipped: {md(r.reason)} | | | | | | | | | | |")
             continue
-        warm = f"{r.warmups}" if r.steady else f"{r.warmups}, not steady"
+        warm = md(r.warmups) if r.steady else f"{md(r.warmups)}, not steady"
         p50 = _f(r.token_p50_ms)
         if r.session_p50_ms and len(r.session_p50_ms) > 1:  # --sessions: the median of the sessions' p50s
-            p50 += (f" ({len(r.session_p50_ms)} sessions: {_f(min(r.session_p50_ms))}-"
+            p50 += (f" ({md(len(r.session_p50_ms))} sessions: {_f(min(r.session_p50_ms))}-"
                     f"{_f(max(r.session_p50_ms))})")
-        rows.append(f"| {r.label} | {', '.join(r.providers)} | {_f(r.load_ms, 0)} | {warm} | {_f(r.prefill_ms)} | "
+        rows.append(f"| {md(r.label)} | {md(', '.join(r.providers))} | {_f(r.load_ms, 0)} | {warm} | {_f(r.prefill_ms)} | "
                     f"{_f(r.ttft_ms)} | {p50} | {_f(r.token_p90_ms)} | {_f(r.token_min_ms)} | "
                     f"{_f(r.token_spread)} | {_pct(r.repeat_spread)} | {_f(r.tokens_per_s, 1)} |")
-    return "\n".join(map(shown, rows))  # one line each: text from a folder cannot start another
+    return "\n".join(rows)
 
 
 def loop_text(res: BenchResult) -> str:
     """mhaexport's decode loop against onnxruntime-genai's on the same file: the ratio of their token p50s and how
     many sessions each figure is the median of."""
     lp = res.loop
-    threads = f"{lp.threads} thread{'s' if lp.threads != 1 else ''} each" if lp.threads else "threads as the run's"
+    threads = f"{md(lp.threads)} thread{'s' if lp.threads != 1 else ''} each" if lp.threads else "threads as the run's"
     if lp.sessions > 1:
         ours = ", ".join(_f(m) for m in lp.ours_sessions_ms)
-        how = (f"each the median of {lp.sessions} sessions' p50s — ours {ours}, onnxruntime-genai's "
+        how = (f"each the median of {md(lp.sessions)} sessions' p50s — ours {ours}, onnxruntime-genai's "
                f"{', '.join(_f(m) for m in lp.genai_sessions_ms)} ms")
     else:
         how = ("one session each: identical sessions of one file can decode at different speeds, so this ratio "
                "also holds the two sessions' difference; --sessions 3 times each loop over three")
-    return (f"mhaexport's decode loop ({lp.ours}, the deploy runtime's) / onnxruntime-genai's loop ({lp.genai}) "
-            f"on the same file: {_f(lp.ours_ms)} / {_f(lp.genai_ms)} ms per token = **{number(lp.ratio, '.3f')} x** "
+    return (f"mhaexport's decode loop ({md(lp.ours)}, the deploy runtime's) / onnxruntime-genai's loop ({md(lp.genai)}) "
+            f"on the same file: {_f(lp.ours_ms)} / {_f(lp.genai_ms)} ms per token = **{_num(lp.ratio, '.3f')} x** "
             f"({how}; {threads}).")
 
 
@@ -87,17 +101,17 @@ def lowerings_table(res: BenchResult) -> str:
     """The lowerings side by side: which is fastest per provider and by how much, and how cost grows with position."""
     far = {lw.far for lw in res.lowerings if lw.far is not None}
     near = {lw.near for lw in res.lowerings if lw.near is not None}
-    at_near = f"at {near.pop()}" if len(near) == 1 else "near"
-    at_far = f"at {far.pop()}" if len(far) == 1 else "far"
+    at_near = f"at {md(near.pop())}" if len(near) == 1 else "near"
+    at_far = f"at {md(far.pop())}" if len(far) == 1 else "far"
     rows = [("Lowerings (ONNX Runtime rows of this run; token p50 over the interleaved repeats, x fastest = p50 / "
              "the fastest p50 on the same provider; position latencies from the long runs, median of positions +-8):"),
             "",
             f"| lowering | provider | token p50 | x fastest | {at_near} | {at_far} | {at_far} / {at_near} |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for lw in res.lowerings:
-        rows.append(f"| {lw.label} | {lw.provider} | {_f(lw.token_p50_ms)} | {_f(lw.vs_fastest)} | "
+        rows.append(f"| {md(lw.label)} | {md(lw.provider)} | {_f(lw.token_p50_ms)} | {_f(lw.vs_fastest)} | "
                     f"{_f(lw.near_ms)} | {_f(lw.far_ms)} | {_f(lw.far_over_near)} |")
-    return "\n".join(map(shown, rows))  # one line each: text from a folder cannot start another
+    return "\n".join(rows)
 
 
 def quantized_table(res: BenchResult) -> str:
@@ -106,21 +120,21 @@ def quantized_table(res: BenchResult) -> str:
     rows = [r for r in res.runtimes if r.ran and r.lowering is not None and r.opt_level is None]
     out = [(f"Quantized and float exports side by side (ONNX Runtime rows of this run; weights read per token "
             f"counted from each graph; x float floor = token p50 / the float model's weight-bandwidth floor, "
-            f"{number(res.floor_ms, '.2f')} ms; x float p50 = token p50 / the float export's on the same provider):"), "",
+            f"{_num(res.floor_ms, '.2f')} ms; x float p50 = token p50 / the float export's on the same provider):"), "",
            "| row | weights | MB read per token | x float bytes | token p50 | x float floor | x float p50 |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         floats = [f.token_p50_ms for f in rows if f.quantization is None and f.providers[:1] == r.providers[:1]
                   and f.token_p50_ms]
         mb = r.weight_bytes_per_token or res.weight_bytes_per_token
-        out.append(f"| {r.label} | {r.quant_label or 'float'} | {number(mb / 1e6, '.1f')} | "
-                   f"{number(_div(mb, res.weight_bytes_per_token), '.3f')} | {_f(r.token_p50_ms)} | {_f(r.floor_ratio)} | "
+        out.append(f"| {md(r.label)} | {md(r.quant_label or 'float')} | {_num(mb / 1e6, '.1f')} | "
+                   f"{_num(_div(mb, res.weight_bytes_per_token), '.3f')} | {_f(r.token_p50_ms)} | {_f(r.floor_ratio)} | "
                    f"{_f(r.token_p50_ms / min(floats) if floats and r.token_p50_ms else None)} |")
-    return "\n".join(map(shown, out))
+    return "\n".join(out)
 
 
 def _ratio(x: float | None, base: float | None) -> str:
-    return f" (x {number(x / base, '.2f')})" if x is not None and base else ""
+    return f" (x {_num(x / base, '.2f')})" if x is not None and base else ""
 
 
 def scaling_tables(res: BenchResult) -> str:
@@ -128,9 +142,9 @@ def scaling_tables(res: BenchResult) -> str:
     smallest batch) and TTFT at each prompt length (x: TTFT / at the shortest prompt); a point a row could not take
     says why."""
     cfg = res.config
-    threads = f"{cfg.threads} thread{'s' if cfg.threads != 1 else ''}"
+    threads = f"{md(cfg.threads)} thread{'s' if cfg.threads != 1 else ''}"
     out = [(f"How cost grows (ONNX Runtime rows of this run, after the main rounds; per point one untimed "
-            f"generation of every row, then {cfg.repeats} timed round(s) round-robin, medians; {threads}, "
+            f"generation of every row, then {md(cfg.repeats)} timed round(s) round-robin, medians; {threads}, "
             "greedy):")]
 
     def table(key: str, x: str, intro: str, cell) -> list[str]:
@@ -141,68 +155,69 @@ def scaling_tables(res: BenchResult) -> str:
             reasons = {getattr(entry, key)[j].reason for entry in res.scaling}
             if len(reasons) == 1 and None not in reasons:
                 common[at] = reasons.pop()
-        lines = ["", intro, "", "| row | " + " | ".join(f"{x} {at}" for at in points) + " |",
+        lines = ["", intro, "", "| row | " + " | ".join(f"{md(x)} {md(at)}" for at in points) + " |",
                  "| --- |" + " ---: |" * len(points)]
         for entry in res.scaling:
             base = getattr(entry, key)[0]
-            cells = [("skipped" if getattr(pt, x) in common else f"skipped: {pt.reason}") if pt.reason else
+            cells = [("skipped" if getattr(pt, x) in common else f"skipped: {md(pt.reason)}") if pt.reason else
                      cell(pt, None if pt is base or base.reason else base) for pt in getattr(entry, key)]
-            lines.append(f"| {entry.label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {md(entry.label)} | " + " | ".join(cells) + " |")
         for why in dict.fromkeys(common.values()):
-            lines += ["", f"{', '.join(f'{x} {at}' for at, w in common.items() if w == why)}: skipped for every "
-                          f"row, {why}."]
+            lines += ["", f"{', '.join(f'{md(x)} {md(at)}' for at, w in common.items() if w == why)}: skipped for every "
+                          f"row, {md(why)}."]
         return lines
 
     if res.scaling and res.scaling[0].batches:
         b0 = res.scaling[0].batches[0].batch
         out += table("batches", "batch", (
-            f"Per-token latency (p50 of every decode step, ms) and tokens/s (batch x {cfg.new_tokens} new tokens "
-            f"/ (TTFT + decode)) at each batch of {cfg.prompt_len}-token prompts; x batch {b0} = tokens/s / "
-            f"tokens/s at batch {b0}:"),
+            f"Per-token latency (p50 of every decode step, ms) and tokens/s (batch x {md(cfg.new_tokens)} new tokens "
+            f"/ (TTFT + decode)) at each batch of {md(cfg.prompt_len)}-token prompts; x batch {md(b0)} = tokens/s / "
+            f"tokens/s at batch {md(b0)}:"),
             lambda pt, base: (f"{_f(pt.token_p50_ms)} ms, {_f(pt.tokens_per_s, 1)} tokens/s"
                               + (_ratio(pt.tokens_per_s, base.tokens_per_s) if base else "")))
     if res.scaling and res.scaling[0].prompts:
         p0 = res.scaling[0].prompts[0].prompt
         out += table("prompts", "prompt", (
-            f"Time to first token (prefill + choosing it, ms) at batch 1 for each prompt length; x prompt {p0} = "
-            f"TTFT / TTFT at prompt {p0}:"),
+            f"Time to first token (prefill + choosing it, ms) at batch 1 for each prompt length; x prompt {md(p0)} = "
+            f"TTFT / TTFT at prompt {md(p0)}:"),
             lambda pt, base: f"{_f(pt.ttft_ms)} ms" + (_ratio(pt.ttft_ms, base.ttft_ms) if base else ""))
-    return "\n".join(map(shown, out))
+    return "\n".join(out)
 
 
 def serving_tables(res: BenchResult) -> str:
     """Serving (--serving): continuous batching's tokens/s at each number of rows against the plain loop, and
     speculative decoding against plain greedy per prompt (bench.serving)."""
     sv, cfg = res.serving, res.config
-    threads = f"{cfg.threads} thread{'s' if cfg.threads != 1 else ''}"
-    out = [(f"Serving on {sv.row} (after the main rounds; one untimed round, then {cfg.repeats} timed round(s), "
-            f"interleaved, medians; {threads}, greedy): {sv.requests} requests waiting at the start (prompts of "
-            f"{max(1, cfg.prompt_len // 4)}..{cfg.prompt_len} tokens, {sv.tokens} new tokens in all); the plain loop "
-            f"serves them one at a time at {_f(sv.plain_tokens_per_s, 1)} tokens/s."), "",
+    threads = f"{md(cfg.threads)} thread{'s' if cfg.threads != 1 else ''}"
+    out = [(f"Serving on {md(sv.row)} (after the main rounds; one untimed round, then {md(cfg.repeats)} timed "
+            f"round(s), interleaved, medians; {threads}, greedy): {md(sv.requests)} requests waiting at the start "
+            f"(prompts of {md(max(1, cfg.prompt_len // 4))}..{md(cfg.prompt_len)} tokens, {md(sv.tokens)} new tokens "
+            f"in all); the plain loop serves them one at a time at {_f(sv.plain_tokens_per_s, 1)} tokens/s."), "",
            "| continuous batching | tokens/s | x plain loop |", "| --- | ---: | ---: |"]
-    out += [f"| {p.rows} row{'s' if p.rows != 1 else ''} | {_f(p.tokens_per_s, 1)} | {_f(p.ratio)} |"
+    out += [f"| {md(p.rows)} row{'s' if p.rows != 1 else ''} | {_f(p.tokens_per_s, 1)} | {_f(p.ratio)} |"
             for p in sv.batching]
     if sv.speculative:
         out += ["", "| speculative decoding (prompt lookup, 4 drafts) | plain tokens/s | tokens/s | x plain | "
                     "drafts accepted | tokens per call |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        out += [f"| {p.prompt} prompt ({p.tokens} tokens) | {_f(p.plain_tokens_per_s, 1)} | {_f(p.tokens_per_s, 1)} | "
-                f"{_f(p.ratio)} | {_f(p.acceptance)} | {_f(p.tokens_per_call)} |" for p in sv.speculative]
+        out += [f"| {md(p.prompt)} prompt ({md(p.tokens)} tokens) | {_f(p.plain_tokens_per_s, 1)} | "
+                f"{_f(p.tokens_per_s, 1)} | {_f(p.ratio)} | {_f(p.acceptance)} | {_f(p.tokens_per_call)} |"
+                for p in sv.speculative]
     tokens = "the same as the plain loop's" if sv.same_tokens and all(p.same_tokens for p in sv.speculative) else \
         "**not** the same as the plain loop's (see the notes)"
     out += ["", f"Every serving run's tokens: {tokens}."]
-    return "\n".join(map(shown, out))
+    return "\n".join(out)
 
 
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
-    probes = ", ".join(f"{k} {number(v, '.2f')} GB/s" + (" counting read + write" if k == "copy" else "")
+    probes = ", ".join(f"{md(k)} {_num(v, '.2f')} GB/s" + (" counting read + write" if k == "copy" else "")
                        for k, v in bw.probes.items())
-    threads = f"{bw.threads} thread{'s' if bw.threads != 1 else ''}"
-    return (f"Memory read bandwidth: **{number(res.bandwidth_gbps, '.2f')} GB/s**, the fastest of the probes ({probes}; "
-            f"{bw.method}, {threads}, {bw.mbytes} MiB, medians). Weights read per token: "
-            f"{number(res.weight_bytes_per_token / 1e6, '.1f')} MB. Weight-bandwidth floor: **{number(res.floor_ms, '.2f')} ms/token** "
-            f"(set by the {bw.probe} probe on {threads}).")
+    threads = f"{md(bw.threads)} thread{'s' if bw.threads != 1 else ''}"
+    return (f"Memory read bandwidth: **{_num(res.bandwidth_gbps, '.2f')} GB/s**, the fastest of the probes ({probes}; "
+            f"{md(bw.method)}, {threads}, {md(bw.mbytes)} MiB, medians). Weights read per token: "
+            f"{_num(res.weight_bytes_per_token / 1e6, '.1f')} MB. Weight-bandwidth floor: **{_num(res.floor_ms, '.2f')} ms/token** "
+            f"(set by the {md(bw.probe)} probe on {threads}).")
 
 
 def targets_table(res: BenchResult) -> str:
@@ -210,16 +225,16 @@ def targets_table(res: BenchResult) -> str:
     other run conditions than this run's shows its figure, marked as not a verdict."""
     conditions = "; ".join(dict.fromkeys(describe_conditions(t.conditions) for t in TARGETS))
     max_spread = res.config.max_spread
-    rows = [f"Speed targets (set for {conditions}; a verdict only where every timed row a target reads has spread "
-            f"<= {number(max_spread, 'g')}; where this run's conditions differ from a target's, its figure is shown, not a "
+    rows = [f"Speed targets (set for {md(conditions)}; a verdict only where every timed row a target reads has spread "
+            f"<= {_num(max_spread, 'g')}; where this run's conditions differ from a target's, its figure is shown, not a "
             "verdict):", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
     for t in res.targets:
-        verdict = "**no**" if t.verdict == "no" else t.verdict
+        verdict = "**no**" if t.verdict == "no" else md(t.verdict)
         if not t.applies and t.met is not None:
-            verdict = f"{t.verdict} (other run conditions: a figure, not a verdict)"
-        limit = f"{'<=' if t.direction == 'at most' else '>='} {number(t.limit, 'g')}"
-        rows.append(f"| {t.target} ({t.detail}) | {_f(t.measured)} | {limit} | {verdict} |")
-    return "\n".join(map(shown, rows))  # one line each: text from a folder cannot start another
+            verdict = f"{md(t.verdict)} (other run conditions: a figure, not a verdict)"
+        limit = f"{'<=' if t.direction == 'at most' else '>='} {_num(t.limit, 'g')}"
+        rows.append(f"| {md(t.target)} ({md(t.detail)}) | {_f(t.measured)} | {limit} | {verdict} |")
+    return "\n".join(rows)
 
 
 def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: str | None = None) -> str:
@@ -229,14 +244,14 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     if res.loop:
         parts += ["", loop_text(res)]
     for lr in res.long_runs:
-        at = ", ".join(f"{p}: {_f(v)} ms" for p, v in lr.at.items())
+        at = ", ".join(f"{md(p)}: {_f(v)} ms" for p, v in lr.at.items())
         read = lr.bytes_at or {}
         near, far = str(lr.near), str(lr.far)
-        grow = (f"; bytes a step reads at least (weights + the cache so far) at {far} / at {near}: "
-                f"{number(_div(read[far], read[near]), '.2f')}" if near in read and far in read and near != far
+        grow = (f"; bytes a step reads at least (weights + the cache so far) at {md(far)} / at {md(near)}: "
+                f"{_num(_div(read[far], read[near]), '.2f')}" if near in read and far in read and near != far
                 else "")
-        parts.append(f"\n{shown(lr.label)}: per-token latency against position (median of positions +-8), "
-                     f"{lr.repeats} run(s) to position {lr.positions[-1] + 1}: {at}; spread "
+        parts.append(f"\n{md(lr.label)}: per-token latency against position (median of positions +-8), "
+                     f"{md(lr.repeats)} run(s) to position {md(lr.positions[-1] + 1 if lr.positions else 0)}: {at}; spread "
                      f"{_f(lr.spread)}{grow}.")
     if len(res.lowerings) > 1:
         parts += ["", lowerings_table(res)]
@@ -245,19 +260,19 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     if res.scaling:
         parts += ["", scaling_tables(res)]
         if scaling_note:
-            parts.append(f"\n{shown(scaling_note)}")
+            parts.append(f"\n{scaling_note}")
     if res.serving is not None:
         parts += ["", serving_tables(res)]
     if res.targets:  # the project's speed targets, when the run asked for them (--targets)
         parts += ["", targets_table(res)]
     if res.profile:
-        ops = ", ".join(f"{o.op} {number(o.share * 100, '.0f')}%" for o in res.profile.ops[:8])
-        where = res.profile.file or "not kept: give -o DIR to keep the trace there"
-        parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({shown(where)}): {shown(ops)}.")
+        ops = ", ".join(f"{md(o.op)} {_num(o.share * 100, '.0f')}%" for o in res.profile.ops[:8])
+        where = md(res.profile.file or "not kept: give -o DIR to keep the trace there")
+        parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({where}): {ops}.")
     for n in res.notes:
-        parts.append(f"\nNote: {shown(n)}.")
+        parts.append(f"\nNote: {md(n)}.")
     if plot_note:
-        parts.append(f"\n{shown(plot_note)}")
+        parts.append(f"\n{plot_note}")
     return "\n".join(parts)
 
 
@@ -295,7 +310,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
         bars.plot([r.token_p50_ms], [y], "o", color=c, markersize=7)
         bars.annotate(f"{number(r.token_p50_ms, '.2f')}", (r.token_p50_ms, y), textcoords="offset points", xytext=(0, 7),
                       ha="center", fontsize=7)
-    bars.set_yticks(range(len(ran)), [r.label for r in ran], fontsize=8)
+    bars.set_yticks(range(len(ran)), [mpl_text(r.label) for r in ran], fontsize=8)
     for tick, r in zip(bars.get_yticklabels(), ran):
         tick.set_color(colours[r.label])
     bars.set_ylim(len(ran) - 0.5, -0.7)  # the table's order, top to bottom
@@ -305,12 +320,12 @@ def plot(res: BenchResult, path: Path) -> str | None:
     for r in ran:
         if r.per_position_ms:
             lines.plot(r.positions, _smooth(r.positions, r.per_position_ms), color=colours[r.label], linewidth=1.4,
-                       label=r.label)
+                       label=mpl_text(r.label))
     for lr in res.long_runs:
         lines.plot(lr.positions, _smooth(lr.positions, lr.ms), color=colours[lr.label], linewidth=1.2,
-                   linestyle="--", label=f"{lr.label}, long run")
+                   linestyle="--", label=f"{mpl_text(lr.label)}, long run")
     lines.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.9,
-                  label=f"weight-bandwidth floor {number(res.floor_ms, '.2f')} ms ({res.floor_probe}, {res.floor_threads} "
+                  label=f"weight-bandwidth floor {number(res.floor_ms, '.2f')} ms ({mpl_text(res.floor_probe)}, {mpl_text(res.floor_threads)} "
                         f"thread{'s' if res.floor_threads != 1 else ''})")
     lines.set_xlabel("position of the token fed", fontsize=8)
     lines.set_ylabel("ms per token (median of repeats, +-8 positions)", fontsize=8)
@@ -328,8 +343,8 @@ def plot(res: BenchResult, path: Path) -> str | None:
         lines.set_ylim(bottom=0)
     handles, names = lines.get_legend_handles_labels()
     cfg = res.config
-    fig.suptitle(f"decode latency: {res.model.spec} (batch {cfg.batch}, prompt {cfg.prompt_len}, "
-                 f"{cfg.new_tokens} new tokens, {cfg.threads} threads)", fontsize=10)
+    fig.suptitle(f"decode latency: {mpl_text(res.model.spec)} (batch {mpl_text(cfg.batch)}, prompt {mpl_text(cfg.prompt_len)}, "
+                 f"{mpl_text(cfg.new_tokens)} new tokens, {mpl_text(cfg.threads)} threads)", fontsize=10)
     fig.legend(handles, names, loc="lower center", ncol=min(3, max(1, len(names))), fontsize=7, frameon=False)
     rows_of_legend = -(-len(names) // 3)
     fig.tight_layout(rect=(0, 0.04 + 0.035 * rows_of_legend, 1, 1), w_pad=3)
@@ -366,7 +381,7 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
         for entry in res.scaling:
             pts = [(getattr(pt, x), getattr(pt, y)) for pt in getattr(entry, key) if getattr(pt, y) is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", linewidth=1, label=entry.label)
+                ax.plot(*zip(*pts), marker="o", linewidth=1, label=mpl_text(entry.label))
                 ticks.update(p for p, _ in pts)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
@@ -379,7 +394,7 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
             ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"how cost grows: {res.model.spec}", fontsize=10)
+    fig.suptitle(f"how cost grows: {mpl_text(res.model.spec)}", fontsize=10)
     fig.tight_layout()
     _save_png(fig, path)
     plt.close(fig)
@@ -395,40 +410,64 @@ def write_bench(res: BenchResult, out_dir: str | Path) -> list[Path]:
     out_dir = refuse_link(out_dir, "bench output folder")  # never written through a link
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    png = plot(res, out_dir / "bench.png")
-    note = ("![per-token latency against position](bench.png)" if png else
-            "No plot: matplotlib is not installed (`pip install 'mhaexport[plot]'`).")
-    scaling_png = plot_scaling(res, out_dir / SCALING_PNG)
-    scaling_note = (f"![how cost grows: per-token latency and tokens/s against the batch, TTFT against the prompt]"
-                    f"({SCALING_PNG})" if scaling_png else None)
+    plot(res, out_dir / "bench.png")
+    plot_scaling(res, out_dir / SCALING_PNG)
+    note, scaling_note = plot_notes(out_dir)
+    png = str(out_dir / "bench.png") if note.startswith("!") else None
+    scaling_png = str(out_dir / SCALING_PNG) if scaling_note else None
     atomic_write_json(out_dir / "bench.json", res.to_dict())
     written.append(out_dir / "bench.json")
-    md = f"# Bench: {res.model.spec}\n\n{res.environment.date}, {res.environment.cpu}\n\n" \
-         f"{markdown_body(res, note, scaling_note)}\n"
-    atomic_write_bytes(out_dir / "bench.md", md.encode())
+    text = f"# Bench: {md(res.model.spec)}\n\n{md(res.environment.date)}, {md(res.environment.cpu)}\n\n" \
+           f"{markdown_body(res, note, scaling_note)}\n"
+    atomic_write_bytes(out_dir / "bench.md", text.encode())
     written.append(out_dir / "bench.md")
     written.append(write_html(res, out_dir / "bench.html"))  # bench.html beside them (bench/html.py)
     if png:
         written.append(Path(png))
     if scaling_png:
         written.append(Path(scaling_png))
-    report = out_dir / "report.md"
-    if report.is_file():
-        update_report(report, res, note, scaling_note)
-        written.append(report)
+    if update_report(out_dir, res, note, scaling_note):
+        written.append(out_dir / "report.md")
     return written
 
 
-def update_report(report: Path, res: BenchResult, plot_note: str | None = None,
-                  scaling_note: str | None = None) -> None:
-    """Replace (or append) the bench section between the markers; running it again changes only that section.
-    ``plot_note``: the bench.png link (bench.png sits next to report.md), or why there is none; ``scaling_note``:
-    the bench-scaling.png link."""
-    section = f"{REPORT_BEGIN}\n## Bench\n\n{markdown_body(res, plot_note, scaling_note)}\n{REPORT_END}"
-    text = report.read_text()
-    pattern = re.compile(re.escape(REPORT_BEGIN) + r".*?" + re.escape(REPORT_END), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    atomic_write_bytes(report, text.encode())
+def report_section(res: BenchResult, plot_note: str | None = None, scaling_note: str | None = None) -> str:
+    """The bench section of report.md (between its markers), rendered from the result."""
+    return f"{REPORT_BEGIN}\n## Bench\n\n{markdown_body(res, plot_note, scaling_note)}\n{REPORT_END}"
+
+
+def plot_notes(folder: Path) -> tuple[str, str | None]:
+    """The bench.png and bench-scaling.png links of report.md / bench.md where those plots are in ``folder`` (regular
+    files, not links), or why there is no plot."""
+    def there(name: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(folder / name).st_mode)
+        except OSError:
+            return False
+
+    note = ("![per-token latency against position](bench.png)" if there("bench.png") else
+            "No plot: matplotlib is not installed (`pip install 'mhaexport[plot]'`).")
+    scaling = (f"![how cost grows: per-token latency and tokens/s against the batch, TTFT against the prompt]"
+               f"({SCALING_PNG})" if there(SCALING_PNG) else None)
+    return note, scaling
+
+
+def update_report(folder: Path, res: BenchResult, plot_note: str | None = None,
+                  scaling_note: str | None = None) -> bool:
+    """report.md of ``folder`` made again with this bench section, when the folder holds a verify report: from its
+    report.json (read by the confined reader and parsed as a record: nothing of the old report.md is read, so a crafted
+    one carries nothing over), rendered by verify's renderer, this section after it. Returns whether it was written
+    (False: no report.json, or one that is not a verify report)."""
+    from mhaexport.core.errors import MhaExportError
+    from mhaexport.verify.render import markdown
+    from mhaexport.verify.report import read_report_in
+
+    try:
+        report = read_report_in(folder, "report.json")
+    except MhaExportError:
+        return False
+    if report is None:
+        return False
+    text = markdown(report) + f"\n{report_section(res, plot_note, scaling_note)}\n"
+    atomic_write_bytes(Path(folder) / "report.md", text.encode())
+    return True

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mhaexport.artifact.manifest import contract_dict
 from mhaexport.artifact.record import Environment, Record
 from mhaexport.artifact.schema import tag, version_of
 from mhaexport.bench.config import BenchConfig
@@ -76,7 +77,7 @@ class BenchModel(Record):
     """The model timed: its spec, contract and fingerprint (the manifest's)."""
 
     spec: str
-    contract: dict[str, Any] | None = None
+    contract: dict[str, Any] | None = field(default=None, metadata={"parse": lambda v, w: contract_dict(v, w)})
     fingerprint: str | None = None
 
 
@@ -369,3 +370,26 @@ def load_bench(path: str | Path) -> BenchResult:
         return BenchResult.from_dict(read_json(path, "bench result"), what=f"bench result {path}")
     except ConfigError as e:  # its config is not one this version runs (a BenchConfig is checked when made)
         raise ArtifactError(f"bench result {path}: config: {e}") from None
+
+
+# the largest bench.json read back
+MAX_RESULT_BYTES = 16 << 20
+
+
+def read_result_in(folder: str | Path, name: str = "bench.json") -> BenchResult | None:
+    """The bench result ``folder/name`` (an output folder's file: input like any other), read by the confined reader
+    (no link followed, a regular file of at most :data:`MAX_RESULT_BYTES`), strictly parsed and typed; None where
+    there is none. MhaExportError (exit 2) naming the file for anything else."""
+    from mhaexport.artifact.confine import MissingFile, read_inside
+    from mhaexport.core.errors import ConfigError
+    from mhaexport.core.untrusted import load_json
+
+    where = str(Path(folder) / name)
+    try:
+        raw = read_inside(folder, name, where, MAX_RESULT_BYTES)
+    except MissingFile:
+        return None
+    try:
+        return BenchResult.from_dict(load_json(raw, where), what=f"bench result {where}")
+    except ConfigError as e:
+        raise ArtifactError(f"bench result {where}: config: {e}") from None

@@ -97,6 +97,21 @@ class RuntimeFailure(MhaExportError):
     check) from a bug in mhaexport's own code (exit 3 with the traceback)."""
 
 
+class OverBudget(RuntimeFailure):
+    """A runtime's call ran past its budget (``mhaexport.runtime.budget``) and was stopped: inside a check, that
+    runtime's failure of the check; elsewhere exit 2, one line."""
+
+    def __init__(self, message: str, seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+
+
+class LibraryRefused(MhaExportError):
+    """A library mhaexport hands a folder's file to (tokenizers, onnx, onnxruntime, onnxruntime-genai, safetensors)
+    refused it — raised, or panicked — on that input: exit 2, one line naming the file and the library
+    (:func:`mhaexport.core.libraries.library_call`, the one place such failures are mapped)."""
+
+
 class VerificationFailed(MhaExportError):
     """Verification ran and at least one check failed (CLI exit code 1)."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,93 @@ def shown(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in s)
+
+
+# Markdown's inline syntax in text from outside: what starts a link or image ([ ]), raw HTML or an autolink (< >), an
+# entity (&), code (`), emphasis or strikethrough (* ~, and _ that is not inside a word), a table cell (|), an escape
+# (\\), an email autolink (an @ before a domain with a dot); a GFM bare-URL autolink is broken at its "://",
+# "www." and "mailto:" / "xmpp:"
+_MD_ALWAYS = re.compile(r"[\\`*\[\]<>&|~!]|@(?=[\w.+-]*\.)|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])|:(?=/)|(?<=[Ww]{3})\.|"
+                        r"(?<=mailto):|(?<=xmpp):|(?<=MAILTO):")
+# what starts a block when it begins a line: a heading, a quote, a list item, a setext underline, a fence, a table row
+_MD_BLOCK_START = re.compile(r"^(\s*)(>|#+(?=\s|$)|([-+=])(?=\s|$|\3*\s*$)|\d{1,9}[.)](?=\s|$))")
+
+
+def md(value: object, spec: str | None = None) -> str:
+    """``value`` as Markdown text that renders as itself and nothing else: the one escaper of data put into report.md,
+    bench.md, lint's table, the CI step summary and any other Markdown (a cell, a title, a line). Text is first
+    :func:`shown` (no control character, no line break: it stays in its cell and on its line), then every character
+    that could start Markdown syntax is backslash-escaped (CommonMark escapes any ASCII punctuation so), so data can
+    make no link, image, raw HTML, autolink, code span, emphasis, table cell or heading. A number goes through the one
+    formatter (:func:`mhaexport.core.numbers.number`, ``spec``: its format, default ``d`` for an int and ``.4g`` for
+    a float)."""
+    from mhaexport.core.numbers import is_real, number
+
+    if is_real(value):
+        return md(number(value, spec or ("d" if isinstance(value, int) else ".4g")))
+    s = _MD_ALWAYS.sub(lambda m: "\\" + m.group(0), shown(value))
+    return _MD_BLOCK_START.sub(lambda m: m.group(1) + "".join("\\" + c if not c.isdigit() else c
+                                                               for c in m.group(2)), s, count=1)
+
+
+_MD_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+
+
+def unescape_md(text: str) -> str:
+    """Text :func:`md` escaped, as it reads once rendered (each backslash escape the character itself): for a sink
+    that takes a Markdown cell's text and escapes it its own way (report.html's table)."""
+    return _MD_ESCAPED.sub(r"\1", text)
+
+
+def fenced(text: str) -> str:
+    """``text`` (lines of a log, each :func:`shown`) as a Markdown code block whose fence no line can close: one
+    backtick longer than the longest run of backticks in it."""
+    lines = [shown(line) for line in str(text).split("\n")]
+    run = max((len(r) for r in re.findall(r"`+", "\n".join(lines))), default=0)
+    fence = "`" * max(3, run + 1)
+    return "\n".join([fence, *lines, fence])
+
+
+def shown_fields(value: Any) -> Any:
+    """``value`` with every string in it :func:`shown` — in dataclass fields, lists, tuples and dict values, recursively
+    (a copy; ``value`` itself is left as it is): for a record rendered as lines of text (bisect's table of ONNX names),
+    so no name can break its line however the lines are then built."""
+    import dataclasses
+
+    if isinstance(value, str):
+        return shown(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: shown_fields(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (list, tuple)):
+        return type(value)(shown_fields(v) for v in value)
+    if isinstance(value, dict):
+        return {k: shown_fields(v) for k, v in value.items()}
+    return value
+
+
+# mhaexport's own terminal styling (click.style's SGR codes, the progress line's erase-to-end): kept on a terminal
+_OWN_STYLE = re.compile(r"\x1b\[[0-9;]*m|\r\x1b\[K")
+_CONTROL = re.compile(r"[^\n\t\x20-\x7e\xa0-\U0010ffff]|[\x7f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufff9-\uffff]"
+                      r"|[\ud800-\udfff]")
+
+
+def terminal_text(text: str, style: bool = False) -> str:
+    """Everything written to mhaexport's stdout and stderr (the terminal sink, applied by the CLI to its streams as a
+    whole): a control character other than a line break or a tab — the ESC that starts an ANSI escape, a carriage
+    return, a bidi override — written as its escape, as :func:`shown` writes it, whatever printed it (a renderer that
+    forgot, a library's message, a traceback). ``style``: on a terminal that takes styles, mhaexport's own bold and
+    colour codes and the progress line's carriage return stay (data reaching them was :func:`shown` already)."""
+    if text.isprintable() or _CONTROL.search(text) is None:
+        return text
+    if not style:
+        return _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], text)
+    parts = _OWN_STYLE.split(text)
+    codes = _OWN_STYLE.findall(text)
+    out = [_CONTROL.sub(lambda m: repr(m.group(0))[1:-1], parts[0])]
+    for code, part in zip(codes, parts[1:]):
+        out += [code, _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], part)]
+    return "".join(out)
 
 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")

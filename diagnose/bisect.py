@@ -27,7 +27,9 @@ import numpy as np
 
 from mhaexport.core import iospec
 from mhaexport.core.errors import ArtifactError, ConfigError, MhaExportError
-from mhaexport.artifact import TWO_GB
+from mhaexport.core.libraries import library_call
+from mhaexport.core.untrusted import shown_fields
+from mhaexport.artifact import TWO_GB, shown_path
 from mhaexport.core.graph import SCOPES_KEY, GraphIndex, name_scopes
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.runtime.feed import Feed
@@ -118,7 +120,12 @@ class BisectReport:
         return asdict(self) | {"ok": self.ok}
 
     def summary(self, all_rows: bool = False) -> str:
-        """Text for the CLI: the table (divergent rows and their neighbours unless ``all_rows``), then the verdict."""
+        """Text for the CLI: the table (divergent rows and their neighbours unless ``all_rows``), then the verdict.
+        Every name from the graph is shown escaped (a node name cannot clear the screen or start a line)."""
+        if not getattr(self, "_shown", False):
+            escaped = shown_fields(self)
+            escaped._shown = True
+            return escaped.summary(all_rows)
         s = self.shapes
         pad = f" pad={self.pad}" if any(self.pad) else ""
         source = f" ({self.case_from})" if self.case_from else ""
@@ -134,10 +141,10 @@ class BisectReport:
         lines.append(f"  {'module':<28} {self.kind + ' value':<18} {'op':<26} {'rel err':>9} {'input':>9}")
         show = self.rows
         if not all_rows and self.first_divergent is not None:
-            i = self.rows.index(self.first_divergent)
+            i = next(k for k, r in enumerate(self.rows) if r == self.first_divergent)
             show = self.rows[max(0, i - 3): i + 6]
         for r in show:
-            mark = "  <-- culprit" if r is self.culprit else ("  <-- first divergence" if r is self.first_divergent
+            mark = "  <-- culprit" if r == self.culprit else ("  <-- first divergence" if r == self.first_divergent
                                                                else "")
             inp = f"{r.input_rel:9.1e}" if r.input_rel is not None else f"{'-':>9}"
             lines.append(f"  {r.module:<28} {r.onnx_value:<18} {r.op[:26]:<26} {r.rel:9.1e} {inp}{mark}")
@@ -190,7 +197,7 @@ class BisectReport:
         lines = [f"  steps inside {self.steps_module} (eager vs ONNX at real positions):"]
         for d in self.steps:
             rel = f"{d.rel:9.1e}" if d.rel is not None else f"{'-':>9}"
-            mark = "  <-- first divergent step" if d is self.step else ("" if d.rel is not None or not d.note
+            mark = "  <-- first divergent step" if d == self.step else ("" if d.rel is not None or not d.note
                                                                          else f"  ({d.note})")
             lines.append(f"    {d.step:<18} {d.onnx_value or '-':<18} {(d.op or '-')[:26]:<26} {rel}{mark}")
         if self.step is None:
@@ -362,10 +369,8 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     if isinstance(onnx_model, (str, Path)):
         label = str(onnx_model)
         data_dir = str(Path(onnx_model).resolve().parent)  # where ONNX Runtime finds the file's external data
-        try:
+        with library_call("onnx", shown_path(onnx_model)):
             proto = onnx.load(str(onnx_model), load_external_data=False)  # the graph; external weights stay on disk
-        except Exception as e:
-            raise ArtifactError(f"cannot read ONNX model {onnx_model}: {type(e).__name__}: {e}") from None
     else:
         label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
     index = GraphIndex(proto.graph)
@@ -386,8 +391,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
     protocol = (f"one shared buffer per layer ({feed.max_cache} slots), each row alone, packed from slot 0"
                 if shared else "concat cache, left padding")
 
-    # ONNX: every float value
-    exposed, _ = _expose_all(proto)
+    # ONNX: every float value (onnx's shape inference reads the file's graph: its failure is the file's)
+    with library_call("onnx", shown_path(label) if data_dir is not None else label):
+        exposed, _ = _expose_all(proto)
     if data_dir is None and exposed.ByteSize() > TWO_GB:  # protobuf's limit for one serialized message
         raise MhaExportError(f"{label} holds over 2 GB inline: save it with external data (onnx.save_model(..., "
                              "save_as_external_data=True)) and bisect the file")

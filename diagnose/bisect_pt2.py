@@ -157,7 +157,7 @@ def bisect_target(folder: str | Path, runtimes: tuple[str, ...] | None = None) -
     export) has the program's parity failing and no ONNX Runtime's; else ``"onnx"``. ConfigError for ``aoti``
     (a compiled package keeps no module scopes) or a named runtime bisect cannot compare."""
     from mhaexport.artifact import read_manifest
-    from mhaexport.verify.report import load_report
+    from mhaexport.verify.report import read_report_in
 
     named = tuple(runtimes or ())
     if AOTI in named:
@@ -179,11 +179,13 @@ def bisect_target(folder: str | Path, runtimes: tuple[str, ...] | None = None) -
     if not has_onnx:
         return PT2
     exported = (folder / "manifest.json").stat().st_mtime
-    for path in sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
-                       key=lambda p: p.stat().st_mtime, reverse=True):
-        try:
-            report = load_report(path)
+    for path in sorted((p for p in folder.glob("report*.json") if p.lstat().st_mtime >= exported),
+                       key=lambda p: p.lstat().st_mtime, reverse=True):
+        try:  # read confined: a link in the folder is passed over, never followed
+            report = read_report_in(folder, path.name)
         except MhaExportError:
+            continue
+        if report is None:
             continue
         failed = {rt for rt in report.results if getattr(report.result(rt, "parity"), "status", None) is False}
         if failed:

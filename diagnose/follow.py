@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from mhaexport.core.errors import MhaExportError
+from mhaexport.core.untrusted import shown
 
 DEPLOY_CHECKS = ("kv-consistency", "padding", "generation")
 
@@ -40,7 +41,8 @@ class FollowReport:
         return self.ok
 
     def summary(self) -> str:
-        return "\n".join([f"bisect follows {self.runtime}'s {self.check} check: {self.protocol}"] + self.lines)
+        return "\n".join(shown(line) for line in [f"bisect follows {self.runtime}'s {self.check} check: "
+                                                   f"{self.protocol}"] + self.lines)  # each line one line
 
 
 @dataclass
@@ -105,17 +107,19 @@ def newest_report(folder):
     """(name, VerifyReport) of the folder's newest verify report written since its last export (report.json or a
     ``--runtime`` run's report-*.json; an unreadable one is passed over); None when there is none."""
     from mhaexport.artifact import ExportFolder
-    from mhaexport.verify.report import load_report
+    from mhaexport.verify.report import read_report_in
 
     folder = folder.path if isinstance(folder, ExportFolder) else Path(folder)
     exported = (folder / "manifest.json").stat().st_mtime
-    reports = sorted((p for p in folder.glob("report*.json") if p.stat().st_mtime >= exported),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
+    reports = sorted((p for p in folder.glob("report*.json") if p.lstat().st_mtime >= exported),
+                     key=lambda p: p.lstat().st_mtime, reverse=True)
     for path in reports:
-        try:
-            return path.name, load_report(path)
+        try:  # read confined: a link in the folder is refused (passed over), never followed
+            report = read_report_in(folder, path.name)
         except MhaExportError:
             continue
+        if report is not None:
+            return path.name, report
     return None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from mhaexport.artifact import ExportFolder
 from mhaexport.core.errors import ConfigError, MhaExportError, ProviderUnavailable
+from mhaexport.core.untrusted import md
 from mhaexport.evaluate.scoring import TextScore, score_text, text_tokens, windows
 from mhaexport.runners.names import EAGER, EAGER_CUDA, EVAL, RUNTIMES, TORCHSCRIPT, refuse_unknown
 from mhaexport.runners.registry import runner_for
@@ -58,19 +59,20 @@ class EvalReport:
                 "stride": self.stride, "runtimes": [r.to_dict() for r in self.rows]}
 
     def to_markdown(self) -> str:
-        what = f"{self.spec}" + (f", ONNX quantized {self.scheme}" if self.scheme else "")
-        lines = [(f"Perplexity of {self.folder} ({what}) on {self.text_source} ({self.text_bytes} bytes; windows of "
-                  f"{self.window} tokens advancing by {self.stride})"), "",
+        what = f"{md(self.spec)}" + (f", ONNX quantized {md(self.scheme)}" if self.scheme else "")
+        lines = [(f"Perplexity of {md(self.folder)} ({what}) on {md(self.text_source)} ({md(self.text_bytes)} bytes; "
+                  f"windows of {md(self.window)} tokens advancing by {md(self.stride)})"), "",
                  "| runtime | providers | tokens | perplexity | bits/token | bits/byte | seconds |",
                  "|---|---|---:|---:|---:|---:|---:|"]
         for r in self.rows:
             if r.score is None:
-                lines.append(f"| {r.runtime} | {r.status}: {r.reason} | | | | | |")
+                lines.append(f"| {md(r.runtime)} | {md(r.status)}: {md(r.reason)} | | | | | |")
                 continue
             s = r.score
-            bpb = "—" if s.bits_per_byte is None else f"{s.bits_per_byte:.4f}"
-            lines.append(f"| {r.runtime} | {', '.join(p.replace('ExecutionProvider', '') for p in r.providers)} | "
-                         f"{s.tokens} | {s.perplexity:.4f} | {s.bits_per_token:.4f} | {bpb} | {r.seconds:.2f} |")
+            bpb = "—" if s.bits_per_byte is None else md(s.bits_per_byte, ".4f")
+            provs = ", ".join(md(p.replace("ExecutionProvider", "")) for p in r.providers)
+            lines.append(f"| {md(r.runtime)} | {provs} | {md(s.tokens)} | {md(s.perplexity, '.4f')} | "
+                         f"{md(s.bits_per_token, '.4f')} | {bpb} | {md(r.seconds, '.2f')} |")
         return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ from mhaexport.core import iospec
 from mhaexport.artifact import stage_artifact
 from mhaexport.artifact.details import CacheLayout, OnnxDetails, Quantization, WeightsRead
 from mhaexport.artifact.files import refuse_link
+from mhaexport.core.libraries import library_call
 from mhaexport.core.errors import ArtifactError, UnsafeFolder
 from mhaexport.exporter.common import ExportRecord, finish, previous_model
 from mhaexport.core.graph import weights_read
@@ -43,7 +44,8 @@ def default_folder(path: str | Path) -> Path:
 
 def _external_files(path: Path) -> list[str]:
     """The external-data files the graph references (relative to its folder), in first-reference order."""
-    model = onnx.load(str(path), load_external_data=False)
+    with library_call("onnx", path):  # another tool's file: its parse failure is the file's
+        model = onnx.load(str(path), load_external_data=False)
     found: list[str] = []
 
     def tensors():
@@ -70,7 +72,8 @@ def quantization_of(path: Path) -> Quantization | None:
     ``block_size`` and ``accuracy_level`` (4: int8 activations, which verify's self-comparisons allow for), a
     label, the op counts and the weight bytes a decode step reads (``weights_read``, as quantize records its own).
     verify then judges the file by quality against eager fp32, not exact parity."""
-    model = onnx.load(str(path), load_external_data=False)
+    with library_call("onnx", path):  # another tool's file: its parse failure is the file's
+        model = onnx.load(str(path), load_external_data=False)
     counts: dict[str, int] = {}
     op, attrs = None, {}  # the first quantized MatMul and its attributes
     for node in model.graph.node:

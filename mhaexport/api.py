@@ -75,6 +75,36 @@ __all__ = ["adopt", "bench", "bisect_folder", "check_input_file", "check_junit",
            "write_reports"]
 
 
+def _budgeted(f: Callable) -> Callable:
+    """A verb that runs ONNX Runtime takes ``timeout``: each of its ONNX Runtime / onnxruntime-genai calls is stopped
+    past that many seconds and reported (``mhaexport.runtime.budget``; None: 600 s plus a minute per GB of weights,
+    from verify's plan; 0: no limit) — the CLI's ``--timeout``."""
+    import functools
+    import inspect
+
+    @functools.wraps(f)
+    def run(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if timeout is None:
+            return f(*args, **kwargs)
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 <= timeout < float("inf"):
+            raise ConfigError(f"timeout={timeout!r}: expected seconds >= 0 (0: no limit)")
+        from mhaexport.runtime import budget
+
+        saved = budget.state()
+        budget.set_budget(None if timeout == 0 else float(timeout))
+        try:
+            return f(*args, **kwargs)
+        finally:
+            budget.set_budget(*saved)
+
+    sig = inspect.signature(f)
+    extra = inspect.Parameter("timeout", inspect.Parameter.KEYWORD_ONLY, default=None)
+    params = list(sig.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    run.__signature__ = sig.replace(parameters=params[:at] + [extra] + params[at:])  # type: ignore[attr-defined]
+    return run
+
+
 def _names(value: Any, arg: str, *, paths: bool = False) -> tuple | None:
     """A list argument (``runtimes``, ``providers``, ``keep_float``, ...) as a tuple; a bare string (or, with
     ``paths``, one path) is one item, never its characters. None stays None. ConfigError for anything else."""
@@ -331,6 +361,7 @@ def export_pt2(output: str | Path, *, model: str | LoadedModel | None = None, co
         return records
 
 
+@_budgeted
 def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config: str | None = None,
            hf: str | Path | None = None, checkpoint: str | Path | None = None, revision: str | None = None,
            runtimes: Sequence[str] | None = None, sweep: str = "quick", seed: int = 0,
@@ -405,6 +436,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     return report
 
 
+@_budgeted
 def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Sequence[Sequence[int]] = (),
              max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, eos_id: int | None = None,
@@ -460,6 +492,7 @@ def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Seq
     return result
 
 
+@_budgeted
 def evaluate(folder: str | Path, text: bytes | None = None, *, text_source: str | None = None,
              runtimes: Sequence[str] | None = None, window: int | None = None, stride: int | None = None,
              trust_code: bool = False, progress: Progress | None = None) -> EvalReport:
@@ -502,6 +535,7 @@ def _prompt_ids(value: Any) -> list[list[int]]:
     return rows
 
 
+@_budgeted
 def bench(folder: str | Path, *, output: str | Path | None = None, progress: Progress | None = None,
           lowerings: str | Sequence[str] | None = None, quantize: str | Sequence[str] | None = None,
           builder: str | Sequence[str] | None = None, trust_code: bool = False, **config: Any) -> BenchResult:
@@ -944,6 +978,22 @@ def _bisect_run(folder: Path | None, loaded: Any, output: str | Path | None, see
     return VerifyRun(bisect=run, written=written, adopted=adopted, exported=exported, folder=folder)
 
 
+def _bench_sections(report: Any, output: str | Path, name: str | None) -> tuple[str, ...]:
+    """report.md's bench section, when ``output`` holds a bench result beside the report (bench writes its section
+    into report.md): made again from bench.json, read by the confined reader and typed, never copied from the old
+    report.md."""
+    from mhaexport.bench.render import plot_notes, report_section
+    from mhaexport.bench.result import read_result_in
+
+    if (name or report.default_name()) != "report":
+        return ()
+    try:
+        res = read_result_in(output)
+    except MhaExportError:
+        return ()  # a bench.json that is not a bench result: no section (bench, run again, says why)
+    return () if res is None else (report_section(res, *plot_notes(Path(output))),)
+
+
 # The verbs the CLI used to compose itself: the one report writer, the input checks, --target, adoption, lint,
 # report merge, eval's and lint's verdicts, and the main job (``mhaexport.all``). The CLI parses, calls, prints.
 
@@ -962,7 +1012,7 @@ def write_reports(report: Any, output: str | Path | None = None, junit: str | Pa
         from mhaexport.verify.render import write_report
 
         try:
-            written.extend(write_report(report, output, name))
+            written.extend(write_report(report, output, name, _bench_sections(report, output, name)))
         except (OSError, MhaExportError) as e:
             failed.append(f"cannot write the report into {output}: {getattr(e, 'strerror', None) or e}")
     if junit is not None:
@@ -1211,6 +1261,7 @@ class AllRun:
         return f"AllRun({self.report.verdict.message!r}, {len(self.records)} record(s))"
 
 
+@_budgeted
 def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | None = None,
         config: str | None = None, hf: str | Path | None = None, checkpoint: str | Path | None = None,
         revision: str | None = None, allow_download: bool = False, runtimes: Sequence[str] | None = None,

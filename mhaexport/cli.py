@@ -18,7 +18,7 @@ import click
 
 from mhaexport.core.version import __version__
 from mhaexport.core.errors import ConfigError, MhaExportError, NotVerified, VerificationFailed, first_line, raise_for_verdict
-from mhaexport.core.untrusted import shown
+from mhaexport.core.untrusted import shown, terminal_text
 
 
 class BadInput(click.ClickException):
@@ -67,12 +67,20 @@ def interrupted(e: BaseException) -> bool:
     return any(isinstance(x, (KeyboardInterrupt, click.exceptions.Abort)) for x in _chain(e))
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class _Forgiving:
     """sys.stdout / sys.stderr for the CLI: output nobody reads (a closed pipe: ``verify … | head -1``, a closed
     descriptor: ``>&-``) is dropped instead of raising, so the verdict's exit code and the reports stand."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, style=lambda: False) -> None:
         self._stream = stream
+        self._style = style  # whether this stream is a terminal that takes mhaexport's own styles (asked per write)
 
     def _lost(self, e: OSError) -> None:
         if e.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL, errno.ECONNRESET):
@@ -88,6 +96,7 @@ class _Forgiving:
     def write(self, text):
         if isinstance(text, (bytes, bytearray)):  # click probes for a binary stream with write(b"")
             raise TypeError("a text stream")
+        text = terminal_text(text, self._style())  # the terminal sink: no control character but line breaks
         try:
             return self._stream.write(text)
         except OSError as e:
@@ -118,8 +127,9 @@ class Group(click.Group):
 
     def main(self, *args, **kwargs):
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = (_Forgiving(s if s is not None else open(os.devnull, "w", encoding="utf-8"))
-                                  for s in saved)
+        out, err = (s if s is not None else open(os.devnull, "w", encoding="utf-8") for s in saved)
+        # on a terminal mhaexport's own styles stay (stdout asked as _show asks it: a terminal gets terminal text)
+        sys.stdout, sys.stderr = _Forgiving(out, lambda: _stdout_is_tty()), _Forgiving(err, lambda: _isatty(err))
         try:
             return super().main(*args, **kwargs)
         finally:
@@ -130,6 +140,18 @@ class Group(click.Group):
                 sys.stdout, sys.stderr = saved
 
     def invoke(self, ctx: click.Context):
+        # --timeout sets the run budget for this command only (CliRunner runs many in one process); the module is
+        # looked up, not imported: a refusal at parse time imports no runtime
+        budget = sys.modules.get("mhaexport.runtime.budget")
+        saved = budget.state() if budget is not None else None
+        try:
+            return self._invoke(ctx)
+        finally:
+            budget = sys.modules.get("mhaexport.runtime.budget")
+            if budget is not None:
+                budget.set_budget(*(saved or (budget.DEFAULT_SECONDS, False)))
+
+    def _invoke(self, ctx: click.Context):
         from mhaexport.core.env import onnxruntime_clash
 
         if (clash := onnxruntime_clash()) is not None:  # a verb is about to run (--help/--version exited already)
@@ -169,12 +191,29 @@ class Group(click.Group):
                                "what it held before") from None
             if isinstance(e, ModuleNotFoundError) and e.name == "onnxruntime":  # installed without [cpu] / [gpu]
                 raise BadInput(ORT_MISSING) from None
+            if (refused := _library_refused(e)) is not None:
+                raise refused from None
             import traceback
 
             traceback.print_exc()
             click.echo("internal error: this is a bug in mhaexport (exit code 3); please report it with the "
                        "traceback above", err=True)
             ctx.exit(INTERNAL_ERROR)
+        except BaseException as e:  # a Rust library's panic (pyo3's PanicException) is no Exception
+            if (refused := _library_refused(e)) is not None:
+                raise refused from None
+            raise
+
+
+def _library_refused(e: BaseException) -> BadInput | None:
+    """A third-party library's failure that reached the top (the places that know the file map it themselves,
+    ``core.libraries.library_call``): exit 2 naming the library, never a traceback."""
+    from mhaexport.core.libraries import library_of
+
+    lib = next((lib for x in _chain(e) if (lib := library_of(x)) is not None), None)
+    if lib is None:
+        return None
+    return BadInput(f"{lib} refused this command's input: {first_line(e)}: refused")
 
 
 @dataclasses.dataclass
@@ -202,6 +241,23 @@ def _remember(ctx: click.Context, param: click.Parameter, value):
     line's :class:`CliState`, so every command keeps its signature."""
     setattr(_state(ctx), param.name, value)
     return value
+
+
+def _set_timeout(ctx: click.Context, param: click.Parameter, value: float | None):
+    if value is not None:
+        from mhaexport.runtime import budget
+
+        budget.set_budget(None if value == 0 else float(value))
+    return value
+
+
+def timeout_option(f):
+    """--timeout SECONDS: the budget of each ONNX Runtime / onnxruntime-genai call (runtime/budget.py)."""
+    return click.option("--timeout", type=click.FloatRange(min=0, max=1e7), default=None, expose_value=False,
+                        callback=_set_timeout, metavar="SECONDS",
+                        help="Stop any one ONNX Runtime or onnxruntime-genai call that runs longer than this and report "
+                             "it (a check failed, or exit 2): a file that asks for unbounded work never hangs the "
+                             "command. Default: 600 s plus a minute per GB of weights; 0: no limit.")(f)
 
 
 def model_options(f):
@@ -398,6 +454,10 @@ class Reporter:
         self.t0, self.total, self.open_line = 0.0, None, False
 
     def line(self, msg: str) -> str:
+        """The progress line of ``msg``: one line (a name the library's message holds is shown escaped)."""
+        return shown(self._line(msg))
+
+    def _line(self, msg: str) -> str:
         done, total = getattr(msg, "done", None), getattr(msg, "total", None)
         if not total:
             return str(msg)
@@ -642,6 +702,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 
 @main.command("eval")
 @quiet_option
+@timeout_option
 @click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
 @click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None, callback=_regular_file,
               help="Text to score (UTF-8 bytes; byte-level models). Default: the held-out text of the shipped "
@@ -697,6 +758,7 @@ def _parse_ids(ctx, param, values: tuple[str, ...]) -> list[list[int]]:
 
 
 @main.command("generate")
+@timeout_option
 @click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
 @click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
               help="Prompt text, encoded with the folder's tokenizer.json (an --hf export) or as UTF-8 bytes "
@@ -743,18 +805,19 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
     if as_json:
         click.echo(dumps(result.to_dict(result.texts)))
         return
-    click.echo(f"providers: {', '.join(result.providers)}", err=True)
-    click.echo(f"engine: {result.engine} ({result.engine_reason})", err=True)
+    click.echo(shown(f"providers: {', '.join(result.providers)}"), err=True)
+    click.echo(shown(f"engine: {result.engine} ({result.engine_reason})"), err=True)
     for i, toks in enumerate(result.tokens):
         if i < len(prompts):
             click.echo(prompts[i] + result.texts[i])
         else:
             click.echo(",".join(map(str, toks)))
-    click.echo(result.message, err=True)
+    click.echo(shown(result.message), err=True)
 
 
 @main.command("bench")
 @quiet_option
+@timeout_option
 @click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
 @click.option("--prompt-len", type=click.IntRange(min=1), default=None,
               help="Prompt tokens (default 32, shrunk to fit the model's max_positions with the new tokens).")
@@ -1011,6 +1074,7 @@ def verify_options(f):
     @click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_remember_json,
                   help="Print the report (report.json's content) as one JSON object on stdout instead of its table; "
                        "progress and the verdict line stay on stderr, the exit code is the verdict's.")
+    @timeout_option
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         return f(*args, **kwargs)

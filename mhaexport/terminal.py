@@ -10,19 +10,22 @@ import unicodedata
 
 import click
 
-from mhaexport.core.untrusted import shown
+from mhaexport.core.untrusted import shown, unescape_md
 
 CELL = 40  # widest table cell shown whole; a longer one is cut and told in full under its table
 
+# mhaexport's own Markdown: a character escaped with a backslash (data, :func:`mhaexport.core.untrusted.md`) never
+# starts or ends any of these
+_U = r"(?<!\\)"
 _INLINE = [
-    (re.compile(r"<!--.*?-->", re.DOTALL), ""),
-    (re.compile(r"</?sub>|</?sup>|</?details>|</?summary>"), ""),
-    (re.compile(r"<br\s*/?>"), " "),
-    (re.compile(r"!\[([^\]]*)\]\(([^)]*)\)"), r"\1 (\2)"),  # an image: its text and file
-    (re.compile(r"\[([^\]]+)\]\(([^)]*)\)"), r"\1"),
-    (re.compile(r"`([^`]*)`"), r"\1"),
+    (re.compile(_U + r"<!--.*?-->", re.DOTALL), ""),
+    (re.compile(_U + r"</?sub>|" + _U + r"</?sup>|" + _U + r"</?details>|" + _U + r"</?summary>"), ""),
+    (re.compile(_U + r"<br\s*/?>"), " "),
+    (re.compile(_U + r"!" + _U + r"\[([^\]]*)" + _U + r"\]\(([^)]*)\)"), r"\1 (\2)"),  # an image: its text and file
+    (re.compile(_U + r"\[([^\]]+)" + _U + r"\]\(([^)]*)\)"), r"\1"),
+    (re.compile(_U + r"`([^`]*)" + _U + r"`"), r"\1"),
 ]
-_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_BOLD = re.compile(_U + r"\*\*(.+?)" + _U + r"\*\*")
 _SEPARATOR = re.compile(r"^\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
 
 
@@ -43,7 +46,8 @@ def width(text: str) -> int:
 def _inline(text: str, style: bool) -> str:
     for pattern, repl in _INLINE:
         text = pattern.sub(repl, text)
-    return _BOLD.sub(lambda m: click.style(m.group(1), bold=True) if style else m.group(1), text)
+    text = _BOLD.sub(lambda m: click.style(m.group(1), bold=True) if style else m.group(1), text)
+    return unescape_md(text)
 
 
 def _plain_width(text: str) -> int:
@@ -107,7 +111,7 @@ def to_terminal(markdown: str, style: bool = False, columns: int | None = None) 
                 i += 1
             out += _table(block, style, columns)
             continue
-        if m := re.match(r"^(#{1,6})\s+(.*)$", line):
+        if m := re.match(r"^(#{1,6})\s+(.*)$", line):  # a heading (data's "#" is escaped: never one)
             title = click.unstyle(_inline(m.group(2), False))
             out.append(click.style(title, bold=True, underline=len(m.group(1)) <= 2) if style else title)
         else:

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from mhaexport.artifact.source import HfSource
+from mhaexport.core.untrusted import shown
 from mhaexport.core.errors import ArtifactError, ModelLoadError, first_line
 from mhaexport.models.tracebacks import failing_module
 
@@ -318,6 +319,44 @@ def _exportable_experts(model: nn.Module) -> None:
         model.set_experts_implementation(EXPERTS)
 
 
+# a Hugging Face config's sizes, bounded before transformers builds a module (a config asking for a million layers
+# builds modules for minutes and GBs before anything else refuses it): the built-in decoder's bounds
+# (models/config.py MAX_FIELD), the fields under their transformers names
+HF_SIZES = {"num_hidden_layers": "n_layers", "n_layer": "n_layers", "num_layers": "n_layers",
+            "hidden_size": "d_model", "n_embd": "d_model", "d_model": "d_model",
+            "num_attention_heads": "n_heads", "n_head": "n_heads", "num_key_value_heads": "n_heads",
+            "head_dim": "d_model", "vocab_size": "vocab_size", "intermediate_size": "d_ff", "n_inner": "d_ff",
+            "num_local_experts": "n_layers", "num_experts": "n_layers", "moe_intermediate_size": "d_ff"}
+
+
+def check_sizes(hf_config, where: str) -> None:
+    """ModelLoadError (exit 2) naming the field when a size of ``hf_config`` (its text config too) is not an integer
+    within the built-in decoder's bounds, or the parameters it implies pass :data:`MAX_PARAMETERS`: checked before
+    transformers builds any module."""
+    from mhaexport.models.config import MAX_FIELD, MAX_PARAMETERS
+
+    configs = [hf_config]
+    text = hf_config.get_text_config(decoder=True) if hasattr(hf_config, "get_text_config") else None
+    if text is not None and text is not hf_config:
+        configs.append(text)
+    for cfg in configs:
+        sizes = {}
+        for key, kind in HF_SIZES.items():
+            v = getattr(cfg, key, None)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_FIELD[kind]:
+                raise ModelLoadError(f"{where}: {key}={shown(repr(v)[:40])} is outside 0..{MAX_FIELD[kind]}, the sizes "
+                                     "mhaexport builds: refused before any module is built")
+            sizes[kind] = max(sizes.get(kind, 0), v)
+        layers, d, ff, vocab = (sizes.get(k, 0) for k in ("n_layers", "d_model", "d_ff", "vocab_size"))
+        experts = max(getattr(cfg, "num_local_experts", 0) or 0, getattr(cfg, "num_experts", 0) or 0, 1)
+        parameters = layers * (4 * d * d + 3 * d * (ff or 4 * d) * experts) + 2 * vocab * d
+        if parameters > MAX_PARAMETERS:
+            raise ModelLoadError(f"{where}: its sizes make about {parameters:.3g} parameters, more than the "
+                                 f"{MAX_PARAMETERS:.3g} mhaexport builds: refused before any module is built")
+
+
 # the JSON files of a Hugging Face folder that transformers or tokenizers parse (from_pretrained, the export's copy)
 HF_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json")
@@ -374,6 +413,7 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
                                      "(trust_remote_code=False); wrap the model with --model SPEC instead") from None
             raise ModelLoadError(f"--hf {path} ({label}): transformers cannot read config.json: "
                                  f"{first_line(e).replace(str(files.dir), str(path))}") from None
+        check_sizes(hf_config, f"--hf {path}: config.json")  # before transformers builds a module
         if ready is not None:
             ready()
         if streamed:

@@ -80,7 +80,7 @@ def stage(files: list[Path], dtype: torch.dtype = DTYPE) -> WeightsFile:
         owner: dict[str, WeightsFile] = {}
         specs = []
         for path in files:
-            src = WeightsFile(path)
+            src = WeightsFile(path, foreign=True)  # the folder's: held to the safetensors library's parser
             sources.append(src)
             for name, entry in src.meta.items():
                 if name in owner:

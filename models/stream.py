@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import hmac
 import json
 import os
 import struct
@@ -178,8 +179,18 @@ def write_seeded(cfg: DecoderConfig, path: str | Path) -> Path:
     return write_safetensors(path, param_specs(cfg), seeded_tensors(cfg), aliases)
 
 
-def read_header(path: str | Path) -> tuple[int, dict]:
-    """(where the data starts, the header's entries) of a safetensors file; ValueError on a malformed one."""
+def read_header(path: str | Path, *, foreign: bool = False) -> tuple[int, dict]:
+    """(where the data starts, the header's entries) of a safetensors file; ValueError on a malformed one. The header
+    is read by mhaexport's strict JSON reader (a key twice — which two parsers would read differently — or a NaN
+    token refused). ``foreign``: a file from outside (an ``--hf`` folder's), which our mapped reader accepts only when
+    the safetensors library accepts it too — the library validates it first (its header's offsets, dtypes and shapes
+    against the bytes: ``safe_open``). mhaexport's own staging files alias a tied head's bytes, which the library
+    does not take: they are ours, written here."""
+    from mhaexport.core.errors import MhaExportError
+    from mhaexport.core.untrusted import load_json
+
+    if foreign:
+        _library_accepts(path)
     size = Path(path).stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -188,11 +199,31 @@ def read_header(path: str | Path) -> tuple[int, dict]:
         (n,) = struct.unpack("<Q", head)
         if n > min(size - 8, 100_000_000):
             raise ValueError(f"{path}: its header says {n} bytes, the file holds {size}")
-        meta = json.loads(f.read(n))
+        try:
+            meta = load_json(f.read(n), f"{path}: its header")
+        except MhaExportError as e:
+            raise ValueError(str(e)) from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: its header is not a JSON object")
     meta.pop("__metadata__", None)
     return 8 + n, meta
+
+
+def _library_accepts(path: str | Path) -> None:
+    """ValueError unless the safetensors library opens ``path`` (the parser transformers' loader uses); nothing
+    where the library is not installed (the built-in decoder's own files, written here)."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return
+    try:
+        with safe_open(str(path), framework="numpy"):
+            pass
+    except BaseException as e:  # noqa: BLE001 - its errors, and a Rust panic (a BaseException)
+        if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
+            raise
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path}: the safetensors library refuses it ({first})") from None
 
 
 def mmap_state(path: str | Path) -> dict[str, torch.Tensor]:
@@ -238,13 +269,13 @@ class WeightsFile:
     holds the file. ``unlink``: remove the file once open (a staging file: gone when this object is, even on a
     crash; the map and the descriptor keep its data until then)."""
 
-    def __init__(self, path: str | Path, *, unlink: bool = False) -> None:
+    def __init__(self, path: str | Path, *, unlink: bool = False, foreign: bool = False) -> None:
         self.path = Path(path)
         self.fd = -1  # owned from the moment it is open: close() closes it once, whoever calls it first
         self._unlink_at_close = False
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            self.base, self.meta = read_header(self.path)
+            self.base, self.meta = read_header(self.path, foreign=foreign)
             self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
             self.state = _state_over(self.path, self._mm, self.base, self.meta)
         except BaseException:
@@ -457,16 +488,35 @@ def seeded_cache_path(cfg: DecoderConfig) -> Path:
 
 def cached_seeded(cfg: DecoderConfig, *, rebuild: bool = False) -> Path:
     """The seeded weights of ``cfg`` as a safetensors file in the cache (:func:`seeded_cache_path`), written once
-    (:func:`write_seeded`: atomic, so never half there); a file that does not read as that model's (a bad header,
-    other names or shapes) or ``rebuild`` is written again."""
+    (:func:`write_seeded`: atomic, so never half there) with an integrity stamp beside it, as the optimized-graph
+    cache's: an HMAC under this user's key (:func:`mhaexport.artifact.cache.cache_key`) of the config's key and the
+    file's sha256. A file whose stamp does not check (written by anyone else, changed since, a link, a folder others
+    can write), that does not read as that model's, or ``rebuild`` is written again — verify's eager reference is
+    never weights someone else put there."""
+    from mhaexport.artifact.cache import cache_key, cache_root, stamp, usable
+    from mhaexport.artifact.files import atomic_write_bytes, sha256_file
+
     path = seeded_cache_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not rebuild and path.is_file():
+    stamp_file = path.with_suffix(".stamp")
+    root = cache_root()
+    try:
+        key = cache_key(root) if usable(root, [path, stamp_file]) else None
+    except OSError:
+        key = None
+    if not rebuild and key is not None and path.is_file() and stamp_file.is_file():
         try:
             _, meta = read_header(path)
             want = {n: [list(s), _ST_DTYPES[d]] for n, s, d in param_specs(cfg)}
-            if {n: [e.get("shape"), e.get("dtype")] for n, e in meta.items()} == want:
+            if ({n: [e.get("shape"), e.get("dtype")] for n, e in meta.items()} == want and hmac.compare_digest(
+                    stamp_file.read_text().strip(), stamp(key, path.stem, sha256_file(path)))):
                 return path
         except (ValueError, OSError):
             pass
-    return write_seeded(cfg, path)
+    if key is None:  # not this user's private cache: written where only this process reads it
+        path = Path(tempfile.mkdtemp(prefix="mhaexport-seeded-")) / path.name
+        return write_seeded(cfg, path)
+    stamp_file.unlink(missing_ok=True)
+    out = write_seeded(cfg, path)
+    atomic_write_bytes(stamp_file, (stamp(key, path.stem, sha256_file(out)) + "\n").encode())
+    return out

@@ -72,7 +72,7 @@ __all__ = ["ALL_RUNTIMES", "BENCH", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "
            "RUNTIMES", "TORCHSCRIPT", "TORCH_MHA", "VERIFY", "VerbRuntimes", "refuse_unknown", "session_config"]
 
 
-def session_config(name: str, *, threads: int | None = None, provider: str | None = None, log_severity: int = 3,
+def session_config(name: str, *, threads: int | None = None, provider: str | None = None, log_severity: int = 4,
                    mmap_weights: bool = False) -> SessionConfig:
     """The ONNX Runtime session of runtime ``name`` (verify's and eval's, the decoder's and the attention block's):
     one provider (default from the name: ort-cuda on CUDA, else CPU), strict (a session that falls back to CPU makes

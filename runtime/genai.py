@@ -19,6 +19,9 @@ import numpy as np
 from mhaexport.artifact import ExportFolder, opened, read_json
 from mhaexport.core.errors import (ArtifactError, MhaExportError, RuntimeFailure, RuntimeInputError, RuntimeOptionError,
                               first_line)
+from mhaexport.core.libraries import library_call
+from mhaexport.runtime import budget
+from mhaexport.runtime.session import QUIET_LOG
 from mhaexport.runtime.decode import (STOP_EOS, STOP_MAX_NEW, STOP_MAX_POS, GenerationConfig, GenerationResult,
                                       pad_prompts)
 from mhaexport.runtime.genai_config import (GenaiConfig, GenaiDecoder, GenaiModel, GenaiSessionOptions,
@@ -59,6 +62,33 @@ def check_options(folder: str | Path, shown: object = None, *, trust_code: bool 
     return config
 
 
+def model_fields(config: dict) -> GenaiModel:
+    """genai_config.json's ``model`` section with the fields mhaexport's own loop reads typed and bounded: vocab_size
+    and context_length counts, pad_token_id an id, eos_token_id an id or a list of ids (ArtifactError naming the
+    field otherwise: a crafted config is one line, not a KeyError)."""
+    from mhaexport.core.numbers import MAX_INT
+
+    model = GenaiModel.from_dict(GenaiConfig.from_dict(config, GENAI_CONFIG).model, f"{GENAI_CONFIG}: model")
+
+    def count(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT
+
+    for name in ("vocab_size", "context_length", "pad_token_id"):
+        if not count(getattr(model, name)):
+            raise ArtifactError(f"{GENAI_CONFIG}: model.{name} is {getattr(model, name)!r:.40}, expected a count")
+    eos = model.eos_token_id
+    if not (count(eos) or (isinstance(eos, list) and eos and all(count(e) for e in eos))):
+        raise ArtifactError(f"{GENAI_CONFIG}: model.eos_token_id is {eos!r:.40}, expected an id or a list of ids")
+    return model
+
+
+def budgeted(gen, call: Callable, *args):
+    """One call of onnxruntime-genai's generator under the budget (runtime/budget.py): past it the generator is told
+    to terminate its session's run (``terminate_session``) and the call raises OverBudget."""
+    with budget.watching(lambda: gen.set_runtime_option("terminate_session", "1"), "an onnxruntime-genai call"):
+        return call(*args)
+
+
 def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id: int | list[int] | None = None,
                 trust_code: bool = False, shown: object = None):
     """onnxruntime-genai's Model over ``folder``'s genai_config.json; with ``threads`` its decoder session gets that
@@ -68,16 +98,18 @@ def genai_model(folder: str | Path, threads: int | None = None, *, eos_token_id:
     folder as messages name it): the one place og.Model is created, so no option reaches it unchecked."""
     og = import_og()
     check_options(folder, shown, trust_code=trust_code)
-    overlay: dict = {}
+    # ONNX Runtime's log of the sessions onnxruntime-genai makes off but for fatal errors: its lines echo the folder's
+    # node names and its own log_id to stderr raw (every failure still comes back as an exception, shown escaped)
+    session: dict = {"log_severity_level": QUIET_LOG}
     if threads is not None:
-        overlay["decoder"] = {"session_options": {"intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}
+        session.update(intra_op_num_threads=int(threads), inter_op_num_threads=1)
+    overlay: dict = {"decoder": {"session_options": session}}
     if eos_token_id is not None:
         overlay["eos_token_id"] = eos_token_id
-    if not overlay:
-        return og.Model(str(folder))
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": overlay}))
-    return og.Model(config)
+    with library_call("onnxruntime-genai", f"{shown or folder}/{GENAI_CONFIG}", RuntimeFailure):
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": overlay}))
+        return og.Model(config)
 
 
 def genai_generate(model, ids: np.ndarray, max_length: int, *, eos_token_id: int | None = None,
@@ -94,14 +126,14 @@ def genai_generate(model, ids: np.ndarray, max_length: int, *, eos_token_id: int
     gen = og.Generator(model, params)
     res = GenerationResult([[] for _ in range(B)], STOP_MAX_NEW, "", [P] * B)
     t0 = clock()
-    gen.append_tokens(ids.astype(np.int32))
+    budgeted(gen, gen.append_tokens, ids.astype(np.int32))
     res.prefill_s = clock() - t0
     if not gen.is_done():
-        gen.generate_next_token()
+        budgeted(gen, gen.generate_next_token)
         res.first_token_s = clock() - t0
     while not gen.is_done():
         t = clock()
-        gen.generate_next_token()
+        budgeted(gen, gen.generate_next_token)
         res.step_s.append(clock() - t)
         res.step_positions.append(P + len(res.step_s) - 1)
     for b in range(B):
@@ -123,15 +155,15 @@ def genai_greedy(folder: str | Path, prompts: Sequence[Sequence[int]], max_lengt
         if GENAI_CONFIG not in ef.entry("onnx").files:
             raise ArtifactError(f"{ef.path} has no {GENAI_CONFIG}: export it with `mhaexport onnx --seq-dynamic -o "
                                 f"{ef.path}`")
-        cfg = read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")["model"]
-        ids, _mask, _lengths = pad_prompts(prompts, cfg["vocab_size"], cfg["context_length"], cfg["pad_token_id"],
+        model = model_fields(read_json(ef.file("onnx", GENAI_CONFIG), "onnxruntime-genai config"))
+        ids, _mask, _lengths = pad_prompts(prompts, model.vocab_size, model.context_length, model.pad_token_id,
                                            side="right")
-        if max_length > cfg["context_length"]:
+        if max_length > model.context_length:
             raise RuntimeInputError(f"max_length={max_length} exceeds the model's "
-                                    f"context_length={cfg['context_length']}")
+                                    f"context_length={model.context_length}")
         # the snapshot: the files whose hashes were checked
         res = genai_generate(genai_model(ef.root, trust_code=trust_code, shown=ef.path), ids, max_length,
-                             eos_token_id=cfg["eos_token_id"])
+                             eos_token_id=model.eos_token_id)
     return [list(p) + new for p, new in zip(prompts, res.tokens)]
 
 
@@ -159,12 +191,12 @@ def genai_trace(model, prompts: Sequence[Sequence[int]], new_tokens: int, pad_to
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=T + new_tokens + 1, batch_size=B)
     gen = og.Generator(model, params)
-    gen.append_tokens(ids)
+    budgeted(gen, gen.append_tokens, ids)
     steps = [np.asarray(gen.get_logits(), dtype=np.float32).reshape(B, -1)]  # (B, V) at each row's last token
     for _ in range(new_tokens):
         if gen.is_done():
             break
-        gen.generate_next_token()
+        budgeted(gen, gen.generate_next_token)
         if gen.is_done():  # every row chose eos (not appended): no logits after it (asking runs the graph again)
             break
         steps.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(B, -1))
@@ -242,8 +274,8 @@ class GenAIGenerator:
         if GENAI_CONFIG not in self.entry.files:
             raise ArtifactError(f"{export.path} ships no {GENAI_CONFIG}: onnxruntime-genai has nothing to run")
         self.config = read_json(export.file("onnx", GENAI_CONFIG), "onnxruntime-genai config")
-        model = GenaiModel.from_dict(GenaiConfig.from_dict(self.config, GENAI_CONFIG).model, f"{GENAI_CONFIG}: model")
-        self.context_length = int(model.context_length)
+        model = model_fields(self.config)
+        self.context_length = model.context_length
         self.pad_token_id = model.pad_token_id
         self._config_eos = eos = model.eos_token_id
         if isinstance(eos, list) and eos and "tokenizer.json" in self.entry.files:
@@ -336,12 +368,12 @@ class GenAIGenerator:
         try:
             gen = og.Generator(self._model(eos), params)
             t0 = clock()
-            gen.append_tokens(ids.astype(np.int32))
+            budgeted(gen, gen.append_tokens, ids.astype(np.int32))
             res.prefill_s = clock() - t0
             first = True
             while not gen.is_done():
                 t = clock()
-                gen.generate_next_token()  # the first: choose from the prefill's logits; then run one token + choose
+                budgeted(gen, gen.generate_next_token)  # the first: choose from the prefill's logits; then run one token + choose
                 token = np.asarray(gen.get_next_tokens(), dtype=np.int64)  # (B,)
                 if first:
                     res.first_token_s, first = clock() - t0, False

@@ -651,7 +651,7 @@ def deploy_findings(ef) -> list[ConfigFinding] | None:
     try:
         cfg = load_json(Path(ef.file("onnx", GENAI_CONFIG)), GENAI_CONFIG)
     except UntrustedInput as e:
-        return [ConfigFinding(GENAI_CONFIG, str(e))]
+        return [ConfigFinding(GENAI_CONFIG, str(e).removeprefix(f"{GENAI_CONFIG}: "))]
     if not isinstance(cfg, dict):
         return [ConfigFinding(GENAI_CONFIG, f"{type(cfg).__name__}, not a JSON object")]
     try:

@@ -8,12 +8,10 @@ onnxruntime only)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import io
 import os
 import re
-import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,11 +20,17 @@ from pathlib import Path
 import onnxruntime as ort
 
 from mhaexport.artifact import sha256_file, shown_path
-from mhaexport.artifact.cache import CACHE_ENV, cache_root  # noqa: F401 - CACHE_ENV: where the cache is
+from mhaexport.artifact.cache import CACHE_ENV, cache_key, cache_root, usable  # noqa: F401 - CACHE_ENV
+from mhaexport.artifact.cache import stamp as hmac_stamp
 from mhaexport.core.devices import no_cuda_device
+from mhaexport.runtime.budget import watch
 from mhaexport.core.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
 
 CPU = "CPUExecutionProvider"
+# ONNX Runtime's log severity for every session and run mhaexport makes: fatal only (its lines echo names from the file
+# raw; errors come back as exceptions)
+QUIET_LOG = 4
+ort.set_default_logger_severity(QUIET_LOG)
 CUDA = "CUDAExecutionProvider"
 PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA}
 # Every session's provider options. CUDA: no TF32 — onnxruntime's CUDA provider runs float32 MatMul/Gemm in TF32 by
@@ -54,7 +58,9 @@ class SessionConfig:
     cache_optimized: bool = False  # write/read the optimized graph in this user's cache (see ``optimized_path``)
     strict_providers: bool = True  # raise ProviderUnavailable when a requested provider is not used
     profile_prefix: str | None = None  # enable ONNX Runtime's profiler, writing a JSON trace with this prefix
-    log_severity: int = 3  # 0 verbose .. 4 fatal; 3 keeps ONNX Runtime quiet but for errors
+    # 0 verbose .. 4 fatal: ONNX Runtime's own log echoes the file's node names to stderr raw, so it says nothing but
+    # fatal errors (every failure comes back as an exception, which mhaexport shows escaped)
+    log_severity: int = 4
     optimized_file: str | None = None  # save the graph ONNX Runtime optimized here (the precision check reads it)
     # a model given as bytes whose weights stay in external data: the folder ONNX Runtime reads them from (bisect's
     # copy of a graph with every value exposed, served from memory without copying a large model's weights)
@@ -96,51 +102,9 @@ def _cache_data(cache: Path) -> Path:
     return cache.with_name(cache.name + ".data")
 
 
-_KEY_FILE = "key"
-
-
-def _cache_key(root: Path) -> bytes:
-    """This user's secret for the cache's stamps (``root/key``, 32 random bytes, mode 0600, made once): a stamp is
-    an HMAC under it, so a stamp cannot be computed by whoever merely knows the file's hash."""
-    path = root / _KEY_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(32))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not _private(os.fstat(f.fileno())):
-            raise OSError(f"{path} is not this user's private file")
-        return f.read(64)
-
-
-def _private(st: os.stat_result) -> bool:
-    """Owned by this user and writable by no one else."""
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 def _cache_usable(root: Path, cache: Path) -> bool:
-    """Every folder from the cache root down to ``cache`` and the cache's files are this user's own, writable by no
-    one else, and no symlink among them: else the cache is not read (nor written)."""
-    try:
-        p = cache
-        chain = [cache, _cache_data(cache), cache.with_suffix(".sha256")]
-        while p != root and root in p.parents:
-            p = p.parent
-            chain.append(p)
-        for path in chain:
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue  # not made yet: made below, by this user
-            if stat.S_ISLNK(st.st_mode) or not _private(st):
-                return False
-        return True
-    except OSError:
-        return False
+    """The cache's folders and files are this user's own, writable by no one else, no symlink among them."""
+    return usable(root, [cache, _cache_data(cache), cache.with_suffix(".sha256")])
 
 
 def _cache_stamp(source_sha256: str, cache: Path, key: bytes) -> str:
@@ -148,8 +112,7 @@ def _cache_stamp(source_sha256: str, cache: Path, key: bytes) -> str:
     the cache's files' own (so the graph is checked against its files on each use, and a stamp cannot be forged
     without the key)."""
     data = _cache_data(cache)
-    what = f"{source_sha256} {sha256_file(cache)} {sha256_file(data) if data.is_file() else '-'}"
-    return hmac.new(key, what.encode(), hashlib.sha256).hexdigest()
+    return hmac_stamp(key, source_sha256, sha256_file(cache), sha256_file(data) if data.is_file() else "-")
 
 
 @contextlib.contextmanager
@@ -213,7 +176,7 @@ def provider_unavailable(provider: str) -> str | None:
                 with _stderr_lines(), contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(Exception):
                     ort.preload_dlls(msvc=False)  # it prints what it cannot find: the probe below says why
             so = ort.SessionOptions()
-            so.log_severity_level = 3
+            so.log_severity_level = QUIET_LOG
             try:
                 _, missing = _create_session(_PROBE_MODEL, resolve_providers([full]), so)
             except Exception as e:  # noqa: BLE001 - ORT's own exception types
@@ -306,7 +269,7 @@ def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig()
         stamp = optimized_cache.with_suffix(".sha256")
         optimized_cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            key = _cache_key(root) if _cache_usable(root, optimized_cache) else None
+            key = cache_key(root) if _cache_usable(root, optimized_cache) else None
         except OSError:  # a key file that is not this user's private file
             key = None
         if key is None:  # not this user's private cache: neither read nor written
@@ -327,6 +290,7 @@ def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig()
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         what = "the model" if isinstance(source, bytes) else shown_path(source)
         raise ArtifactError(f"ONNX Runtime cannot load {what}: {first}") from None
+    watch(session)  # every call has a deadline (runtime/budget.py)
     if optimized_cache is not None and not from_cache and optimized_cache.is_file():
         optimized_cache.with_suffix(".sha256").write_text(_cache_stamp(source_sha256, optimized_cache, key) + "\n")
     if missing:

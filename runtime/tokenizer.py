@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mhaexport.artifact import ExportFolder, read_json
+from mhaexport.artifact import ExportFolder, read_json, shown_path
 from mhaexport.core.errors import MhaExportError, RuntimeInputError
+from mhaexport.core.libraries import library_call
 from mhaexport.runtime.genai import GENAI_CONFIG
 from mhaexport.runtime.genai_config import GenaiConfig, GenaiModel, section
 from mhaexport.core.untrusted import load_json, shown
@@ -47,20 +48,23 @@ class TextTokenizer:
     kind: str
     _tok: Any = None  # a tokenizers.Tokenizer, or None for byte-level
     eos_token_id: int | None = None  # from the model's config (genai_config.json), when a tokenizer is carried
+    source: str = TOKENIZER_JSON  # the file, as messages name it
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; a tokenizer.json adds the special tokens its post-processor adds (a BOS, for many
         models), as transformers' tokenizers do by default."""
         if self._tok is None:
             return list(text.encode("utf-8"))
-        return list(self._tok.encode(text).ids)
+        with library_call("tokenizers", self.source):  # a folder's tokenizer may raise or panic on any input
+            return list(self._tok.encode(text).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens skipped (byte-level: ids above 255 are dropped)."""
         ids = [int(t) for t in ids]
         if self._tok is None:
             return bytes(t for t in ids if 0 <= t < 256).decode("utf-8", errors="replace")
-        return self._tok.decode(ids, skip_special_tokens=True)
+        with library_call("tokenizers", self.source):
+            return self._tok.decode(ids, skip_special_tokens=True)
 
     def continuation(self, prompt: Sequence[int], new: Sequence[int]) -> str:
         """The text ``new`` adds after ``prompt``. A tokenizer.json decodes it with the prompt and cuts after the
@@ -84,10 +88,8 @@ def load_tokenizer_file(path: str | Path) -> Any:
     except ImportError as e:
         raise TokenizerUnavailable(f"{path} needs the tokenizers library ({e}): {INSTALL_LINE}") from None
     load_json(path, str(path))  # bounded (size, depth) before tokenizers parses it
-    try:
+    with library_call("tokenizers", shown_path(path)):
         return Tokenizer.from_file(str(path))
-    except Exception as e:
-        raise RuntimeInputError(f"{path} cannot be read by tokenizers: {type(e).__name__}: {shown(e)}") from None
 
 
 def for_folder(export: ExportFolder, artifact: str = "onnx") -> TextTokenizer | None:
@@ -103,7 +105,7 @@ def for_folder(export: ExportFolder, artifact: str = "onnx") -> TextTokenizer | 
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         return TextTokenizer(TOKENIZER_JSON, load_tokenizer_file(export.file(artifact, TOKENIZER_JSON)),
-                             eos if isinstance(eos, int) else None)
+                             eos if isinstance(eos, int) else None, f"{export.path}/{TOKENIZER_JSON}")
     if export.contract.vocab_size >= 256:
         return byte_level()
     return None

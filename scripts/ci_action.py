@@ -185,7 +185,7 @@ def main() -> int:
         if (report_dir / f).is_file():
             shutil.copyfile(report_dir / f, reports / f)
     from mhaexport.core.errors import MhaExportError
-    from mhaexport.core.untrusted import load_json, shown  # installed by now: the one reader and the one escaping
+    from mhaexport.core.untrusted import fenced, load_json, md, shown  # installed by now: the one reader, the escapers
 
     message = tail[-1] if tail else ""
     if (reports / "report.json").is_file():
@@ -193,21 +193,20 @@ def main() -> int:
             message = load_json(reports / "report.json", "report.json")["verdict"]["message"]
         except (MhaExportError, KeyError, TypeError):
             pass
-    message, tail = shown(message), [shown(line) for line in tail]  # text from the folder: no line of its own
     icon = ICONS.get(code, "💥")
     what = folder or model or "the default model"
-    summary = [f"## mhaexport · {shown(name)}: {icon} {verdict}", "",
-               f"`{shown(shlex.join(cmd[2:]))}` → exit {code}: {message}", ""]
+    summary = [f"## mhaexport · {md(name)}: {icon} {verdict}", "",
+               f"{md(shlex.join(cmd[2:]))} → exit {code}: {md(message)}", ""]
     if (reports / "report.md").is_file() and code in (0, 1, 2, 4):  # 2: a refused folder's report says why
         summary.append((reports / "report.md").read_text())
     else:
-        summary += [f"No report for {shown(what)}: mhaexport stopped before verify wrote one. The log's last lines:", "",
-                    "```", *tail, "```"]
+        summary += [f"No report for {md(what)}: mhaexport stopped before verify wrote one. The log's last lines:", "",
+                    fenced("\n".join(tail))]  # a fence no log line can close
     _append("GITHUB_STEP_SUMMARY", "\n".join(summary) + "\n")
     _outputs(verdict=verdict, exit_code=code, reports=reports, folder=verified)
     if code:
         level = "warning" if code in (1, 4) and not fail else "error"
-        _annotate(level, f"mhaexport {name}: {verdict}", message)
+        _annotate(level, f"mhaexport {shown(name)}: {verdict}", shown(message))
     if code in (1, 4) and not fail:
         return 0
     return code

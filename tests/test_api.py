@@ -91,8 +91,9 @@ def test_generate_bench_quantize_and_torchscript(tiny, tiny_export, tmp_path):
                              new_tokens=4, repeats=1, long=0)
     assert timing.get("ort-cpu").token_p50_ms > 0 and (tmp_path / "bench" / "bench.json").is_file()
     from mhaexport.bench import markdown_body
+    from mhaexport.core.untrusted import unescape_md
 
-    assert "\n| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in markdown_body(timing)
+    assert "\n| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in unescape_md(markdown_body(timing))
     q = mhaexport.quantize(tiny_export, tmp_path / "int8", weights="int8")
     manifest = json.loads((q.folder / "manifest.json").read_text())
     assert manifest["artifacts"]["onnx"]["quantization"]["label"].startswith("int8")

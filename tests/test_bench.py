@@ -29,7 +29,9 @@ from mhaexport.bench import probes
 from mhaexport.bench.result import BandwidthInfo, BenchModel, LongRun, load_bench
 from mhaexport.bench.config import ALL_RUNTIMES, DEFAULT_RUNTIMES
 from mhaexport.core.progress import Estimate
-from mhaexport.bench.render import floor_text, markdown_body, targets_table
+from mhaexport.bench.render import floor_text, targets_table
+from mhaexport.bench.render import markdown_body as _markdown_body
+from mhaexport.core.untrusted import unescape_md
 from mhaexport.bench.rows import Row
 from mhaexport.bench.run import run_rounds
 from mhaexport.bench.stats import repeat_spread, token_spread
@@ -45,6 +47,15 @@ from mhaexport.runtime.runner import Runner
 # targets (opt-in): the module's one full run
 EVERY = tuple(r for r in ALL_RUNTIMES if r not in ("pt2", "aoti"))
 SMALL = dict(prompt_len=8, new_tokens=6, repeats=2, threads=1, long_to=40, runtimes=EVERY, targets=True)
+
+
+def markdown_body(*args, **kwargs) -> str:
+    """bench.md's body as it reads rendered (data is Markdown-escaped: core.untrusted.md)."""
+    return unescape_md(_markdown_body(*args, **kwargs))
+
+
+def _read_md(path) -> str:
+    return unescape_md(path.read_text())
 
 
 def fake_probe(threads: int) -> Bandwidth:
@@ -124,8 +135,14 @@ def test_weight_bytes_count_tied_head_once_and_one_position_row(tiny):
 
 
 def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
+    from mhaexport.api import write_reports
+    from mhaexport.verify.render import markdown, write_report
+    from mhaexport.verify.report import ReportModel, SweepInfo, ToleranceInfo, VerifyReport
+
+    verified = VerifyReport(model=ReportModel("preset:tiny"), folder=str(tmp_path), sweep=SweepInfo("quick", 0, 9),
+                            tolerance=ToleranceInfo(1e-4, 1e-3), runtimes={}, results={})
+    write_report(verified, tmp_path)  # the folder's verify report: report.md is made from its report.json
     report = tmp_path / "report.md"
-    report.write_text("# Verify report\n\nall checks passed\n")
     written = write_bench(result, tmp_path)
     assert {p.name for p in written} >= {"bench.json", "bench.md", "bench.html", "report.md"}
     page = (tmp_path / "bench.html").read_text()  # self-contained, its plot inline
@@ -143,7 +160,7 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     with pytest.raises(ArtifactError, match=r"^bench result x: field floor_ms is 'fast' \(str\), expected float$"):
         BenchResult.from_dict(bad, "bench result x")
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary files behind
-    md = (tmp_path / "bench.md").read_text()
+    md = _read_md(tmp_path / "bench.md")
     assert "| ort-cpu [attention=decomposed float32] | CPUExecutionProvider |" in md and "Weight-bandwidth floor" in md
     assert "(set by the gemv probe on 1 thread)" in md
     # the preset's targets are for `bench` at 2 threads: the tiny run's figures are shown, never as verdicts
@@ -153,14 +170,16 @@ def test_writes_files_and_refreshes_report_idempotently(result, tmp_path):
     write_bench(result, tmp_path)
     twice = report.read_text()
     assert once == twice and twice.count(REPORT_BEGIN) == 1 and twice.count(REPORT_END) == 1
-    assert twice.startswith("# Verify report\n\nall checks passed\n")
+    assert twice.startswith(markdown(verified))  # the verify report first, made again from report.json
+    write_reports(verified, tmp_path)  # verify again: its report.md keeps the bench section, made from bench.json
+    assert report.read_text() == twice
 
 
 def test_without_matplotlib_says_so_and_skips_only_the_plot(result, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     written = write_bench(result, tmp_path)
     assert not (tmp_path / "bench.png").exists() and (tmp_path / "bench.json").exists()
-    assert "No plot: matplotlib is not installed" in (tmp_path / "bench.md").read_text()
+    assert "No plot: matplotlib is not installed" in _read_md(tmp_path / "bench.md")
     assert len(written) == 3 and "<svg" in (tmp_path / "bench.html").read_text()  # bench.html draws its own
     assert "plot" not in json.loads((tmp_path / "bench.json").read_text())["environment"]
     assert "No plot" not in markdown_body(result)  # the terminal summary has no plot line
@@ -208,7 +227,7 @@ def test_cli_bench(tiny_export, tmp_path):
                                   "1", "--threads", "1", "--runtimes", "eager,ort-cpu", "--long", "0",
                                   "--opt-levels", "basic", "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert "| ort-cpu@basic [attention=decomposed float32] | CPUExecutionProvider |" in r.output
+    assert "| ort-cpu@basic [attention=decomposed float32] | CPUExecutionProvider |" in unescape_md(r.output)
     data = json.loads((out / "bench.json").read_text())
     names = [x["name"] for x in data["runtimes"]]
     assert names == ["eager", "ort-cpu", "ort-cpu@basic"]
@@ -583,7 +602,7 @@ def test_long_runs_and_lowering_table_per_lowering(compared, tmp_path):
         assert lw.far_over_near == pytest.approx(lw.far_ms / lw.near_ms, abs=1e-3)
     assert min(lw.vs_fastest for lw in table.values()) == 1.0
     write_bench(res, tmp_path)
-    md = (tmp_path / "bench.md").read_text()
+    md = _read_md(tmp_path / "bench.md")
     assert "| lowering | provider | token p50 | x fastest | at 8 | at 31 | at 31 / at 8 |" in md
     assert f"| {ORT_LABEL} | CPUExecutionProvider | {table[ORT_LABEL].token_p50_ms:.2f} |" in md
     data = json.loads((tmp_path / "bench.json").read_text())
@@ -638,7 +657,7 @@ def test_cli_lowerings_reuses_exports_and_rejects_unknown(tiny_export, ort_expor
                                   "--runtimes", "ort-cpu", "--long", "0"])
     assert r.exit_code == 0, r.output
     assert f"reusing {ort_export} (attention=ort float32)" in r.output and "exporting" not in r.output
-    assert f"| {ORT_LABEL} | CPUExecutionProvider |" in r.output
+    assert f"| {ORT_LABEL} | CPUExecutionProvider |" in unescape_md(r.output)
     bad = CliRunner().invoke(main, ["bench", str(tiny_export), "--lowerings", "ort:float8"])
     assert bad.exit_code == 2 and "--lowerings 'ort:float8': expected ATTENTION[:DTYPE]" in bad.output
     assert parse_lowerings("ort, onnx:float16,ort:float32") == [("ort", "float32"), ("onnx", "float16")]
@@ -792,7 +811,7 @@ def test_scaling_holds_every_point_for_every_ort_row(scaled):
     genai = data["runtimes"][-1]["ran"] is True  # ort-genai: skipped with the reason where not installed
     want = ["ort-cpu", ORT_LABEL] + (["ort-genai"] if genai else [])
     assert [s["name"] for s in data["scaling"]] == want  # the ONNX Runtime rows; not eager
-    md = (out / "bench.md").read_text()
+    md = _read_md(out / "bench.md")
     for s in data["scaling"]:
         assert [p["batch"] for p in s["batches"]] == [1, 3]
         for p in s["batches"]:
@@ -917,7 +936,7 @@ def test_scaling_skips_a_point_per_row_and_the_others_go_on(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # without matplotlib: the tables stay, only the plot goes
     written = write_bench(res, tmp_path)
     assert not (tmp_path / "bench-scaling.png").exists() and len(written) == 3
-    assert "How cost grows" in (tmp_path / "bench.md").read_text()
+    assert "How cost grows" in _read_md(tmp_path / "bench.md")
     page = (tmp_path / "bench.html").read_text()
     assert "Per-token latency against the batch" in page and "Time to first token against the prompt" in page
     assert json.loads((tmp_path / "bench.json").read_text())["scaling"][0]["name"] == "fine"
@@ -948,7 +967,7 @@ def test_default_run_has_no_scaling_phase(result, compared, tmp_path):
     assert result.scaling == [] and result.scaling_of() is None
     assert not any("how cost grows" in m for m in compared[1])  # no progress line either
     write_bench(result, tmp_path)
-    assert not (tmp_path / "bench-scaling.png").exists() and "How cost grows" not in (tmp_path / "bench.md").read_text()
+    assert not (tmp_path / "bench-scaling.png").exists() and "How cost grows" not in _read_md(tmp_path / "bench.md")
     assert json.loads((tmp_path / "bench.json").read_text())["scaling"] == []
 
 
@@ -979,7 +998,7 @@ def test_cli_profile_goes_to_the_output_folder_and_json_is_one_object(tiny_expor
     assert list(out.glob("ort-profile*.json")) and not list(tiny_export.glob("ort-profile*.json"))
     t = CliRunner().invoke(main, ["bench", str(tiny_export), "--prompt-len", "4", "--new-tokens", "3", "--repeats",
                                   "1", "--threads", "1", "--runtimes", "ort-cpu", "--targets", "-o", str(out)])
-    assert t.exit_code == 0 and "Speed targets" in t.stdout and "Speed targets" in (out / "bench.md").read_text()
+    assert t.exit_code == 0 and "Speed targets" in t.stdout and "Speed targets" in _read_md(out / "bench.md")
 
 
 def test_plot_one_colour_per_row_medians_with_spread_and_a_legend_over_no_data(result, tmp_path, monkeypatch):

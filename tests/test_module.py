@@ -26,6 +26,7 @@ from mhaexport.verify import verify_folder
 from mhaexport.verify.results import MODULE_CHECKS
 from mhaexport.runners.block import TorchMhaRunner, TorchModuleRunner
 from mhaexport.verify.render import markdown
+from mhaexport.core.untrusted import unescape_md
 from planted.bugs import _AfterSoftmax, _NoMask
 
 
@@ -157,7 +158,7 @@ def test_causal_export_verifies_on_every_runtime_with_the_demonstration(causal_e
     cuda = data["runtimes"]["ort-cuda"]
     if "CUDAExecutionProvider" not in cuda["providers"]:
         assert cuda["status"] == "skipped" and cuda["reason"]
-    md = (folder / "report.md").read_text()
+    md = unescape_md((folder / "report.md").read_text())  # as it reads rendered (data is Markdown-escaped)
     assert md.startswith("## mhaexport verify: ✅ PASSED")
     assert "| runtime | providers | parity | finite | causality | cache-consistency | demonstration |" in md
     assert "- ✅ ort-cpu: causal: weights[b, h, 1, 3] = 0 exactly for all 8 (batch, head) pairs" in md

@@ -58,7 +58,7 @@ def test_a_page_has_its_counts_tables_and_plots_and_fetches_nothing():
 def test_names_from_folders_and_messages_are_escaped():
     page = page_of(cell=cell, report=report(parity_ok=False))
     assert "<script>" not in page and "\x1b" not in page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;" in page  # the model, the folder and the failed message
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;" in page  # the model, the folder and the failed message
     assert "FAILED" in page and "differs at &lt;script&gt;" in page
 
 

@@ -32,6 +32,11 @@ EVIL = "m\x1b[2J\x1b[32mverify passed\x1b[0m\n## ✅ passed\r\u202eevil"
 FORGED = re.compile(r"^\s*#+ ✅ passed", re.M)
 
 
+def unescape_md(text: str) -> str:
+    """Markdown text as it reads once rendered: each backslash escape (data escaped by ``md``) the character itself."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
+
+
 def _raw(text: str) -> list[str]:
     """What of EVIL reached ``text`` unescaped: the escape character, a forged heading line, a carriage return, the
     bidi override."""
@@ -72,10 +77,11 @@ def test_every_renderer_shows_a_crafted_name_escaped(tmp_path):
     lint = LintReport(model=EVIL, findings=[Finding("error", "contract-io", EVIL, EVIL, EVIL)], rules=["contract-io"])
     outputs["lint"] = lint.to_markdown()
     bench = _bench_result()
-    outputs["bench.md"] = markdown_body(bench, plot_note=EVIL)
+    outputs["bench.md"] = markdown_body(bench)
     for where, text in outputs.items():
         assert _raw(text) == [], where
-        assert "\\x1b[2J" in text and "\\n## ✅ passed" in text, where
+        seen = unescape_md(text) if where in ("report.md", "refused report.md", "lint", "bench.md") else text
+        assert "\\x1b[2J" in seen and "\\n## ✅ passed" in seen, where
     written = write_report(rep, tmp_path)[1].read_text()
     assert _raw(written) == [] and written.count("\n## ") == 0
 
@@ -101,7 +107,7 @@ def test_report_merge_shows_a_crafted_host_label_escaped(tmp_path):
                                   str(tmp_path / "merged")])
     assert r.exit_code == 1, r.output  # the crafted checks failed: a verdict, not a crash
     merged = (tmp_path / "merged" / "report.md").read_text()
-    for where, text in (("report.md", merged), ("output", r.output)):
+    for where, text in (("report.md", unescape_md(merged)), ("output", r.output)):
         assert _raw(text) == [] and "a m\\x1b[2J" not in text and "am\\x1b[2J" in text, where
 
 
@@ -119,7 +125,7 @@ def test_a_crafted_message_reaches_the_ci_step_summary_escaped(tmp_path):
                 "INPUT_NAME": "job\x1b[31m"})
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "ci_action.py")], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=300)
-    text = summary.read_text()
+    text = unescape_md(summary.read_text())  # as it reads rendered (data is Markdown-escaped)
     assert p.returncode == 2 and "REFUSED" in text, p.stdout + p.stderr
     assert _raw(text) == [] and "x\\x1b[2Jy" in text and "job\\x1b[31m" in text
 

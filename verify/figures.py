@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from mhaexport.artifact.record import Record
+from mhaexport.artifact.record import Record, parse
 
 F = TypeVar("F", bound="Figures")
 
@@ -139,7 +139,7 @@ class ParityFigures(DiffFigures):
     worst_case: str | None = None
     errors: int | None = None
     per_output: dict[str, OutputStats] | None = None
-    by_case: list[list[Any]] | None = None
+    by_case: list[list[Any]] | None = field(default=None, metadata={"parse": lambda v, where: _cases(v, where)})
     present_failing: dict[str, float] | None = None
     baked_axes: int | None = None
     rows: int | None = None
@@ -435,3 +435,19 @@ def figures_of(check: str, figures: Mapping | None, where: str = "figures") -> F
     if type(figures) is cls:
         return figures
     return cls.from_dict(figures.to_dict() if isinstance(figures, Figures) else dict(figures or {}), where)
+
+
+def _cases(value: Any, where: str) -> list[list[Any]]:
+    """Parity's ``by_case`` read back: each entry [batch, seq, past, max abs or null], the sizes integers (within
+    int64: any renders) and the figure a float (a crafted entry is named, never added to a number in report.html's
+    plot)."""
+    rows = parse(value, list[Any], where)
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != 4:
+            from mhaexport.core.errors import ArtifactError
+
+            raise ArtifactError(f"{where}[{i}] is not [batch, seq, past, max abs]")
+        b, s, p = (parse(v, int, f"{where}[{i}][{j}]") for j, v in enumerate(row[:3]))
+        out.append([b, s, p, parse(row[3], float | None, f"{where}[{i}][3]")])
+    return out

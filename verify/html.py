@@ -8,16 +8,18 @@ shares."""
 
 from __future__ import annotations
 
-from html import escape
 from pathlib import Path
 from typing import Callable
 
+from markupsafe import Markup
+
 from mhaexport.artifact import atomic_write_bytes
-from mhaexport.core.numbers import number
-from mhaexport.core.untrusted import shown
+from mhaexport.core.numbers import is_real, number
+from mhaexport.core.untrusted import shown, unescape_md
 from mhaexport.verify.figures import Limits, Scores
 from mhaexport.verify.report import VerifyReport
 from mhaexport.verify.results import QUALITY, CheckResult
+from mhaexport.verify.markup import as_text, e, h, join
 from mhaexport.verify.svg import COLOURS, Chart, Series, svg
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1100px;padding:0 1em;color:#222}
@@ -26,29 +28,25 @@ text-align:left;vertical-align:top}th{background:#f3f3f3}td.n{text-align:right}.
 .fail{background:#fde8e8}.skip{background:#f5f5f5;color:#666}.verdict{font-size:1.3em;padding:.4em .6em;
 border-radius:4px}figure{margin:.5em 0 1.2em}figcaption{font-size:12px;color:#555;max-width:720px}
 code{background:#f3f3f3;padding:0 3px}.note{color:#555;font-size:13px}"""
-def e(text: object) -> str:
-    """Text from a report (a folder's names, a message) as HTML: each line through the one escaping function for
-    shown text (:func:`mhaexport.core.untrusted.shown`), then markup escaped."""
-    return escape("\n".join(shown(line) for line in str(text).split("\n")), quote=True)
+def page(title: object, body: list[Markup]) -> str:
+    """A whole HTML document: ``title`` (escaped) and ``body`` (markup made by :func:`h`)."""
+    return str(h('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                 '<meta name="viewport" content="width=device-width, initial-scale=1">'
+                 "<title>{}</title><style>{}</style></head>\n<body>\n{}\n</body></html>\n",
+                 title, Markup(CSS), join(body, "\n")))
 
 
-def page(title: str, body: list[str]) -> str:
-    """A whole HTML document: ``title`` (escaped here) and ``body`` (HTML, escaped by its writer)."""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{e(title)}</title><style>{CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
-
-
-def table(head: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    """An HTML table; ``head`` and ``rows`` are HTML already; ``classes``: one CSS class per row (or "")."""
+def table(head: list, rows: list[list], classes: list[str] | None = None) -> Markup:
+    """An HTML table; ``head`` and ``rows``: cells (markup made by :func:`h`, or values escaped here); ``classes``: one
+    CSS class per row (or "")."""
     classes = classes or [""] * len(rows)
-    out = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
-    out += [f'<tr class="{c}">' + "".join(f"<td>{v}</td>" for v in r) + "</tr>" for r, c in zip(rows, classes)]
-    return "\n".join(out + ["</table>"])
+    out = [h("<table><tr>{}</tr>", join(h("<th>{}</th>", c) for c in head))]
+    out += [h('<tr class="{}">{}</tr>', c, join(h("<td>{}</td>", v) for v in r)) for r, c in zip(rows, classes)]
+    return join(out + [Markup("</table>")], "\n")
 
 
-def figure(chart: Chart, caption: str) -> str:
-    return f"<figure>{svg(chart)}<figcaption>{caption}</figcaption></figure>"
+def figure(chart: Chart, caption: object) -> Markup:
+    return h("<figure>{}<figcaption>{}</figcaption></figure>", svg(chart), caption)
 
 
 _CLASS = {True: "pass", False: "fail", None: "skip"}
@@ -64,66 +62,67 @@ def html(report: VerifyReport, cell: Cell) -> str:
     """The report as an HTML page (see the module's docstring); ``cell``: the text of a result's table cell,
     report.md's (:func:`mhaexport.verify.render.cell`, handed in: render writes this page)."""
     spec = report.model.spec or "?"
-    title = f"mhaexport verify: {spec}"
+    title = f"mhaexport verify: {as_text(spec)}"
     v = report.verdict
     colour = {"passed": "pass", "failed": "fail"}.get(v.status, "skip")
-    body = [f"<h1>mhaexport verify: <code>{e(spec)}</code></h1>",
-            f'<p class="verdict {colour}"><b>{e(v.status.upper())}</b> (exit {v.code}): {e(v.message)}</p>']
+    body = [h("<h1>mhaexport verify: <code>{}</code></h1>", spec),
+            h('<p class="verdict {}"><b>{}</b> (exit {}): {}</p>', colour, v.status.upper(), v.code, v.message)]
     if report.refused is not None:
-        body.append(f"<p>The folder <code>{e(report.folder)}</code> was refused before any check ran; nothing was "
-                    f"verified.</p><p><b>Why:</b> {e(report.refused)}</p>")
+        body.append(h("<p>The folder <code>{}</code> was refused before any check ran; nothing was verified.</p>"
+                      "<p><b>Why:</b> {}</p>", report.folder, report.refused))
         return page(title, body + [_footer(report)])
     c = report.counts
-    body.append(f"<p>{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped · folder "
-                f"<code>{e(report.folder)}</code> · sweep {e(report.sweep.kind)} ({e(report.sweep.cases)} shapes, "
-                f"seed {e(report.sweep.seed)}) · tolerance atol={number(report.tolerance.atol, 'g')} "
-                f"rtol={number(report.tolerance.rtol, 'g')}</p>")
+    body.append(h("<p>{} passed, {} failed, {} skipped · folder <code>{}</code> · sweep {} ({} shapes, seed {}) · "
+                  "tolerance atol={} rtol={}</p>", c["passed"], c["failed"], c["skipped"], report.folder,
+                  report.sweep.kind, report.sweep.cases, report.sweep.seed, number(report.tolerance.atol, "g"),
+                  number(report.tolerance.rtol, "g")))
     if report.sources:
-        body.append("<p>Merged from: " + "; ".join(e(s) for s in report.sources) + "</p>")
+        body.append(h("<p>Merged from: {}</p>", join(report.sources, "; ")))
     cols = report.all_checks
     rows, classes = [], []
     for rt, info in report.runtimes.items():
-        prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
+        prov = ", ".join(as_text(p).replace("ExecutionProvider", "") for p in info.providers) or "—"
         if info.status == "ran":
             cells = [_cell(report.results.get(rt, {}).get(ch), cell) for ch in cols]
         else:
-            cells = [e(f"{info.status}: {info.reason}")] + ["—"] * (len(cols) - 1)
-        rows.append([f"<b>{e(rt)}</b>", e(prov)] + cells)
+            cells = [f"{as_text(info.status)}: {as_text(info.reason)}"] + ["—"] * (len(cols) - 1)
+        rows.append([h("<b>{}</b>", rt), prov] + cells)
         classes.append({"ran": "", "error": "fail"}.get(info.status, "skip"))
-    body += ["<h2>Runtimes × checks</h2>", table(["runtime", "providers"] + [e(ch) for ch in cols], rows, classes)]
+    body += [Markup("<h2>Runtimes × checks</h2>"), table(["runtime", "providers", *cols], rows, classes)]
     body += _plots(report, {rt: COLOURS[i % len(COLOURS)] for i, rt in enumerate(report.runtimes)})
     body += _quality(report)
     notes = [(row, r) for row, r in report.outcomes() if r.status is not True]
     if notes:
-        body += ["<h2>Failed and skipped</h2>",
+        body += [Markup("<h2>Failed and skipped</h2>"),
                  table(["", "runtime", "check", "why"],
-                       [[_ICONS[r.status], e(row), e(r.check), e(r.message)] for row, r in notes],
+                       [[_ICONS[r.status], row, r.check, r.message] for row, r in notes],
                        [_CLASS[r.status] for _, r in notes])]
     if report.cross:
-        body += ["<h2>Provider against provider</h2>",
-                 table(["", "pair", "message"], [[_ICONS[x.status], e(x.row), e(x.message)] for x in report.cross])]
+        body += [Markup("<h2>Provider against provider</h2>"),
+                 table(["", "pair", "message"], [[_ICONS[x.status], x.row, x.message] for x in report.cross])]
     if report.lint is not None:
         findings = report.lint.findings
-        body.append(f"<h2>Lint: {len(findings)} finding(s)</h2>")
+        body.append(h("<h2>Lint: {} finding(s)</h2>", len(findings)))
         if findings:
             body.append(table(["severity", "rule", "node", "message"],
-                              [[e(f.severity), e(f.rule), e(f.node), e(f.message)] for f in findings]))
+                              [[f.severity, f.rule, f.node, f.message] for f in findings]))
     return page(title, body + [_footer(report)])
 
 
-def _cell(r: CheckResult | None, cell: Cell) -> str:
-    """report.md's cell, its icon drawn in any font, coloured by status."""
-    text = e(cell(r).translate(_PLAIN))
-    return text if r is None or not r.counted else f'<span class="{_CLASS[r.status]}">{text}</span>'
+def _cell(r: CheckResult | None, cell: Cell) -> Markup | str:
+    """report.md's cell as text (its Markdown escapes undone: HTML escapes it), its icon drawn in any font, coloured
+    by status."""
+    shown_cell = unescape_md(cell(r)).translate(_PLAIN)
+    return shown_cell if r is None or not r.counted else h('<span class="{}">{}</span>', _CLASS[r.status], shown_cell)
 
 
-def _footer(report: VerifyReport) -> str:
+def _footer(report: VerifyReport) -> Markup:
     env = report.environment
-    versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
-    memory = (f'<p class="note">Memory: {e(report.memory.summary().removeprefix("memory: "))}</p>'
-              if report.memory is not None and report.memory.mode else "")
-    return memory + (f'<p class="note">{e(env.host or "?")} · {e(env.platform or "?")} · {e(env.cpus or "?")} CPUs · '
-            f"{e(versions)} · {number(report.seconds, '.1f')} s · {e(report.created)}</p>")
+    versions = ", ".join(f"{as_text(k)} {as_text(v)}" for k, v in report.versions.items())
+    memory = (h('<p class="note">Memory: {}</p>', report.memory.summary().removeprefix("memory: "))
+              if report.memory is not None and report.memory.mode else Markup(""))
+    return memory + h('<p class="note">{} · {} · {} CPUs · {} · {} s · {}</p>', env.host or "?", env.platform or "?",
+                      env.cpus or "?", versions, number(report.seconds, ".1f"), report.created)
 
 
 def _windows(report: VerifyReport) -> list[tuple[float, str]]:
@@ -172,10 +171,10 @@ def _plots(report: VerifyReport, colours: dict[str, str]) -> list[str]:
                           "each case."))
         shapes = sorted({(b, s, p) for _, cases in sweep for b, s, p, _ in cases})
         got = {rt: {(b, s, p): y for b, s, p, y in cases} for rt, cases in sweep}
-        rows = [[str(b), str(s), str(p)] + [_num(got[rt].get((b, s, p), "")) for rt, _ in sweep]
+        rows = [[b, s, p] + [_num(got[rt].get((b, s, p), "")) for rt, _ in sweep]
                 for b, s, p in shapes]
-        out.append("<details><summary>Parity per case</summary>"
-                   + table(["batch", "seq", "past"] + [e(rt) for rt, _ in sweep], rows) + "</details>")
+        out.append(h("<details><summary>Parity per case</summary>{}</details>",
+                     table(["batch", "seq", "past"] + [rt for rt, _ in sweep], rows)))
     gen = _ran(report, "generation")
     for key in ("", "long_"):
         runs = [(rt, r.figures) for rt, r in gen if getattr(r.figures, f"{key}step_max_abs")]
@@ -226,7 +225,7 @@ def _quality(report: VerifyReport) -> list[str]:
         if (g := f.greedy) is not None:
             rows.append([e(rt), "", "greedy agreement (mean)", "", _num(g.mean), e(_or_dash(lim.greedy))])
             classes.append(_CLASS[r.status])
-    return ["<h2>Quality of lossy files (against eager fp32)</h2>",
+    return [Markup("<h2>Quality of lossy files (against eager fp32)</h2>"),
             table(["runtime", "scheme", "figure", "sweep", "text", "threshold"], rows, classes)]
 
 

@@ -32,14 +32,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mhaexport.verify.results import CheckResult
-from mhaexport.core.numbers import finite
+from mhaexport.core.numbers import finite, is_real, number
 from mhaexport.core.untrusted import shown
 from mhaexport.verify.report import EXIT_NOT_VERIFIED, VerifyReport
 
 
 def _text(s: object) -> str:
-    """One value as an attribute or text: shown escaped (no control characters, so nothing XML 1.0 cannot hold)."""
-    return shown(s)
+    """The XML sink: one value as an attribute or text — shown escaped (no control characters, so nothing XML 1.0
+    cannot hold), a number through the one formatter; ElementTree escapes the markup. Every attribute and text of
+    the file goes through it."""
+    return number(s) if is_real(s) else shown(s)
 
 
 def _lines(text: str) -> str:
@@ -54,7 +56,7 @@ def _figures(figures: dict, prefix: str = "") -> list[str]:
         if isinstance(v, dict):
             lines += _figures(v, f"{prefix}{k}.")
         elif v is not None:
-            lines.append(f"{prefix}{k}={v}")
+            lines.append(f"{prefix}{k}={number(v) if is_real(v) else v}")
     return lines
 
 
@@ -103,7 +105,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
                         ("folder", report.folder), ("fingerprint", report.model.fingerprint),
                         *((f"version.{k}", val) for k, val in sorted(report.versions.items()))):
         if value is not None:
-            ET.SubElement(props, "property", {"name": name, "value": _text(value)})
+            ET.SubElement(props, "property", {"name": _text(name), "value": _text(value)})
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     if report.refused is not None:  # the folder was refused before any check: one error case saying why
         case = _case(suite, "mhaexport", "folder")
@@ -118,7 +120,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
         verdict = _case(suite, "mhaexport", "verdict", report.seconds)
         counts["failed"] += 1
         ET.SubElement(verdict, "failure", {"message": _text(f"{v.status}: {v.message}"),
-                                           "type": f"mhaexport.verdict.exit{v.code}"}).text = _text(v.message)
+                                           "type": _text(f"mhaexport.verdict.exit{v.code}")}).text = _text(v.message)
     if markdown:
         ET.SubElement(suite, "system-out").text = _lines(markdown)
     tests = sum(counts.values())
@@ -126,7 +128,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
                "skipped": str(counts["skipped"]), "time": _seconds(report.seconds)}
     suite.attrib.update(figures)
     if report.created:
-        suite.set("timestamp", report.created)
+        suite.set("timestamp", _text(report.created))
     if report.environment.host:
         suite.set("hostname", _text(report.environment.host))
     root = ET.Element("testsuites", {"name": "mhaexport verify", **{k: figures[k] for k in

@@ -33,7 +33,7 @@ from onnx import numpy_helper
 
 from mhaexport.core import iospec
 from mhaexport.artifact import ExportFolder, shown_path
-from mhaexport.core.untrusted import shown
+from mhaexport.core.untrusted import md, shown
 from mhaexport.artifact.record import Record
 from mhaexport.core.errors import ArtifactError
 from mhaexport.core.graph import MASK_FILL_AT_MOST, MS_DOMAIN, GraphIndex
@@ -84,13 +84,16 @@ class LintReport(Record):
 
     def to_markdown(self, heading: str = "###") -> str:
         c = self.counts()
-        lines = [f"{heading} Lint: {c['error']} error(s), {c['warning']} warning(s), {c['info']} note(s)", ""]
+        lines = [f"{heading} Lint: {md(c['error'])} error(s), {md(c['warning'])} warning(s), {md(c['info'])} note(s)",
+                 ""]
         if not self.findings:
-            return "\n".join(map(shown, lines + [f"No findings ({len(self.rules)} rules: {', '.join(self.rules)}).", ""]))
+            rules = ", ".join(md(r) for r in self.rules)
+            return "\n".join(lines + [f"No findings ({md(len(self.rules))} rules: {rules}).", ""])
         lines += ["| severity | rule | node | finding | fix |", "| --- | --- | --- | --- | --- |"]
         for f in self.findings:
-            lines.append(f"| {ICON[f.severity]} {f.severity} | {f.rule} | `{f.node}` | {f.message} | {f.fix} |")
-        return "\n".join(map(shown, lines + [""]))  # one line each: a node name from the file cannot start another
+            lines.append(f"| {ICON.get(f.severity, '')} {md(f.severity)} | {md(f.rule)} | {md(f.node)} | "
+                         f"{md(f.message)} | {md(f.fix)} |")
+        return "\n".join(lines + [""])  # every value through md: a node name from the file is text in its cell
 
 
 class _Graph(GraphIndex):

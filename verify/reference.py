@@ -244,14 +244,16 @@ class RecordedReference:
 
     def describe(self) -> str:
         """"recorded <date> from <fingerprint> (mhaexport X, torch Y)"."""
-        made = self.index.get("made_with") or {}
-        return (f"recorded {self.date} from {self.index['model']['fingerprint']} (mhaexport {made.get('mhaexport')}, "
-                f"torch {made.get('torch')})")
+        made = self.index.get("made_with")
+        made = made if isinstance(made, dict) else {}
+        return (f"recorded {shown(self.date)} from {shown(self.index['model'].get('fingerprint'))} (mhaexport "
+                f"{shown(made.get('mhaexport'))}, torch {shown(made.get('torch'))})")
 
     def keeps(self) -> dict[str, str]:
-        k = self.index["keeps"]
-        logits = "every logit" if k["logits"] == "all" else f"the {k['logits']} logits and logsumexp per position"
-        present = "whole" if k["present"] == "all" else f"at {k['present']}"
+        k = self.index["keeps"]  # a dict: load() checked it
+        logits = ("every logit" if k.get("logits") == "all" else
+                  f"the {shown(k.get('logits'))} logits and logsumexp per position")
+        present = "whole" if k.get("present") == "all" else f"at {shown(k.get('present'))}"
         return {"logits": logits, "present": present}
 
     def how(self, check: str) -> str:

@@ -6,13 +6,12 @@ provider, and the lint findings."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from mhaexport.artifact.source import HfSource
 from mhaexport.core.numbers import number
-from mhaexport.core.untrusted import shown
+from mhaexport.core.untrusted import md, shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.figures import Limits, Scores
@@ -30,9 +29,9 @@ def markdown(report: VerifyReport) -> str:
     protocol's findings, provider against provider, the lint findings and where it ran."""
     env = report.environment
     if report.refused is not None:  # nothing ran: the reason, and where
-        return (f"## mhaexport verify: ⛔ REFUSED\n\n**Folder** `{shown(report.folder)}` was refused before any "
-                f"check ran; nothing was verified.\n\n**Why:** {shown(report.refused)}\n\n<sub>{shown(env.host or '?')}"
-                f" · {shown(env.platform or '?')} · {shown(report.created)}</sub>\n")
+        return (f"## mhaexport verify: ⛔ REFUSED\n\n**Folder** {md(report.folder)} was refused before any "
+                f"check ran; nothing was verified.\n\n**Why:** {md(report.refused)}\n\n<sub>{md(env.host or '?')}"
+                f" · {md(env.platform or '?')} · {md(report.created)}</sub>\n")
     cols = report.all_checks
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
     lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)
@@ -41,16 +40,16 @@ def markdown(report: VerifyReport) -> str:
     lines += _other_protocol_lines(report, cols)
     if report.cross:
         lines += ["### Provider against provider", ""]
-        lines += [f"- {ICONS[c.status]} **{c.a} vs {c.b}**: {c.message}" for c in report.cross]
+        lines += [f"- {ICONS[c.status]} **{md(c.a)} vs {md(c.b)}**: {md(c.message)}" for c in report.cross]
         lines.append("")
     lines = [shown(line) for line in lines]  # one line each: a name or message from a folder cannot start another
     if report.lint is not None:
         lines += [report.lint.to_markdown("###")]  # escaped line by line by lint
     if report.memory is not None and report.memory.mode:  # the memory plan: cap, mode and why, the peak measured
-        lines += [shown(f"**Memory:** {report.memory.summary().removeprefix('memory: ')}"), ""]
-    vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
-    lines.append(shown(f"<sub>{env.host or '?'} · {env.platform or '?'} · {env.cpus or '?'} CPUs · "
-                       f"{vers} · {number(report.seconds, '.1f')} s · {report.created}</sub>"))
+        lines += [f"**Memory:** {md(report.memory.summary().removeprefix('memory: '))}", ""]
+    vers = ", ".join(f"{md(k)} {md(v)}" for k, v in report.versions.items())
+    lines.append(f"<sub>{md(env.host or '?')} · {md(env.platform or '?')} · {md(env.cpus or '?')} CPUs · "
+                 f"{vers} · {_x(report.seconds, '.1f')} s · {md(report.created)}</sub>")
     return "\n".join(lines) + "\n"
 
 
@@ -61,40 +60,41 @@ def _header(report: VerifyReport) -> list[str]:
     model = report.model
     spec = model.spec or "?"
     if model.checkpoint:
-        ckpt = f"weights {model.checkpoint}"
+        ckpt = f"weights {md(model.checkpoint)}"
     elif isinstance(model.source, HfSource):
-        ckpt = f"{model.source.architecture or 'Hugging Face model'}, weights of its folder"
+        ckpt = f"{md(model.source.architecture or 'Hugging Face model')}, weights of its folder"
     else:
         ckpt = "seeded random weights"
     arts = []
     for name, a in report.artifacts.items():
-        how = [f"opset {a.opset}"] if a.opset else ([a.mode] if a.mode else [])
+        how = [f"opset {md(a.opset)}"] if a.opset else ([md(a.mode)] if a.mode else [])
         if a.producer:
-            how.append(f"made by {a.producer}, adopted; its protocol: {a.protocol or '?'}")
+            how.append(f"made by {md(a.producer)}, adopted; its protocol: {md(a.protocol or '?')}")
         if a.attention:
-            how.append(f"attention {a.attention}")
-        how.append(a.dtype)
+            how.append(f"attention {md(a.attention)}")
+        how.append(md(a.dtype))
         if a.quantization:
-            how.append(f"**{a.quantization.label or a.quantization.weights} weights, lossy**")
+            how.append(f"**{md(a.quantization.label or a.quantization.weights)} weights, lossy**")
         sizes = a.static_sizes or {}
-        static = "static " + " ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items() if "total" not in k)
+        static = "static " + " ".join(f"{md(k.split('_')[0])}={md(v)}" for k, v in sizes.items() if "total" not in k)
         how.append("dynamic axes" if a.seq_dynamic else static)
-        arts.append(f"{name} ({', '.join(how)})")
-    what = f"**Model** `{spec}` ({ckpt})"
+        arts.append(f"{md(name)} ({', '.join(how)})")
+    what = f"**Model** {md(spec)} ({ckpt})"
     if report.module:
         mask = (model.contract or {}).get("mask", "?")
-        what = (f"**Module** {report.module} block on its own, mask `{mask}`"
-                f"{'' if mask == 'causal' else ' (bidirectional)'} · **weights** `{spec}` ({ckpt})")
+        what = (f"**Module** {md(report.module)} block on its own, mask {md(mask)}"
+                f"{'' if mask == 'causal' else ' (bidirectional)'} · **weights** {md(spec)} ({ckpt})")
     sweep, tol = report.sweep, report.tolerance
     lines = [f"## mhaexport verify: {verdict}", "",
              f"{what} · **artifacts** {', '.join(arts) or 'none'} · "
-             f"**sweep** {sweep.kind} ({sweep.cases} shapes, seed {sweep.seed}) · **tolerance** "
-             f"atol={number(tol.atol, 'g')} rtol={number(tol.rtol, 'g')}"
-             + "".join(f" ({k}: atol={number(v.atol, 'g')} rtol={number(v.rtol, 'g')})" for k, v in (tol.per_output or {}).items())
+             f"**sweep** {md(sweep.kind)} ({md(sweep.cases)} shapes, seed {md(sweep.seed)}) · **tolerance** "
+             f"atol={_x(tol.atol, 'g')} rtol={_x(tol.rtol, 'g')}"
+             + "".join(f" ({md(k)}: atol={_x(v.atol, 'g')} rtol={_x(v.rtol, 'g')})" for k, v in (tol.per_output or {}).items())
              + " · "
-             f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
+             f"{md(c['passed'])} passed, {md(c['failed'])} failed, {md(c['skipped'])} skipped", ""]
     if report.sources:
-        lines += ["Merged from: " + "; ".join(report.sources) + " (sweep and tolerance above: the first report's)", ""]
+        lines += ["Merged from: " + "; ".join(md(x) for x in report.sources)
+                  + " (sweep and tolerance above: the first report's)", ""]
     return lines + _reference_lines(report.reference)
 
 
@@ -104,12 +104,16 @@ def _reference_lines(ref: dict | None) -> list[str]:
     if not ref:
         return []
     if ref.get("kind") == "recorded":
-        lines = [f"**Reference:** {ref.get('describe')}; eager PyTorch was not run. The record keeps "
-                 f"{ref.get('keeps')}. How each check was judged:", ""]
-        return lines + [f"- {k}: {v}" for k, v in (ref.get("checks") or {}).items()] + [""]
-    rec = ref.get("recorded") or {}
-    return [f"**Reference recorded** into {', '.join(rec.get('files') or [])} ({rec.get('bytes')} bytes; keeps "
-            f"{rec.get('keeps')}): a later verify judges the ONNX file from it without torch", ""]
+        lines = [f"**Reference:** {md(ref.get('describe'))}; eager PyTorch was not run. The record keeps "
+                 f"{md(ref.get('keeps'))}. How each check was judged:", ""]
+        checks = ref.get("checks")
+        return lines + [f"- {md(k)}: {md(v)}" for k, v in (checks if isinstance(checks, dict) else {}).items()] + [""]
+    rec = ref.get("recorded")
+    rec = rec if isinstance(rec, dict) else {}
+    files = rec.get("files")
+    return [f"**Reference recorded** into {md(', '.join(map(str, files)) if isinstance(files, list) else '?')} "
+            f"({md(rec.get('bytes'))} bytes; keeps {md(rec.get('keeps'))}): a later verify judges the ONNX file from "
+            "it without torch", ""]
 
 
 def _parity_lines(report: VerifyReport) -> list[str]:
@@ -123,7 +127,7 @@ def _parity_lines(report: VerifyReport) -> list[str]:
                  "off a 20-bins-per-decade histogram):", "",
              "| runtime | output | mean | median | p99 | max | mismatched | atol | rtol |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    return lines + [f"| {rt} | {kind} | {_n(v.mean, '.1e')} | {_n(v.median, '.1e')} | {_n(v.p99, '.1e')} | "
+    return lines + [f"| {md(rt)} | {md(kind)} | {_n(v.mean, '.1e')} | {_n(v.median, '.1e')} | {_n(v.p99, '.1e')} | "
                     f"{_n(v.max, '.1e')} | {_n(v.mismatch_fraction, '.1%')} | {_n(v.atol, 'g')} | {_n(v.rtol, 'g')} |"
                     for rt, kind, v in stats]
 
@@ -144,7 +148,7 @@ def _module_lines(report: VerifyReport) -> list[str]:
     demo = [(rt, checks["demonstration"]) for rt, checks in report.results.items() if "demonstration" in checks]
     if demo:
         lines += ["Demonstration (the article's: does position 1 attend to position 3?):", ""]
-        lines += [f"- {ICONS[r.status]} {rt}: {r.message}" for rt, r in demo]
+        lines += [f"- {ICONS[r.status]} {md(rt)}: {md(r.message)}" for rt, r in demo]
         lines.append("")
     return lines
 
@@ -163,40 +167,40 @@ def _decoder_legend(cols: tuple[str, ...]) -> list[str]:
 def _details(report: VerifyReport, cols: tuple[str, ...]) -> list[str]:
     """Why the verdict is not passed, each runtime that did not run, each failed check, each check not run."""
     v = report.verdict
-    notes = [f"- **verdict**: {v.message}"] if v.status != "passed" else []
+    notes = [f"- **verdict**: {md(v.message)}"] if v.status != "passed" else []
     for rt, info in report.runtimes.items():
         if info.status == "error":
-            notes.append(f"- ❌ **{rt}** cannot load its artifact: {info.reason}")
+            notes.append(f"- ❌ **{md(rt)}** cannot load its artifact: {md(info.reason)}")
         elif info.status != "ran":
-            notes.append(f"- **{rt}** {info.status}: {info.reason}")
+            notes.append(f"- **{md(rt)}** {md(info.status)}: {md(info.reason)}")
     for rt, checks in report.results.items():
         for ch in cols:
             r = checks.get(ch)
             if r is not None and r.status is False:
-                notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
+                notes.append(f"- ❌ **{md(rt)} / {md(ch)}**: {md(r.message)}")
     for rt, checks in report.results.items():
         if report.runtimes.get(rt) and report.runtimes[rt].status != "ran":
             continue
         for ch in cols:
             r = checks.get(ch)
             if r is not None and r.status is None and r.counted:
-                notes.append(f"- ⏭ {rt} / {ch}: {r.message}")
+                notes.append(f"- ⏭ {md(rt)} / {md(ch)}: {md(r.message)}")
     return ["### Details", ""] + notes + [""] if notes else []
 
 
 def _table(runtimes: dict[str, RuntimeInfo], results: dict[str, dict[str, CheckResult]],
            cols: tuple[str, ...]) -> list[str]:
     """The runtimes x checks table's lines."""
-    lines = ["| runtime | providers | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    lines = ["| runtime | providers | " + " | ".join(md(c) for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for rt, info in runtimes.items():
         if info.status == "ran":
             cells = [cell(results.get(rt, {}).get(ch)) for ch in cols]
         else:  # one cell says why; the checks did not run
             cells = ["❌ cannot load" if info.status == "error" else "⏭ skipped"] + ["—"] * (len(cols) - 1)
-        prov = ", ".join(p.replace("ExecutionProvider", "") for p in info.providers) or "—"
+        prov = ", ".join(md(p.replace("ExecutionProvider", "")) for p in info.providers) or "—"
         if info.status == "skipped" and info.providers:
             prov = f"only {prov}"  # the session fell back: say what it ran on, not what was asked
-        lines.append(f"| {rt} | {prov} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md(rt)} | {prov} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -205,19 +209,19 @@ def _other_protocol_lines(report: VerifyReport, cols: tuple[str, ...]) -> list[s
     o = report.other_protocol
     if not o:
         return []
-    lines = [f"### Under the plain protocol ({o.protocol}): findings, not in the verdict", "",
-             f"The file's producer drives it as {o.producer_protocol}; the verdict above is on that protocol. "
-             f"Here the same checks drive it as {o.protocol}, as the contract and Optimum-style loops do: "
+    lines = [f"### Under the plain protocol ({md(o.protocol)}): findings, not in the verdict", "",
+             f"The file's producer drives it as {md(o.producer_protocol)}; the verdict above is on that protocol. "
+             f"Here the same checks drive it as {md(o.protocol)}, as the contract and Optimum-style loops do: "
              "a failure says the file is correct only under its producer's protocol.", ""]
     lines += _table(o.runtimes, o.results, cols)
     notes = []
     for rt, info in o.runtimes.items():
         if info.status != "ran":
-            notes.append(f"- **{rt}** {info.status}: {info.reason}")
+            notes.append(f"- **{md(rt)}** {md(info.status)}: {md(info.reason)}")
         for ch in cols:
             r = o.results.get(rt, {}).get(ch)
             if r is not None and r.status is False:
-                notes.append(f"- ❌ **{rt} / {ch}**: {r.message}")
+                notes.append(f"- ❌ **{md(rt)} / {md(ch)}**: {md(r.message)}")
     return lines + ([""] + notes if notes else []) + [""]
 
 
@@ -238,23 +242,23 @@ def _quality_lines(report: VerifyReport) -> list[str]:
         for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
             at_least = name == "top1"
             limit = getattr(lim, name)
-            shown = "—" if limit is None else f"{'≥' if at_least else '≤'} {number(limit, 'g')}"
-            out.append(f"| {rt} | {f.scheme or ''} | {LABELS[name]} | {_fig(getattr(sweep, name))} | "
-                       f"{_fig(getattr(text, name))} | {shown} |")
+            bound = "—" if limit is None else f"{'≥' if at_least else '≤'} {_x(limit, 'g')}"
+            out.append(f"| {md(rt)} | {md(f.scheme or '')} | {md(LABELS[name])} | {_fig(getattr(sweep, name))} | "
+                       f"{_fig(getattr(text, name))} | {bound} |")
         if text.perplexity is not None:
-            bpb = (f" ({number(text.bits_per_byte, '.3f')} vs {_n(text.eager_bits_per_byte, '.3f')} bits/byte)"
+            bpb = (f" ({_x(text.bits_per_byte, '.3f')} vs {_n(text.eager_bits_per_byte, '.3f')} bits/byte)"
                    if text.bits_per_byte is not None else "")
-            out.append(f"| {rt} | | perplexity (eager) | | {number(text.perplexity, '.4g')} ({_n(text.eager_perplexity, '.4g')})"
-                       f"{bpb} | |")
+            out.append(f"| {md(rt)} | | perplexity (eager) | | {_x(text.perplexity, '.4g')} "
+                       f"({_n(text.eager_perplexity, '.4g')}){bpb} | |")
         if (g := f.greedy) is not None:
             limit = lim.greedy
-            shown = "—" if limit is None else f"≥ {number(limit, 'g')} x {g.tokens}"
-            out.append(f"| {rt} | | greedy agreement (mean, min of {g.prompts} prompts) | | {_n(g.mean, '.3g')}, "
-                       f"{g.min} of {g.tokens} | {shown} |")
+            bound = "—" if limit is None else f"≥ {_x(limit, 'g')} x {_x(g.tokens, 'd')}"
+            out.append(f"| {md(rt)} | | greedy agreement (mean, min of {_x(g.prompts, 'd')} prompts) | | "
+                       f"{_n(g.mean, '.3g')}, {_x(g.min, 'd')} of {_x(g.tokens, 'd')} | {bound} |")
         if text.skipped:
-            out.append(f"| {rt} | | text | | {text.skipped} | |")
+            out.append(f"| {md(rt)} | | text | | {md(text.skipped)} | |")
         for why in f.not_judged or []:
-            out.append(f"| {rt} | | not judged | | {why} | |")
+            out.append(f"| {md(rt)} | | not judged | | {md(why)} | |")
     return out
 
 
@@ -271,16 +275,17 @@ def _serving_lines(report: VerifyReport) -> list[str]:
             floor = ("the floor the others are judged by" if rt == "eager" else
                      f"eager's floor {_n(f.floor, '.3g')}")
             noise = (f"max abs {_n(f.max_abs, '.3g')} ({floor}, rounding {_n(f.rounding, '.3g')}, allowed "
-                     f"{_n(f.allowed, '.3g')})" if f.max_abs is not None else f"tokens only ({f.engine or 'its loop'})")
-            out.append(f"- {ICONS[r.status]} **{rt} / {ch}**: {len(f.runs or [])} runs, {noise}")
+                     f"{_n(f.allowed, '.3g')})" if f.max_abs is not None else
+                     f"tokens only ({md(f.engine or 'its loop')})")
+            out.append(f"- {ICONS[r.status]} **{md(rt)} / {md(ch)}**: {_x(len(f.runs or []), 'd')} runs, {noise}")
             for run in f.runs or []:
                 d = run.get("first_divergence")
                 if d is not None or run.get("refused"):
-                    where = (f"refused: {run['refused']}" if run.get("refused") else
-                             f"first diverges at token {d} (margin {_run_figure(run.get('margin'))}"
+                    where = (f"refused: {md(run['refused'])}" if run.get("refused") else
+                             f"first diverges at token {md(d)} (margin {_run_figure(run.get('margin'))}"
                              f"{', a near-tie' if run.get('tie') else ''}, max abs "
                              f"{_run_figure(run.get('max_abs'))})")
-                    out.append(f"  - {run.get('run', '?')} ({run.get('prompt', '?')}-token prompt): {where}")
+                    out.append(f"  - {md(run.get('run', '?'))} ({md(run.get('prompt', '?'))}-token prompt): {where}")
     return ["### Serving: each request against its run alone", ""] + out + [""] if out else []
 
 
@@ -302,7 +307,7 @@ def cell(r: CheckResult | None) -> str:
     if r.check == "parity":
         figure = f"{_x(f.errors, 'd')} errors" if f.errors else _x(f.max_abs or 0, ".1e")
     elif r.check == "finite":
-        figure = f"{'' if f.cases is None else f.cases} shapes"
+        figure = f"{_x(f.cases, 'd') if f.cases is not None else ''} shapes"
     elif r.check == "causality":
         figure = _x(f.max_abs_earlier or 0, ".1e")
     elif r.check == "cache-consistency":
@@ -325,7 +330,7 @@ def cell(r: CheckResult | None) -> str:
         elif sw.positions:
             figure = f"logit err {_n(sw.logit_err, '.2g')}"
     elif r.check in SERVING_CHECKS:
-        figure = _x(f.max_abs, ".1e") if f.max_abs is not None else f"{len(f.runs or [])} runs"
+        figure = _x(f.max_abs, ".1e") if f.max_abs is not None else f"{_x(len(f.runs or []), 'd')} runs"
     elif r.check == "generation":
         figure = f"{_x(f.matched or 0, 'd')}/{_x(f.tokens or 0, 'd')} tokens" + (" (tie)" if f.tie else "")
         if f.long_prompt is not None:
@@ -340,8 +345,9 @@ def _fig(x: float | None) -> str:
 
 
 def _x(v: object, spec: str) -> str:
-    """A figure in a cell: "—" where the report has none, else the one formatter's text (NaN, inf, any size)."""
-    return "—" if v is None else number(v, spec)
+    """A figure in a cell: "—" where the report has none, else the one formatter's text (NaN, inf, any size), as
+    Markdown text."""
+    return "—" if v is None else md(number(v, spec))
 
 
 def _worst(*values: float | None) -> float:
@@ -350,17 +356,17 @@ def _worst(*values: float | None) -> float:
     return next((v for v in vals if v != v), max(vals, default=0.0))
 
 
-def write_report(report: VerifyReport, folder: str | Path, name: str | None = None) -> tuple[Path, Path, Path]:
+def write_report(report: VerifyReport, folder: str | Path, name: str | None = None,
+                 sections: tuple[str, ...] = ()) -> tuple[Path, Path, Path]:
     """Write NAME.json, NAME.md and NAME.html into folder (atomically); ``name`` defaults to the report's
-    :meth:`~VerifyReport.default_name`, so a subset run never overwrites the full report. Returns the three paths."""
+    :meth:`~VerifyReport.default_name`, so a subset run never overwrites the full report. ``sections``: Markdown
+    sections other commands own (bench's, rendered from bench.json by its own renderer), appended to report.md. Every
+    file is made from records: nothing of an earlier report.md in the folder is read or carried over (an output
+    folder's files are input too: a crafted one would otherwise reach the new report). Returns the three paths."""
     folder = ensure_writable_dir(folder)
     name = name or report.default_name()
     atomic_write_json(folder / f"{name}.json", report.to_dict())
-    text = markdown(report)
-    old = folder / f"{name}.md"
-    if old.is_file():  # keep sections other commands own, delimited <!-- name --> ... <!-- /name --> (bench)
-        blocks = re.finditer(r"<!-- ([\w-]+) -->.*?<!-- /\1 -->", old.read_text(errors="replace"), re.S)
-        text += "".join(f"\n{m.group(0)}\n" for m in blocks)
+    text = markdown(report) + "".join(f"\n{section}\n" for section in sections)
     atomic_write_bytes(folder / f"{name}.md", text.encode())
     write_html(report, folder / f"{name}.html", cell)  # report.html beside them (verify/html.py)
     return folder / f"{name}.json", folder / f"{name}.md", folder / f"{name}.html"

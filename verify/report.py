@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mhaexport.artifact import read_json, schema
 from mhaexport.artifact.details import Details, OnnxDetails, Quantization, TorchScriptDetails
+from mhaexport.artifact.manifest import contract_dict
 from mhaexport.artifact.record import Environment, Record
 from mhaexport.artifact.source import Source
 from mhaexport.core.env import environment, tool_versions
@@ -72,7 +73,7 @@ class ReportModel(Record):
     ``spec`` None for a folder refused before it was read."""
 
     spec: str | None = None
-    contract: dict[str, Any] | None = None
+    contract: dict[str, Any] | None = field(default=None, metadata={"parse": lambda v, w: contract_dict(v, w)})
     source: Source | None = None  # how it is rebuilt: the record of its kind (artifact/source.py)
     checkpoint: str | None = None
     fingerprint: str | None = None
@@ -410,10 +411,34 @@ def build_report(ef: ExportFolder, *, sweep: str, seed: int, cases: list, tol: T
         seconds=round(time.perf_counter() - started, 2))
 
 
+# the largest report.json read back (a full sweep's report of a large model is ~1 MB)
+MAX_REPORT_BYTES = 16 << 20
+
+
+def read_report_in(folder: str | Path, name: str = "report.json") -> VerifyReport | None:
+    """The verify report ``folder/name`` (an output folder's file: input like any other), read by the confined reader
+    (no link followed, a regular file of at most :data:`MAX_REPORT_BYTES`), strictly parsed and typed as a record;
+    None where there is none. MhaExportError (exit 2) naming the file for anything else."""
+    from mhaexport.artifact.confine import MissingFile, read_inside
+    from mhaexport.core.untrusted import load_json
+
+    where = str(Path(folder) / name)
+    try:
+        raw = read_inside(folder, name, where, MAX_REPORT_BYTES)
+    except MissingFile:
+        return None
+    return VerifyReport.from_dict(load_json(raw, where), what=f"report {where}")
+
+
 def load_report(path: str | Path) -> VerifyReport:
+    """A verify report: ``path`` a report.json the user named, or a folder whose report.json is read confined
+    (:func:`read_report_in`)."""
     path = Path(path)
     if path.is_dir():
-        path = path / "report.json"
+        report = read_report_in(path)
+        if report is None:
+            raise ArtifactError(f"report {path / 'report.json'} does not exist")
+        return report
     return VerifyReport.from_dict(read_json(path, "report"), what=f"report {path}")
 
 

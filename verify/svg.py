@@ -7,10 +7,13 @@ matplotlib, the ``[plot]`` extra behind bench.png: docs/DESIGN.md "report.html")
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
-from html import escape
+
+from markupsafe import Markup
 
 from mhaexport.core.numbers import finite, number
+from mhaexport.verify.markup import h
 
 # a colour per series, in order (colour-blind safe: Okabe-Ito)
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
@@ -43,10 +46,6 @@ class Chart:
     hlines: list[tuple[float, str]] = field(default_factory=list)
 
 
-def _e(text: object) -> str:
-    return escape(str(text), quote=True)
-
-
 def _fmt(v: float) -> str:
     if v == 0 or 1e-3 <= abs(v) < 1e5:
         return number(v, "g")
@@ -72,7 +71,7 @@ def _linear_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
     return [start + i * step for i in range(int((hi - start) / step + 1e-9) + 1)]
 
 
-def svg(chart: Chart) -> str:
+def svg(chart: Chart) -> Markup:
     """The chart as an ``<svg>`` element (a string to put in HTML as is). On a log axis, zeros and negatives are
     drawn at the floor (a tenth of the smallest positive value) and the axis says so. Any figure draws: a point whose
     value is NaN or infinite is a cross at the top edge (the bottom edge for -inf on a linear axis) and the axis says
@@ -109,54 +108,65 @@ def svg(chart: Chart) -> str:
         v = math.log10(max(y, floor) if clamp else y) if chart.logy else y
         return min(TOP + ph, max(TOP, TOP + ph - (v - ylo) / (yhi - ylo) * ph))
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
-           f'aria-label="{_e(chart.title)}" font-family="sans-serif" font-size="11">',
-           f"<title>{_e(chart.title)}</title>",
-           f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#888"/>',
-           f'<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{_e(chart.title)}</text>']
+    out = [h('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+             'aria-label="{t}" font-family="sans-serif" font-size="11">', w=W, h=H, t=chart.title),
+           h("<title>{}</title>", chart.title),
+           h('<rect x="{}" y="{}" width="{}" height="{}" fill="#fff" stroke="#888"/>', LEFT, TOP, pw, ph),
+           h('<text x="{}" y="18" font-size="13" font-weight="bold">{}</text>', LEFT, chart.title)]
     yticks = ([10.0 ** k for k in range(ylo, yhi + 1)] if chart.logy else _linear_ticks(ylo, yhi))
     for t in yticks:
         y = py(t, clamp=False)
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+        out.append(h('<line x1="{}" x2="{}" y1="{y}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}'
+                     "</text>", LEFT, LEFT + pw, LEFT - 4, _c(y + 4), _fmt(t), y=_c(y)))
     for t in _linear_ticks(xlo, xhi):
         x = px(t)
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + ph}" y2="{TOP + ph + 4}" stroke="#888"/>'
-                   f'<text x="{x:.1f}" y="{TOP + ph + 16}" text-anchor="middle">{_fmt(t)}</text>')
+        out.append(h('<line x1="{x}" x2="{x}" y1="{}" y2="{}" stroke="#888"/><text x="{x}" y="{}" '
+                     'text-anchor="middle">{}</text>', TOP + ph, TOP + ph + 4, TOP + ph + 16, _fmt(t), x=_c(x)))
     ylabel = chart.ylabel + (f" (0 drawn at {_fmt(floor)})" if chart.logy and any(y <= 0 for y in ys) else "")
     ylabel += " (NaN / inf: × at the edge)" if off_scale else ""
-    out.append(f'<text x="{LEFT + pw / 2:.0f}" y="{H - 8}" text-anchor="middle">{_e(chart.xlabel)}</text>'
-               f'<text transform="translate(14 {TOP + ph / 2:.0f}) rotate(-90)" text-anchor="middle">'
-               f"{_e(ylabel)}</text>")
+    out.append(h('<text x="{}" y="{}" text-anchor="middle">{}</text><text transform="translate(14 {}) rotate(-90)" '
+                 'text-anchor="middle">{}</text>', _c(LEFT + pw / 2, ".0f"), H - 8, chart.xlabel,
+                 _c(TOP + ph / 2, ".0f"), ylabel))
     for x, label in chart.vlines:
-        out.append(f'<line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="#999" '
-                   f'stroke-dasharray="4 3"/><text x="{px(x) + 3:.1f}" y="{TOP + 12}" fill="#555">{_e(label)}</text>')
+        out.append(h('<line x1="{x}" x2="{x}" y1="{}" y2="{}" stroke="#999" stroke-dasharray="4 3"/><text x="{}" '
+                     'y="{}" fill="#555">{}</text>', TOP, TOP + ph, _c(px(x) + 3), TOP + 12, label, x=_c(px(x))))
     for y, label in chart.hlines:
         if finite(y) is None:
             continue
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#c00" '
-                   f'stroke-dasharray="6 3"/><text x="{LEFT + pw - 3}" y="{py(y) - 3:.1f}" text-anchor="end" '
-                   f'fill="#c00">{_e(label)}</text>')
+        out.append(h('<line x1="{}" x2="{}" y1="{y}" y2="{y}" stroke="#c00" stroke-dasharray="6 3"/><text x="{}" '
+                     'y="{}" text-anchor="end" fill="#c00">{}</text>', LEFT, LEFT + pw, LEFT + pw - 3, _c(py(y) - 3),
+                     label, y=_c(py(y))))
     for i, s in enumerate(chart.series):
-        colour = s.colour or COLOURS[i % len(COLOURS)]
+        colour = _colour(s.colour or COLOURS[i % len(COLOURS)])
         pts = [(x, y) for x, y in s.points if y is not None and finite(x) is not None]
         off = [(x, y) for x, y in pts if finite(y) is None]
         pts = [(x, y) for x, y in pts if finite(y) is not None]
         for x, y in off:  # a value that is not finite: a cross at the edge, its value in the tooltip
             cx, cy = px(x), py(y)
-            out.append(f'<path d="M{cx - 4:.1f},{cy - 4:.1f}L{cx + 4:.1f},{cy + 4:.1f}M{cx - 4:.1f},{cy + 4:.1f}'
-                       f'L{cx + 4:.1f},{cy - 4:.1f}" stroke="{colour}" stroke-width="2"><title>{_e(s.label)}: '
-                       f"{_fmt(x)}, {number(y)}</title></path>")
+            d = f"M{_c(cx - 4)},{_c(cy - 4)}L{_c(cx + 4)},{_c(cy + 4)}M{_c(cx - 4)},{_c(cy + 4)}L{_c(cx + 4)},{_c(cy - 4)}"
+            out.append(h('<path d="{}" stroke="{}" stroke-width="2"><title>{}: {}, {}</title></path>', d, colour,
+                         s.label, _fmt(x), number(y)))
         if not s.dots and len(pts) > 1:
-            dash = ' stroke-dasharray="5 3"' if s.dashed else ""
-            d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-            out.append(f'<polyline points="{d}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}/>')
+            dash = "5 3" if s.dashed else "none"
+            d = " ".join(f"{_c(px(x))},{_c(py(y))}" for x, y in pts)
+            out.append(h('<polyline points="{}" fill="none" stroke="{}" stroke-width="1.5" stroke-dasharray="{}"/>',
+                         d, colour, dash))
         if s.dots or len(pts) <= 40:
             for x, y in pts:
-                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}">'
-                           f"<title>{_e(s.label)}: {_fmt(x)}, {number(y)}</title></circle>")
+                out.append(h('<circle cx="{}" cy="{}" r="3" fill="{}"><title>{}: {}, {}</title></circle>',
+                             _c(px(x)), _c(py(y)), colour, s.label, _fmt(x), number(y)))
         ly = TOP + 14 + 16 * i
-        out.append(f'<line x1="{W - RIGHT + 10}" x2="{W - RIGHT + 30}" y1="{ly - 4}" y2="{ly - 4}" '
-                   f'stroke="{colour}" stroke-width="3"/><text x="{W - RIGHT + 34}" y="{ly}">{_e(s.label[:26])}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+        out.append(h('<line x1="{}" x2="{}" y1="{y}" y2="{y}" stroke="{}" stroke-width="3"/><text x="{}" y="{}">{}'
+                     "</text>", W - RIGHT + 10, W - RIGHT + 30, colour, W - RIGHT + 34, ly, s.label[:26], y=ly - 4))
+    out.append(Markup("</svg>"))
+    return Markup("\n").join(out)
+
+
+def _c(v: float, spec: str = ".1f") -> str:
+    """A coordinate in the chart (finite: the axes clip what they draw)."""
+    return number(v, spec)
+
+
+def _colour(colour: str) -> str:
+    """A series' colour: one of ours (``#rrggbb``), else the first of :data:`COLOURS`."""
+    return colour if re.fullmatch(r"#[0-9A-Fa-f]{6}", colour) else COLOURS[0]

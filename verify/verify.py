@@ -235,6 +235,9 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     plan = memory_plan(ef, wanted, build_sweep(ef.contract, sweep, seed), memory=memory, mapped=mapped,
                        loaded_given=loaded is not None, sweep=sweep)
     say(plan.summary())
+    from mhaexport.runtime import budget
+
+    budget.plan(sum(int(f.get("bytes") or 0) for a in ef.artifacts.values() for f in a.files.values()))
     from mhaexport.models.loading import check_same_model, load_recorded
 
     if loaded is None:
