@@ -314,6 +314,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     out_dir = Path(out_dir)
     torch_dtype = models_torch_dtype(dtype)
     weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
+    headroom = half_precision_headroom(loaded, dtype)  # a float16 file that would overflow: refused here
     if dtype == "float32":
         module = loaded.module
     elif weights is not None:  # converted one tensor at a time into a second staging file
@@ -389,6 +390,12 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                 checked = self_check(decomposed, tmp / ONNX_FILE, c, dtype, attention, seq=cseq, past=cpast)
             del decomposed
         precision = precision_report(tmp / ONNX_FILE, dtype, casts_in_graph=casts, not_run=too_big)
+        if headroom is not None:
+            precision.extra["headroom"] = headroom.to_dict()
+            if dtype == "float16" and (thin := headroom.thin()) is not None:
+                warns.append(f"float16 headroom is thin: {thin.module} ({thin.layer}) reaches {thin.peak:,.6g} on "
+                             f"eager float32 ({headroom.inputs}), {thin.float16_margin:.3g}x under float16's 65,504: "
+                             "other inputs may overflow it (bfloat16 keeps float32's range)")
         if precision.session_error:
             warns.append(f"ONNX Runtime CPU cannot run this {dtype} graph ({precision.session_error}); "
                          f"it needs an execution provider with {dtype} kernels (CUDA)")
@@ -417,6 +424,21 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                       started=started, warns=list(warns), seq_dynamic=seq_dynamic,
                       static_sizes=None if seq_dynamic else (seq, past),
                       owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
+
+
+def half_precision_headroom(loaded: LoadedModel, dtype: str):
+    """Eager float32's per-layer activation peaks (:func:`mhaexport.models.headroom.measure`) before a float16 or
+    bfloat16 export (None for float32). A model whose activations pass float16's range is refused for a float16
+    export (ExportOptionError, one line naming the layer): its file would compute inf there and NaN logits."""
+    if dtype == "float32":
+        return None
+    from mhaexport.models.headroom import measure
+
+    headroom = measure(loaded.module, loaded.contract, weights=loaded.weights)
+    if dtype == "float16" and headroom.overflow is not None:
+        raise ExportOptionError(f"--dtype float16: {headroom.summary('float16')}; export --dtype bfloat16 "
+                                "(float32's range) or float32")
+    return headroom
 
 
 def _self_check_not_run(attention: str, dtype: str, too_big: str | None) -> str | None:

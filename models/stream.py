@@ -19,9 +19,11 @@ the kernel reads on use and may drop again under a memory cap — nothing is cop
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
+import mmap
 import os
 import struct
 import tempfile
@@ -342,6 +344,36 @@ class WeightsFile:
     def model(self, cfg: DecoderConfig) -> DecoderLM:
         """The built-in decoder over :attr:`state` (as :func:`mmap_model`)."""
         return model_over(cfg, self.state)
+
+    def release(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Drop the pages of ``tensors`` (those over this file's map) from this process (``MADV_DONTNEED``): a
+        forward that read them leaves them in the page cache, not in the resident set; the next read maps them
+        again. A no-op where the platform has no ``madvise``."""
+        mm = getattr(self._mm, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        for t in tensors:
+            at = self.where(t)
+            if at is None:
+                continue
+            start = at[0] // mmap.PAGESIZE * mmap.PAGESIZE
+            mm.madvise(mmap.MADV_DONTNEED, start, at[0] + at[1] - start)
+
+    @contextlib.contextmanager
+    def released_after_use(self, module: nn.Module) -> Iterator[None]:
+        """While inside, each module's own parameters over this file have their pages dropped (:meth:`release`) once
+        its forward returns: a forward over the mapped model holds one module's weights resident at a time."""
+        def drop(mod, _args, _out) -> None:
+            self.release(mod.parameters(recurse=False))
+
+        handles = [m.register_forward_hook(drop) for m in module.modules()
+                   if any(True for _ in m.parameters(recurse=False))]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            self.release(module.parameters())
 
 
 def _state_over(path, mm: np.memmap, base: int, meta: dict) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from mhaexport.core.untrusted import shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.figures import Limits, Scores
-from mhaexport.verify.results import QUALITY, CheckResult
+from mhaexport.verify.results import HEADROOM, QUALITY, CheckResult
 
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 # the cell of a result that is no check (CheckResult.counted) or was skipped for a static export
@@ -34,7 +34,8 @@ def markdown(report: VerifyReport) -> str:
                 f" · {shown(env.platform or '?')} · {shown(report.created)}</sub>\n")
     cols = report.all_checks
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
-    lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)
+    lines += (_module_lines(report) if report.module else
+              _quality_lines(report) + _headroom_lines(report) + _decoder_legend(cols))
     lines += _details(report, cols)
     lines += _other_protocol_lines(report, cols)
     if report.cross:
@@ -256,6 +257,24 @@ def _quality_lines(report: VerifyReport) -> list[str]:
     return out
 
 
+def _headroom_lines(report: VerifyReport) -> list[str]:
+    """The half-precision headroom per layer (one table: every runtime of the file shows the same result)."""
+    r = next((checks[HEADROOM] for checks in report.results.values()
+              if HEADROOM in checks and checks[HEADROOM].status is not None and checks[HEADROOM].figures.layers), None)
+    if r is None:
+        return []
+    f = r.figures
+    out = ["", f"Headroom of the {f.dtype} file: eager float32's largest |activation| per layer ({f.inputs}), float16's "
+               "range over it (below 1: inf in float16) and bfloat16's step at it:", "",
+           "| layer | module | peak | float16 margin | bfloat16 step |", "|---|---|---:|---:|---:|"]
+    for row in f.layers or []:
+        margin = row.get("float16_margin")
+        flag = " ❌" if margin is not None and margin < 1 else ""
+        out.append(f"| {row.get('layer')} | {row.get('module')} | {_n(row.get('peak'), '.4g')} | "
+                   f"{_n(margin, '.3g')}{flag} | {_n(row.get('bfloat16_step'), '.3g')} |")
+    return out
+
+
 def cell(r: CheckResult | None) -> str:
     """One check's table cell: its icon and the figure that says most (``ref``, ``n/a (lossy)`` where not run)."""
     if r is None:
@@ -290,6 +309,10 @@ def cell(r: CheckResult | None) -> str:
             figure = f"top-1 {_n(t.top1, '.3f')}, ppl x{_n(t.ppl_ratio, '.4g')}"
         elif sw.positions:
             figure = f"logit err {_n(sw.logit_err, '.2g')}"
+    elif r.check == HEADROOM:
+        at = f.float16_overflow or f.layer
+        figure = (f"{f.module} past 65,504" if f.float16_overflow and f.dtype == "float16" else
+                  f"peak {_n(f.peak, '.3g')} ({at}), x{_n(f.float16_margin, '.2g')}")
     elif r.check == "generation":
         figure = f"{f.matched or 0}/{f.tokens or 0} tokens" + (" (tie)" if f.tie else "")
         if f.long_prompt is not None:
