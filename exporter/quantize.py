@@ -46,7 +46,7 @@ from mhaexport.artifact.details import OnnxDetails, QuantSource, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.core.env import tool_versions
 from mhaexport.core.errors import ArtifactError, ConfigError, ExportError, first_line
-from mhaexport.exporter.quantize_stream import WeightStore
+from mhaexport.exporter.quantize_stream import StoredModel, WeightStore
 from mhaexport.exporter.records import Replaced, record_dict
 from mhaexport.core.progress import Step
 from mhaexport.core.graph import GraphIndex, name_scopes, weights_read
@@ -443,16 +443,18 @@ def load_with_data(path: Path) -> onnx.ModelProto:
     return model
 
 
-def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto | None, onnx.ModelProto | None, str]:
+def reproduce(ef: ExportFolder) -> tuple[StoredModel | None, StoredModel | None, str]:
     """Re-run the quantize recipe ``ef``'s manifest records on the float source it records: (the shipped model, the
     rebuilt one, a note on the versions). When the recipe cannot be re-run the rebuilt model is None and the note
     says why (another tool quantized the file; the source folder gone; its file not the one quantized, by sha256):
-    the shipped model then goes to the check against the reference model's weights."""
+    the shipped model then goes to the check against the reference model's weights. Both models are
+    :class:`~mhaexport.exporter.quantize_stream.StoredModel` objects: graphs whose large tensors stay in their files
+    (the rebuilt one's in a staging file, quantized one weight at a time), each read when compared."""
     entry = ef.entry("onnx")
     q = entry.details.quantization
     if q is None:
         return None, None, "not quantized"
-    shipped = load_with_data(ef.file("onnx"))
+    shipped = StoredModel.of(ef.file("onnx"))
     if not isinstance(q.source, QuantSource) or not q.source.folder:
         return shipped, None, f"quantized by another tool ({q.source or 'no recipe recorded'}): no recipe to re-run"
     src_dir = (ef.path / q.source.folder).resolve()
@@ -471,7 +473,9 @@ def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto | None, onnx.ModelProto
                           accuracy_level=q.accuracy_level if q.accuracy_level is not None else 4,
                           keep_float=tuple(q.keep_float or ()), int8_blocks=q.int8_blocks)
         cfg = cfg.check_model(src.contract.n_layers)  # a default left unrecorded resolved as quantize resolves it
-        rebuilt, _, _ = quantize_model(load_with_data(src.file("onnx")), cfg)
+        store = WeightStore()
+        rebuilt, _, _ = quantize_model(store.source(src.file("onnx")), cfg, store)
+        rebuilt = StoredModel(rebuilt, store)
     here = tool_versions().get("onnxruntime")
     note = "" if q.onnxruntime in (None, here) else (f"quantized with onnxruntime {q.onnxruntime}, re-run with "
                                                      f"{here}")

@@ -80,6 +80,9 @@ class WeightStore:
             os.close(fd)
         self._fds = []
 
+    def __del__(self) -> None:
+        self.close()
+
     # ---- the source ------------------------------------------------------------------------------------------------
 
     def source(self, path: str | Path) -> onnx.ModelProto:
@@ -379,3 +382,30 @@ def _initializer(name: str | None, graph_stack: list[onnx.GraphProto]
                 if t.name == name:
                     return graph, t
     return None, None
+
+
+class StoredModel:
+    """A model whose large tensors are in a :class:`WeightStore`: its graph (``.graph``, the message without them)
+    and :meth:`tensor`, one initializer with its bytes read in — what verify's weights check compares, one tensor at a
+    time (verify/weights.py), without either model whole in memory."""
+
+    def __init__(self, proto: onnx.ModelProto, store: WeightStore) -> None:
+        self.proto, self.store = proto, store
+
+    @classmethod
+    def of(cls, path: str | Path) -> StoredModel:
+        """The ONNX file at ``path`` with its large tensors left in its files."""
+        store = WeightStore()
+        return cls(store.source(path), store)
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.proto.graph
+
+    def tensor(self, t: onnx.TensorProto) -> onnx.TensorProto:
+        """``t`` as the in-memory path holds it: a copy with its bytes when they are in the store, else ``t``."""
+        if not self.store.held(t):
+            return t
+        out = _inline_form(t, self.store.refs[t.name])
+        out.raw_data = self.store.read(t.name)
+        return out

@@ -295,7 +295,8 @@ def export_torchscript(output: str | Path, *, model: str | LoadedModel | None = 
     from mhaexport.exporter.torchscript import export_torchscript as _export
 
     writable_output(output)
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    # an --hf folder streamed (its weights staged and mapped, as for onnx); the built-in decoder in memory
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None)
     with _replacing(output, loaded, replace) as done:
         say(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
         return done(_export(loaded, output, mode=mode))
@@ -315,8 +316,8 @@ def export_pt2(output: str | Path, *, model: str | LoadedModel | None = None, co
     say = _say(progress)
     block = _block(module, mask, model, hf)
     writable_output(output)
-    loaded = (_load_block(config, checkpoint, mask) if block else
-              _model(model, config, hf, checkpoint, revision, allow_download, progress))
+    loaded = (_load_block(config, checkpoint, mask) if block else  # an --hf folder streamed, as for onnx
+              _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None))
     with _replacing(output, loaded, replace) as done:
         say(f"Exporting {_block_of(loaded) if block else loaded.spec} with torch.export (dynamic axes) ...")
         records = _export(loaded, output, aoti=aoti, progress=progress)
@@ -377,7 +378,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
         parse_size(memory)  # a bad size is refused before any work
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
-        loaded = _model(model, config, hf, checkpoint, revision, allow_download)
+        # an --hf folder streamed: eager over its weights mapped (the memory plan maps them)
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, streamed=hf is not None)
     from mhaexport.exporter.quantize import reproduce
 
     try:
@@ -1183,8 +1185,9 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
     ``OUTPUT-float32``); ``pt2`` / ``aoti``: also export with torch.export (and AOTInductor) and verify those.
     Each stage is said through ``progress`` as a :class:`mhaexport.core.progress.Stage` (``[k/n]`` on the command line).
     Everything is checked before any work. Returns an :class:`AllRun` (truthy only when the verdict passed;
-    ``.report``, ``.records``, ``.written``). ``memory`` / ``mapped``: verify's memory cap and mode (:func:`verify`;
-    the model exported is in memory already, so only ONNX Runtime's weights can be mapped). Raises ConfigError /
+    ``.report``, ``.records``, ``.written``). ``memory`` / ``mapped``: verify's memory cap and mode (:func:`verify`).
+    The model is loaded streamed (a factory's in memory): its weights in one staging file, memory-mapped, which the
+    exports write from and verify's eager reads. Raises ConfigError /
     ModelLoadError / ExportError / ArtifactError."""
     from mhaexport.outputs import check_outputs
     from mhaexport.core.progress import Stage
@@ -1212,7 +1215,8 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
 
     named = model if isinstance(model, str) else None
     stage(f"load {named or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    # streamed (the built-in decoder, an --hf folder): one staging file of the weights, mapped, that every stage reads
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
     onnx_out = Path(f"{Path(output)}-{dtype}") if weights else output
     cache = "" if kv_cache in (None, "concat") else f", {kv_cache} KV cache"
     stage(f"export ONNX (opset {opset or (23 if attention == 'onnx' else 18)}, dynamic axes, attention {attention}, "

@@ -508,8 +508,9 @@ def load_recorded(folder: ExportFolder, *, trust_code: bool = False, mapped: boo
     the model instead — nothing runs because a folder says so.
 
     ``mapped``: a built-in decoder's parameters memory-mapped (:func:`load_model` ``mapped``; its seeded weights
-    cached once, a cached file that is not the recorded model's written again); a factory's or a Hugging Face model
-    is loaded whole."""
+    cached once, a cached file that is not the recorded model's written again), a Hugging Face folder's streamed
+    (``streamed=True``: staged one tensor at a time and mapped; one that cannot be is loaded whole, the reason in its
+    notes); a factory's is loaded whole."""
     record = folder.model
     code = code_source(record)
     if code is not None and not trust_code:
@@ -537,14 +538,14 @@ def load_recorded(folder: ExportFolder, *, trust_code: bool = False, mapped: boo
             loaded = load_model(model=f"{src.module}:{src.callable}", checkpoint=checkpoint)
         elif isinstance(src, HfSource) and src.repo_id:
             # the recorded commit, from the cache (offline): the same snapshot, wherever this machine's cache is
-            loaded = load_model(hf=src.repo_id, revision=src.commit or src.revision)
+            loaded = load_model(hf=src.repo_id, revision=src.commit or src.revision, streamed=mapped)
             loaded.spec = record.spec
         elif isinstance(src, HfSource):
             path = (folder.path / src.path).resolve()
             if not path.is_dir():
                 raise ArtifactError(f"the Hugging Face folder of {record.spec} is not at {path} any more: re-point "
                                     "the folder with --hf DIR (accepted when the model is the same)")
-            loaded = load_model(hf=path)
+            loaded = load_model(hf=path, streamed=mapped)
         else:
             raise ArtifactError(f"the manifest's model source {src.to_dict()!r} names no way to rebuild the model")
     except ModelLoadError as e:

@@ -236,7 +236,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
             text_tokens(quality.text, ef.contract, tokenizer)
     # the memory plan, before any weight is read (a run that cannot fit is refused here, exit 2)
     plan = memory_plan(ef, wanted, build_sweep(ef.contract, sweep, seed), memory=memory, mapped=mapped,
-                       loaded_given=loaded is not None, sweep=sweep)
+                       loaded_given=loaded is not None and getattr(loaded, "weights", None) is None,
+                       sweep=sweep)
     say(plan.summary())
     from mhaexport.models.loading import check_same_model, load_recorded
 
