@@ -315,8 +315,10 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     torch_dtype = models_torch_dtype(dtype)
     weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
     headroom = half_precision_headroom(loaded, dtype)  # a float16 file that would overflow: refused here
-    if dtype == "float32":
+    if dtype == "float32" and not loaded.half:
         module = loaded.module
+    elif loaded.half and all(p.dtype == torch_dtype for p in loaded.module.parameters() if p.is_floating_point()):
+        module = loaded.module  # a bfloat16 folder kept bfloat16 for a bfloat16 export: written as it is
     elif weights is not None:  # converted one tensor at a time into a second staging file
         weights, module = restaged(loaded.module, weights, torch_dtype)
     else:
@@ -434,7 +436,7 @@ def half_precision_headroom(loaded: LoadedModel, dtype: str):
         return None
     from mhaexport.models.headroom import measure
 
-    headroom = measure(loaded.module, loaded.contract, weights=loaded.weights)
+    headroom = measure(loaded.module, loaded.contract, weights=loaded.weights, float32=loaded.half)
     if dtype == "float16" and headroom.overflow is not None:
         raise ExportOptionError(f"--dtype float16: {headroom.summary('float16')}; export --dtype bfloat16 "
                                 "(float32's range) or float32")

@@ -126,11 +126,11 @@ def _tolerance(value: Any, arg: str) -> None:
 
 def load(*, model: str | LoadedModel | None = None, config: str | None = None, hf: str | Path | None = None,
          checkpoint: str | Path | None = None, revision: str | None = None,
-         allow_download: bool = False, streamed: bool = False) -> LoadedModel:
+         allow_download: bool = False, streamed: bool = False, keep_half: bool = False) -> LoadedModel:
     """The model a command works on, checked against the decoder contract (``--model`` / ``--config`` / ``--hf`` /
     ``--checkpoint`` / ``--revision`` / ``--allow-download``). A LoadedModel given as ``model`` is returned as it
     is. Raises ConfigError or ModelLoadError. ``.notes``: what the loading had to decide (a context length the
-    config left out, say)."""
+    config left out, say). ``streamed`` / ``keep_half``: :func:`mhaexport.models.loading.load_model`'s."""
     from mhaexport.models.loading import LoadedModel, load_model
 
     if isinstance(model, LoadedModel):
@@ -138,18 +138,18 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
             raise ConfigError("a loaded model was given: config, hf and checkpoint do not apply")
         return model
     return load_model(config=config, model=model, checkpoint=checkpoint, hf=hf, revision=revision,
-                      allow_download=allow_download, streamed=streamed)
+                      allow_download=allow_download, streamed=streamed, keep_half=keep_half)
 
 
 def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None, *,
-           streamed: bool = False) -> LoadedModel:
+           streamed: bool = False, keep_half: bool = False) -> LoadedModel:
     """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.core.progress.Note`)."""
     from mhaexport.models.loading import LoadedModel
     from mhaexport.core.progress import Note
 
     given = isinstance(model, LoadedModel)
     loaded = load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
-                  allow_download=allow_download, streamed=streamed)
+                  allow_download=allow_download, streamed=streamed, keep_half=keep_half)
     if progress is not None and not given:
         for note in loaded.notes:
             progress(Note(note))
@@ -244,8 +244,9 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     writable_output(output)
     # the model streamed (the built-in decoder, an --hf folder): its weights in a staging file, written to the export
-    # one tensor at a time
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
+    # one tensor at a time; a bfloat16 folder exported bfloat16 is staged as it is (no float32 copy)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True,
+                    keep_half=dtype == "bfloat16")
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
         cache = {"concat": "", "window": ", window-sized KV cache (GroupQueryAttention)"}.get(
@@ -379,7 +380,8 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
         # an --hf folder streamed: eager over its weights mapped (the memory plan maps them)
-        loaded = _model(model, config, hf, checkpoint, revision, allow_download, streamed=hf is not None)
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, streamed=hf is not None,
+                        keep_half=hf is not None)
     from mhaexport.exporter.quantize import reproduce
 
     try:
@@ -773,7 +775,9 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         raise ConfigError(f"{path} is neither a folder nor a regular file (a FIFO, socket or device)")
     if where is not None and not where.is_dir() and (str(path).endswith(".onnx") or where.is_file()):
         out = _adoption_folder(where, output, named, junit)  # a file: adopted, then verified where it was adopted
-        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+        # an --hf folder streamed: eager over its weights mapped (a half-precision one kept so, computed in float32)
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
+                        keep_half=hf is not None)
         rec = adopt(where, out, model=loaded, junit=junit)
         if bisect:
             return _bisect_run(rec.folder, loaded, output, seed, case, trust_code, (), progress, adopted=rec)
@@ -798,7 +802,8 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         check_outputs({f"-o (its {n})": out / n for n in ("report.json", "report.md", "report.html")},
                       reading=[where])
         writable_output(out, "" if output is not None else " (give -o DIR to write the report elsewhere)")
-        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress) if named else None
+        loaded = (_model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
+                         keep_half=hf is not None) if named else None)
         say(f"Verifying {where} ...")
         return _verify_into(where, loaded, out, "report" if output is not None else None, junit, markdown, progress,
                             runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,
@@ -815,7 +820,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         from mhaexport.artifact.lock import lock_timeout
 
         lock_timeout()
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
         say(f"Exporting {loaded.spec} to a temporary folder ...")
         started = time.perf_counter()

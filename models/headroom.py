@@ -134,12 +134,14 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     return []
 
 
-def measure(module: nn.Module, contract: ModelContract, *, seed: int = 0, weights: WeightsFile | None = None
-            ) -> Headroom:
+def measure(module: nn.Module, contract: ModelContract, *, seed: int = 0, weights: WeightsFile | None = None,
+            float32: bool = False) -> Headroom:
     """Run ``module`` (float32, the decoder contract) once on seeded inputs (:data:`BATCH` rows of :data:`TOKENS`
     tokens, at most max_positions) with a hook on every module, and return each layer's peak finite |activation|
     (a module that outputs a non-finite value in float32 counts as inf). ``weights``: the staging file a streamed
-    model's parameters map, whose pages each module drops again once it ran (the resident set holds one module's)."""
+    model's parameters map, whose pages each module drops again once it ran (the resident set holds one module's).
+    ``float32``: ``module`` holds half-precision weights standing for the float32 model (a bf16 folder kept bf16):
+    computed in float32 one module at a time (:func:`mhaexport.models.upcast.computed_in_float32`)."""
     from mhaexport.models.inputs import make_inputs
 
     tokens = max(1, min(TOKENS, contract.max_positions))
@@ -163,8 +165,13 @@ def measure(module: nn.Module, contract: ModelContract, *, seed: int = 0, weight
 
     handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if n]
     released = weights.released_after_use(module) if weights is not None else contextlib.nullcontext()
+    upcast = contextlib.nullcontext()
+    if float32:
+        from mhaexport.models.upcast import computed_in_float32
+
+        upcast = computed_in_float32(module)
     try:
-        with torch.no_grad(), released:
+        with torch.no_grad(), released, upcast:
             module(ids, mask, past)
     finally:
         for h in handles:

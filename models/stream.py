@@ -210,13 +210,17 @@ def mmap_model(cfg: DecoderConfig, path: str | Path) -> DecoderLM:
     return model_over(cfg, mmap_state(path))
 
 
-def streamed_sha256(state: dict[str, torch.Tensor], weights: "WeightsFile | None" = None) -> str:
+def streamed_sha256(state: dict[str, torch.Tensor], weights: "WeightsFile | None" = None, *,
+                    as_float32: bool = False) -> str:
     """:func:`mhaexport.models.loading.weights_sha256` of a state dict, reading one tensor at a time (a memory-mapped
     state's pages are read once and may be dropped again); a tensor that lies in ``weights``' map is read from the
-    file by offset instead (:meth:`WeightsFile.read_tensor`: the map's pages never touched)."""
+    file by offset instead (:meth:`WeightsFile.read_tensor`: the map's pages never touched). ``as_float32``: a
+    bfloat16/float16 tensor hashed as its float32 values (read by offset, converted, one at a time)."""
     h = hashlib.sha256()
     for name, t in sorted(state.items()):
         t = t.detach()
+        if as_float32 and t.dtype in (torch.bfloat16, torch.float16):  # hashed as the float32 values it stands for
+            t = (weights.read_tensor(t) if weights is not None and weights.where(t) is not None else t).float()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         if not t.numel():
             continue

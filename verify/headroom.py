@@ -21,7 +21,7 @@ def headroom_result(loaded: Any, dtype: str) -> Callable[[], CheckResult]:
     def run() -> CheckResult:
         from mhaexport.models.headroom import THIN_MARGIN, measure
 
-        h = measure(loaded.module, loaded.contract, weights=loaded.weights)
+        h = measure(loaded.module, loaded.contract, weights=loaded.weights, float32=getattr(loaded, "half", False))
         figures = {"dtype": dtype, **h.to_dict()}
         first = h.overflow
         if dtype == "float16" and first is not None:

@@ -65,10 +65,11 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_cod
     ``plan``: the memory plan — mapped: ONNX Runtime's sessions map their external data; a runtime it left out to
     fit is skipped with its reason."""
     c = loaded.contract
-    runners: list[Runner] = [runner_for(ef, EAGER, c, eager=loaded.module)]
+    eager = loaded.eager  # float32 (a bf16 folder kept bf16: computed in float32 one module at a time)
+    runners: list[Runner] = [runner_for(ef, EAGER, c, eager=eager)]
     for rt in runtimes:
         if rt not in (EAGER, ORT_GENAI):
-            runners.append(runner_for(ef, rt, c, eager=loaded.module, n_params=loaded.n_params,
+            runners.append(runner_for(ef, rt, c, eager=eager, n_params=loaded.n_params,
                                       trust_code=trust_code, config=_ort_config(rt, plan)))
             if plan is not None and rt in plan.skipped and runners[-1].available:
                 runners[-1].skip_reason = plan.skipped[rt]
