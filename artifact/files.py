@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from mhaexport.core.errors import ArtifactError, ConfigError, UnsafeFolder
+from mhaexport.core.numbers import dumps
 
 # protobuf cannot serialize one message past 2 GiB: larger ONNX models keep their weights in external data
 TWO_GB = 2 * 1024**3
@@ -73,7 +73,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: str | Path, data: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+    atomic_write_bytes(path, (dumps(data, indent=2) + "\n").encode())
 
 
 def read_json(path: str | Path, what: str) -> dict:

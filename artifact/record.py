@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
 from mhaexport.core.errors import ArtifactError
+from mhaexport.core.numbers import MAX_INT, jsonable, read_float, read_int
 
 R = TypeVar("R", bound="Record")
 
@@ -176,8 +177,10 @@ def _name(hint: Any) -> str:
     return base.__name__ if isinstance(base, type) else str(hint)
 
 
-_OK = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-       float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+# a JSON value's type; numbers bounded here, once for every record (core/numbers.py): an int within int64, a float
+# within a float's range or one of the strings a figure that is not finite is written as ("NaN", "Infinity")
+_OK = {int: lambda v: read_int(v) is not None,
+       float: lambda v: read_float(v) is not None,
        str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool),
        list: lambda v: isinstance(v, list), dict: lambda v: isinstance(v, dict)}
 
@@ -217,7 +220,7 @@ def parse(value: Any, hint: Any, where: str) -> Any:
                 return parse(value, arm, where)
             except ArtifactError:
                 pass
-        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}")
+        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}{_bound(value, arms)}")
     if hint is Any:
         return value
     if origin is Literal:
@@ -234,13 +237,24 @@ def parse(value: Any, hint: Any, where: str) -> Any:
             raise ArtifactError(f"{where} is {_shown(value)}, expected an array")
         return tuple(parse(v, typing.get_args(hint)[0], at(where, i)) for i, v in enumerate(value))
     if not _OK[base](value):
-        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}")
+        raise ArtifactError(f"{where} is {_shown(value)}, expected {_name(hint)}{_bound(value, [base])}")
+    if base is float and isinstance(value, str):  # a figure that is not finite, as written
+        return read_float(value)
     args = typing.get_args(hint)
     if base is list and args:
         return [parse(v, args[0], at(where, i)) for i, v in enumerate(value)]
     if base is dict and args:
         return {k: parse(v, args[1], at(where, k)) for k, v in value.items()}
     return value
+
+
+def _bound(value: Any, types_: list) -> str:
+    """The bound a refused number or string broke, said after "expected ..." ("" where the type alone says it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    if float in types_:
+        return " within a float's range"
+    return f" within ±{MAX_INT}" if int in types_ and isinstance(value, int) else ""
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -265,7 +279,7 @@ def dump(value: Any) -> Any:
         return [dump(v) for v in value]
     if isinstance(value, dict):
         return {k: dump(v) for k, v in value.items()}
-    return value
+    return jsonable(value)  # a float that is not finite as its string (valid JSON; read back by a float field)
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mhaexport.core.numbers import number
 from mhaexport.artifact import atomic_write_bytes
 from mhaexport.bench.result import BenchResult
 from mhaexport.verify.html import e, figure, page, table
@@ -14,7 +15,7 @@ from mhaexport.verify.svg import COLOURS, Chart, Series
 
 
 def _ms(x: float | None, nd: int = 2) -> str:
-    return "—" if x is None else f"{x:.{nd}f}"
+    return "—" if x is None else number(x, f".{nd}f")
 
 
 def html(res: BenchResult) -> str:
@@ -24,7 +25,7 @@ def html(res: BenchResult) -> str:
     body = [f"<h1>mhaexport bench: <code>{e(res.model.spec)}</code></h1>",
             f"<p>{e(env.date or '')} · {e(env.cpu or '?')} · batch {cfg.batch}, prompt {cfg.prompt_len}, "
             f"{cfg.new_tokens} new tokens, {cfg.threads} threads; times in ms (medians over {cfg.repeats} timed "
-            f"repeats); weight-bandwidth floor {res.floor_ms:.3g} ms per token</p>"]
+            f"repeats); weight-bandwidth floor {number(res.floor_ms, '.3g')} ms per token</p>"]
     rows = []
     for r in res.runtimes:
         if not r.ran:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mhaexport.core.numbers import number
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json
 from mhaexport.bench.html import write_html
 from mhaexport.bench.result import BenchResult
@@ -26,11 +27,16 @@ def _save_png(fig, path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 def _f(x: float | None, nd: int = 2) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
+    return "-" if x is None else number(x, f".{nd}f")
+
+
+def _div(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 (a figure read back may be anything: a renderer never raises)."""
+    return a / b if b else float("nan")
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.0f} %"
+    return "-" if x is None else f"{number(x * 100, '.0f')} %"
 
 
 def runtimes_table(res: BenchResult) -> str:
@@ -39,7 +45,7 @@ def runtimes_table(res: BenchResult) -> str:
     rows = [(f"batch {cfg.batch}, prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, "
              f"{cfg.threads} threads, greedy; times in ms (medians over {cfg.repeats} timed repeats, "
              "round-robin; token latency over all decode steps). warm-ups: untimed generations until two in a row "
-             f"agreed within {cfg.steady_within * 100:.0f} % (at most {cfg.max_warmups}). spread: the "
+             f"agreed within {number(cfg.steady_within * 100, '.0f')} % (at most {cfg.max_warmups}). spread: the "
              "larger of p90 / p50 and p50 / p10 of per-token latency with its growth with position taken out; "
              "repeats apart: (slowest - fastest) / median of the repeats' medians."), "",
             "| runtime | providers | load | warm-ups | prefill | TTFT | token p50 | token p90 | token min | spread | "
@@ -73,7 +79,7 @@ def loop_text(res: BenchResult) -> str:
         how = ("one session each: identical sessions of one file can decode at different speeds, so this ratio "
                "also holds the two sessions' difference; --sessions 3 times each loop over three")
     return (f"mhaexport's decode loop ({lp.ours}, the deploy runtime's) / onnxruntime-genai's loop ({lp.genai}) "
-            f"on the same file: {_f(lp.ours_ms)} / {_f(lp.genai_ms)} ms per token = **{lp.ratio:.3f} x** "
+            f"on the same file: {_f(lp.ours_ms)} / {_f(lp.genai_ms)} ms per token = **{number(lp.ratio, '.3f')} x** "
             f"({how}; {threads}).")
 
 
@@ -100,21 +106,21 @@ def quantized_table(res: BenchResult) -> str:
     rows = [r for r in res.runtimes if r.ran and r.lowering is not None and r.opt_level is None]
     out = [(f"Quantized and float exports side by side (ONNX Runtime rows of this run; weights read per token "
             f"counted from each graph; x float floor = token p50 / the float model's weight-bandwidth floor, "
-            f"{res.floor_ms:.2f} ms; x float p50 = token p50 / the float export's on the same provider):"), "",
+            f"{number(res.floor_ms, '.2f')} ms; x float p50 = token p50 / the float export's on the same provider):"), "",
            "| row | weights | MB read per token | x float bytes | token p50 | x float floor | x float p50 |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         floats = [f.token_p50_ms for f in rows if f.quantization is None and f.providers[:1] == r.providers[:1]
                   and f.token_p50_ms]
         mb = r.weight_bytes_per_token or res.weight_bytes_per_token
-        out.append(f"| {r.label} | {r.quant_label or 'float'} | {mb / 1e6:.1f} | "
-                   f"{mb / res.weight_bytes_per_token:.3f} | {_f(r.token_p50_ms)} | {_f(r.floor_ratio)} | "
+        out.append(f"| {r.label} | {r.quant_label or 'float'} | {number(mb / 1e6, '.1f')} | "
+                   f"{number(_div(mb, res.weight_bytes_per_token), '.3f')} | {_f(r.token_p50_ms)} | {_f(r.floor_ratio)} | "
                    f"{_f(r.token_p50_ms / min(floats) if floats and r.token_p50_ms else None)} |")
     return "\n".join(map(shown, out))
 
 
 def _ratio(x: float | None, base: float | None) -> str:
-    return f" (x {x / base:.2f})" if x is not None and base else ""
+    return f" (x {number(x / base, '.2f')})" if x is not None and base else ""
 
 
 def scaling_tables(res: BenchResult) -> str:
@@ -167,12 +173,12 @@ def scaling_tables(res: BenchResult) -> str:
 def floor_text(res: BenchResult) -> str:
     """The bandwidth and the floor, naming the probe that set it and the thread count it read with."""
     bw = res.bandwidth
-    probes = ", ".join(f"{k} {v:.2f} GB/s" + (" counting read + write" if k == "copy" else "")
+    probes = ", ".join(f"{k} {number(v, '.2f')} GB/s" + (" counting read + write" if k == "copy" else "")
                        for k, v in bw.probes.items())
     threads = f"{bw.threads} thread{'s' if bw.threads != 1 else ''}"
-    return (f"Memory read bandwidth: **{res.bandwidth_gbps:.2f} GB/s**, the fastest of the probes ({probes}; "
+    return (f"Memory read bandwidth: **{number(res.bandwidth_gbps, '.2f')} GB/s**, the fastest of the probes ({probes}; "
             f"{bw.method}, {threads}, {bw.mbytes} MiB, medians). Weights read per token: "
-            f"{res.weight_bytes_per_token / 1e6:.1f} MB. Weight-bandwidth floor: **{res.floor_ms:.2f} ms/token** "
+            f"{number(res.weight_bytes_per_token / 1e6, '.1f')} MB. Weight-bandwidth floor: **{number(res.floor_ms, '.2f')} ms/token** "
             f"(set by the {bw.probe} probe on {threads}).")
 
 
@@ -182,13 +188,13 @@ def targets_table(res: BenchResult) -> str:
     conditions = "; ".join(dict.fromkeys(describe_conditions(t.conditions) for t in TARGETS))
     max_spread = res.config.max_spread
     rows = [f"Speed targets (set for {conditions}; a verdict only where every timed row a target reads has spread "
-            f"<= {max_spread:g}; where this run's conditions differ from a target's, its figure is shown, not a "
+            f"<= {number(max_spread, 'g')}; where this run's conditions differ from a target's, its figure is shown, not a "
             "verdict):", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
     for t in res.targets:
         verdict = "**no**" if t.verdict == "no" else t.verdict
         if not t.applies and t.met is not None:
             verdict = f"{t.verdict} (other run conditions: a figure, not a verdict)"
-        limit = f"{'<=' if t.direction == 'at most' else '>='} {t.limit:g}"
+        limit = f"{'<=' if t.direction == 'at most' else '>='} {number(t.limit, 'g')}"
         rows.append(f"| {t.target} ({t.detail}) | {_f(t.measured)} | {limit} | {verdict} |")
     return "\n".join(map(shown, rows))  # one line each: text from a folder cannot start another
 
@@ -204,7 +210,8 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
         read = lr.bytes_at or {}
         near, far = str(lr.near), str(lr.far)
         grow = (f"; bytes a step reads at least (weights + the cache so far) at {far} / at {near}: "
-                f"{read[far] / read[near]:.2f}" if near in read and far in read and near != far else "")
+                f"{number(_div(read[far], read[near]), '.2f')}" if near in read and far in read and near != far
+                else "")
         parts.append(f"\n{shown(lr.label)}: per-token latency against position (median of positions +-8), "
                      f"{lr.repeats} run(s) to position {lr.positions[-1] + 1}: {at}; spread "
                      f"{_f(lr.spread)}{grow}.")
@@ -219,7 +226,7 @@ def markdown_body(res: BenchResult, plot_note: str | None = None, scaling_note: 
     if res.targets:  # the project's speed targets, when the run asked for them (--targets)
         parts += ["", targets_table(res)]
     if res.profile:
-        ops = ", ".join(f"{o.op} {o.share * 100:.0f}%" for o in res.profile.ops[:8])
+        ops = ", ".join(f"{o.op} {number(o.share * 100, '.0f')}%" for o in res.profile.ops[:8])
         where = res.profile.file or "not kept: give -o DIR to keep the trace there"
         parts.append(f"\nONNX Runtime profile of one ORT CPU generation ({shown(where)}): {shown(ops)}.")
     for n in res.notes:
@@ -261,7 +268,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
         c = colours[r.label]
         bars.plot([lo, hi], [y, y], color=c, linewidth=3, alpha=0.45, solid_capstyle="round")
         bars.plot([r.token_p50_ms], [y], "o", color=c, markersize=7)
-        bars.annotate(f"{r.token_p50_ms:.2f}", (r.token_p50_ms, y), textcoords="offset points", xytext=(0, 7),
+        bars.annotate(f"{number(r.token_p50_ms, '.2f')}", (r.token_p50_ms, y), textcoords="offset points", xytext=(0, 7),
                       ha="center", fontsize=7)
     bars.set_yticks(range(len(ran)), [r.label for r in ran], fontsize=8)
     for tick, r in zip(bars.get_yticklabels(), ran):
@@ -278,7 +285,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
         lines.plot(lr.positions, _smooth(lr.positions, lr.ms), color=colours[lr.label], linewidth=1.2,
                    linestyle="--", label=f"{lr.label}, long run")
     lines.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.9,
-                  label=f"weight-bandwidth floor {res.floor_ms:.2f} ms ({res.floor_probe}, {res.floor_threads} "
+                  label=f"weight-bandwidth floor {number(res.floor_ms, '.2f')} ms ({res.floor_probe}, {res.floor_threads} "
                         f"thread{'s' if res.floor_threads != 1 else ''})")
     lines.set_xlabel("position of the token fed", fontsize=8)
     lines.set_ylabel("ms per token (median of repeats, +-8 positions)", fontsize=8)
@@ -289,7 +296,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
         lines.set_yscale("log")
         for axis in (bars.xaxis, lines.yaxis):
             axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=7))
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{number(v, 'g')}"))
             axis.set_minor_formatter(plt.NullFormatter())
     else:
         bars.set_xlim(left=0)

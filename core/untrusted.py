@@ -101,14 +101,18 @@ def load_json(source: bytes | str | os.PathLike, where: str, *, max_bytes: int =
     path to read (a regular file only, at most ``max_bytes``) — or :class:`~mhaexport.core.errors.UntrustedInput` naming
     ``where`` (the file, e.g. "DIR/tokenizer.json") when it is not UTF-8 JSON, is larger than ``max_bytes`` or
     nests deeper than ``max_depth``. The one JSON reader for input from outside: manifest.json, genai_config.json,
-    the tokenizer files, Hugging Face configs, reports, ``--config FILE.json``. What the value must hold is the
-    caller's to check (a field's type, a number's range)."""
+    the tokenizer files, Hugging Face configs, reports, ``--config FILE.json``. Strict: a key twice in one object,
+    ``NaN`` / ``Infinity`` tokens (not JSON) and a number beyond a float's range are refused. What the value must hold
+    is the caller's to check (a field's type, a number's range: ``artifact.record``)."""
     where = shown(where)
     raw = check_json(source, where, max_bytes=max_bytes, max_depth=max_depth)
     import json
 
     try:
-        return json.loads(raw.decode("utf-8-sig"))
+        return json.loads(raw.decode("utf-8-sig"), object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                          parse_float=_finite_float)
+    except _Refused as e:
+        raise UntrustedInput(f"{where}: {e}: refused") from None
     except UnicodeDecodeError as e:
         raise UntrustedInput(f"{where}: not UTF-8 text (byte {e.start}): not a JSON file") from None
     except RecursionError:  # unreachable within max_depth; kept so no limit can turn into a crash
@@ -116,6 +120,32 @@ def load_json(source: bytes | str | os.PathLike, where: str, *, max_bytes: int =
     except ValueError as e:  # JSONDecodeError, and an integer of more digits than Python converts
         raise UntrustedInput(f"{where}: not valid JSON ({shown(str(e).splitlines()[0] if str(e) else type(e).__name__)})"
                        ) from None
+
+
+class _Refused(ValueError):
+    """What strict JSON reading refuses (:func:`load_json`), said in the message."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are unique (RFC 8259 leaves duplicates undefined: Python keeps the last, other parsers —
+    onnxruntime-genai's — may apply both, so a file two programs read must not have them)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _Refused(f"the key {shown(dup)!r} appears twice in one object")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON (a number that is not finite is written as the string \"{name}\")")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise _Refused(f"the number {shown(text[:40])} is beyond a float's range")
+    return v
 
 
 def check_json(source: bytes | str | os.PathLike, where: str, *, max_bytes: int = MAX_JSON_BYTES,

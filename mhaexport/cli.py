@@ -340,12 +340,12 @@ def _show_replaced(rec) -> None:
 
 def _print_json(command: str, records: list) -> None:
     """--json of an export verb: one object on stdout (:func:`mhaexport.exporter.records.export_json`)."""
-    import json
+    from mhaexport.core.numbers import dumps
 
     from mhaexport.exporter.records import export_json
 
     _progress_done()
-    click.echo(json.dumps(export_json(command, records)))
+    click.echo(dumps(export_json(command, records)))
 
 
 json_option = click.option("--json", "as_json", is_flag=True,
@@ -646,7 +646,7 @@ def quantize_cmd(folder, output, weights, block_size, symmetric, accuracy_level,
 def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, trust_code) -> None:
     """Perplexity (and bits per byte) of an export FOLDER on text, on any runtime. Exit 0 when every runtime asked
     for ran, 1 when one failed, 4 when one could not run here."""
-    import json
+    from mhaexport.core.numbers import dumps
 
     from mhaexport import api
 
@@ -655,7 +655,7 @@ def eval_cmd(folder, text_file, runtimes, window, stride, max_bytes, as_json, tr
                           stride=stride, trust_code=trust_code, progress=_progress)
     _progress_done()
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=1))
+        click.echo(dumps(report.to_dict(), indent=1))
     else:
         _show(report.to_markdown())
     raise_for_verdict(*api.eval_verdict(report))
@@ -718,7 +718,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 
     With --json, "tokens" is the list of new ids for one prompt, or a list of such lists for several.
     """
-    import json
+    from mhaexport.core.numbers import dumps
 
     from mhaexport import api
 
@@ -728,7 +728,7 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
     for w in result.warnings:
         click.secho(shown(f"warning: {w}"), fg="yellow", err=True)
     if as_json:
-        click.echo(json.dumps(result.to_dict(result.texts)))
+        click.echo(dumps(result.to_dict(result.texts)))
         return
     click.echo(f"providers: {', '.join(result.providers)}", err=True)
     click.echo(f"engine: {result.engine} ({result.engine_reason})", err=True)
@@ -813,9 +813,9 @@ def bench_cmd(folder, prompt_len, new_tokens, batch, threads, runtimes, repeats,
                        trust_code=trust_code)
     _progress_done()
     if as_json:
-        import json
+        from mhaexport.core.numbers import dumps
 
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(dumps(result.to_dict()))
     else:
         _show(bench.markdown_body(result))  # the tables, the floor and the targets (no plot line)
     click.echo("wrote " + ", ".join(str(p) for p in result.written), err=True)
@@ -997,9 +997,9 @@ def _finish(report, markdown: str, written: list[str]):
     """Print a verify report written already (the table, or --json's object; the "wrote" lines) and exit with its
     verdict (:func:`mhaexport.core.errors.raise_for_verdict`: 1 failed, 2 refused, 4 not verified)."""
     if _state().json:
-        import json
+        from mhaexport.core.numbers import dumps
 
-        click.echo(json.dumps(report.to_dict()))
+        click.echo(dumps(report.to_dict()))
     else:
         _show(markdown)
     for line in written:
@@ -1183,13 +1183,13 @@ def all_cmd(config, model, checkpoint, hf, sweep, seed, atol, rtol, runtimes, ge
 def lint_cmd(path, as_json) -> None:
     """Static findings on a decoder's ONNX graph (a FILE.onnx, ours or another tool's, or an export DIR), each with
     its severity, node and a one-line fix. Exit 1 when a finding is an error, 0 otherwise."""
-    import json
+    from mhaexport.core.numbers import dumps
 
     from mhaexport import api
 
     report = api.lint(path)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(dumps(report.to_dict(), indent=2))
     else:
         _show(report.to_markdown("##"))
     raise_for_verdict(*api.lint_verdict(report))
@@ -1216,9 +1216,9 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
     merged = api.merge_reports(reports, output, names=names)
     js, md = Path(output) / "report.json", Path(output) / "report.md"
     if as_json:
-        import json
+        from mhaexport.core.numbers import dumps
 
-        click.echo(json.dumps(merged.to_dict()))
+        click.echo(dumps(merged.to_dict()))
     else:
         _show(render_markdown(merged))
     click.echo(f"wrote {js} and {md}", err=True)

@@ -246,15 +246,17 @@ class WeightsFile:
 
     def __init__(self, path: str | Path, *, unlink: bool = False) -> None:
         self.path = Path(path)
-        self.fd = os.open(self.path, os.O_RDONLY)
+        self.fd = -1  # owned from the moment it is open: close() closes it once, whoever calls it first
+        self._unlink_at_close = False
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             self.base, self.meta = read_header(self.path)
             self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
             self.state = _state_over(self.path, self._mm, self.base, self.meta)
         except BaseException:
-            os.close(self.fd)
+            os.close(fd)  # never owned: closed here, once (close() and __del__ see -1)
             raise
-        self._unlink_at_close = False
+        self.fd = fd
         if unlink:
             try:
                 self.path.unlink(missing_ok=True)
@@ -265,15 +267,23 @@ class WeightsFile:
         self._end = self._start + self._mm.size
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Close the descriptor, once (later calls do nothing), and remove a staging file Windows kept."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
             if self._unlink_at_close:
                 self._mm = self.state = None
                 self.path.unlink(missing_ok=True)
 
-    def __del__(self) -> None:
+    def __enter__(self) -> WeightsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            self.close()
 
     def _pread(self, offset: int, nbytes: int) -> np.ndarray:
         """``nbytes`` of the file from ``offset``, read into a new buffer (uint8)."""

@@ -148,3 +148,34 @@ def test_a_bfloat16_folder_exported_bfloat16_keeps_its_values(hf_dir, tmp_path):
     want = src.get_input_embeddings().weight.view(torch.int16).numpy()
     tables = [t for t in graph.initializer if tuple(t.dims) == tuple(want.shape)]
     assert tables and any((numpy_helper.to_array(t).view("int16") == want).all() for t in tables)
+
+
+def test_a_refused_safetensors_file_closes_its_descriptor_once(hf_dir, tmp_path):
+    """A header whose offsets run past the file is refused while WeightsFile opens it: the descriptor is closed there
+    once, and neither close() nor the collector closes the number again (which printed 'Exception ignored in
+    WeightsFile.__del__: Bad file descriptor', and could close another file that reused the number). pytest's
+    filterwarnings makes an unraisable exception an error, so this test fails if __del__ raises."""
+    import gc
+    import struct
+
+    from mhaexport.models.stream import WeightsFile
+
+    raw = (hf_dir("llama") / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"][1] += 10 ** 9
+    text = json.dumps(header).encode()
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    with pytest.raises((ValueError, OSError)):
+        WeightsFile(bad)
+    gc.collect()
+    with WeightsFile(hf_dir("llama") / "model.safetensors") as ok:
+        fd = ok.fd
+        assert fd >= 0
+    assert ok.fd == -1
+    ok.close()  # a second close does nothing
+    with pytest.raises(OSError):
+        import os
+        os.fstat(fd)  # closed (nothing reopened it in between)

@@ -211,7 +211,7 @@ def test_a_seed_out_of_range_is_bad_input(export_copy, cwd, args):
     ("d_model", 10**6, "above the most"),
     ("n_layers", 100000, "above the most"),
     ("layer_norm_eps", "x", "must be a finite positive number"),
-    ("rope_theta", float("inf"), "must be a finite positive number"),
+    ("rope_theta", float("inf"), "c.json: Infinity is not JSON"),  # the strict reader refuses it, naming the file
     ("seed", -1, "'seed' must be an integer from 0"),
     ("tie_embeddings", "yes", "must be true or false"),
 ])
@@ -220,7 +220,7 @@ def test_absurd_config_values_are_one_line(cwd, field, value, said):
            field: value}
     (cwd / "c.json").write_text(json.dumps(cfg))
     msg = cli_error(["onnx", "--config", "c.json", "-o", "x"])
-    assert said in msg and field in msg, msg
+    assert said in msg and (field in msg or "is not JSON" in said), msg
     assert not (cwd / "x" / "model.onnx").exists()
 
 

@@ -48,6 +48,7 @@ def _kill_export_when(folder: Path, ready, timeout: float = 120.0) -> bool:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
 
 
 def _staging_dirs(folder: Path) -> list[Path]:

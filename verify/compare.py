@@ -152,16 +152,19 @@ def _compare_block(a: np.ndarray, e: np.ndarray, tol: Tolerance) -> Diff:
     e = np.asarray(e, dtype=np.float64)
     if a.size == 0:
         return Diff()
-    err = np.abs(a - e)
-    err = np.where(np.isnan(err), np.inf, err)  # NaN on either side is a mismatch
-    ae = np.abs(e)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: decided just below
+        err = np.abs(a - e)
+    # a value that is not finite on either side is a mismatch, whatever the other side holds (inf - inf is NaN, and
+    # an infinite expected value would make its own bound infinite): its error is inf
+    finite = np.isfinite(a) & np.isfinite(e)
+    err = np.where(finite, err, np.inf)
+    ae = np.where(finite, np.abs(e), 0.0)
     bound = tol.atol + tol.rtol * ae
     rel = err / np.maximum(ae, 1e-12)
     need = err - tol.rtol * ae
-    finite = np.isfinite(err)
     hist = np.bincount(np.searchsorted(HIST_EDGES, err[finite]), minlength=len(HIST_EDGES) + 1)
     hist[-1] += int((~finite).sum())
-    return Diff(float(err.max()), float(rel.max()), int((err > bound).sum()), int(err.size),
+    return Diff(float(err.max()), float(rel.max()), int((~finite | (err > bound)).sum()), int(err.size),
                 float(max(need.max(), 0.0)), float(err[finite].sum()), hist)
 
 
@@ -183,12 +186,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance, where: np.
             parts.append(d)
     if len(parts) <= 1:
         return parts[0] if parts else Diff()
-    total = merged(parts)
-    # as one pass over the whole array reads them: NaN in the expected values makes max_rel and min_atol NaN
-    for name in ("max_rel", "min_atol"):
-        if any(np.isnan(getattr(d, name)) for d in parts):
-            setattr(total, name, float("nan"))
-    return total
+    return merged(parts)
 
 
 def compare_by_output(actual: Outputs, expected: Outputs, tol: Tolerance, rows: np.ndarray | None,

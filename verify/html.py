@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from mhaexport.artifact import atomic_write_bytes
+from mhaexport.core.numbers import number
 from mhaexport.core.untrusted import shown
 from mhaexport.verify.figures import Limits, Scores
 from mhaexport.verify.report import VerifyReport
@@ -75,8 +76,8 @@ def html(report: VerifyReport, cell: Cell) -> str:
     c = report.counts
     body.append(f"<p>{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped · folder "
                 f"<code>{e(report.folder)}</code> · sweep {e(report.sweep.kind)} ({e(report.sweep.cases)} shapes, "
-                f"seed {e(report.sweep.seed)}) · tolerance atol={report.tolerance.atol:g} "
-                f"rtol={report.tolerance.rtol:g}</p>")
+                f"seed {e(report.sweep.seed)}) · tolerance atol={number(report.tolerance.atol, 'g')} "
+                f"rtol={number(report.tolerance.rtol, 'g')}</p>")
     if report.sources:
         body.append("<p>Merged from: " + "; ".join(e(s) for s in report.sources) + "</p>")
     cols = report.all_checks
@@ -122,7 +123,7 @@ def _footer(report: VerifyReport) -> str:
     memory = (f'<p class="note">Memory: {e(report.memory.summary().removeprefix("memory: "))}</p>'
               if report.memory is not None and report.memory.mode else "")
     return memory + (f'<p class="note">{e(env.host or "?")} · {e(env.platform or "?")} · {e(env.cpus or "?")} CPUs · '
-            f"{e(versions)} · {report.seconds:.1f} s · {e(report.created)}</p>")
+            f"{e(versions)} · {number(report.seconds, '.1f')} s · {e(report.created)}</p>")
 
 
 def _windows(report: VerifyReport) -> list[tuple[float, str]]:
@@ -148,7 +149,7 @@ def _plots(report: VerifyReport, colours: dict[str, str]) -> list[str]:
     tol = report.tolerance
     per = tol.per_output or {}
     atol = per["logits"].atol if "logits" in per else tol.atol
-    limit = [(atol, f"atol {atol:g}")] if atol > 0 else []
+    limit = [(atol, f"atol {number(atol, 'g')}")] if atol > 0 else []
     windows = _windows(report)
     out = []
     kv = [(rt, r.figures.long_by_position) for rt, r in _ran(report, "kv-consistency") if r.figures.long_by_position]
@@ -202,7 +203,7 @@ def _or_dash(x: object) -> object:
 
 
 def _num(x: object) -> str:
-    return f"{x:.3g}" if isinstance(x, float) else e(x if x is not None else "failed to run")
+    return f"{number(x, '.3g')}" if isinstance(x, float) else e(x if x is not None else "failed to run")
 
 
 def _quality(report: VerifyReport) -> list[str]:
@@ -218,7 +219,7 @@ def _quality(report: VerifyReport) -> list[str]:
         sweep, text, lim = f.sweep or Scores(), f.text or Scores(), f.thresholds or Limits()
         for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
             limit = getattr(lim, name)
-            shown = "—" if limit is None else f"{'≥' if name == 'top1' else '≤'} {limit:g}"
+            shown = "—" if limit is None else f"{'≥' if name == 'top1' else '≤'} {number(limit, 'g')}"
             rows.append([e(rt), e(f.scheme or ""), e(LABELS[name]), _num(_or_dash(getattr(sweep, name))),
                          _num(_or_dash(getattr(text, name))), e(shown)])
             classes.append(_CLASS[r.status])

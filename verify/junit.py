@@ -32,6 +32,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mhaexport.verify.results import CheckResult
+from mhaexport.core.numbers import finite
 from mhaexport.core.untrusted import shown
 from mhaexport.verify.report import EXIT_NOT_VERIFIED, VerifyReport
 
@@ -67,10 +68,16 @@ def suite_name(report: VerifyReport) -> str:
     return f"{spec} · {' + '.join(parts) or Path(report.folder).name}"
 
 
+def _seconds(t: float | None) -> str:
+    """A JUnit ``time`` (an xs:decimal: a time that is not a finite, non-negative number is written as 0)."""
+    v = finite(t)
+    return f"{v:.3f}" if v is not None and 0 <= v < 1e12 else "0.000"
+
+
 def _case(parent: ET.Element, classname: str, name: str, time: float | None = None) -> ET.Element:
     attrs = {"classname": _text(classname), "name": _text(name)}
     if time is not None:
-        attrs["time"] = f"{time:.3f}"
+        attrs["time"] = _seconds(time)
     return ET.SubElement(parent, "testcase", attrs)
 
 
@@ -116,7 +123,7 @@ def to_element(report: VerifyReport, markdown: str | None = None) -> ET.Element:
         ET.SubElement(suite, "system-out").text = _lines(markdown)
     tests = sum(counts.values())
     figures = {"tests": str(tests), "failures": str(counts["failed"]), "errors": str(counts["errors"]),
-               "skipped": str(counts["skipped"]), "time": f"{report.seconds:.3f}"}
+               "skipped": str(counts["skipped"]), "time": _seconds(report.seconds)}
     suite.attrib.update(figures)
     if report.created:
         suite.set("timestamp", report.created)

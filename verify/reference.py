@@ -112,9 +112,9 @@ class Recording:
     def files(self) -> dict[str, bytes]:
         buf = io.BytesIO()
         np.savez_compressed(buf, **self.arrays)
-        import json
+        from mhaexport.core.numbers import dumps
 
-        return {INDEX: (json.dumps(self.index, indent=1, sort_keys=True) + "\n").encode(), ARRAYS: buf.getvalue()}
+        return {INDEX: (dumps(self.index, indent=1, sort_keys=True) + "\n").encode(), ARRAYS: buf.getvalue()}
 
 
 def recording(ef, ctx: Context, cases: list[Case], greedies: list[tuple[str, np.ndarray, int]], *, sweep: str,

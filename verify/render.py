@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from mhaexport.artifact.source import HfSource
+from mhaexport.core.numbers import number
 from mhaexport.core.untrusted import shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
@@ -49,7 +50,7 @@ def markdown(report: VerifyReport) -> str:
         lines += [shown(f"**Memory:** {report.memory.summary().removeprefix('memory: ')}"), ""]
     vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
     lines.append(shown(f"<sub>{env.host or '?'} · {env.platform or '?'} · {env.cpus or '?'} CPUs · "
-                       f"{vers} · {report.seconds:.1f} s · {report.created}</sub>"))
+                       f"{vers} · {number(report.seconds, '.1f')} s · {report.created}</sub>"))
     return "\n".join(lines) + "\n"
 
 
@@ -88,8 +89,8 @@ def _header(report: VerifyReport) -> list[str]:
     lines = [f"## mhaexport verify: {verdict}", "",
              f"{what} · **artifacts** {', '.join(arts) or 'none'} · "
              f"**sweep** {sweep.kind} ({sweep.cases} shapes, seed {sweep.seed}) · **tolerance** "
-             f"atol={tol.atol:g} rtol={tol.rtol:g}"
-             + "".join(f" ({k}: atol={v.atol:g} rtol={v.rtol:g})" for k, v in (tol.per_output or {}).items())
+             f"atol={number(tol.atol, 'g')} rtol={number(tol.rtol, 'g')}"
+             + "".join(f" ({k}: atol={number(v.atol, 'g')} rtol={number(v.rtol, 'g')})" for k, v in (tol.per_output or {}).items())
              + " · "
              f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", ""]
     if report.sources:
@@ -129,7 +130,7 @@ def _parity_lines(report: VerifyReport) -> list[str]:
 
 def _n(x: float | None, spec: str) -> str:
     """A figure formatted, "—" where a report read back lacks it."""
-    return "—" if x is None else format(x, spec)
+    return _x(x, spec)
 
 
 def _module_lines(report: VerifyReport) -> list[str]:
@@ -237,17 +238,17 @@ def _quality_lines(report: VerifyReport) -> list[str]:
         for name in ("top1", "kl_mean", "kl_p99", "logit_err", "ppl_ratio"):
             at_least = name == "top1"
             limit = getattr(lim, name)
-            shown = "—" if limit is None else f"{'≥' if at_least else '≤'} {limit:g}"
+            shown = "—" if limit is None else f"{'≥' if at_least else '≤'} {number(limit, 'g')}"
             out.append(f"| {rt} | {f.scheme or ''} | {LABELS[name]} | {_fig(getattr(sweep, name))} | "
                        f"{_fig(getattr(text, name))} | {shown} |")
         if text.perplexity is not None:
-            bpb = (f" ({text.bits_per_byte:.3f} vs {_n(text.eager_bits_per_byte, '.3f')} bits/byte)"
+            bpb = (f" ({number(text.bits_per_byte, '.3f')} vs {_n(text.eager_bits_per_byte, '.3f')} bits/byte)"
                    if text.bits_per_byte is not None else "")
-            out.append(f"| {rt} | | perplexity (eager) | | {text.perplexity:.4g} ({_n(text.eager_perplexity, '.4g')})"
+            out.append(f"| {rt} | | perplexity (eager) | | {number(text.perplexity, '.4g')} ({_n(text.eager_perplexity, '.4g')})"
                        f"{bpb} | |")
         if (g := f.greedy) is not None:
             limit = lim.greedy
-            shown = "—" if limit is None else f"≥ {limit:g} x {g.tokens}"
+            shown = "—" if limit is None else f"≥ {number(limit, 'g')} x {g.tokens}"
             out.append(f"| {rt} | | greedy agreement (mean, min of {g.prompts} prompts) | | {_n(g.mean, '.3g')}, "
                        f"{g.min} of {g.tokens} | {shown} |")
         if text.skipped:
@@ -286,23 +287,24 @@ def cell(r: CheckResult | None) -> str:
         return _NOT_RUN.get(flag, f"{icon} skipped")
     figure = ""
     if r.check == "parity":
-        figure = f"{f.errors} errors" if f.errors else f"{f.max_abs or 0:.1e}"
+        figure = f"{_x(f.errors, 'd')} errors" if f.errors else _x(f.max_abs or 0, ".1e")
     elif r.check == "finite":
         figure = f"{'' if f.cases is None else f.cases} shapes"
     elif r.check == "causality":
-        figure = f"{f.max_abs_earlier or 0:.1e}"
+        figure = _x(f.max_abs_earlier or 0, ".1e")
     elif r.check == "cache-consistency":
-        figure = f"{max(f.decode_max_abs or 0, f.chunked_max_abs or 0):.1e}"
+        figure = _x(_worst(f.decode_max_abs, f.chunked_max_abs), ".1e")
     elif r.check == "demonstration":
-        figure = (f"w[1,3]={f.weight_1_3_max or 0:g}" if f.mask == "causal" else f"w[1,3]≥{f.weight_1_3_min or 0:.2g}")
+        figure = (f"w[1,3]={_x(f.weight_1_3_max or 0, 'g')}" if f.mask == "causal"
+                  else f"w[1,3]≥{_x(f.weight_1_3_min or 0, '.2g')}")
     elif r.check == "kv-consistency":
-        figure = f"{f.worst:.1e}" + (f" to {f.long_to}" if f.long_to is not None else "")
+        figure = _x(f.worst, ".1e") + (f" to {_x(f.long_to, 'd')}" if f.long_to is not None else "")
     elif r.check == "padding":
-        figure = f"{f.worst:.1e}"
+        figure = _x(f.worst, ".1e")
     elif r.check == "dynamic-shapes" and f.baked_axes is not None:
         figure = "baked"
     elif r.check == "dynamic-shapes":
-        figure = f"{(f.shapes or 0) - (f.failed_shapes or 0)}/{f.shapes or 0} shapes"
+        figure = f"{_x((f.shapes or 0) - (f.failed_shapes or 0), 'd')}/{_x(f.shapes or 0, 'd')} shapes"
     elif r.check == QUALITY:
         t, sw = f.text or Scores(), f.sweep or Scores()
         if t.positions:
@@ -314,16 +316,27 @@ def cell(r: CheckResult | None) -> str:
         figure = (f"{f.module} past 65,504" if f.float16_overflow and f.dtype == "float16" else
                   f"peak {_n(f.peak, '.3g')} ({at}), x{_n(f.float16_margin, '.2g')}")
     elif r.check == "generation":
-        figure = f"{f.matched or 0}/{f.tokens or 0} tokens" + (" (tie)" if f.tie else "")
+        figure = f"{_x(f.matched or 0, 'd')}/{_x(f.tokens or 0, 'd')} tokens" + (" (tie)" if f.tie else "")
         if f.long_prompt is not None:
-            figure += f", {f.long_matched or 0}/{f.long_tokens or 0} after {f.long_prompt}"
+            figure += f", {_x(f.long_matched or 0, 'd')}/{_x(f.long_tokens or 0, 'd')} after {_x(f.long_prompt, 'd')}"
     if not f and r.message:
         figure = "error"
     return f"{icon} {figure}".strip()
 
 
 def _fig(x: float | None) -> str:
-    return "—" if x is None else f"{x:.4g}"
+    return _x(x, ".4g")
+
+
+def _x(v: object, spec: str) -> str:
+    """A figure in a cell: "—" where the report has none, else the one formatter's text (NaN, inf, any size)."""
+    return "—" if v is None else number(v, spec)
+
+
+def _worst(*values: float | None) -> float:
+    """The largest of figures, NaN the largest of all (``max`` would keep whichever came first)."""
+    vals = [v for v in values if v is not None]
+    return next((v for v in vals if v != v), max(vals, default=0.0))
 
 
 def write_report(report: VerifyReport, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:

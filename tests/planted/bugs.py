@@ -38,6 +38,11 @@ class _ZeroFill(_Attention):
         return F.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)  # BUG: 0 is not -inf: future keys get weight
 
 
+class _NegInfFill(_Attention):
+    def attend(self, scores, allowed):
+        return F.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # BUG: an all-masked row is NaN
+
+
 class _AfterSoftmax(_Attention):
     def attend(self, scores, allowed):
         return F.softmax(scores, dim=-1).masked_fill(~allowed, 0.0)  # BUG: future keys still in the denominator
@@ -141,6 +146,13 @@ def left_padding_only() -> nn.Module:
 def mask_zero() -> nn.Module:
     """Mask filled with 0 instead of -inf / the dtype's minimum: caught by causality."""
     return _with_attention(DecoderLM(CONFIG), _ZeroFill)
+
+
+def mask_neg_inf() -> nn.Module:
+    """Mask filled with -inf: a query row with no allowed key (a left-padded row's padding) softmaxes to NaN, which
+    spreads to the next layer's real rows through the padded keys' values: caught by finite (and every comparison
+    after it)."""
+    return _with_attention(DecoderLM(CONFIG), _NegInfFill)
 
 
 def mask_after_softmax() -> nn.Module:
