@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from mhaexport.artifact.details import LayerHeadroom
 from mhaexport.artifact.record import Record
 
 F = TypeVar("F", bound="Figures")
@@ -385,7 +386,7 @@ class HeadroomFigures(Figures):
     float16_margin: float | None = None
     bfloat16_step: float | None = None
     float16_overflow: str | None = None
-    layers: list[dict[str, Any]] | None = None
+    layers: list[LayerHeadroom] | None = None  # per layer: its module, peak, float16 margin, bfloat16 step
 
     STRICT = True
 

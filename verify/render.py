@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from mhaexport.artifact.source import HfSource
-from mhaexport.core.numbers import number
+from mhaexport.core.numbers import finite, number
 from mhaexport.core.untrusted import shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
@@ -269,10 +269,10 @@ def _headroom_lines(report: VerifyReport) -> list[str]:
                "range over it (below 1: inf in float16) and bfloat16's step at it:", "",
            "| layer | module | peak | float16 margin | bfloat16 step |", "|---|---|---:|---:|---:|"]
     for row in f.layers or []:
-        margin = row.get("float16_margin")
+        margin = finite(row.float16_margin)
         flag = " ❌" if margin is not None and margin < 1 else ""
-        out.append(f"| {row.get('layer')} | {row.get('module')} | {_n(row.get('peak'), '.4g')} | "
-                   f"{_n(margin, '.3g')}{flag} | {_n(row.get('bfloat16_step'), '.3g')} |")
+        out.append(f"| {row.layer} | {row.module} | {_n(row.peak, '.4g')} | "
+                   f"{_n(row.float16_margin, '.3g')}{flag} | {_n(row.bfloat16_step, '.3g')} |")
     return out
 
 
