@@ -76,9 +76,9 @@ class WeightStore:
         self.close()
 
     def close(self) -> None:
-        for fd in self._fds:
+        fds, self._fds = getattr(self, "_fds", []), []
+        for fd in fds:
             os.close(fd)
-        self._fds = []
 
     def __del__(self) -> None:
         self.close()
@@ -107,7 +107,10 @@ class WeightStore:
             return model
         files: dict[str, int] = {}
         for t in external:
-            info = ExternalDataInfo(t)
+            try:
+                info = ExternalDataInfo(t)
+            except ValueError as e:  # a negative offset or length, an unknown key
+                raise ArtifactError(f"{shown_path(path)}: tensor {t.name}'s external data: {e}") from None
             if Path(info.location).name != info.location:
                 raise ArtifactError(f"{shown_path(path)}: tensor {t.name} names external data {info.location!r} "
                                     "outside the model's folder")
