@@ -777,7 +777,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         out = _adoption_folder(where, output, named, junit)  # a file: adopted, then verified where it was adopted
         # an --hf folder streamed: eager over its weights mapped (a half-precision one kept so, computed in float32)
         loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
-                        keep_half=hf is not None)
+                        keep_half=hf is not None and not bisect)  # bisect runs the eager modules one by one
         rec = adopt(where, out, model=loaded, junit=junit)
         if bisect:
             return _bisect_run(rec.folder, loaded, output, seed, case, trust_code, (), progress, adopted=rec)
