@@ -64,9 +64,13 @@ JIT_DEPRECATED = "torch.jit is deprecated in recent PyTorch; the .pt file still 
 TRACED_CONSTANTS = "torch.jit.trace recorded"
 
 
+# a half-precision export's headroom figures (models/headroom.py), always said: a note
+HEADROOM_NOTE = "headroom:"
+
+
 def is_note(warning: str) -> bool:
-    """Whether an export's warning is a note (:data:`JIT_DEPRECATED`, the folded tracer warnings)."""
-    return warning == JIT_DEPRECATED or warning.startswith(TRACED_CONSTANTS)
+    """Whether an export's warning is a note (:data:`JIT_DEPRECATED`, the folded tracer warnings, the headroom)."""
+    return warning == JIT_DEPRECATED or warning.startswith((TRACED_CONSTANTS, HEADROOM_NOTE))
 
 
 @contextlib.contextmanager

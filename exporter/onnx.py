@@ -22,8 +22,8 @@ from mhaexport.artifact.details import CacheLayout, ExampleSizes, Lowering, Onnx
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
 from mhaexport.core.errors import ExportError, ExportOptionError, first_line
-from mhaexport.exporter.common import (ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish,
-                                       module_bytes)
+from mhaexport.exporter.common import (HEADROOM_NOTE, ExportRecord, captured_warnings, copy_tokenizer,
+                                       example_inputs, finish, module_bytes)
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
@@ -394,6 +394,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         precision = precision_report(tmp / ONNX_FILE, dtype, casts_in_graph=casts, not_run=too_big)
         if headroom is not None:
             precision.extra["headroom"] = headroom.to_dict()
+            warns.append(f"{HEADROOM_NOTE} {headroom.summary(dtype)}")
             if dtype == "float16" and (thin := headroom.thin()) is not None:
                 warns.append(f"float16 headroom is thin: {thin.module} ({thin.layer}) reaches {thin.peak:,.6g} on "
                              f"eager float32 ({headroom.inputs}), {thin.float16_margin:.3g}x under float16's 65,504: "

@@ -91,6 +91,7 @@ def test_a_thin_margin_exports_with_a_note_the_figures_and_verify_passes_saying_
     assert h["layer"] == "blocks.1" and 1 < h["float16_margin"] < 4 and h["float16_overflow"] is None
     assert [row["layer"] for row in h["layers"]][2:4] == ["blocks.0", "blocks.1"]
     assert any("float16 headroom is thin" in w and "blocks.1" in w for w in entry["warnings"])
+    assert any(w.startswith("headroom: peak |activation|") and "blocks.1" in w for w in entry["warnings"])
     res = CliRunner().invoke(main, ["verify", str(tmp_path / "out"), "--runtime", "ort-cpu",
                                     "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
