@@ -539,9 +539,9 @@ def quantize_folder(folder: str | Path | ExportFolder, out_dir: str | Path, cfg:
                 if name in entry.files:
                     shutil.copyfile(src.file("onnx", name), staged.dir / name)
                     files.append(name)
+            made_by = f"mhaexport quantize from {entry.details.exporter or 'an ONNX export'}"
             details = dataclasses.replace(entry.details, opset=opset, quantization=Quantization.from_dict(done),
-                                          external_data=DATA_FILE in files,
-                                          exporter=f"mhaexport quantize from {entry.details.exporter or 'an ONNX export'}")
+                                          external_data=DATA_FILE in files, exporter=made_by)
             new = ArtifactEntry(format="onnx", file=ONNX_FILE, dtype=entry.dtype, io=entry.io,
                                 seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes,
                                 versions=tool_versions(), export_seconds=round(time.perf_counter() - started, 3),
