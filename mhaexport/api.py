@@ -379,9 +379,10 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
         parse_size(memory)  # a bad size is refused before any work
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
-        # an --hf folder streamed: eager over its weights mapped (the memory plan maps them)
+        # an --hf folder streamed: eager over its weights mapped; a half-precision one kept so where memory is what
+        # is short (--mapped, --memory: its float32 reference computed one module at a time, at ~2x eager's time)
         loaded = _model(model, config, hf, checkpoint, revision, allow_download, streamed=hf is not None,
-                        keep_half=hf is not None)
+                        keep_half=hf is not None and (mapped or memory is not None))
     from mhaexport.exporter.quantize import reproduce
 
     try:
@@ -777,7 +778,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         out = _adoption_folder(where, output, named, junit)  # a file: adopted, then verified where it was adopted
         # an --hf folder streamed: eager over its weights mapped (a half-precision one kept so, computed in float32)
         loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
-                        keep_half=hf is not None and not bisect)  # bisect runs the eager modules one by one
+                        keep_half=hf is not None and not bisect and (mapped or memory is not None))
         rec = adopt(where, out, model=loaded, junit=junit)
         if bisect:
             return _bisect_run(rec.folder, loaded, output, seed, case, trust_code, (), progress, adopted=rec)
@@ -803,7 +804,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
                       reading=[where])
         writable_output(out, "" if output is not None else " (give -o DIR to write the report elsewhere)")
         loaded = (_model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
-                         keep_half=hf is not None) if named else None)
+                         keep_half=hf is not None and (mapped or memory is not None)) if named else None)
         say(f"Verifying {where} ...")
         return _verify_into(where, loaded, out, "report" if output is not None else None, junit, markdown, progress,
                             runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,

@@ -85,7 +85,7 @@ def test_verify_hf_and_a_mapped_verify_load_the_folder_streamed(hf_dir, tmp_path
     loads.clear()
     res = CliRunner().invoke(main, ["verify", str(tmp_path / "x"), "--hf", str(folder), "--runtime", "ort-cpu"])
     assert res.exit_code == 0, res.output
-    assert loads == [(True, True, True)]  # mapped; a float32 folder stays float32 (nothing half to keep)
+    assert loads == [(True, False, True)]  # mapped (a half-precision folder is kept so under --mapped/--memory)
     loads.clear()
     res = CliRunner().invoke(main, ["verify", str(tmp_path / "x"), "--mapped", "--runtime", "ort-cpu",
                                     "-o", str(tmp_path / "r")])
