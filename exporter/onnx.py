@@ -29,6 +29,7 @@ from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
 from mhaexport.exporter.lowering.guard import refuse_unexpressible, self_check_sizes
 from mhaexport.exporter.precision import precision_report
+from mhaexport.exporter.trace import traced
 from mhaexport.exporter.streamed import check_stand_in, read_when_written, save_inline
 from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
@@ -313,23 +314,22 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         raise ExportOptionError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)
     torch_dtype = models_torch_dtype(dtype)
-    weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
     headroom = half_precision_headroom(loaded, dtype)  # a float16 file that would overflow: refused here
-    if dtype == "float32" and not loaded.half:
-        module = loaded.module
-    elif loaded.half and all(p.dtype == torch_dtype for p in loaded.module.parameters() if p.is_floating_point()):
-        module = loaded.module  # a bfloat16 folder kept bfloat16 for a bfloat16 export: written as it is
-    elif weights is not None:  # converted one tensor at a time into a second staging file
-        weights, module = restaged(loaded.module, weights, torch_dtype)
-    else:
-        module = copy.deepcopy(loaded.module).to(torch_dtype)
     args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     threshold = external_data_threshold()  # a bad MHAEXPORT_EXTERNAL_DATA_BYTES is refused before any work
     started = time.perf_counter()
-    with stage_artifact(out_dir, "onnx", expected_bytes=module_bytes(loaded.module, torch_dtype)) as staged, \
-            captured_warnings() as warns:
-        tmp = staged.dir
+
+    def build() -> tuple[tuple, ir.Model]:
+        weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
+        if dtype == "float32" and not loaded.half:
+            module = loaded.module
+        elif loaded.half and all(p.dtype == torch_dtype for p in loaded.module.parameters() if p.is_floating_point()):
+            module = loaded.module  # a bfloat16 folder kept bfloat16 for a bfloat16 export: written as it is
+        elif weights is not None:  # converted one tensor at a time into a second staging file
+            weights, module = restaged(loaded.module, weights, torch_dtype)
+        else:
+            module = copy.deepcopy(loaded.module).to(torch_dtype)
         try:
             with torch.no_grad():
                 program = torch.onnx.export(
@@ -342,7 +342,15 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             raise ExportError("torch.onnx.export returned no program")
         # onnx_ir all the way: program.model wraps torch's own parameters; a ModelProto of the model would copy
         # every weight and cannot pass 2 GB
-        model = program.model
+        return (module, weights), program.model
+
+    with stage_artifact(out_dir, "onnx", expected_bytes=module_bytes(loaded.module, torch_dtype)) as staged, \
+            captured_warnings() as warns:
+        tmp = staged.dir
+        # traced once per process for this model, dtype, opset and axes (exporter/trace.py): the module traced and
+        # the staging file its parameters map (a streamed model's, or its float16 restaging) are kept with it
+        (module, weights), model = traced(loaded.module, (dtype, opset, seq_dynamic, seq, past), build, warns)
+        program = None
         _name_io_dims(model, c, seq_dynamic)
         size = weight_bytes(model)
         external = size > threshold

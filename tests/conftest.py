@@ -86,3 +86,43 @@ def hf_dir(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def loaded_presets():
+    """{preset: its LoadedModel}, loaded once and streamed as the CLI loads it (its weights in a staging file, the
+    export written from there): every path of one preset reuses its trace (exporter/trace.py)."""
+    from mhaexport.models.loading import load_model
+
+    made: dict = {}
+
+    def get(preset: str):
+        if preset not in made:
+            made[preset] = load_model(preset, streamed=True)
+        return made[preset]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def export_path(tmp_path_factory, loaded_presets):
+    """A factory: ``export_path(preset, attention, kv_cache, dtype, target=None)`` exports that path once per session
+    through the API the CLI's ``onnx`` calls (``export_onnx_target``) and returns (folder, error or None)."""
+    import mhaexport
+    from mhaexport.core.errors import MhaExportError
+
+    made: dict = {}
+
+    def make(preset: str, attention: str | None, kv: str | None, dtype: str | None, target: str | None = None):
+        key = (preset, attention, kv, dtype, target)
+        if key not in made:
+            folder = tmp_path_factory.mktemp("path") / "-".join(k or "_" for k in key)
+            try:
+                mhaexport.export_onnx_target(folder, target, model=loaded_presets(preset), attention=attention,
+                                             kv_cache=kv, dtype=dtype)
+                made[key] = (folder, None)
+            except MhaExportError as e:
+                made[key] = (folder, e)
+        return made[key]
+
+    return make

@@ -10,8 +10,9 @@ from mhaexport.verify import verify_folder
 from mhaexport.verify.render import markdown
 
 CASES = [
-    pytest.param("onnx", "float32", marks=pytest.mark.slow),  # ~5 s; ort below verifies a lowered file fast
-    ("ort", "float32"),
+    # ~5 s each; tests/test_export_paths.py verifies every lowering x cache of tiny and tiny-llama in the fast run
+    pytest.param("onnx", "float32", marks=pytest.mark.slow),
+    pytest.param("ort", "float32", marks=pytest.mark.slow),
     pytest.param("decomposed", "float16", marks=pytest.mark.slow),
     pytest.param("onnx", "float16", marks=pytest.mark.slow),
     pytest.param("ort", "float16", marks=pytest.mark.slow),

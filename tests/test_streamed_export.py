@@ -54,12 +54,13 @@ def test_the_streamed_tiny_export_is_the_session_fixtures_bytes(tiny, tiny_expor
 @pytest.mark.parametrize("preset,external", [("tiny-llama", False), ("tiny-window", True),
                                              pytest.param("tiny-gemma", False, marks=pytest.mark.slow),
                                              pytest.param("tiny-sinks", True, marks=pytest.mark.slow)])
-def test_streamed_export_writes_the_in_memory_exports_bytes(tmp_path, monkeypatch, replaced, preset, external):
+def test_streamed_export_writes_the_in_memory_exports_bytes(tmp_path, monkeypatch, replaced, loaded_presets, preset,
+                                                            external):
     if external:
         monkeypatch.setenv(EXTERNAL_DATA_ENV, "0")
     eager = load_model(preset)
     export_onnx(eager, tmp_path / "mem")
-    loaded = load_model(preset, streamed=True)
+    loaded = loaded_presets(preset)  # streamed, as the CLI loads it (shared with tests/test_export_paths.py)
     assert loaded.weights is not None and not loaded.weights.path.exists()  # the staging file is unlinked at once
     export_onnx(loaded, tmp_path / "str")
     mem, out = _files(tmp_path / "mem"), _files(tmp_path / "str")
