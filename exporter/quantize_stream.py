@@ -75,10 +75,11 @@ class WeightStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def close(self) -> None:
+    def close(self, _close=os.close) -> None:
+        """Close the store's files, once (``_close`` bound early: a store closed at the interpreter's exit)."""
         fds, self._fds = getattr(self, "_fds", []), []
         for fd in fds:
-            os.close(fd)
+            _close(fd)
 
     def __del__(self) -> None:
         self.close()

@@ -266,11 +266,13 @@ class WeightsFile:
         self._start = self._mm.ctypes.data
         self._end = self._start + self._mm.size
 
-    def close(self) -> None:
-        """Close the descriptor, once (later calls do nothing), and remove a staging file Windows kept."""
+    def close(self, _close=os.close) -> None:
+        """Close the descriptor, once (later calls do nothing), and remove a staging file Windows kept. (``_close``:
+        bound when the class is made, so that a file still open when the interpreter exits closes while ``os`` is
+        already gone.)"""
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            os.close(fd)
+            _close(fd)
             if self._unlink_at_close:
                 self._mm = self.state = None
                 self.path.unlink(missing_ok=True)
