@@ -80,14 +80,42 @@ class Lowering(Record):
 
 
 @dataclass
+class LayerHeadroom(Record):
+    """One layer's largest |activation| on eager float32 and what float16 and bfloat16 make of it."""
+
+    layer: str | None = None  # "blocks.3", "tok_emb", "lm_head"
+    module: str | None = None  # the module whose output peaked
+    peak: float | None = None  # None: not finite in float32
+    float16_margin: float | None = None  # 65,504 / peak: below 1 the layer overflows float16
+    bfloat16_step: float | None = None  # the distance between two bfloat16 values at the peak
+
+
+@dataclass
+class Headroom(Record):
+    """A half-precision export's numerical headroom (``precision.headroom``, models/headroom.py): eager float32's
+    per-layer activation peaks on seeded inputs against float16's range and bfloat16's precision."""
+
+    inputs: str | None = None
+    peak: float | None = None
+    layer: str | None = None
+    module: str | None = None
+    float16_margin: float | None = None
+    bfloat16_step: float | None = None
+    float16_overflow: str | None = None  # the first layer past 65,504, or None
+    layers: list[LayerHeadroom] | None = None
+
+
+@dataclass
 class Precision(Record):
-    """What ONNX Runtime CPU computes in float32 of a float16/bfloat16 graph (``precision``)."""
+    """What ONNX Runtime CPU computes in float32 of a float16/bfloat16 graph (``precision``), and the model's
+    numerical headroom in that dtype (``headroom``)."""
 
     dtype: str | None = None
     cast_by_ort_cpu: dict[str, int] | None = None  # op type -> nodes ORT CPU casts to float32; None: not checked
     casts_in_graph: Count | None = None
     ort_cpu_session_error: str | None = None
     not_run: str | None = None
+    headroom: Headroom | None = None
 
 
 @dataclass

@@ -10,8 +10,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from mhaexport.artifact import ArtifactEntry, Manifest, Staging
 from mhaexport.artifact.details import Details
@@ -20,8 +19,11 @@ from mhaexport.core.env import tool_versions
 from mhaexport.core.errors import ExportError, UntrustedInput
 from mhaexport.exporter.records import Replaced, record_dict
 from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ, ModelContract, io_schema
-from mhaexport.models.inputs import make_inputs
-from mhaexport.models.loading import LoadedModel
+
+if TYPE_CHECKING:  # torch is imported where it is used: quantize (torch-free) uses this module too
+    import torch
+
+    from mhaexport.models.loading import LoadedModel
 
 # Messages torch.onnx/torch.export emit on every export that say nothing about the user's model.
 NOISE = ("torchvision is not installed", "isinstance(treespec, LeafSpec)", "shares the same shape constraints",
@@ -47,7 +49,12 @@ class ExportRecord:
 
 
 def example_inputs(contract: ModelContract, seq: int = EXAMPLE_SEQ, past: int = EXAMPLE_PAST,
-                   batch: int = EXAMPLE_BATCH, dtype: torch.dtype = torch.float32):
+                   batch: int = EXAMPLE_BATCH, dtype: torch.dtype | None = None):
+    import torch
+
+    from mhaexport.models.inputs import make_inputs
+
+    dtype = torch.float32 if dtype is None else dtype
     return make_inputs(contract, batch=batch, seq=seq, past=past, seed=1234, dtype=dtype)
 
 
@@ -57,9 +64,13 @@ JIT_DEPRECATED = "torch.jit is deprecated in recent PyTorch; the .pt file still 
 TRACED_CONSTANTS = "torch.jit.trace recorded"
 
 
+# a half-precision export's headroom figures (models/headroom.py), always said: a note
+HEADROOM_NOTE = "headroom:"
+
+
 def is_note(warning: str) -> bool:
-    """Whether an export's warning is a note (:data:`JIT_DEPRECATED`, the folded tracer warnings)."""
-    return warning == JIT_DEPRECATED or warning.startswith(TRACED_CONSTANTS)
+    """Whether an export's warning is a note (:data:`JIT_DEPRECATED`, the folded tracer warnings, the headroom)."""
+    return warning == JIT_DEPRECATED or warning.startswith((TRACED_CONSTANTS, HEADROOM_NOTE))
 
 
 @contextlib.contextmanager
@@ -105,6 +116,8 @@ def captured_warnings() -> Iterator[list[str]]:
 
 def module_bytes(module: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
     """Bytes of ``module``'s parameters and buffers (in ``dtype`` when given): what an export of it writes, about."""
+    import torch
+
     size = torch.tensor([], dtype=dtype).element_size() if dtype is not None else None
     tensors = [*module.parameters(), *module.buffers()]
     return sum(t.numel() * (size or t.element_size()) for t in tensors)

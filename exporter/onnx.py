@@ -23,8 +23,8 @@ from mhaexport.artifact.details import CacheLayout, ExampleSizes, Lowering, Onnx
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
 from mhaexport.core.errors import ExportError, ExportOptionError, first_line
-from mhaexport.exporter.common import (ExportRecord, captured_warnings, copy_tokenizer, example_inputs, finish,
-                                       module_bytes)
+from mhaexport.exporter.common import (HEADROOM_NOTE, ExportRecord, captured_warnings, copy_tokenizer,
+                                       example_inputs, finish, module_bytes)
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
@@ -321,6 +321,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         raise ExportOptionError(f"sequence {seq} + past {past} exceeds max_positions={c.max_positions}")
     out_dir = Path(out_dir)
     torch_dtype = models_torch_dtype(dtype)
+    headroom = half_precision_headroom(loaded, dtype)  # a float16 file that would overflow: refused here
     args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)
     names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     threshold = external_data_threshold()  # a bad MHAEXPORT_EXTERNAL_DATA_BYTES is refused before any work
@@ -333,8 +334,10 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         traced_now = True
         say(f"tracing {loaded.label} (torch.export, then torch.onnx's translation) ...")
         weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
-        if dtype == "float32":
+        if dtype == "float32" and not loaded.half:
             module = loaded.module
+        elif loaded.half and all(p.dtype == torch_dtype for p in loaded.module.parameters() if p.is_floating_point()):
+            module = loaded.module  # a bfloat16 folder kept bfloat16 for a bfloat16 export: written as it is
         elif weights is not None:  # converted one tensor at a time into a second staging file
             weights, module = restaged(loaded.module, weights, torch_dtype)
         else:
@@ -416,6 +419,13 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                 checked = self_check(decomposed, tmp / ONNX_FILE, c, dtype, attention, seq=cseq, past=cpast)
             del decomposed
         precision = precision_report(tmp / ONNX_FILE, dtype, casts_in_graph=casts, not_run=too_big)
+        if headroom is not None:
+            precision.extra["headroom"] = headroom.to_dict()
+            warns.append(f"{HEADROOM_NOTE} {headroom.summary(dtype)}")
+            if dtype == "float16" and (thin := headroom.thin()) is not None:
+                warns.append(f"float16 headroom is thin: {thin.module} ({thin.layer}) reaches {thin.peak:,.6g} on "
+                             f"eager float32 ({headroom.inputs}), {thin.float16_margin:.3g}x under float16's 65,504: "
+                             "other inputs may overflow it (bfloat16 keeps float32's range)")
         if precision.session_error:
             warns.append(f"ONNX Runtime CPU cannot run this {dtype} graph ({precision.session_error}); "
                          f"it needs an execution provider with {dtype} kernels (CUDA)")
@@ -444,6 +454,21 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                       started=started, warns=list(warns), seq_dynamic=seq_dynamic,
                       static_sizes=None if seq_dynamic else (seq, past),
                       owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
+
+
+def half_precision_headroom(loaded: LoadedModel, dtype: str):
+    """Eager float32's per-layer activation peaks (:func:`mhaexport.models.headroom.measure`) before a float16 or
+    bfloat16 export (None for float32). A model whose activations pass float16's range is refused for a float16
+    export (ExportOptionError, one line naming the layer): its file would compute inf there and NaN logits."""
+    if dtype == "float32":
+        return None
+    from mhaexport.models.headroom import measure
+
+    headroom = measure(loaded.module, loaded.contract, weights=loaded.weights, float32=loaded.half)
+    if dtype == "float16" and headroom.overflow is not None:
+        raise ExportOptionError(f"--dtype float16: {headroom.summary('float16')}; export --dtype bfloat16 "
+                                "(float32's range) or float32")
+    return headroom
 
 
 def _self_check_not_run(attention: str, dtype: str, too_big: str | None) -> str | None:

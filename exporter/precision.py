@@ -55,14 +55,68 @@ def precision_report(model: str | Path | onnx.ModelProto, dtype: str, *, casts_i
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "ort_level0.onnx")
         try:
-            cpu_session(model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model),
-                        optimized_file=out, opt_level="disable")
+            cpu_session(weightless(model), optimized_file=out, opt_level="disable")
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
             report.session_error = first_line(e)
             return report
         seen = onnx.load(out, load_external_data=False)
     report.cast_by_ort = _float32_nodes(seen)
     return report
+
+
+# a floating initializer from this many bytes on is a weight: an input of the same type and shape in the graph the
+# precision session reads (smaller ones, and every integer one — shapes, axes, indices — stay constants)
+WEIGHT_BYTES = 1024
+
+
+def weightless(model: str | Path | onnx.ModelProto) -> bytes:
+    """``model`` serialized with its floating weights turned into graph inputs of the same type and shape: what ONNX
+    Runtime's kernel choice and its Casts depend on (op types and dtypes), without the weights — a session over it
+    reads none, so the precision report of a model of any size costs its graph, not its weights. The weights are
+    never read either: a one-file model is walked field by field (:func:`mhaexport.exporter.wire.read_stripped`),
+    an external-data one read without its data."""
+    from onnx.external_data_helper import uses_external_data
+
+    from mhaexport.exporter.wire import read_stripped
+
+    where: dict[str, tuple[int, int]] = {}
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+    else:
+        proto = onnx.load(str(model), load_external_data=False)
+        if not any(uses_external_data(t) for t in proto.graph.initializer):
+            del proto
+            proto, where = read_stripped(Path(model), WEIGHT_BYTES)
+    g = proto.graph
+    kept = []
+    for t in g.initializer:
+        floating = t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                                   onnx.TensorProto.DOUBLE)
+        if floating and _itemsize(t.data_type) * _count(t.dims) >= WEIGHT_BYTES:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            continue
+        if t.name in where:  # a large integer constant the walk left in the file: read back
+            with open(model, "rb") as f:
+                f.seek(where[t.name][0])
+                t.raw_data = f.read(where[t.name][1])
+        kept.append(t)
+    if len(kept) != len(g.initializer):
+        kept = [onnx.TensorProto.FromString(t.SerializeToString()) for t in kept]
+        del g.initializer[:]
+        g.initializer.extend(kept)
+    return proto.SerializeToString()
+
+
+def _itemsize(data_type: int) -> int:
+    return {onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT: 4}.get(data_type, 2)
+
+
+def _count(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
 
 
 # ops whose outputs are never float, whatever their inputs

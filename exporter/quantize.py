@@ -46,6 +46,7 @@ from mhaexport.artifact.details import OnnxDetails, QuantSource, Quantization
 from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_threshold
 from mhaexport.core.env import tool_versions
 from mhaexport.core.errors import ArtifactError, ConfigError, ExportError, first_line
+from mhaexport.exporter.quantize_stream import StoredModel, WeightStore
 from mhaexport.exporter.records import Replaced, record_dict
 from mhaexport.core.progress import Step
 from mhaexport.core.graph import GraphIndex, name_scopes, weights_read
@@ -80,6 +81,8 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf1
 # Their cost in a decode step: 3.4 % (2 threads) to 15.5 % (1 thread); without them the trained model fails the gate
 # (text top-1 0.834 < 0.85; docs/measurements/int4-and-export-2026-12-02.md).
 DEFAULT_INT8_BLOCKS = {"int4": 2, "int8": 0}
+# the smoke run's stand-in of a one-file quantized model: its weights external data inside model.onnx (never published)
+SMOKE_FILE = ".smoke.onnx"
 
 
 @dataclass(frozen=True)
@@ -199,10 +202,12 @@ def lm_head_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
     return None
 
 
-def untie_lm_head(model: onnx.ModelProto) -> list[str]:
+def untie_lm_head(model: onnx.ModelProto, fold: Callable | None = None) -> list[str]:
     """Fold each Transpose of a constant that feeds a MatMul's weight into a constant of its own, so the MatMul's
     weight is an initializer (a tied LM head reads Transpose(embedding table)). Nodes without a name get one (the
-    quantizer selects nodes by name). Returns the MatMuls whose weight was folded."""
+    quantizer selects nodes by name). ``fold(value, perm, name)``: the folded tensor made elsewhere (a streamed run's
+    :meth:`~mhaexport.exporter.quantize_stream.WeightStore.fold_transposed`; None: folded here, in memory). Returns
+    the MatMuls whose weight was folded."""
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
@@ -223,9 +228,12 @@ def untie_lm_head(model: onnx.ModelProto) -> list[str]:
         if not users or not all(n.op_type == "MatMul" and idx == 1 for n, idx in users):
             continue
         perm = node.attributes.get("perm")
-        arr = src.const_value.numpy()
-        folded = np.ascontiguousarray(np.transpose(arr, perm.as_ints() if perm is not None else None))
-        value = ir.val(f"{src.name}.untied", const_value=ir.tensor(folded, name=f"{src.name}.untied"))
+        perm = perm.as_ints() if perm is not None else None
+        name = f"{src.name}.untied"
+        tensor = fold(src, perm, name) if fold is not None else None
+        if tensor is None:
+            tensor = ir.tensor(np.ascontiguousarray(np.transpose(src.const_value.numpy(), perm)), name=name)
+        value = ir.val(name, const_value=tensor)
         g.register_initializer(value)
         out.replace_all_uses_with(value)
         untied += [n.name for n, _ in users]
@@ -308,32 +316,38 @@ def block_for(k: int, block: int) -> int:
 
 
 def _run_pass(model: onnx.ModelProto, bits: int, cfg: QuantConfig, names: set[str], sizes: dict[str, int],
-              ops: tuple[str, ...]) -> onnx.ModelProto:
+              ops: tuple[str, ...], store: WeightStore | None = None) -> onnx.ModelProto:
     """ORT's quantizer on the nodes ``names`` (MatMuls, and Gathers where ``ops`` has them) at ``bits``, once per
-    block size :func:`block_for` gives them (``sizes``: each weight node's length along its quantized axis)."""
+    block size :func:`block_for` gives them (``sizes``: each weight node's length along its quantized axis);
+    ``store``: the weights one at a time (:mod:`mhaexport.exporter.quantize_stream`)."""
     groups: dict[int, set[str]] = {}
     for name in names:
         groups.setdefault(block_for(sizes[name], cfg.block_size), set()).add(name)
     for block, group in sorted(groups.items()):
         model = _run_quantizer(model, bits, dataclasses.replace(cfg, block_size=block),
-                               sorted(set(sizes) - group), ops)
+                               sorted(set(sizes) - group), ops, store)
     return model
 
 
 def _run_quantizer(model: onnx.ModelProto, bits: int, cfg: QuantConfig, exclude: list[str],
-                   ops: tuple[str, ...]) -> onnx.ModelProto:
+                   ops: tuple[str, ...], store: WeightStore | None = None) -> onnx.ModelProto:
     q = _quantizer_class()(model, bits=bits, block_size=cfg.block_size, is_symmetric=cfg.symmetric,
                              accuracy_level=cfg.accuracy_level or None, nodes_to_exclude=exclude,
                              op_types_to_quantize=ops, quant_axes=(("MatMul", 0), ("Gather", 1)))
+    if store is not None:  # each node's weight read in before it is quantized, what it makes spilled after
+        q.node_quantizer = store.feeding(q.node_quantizer)
     q.process()
     return q.model.model
 
 
-def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.ModelProto, dict, list[str]]:
+def quantize_model(model: onnx.ModelProto, cfg: QuantConfig, store: WeightStore | None = None
+                   ) -> tuple[onnx.ModelProto, dict, list[str]]:
     """Quantize ``model`` (a float ONNX decoder) as ``cfg`` says: untie the LM head, then ORT's quantizer once for
-    the 8-bit layers and once for the 4-bit ones. Returns the model, what was done (for the manifest) and warnings."""
+    the 8-bit layers and once for the 4-bit ones. Returns the model, what was done (for the manifest) and warnings.
+    ``store``: ``model``'s large weights are held there, not in the message, and are read one at a time (the
+    result's too: :class:`~mhaexport.exporter.quantize_stream.WeightStore`); None: every weight in the message."""
     warns: list[str] = []
-    untied = untie_lm_head(model)
+    untied = untie_lm_head(model, store.fold_transposed if store is not None else None)
     inits = {i.name for i in model.graph.initializer}
     weight_mm = [n for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits]
     tables = [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits]
@@ -363,11 +377,11 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
     sizes.update({n.name: shapes[n.input[0]][-1] for n in tables})
     with _quantizer_logs() as logs:
         if eight:
-            model = _run_pass(model, 8, cfg, eight, sizes, ("MatMul",))
+            model = _run_pass(model, 8, cfg, eight, sizes, ("MatMul",), store)
         if rest or not keep_tables:
             ops = ("MatMul",) if keep_tables else ("MatMul", "Gather")
             model = _run_pass(model, cfg.bits, cfg, rest | (set() if keep_tables else {n.name for n in tables}),
-                              sizes, ops)
+                              sizes, ops, store)
     warns += [w for w in logs if "opset" not in w]  # the int4-type opset bump is expected and checked below
     done = {
         **dataclasses.asdict(cfg), "keep_float": list(cfg.keep_float),
@@ -382,12 +396,14 @@ def quantize_model(model: onnx.ModelProto, cfg: QuantConfig) -> tuple[onnx.Model
 
 
 def _smoke_run(path: Path, contract) -> None:
-    """Load the quantized file in ONNX Runtime CPU and run it once (finite logits), or ExportError."""
+    """Load the quantized file in ONNX Runtime CPU, its external data memory-mapped (no packed copies), and run it
+    once (finite logits), or ExportError."""
     from mhaexport.core import iospec
     from mhaexport.runners.registry import graph_runner
     from mhaexport.runtime.feed import Feed
 
-    runner = graph_runner("quantized", contract, str(path), Feed.contract(contract.n_layers))  # the contract's calls
+    runner = graph_runner("quantized", contract, str(path), Feed.contract(contract.n_layers),  # the contract's calls
+                          mapped=True)
     try:
         ids, mask, past = iospec.dummy_inputs(contract, 1, 2, 1, seed=0)
         logits = runner.activate().run(ids, mask, past)[0]
@@ -427,16 +443,18 @@ def load_with_data(path: Path) -> onnx.ModelProto:
     return model
 
 
-def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto | None, onnx.ModelProto | None, str]:
+def reproduce(ef: ExportFolder) -> tuple[StoredModel | None, StoredModel | None, str]:
     """Re-run the quantize recipe ``ef``'s manifest records on the float source it records: (the shipped model, the
     rebuilt one, a note on the versions). When the recipe cannot be re-run the rebuilt model is None and the note
     says why (another tool quantized the file; the source folder gone; its file not the one quantized, by sha256):
-    the shipped model then goes to the check against the reference model's weights."""
+    the shipped model then goes to the check against the reference model's weights. Both models are
+    :class:`~mhaexport.exporter.quantize_stream.StoredModel` objects: graphs whose large tensors stay in their files
+    (the rebuilt one's in a staging file, quantized one weight at a time), each read when compared."""
     entry = ef.entry("onnx")
     q = entry.details.quantization
     if q is None:
         return None, None, "not quantized"
-    shipped = load_with_data(ef.file("onnx"))
+    shipped = StoredModel.of(ef.file("onnx"))
     if not isinstance(q.source, QuantSource) or not q.source.folder:
         return shipped, None, f"quantized by another tool ({q.source or 'no recipe recorded'}): no recipe to re-run"
     src_dir = (ef.path / q.source.folder).resolve()
@@ -455,7 +473,9 @@ def reproduce(ef: ExportFolder) -> tuple[onnx.ModelProto | None, onnx.ModelProto
                           accuracy_level=q.accuracy_level if q.accuracy_level is not None else 4,
                           keep_float=tuple(q.keep_float or ()), int8_blocks=q.int8_blocks)
         cfg = cfg.check_model(src.contract.n_layers)  # a default left unrecorded resolved as quantize resolves it
-        rebuilt, _, _ = quantize_model(load_with_data(src.file("onnx")), cfg)
+        store = WeightStore()
+        rebuilt, _, _ = quantize_model(store.source(src.file("onnx")), cfg, store)
+        rebuilt = StoredModel(rebuilt, store)
     here = tool_versions().get("onnxruntime")
     note = "" if q.onnxruntime in (None, here) else (f"quantized with onnxruntime {q.onnxruntime}, re-run with "
                                                      f"{here}")
@@ -488,41 +508,46 @@ def quantize_folder(folder: str | Path | ExportFolder, out_dir: str | Path, cfg:
                           "the float export it was made from")
     if entry.dtype != "float32":
         raise ExportError(f"{src.path} holds a {entry.dtype} export: quantize reads float32 exports")
-    say(Step(f"reading {shown_path(src.file('onnx'))} ...", 0, 3))
-    model = load_with_data(src.file("onnx"))
-    source_read = weights_read(model)
-    say(Step(f"quantizing ({cfg.label()}) with onnxruntime's MatMulNBitsQuantizer ...", 1, 3))
-    model, done, warns = quantize_model(model, cfg)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    done.update(weights_read=weights_read(model),
-                source={"folder": os.path.relpath(src.path.resolve(), out.resolve()),
-                        "onnx_sha256": entry.files[entry.file]["sha256"], "fingerprint": src.model.fingerprint,
-                        "weights_read": source_read},
-                onnxruntime=tool_versions().get("onnxruntime"))
-    size = sum(t.ByteSize() for t in model.graph.initializer)
-    with stage_artifact(out, "onnx", purpose="quantize onnx", expected_bytes=size) as staged:
-        files = [ONNX_FILE]
-        if size > external_data_threshold():  # as the export decides
-            onnx.save_model(model, staged.dir / ONNX_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=DATA_FILE, size_threshold=1024)
-            files.append(DATA_FILE)
-        else:
-            onnx.save_model(model, staged.dir / ONNX_FILE)
-        say(Step("checking that ONNX Runtime runs it ...", 2, 3))
-        _smoke_run(staged.dir / ONNX_FILE, src.contract)
-        for name in (GENAI_CONFIG, *TOKENIZER_FILES):  # an --hf export's tokenizer travels with the model
-            if name in entry.files:
-                shutil.copyfile(src.file("onnx", name), staged.dir / name)
-                files.append(name)
-        details = dataclasses.replace(entry.details, opset=opset, quantization=Quantization.from_dict(done),
-                                      external_data=DATA_FILE in files,
-                                      exporter=f"mhaexport quantize from {entry.details.exporter or 'an ONNX export'}")
-        new = ArtifactEntry(format="onnx", file=ONNX_FILE, dtype=entry.dtype, io=entry.io,
-                            seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes, versions=tool_versions(),
-                            export_seconds=round(time.perf_counter() - started, 3), warnings=list(warns),
-                            details=details)
-        manifest = staged.publish(src.model.relocated(src.path, out), new, files,
-                                  owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
+    say(Step(f"reading {shown_path(src.file('onnx'))}'s graph (its weights stay in the file) ...", 0, 3))
+    with WeightStore() as store:
+        model = store.source(src.file("onnx"))
+        source_read = weights_read(model)
+        say(Step(f"quantizing ({cfg.label()}) with onnxruntime's MatMulNBitsQuantizer, one weight at a time ...", 1, 3))
+        model, done, warns = quantize_model(model, cfg, store)
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+        done.update(weights_read=weights_read(model),
+                    source={"folder": os.path.relpath(src.path.resolve(), out.resolve()),
+                            "onnx_sha256": entry.files[entry.file]["sha256"], "fingerprint": src.model.fingerprint,
+                            "weights_read": source_read},
+                    onnxruntime=tool_versions().get("onnxruntime"))
+        size = store.inline_bytes(model)  # what the message would hold with every weight inside it
+        with stage_artifact(out, "onnx", purpose="quantize onnx", expected_bytes=size) as staged:
+            # as the export decides: external data above the threshold; each tensor written from the store
+            external = size > external_data_threshold()
+            smoke = staged.dir / (ONNX_FILE if external else SMOKE_FILE)  # its weights memory-mapped, either way
+            files = store.write(model, staged.dir / ONNX_FILE, external=external, data_file=DATA_FILE,
+                                stand_in=None if external else smoke)
+            del model
+            store.close()  # the float source's descriptors and the staging file: done with
+            say(Step("checking that ONNX Runtime runs it ...", 2, 3))
+            try:
+                _smoke_run(smoke, src.contract)
+            finally:
+                if smoke.name == SMOKE_FILE:
+                    smoke.unlink(missing_ok=True)
+            for name in (GENAI_CONFIG, *TOKENIZER_FILES):  # an --hf export's tokenizer travels with the model
+                if name in entry.files:
+                    shutil.copyfile(src.file("onnx", name), staged.dir / name)
+                    files.append(name)
+            made_by = f"mhaexport quantize from {entry.details.exporter or 'an ONNX export'}"
+            details = dataclasses.replace(entry.details, opset=opset, quantization=Quantization.from_dict(done),
+                                          external_data=DATA_FILE in files, exporter=made_by)
+            new = ArtifactEntry(format="onnx", file=ONNX_FILE, dtype=entry.dtype, io=entry.io,
+                                seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes,
+                                versions=tool_versions(), export_seconds=round(time.perf_counter() - started, 3),
+                                warnings=list(warns), details=details)
+            manifest = staged.publish(src.model.relocated(src.path, out), new, files,
+                                      owned=(GENAI_CONFIG, DATA_FILE, *TOKENIZER_FILES))
     return QuantizeRecord(out, files, time.perf_counter() - started, details.quantization, warns, manifest)
 
 

@@ -17,6 +17,7 @@ import onnx_ir as ir
 import torch
 
 from mhaexport.core.errors import ExportError
+from mhaexport.exporter.wire import write_proto
 from mhaexport.models.stream import WeightsFile
 
 
@@ -63,60 +64,6 @@ def _read_view(weights: WeightsFile, where: tuple, np_dtype: np.dtype, dtype: ir
     return ir.Tensor(array, dtype=dtype, name=name)
 
 
-# protobuf's wire format: what writing one message field by field needs
-_LEN = 2  # wire type of a length-delimited field (bytes, strings, messages)
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9  # ModelProto.graph, GraphProto.initializer, raw_data
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, i
-
-
-def _split(data: bytes, number: int) -> tuple[bytes, bytes]:
-    """A serialized message's fields numbered below ``number`` and above it (field ``number`` itself dropped):
-    protobuf writes known fields in field-number order, so the message is ``before + field + after``. ValueError
-    where the fields are out of that order."""
-    before, after, i = [], [], 0
-    while i < len(data):
-        start = i
-        key, i = _read_varint(data, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, i = _read_varint(data, i)
-        elif wire == 1:
-            i += 8
-        elif wire == _LEN:
-            n, i = _read_varint(data, i)
-            i += n
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"wire type {wire}")
-        if field < number:
-            if after:
-                raise ValueError(f"field {field} after field {number}")
-            before.append(data[start:i])
-        elif field > number:
-            after.append(data[start:i])
-    return b"".join(before), b"".join(after)
-
-
 def _placeholders(model: ir.Model, names: list[str]) -> dict[str, ir.LazyTensor]:
     """Swap the initializers ``names`` for tensors of the same name, type and shape whose bytes are empty (what the
     proto is built with); returns the lazy tensors taken out, to be put back."""
@@ -153,47 +100,7 @@ def save_inline(model: ir.Model, path: Path, streamed: list[str]) -> onnx.ModelP
     finally:
         for name, t in taken.items():
             model.graph.initializers[name].const_value = t
-    graph = proto.graph
-    parts: list[tuple[bytes, ir.LazyTensor | None, bytes]] = []  # (bytes before, tensor to stream, bytes after)
-    for tp in graph.initializer:
-        t = taken.get(tp.name)
-        data = tp.SerializeToString()
-        if t is None:
-            parts.append((data, None, b""))
-        else:
-            head, tail = _split(data, _TENSOR_RAW_DATA)
-            parts.append((head, t, tail))
-    kept = onnx.GraphProto()
-    kept.CopyFrom(graph)
-    del kept.initializer[:]
-    g_head, g_tail = _split(kept.SerializeToString(), _GRAPH_INITIALIZER)
-    rest = onnx.ModelProto()
-    rest.CopyFrom(proto)
-    rest.ClearField("graph")
-    m_head, m_tail = _split(rest.SerializeToString(), _MODEL_GRAPH)
-    del kept, rest
-
-    def tensor_field(t: ir.LazyTensor) -> bytes:  # raw_data's key and length
-        return _varint(_TENSOR_RAW_DATA << 3 | _LEN) + _varint(_nbytes(t))
-
-    sizes = [len(h) + len(tl) + (0 if t is None else len(tensor_field(t)) + _nbytes(t)) for h, t, tl in parts]
-    init_key = _varint(_GRAPH_INITIALIZER << 3 | _LEN)
-    graph_size = len(g_head) + len(g_tail) + sum(len(init_key) + len(_varint(n)) + n for n in sizes)
-    with open(path, "wb") as f:
-        f.write(m_head)
-        f.write(_varint(_MODEL_GRAPH << 3 | _LEN) + _varint(graph_size))
-        f.write(g_head)
-        for (head, t, tail), n in zip(parts, sizes):
-            f.write(init_key + _varint(n) + head)
-            if t is not None:
-                f.write(tensor_field(t))
-                at = f.tell()
-                t.tofile(f)
-                if f.tell() - at != _nbytes(t):
-                    raise ExportError(f"initializer {t.name}: {f.tell() - at} bytes written, {_nbytes(t)} expected")
-            f.write(tail)
-        f.write(g_tail)
-        f.write(m_tail)
+    write_proto(proto, path, {name: (_nbytes(t), t.tofile) for name, t in taken.items()})
     return proto
 
 

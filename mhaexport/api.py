@@ -156,12 +156,13 @@ def _tolerance(value: Any, arg: str) -> None:
 
 def load(*, model: str | LoadedModel | None = None, config: str | None = None, hf: str | Path | None = None,
          checkpoint: str | Path | None = None, revision: str | None = None,
-         allow_download: bool = False, streamed: bool = False,
+         allow_download: bool = False, streamed: bool = False, keep_half: bool = False,
          ready: Callable[[], None] | None = None) -> LoadedModel:
     """The model a command works on, checked against the decoder contract (``--model`` / ``--config`` / ``--hf`` /
     ``--checkpoint`` / ``--revision`` / ``--allow-download``). A LoadedModel given as ``model`` is returned as it
     is. Raises ConfigError or ModelLoadError. ``.notes``: what the loading had to decide (a context length the
-    config left out, say). ``ready``: called once the source is checked, before the weights are read."""
+    config left out, say). ``streamed`` / ``keep_half``: :func:`mhaexport.models.loading.load_model`'s. ``ready``:
+    called once the source is checked, before the weights are read."""
     from mhaexport.models.loading import LoadedModel, load_model
 
     if isinstance(model, LoadedModel):
@@ -169,11 +170,11 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
             raise ConfigError("a loaded model was given: config, hf and checkpoint do not apply")
         return model
     return load_model(config=config, model=model, checkpoint=checkpoint, hf=hf, revision=revision,
-                      allow_download=allow_download, streamed=streamed, ready=ready)
+                      allow_download=allow_download, streamed=streamed, keep_half=keep_half, ready=ready)
 
 
 def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None, *,
-           streamed: bool = False, loading: str | None = None) -> LoadedModel:
+           streamed: bool = False, keep_half: bool = False, loading: str | None = None) -> LoadedModel:
     """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.core.progress.Note`),
     and ``loading`` (a "Loading ..." line) once its source is checked — an error in the source is the only line."""
     from mhaexport.models.loading import LoadedModel
@@ -182,7 +183,7 @@ def _model(model, config, hf, checkpoint, revision, allow_download, progress: Pr
     given = isinstance(model, LoadedModel)
     ready = (lambda: progress(loading)) if progress is not None and loading and not given else None
     loaded = load(model=model, config=config, hf=hf, checkpoint=checkpoint, revision=revision,
-                  allow_download=allow_download, streamed=streamed, ready=ready)
+                  allow_download=allow_download, streamed=streamed, keep_half=keep_half, ready=ready)
     if progress is not None and not given:
         for note in loaded.notes:
             progress(Note(note))
@@ -278,10 +279,10 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     writable_output(output)
     # the model streamed (the built-in decoder, an --hf folder): its weights in a staging file, written to the export
-    # one tensor at a time
+    # one tensor at a time; a bfloat16 folder exported bfloat16 is staged as it is (no float32 copy)
     loading = f"Loading {model or config or (f'--hf {hf}' if hf else None) or 'the default model'} ..."
     loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True,
-                    loading=loading if announce else None)
+                    keep_half=dtype == "bfloat16", loading=loading if announce else None)
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
         cache = {"concat": "", "window": ", window-sized KV cache (GroupQueryAttention)"}.get(
@@ -332,7 +333,8 @@ def export_torchscript(output: str | Path, *, model: str | LoadedModel | None = 
     from mhaexport.exporter.torchscript import export_torchscript as _export
 
     writable_output(output)
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    # an --hf folder streamed (its weights staged and mapped, as for onnx); the built-in decoder in memory
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None)
     with _replacing(output, loaded, replace) as done:
         say(f"Exporting {loaded.spec} to TorchScript (torch.jit.{mode}) ...")
         return done(_export(loaded, output, mode=mode))
@@ -352,8 +354,8 @@ def export_pt2(output: str | Path, *, model: str | LoadedModel | None = None, co
     say = _say(progress)
     block = _block(module, mask, model, hf)
     writable_output(output)
-    loaded = (_load_block(config, checkpoint, mask) if block else
-              _model(model, config, hf, checkpoint, revision, allow_download, progress))
+    loaded = (_load_block(config, checkpoint, mask) if block else  # an --hf folder streamed, as for onnx
+              _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None))
     with _replacing(output, loaded, replace) as done:
         say(f"Exporting {_block_of(loaded) if block else loaded.spec} with torch.export (dynamic axes) ...")
         records = _export(loaded, output, aoti=aoti, progress=progress)
@@ -415,7 +417,10 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
         parse_size(memory)  # a bad size is refused before any work
     loaded = None
     if model is not None or config is not None or hf is not None or checkpoint is not None:
-        loaded = _model(model, config, hf, checkpoint, revision, allow_download)
+        # an --hf folder streamed: eager over its weights mapped; a half-precision one kept so where memory is what
+        # is short (--mapped, --memory: its float32 reference computed one module at a time, at ~2x eager's time)
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, streamed=hf is not None,
+                        keep_half=hf is not None and (mapped or memory is not None))
     from mhaexport.exporter.quantize import reproduce
 
     try:
@@ -847,7 +852,9 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         raise ConfigError(f"{path} is neither a folder nor a regular file (a FIFO, socket or device)")
     if where is not None and not where.is_dir() and (str(path).endswith(".onnx") or where.is_file()):
         out = _adoption_folder(where, output, named, junit)  # a file: adopted, then verified where it was adopted
-        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+        # an --hf folder streamed: eager over its weights mapped (a half-precision one kept so, computed in float32)
+        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
+                        keep_half=hf is not None and not bisect and (mapped or memory is not None))
         rec = adopt(where, out, model=loaded, junit=junit)
         if bisect:
             return _bisect_run(rec.folder, loaded, output, seed, case, trust_code, (), progress, adopted=rec)
@@ -872,7 +879,8 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         check_outputs({f"-o (its {n})": out / n for n in ("report.json", "report.md", "report.html")},
                       reading=[where])
         writable_output(out, "" if output is not None else " (give -o DIR to write the report elsewhere)")
-        loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress) if named else None
+        loaded = (_model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
+                         keep_half=hf is not None and (mapped or memory is not None)) if named else None)
         say(f"Verifying {where} ...")
         return _verify_into(where, loaded, out, "report" if output is not None else None, junit, markdown, progress,
                             runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,
@@ -889,7 +897,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         from mhaexport.artifact.lock import lock_timeout
 
         lock_timeout()
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None)
     with tempfile.TemporaryDirectory(prefix="mhaexport-verify-") as tmp:
         say(f"Exporting {loaded.spec} to a temporary folder ...")
         started = time.perf_counter()
@@ -1276,8 +1284,9 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
     ``OUTPUT-float32``); ``pt2`` / ``aoti``: also export with torch.export (and AOTInductor) and verify those.
     Each stage is said through ``progress`` as a :class:`mhaexport.core.progress.Stage` (``[k/n]`` on the command line).
     Everything is checked before any work. Returns an :class:`AllRun` (truthy only when the verdict passed;
-    ``.report``, ``.records``, ``.written``). ``memory`` / ``mapped``: verify's memory cap and mode (:func:`verify`;
-    the model exported is in memory already, so only ONNX Runtime's weights can be mapped). Raises ConfigError /
+    ``.report``, ``.records``, ``.written``). ``memory`` / ``mapped``: verify's memory cap and mode (:func:`verify`).
+    The model is loaded streamed (a factory's in memory): its weights in one staging file, memory-mapped, which the
+    exports write from and verify's eager reads. Raises ConfigError /
     ModelLoadError / ExportError / ArtifactError."""
     from mhaexport.outputs import check_outputs
     from mhaexport.core.progress import Stage
@@ -1305,7 +1314,8 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
 
     named = model if isinstance(model, str) else None
     stage(f"load {named or config or (f'--hf {hf}' if hf else None) or 'the default model'}")
-    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress)
+    # streamed (the built-in decoder, an --hf folder): one staging file of the weights, mapped, that every stage reads
+    loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
     onnx_out = Path(f"{Path(output)}-{dtype}") if weights else output
     cache = "" if kv_cache in (None, "concat") else f", {kv_cache} KV cache"
     stage(f"export ONNX (opset {opset or (23 if attention == 'onnx' else 18)}, dynamic axes, attention {attention}, "

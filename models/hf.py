@@ -373,7 +373,8 @@ class HfModel(NamedTuple):
 
 
 def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True,
-               streamed: bool = False, ready: Callable[[], None] | None = None) -> HfModel:
+               streamed: bool = False, keep_half: bool = False,
+               ready: Callable[[], None] | None = None) -> HfModel:
     """The adapter module around the folder's model (``.config`` is an :class:`HFContractConfig`, ``.tokenizer``
     the tokenizer files' bytes as read) and the origin to record; see :func:`mhaexport.models.loading.load_hf`.
     ``shown``: how messages name the model (default: ``path``). ``confine``: transformers loads a private copy of
@@ -381,9 +382,10 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
     a Hub snapshot, held to the cache's own rules. transformers never runs the folder's code
     (``trust_remote_code=False``: a config with ``auto_map`` is refused, no prompt). ``streamed``: the weights
     staged one tensor at a time and mapped (:mod:`mhaexport.models.hf_stream`), the probe run on the meta device; a
-    folder that cannot be is loaded in memory, the reason in the config's notes. ``ready``: called once the folder and
-    its config are read and checked, before the weights are (a caller's "Loading ..." line: never before an error the
-    checks give)."""
+    folder that cannot be is loaded in memory, the reason in the config's notes. ``keep_half`` (with ``streamed``):
+    a bfloat16/float16 folder staged in its own dtype (:func:`mhaexport.models.hf_stream.load_streamed`). ``ready``:
+    called once the folder and its config are read and checked, before the weights are (a caller's "Loading ..."
+    line: never before an error the checks give)."""
     from mhaexport.models.hf_files import hf_files
     from mhaexport.core.untrusted import load_json
 
@@ -417,7 +419,8 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
         if ready is not None:
             ready()
         if streamed:
-            model, weights, meta, cache, load_notes = _load_streamed(transformers, hf_config, files.dir, cache_cls)
+            model, weights, meta, cache, load_notes = _load_streamed(transformers, hf_config, files.dir, cache_cls,
+                                                                     keep_half)
         if model is None:
             try:
                 model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -480,7 +483,7 @@ def _probe(adapter: HFCausalLM, device: str) -> tuple:
     return cache
 
 
-def _load_streamed(transformers, hf_config, folder: Path, cache_cls: type) -> tuple:
+def _load_streamed(transformers, hf_config, folder: Path, cache_cls: type, keep_half: bool = False) -> tuple:
     """(model over its staged weights, the staging file, the adapter on the meta device, the probe's cache, notes),
     or (None, None, None, None, [why not]) for a folder loaded in memory instead (:mod:`mhaexport.models.hf_stream`).
     The probe runs on the meta device first: a model that cannot is never staged."""
@@ -503,7 +506,7 @@ def _load_streamed(transformers, hf_config, folder: Path, cache_cls: type) -> tu
             why = f"its forward does not run on the meta device ({first_line(e)})"
     if why is None:
         try:
-            model, weights, notes = hf_stream.load_streamed(transformers, hf_config, files)
+            model, weights, notes = hf_stream.load_streamed(transformers, hf_config, files, keep_half=keep_half)
             return model, weights, meta, cache, notes
         except OSError as e:  # no room in TMPDIR: loading the model in memory instead would not fit either
             raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the export "

@@ -100,16 +100,33 @@ def stage(files: list[Path], dtype: torch.dtype = DTYPE) -> WeightsFile:
             src.close()
 
 
-def load_streamed(transformers: Any, hf_config: Any, files: list[Path]) -> tuple[nn.Module, WeightsFile, list[str]]:
+def half_dtype(files: list[Path]) -> torch.dtype | None:
+    """The one half-precision dtype (bfloat16 or float16) every floating tensor of ``files`` holds, else None (read
+    from the safetensors headers alone)."""
+    found = set()
+    for path in files:
+        src = WeightsFile(path)
+        try:
+            found |= {_TORCH_DTYPES[e["dtype"]] for e in src.meta.values()
+                      if _TORCH_DTYPES[e["dtype"]].is_floating_point}
+        finally:
+            src.close()
+    return next(iter(found)) if len(found) == 1 and next(iter(found)) in (torch.bfloat16, torch.float16) else None
+
+
+def load_streamed(transformers: Any, hf_config: Any, files: list[Path], *, keep_half: bool = False
+                  ) -> tuple[nn.Module, WeightsFile, list[str]]:
     """The model over ``files`` staged (:func:`stage`), loaded by transformers from that state (eager attention,
     float32): (model, the staging file its parameters map, notes). A parameter transformers made anew in memory
     (a checkpoint conversion that merges or reshapes tensors) is still the right one, only not streamed: said in the
-    notes."""
+    notes. ``keep_half``: a folder whose weights are all bfloat16 (or all float16) is staged and loaded in that
+    dtype, not converted (half the bytes; :mod:`mhaexport.models.upcast` computes its float32 reference)."""
     cls = model_class(transformers, hf_config)
-    weights = stage(files)
+    dtype = (half_dtype(files) if keep_half else None) or DTYPE
+    weights = stage(files, dtype)
     try:
         model = cls.from_pretrained(None, config=copy.deepcopy(hf_config), state_dict=weights.state,
-                                    attn_implementation="eager", dtype=DTYPE)
+                                    attn_implementation="eager", dtype=dtype)
     except BaseException:
         weights.close()
         raise

@@ -56,6 +56,9 @@ class LoadedModel:
     # a model loaded streamed (``load_model(streamed=True)``: the built-in decoder, an --hf folder): the staging file
     # its parameters map
     weights: WeightsFile | None = field(default=None, repr=False)
+    # a half-precision folder kept in its dtype (``load_hf(keep_half=True)``): the module's bfloat16/float16 weights
+    # stand for the float32 model (its fingerprint hashes them as float32; :attr:`eager` computes in float32)
+    half: bool = False
     _weights_sha256: str | None = field(default=None, repr=False)
     _n_params: int | None = field(default=None, repr=False)
 
@@ -63,8 +66,18 @@ class LoadedModel:
     def weights_sha256(self) -> str:
         """sha256 of the module's state dict (names, dtypes, shapes and bytes), computed once."""
         if self._weights_sha256 is None:
-            self._weights_sha256 = weights_sha256(self.module, self.weights)
+            self._weights_sha256 = weights_sha256(self.module, self.weights, as_float32=self.half)
         return self._weights_sha256
+
+    @property
+    def eager(self) -> nn.Module:
+        """The module eager PyTorch runs as the float32 reference: :attr:`module`, or for a half-precision folder kept
+        in its dtype the same module computed in float32 one module at a time (:class:`mhaexport.models.upcast.Float32`)."""
+        if not self.half:
+            return self.module
+        from mhaexport.models.upcast import Float32
+
+        return Float32(self.module)
 
     @property
     def n_params(self) -> int:
@@ -103,12 +116,14 @@ class LoadedModel:
         return Path(self.checkpoint).name
 
 
-def weights_sha256(module: nn.Module, weights: WeightsFile | None = None) -> str:
+def weights_sha256(module: nn.Module, weights: WeightsFile | None = None, *, as_float32: bool = False) -> str:
     """sha256 over the state dict in key order: each key, dtype, shape and the tensor's bytes; a streamed model's
-    (``weights``: the staging file its parameters map) read from that file by offset, never through the map."""
+    (``weights``: the staging file its parameters map) read from that file by offset, never through the map.
+    ``as_float32``: half-precision tensors hashed as their float32 values (the model a float32 load of the same
+    folder gives: the same sha256)."""
     from mhaexport.models.stream import streamed_sha256
 
-    return streamed_sha256(module.state_dict(), weights)
+    return streamed_sha256(module.state_dict(), weights, as_float32=as_float32)
 
 
 def contract_of(module: nn.Module) -> ModelContract:
@@ -311,7 +326,8 @@ def smoke_check(module: nn.Module, contract: ModelContract, device: str = "cpu")
 
 
 def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bool = False,
-            streamed: bool = False, ready: Callable[[], None] | None = None) -> LoadedModel:
+            streamed: bool = False, keep_half: bool = False,
+            ready: Callable[[], None] | None = None) -> LoadedModel:
     """Load the Hugging Face causal LM in folder ``path`` — or, when ``path`` is a Hub id ``org/name``, its snapshot
     at ``revision`` in the user's cache (:mod:`mhaexport.models.hub`; downloaded only with ``allow_download``) —
     under the decoder contract, as a checked LoadedModel: spec ``hf:<folder name>`` (``hf:org/name``), origin an
@@ -321,8 +337,10 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
     install line), not a model folder, a Hub id not in the cache, an architecture transformers cannot load as a
     causal LM, or one whose outputs are not the contract's (no cache, another cache layout). ``streamed``: its
     weights staged one tensor at a time and its parameters that file mapped (``.weights``;
-    :mod:`mhaexport.models.hf_stream`), or, where the folder cannot be, loaded in memory with the reason in the notes.
-    ``ready``: called once the folder and its config are checked, before its weights are read."""
+    :mod:`mhaexport.models.hf_stream`), or, where the folder cannot be, loaded in memory with the reason in the notes;
+    ``keep_half`` (with ``streamed``): a bfloat16/float16 folder staged in its own dtype (``.half``: the float32
+    reference computed one module at a time, :attr:`LoadedModel.eager`). ``ready``: called once the folder and its
+    config are checked, before its weights are read."""
     from mhaexport.models import hub
     from mhaexport.models.hf import hf_adapter
 
@@ -332,17 +350,19 @@ def load_hf(path: str | Path, revision: str | None = None, *, allow_download: bo
     elif revision is not None:
         raise ModelLoadError(f"--revision {revision} applies to a Hub model id (org/name); --hf {path} is a folder")
     if source is None:
-        got = hf_adapter(path, streamed=streamed, ready=ready)
+        got = hf_adapter(path, streamed=streamed, keep_half=keep_half, ready=ready)
         spec = f"hf:{Path(path).resolve().name}"
         origin = got.origin
     else:
-        got = hf_adapter(source.folder, shown=source.repo_id, confine=False, streamed=streamed,
-                         ready=ready)  # the cache's rules
+        got = hf_adapter(source.folder, shown=source.repo_id, confine=False, streamed=streamed,  # the cache's rules
+                         keep_half=keep_half, ready=ready)
         origin = dataclasses.replace(got.origin, **source.record)
         spec = source.spec
     module = got.adapter
+    from mhaexport.models.upcast import half_dtype
+
     loaded = LoadedModel(module, contract_of(module), spec=spec, origin=origin, notes=list(module.config.notes),
-                         weights=got.weights)
+                         weights=got.weights, half=got.weights is not None and half_dtype(module) is not None)
     if got.meta is not None:  # shapes only: a forward would read every weight's pages
         smoke_check(got.meta, loaded.contract, "meta")
     else:
@@ -371,7 +391,7 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
                checkpoint: str | Path | None = None, *, hf: str | Path | None = None,
                random_weights: bool = False, revision: str | None = None,
                allow_download: bool = False, streamed: bool = False, mapped: bool = False,
-               ready: Callable[[], None] | None = None) -> LoadedModel:
+               keep_half: bool = False, ready: Callable[[], None] | None = None) -> LoadedModel:
     """Build the model a command works on. ``config``, ``model`` and ``hf`` are exclusive; none means the default
     preset.
 
@@ -389,7 +409,7 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     (:mod:`mhaexport.models.stream`; verify's mapped mode): the seeded weights written once into this user's cache
     (:func:`~mhaexport.models.stream.cached_seeded`), a checkpoint mapped by ``torch.load(mmap=True)`` (one torch
     cannot map is loaded whole, said in ``notes``). A user factory is loaded whole, and so is a Hugging Face model
-    unless ``streamed``.
+    unless ``streamed``. ``keep_half`` (an ``--hf`` folder, with ``streamed``): see :func:`load_hf`.
     """
     given = [f"--{n}" for n, v in (("config", config), ("model", model), ("hf", hf)) if v is not None]
     if len(given) > 1:
@@ -399,7 +419,8 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
     if hf is not None and checkpoint is not None:
         raise ConfigError("--checkpoint loads weights into mhaexport's own models; an --hf folder holds its weights")
     if hf is not None:
-        return load_hf(hf, revision, allow_download=allow_download, streamed=streamed, ready=ready)
+        return load_hf(hf, revision, allow_download=allow_download, streamed=streamed, keep_half=keep_half,
+                       ready=ready)
     if model is not None:
         factory = _import_factory(model)
         if ready is not None:
@@ -516,8 +537,9 @@ def load_recorded(folder: ExportFolder, *, trust_code: bool = False, mapped: boo
     the model instead — nothing runs because a folder says so.
 
     ``mapped``: a built-in decoder's parameters memory-mapped (:func:`load_model` ``mapped``; its seeded weights
-    cached once, a cached file that is not the recorded model's written again); a factory's or a Hugging Face model
-    is loaded whole."""
+    cached once, a cached file that is not the recorded model's written again), a Hugging Face folder's streamed
+    (``streamed=True``: staged one tensor at a time and mapped; one that cannot be is loaded whole, the reason in its
+    notes); a factory's is loaded whole."""
     record = folder.model
     code = code_source(record)
     if code is not None and not trust_code:
@@ -545,14 +567,14 @@ def load_recorded(folder: ExportFolder, *, trust_code: bool = False, mapped: boo
             loaded = load_model(model=f"{src.module}:{src.callable}", checkpoint=checkpoint)
         elif isinstance(src, HfSource) and src.repo_id:
             # the recorded commit, from the cache (offline): the same snapshot, wherever this machine's cache is
-            loaded = load_model(hf=src.repo_id, revision=src.commit or src.revision)
+            loaded = load_model(hf=src.repo_id, revision=src.commit or src.revision, streamed=mapped, keep_half=mapped)
             loaded.spec = record.spec
         elif isinstance(src, HfSource):
             path = (folder.path / src.path).resolve()
             if not path.is_dir():
                 raise ArtifactError(f"the Hugging Face folder of {record.spec} is not at {path} any more: re-point "
                                     "the folder with --hf DIR (accepted when the model is the same)")
-            loaded = load_model(hf=path)
+            loaded = load_model(hf=path, streamed=mapped, keep_half=mapped)
         else:
             raise ArtifactError(f"the manifest's model source {src.to_dict()!r} names no way to rebuild the model")
     except ModelLoadError as e:

@@ -19,10 +19,12 @@ the kernel reads on use and may drop again under a memory cap — nothing is cop
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import hmac
 import json
+import mmap
 import os
 import struct
 import tempfile
@@ -239,13 +241,17 @@ def mmap_model(cfg: DecoderConfig, path: str | Path) -> DecoderLM:
     return model_over(cfg, mmap_state(path))
 
 
-def streamed_sha256(state: dict[str, torch.Tensor], weights: "WeightsFile | None" = None) -> str:
+def streamed_sha256(state: dict[str, torch.Tensor], weights: "WeightsFile | None" = None, *,
+                    as_float32: bool = False) -> str:
     """:func:`mhaexport.models.loading.weights_sha256` of a state dict, reading one tensor at a time (a memory-mapped
     state's pages are read once and may be dropped again); a tensor that lies in ``weights``' map is read from the
-    file by offset instead (:meth:`WeightsFile.read_tensor`: the map's pages never touched)."""
+    file by offset instead (:meth:`WeightsFile.read_tensor`: the map's pages never touched). ``as_float32``: a
+    bfloat16/float16 tensor hashed as its float32 values (read by offset, converted, one at a time)."""
     h = hashlib.sha256()
     for name, t in sorted(state.items()):
         t = t.detach()
+        if as_float32 and t.dtype in (torch.bfloat16, torch.float16):  # hashed as the float32 values it stands for
+            t = (weights.read_tensor(t) if weights is not None and weights.where(t) is not None else t).float()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         if not t.numel():
             continue
@@ -291,11 +297,13 @@ class WeightsFile:
         self._start = self._mm.ctypes.data
         self._end = self._start + self._mm.size
 
-    def close(self) -> None:
-        """Close the descriptor, once (later calls do nothing), and remove a staging file Windows kept."""
+    def close(self, _close=os.close) -> None:
+        """Close the descriptor, once (later calls do nothing), and remove a staging file Windows kept. (``_close``:
+        bound when the class is made, so that a file still open when the interpreter exits closes while ``os`` is
+        already gone.)"""
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            os.close(fd)
+            _close(fd)
             if self._unlink_at_close:
                 self._mm = self.state = None
                 self.path.unlink(missing_ok=True)
@@ -383,6 +391,36 @@ class WeightsFile:
     def model(self, cfg: DecoderConfig) -> DecoderLM:
         """The built-in decoder over :attr:`state` (as :func:`mmap_model`)."""
         return model_over(cfg, self.state)
+
+    def release(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Drop the pages of ``tensors`` (those over this file's map) from this process (``MADV_DONTNEED``): a
+        forward that read them leaves them in the page cache, not in the resident set; the next read maps them
+        again. A no-op where the platform has no ``madvise``."""
+        mm = getattr(self._mm, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        for t in tensors:
+            at = self.where(t)
+            if at is None:
+                continue
+            start = at[0] // mmap.PAGESIZE * mmap.PAGESIZE
+            mm.madvise(mmap.MADV_DONTNEED, start, at[0] + at[1] - start)
+
+    @contextlib.contextmanager
+    def released_after_use(self, module: nn.Module) -> Iterator[None]:
+        """While inside, each module's own parameters over this file have their pages dropped (:meth:`release`) once
+        its forward returns: a forward over the mapped model holds one module's weights resident at a time."""
+        def drop(mod, _args, _out) -> None:
+            self.release(mod.parameters(recurse=False))
+
+        handles = [m.register_forward_hook(drop) for m in module.modules()
+                   if any(True for _ in m.parameters(recurse=False))]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            self.release(module.parameters())
 
 
 def _state_over(path, mm: np.memmap, base: int, meta: dict) -> dict[str, torch.Tensor]:

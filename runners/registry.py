@@ -155,10 +155,11 @@ def deploy_of(runner: Runner) -> Runner | None:
 
 
 def graph_runner(name: str, contract: ModelContract, graph: str | Path | bytes, feed: Feed, *,
-                 threads: int | None = 1) -> OrtRunner:
+                 threads: int | None = 1, mapped: bool = False) -> OrtRunner:
     """The ONNX Runtime CPU runner of a graph that is no folder's file yet (the exporter's lowering self-check: the
     decomposed and the lowered graph, serialized or the file just written), fed as ``feed`` says and driven by the
     contract's calls (a shared cache's translated into its own, :class:`ContractOverShared`), as verify drives a
-    folder's file. Not activated."""
-    return runner_class(feed)(name, contract, graph, feed=feed, config=SessionConfig(threads=threads),
+    folder's file. ``mapped``: its external data memory-mapped (``SessionConfig.mmap_weights``). Not activated."""
+    return runner_class(feed)(name, contract, graph, feed=feed,
+                              config=SessionConfig(threads=threads, mmap_weights=mapped),
                               protocol=protocol_of(feed, contract_calls=True))

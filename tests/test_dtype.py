@@ -146,3 +146,27 @@ def test_bfloat16_export_records_what_ort_cpu_can_run(tiny, tmp_path):
     # the manifest says what a direct attempt finds: a session error and a warning, or a cast report
     assert (prec.ort_cpu_session_error is None) == runs
     assert any("cannot run this bfloat16 graph" in w for w in rec.warnings) == (not runs)
+
+
+def test_the_precision_session_reads_no_weight(tiny_export):
+    """The precision report's ONNX Runtime session reads the graph with its floating weights as inputs of the same
+    type and shape (a one-file model walked field by field, its weights left in the file): the integer constants
+    kept byte for byte, ONNX Runtime opens it, and no weight reaches the session."""
+    import onnx
+    import onnxruntime as ort
+
+    from mhaexport.exporter.precision import WEIGHT_BYTES, weightless
+
+    path = tiny_export / "model.onnx"
+    whole = onnx.load(str(path))
+    light = onnx.ModelProto.FromString(weightless(path))
+    inputs = {i.name for i in light.graph.input}
+    for t in whole.graph.initializer:
+        big_float = t.data_type == onnx.TensorProto.FLOAT and len(t.raw_data) >= WEIGHT_BYTES
+        if big_float:
+            assert t.name in inputs and all(t.name != k.name for k in light.graph.initializer)
+        else:
+            (kept,) = [k for k in light.graph.initializer if k.name == t.name]
+            assert kept.SerializeToString() == t.SerializeToString()
+    assert len(light.SerializeToString()) < len(whole.SerializeToString()) / 4  # the graph, not the weights
+    ort.InferenceSession(light.SerializeToString(), providers=["CPUExecutionProvider"])

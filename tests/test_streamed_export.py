@@ -11,7 +11,7 @@ import torch
 import mhaexport
 from mhaexport.core.errors import ModelLoadError
 from mhaexport.exporter import onnx as onnx_exporter
-from mhaexport.exporter import streamed
+from mhaexport.exporter import streamed, wire
 from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
 from mhaexport.models import stream
 from mhaexport.models.loading import load_model
@@ -113,12 +113,12 @@ def test_a_checkpoint_is_streamed_into_the_staging_file(tmp_path):
 
 
 def test_split_refuses_fields_out_of_order():
-    key = streamed._varint(5 << 3 | 0) + streamed._varint(1)  # field 5, varint 1
-    low = streamed._varint(2 << 3 | 0) + streamed._varint(7)  # field 2, varint 7
-    assert streamed._split(low + key, 3) == (low, key)
-    assert streamed._split(low + key, 5) == (low, b"")
+    key = wire._varint(5 << 3 | 0) + wire._varint(1)  # field 5, varint 1
+    low = wire._varint(2 << 3 | 0) + wire._varint(7)  # field 2, varint 7
+    assert wire._split(low + key, 3) == (low, key)
+    assert wire._split(low + key, 5) == (low, b"")
     with pytest.raises(ValueError, match="after field"):
-        streamed._split(key + low, 3)
+        wire._split(key + low, 3)
 
 
 def test_no_room_to_stage_the_weights_is_one_line(monkeypatch):

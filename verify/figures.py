@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from mhaexport.artifact.details import LayerHeadroom
 from mhaexport.artifact.record import Record, parse
 
 F = TypeVar("F", bound="Figures")
@@ -373,6 +374,24 @@ class GenaiConfigFigures(Figures):
 
 
 @dataclass(eq=False)
+class HeadroomFigures(Figures):
+    """headroom: the file's dtype, eager float32's peak |activation| (the layer and module, float16's margin over it,
+    bfloat16's step at it), the first layer past float16's range, and every layer's figures; the inputs used."""
+
+    dtype: str | None = None
+    inputs: str | None = None
+    peak: float | None = None
+    layer: str | None = None
+    module: str | None = None
+    float16_margin: float | None = None
+    bfloat16_step: float | None = None
+    float16_overflow: str | None = None
+    layers: list[LayerHeadroom] | None = None  # per layer: its module, peak, float16 margin, bfloat16 step
+
+    STRICT = True
+
+
+@dataclass(eq=False)
 class CacheFigures(Figures):
     """The attention block's cache-consistency: decode and chunked calls with the cache against one call."""
 
@@ -423,7 +442,7 @@ class ServingFigures(Figures):
 RECORDS: dict[str, type[Figures]] = {
     "parity": ParityFigures, "finite": FiniteFigures, "causality": CausalityFigures, "kv-consistency": KvFigures,
     "padding": PaddingFigures, "dynamic-shapes": ShapesFigures, "generation": GenerationFigures,
-    "quality": QualityFigures, "weights": WeightsFigures, "genai-config": GenaiConfigFigures,
+    "quality": QualityFigures, "weights": WeightsFigures, "genai-config": GenaiConfigFigures, "headroom": HeadroomFigures,
     "cache-consistency": CacheFigures, "demonstration": DemonstrationFigures, "cross-provider": DiffFigures,
     "continuous-batching": ServingFigures, "speculative": ServingFigures, "prefix-reuse": ServingFigures}
 

@@ -246,7 +246,11 @@ def folder_weights(ef, runtimes: Iterable[str], loaded_given: bool = False) -> W
     if "ort-genai" in rts and onnx_weights:
         whole_only["ort-genai"] = onnx_weights
     eager = _builtin_bytes(ef.model.config) or onnx_eager or file_bytes("torchscript")
-    mappable = not loaded_given and ef.model.config is not None and not ef.model.legacy
+    from mhaexport.artifact.source import HfSource
+
+    # the built-in decoder is rebuilt over a map, an --hf folder's weights staged and mapped (models/hf_stream.py)
+    mappable = not loaded_given and not ef.model.legacy and (ef.model.config is not None
+                                                             or isinstance(ef.model.source, HfSource))
     return Weights(eager=eager, ort=ort, ort_mappable=ort_mappable, eager_mappable=mappable, whole_only=whole_only)
 
 

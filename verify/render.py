@@ -10,12 +10,12 @@ from pathlib import Path
 
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from mhaexport.artifact.source import HfSource
-from mhaexport.core.numbers import number
+from mhaexport.core.numbers import finite, number
 from mhaexport.core.untrusted import md, shown
 from mhaexport.verify.html import write_html
 from mhaexport.verify.report import RuntimeInfo, VerifyReport
 from mhaexport.verify.figures import Limits, Scores
-from mhaexport.verify.results import QUALITY, SERVING_CHECKS, CheckResult
+from mhaexport.verify.results import HEADROOM, QUALITY, SERVING_CHECKS, CheckResult
 
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 # the cell of a result that is no check (CheckResult.counted) or was skipped for a static export
@@ -34,7 +34,8 @@ def markdown(report: VerifyReport) -> str:
                 f" · {md(env.platform or '?')} · {md(report.created)}</sub>\n")
     cols = report.all_checks
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
-    lines += _module_lines(report) if report.module else _quality_lines(report) + _decoder_legend(cols)
+    lines += (_module_lines(report) if report.module else
+              _quality_lines(report) + _headroom_lines(report) + _decoder_legend(cols))
     lines += _details(report, cols)
     lines += _serving_lines(report)
     lines += _other_protocol_lines(report, cols)
@@ -294,6 +295,25 @@ def _run_figure(v: object) -> str:
     return _x(v, ".3g") if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
 
 
+def _headroom_lines(report: VerifyReport) -> list[str]:
+    """The half-precision headroom per layer (one table: every runtime of the file shows the same result)."""
+    r = next((checks[HEADROOM] for checks in report.results.values()
+              if HEADROOM in checks and checks[HEADROOM].status is not None and checks[HEADROOM].figures.layers), None)
+    if r is None:
+        return []
+    f = r.figures
+    out = ["", f"Headroom of the {md(f.dtype)} file: eager float32's largest |activation| per layer ({md(f.inputs)}), "
+               "float16's "
+               "range over it (below 1: inf in float16) and bfloat16's step at it:", "",
+           "| layer | module | peak | float16 margin | bfloat16 step |", "|---|---|---:|---:|---:|"]
+    for row in f.layers or []:
+        margin = finite(row.float16_margin)
+        flag = " ❌" if margin is not None and margin < 1 else ""
+        out.append(f"| {md(row.layer)} | {md(row.module)} | {_n(row.peak, '.4g')} | "
+                   f"{_n(row.float16_margin, '.3g')}{flag} | {_n(row.bfloat16_step, '.3g')} |")
+    return out
+
+
 def cell(r: CheckResult | None) -> str:
     """One check's table cell: its icon and the figure that says most (``ref``, ``n/a (lossy)`` where not run)."""
     if r is None:
@@ -331,6 +351,10 @@ def cell(r: CheckResult | None) -> str:
             figure = f"logit err {_n(sw.logit_err, '.2g')}"
     elif r.check in SERVING_CHECKS:
         figure = _x(f.max_abs, ".1e") if f.max_abs is not None else f"{_x(len(f.runs or []), 'd')} runs"
+    elif r.check == HEADROOM:
+        at = f.float16_overflow or f.layer
+        figure = (f"{md(f.module)} past 65,504" if f.float16_overflow and f.dtype == "float16" else
+                  f"peak {_n(f.peak, '.3g')} ({md(at)}), x{_n(f.float16_margin, '.2g')}")
     elif r.check == "generation":
         figure = f"{_x(f.matched or 0, 'd')}/{_x(f.tokens or 0, 'd')} tokens" + (" (tie)" if f.tie else "")
         if f.long_prompt is not None:

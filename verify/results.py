@@ -37,7 +37,10 @@ WEIGHTS = "weights"
 # ... and this one when the folder ships a genai_config.json: the config onnxruntime-genai reads, against the graph,
 # the manifest, the model and the tokenizer (verify/genai_check.py)
 GENAI_CONFIG_CHECK = "genai-config"
-ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS, GENAI_CONFIG_CHECK)
+# ... and this one when the ONNX file computes in float16 or bfloat16: eager's activation peaks per layer against the
+# dtype's range and precision (verify/headroom.py)
+HEADROOM = "headroom"
+ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS, GENAI_CONFIG_CHECK, HEADROOM)
 
 
 @dataclass
@@ -303,6 +306,7 @@ class Context(SweepContext):
     tokenizer: Any = None  # runtime.tokenizer.TextTokenizer of the folder (a tokenizer.json: quality reads text)
     weights: Callable[[], CheckResult] | None = None  # a lossy folder's weights check (verify/weights.py), run once
     genai_config: Callable[[], CheckResult] | None = None  # the folder's genai_config.json (verify/genai_check.py)
+    headroom: Callable[[], CheckResult] | None = None  # a half-precision file's headroom (verify/headroom.py)
     without_cache: Callable[[Any], Any] | None = None  # the registry's recompute protocol of a runner (verify.py sets it)
     # the registry's deploy protocol of a runner (verify.py sets it: registry.deploy_of): the same session in its file's
     # own protocol where the checks' runner drives it otherwise (a shared cache's), else None

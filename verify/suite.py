@@ -30,9 +30,10 @@ from mhaexport.runners.subjects import CONTRACT, LOOP, MODULE
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify import block, checks, genai_runtime as loop, genai_serving, serving
 from mhaexport.verify.genai_check import GENAI_CONFIG, check_genai_config
+from mhaexport.verify.headroom import check_headroom
 from mhaexport.verify.quality import check_quality
-from mhaexport.verify.results import (CONTINUOUS_BATCHING, GENAI_CONFIG_CHECK, PREFIX_REUSE, QUALITY, SPECULATIVE,
-                                      WEIGHTS, CheckResult, SweepContext)
+from mhaexport.verify.results import (CONTINUOUS_BATCHING, GENAI_CONFIG_CHECK, HEADROOM, PREFIX_REUSE, QUALITY,
+                                      SPECULATIVE, WEIGHTS, CheckResult, SweepContext)
 
 CheckFn = Callable[[Runner, SweepContext], CheckResult]
 # a subject's entry in a row: the check's function, the reason it does not apply (n/a), or None (not its check)
@@ -151,6 +152,10 @@ CHECK_FUNCS = _suite(
     Check(GENAI_CONFIG_CHECK, check_genai_config, check_genai_config, reference="the folder's config is checked",
           onnx_only=f"{GENAI_CONFIG} describes the ONNX file",
           recorded="the config against the graph and the manifest (not against the eager model's own config)"),
+    Check(HEADROOM, check_headroom, check_headroom,
+          reference="eager float32's activations are what the half-precision file must hold",
+          onnx_only="the half-precision file is the ONNX file",
+          recorded="n/a: a record keeps no activations"),
 )
 
 

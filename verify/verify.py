@@ -33,7 +33,8 @@ from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
 from mhaexport.verify.memory import (MAPPED, MemoryInfo, activation_bytes, cap_from, folder_weights, peak_rss,
                                      plan_memory)
-from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
+from mhaexport.verify.headroom import HALF, headroom_result
+from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, HEADROOM, MODULE_CHECKS, Context
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
 from mhaexport.verify.run import Tally, run_all
 from mhaexport.verify.sweep import build_sweep
@@ -64,10 +65,11 @@ def build_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], trust_cod
     ``plan``: the memory plan — mapped: ONNX Runtime's sessions map their external data; a runtime it left out to
     fit is skipped with its reason."""
     c = loaded.contract
-    runners: list[Runner] = [runner_for(ef, EAGER, c, eager=loaded.module)]
+    eager = loaded.eager  # float32 (a bf16 folder kept bf16: computed in float32 one module at a time)
+    runners: list[Runner] = [runner_for(ef, EAGER, c, eager=eager)]
     for rt in runtimes:
         if rt not in (EAGER, ORT_GENAI):
-            runners.append(runner_for(ef, rt, c, eager=loaded.module, n_params=loaded.n_params,
+            runners.append(runner_for(ef, rt, c, eager=eager, n_params=loaded.n_params,
                                       trust_code=trust_code, config=_ort_config(rt, plan)))
             if plan is not None and rt in plan.skipped and runners[-1].available:
                 runners[-1].skip_reason = plan.skipped[rt]
@@ -213,6 +215,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     if not checks_given:  # genai-config: when the folder ships a genai_config.json (verify/genai_check.py)
         checks = tuple(ch for ch in checks if ch != GENAI_CONFIG_CHECK) + ((GENAI_CONFIG_CHECK,) if ships_genai(ef)
                                                                             else ())
+        if _tolerance(ef, None, None)[0] in HALF and ef.has("onnx"):  # a half-precision file: its headroom
+            checks += (HEADROOM,)
     if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in ALL_CHECKS]:
         raise ConfigError(f"{', '.join(off)}: only for an attention-block export (--module attention); "
                           f"{ef.path} holds a decoder")
@@ -233,7 +237,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
             text_tokens(quality.text, ef.contract, tokenizer)
     # the memory plan, before any weight is read (a run that cannot fit is refused here, exit 2)
     plan = memory_plan(ef, wanted, build_sweep(ef.contract, sweep, seed), memory=memory, mapped=mapped,
-                       loaded_given=loaded is not None, sweep=sweep)
+                       loaded_given=loaded is not None and getattr(loaded, "weights", None) is None,
+                       sweep=sweep)
     say(plan.summary())
     from mhaexport.runtime import budget
 
@@ -260,7 +265,8 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                   weights=(lambda: check_weights(ef, reproduce, lambda: _linear_weights(loaded.module)))
                   if "onnx" in lossy else None,
                   long_full=c.max_positions <= LONG_FULL_MAX_POSITIONS and small,
-                  genai_config=genai_result(ef, loaded) if GENAI_CONFIG_CHECK in checks and ships_genai(ef) else None)
+                  genai_config=genai_result(ef, loaded) if GENAI_CONFIG_CHECK in checks and ships_genai(ef) else None,
+                  headroom=headroom_result(loaded, dtype) if HEADROOM in checks and dtype in HALF else None)
     lint = _lint(ef, say)
     if threads is None and small:
         threads = 1

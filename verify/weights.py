@@ -52,9 +52,28 @@ def _block_of(node: Any, role: str, shape: tuple[int, ...], index: tuple[int, ..
     return f"element {list(index)}"
 
 
+def _tensor(model: Any, t: Any) -> Any:
+    """``t`` with its bytes: a model whose large tensors stay in their files (the exporter's ``StoredModel``) reads
+    one in when asked (``model.tensor(t)``); a ModelProto holds them already."""
+    read = getattr(model, "tensor", None)
+    return read(t) if read is not None else t
+
+
+class _Initializers(dict):
+    """{name: initializer} of a model, each read in (:func:`_tensor`) when looked up."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__((t.name, t) for t in model.graph.initializer)
+        self.model = model
+
+    def __getitem__(self, name: str) -> Any:
+        return _tensor(self.model, super().__getitem__(name))
+
+
 def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, WeightsFigures]:
     """The first initializer where the shipped model and the rebuilt one differ, as a sentence naming the tensor,
-    its role and the block (None when every initializer is identical); and the figures."""
+    its role and the block (None when every initializer is identical); and the figures. Each model: a ModelProto or
+    one whose large tensors are read one at a time (:func:`_tensor`)."""
     a = {t.name: t for t in shipped.graph.initializer}
     b = {t.name: t for t in rebuilt.graph.initializer}
     roles = _roles(shipped)
@@ -68,10 +87,11 @@ def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, WeightsFig
         return f"the shipped file holds {len(extra)} tensor(s) the recipe does not make (first: {extra[0]})", fig
     differ = 0
     first = None
-    for name in a:  # the shipped file's order
-        if a[name].SerializeToString() == b[name].SerializeToString():
+    for name in a:  # the shipped file's order, one pair of tensors read at a time
+        ta, tb = _tensor(shipped, a[name]), _tensor(rebuilt, b[name])
+        if ta.SerializeToString() == tb.SerializeToString():
             continue
-        x, y = numpy_helper.to_array(a[name]), numpy_helper.to_array(b[name])
+        x, y = numpy_helper.to_array(ta), numpy_helper.to_array(tb)
         if x.shape != y.shape or x.dtype != y.dtype:
             differ += 1
             first = first or f"{name}: {x.dtype}{list(x.shape)} where the recipe makes {y.dtype}{list(y.shape)}"
@@ -146,7 +166,7 @@ def against_reference(shipped: Any, reference: dict[str, np.ndarray]) -> tuple[s
     a step, and a value at the clamped edge of the range (symmetric int4 maps the block's largest magnitude to -8,
     so a positive one clamps to 7) by at most one: |error| <= STEP_SLACK x scale. Packed weights (QKV, gate + up)
     are matched against sibling weights stacked; a weight no candidate matches in shape is counted, not judged."""
-    inits = {t.name: t for t in shipped.graph.initializer}
+    inits = _Initializers(shipped)  # each tensor read when a node asks for it
     by_shape: dict[tuple, list[tuple[str, np.ndarray]]] = {}
     for name, w in _with_packed(reference).items():
         by_shape.setdefault(tuple(w.shape), []).append((name, np.asarray(w, dtype=np.float64)))

@@ -1,0 +1,174 @@
+"""An ONNX file read and written field by field (protobuf's wire format), so that its large tensors' bytes are never
+in one message: :func:`write_proto` writes a message whose chosen initializers' bytes come from writers, one tensor at
+a time (the bytes ``SerializeToString`` would give), and :func:`read_stripped` reads a one-file model back without its
+large initializers' bytes, returning where each lies in the file. Torch-free: the streamed export
+(:mod:`mhaexport.exporter.streamed`) and quantization (:mod:`mhaexport.exporter.quantize_stream`) both use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+import onnx
+
+from mhaexport.core.errors import ExportError
+
+# protobuf's wire format: what writing one message field by field needs
+_LEN = 2  # wire type of a length-delimited field (bytes, strings, messages)
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9  # ModelProto.graph, GraphProto.initializer, raw_data
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def _split(data: bytes, number: int) -> tuple[bytes, bytes]:
+    """A serialized message's fields numbered below ``number`` and above it (field ``number`` itself dropped):
+    protobuf writes known fields in field-number order, so the message is ``before + field + after``. ValueError
+    where the fields are out of that order."""
+    before, after, i = [], [], 0
+    while i < len(data):
+        start = i
+        key, i = _read_varint(data, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, i = _read_varint(data, i)
+        elif wire == 1:
+            i += 8
+        elif wire == _LEN:
+            n, i = _read_varint(data, i)
+            i += n
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if field < number:
+            if after:
+                raise ValueError(f"field {field} after field {number}")
+            before.append(data[start:i])
+        elif field > number:
+            after.append(data[start:i])
+    return b"".join(before), b"".join(after)
+
+
+def write_proto(proto: onnx.ModelProto, path: Path, streamed: Mapping[str, tuple[int, Callable[[BinaryIO], None]]]
+                ) -> None:
+    """Write ``proto`` to ``path`` as ``proto.SerializeToString()`` would, except that each main-graph initializer
+    named in ``streamed`` — its ``raw_data`` an empty placeholder in ``proto`` — gets its bytes from its writer, as
+    (byte count, ``write(file)``), one tensor at a time: the whole message is never built in memory."""
+    graph = proto.graph
+    parts: list[tuple[bytes, tuple[int, Callable] | None, bytes]] = []  # (bytes before, tensor to stream, after)
+    for tp in graph.initializer:
+        s = streamed.get(tp.name)
+        data = tp.SerializeToString()
+        if s is None:
+            parts.append((data, None, b""))
+        else:
+            head, tail = _split(data, _TENSOR_RAW_DATA)
+            parts.append((head, s, tail))
+    kept = onnx.GraphProto()
+    kept.CopyFrom(graph)
+    del kept.initializer[:]
+    g_head, g_tail = _split(kept.SerializeToString(), _GRAPH_INITIALIZER)
+    rest = onnx.ModelProto()
+    rest.CopyFrom(proto)
+    rest.ClearField("graph")
+    m_head, m_tail = _split(rest.SerializeToString(), _MODEL_GRAPH)
+    del kept, rest
+
+    def tensor_field(n: int) -> bytes:  # raw_data's key and length
+        return _varint(_TENSOR_RAW_DATA << 3 | _LEN) + _varint(n)
+
+    sizes = [len(h) + len(tl) + (0 if s is None else len(tensor_field(s[0])) + s[0]) for h, s, tl in parts]
+    init_key = _varint(_GRAPH_INITIALIZER << 3 | _LEN)
+    graph_size = len(g_head) + len(g_tail) + sum(len(init_key) + len(_varint(n)) + n for n in sizes)
+    with open(path, "wb") as f:
+        f.write(m_head)
+        f.write(_varint(_MODEL_GRAPH << 3 | _LEN) + _varint(graph_size))
+        f.write(g_head)
+        for (head, s, tail), (tp, n) in zip(parts, zip(graph.initializer, sizes)):
+            f.write(init_key + _varint(n) + head)
+            if s is not None:
+                f.write(tensor_field(s[0]))
+                at = f.tell()
+                s[1](f)
+                if f.tell() - at != s[0]:
+                    raise ExportError(f"initializer {tp.name}: {f.tell() - at} bytes written, {s[0]} expected")
+            f.write(tail)
+        f.write(g_tail)
+        f.write(m_tail)
+
+
+def read_stripped(path: Path, min_bytes: int) -> tuple[onnx.ModelProto, dict[str, tuple[int, int]]]:
+    """The model in ``path`` (one protobuf, weights inside) without its large weights' bytes: each main-graph
+    initializer whose ``raw_data`` holds ``min_bytes`` or more comes back without it, and its (offset in the file,
+    byte count) in the dict — the file memory-mapped and walked field by field (the inverse of
+    :func:`write_proto`), so only the graph and the small tensors are copied into memory."""
+    import mmap
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        m_rest, graphs = _fields(mm, 0, len(mm), _MODEL_GRAPH)
+        where: dict[str, tuple[int, int]] = {}
+        model = onnx.ModelProto.FromString(m_rest)
+        for gs, ge in graphs:  # protobuf merges repeated occurrences of a message field: so does this
+            g_rest, inits = _fields(mm, gs, ge, _GRAPH_INITIALIZER)
+            graph = onnx.GraphProto.FromString(g_rest)
+            for ts, te in inits:
+                t_rest, raws = _fields(mm, ts, te, _TENSOR_RAW_DATA)
+                tensor = onnx.TensorProto.FromString(t_rest)
+                for rs, re_ in raws[-1:]:  # the last occurrence of a scalar field wins
+                    if re_ - rs >= min_bytes:
+                        where[tensor.name] = (rs, re_ - rs)
+                        tensor.raw_data = b""
+                    else:
+                        tensor.raw_data = bytes(mm[rs:re_])
+                graph.initializer.append(tensor)
+            model.graph.MergeFrom(graph)
+    return model, where
+
+
+def _fields(buf, start: int, end: int, number: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """The bytes of the message ``buf[start:end]`` without its field ``number`` (length-delimited), and where each
+    occurrence of that field's payload lies in ``buf`` ((start, end) offsets)."""
+    rest, found, i = bytearray(), [], start
+    while i < end:
+        at = i
+        key, i = _read_varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, i = _read_varint(buf, i)
+        elif wire == 1:
+            i += 8
+        elif wire == _LEN:
+            n, i = _read_varint(buf, i)
+            if field == number:
+                found.append((i, i + n))
+                i += n
+                continue
+            i += n
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire} at byte {at}")
+        rest += buf[at:i]
+    if i != end:
+        raise ValueError(f"a field runs past its message's end (byte {i} of {end})")
+    return bytes(rest), found
