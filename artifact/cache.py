@@ -1,10 +1,13 @@
 """This user's cache (``MHAEXPORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/mhaexport``, else ``~/.cache/mhaexport``): the
-optimized graphs ONNX Runtime wrote (``runtime/session.py``) and the built-in decoder's seeded weights written once
-to be memory-mapped (``models/loading.py``, verify's mapped mode). Torch-free. Never inside a folder being read."""
+optimized graphs ONNX Runtime wrote (``runtime/session.py``), torch.onnx's traces kept across processes
+(``exporter/trace_store.py``) and the built-in decoder's seeded weights written once to be memory-mapped
+(``models/loading.py``, verify's mapped mode); this user's key that stamps what is read back (:func:`user_key`).
+Torch-free. Never inside a folder being read."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from mhaexport.core.errors import ConfigError
@@ -33,3 +36,51 @@ def cache_root(model: str | Path | None = None) -> Path:
                               "a folder being read: the optimized-graph cache never lives in a folder a reader "
                               f"reads (set {CACHE_ENV} to a folder of your own)")
     return root
+
+
+_KEY_FILE = "key"
+
+
+def user_key(root: Path) -> bytes:
+    """This user's secret for the cache's stamps (``root/key``, 32 random bytes, mode 0600, made once): a stamp is
+    an HMAC under it, so a stamp cannot be computed by whoever merely knows a file's hash. OSError when the file is
+    not this user's private file."""
+    path = root / _KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not private(os.fstat(f.fileno())):
+            raise OSError(f"{path} is not this user's private file")
+        return f.read(64)
+
+
+def private(st: os.stat_result) -> bool:
+    """Owned by this user and writable by no one else."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def private_chain(root: Path, files: list[Path]) -> bool:
+    """Every folder from ``root`` down to ``files`` and the files themselves (those that exist) are this user's own,
+    writable by no one else, and no symlink among them: else a cache there is neither read nor written."""
+    try:
+        chain = list(files)
+        p = files[0]
+        while p != root and root in p.parents:
+            p = p.parent
+            chain.append(p)
+        for path in chain:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # not made yet: made by this user
+            if stat.S_ISLNK(st.st_mode) or not private(st):
+                return False
+        return True
+    except OSError:
+        return False

@@ -13,7 +13,6 @@ import hmac
 import io
 import os
 import re
-import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from mhaexport.artifact import sha256_file, shown_path
-from mhaexport.artifact.cache import CACHE_ENV, cache_root  # noqa: F401 - CACHE_ENV: where the cache is
+from mhaexport.artifact.cache import CACHE_ENV, cache_root, private_chain, user_key  # noqa: F401 - CACHE_ENV
 from mhaexport.core.devices import no_cuda_device
 from mhaexport.core.errors import ArtifactError, ConfigError, ProviderUnavailable, clip
 
@@ -96,51 +95,10 @@ def _cache_data(cache: Path) -> Path:
     return cache.with_name(cache.name + ".data")
 
 
-_KEY_FILE = "key"
-
-
-def _cache_key(root: Path) -> bytes:
-    """This user's secret for the cache's stamps (``root/key``, 32 random bytes, mode 0600, made once): a stamp is
-    an HMAC under it, so a stamp cannot be computed by whoever merely knows the file's hash."""
-    path = root / _KEY_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(32))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not _private(os.fstat(f.fileno())):
-            raise OSError(f"{path} is not this user's private file")
-        return f.read(64)
-
-
-def _private(st: os.stat_result) -> bool:
-    """Owned by this user and writable by no one else."""
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 def _cache_usable(root: Path, cache: Path) -> bool:
     """Every folder from the cache root down to ``cache`` and the cache's files are this user's own, writable by no
     one else, and no symlink among them: else the cache is not read (nor written)."""
-    try:
-        p = cache
-        chain = [cache, _cache_data(cache), cache.with_suffix(".sha256")]
-        while p != root and root in p.parents:
-            p = p.parent
-            chain.append(p)
-        for path in chain:
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue  # not made yet: made below, by this user
-            if stat.S_ISLNK(st.st_mode) or not _private(st):
-                return False
-        return True
-    except OSError:
-        return False
+    return private_chain(root, [cache, _cache_data(cache), cache.with_suffix(".sha256")])
 
 
 def _cache_stamp(source_sha256: str, cache: Path, key: bytes) -> str:
@@ -306,7 +264,7 @@ def open_session(model: str | Path | bytes, cfg: SessionConfig = SessionConfig()
         stamp = optimized_cache.with_suffix(".sha256")
         optimized_cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            key = _cache_key(root) if _cache_usable(root, optimized_cache) else None
+            key = user_key(root) if _cache_usable(root, optimized_cache) else None
         except OSError:  # a key file that is not this user's private file
             key = None
         if key is None:  # not this user's private cache: neither read nor written
