@@ -104,6 +104,15 @@ class ModelRecord(Record):
             self.source = Source()
         _no_nul(self, ("spec", "checkpoint"), where)
 
+    @property
+    def random_weights(self) -> str | None:
+        """Why this model's weights are random — a built-in preset or config exported without a checkpoint (its
+        seeded init) — or None where they may be trained (a checkpoint, shipped weights, a user's module, an --hf
+        folder)."""
+        if self.checkpoint is None and self.source is not None and self.source.kind in ("preset", "config"):
+            return f"{self.spec} has random weights (its seeded init: no checkpoint)"
+        return None
+
     def relocated(self, from_dir: str | Path, to_dir: str | Path) -> ModelRecord:
         """This record for a folder at ``to_dir`` (the same model; its source paths, relative to ``from_dir``,
         made relative to ``to_dir``)."""

@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -285,7 +286,7 @@ def check_options(*, opset: int | None = None, seq_dynamic: bool = True, seq_len
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, attention: str = "decomposed",
                 dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None,
-                trace: str | None = None) -> ExportRecord:
+                trace: str | None = None, progress: Callable[[str], None] | None = None) -> ExportRecord:
     """Export ``loaded`` to out_dir/model.onnx and record it in out_dir/manifest.json.
 
     seq_dynamic: batch, sequence, past and total lengths are symbolic; the causal mask is computed in the graph.
@@ -303,10 +304,12 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     replicate`, which checks the copy against the trace first and otherwise traces every layer, saying why);
     "whole" traces every layer; both reuse a trace of the same code, config and shapes from this user's cache
     (:mod:`mhaexport.exporter.trace_store`); "fresh" traces every layer now, the cache neither read nor written.
+    ``progress``: told each phase as it starts (trace, lowering, write, check, self-check).
     """
     trace = trace or os.environ.get(TRACE_ENV) or "auto"
     if trace not in TRACES:
         raise ExportOptionError(f"trace {trace!r} ({TRACE_ENV}): expected one of {', '.join(TRACES)}")
+    say = progress or (lambda _m: None)
     opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
     window_cache = kv_cache == "window"  # the shared cache, its sliding-window layers' buffers window-sized
@@ -346,10 +349,14 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                                                                  (dtype, opset, seq_dynamic, seq, past))
         stored = trace_store.load(key, module) if key is not None else None
         if stored is not None:
+            say(f"the trace of {loaded.label}'s code, config and shapes made by an earlier export, reused from this "
+                "user's cache ...")
             model, warned = stored
             warns.extend(w for w in warned if w not in warns)
             return trace_store.optimize(model), f"{whole}, its trace reused from this user's cache"
         before = len(warns)
+        cut = f" cut to its first {n_layers} layers (the others copied from the last)" if n_layers != c.n_layers else ""
+        say(f"tracing {loaded.label}{cut} (torch.export, then torch.onnx's translation) ...")
         sub = rep.contract_of_first(c, n_layers) if n_layers != c.n_layers else c
         try:
             with torch.no_grad():
@@ -368,8 +375,12 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             trace_store.save(key, program.model, module, warns[before:])
         return trace_store.optimize(program.model), whole
 
+    traced_now = False
+
     def build() -> tuple[tuple, ir.Model]:
         """((the module traced, its staging file, how it was traced), the graph)."""
+        nonlocal traced_now
+        traced_now = True
         weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
         if dtype == "float32":
             module = loaded.module
@@ -399,6 +410,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         # the staging file its parameters map (a streamed model's, or its float16 restaging) are kept with it
         (module, weights, exporter), model = traced(loaded.module, (dtype, opset, seq_dynamic, seq, past, trace),
                                                     build, warns)
+        if not traced_now:
+            say("the trace of this model made by an earlier export in this process, reused ...")
         _name_io_dims(model, c, seq_dynamic)
         size = weight_bytes(model)
         external = size > threshold
@@ -409,6 +422,8 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         decomposed = None
         if lowering_name != "decomposed" and too_big is None:
             decomposed = ir.serde.serialize_model(model).SerializeToString()
+        if lowering_name != "decomposed":
+            say(f"lowering the attention: {lowering_name} ...")
         lowering = lower_attention_ir(model, lowering_name, n_heads=c.n_heads, head_dim=c.head_dim,
                                       n_kv_heads=c.n_kv_heads, max_positions=c.max_positions,
                                       shared_fused=kv_cache == "shared" and attention == "fused", windows=c.windows)
@@ -421,6 +436,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
                          f"model calls scaled_dot_product_attention, opset {opset}); export at --opset 18 for a "
                          "decomposed graph")
         # a streamed model's weights are read from its staging file as they are written, one at a time
+        say(f"writing {ONNX_FILE}{' (its weights read one at a time)' if weights is not None else ''} ...")
         streamed = read_when_written(model, weights) if weights is not None else []
         inline = None
         if streamed and not external:  # one protobuf, written field by field: never whole in memory
@@ -430,6 +446,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             files = save_model(model, tmp / ONNX_FILE, external=external)
         casts = sum(n.op_type == "Cast" for n in model.graph)
         del model, module, weights  # the IR's folded tensors (transposed weights) are not needed now
+        say("checking the file (onnx.checker, shape inference) ...")
         if inline is None:
             check_onnx(tmp / ONNX_FILE)
         else:  # the same graph, its streamed weights a sparse external file: the checker never loads them
@@ -438,6 +455,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             del inline
         checked = None
         if decomposed is not None:
+            say(f"self-check: the {lowering_name} file against the decomposed graph on ONNX Runtime CPU ...")
             # beyond the longest window where the axes are dynamic, so a dropped or shifted window cannot pass
             cseq, cpast = self_check_sizes(c, seq, past, max_cache) if seq_dynamic else (seq, past)
             if kv_cache == "shared":

@@ -218,14 +218,15 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
                 opset: int | None = None, attention: str = "decomposed", dtype: str = "float32",
                 kv_cache: str = "concat", max_cache: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, replace: bool = False,
-                progress: Progress | None = None) -> ExportRecord:
+                progress: Progress | None = None, announce: bool = True) -> ExportRecord:
     """``mhaexport onnx``: export the model to ONNX into folder ``output`` (model.onnx + manifest.json; other
     artifacts already there stay). ``module="attention"``: the built-in attention block of ``config`` on its own
     (``mask`` "causal" or "none"; dynamic axes, decomposed attention, float32). ``replace``: ``output`` may hold
     another model (or the attention block where a decoder goes): it is replaced, its files and reports removed
     (``record.replaced`` says what went) — without it that is an ExportError before any work. Returns the
     ExportRecord (folder, files, seconds, warnings, manifest, replaced; ``.to_dict()``: what ``--json`` prints).
-    Raises ConfigError / ModelLoadError / ExportError / ArtifactError."""
+    Raises ConfigError / ModelLoadError / ExportError / ArtifactError. ``progress`` hears each phase (loading,
+    tracing, lowering, writing, checking); ``announce`` False: no "Exporting ..." line (a caller that said it)."""
     say = _say(progress)
     if _block(module, mask, model, hf, **{"--seq-static": (not seq_dynamic, False),
                                           "--attention": (attention, "decomposed"), "--dtype": (dtype, "float32"),
@@ -245,15 +246,18 @@ def export_onnx(output: str | Path, *, model: str | LoadedModel | None = None, c
     writable_output(output)
     # the model streamed (the built-in decoder, an --hf folder): its weights in a staging file, written to the export
     # one tensor at a time
+    if (model is None or isinstance(model, str)) and announce:  # a model to load (a LoadedModel is loaded)
+        say(f"Loading {model or config or (f'--hf {hf}' if hf else None) or 'the default model'} ...")
     loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=True)
     with _replacing(output, loaded, replace) as done:
         axes = "dynamic axes" if seq_dynamic else f"static seq={seq_len} past={past_len}"
         cache = {"concat": "", "window": ", window-sized KV cache (GroupQueryAttention)"}.get(
             kv_cache, ", shared KV cache (GroupQueryAttention)")
-        say(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
+        if announce:
+            say(f"Exporting {loaded.spec} to ONNX (opset {shown}, {axes}, attention {attention}, {dtype}{cache}) ...")
         return done(_export(loaded, output, opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len,
                             past_len=past_len, attention=attention, dtype=dtype, kv_cache=kv_cache,
-                            max_cache=max_cache))
+                            max_cache=max_cache, progress=progress))
 
 
 @contextlib.contextmanager
@@ -444,8 +448,11 @@ def generate(folder: str | Path, prompts: Sequence[str] = (), *, prompt_ids: Seq
             eos_id = tok.eos_token_id
         result = gen.generate(rows, GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_id,
                                                      sampling=sampling))
+        random = ef.manifest.model.random_weights
     result.texts = [tok.continuation(r, t) for r, t in zip(rows, result.tokens)] if tok is not None else None
     result.warnings = list(gen.warnings)
+    if random is not None:  # noise is what such a model says: not a fault of the export
+        result.warnings.append(f"{random}: what it generates is noise, not a fault of the export")
     result.engine_reason = gen.engine_reason
     return result
 
@@ -532,6 +539,9 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
             config[key] = _bench.parse_points(config[key], key)
     if "runtimes" in config and config["runtimes"] == ("all",):  # every runtime; the code ones (pt2, aoti) on trust
         config["runtimes"] = tuple(r for r in _bench.ALL_RUNTIMES if trust_code or r not in (PT2, AOTI))
+    # --prompt-len / --new-tokens not given: their defaults, shrunk to fit the model once its folder is open
+    defaulted = {k for k in ("prompt_len", "new_tokens") if config.get(k, None) is None}
+    config = {k: v for k, v in config.items() if k not in defaulted}
     cfg = _bench.BenchConfig(**config, trust_code=trust_code)  # checked when made: the one check of the request
     steps = _bench_steps(lowerings, quantize, builder)
     out_dir = Path(output if output is not None else folder)
@@ -544,8 +554,12 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
         writable_output(out_dir, " (give -o DIR to write the bench results elsewhere)"
                   if resolved(out_dir) == resolved(folder) else "")
     wanted, schemes, precisions = steps
+    fitted = None
     with OpenFolders() as reads:
         ef = reads.open(folder)
+        cfg, fitted = _fit_lengths(cfg, defaulted, ef.contract.max_positions)
+        if fitted:
+            _say(progress)(fitted)
         if precisions:
             from mhaexport.exporter.peer import hf_source
 
@@ -555,9 +569,33 @@ def bench(folder: str | Path, *, output: str | Path | None = None, progress: Pro
                 found = step(ef, todo, out_dir, cfg, progress, reads)
                 cfg = dataclasses.replace(cfg, compare=cfg.compare + tuple(str(f) for f in found))
         result = _bench.run_bench(ef, cfg, progress=progress, reads=reads)
+    if fitted:
+        result.notes.insert(0, fitted)
     if output is not None:
         result.written = _bench.write_bench(result, output)
     return result
+
+
+def _fit_lengths(cfg: Any, defaulted: set[str], max_positions: int) -> tuple[Any, str | None]:
+    """bench's prompt and new tokens within the model's ``max_positions``: a length left at its default (in
+    ``defaulted``) shrinks to fit, and says so (the returned line); a length given that cannot fit is the run's
+    one-line refusal later. (cfg, the line or None)."""
+    import dataclasses
+
+    p, n = cfg.prompt_len, cfg.new_tokens
+    if p + n <= max_positions or not defaulted:
+        return cfg, None
+    if "prompt_len" in defaulted:
+        p = max(1, min(p, max_positions // 4, max_positions - (2 if "new_tokens" in defaulted else n)))
+    if "new_tokens" in defaulted:
+        n = max(2, min(n, max_positions - p))
+    if p + n > max_positions:  # the given length leaves no room: refused by the run, naming both
+        return cfg, None
+    said = [f"--{k.replace('_', '-')} {v} (default {getattr(cfg, k)})" for k, v in (("prompt_len", p),
+                                                                                      ("new_tokens", n))
+            if k in defaulted and v != getattr(cfg, k)]
+    return (dataclasses.replace(cfg, prompt_len=p, new_tokens=n),
+            f"{' and '.join(said)}: the defaults shrunk to fit the model's max_positions={max_positions}")
 
 
 def _bench_steps(lowerings: Any, quantize: Any, builder: Any) -> tuple[list, list, list]:
@@ -1219,7 +1257,7 @@ def all(output: str | Path = "artifacts/default", *, model: str | LoadedModel | 
     stage(f"export ONNX (opset {opset or (23 if attention == 'onnx' else 18)}, dynamic axes, attention {attention}, "
           f"{dtype}{cache}) -> {onnx_out}")
     records: list = [export_onnx(onnx_out, model=loaded, opset=opset, attention=attention, dtype=dtype,
-                                 kv_cache=kv_cache or "concat", replace=replace)]
+                                 kv_cache=kv_cache or "concat", replace=replace, progress=progress, announce=False)]
     if weights:
         stage(f"quantize ONNX ({weights}) -> {output}")
         records.append(quantize(onnx_out, output, weights=weights, replace=replace))

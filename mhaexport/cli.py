@@ -459,8 +459,13 @@ def lowering_options(f):
 def _folder_exists(ctx, param, value: str | None) -> str | None:
     """An export FOLDER that is not there, refused while the command line is parsed: one line before any of the
     verb's imports (torch, onnx: seconds)."""
-    if value is not None and not os.path.lexists(value):
-        raise ConfigError(f"export folder {value} does not exist")
+    if value is not None:
+        try:
+            os.lstat(value)
+        except FileNotFoundError:
+            raise ConfigError(f"export folder {value} does not exist") from None
+        except OSError as e:  # a name no file system takes (ENAMETOOLONG), a path through a loop
+            raise ConfigError(f"export folder {value}: {e.strerror or e}") from None
     return value
 
 
@@ -751,8 +756,10 @@ def generate_cmd(folder, prompts, prompt_ids, max_new_tokens, temperature, top_k
 @main.command("bench")
 @quiet_option
 @click.argument("folder", type=click.Path(file_okay=False), callback=_folder_exists)
-@click.option("--prompt-len", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--new-tokens", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--prompt-len", type=click.IntRange(min=1), default=None,
+              help="Prompt tokens (default 32, shrunk to fit the model's max_positions with the new tokens).")
+@click.option("--new-tokens", type=click.IntRange(min=2), default=None,
+              help="Tokens generated (default 128, shrunk to fit the model's max_positions).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, callback=_threads,
               help="Threads for torch and ONNX Runtime alike (at most the machine's cores).")
@@ -950,8 +957,13 @@ def _parse_memory(ctx, param, value):
 
 def _lint_path(ctx: click.Context, param: click.Parameter, value):
     """lint's PATH (a FILE.onnx or an export folder): one line when it is not there, then the regular-file check."""
-    if value is not None and not os.path.lexists(value):
-        raise ConfigError(f"{value}: no such file or folder (an ONNX file FILE.onnx or an export folder)")
+    try:
+        if value is not None:
+            os.lstat(value)
+    except FileNotFoundError:
+        raise ConfigError(f"{value}: no such file or folder (an ONNX file FILE.onnx or an export folder)") from None
+    except OSError as e:
+        raise ConfigError(f"{value}: {e.strerror or e}") from None
     return _regular_file(ctx, param, value)
 
 
@@ -1042,12 +1054,19 @@ def _finish(report, markdown: str, written: list[str]):
 
 
 def _wrote(paths: list[Path]) -> list[str]:
-    """The "wrote ..." lines of :func:`mhaexport.api.write_reports`' paths (report.json and .md on one line)."""
+    """The "wrote ..." lines of :func:`mhaexport.api.write_reports`' paths: a report's .json, .md and .html on one
+    line, the page to open named; a run of named runtimes says which full report it left as it was."""
     paths = list(paths)
     lines = []
-    if len(paths) >= 2 and paths[0].suffix == ".json" and paths[1].suffix == ".md":
-        lines.append(f"wrote {paths[0]} and {paths[1]}")
-        paths = paths[2:]
+    if len(paths) >= 3 and [p.suffix for p in paths[:3]] == [".json", ".md", ".html"]:
+        json_, md, page = paths[:3]
+        lines.append(f"wrote {json_}, {md} and {page} (open {page.name} in a browser: the checks, plots and "
+                     "details)")
+        full = md.with_name("report.md")
+        if md.name != "report.md" and full.is_file():
+            lines.append(f"  ({md.name}: a run of named runtimes; {full.name} beside it is an earlier full run's, "
+                         "left as it was)")
+        paths = paths[3:]
     return lines + [f"wrote {p}" for p in paths]
 
 

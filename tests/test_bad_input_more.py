@@ -27,7 +27,8 @@ def cwd(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("size", ["512", "65536", str(2**30), "8", "48"])
 def test_quantize_block_sizes_ort_cannot_take(cwd, size):
-    msg = cli_error(["quantize", "nofolder", "-o", "q", "--block-size", size])
+    (cwd / "empty").mkdir()  # a folder that is there (a missing one is refused first, at parse time)
+    msg = cli_error(["quantize", "empty", "-o", "q", "--block-size", size])
     assert msg == f"Error: --block-size {size}: ONNX Runtime's MatMulNBits takes only 16, 32, 64, 128, 256"
     assert not (cwd / "q").exists()
 
@@ -39,7 +40,8 @@ def test_quantize_block_sizes_ort_cannot_take(cwd, size):
                                                   "first blocks in 8 bits); with --weights int8 every block already is"),
 ])
 def test_quantize_contradictory_options(cwd, args, message):
-    assert cli_error(["quantize", "nofolder", "-o", "q", *args]) == message
+    (cwd / "empty").mkdir()
+    assert cli_error(["quantize", "empty", "-o", "q", *args]) == message
     assert not (cwd / "q").exists()
 
 
@@ -139,11 +141,12 @@ def test_eval_text_that_never_ends(cwd):
 
 def test_eval_text_above_the_cap(cwd):
     (cwd / "big.txt").write_bytes(b"a" * (2 << 20))
-    msg = cli_error(["eval", "nofolder", "--text", "big.txt"])
+    (cwd / "empty").mkdir()
+    msg = cli_error(["eval", "empty", "--text", "big.txt"])
     assert msg == ("Error: --text big.txt holds 2097152 bytes, above the cap of 1048576 (--max-bytes): give a shorter "
                    "text or raise --max-bytes")
     (cwd / "small.txt").write_bytes(b"some text")
-    msg = cli_error(["eval", "nofolder", "--text", "small.txt", "--max-bytes", "4"])
+    msg = cli_error(["eval", "empty", "--text", "small.txt", "--max-bytes", "4"])
     assert msg == ("Error: --text small.txt holds 9 bytes, above the cap of 4 (--max-bytes): give a shorter text or "
                    "raise --max-bytes")
 
@@ -155,7 +158,8 @@ def test_lock_timeout_that_is_not_seconds(cwd, monkeypatch, value):
     monkeypatch.setenv("MHAEXPORT_LOCK_TIMEOUT", value)
     line = (f"Error: MHAEXPORT_LOCK_TIMEOUT={value!r}: expected seconds to wait for another writer (a number >= 0)")
     assert cli_error(["onnx", "--config", "nope", "-o", "out"]) == line  # before the model is even looked up
-    assert cli_error(["quantize", "nofolder", "-o", "q"]) == line
+    (cwd / "empty").mkdir()
+    assert cli_error(["quantize", "empty", "-o", "q"]) == line
     assert not (cwd / "out").exists() and not (cwd / "q").exists()
     from mhaexport.artifact import FolderLock
 
@@ -170,7 +174,8 @@ def test_lock_timeout_as_a_real_subprocess(tmp_path):
     import sys
 
     env = {**os.environ, "MHAEXPORT_LOCK_TIMEOUT": "abc"}
-    proc = subprocess.run([sys.executable, "-m", "mhaexport", "quantize", "nofolder", "-o", "q"], cwd=tmp_path,
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "mhaexport", "quantize", "empty", "-o", "q"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == ["Error: MHAEXPORT_LOCK_TIMEOUT='abc': expected seconds to wait for "

@@ -1008,3 +1008,23 @@ def test_plot_one_colour_per_row_medians_with_spread_and_a_legend_over_no_data(r
             assert to_hex(ln.get_color()) == colour[label], label
     legend = fig.legends[0].get_window_extent()
     assert not any(legend.overlaps(ax.get_window_extent()) for ax in (bars, lines))
+
+
+def test_default_lengths_shrink_to_fit_the_model_and_say_so():
+    """`mhaexport bench out/tiny` (max_positions 128) exited 2 on its own defaults (32 + 128): a default length
+    shrinks to fit, a given one stays and is refused when nothing can fit it."""
+    from mhaexport.api import _fit_lengths
+
+    cfg, said = _fit_lengths(BenchConfig(), {"prompt_len", "new_tokens"}, 128)
+    assert (cfg.prompt_len, cfg.new_tokens) == (32, 96)
+    assert said == "--new-tokens 96 (default 128): the defaults shrunk to fit the model's max_positions=128"
+    cfg, said = _fit_lengths(BenchConfig(), {"prompt_len", "new_tokens"}, 64)
+    assert (cfg.prompt_len, cfg.new_tokens) == (16, 48) and "--prompt-len 16 (default 32) and --new-tokens 48" in said
+    cfg, said = _fit_lengths(BenchConfig(prompt_len=100), {"new_tokens"}, 128)  # a given prompt: the default shrinks
+    assert (cfg.prompt_len, cfg.new_tokens) == (100, 28)
+    cfg, said = _fit_lengths(BenchConfig(prompt_len=127), {"new_tokens"}, 128)  # no room for 2 new tokens: unchanged
+    assert (cfg.prompt_len, cfg.new_tokens, said) == (127, 128, None)
+    cfg, said = _fit_lengths(BenchConfig(), set(), 128)  # both given: never changed here (the run refuses)
+    assert said is None and (cfg.prompt_len, cfg.new_tokens) == (32, 128)
+    cfg, said = _fit_lengths(BenchConfig(), {"prompt_len", "new_tokens"}, 4096)  # fits: unchanged, nothing said
+    assert said is None and (cfg.prompt_len, cfg.new_tokens) == (32, 128)

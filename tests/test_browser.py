@@ -162,6 +162,7 @@ def site(tmp_path_factory):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+    server.server_close()  # the listening socket too (an unclosed socket is an error in the tests)
     shutil.rmtree(dest, ignore_errors=True)
 
 

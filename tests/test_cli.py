@@ -117,3 +117,24 @@ def test_a_missing_folder_is_refused_before_torch_or_onnx_is_imported(tmp_path, 
     assert res.stdout.strip().splitlines()[-1] == "exit 2 imported []", (res.stdout, res.stderr)
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "nope" in lines[0], res.stderr
+
+
+def test_verify_names_the_html_report_and_a_subset_run_says_what_it_left(tiny_export, tmp_path):
+    """The last lines name report.html (the page to open); a run of named runtimes in the folder writes
+    report-RUNTIMES.* and says that the report.md beside it is an earlier full run's, left as it was; generate on a
+    model with random weights says its text is noise."""
+    import shutil
+
+    folder = tmp_path / "f"
+    shutil.copytree(tiny_export, folder, ignore=shutil.ignore_patterns(".snapshot-*", ".staging-*"))
+    res = CliRunner().invoke(main, ["verify", str(folder)])
+    assert res.exit_code == 0, res.output
+    assert (f"wrote {folder / 'report.json'}, {folder / 'report.md'} and {folder / 'report.html'} (open report.html"
+            in res.output)
+    res = CliRunner().invoke(main, ["verify", str(folder), "--runtime", "eager,ort-cpu"])
+    assert res.exit_code == 0, res.output
+    assert f"{folder / 'report-eager+ort-cpu.html'} (open report-eager+ort-cpu.html in a browser" in res.output
+    assert "report-eager+ort-cpu.md: a run of named runtimes; report.md beside it is an earlier full run's" in res.output
+    res = CliRunner().invoke(main, ["generate", str(folder), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
+    assert res.exit_code == 0 and "preset:tiny has random weights (its seeded init: no checkpoint): what it " \
+                                  "generates is noise" in res.output, res.output

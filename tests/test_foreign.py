@@ -179,12 +179,12 @@ def test_the_optimum_layout_feeds_position_ids_from_the_mask(hf_dir, tmp_path):
     assert report.other_protocol is None  # its producer's protocol is the plain one
     # eval drives the adopted file as verify does (its own runner choice had fed it the contract's names)
     from mhaexport.artifact import ExportFolder
-    from mhaexport.evaluate.perplexity import _runner
+    from mhaexport.evaluate.perplexity import _Eager, _runner
     from mhaexport.evaluate.scoring import score_text
     from mhaexport.runners.decoder import EagerRunner
 
     text_ids = np.random.default_rng(0).integers(0, loaded.contract.vocab_size, 40)
-    got = score_text(_runner("ort-cpu", ExportFolder.open(rec.folder), {}).activate(), text_ids)[0]
+    got = score_text(_runner("ort-cpu", ExportFolder.open(rec.folder), _Eager()).activate(), text_ids)[0]
     want = score_text(EagerRunner("eager", loaded.contract, loaded.module).activate(), text_ids)[0]
     assert got.perplexity == pytest.approx(want.perplexity, rel=1e-4)
 

@@ -76,6 +76,20 @@ def test_verify_shows_counted_progress_unless_quiet(tiny_export, tmp_path, quiet
         assert any("s left)" in ln for ln in steps)
 
 
+def test_verify_counts_every_pass_in_one_total(tiny_export, tmp_path):
+    """onnxruntime-genai's loop runs after the contract's runtimes (its own pass): the count goes on, [23/33] after
+    [22/33], where it restarted at [1/11]. A pass whose runtime is skipped takes its steps out of the total."""
+    import mhaexport
+
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed: one pass only")
+    said = []
+    mhaexport.verify(tiny_export, runtimes=["eager", "ort-cpu", "ort-genai"], output=tmp_path,
+                     progress=said.append)
+    steps = [(s.done, s.total) for s in said if getattr(s, "total", None)]
+    assert steps[0] == (0, 33) and [d for d, _ in steps] == list(range(33))
+    assert {t for _, t in steps} == {33}
+
+
 def test_the_group_option_silences_any_verb(tiny_export, tmp_path):
     res = CliRunner().invoke(main, ["-q", "quantize", str(tiny_export), "-o", str(tmp_path / "q")])
     assert res.exit_code == 0, res.output
@@ -108,3 +122,25 @@ def test_bench_progress_keeps_its_total_when_rows_settle_early_or_are_skipped():
     done = [m.done for m in said]
     assert done == sorted(done) and done[0] == 0 and done[-1] == 1 + 1 + 20 + 6 + 3
     assert said[-1].left_s == 9.0  # a has nothing left; b its nine generations at 1 s each
+
+
+def test_the_onnx_export_says_each_phase(tmp_path):
+    """`mhaexport onnx -o out/small` was silent ~20 s before its first line: the export says each phase as it starts
+    (tracing, lowering, writing, checking, the self-check), and a second export of the same model that reuses the
+    trace says so."""
+    from mhaexport.exporter import trace
+    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.models.loading import load_model
+
+    loaded = load_model("tiny", random_weights=True)
+    said: list[str] = []
+    export_onnx(loaded, tmp_path / "a", attention="ort", progress=said.append)
+    phases = ["tracing preset:tiny", "lowering the attention: ort", "writing model.onnx", "checking the file",
+              "self-check: the ort file"]
+    at = [next(i for i, m in enumerate(said) if m.startswith(p)) for p in phases]
+    assert at == sorted(at), said
+    said.clear()
+    export_onnx(loaded, tmp_path / "b", progress=said.append)
+    assert said[0].startswith("the trace of this model made by an earlier export in this process, reused")
+    assert not any(m.startswith("lowering") or m.startswith("self-check") for m in said)  # decomposed: nothing lowered
+    trace.forget(loaded.module)

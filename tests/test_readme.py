@@ -193,6 +193,7 @@ def test_quick_start_keeps_its_promises():
     """The Quick start shows the main job and the test command, with .ci/run's install lines."""
     text = README.read_text()
     quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    quick = re.sub(r" \\\n +", " ", quick)  # a command continued over lines (\ at a line's end) read as one
     # the CPU wheel: on Linux the package index's torch is the CUDA build with ~17 nvidia-* packages
     cpu = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
     main = ("python3 -m venv .venv && . .venv/bin/activate && " + cpu + " && "
@@ -201,8 +202,8 @@ def test_quick_start_keeps_its_promises():
              "pip install -e '.[cpu,test]' && pip install --no-deps onnxruntime-genai==0.18.0 && python -m pytest -q")
     assert main in quick and tests in quick
     ci = (ROOT / ".ci" / "run").read_text()
-    # .ci/run installs the docs extra too, to build the site (tests/test_docs_site.py)
-    for line in ("pip install torch==2.13.0", "pip install -e '.[cpu,test,docs]'",
+    # .ci/run installs the docs and browser extras too (the site's build, the slow set's browser tests)
+    for line in ("pip install torch==2.13.0", "pip install -e '.[cpu,test,docs,browser]'",
                  "pip install --no-deps onnxruntime-genai==0.18.0", "python -m pytest -q"):
         assert line in ci, f".ci/run no longer has {line!r}: update the Quick start with it"
 

@@ -118,7 +118,8 @@ def test_report_json_round_trip_and_skipped_is_not_passed(tmp_path):
     assert "nothing was verified" in only_eager.verdict.message
     only_skipped = _report({"ort-cuda": None}, "cpu-box")
     assert not only_skipped.passed  # nothing passed: skipped never counts as passed
-    js, md = write_report(rep, tmp_path)
+    js, md, page = write_report(rep, tmp_path)
+    assert page.name == "report.html" and page.is_file()
     back = load_report(js)
     assert back.to_dict()["results"] == rep.to_dict()["results"]
     assert json.loads(js.read_text())["schema"].startswith("mhaexport.verify.report/")
@@ -333,7 +334,7 @@ def test_a_static_export_is_reported_static_not_failed(tiny, tmp_path):
 def test_report_write_keeps_sections_other_commands_own(tmp_path):
     rep = _report({"eager": True}, "cpu")
     (tmp_path / "report.md").write_text("old table\n<!-- bench -->\n## Bench\nrow\n<!-- /bench -->\n")
-    _, md = write_report(rep, tmp_path)
+    _, md, _ = write_report(rep, tmp_path)
     text = md.read_text()
     assert "old table" not in text and "## Bench\nrow" in text and text.startswith("## mhaexport verify")
 

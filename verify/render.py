@@ -350,9 +350,9 @@ def _worst(*values: float | None) -> float:
     return next((v for v in vals if v != v), max(vals, default=0.0))
 
 
-def write_report(report: VerifyReport, folder: str | Path, name: str | None = None) -> tuple[Path, Path]:
-    """Write NAME.json and NAME.md into folder (atomically); ``name`` defaults to the report's
-    :meth:`~VerifyReport.default_name`, so a subset run never overwrites the full report. Returns both paths."""
+def write_report(report: VerifyReport, folder: str | Path, name: str | None = None) -> tuple[Path, Path, Path]:
+    """Write NAME.json, NAME.md and NAME.html into folder (atomically); ``name`` defaults to the report's
+    :meth:`~VerifyReport.default_name`, so a subset run never overwrites the full report. Returns the three paths."""
     folder = ensure_writable_dir(folder)
     name = name or report.default_name()
     atomic_write_json(folder / f"{name}.json", report.to_dict())
@@ -363,4 +363,4 @@ def write_report(report: VerifyReport, folder: str | Path, name: str | None = No
         text += "".join(f"\n{m.group(0)}\n" for m in blocks)
     atomic_write_bytes(folder / f"{name}.md", text.encode())
     write_html(report, folder / f"{name}.html", cell)  # report.html beside them (verify/html.py)
-    return folder / f"{name}.json", folder / f"{name}.md"
+    return folder / f"{name}.json", folder / f"{name}.md", folder / f"{name}.html"

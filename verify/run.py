@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from mhaexport.core.errors import MhaExportError, ProviderUnavailable
@@ -33,14 +34,26 @@ def _artifact_of(runner: Runner) -> str | None:
     return runner.name if runner.name in (TORCHSCRIPT, "pt2", "aoti") else "onnx"
 
 
+@dataclass
+class Tally:
+    """The counted steps of a verify run (a check on a runtime) across :func:`run_all`'s passes: ``later`` steps are
+    the passes still to come (the plain protocol's runners, onnxruntime-genai's loop), counted in the total from the
+    first pass on so the count never restarts; a later runner that does not run takes its steps out."""
+
+    done: int = 0
+    total: int = 0
+    later: int = 0
+
+
 def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], say: Progress,
             skip_first: bool = False,
-            lossy: dict[str, Quantization] | None = None):
+            lossy: dict[str, Quantization] | None = None, tally: Tally | None = None):
     """Activate each runner and run every check on it (the one suite: :func:`~mhaexport.verify.suite.run_check`;
     the context says the contract: the decoder's, the attention block's). A runtime that cannot run here
     is skipped (its checks not run); one that cannot load its artifact is one failure with one message (its checks
     not run). ``skip_first``: runners[0] (eager, already run) only stays active for the checks' references. A
-    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``)."""
+    runner whose artifact is in ``lossy`` gets the quality check's context (``Context.lossy``). ``tally``: the
+    progress count shared with the run's other passes (:class:`Tally`)."""
     infos: dict[str, RuntimeInfo] = {}
     results: dict[str, dict[str, CheckResult]] = {}
     todo = runners[1:] if skip_first else runners
@@ -60,8 +73,12 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
             info.status, info.reason = "skipped", runner.skip_reason or ""
         if info.status != "ran":
             say(f"{runner.name}: {info.status} ({info.reason})")
-    done = 0
-    total = sum(infos[r.name].status == "ran" for r in todo) * len(checks)  # the counted steps: a check on a runtime
+    tally = tally if tally is not None else Tally()
+    steps = sum(infos[r.name].status == "ran" for r in todo) * len(checks)  # the counted steps: a check on a runtime
+    if tally.total == 0:  # the first pass: its steps and the passes to come
+        tally.total = steps + tally.later
+    else:  # a later pass: its planned steps were counted; those of runners that do not run come out
+        tally.total -= len(todo) * len(checks) - steps
     contexts = {}
     for runner in todo:
         info = infos[runner.name]
@@ -85,9 +102,9 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         t0 = time.perf_counter()
         runner_ctx = contexts[runner.name]
         for ch in checks:
-            say(Step(f"{runner.name}: {ch} ...", done, total))
+            say(Step(f"{runner.name}: {ch} ...", tally.done, tally.total))
             results[runner.name][ch] = run_check(ch, runner, runner_ctx)
-            done += 1
+            tally.done += 1
         info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
         st = [r.status for r in results[runner.name].values() if r.counted]  # the report's counting
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]

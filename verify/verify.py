@@ -35,7 +35,7 @@ from mhaexport.verify.memory import (MAPPED, MemoryInfo, activation_bytes, cap_f
                                      plan_memory)
 from mhaexport.verify.results import ALL_CHECKS, CHECKS, GENAI_CONFIG_CHECK, MODULE_CHECKS, Context
 from mhaexport.verify.report import OtherProtocol, VerifyReport, build_report
-from mhaexport.verify.run import run_all
+from mhaexport.verify.run import Tally, run_all
 from mhaexport.verify.sweep import build_sweep
 from mhaexport.verify.weights import check_weights
 
@@ -261,20 +261,24 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     lint = _lint(ef, say)
     if threads is None and small:
         threads = 1
+    # the passes to come counted from the first step: the plain protocol's runners, onnxruntime-genai's loop
+    tally = Tally(later=(len(plain) + (ORT_GENAI in wanted)) * len(checks))
     with torch_threads(threads):
-        infos, results = run_all(runners, ctx, checks, say, lossy=lossy)
+        infos, results = run_all(runners, ctx, checks, say, lossy=lossy, tally=tally)
         other = None
         if plain:
             say(f"the file's producer drives it as {feed_of(ef, c).protocol}; now also as "
                 f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
-            p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy)
+            p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy,
+                                         tally=tally)
             other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
         if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder: the suite's loop subject
             ours = runner_for(ef, ORT_CPU, c, config=_ort_config(ORT_CPU, plan)) if ef.has("onnx") else None
             genai = runner_for(ef, ORT_GENAI, c, ours=ours, infos=infos, trust_code=trust_code)
             if ORT_GENAI in plan.skipped and genai.available:
                 genai.skip_reason = plan.skipped[ORT_GENAI]
-            g_infos, g_results = run_all([runners[0], genai], ctx, checks, say, skip_first=True, lossy=lossy)
+            g_infos, g_results = run_all([runners[0], genai], ctx, checks, say, skip_first=True, lossy=lossy,
+                                         tally=tally)
             infos.update(g_infos)
             results.update(g_results)
         made = None
