@@ -1,6 +1,8 @@
 """This user's cache (``MHAEXPORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/mhaexport``, else ``~/.cache/mhaexport``): the
-optimized graphs ONNX Runtime wrote (``runtime/session.py``) and the built-in decoder's seeded weights written once
-to be memory-mapped (``models/loading.py``, verify's mapped mode). Torch-free. Never inside a folder being read."""
+optimized graphs ONNX Runtime wrote (``runtime/session.py``), torch.onnx's traces kept across processes
+(``exporter/trace_store.py``) and the built-in decoder's seeded weights written once to be memory-mapped
+(``models/loading.py``, verify's mapped mode); this user's key that stamps what is read back (:func:`cache_key`).
+Torch-free. Never inside a folder being read."""
 
 from __future__ import annotations
 

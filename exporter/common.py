@@ -62,6 +62,8 @@ def example_inputs(contract: ModelContract, seq: int = EXAMPLE_SEQ, past: int = 
 # deprecation, and the tracer's warnings folded into one line (verify runs the trace at other sizes and says so)
 JIT_DEPRECATED = "torch.jit is deprecated in recent PyTorch; the .pt file still loads with torch.jit.load"
 TRACED_CONSTANTS = "torch.jit.trace recorded"
+# an export whose layers could not be copied from one traced layer (exporter/replicate.py) says why, as a note
+TRACED_WHOLE = "traced every layer"
 
 
 # a half-precision export's headroom figures (models/headroom.py), always said: a note
@@ -69,8 +71,9 @@ HEADROOM_NOTE = "headroom:"
 
 
 def is_note(warning: str) -> bool:
-    """Whether an export's warning is a note (:data:`JIT_DEPRECATED`, the folded tracer warnings, the headroom)."""
-    return warning == JIT_DEPRECATED or warning.startswith((TRACED_CONSTANTS, HEADROOM_NOTE))
+    """Whether an export's warning is a note (:data:`JIT_DEPRECATED`, the folded tracer warnings, the headroom, a
+    model traced whole because its layers could not be copied)."""
+    return warning == JIT_DEPRECATED or warning.startswith((TRACED_CONSTANTS, HEADROOM_NOTE, TRACED_WHOLE))
 
 
 @contextlib.contextmanager

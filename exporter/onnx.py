@@ -23,14 +23,15 @@ from mhaexport.artifact.details import CacheLayout, ExampleSizes, Lowering, Onnx
 from mhaexport.artifact.files import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DATA_ENV,  # noqa: F401
                                       GRAPH_HEADROOM, ONNX_FILE, external_data_threshold)
 from mhaexport.core.errors import ExportError, ExportOptionError, first_line
-from mhaexport.exporter.common import (HEADROOM_NOTE, ExportRecord, captured_warnings, copy_tokenizer,
-                                       example_inputs, finish, module_bytes)
+from mhaexport.exporter.common import (HEADROOM_NOTE, TRACED_WHOLE, ExportRecord, captured_warnings,
+                                       copy_tokenizer, example_inputs, finish, module_bytes)
 from mhaexport.exporter.failures import describe_failure
 from mhaexport.exporter.genai import GENAI_CONFIG, write_genai_config
 from mhaexport.exporter.lowering import ATTENTION_OPSET, LOWERINGS, lower_attention_ir, self_check, self_check_shared
 from mhaexport.exporter.lowering.guard import refuse_unexpressible, self_check_sizes
 from mhaexport.exporter.precision import precision_report
 from mhaexport.exporter.trace import traced
+from mhaexport.exporter import replicate as rep, trace_store
 from mhaexport.exporter.streamed import check_stand_in, read_when_written, save_inline
 from mhaexport.core.iospec import EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_SEQ
 from mhaexport.models.inputs import torch_dtype as models_torch_dtype
@@ -41,6 +42,12 @@ from mhaexport.runtime.tokenizer import TOKENIZER_FILES
 
 MIN_OPSET, MAX_OPSET = 18, 23
 DEFAULT_OPSET = 18
+# how the graph is traced: "auto" traces the first layers of a model whose layers are all alike and copies the last
+# of them for the others (exporter/replicate.py), "whole" traces every layer, both reusing a trace this user's cache
+# holds (exporter/trace_store.py); "fresh" traces every layer now and neither reads nor writes the cache
+# (MHAEXPORT_TRACE sets it for every export)
+TRACES = ("auto", "whole", "fresh")
+TRACE_ENV = "MHAEXPORT_TRACE"
 # ONNX Runtime memory-maps external data (model.onnx.data shows in a session's /proc/self/maps); large tensors start
 # at multiples of 64 KiB, Windows' mapping granularity and a multiple of Linux's 4 KiB pages.
 EXTERNAL_DATA_ALIGNMENT = 64 * 1024
@@ -279,7 +286,7 @@ def check_options(*, opset: int | None = None, seq_dynamic: bool = True, seq_len
 def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None = None, seq_dynamic: bool = True,
                 seq_len: int | None = None, past_len: int = 0, attention: str = "decomposed",
                 dtype: str = "float32", kv_cache: str = "concat", max_cache: int | None = None,
-                progress: Callable[[str], None] | None = None) -> ExportRecord:
+                trace: str | None = None, progress: Callable[[str], None] | None = None) -> ExportRecord:
     """Export ``loaded`` to out_dir/model.onnx and record it in out_dir/manifest.json.
 
     seq_dynamic: batch, sequence, past and total lengths are symbolic; the causal mask is computed in the graph.
@@ -292,8 +299,16 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     slots, default max_positions, written in place by com.microsoft GroupQueryAttention; rows packed from slot 0).
     A model loaded streamed (``loaded.weights``, :func:`mhaexport.models.loading.load_model`) is written from its
     staging file one tensor at a time (:mod:`mhaexport.exporter.streamed`): the same bytes, never whole in memory.
+    trace: "auto" (default; ``MHAEXPORT_TRACE`` when set) traces a model whose layers are all alike cut to its first
+    layers and copies the last traced layer for the others, each with its own weights (:mod:`mhaexport.exporter.
+    replicate`, which checks the copy against the trace first and otherwise traces every layer, saying why);
+    "whole" traces every layer; both reuse a trace of the same code, config and shapes from this user's cache
+    (:mod:`mhaexport.exporter.trace_store`); "fresh" traces every layer now, the cache neither read nor written.
     ``progress``: told each phase as it starts (trace, lowering, write, check, self-check).
     """
+    trace = trace or os.environ.get(TRACE_ENV) or "auto"
+    if trace not in TRACES:
+        raise ExportOptionError(f"trace {trace!r} ({TRACE_ENV}): expected one of {', '.join(TRACES)}")
     say = progress or (lambda _m: None)
     opset = check_options(opset=opset, seq_dynamic=seq_dynamic, seq_len=seq_len, past_len=past_len,
                           attention=attention, dtype=dtype, kv_cache=kv_cache, max_cache=max_cache)
@@ -322,17 +337,51 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
     out_dir = Path(out_dir)
     torch_dtype = models_torch_dtype(dtype)
     headroom = half_precision_headroom(loaded, dtype)  # a float16 file that would overflow: refused here
-    args = example_inputs(c, seq=seq, past=past, dtype=torch_dtype)
-    names_in, names_out = iospec.input_names(c.n_layers), iospec.output_names(c.n_layers)
     threshold = external_data_threshold()  # a bad MHAEXPORT_EXTERNAL_DATA_BYTES is refused before any work
     started = time.perf_counter()
+    whole = "torch.onnx.export(dynamo=True)"  # the manifest's exporter: what traced the graph
+
+    def export(module, n_layers: int) -> tuple[ir.Model, str]:
+        """torch.onnx's trace of ``module`` with ``n_layers`` layers (the contract's inputs and names for as many),
+        optimized as torch.onnx optimizes it: a trace this user's cache holds for the same code, config and shapes
+        (:mod:`mhaexport.exporter.trace_store`) given ``module``'s weights, else traced now (and stored). Returns
+        the graph and how it was had, for the manifest."""
+        key = None if trace == "fresh" else trace_store.trace_key(module, n_layers,
+                                                                 (dtype, opset, seq_dynamic, seq, past))
+        stored = trace_store.load(key, module) if key is not None else None
+        if stored is not None:
+            say(f"the trace of {loaded.label}'s code, config and shapes made by an earlier export, reused from this "
+                "user's cache ...")
+            model, warned = stored
+            warns.extend(w for w in warned if w not in warns)
+            return trace_store.optimize(model), f"{whole}, its trace reused from this user's cache"
+        before = len(warns)
+        cut = f" cut to its first {n_layers} layers (the others copied from the last)" if n_layers != c.n_layers else ""
+        say(f"tracing {loaded.label}{cut} (torch.export, then torch.onnx's translation) ...")
+        sub = rep.contract_of_first(c, n_layers) if n_layers != c.n_layers else c
+        try:
+            with torch.no_grad():
+                program = torch.onnx.export(
+                    module, example_inputs(sub, seq=seq, past=past, dtype=torch_dtype), dynamo=True,
+                    opset_version=opset, dynamic_shapes=dynamic_shapes(n_layers, seq_dynamic),
+                    input_names=iospec.input_names(n_layers), output_names=iospec.output_names(n_layers),
+                    verbose=False, optimize=False)
+        except Exception as e:
+            raise ExportError(_explain_export_failure(e, loaded.label)) from None
+        if program is None:
+            raise ExportError("torch.onnx.export returned no program")
+        # onnx_ir all the way: program.model wraps torch's own parameters; a ModelProto of the model would copy
+        # every weight and cannot pass 2 GB
+        if key is not None:
+            trace_store.save(key, program.model, module, warns[before:])
+        return trace_store.optimize(program.model), whole
 
     traced_now = False
 
     def build() -> tuple[tuple, ir.Model]:
+        """((the module traced, its staging file, how it was traced), the graph)."""
         nonlocal traced_now
         traced_now = True
-        say(f"tracing {loaded.label} (torch.export, then torch.onnx's translation) ...")
         weights = loaded.weights  # a streamed model's staging file: its parameters are that file memory-mapped
         if dtype == "float32" and not loaded.half:
             module = loaded.module
@@ -342,29 +391,30 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             weights, module = restaged(loaded.module, weights, torch_dtype)
         else:
             module = copy.deepcopy(loaded.module).to(torch_dtype)
-        try:
-            with torch.no_grad():
-                program = torch.onnx.export(
-                    module, args, dynamo=True, opset_version=opset,
-                    dynamic_shapes=dynamic_shapes(c.n_layers, seq_dynamic),
-                    input_names=names_in, output_names=names_out, verbose=False)
-        except Exception as e:
-            raise ExportError(_explain_export_failure(e, loaded.label)) from None
-        if program is None:
-            raise ExportError("torch.onnx.export returned no program")
-        # onnx_ir all the way: program.model wraps torch's own parameters; a ModelProto of the model would copy
-        # every weight and cannot pass 2 GB
-        return (module, weights), program.model
+        stack = rep.layer_stack(module, c)[0] if trace == "auto" else None
+        if stack is not None:
+            with rep.truncated(module, stack, rep.TRACED_LAYERS):
+                model, how = export(module, rep.TRACED_LAYERS)
+            try:
+                added = rep.replicate(model, module, stack, c.n_layers, weights)
+            except rep.NotReplicated as e:
+                warns.append(f"{TRACED_WHOLE}: the layers traced could not be copied ({e})")
+            else:
+                return (module, weights, f"{how}: the first {rep.TRACED_LAYERS} layers; layers "
+                                         f"{rep.TRACED_LAYERS}..{c.n_layers - 1} copied from layer "
+                                         f"{rep.TRACED_LAYERS - 1} ({added} nodes)"), model
+        model, how = export(module, c.n_layers)
+        return (module, weights, how), model
 
     with stage_artifact(out_dir, "onnx", expected_bytes=module_bytes(loaded.module, torch_dtype)) as staged, \
             captured_warnings() as warns:
         tmp = staged.dir
         # traced once per process for this model, dtype, opset and axes (exporter/trace.py): the module traced and
         # the staging file its parameters map (a streamed model's, or its float16 restaging) are kept with it
-        (module, weights), model = traced(loaded.module, (dtype, opset, seq_dynamic, seq, past), build, warns)
+        (module, weights, exporter), model = traced(loaded.module, (dtype, opset, seq_dynamic, seq, past, trace),
+                                                    build, warns)
         if not traced_now:
             say("the trace of this model made by an earlier export in this process, reused ...")
-        program = None
         _name_io_dims(model, c, seq_dynamic)
         size = weight_bytes(model)
         external = size > threshold
@@ -398,7 +448,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         else:
             files = save_model(model, tmp / ONNX_FILE, external=external)
         casts = sum(n.op_type == "Cast" for n in model.graph)
-        del model, program, module, weights  # the IR's folded tensors (transposed weights) are not needed now
+        del model, module, weights  # the IR's folded tensors (transposed weights) are not needed now
         say("checking the file (onnx.checker, shape inference) ...")
         if inline is None:
             check_onnx(tmp / ONNX_FILE)
@@ -447,7 +497,7 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
             weight_bytes=size,
             dynamic_axes=[iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL] if seq_dynamic else [iospec.BATCH],
             example_sizes=ExampleSizes(EXAMPLE_BATCH, seq, past),
-            exporter="torch.onnx.export(dynamo=True)",
+            exporter=exporter,
         )
         # files an earlier export of another kind (dynamic, external data) left, which this one does not write
         return finish(loaded, staged, fmt="onnx", main_file=ONNX_FILE, files=files, dtype=dtype, details=details,

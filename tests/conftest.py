@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# every session starts from a cache of its own (torch.onnx's traces kept across exports, ONNX Runtime's optimized
+# graphs, seeded weights to map): no test passes or fails by what an earlier run left in the user's cache
+_CACHE = tempfile.mkdtemp(prefix="mhaexport-test-cache-")
+os.environ["MHAEXPORT_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -100,7 +100,7 @@ def test_a_streamed_hf_llama_exports_for_ort_cpu_and_verifies(hf_dir, tmp_path):
     assert res.exit_code == 0, res.output
 
 
-def test_a_reused_trace_writes_the_bytes_a_fresh_trace_writes(loaded_presets, tmp_path):
+def test_a_reused_trace_writes_the_bytes_a_fresh_trace_writes(loaded_presets, tmp_path, monkeypatch):
     """exporter/trace.py: a second export of the same model reuses torch.onnx's trace and lowers a clone of it; the
     file is byte for byte the one a fresh trace writes (float32 over the model's own mapped weights, float16 over
     its restaged copy), a lowering before it leaves the kept trace untouched, and a weight changed in place makes a
@@ -110,6 +110,7 @@ def test_a_reused_trace_writes_the_bytes_a_fresh_trace_writes(loaded_presets, tm
     from mhaexport.exporter import trace
     from mhaexport.exporter.onnx import export_onnx
 
+    monkeypatch.setenv("MHAEXPORT_TRACE", "fresh")  # this process's memo alone (the cache's: tests/test_replicate.py)
     loaded = loaded_presets("tiny-llama")
     for dtype in ("float32", "float16"):
         trace.forget(loaded.module)

@@ -124,7 +124,7 @@ def test_bench_progress_keeps_its_total_when_rows_settle_early_or_are_skipped():
     assert said[-1].left_s == 9.0  # a has nothing left; b its nine generations at 1 s each
 
 
-def test_the_onnx_export_says_each_phase(tmp_path):
+def test_the_onnx_export_says_each_phase(tmp_path, monkeypatch):
     """`mhaexport onnx -o out/small` was silent ~20 s before its first line: the export says each phase as it starts
     (tracing, lowering, writing, checking, the self-check), and a second export of the same model that reuses the
     trace says so."""
@@ -132,6 +132,7 @@ def test_the_onnx_export_says_each_phase(tmp_path):
     from mhaexport.exporter.onnx import export_onnx
     from mhaexport.models.loading import load_model
 
+    monkeypatch.setenv("MHAEXPORT_TRACE", "fresh")  # traced here, whatever an earlier test left in the cache
     loaded = load_model("tiny", random_weights=True)
     said: list[str] = []
     export_onnx(loaded, tmp_path / "a", attention="ort", progress=said.append)
