@@ -22,8 +22,12 @@ How a copy is proved to be the layer torch.onnx would have written (:func:`repli
 
 Which layers are alike (:func:`layer_stack`): the one ``nn.ModuleList`` of ``n_layers`` modules in the model (the
 built-in decoder's ``blocks``, a transformers model's ``model.layers``), every layer of one class, one printout
-(sizes), the same parameter names, shapes and dtypes, and one sliding window. A model whose layers differ (local and
-global layers, a mixture of experts on some) is traced whole, as is a model of at most ``TRACED_LAYERS + 1`` layers.
+(sizes), the same parameter names, shapes and dtypes, one sliding window, every submodule's own settings (its plain
+attributes: ``use_rope``, ``is_sliding``, a window) equal but for the layer's index, and no config field listing
+one value per layer that are not all equal (``layer_types``, ``no_rope_layers``, a list of mixture-of-experts layers).
+A model whose layers differ (local and global layers, a mixture of experts on some, rotary on some) is traced whole,
+as is a model of at most ``TRACED_LAYERS + 1`` layers. What no check here sees — code that branches on the layer's
+index itself past layer 2 — is verify's parity to catch: the copy is what torch.onnx wrote for layer 2.
 """
 
 from __future__ import annotations
@@ -95,10 +99,58 @@ def layer_stack(module: nn.Module, contract: iospec.ModelContract) -> tuple[Laye
             seen.add(t.data_ptr())
     if contract.windows is not None and len(set(contract.windows)) > 1:
         return None, "its layers have different sliding windows"
-    types = _layer_types(module)
-    if types is not None and len(set(types)) > 1:
-        return None, f"its config's layer_types differ ({', '.join(sorted(set(types)))})"
+    per_layer = _per_layer_settings(module, n)
+    if per_layer:
+        return None, f"its config sets its layers apart ({per_layer})"
+    differ = _state_differs(layers)
+    if differ:
+        return None, differ
     return LayerStack(path, parent, attr, layers), ""
+
+
+# a module attribute of these types is a setting its forward may branch on (a tensor or module is checked above)
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain_settings(module: nn.Module) -> dict[str, object]:
+    """A module's own settings: every attribute of a plain value (or a tuple/list of them) — what its code may
+    branch on beyond its parameters (``use_rope``, ``is_sliding``, ``sliding_window``, ``layer_idx``)."""
+    out = {}
+    for k, v in vars(module).items():
+        if k in ("training",) or k.startswith("_"):
+            continue
+        if isinstance(v, _PLAIN) or isinstance(v, (tuple, list)) and all(isinstance(x, _PLAIN) for x in v):
+            out[k] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def _state_differs(layers: nn.ModuleList) -> str:
+    """Why the layers are not alike in their settings, or "": every submodule's plain settings
+    (:func:`_plain_settings`) equal layer 0's, but for one that is each layer's own index (``layer_idx``: what the
+    trace turns into its cache's names, checked node by node by :func:`replicate`)."""
+    per: dict[tuple[str, str], list[object]] = {}
+    for layer in layers:
+        for name, m in layer.named_modules():
+            for k, v in _plain_settings(m).items():
+                per.setdefault((name, k), []).append(v)
+    n = len(layers)
+    for (name, k), values in per.items():
+        if len(values) != n or len(set(map(repr, values))) > 1 and values != list(range(n)):
+            where = f"{name}.{k}" if name else k
+            return f"its layers' {where} differ ({', '.join(sorted(set(map(repr, values)))[:4])})"
+    return ""
+
+
+def _per_layer_settings(module: nn.Module, n: int) -> str:
+    """A config field that lists one value per layer, not all equal (``layer_types``, ``no_rope_layers``, a
+    mixture-of-experts layer list): the names of such fields, "" where none."""
+    found = []
+    for c in _configs(module):
+        for k, v in vars(c).items():
+            if isinstance(v, (list, tuple)) and len(v) == n and \
+                    len({repr(x) for x in v}) > 1 and not k.startswith("_"):
+                found.append(f"{k}: {', '.join(sorted({repr(x) for x in v})[:4])}")
+    return "; ".join(found)
 
 
 def _configs(module: nn.Module) -> list:
@@ -112,14 +164,6 @@ def _configs(module: nn.Module) -> list:
                     all(c is not o for o in out):
                 out.append(c)
     return out
-
-
-def _layer_types(module: nn.Module) -> list | None:
-    for c in _configs(module):
-        types = getattr(c, "layer_types", None)
-        if isinstance(types, (list, tuple)) and types:
-            return list(types)
-    return None
 
 
 @contextlib.contextmanager

@@ -116,6 +116,50 @@ def test_which_layers_are_copied():
     assert trace_store.trace_key(mine, 3, ("float32",)) is None
 
 
+def test_layers_set_apart_by_a_setting_are_traced_whole(tmp_path, monkeypatch):
+    """The class of a layer alike in weights but not in what its code reads: a module attribute (Llama 4's
+    ``use_rope``, Gemma's ``is_sliding``, a score scale) that differs on a layer past the traced ones, or a config
+    field listing one value per layer. Such a model is traced whole, saying which setting, and its file is eager's
+    model (ORT against eager); a layer index (``layer_idx``) is not a difference."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from mhaexport.core.iospec import dummy_inputs
+    from mhaexport.exporter import replicate
+    from mhaexport.exporter.onnx import export_onnx
+    from mhaexport.runtime.ort import OrtRunner
+
+    monkeypatch.setenv("MHAEXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    loaded = five_layers()
+    for i, block in enumerate(loaded.module.blocks):
+        block.attn.layer_idx = i  # an index: alike
+    assert replicate.layer_stack(loaded.module, loaded.contract)[1] == ""
+    loaded.module.blocks[3].attn.scale = 0.9  # layer 3 scores its keys its own way
+    why = replicate.layer_stack(loaded.module, loaded.contract)[1]
+    assert "attn.scale" in why, why
+    export_onnx(loaded, tmp_path / "x")
+    assert exporter_of(tmp_path / "x") == "torch.onnx.export(dynamo=True)"  # every layer traced
+    ids, mask, past = dummy_inputs(loaded.contract, 1, 5, 2, seed=1)
+    with OrtRunner("ort-cpu", loaded.contract, tmp_path / "x" / "model.onnx") as r:
+        got = r.run(ids, mask, past)
+    with torch.no_grad():
+        want = loaded.module(torch.from_numpy(ids), torch.from_numpy(mask),
+                             tuple((torch.from_numpy(k), torch.from_numpy(v)) for k, v in past))
+    assert np.abs(got[0] - want[0].numpy()).max() < 1e-4
+
+    class Hf(nn.Module):  # a transformers-like model: its config lists a setting per layer
+        def __init__(self, per_layer):
+            super().__init__()
+            self.config = SimpleNamespace(num_hidden_layers=5, no_rope_layers=per_layer)
+            self.layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(5))
+
+    c = dataclasses.replace(loaded.contract, windows=None)
+    assert replicate.layer_stack(Hf([1, 1, 1, 1, 1]), c)[1] == ""
+    assert "no_rope_layers" in replicate.layer_stack(Hf([1, 1, 1, 0, 1]), c)[1]
+
+
 # ---- slow: against a trace of every layer -----------------------------------------------------------------------
 
 @pytest.mark.slow
