@@ -25,12 +25,12 @@ from mhaexport.verify.markup import as_text, e, h, join
 from mhaexport.verify.svg import COLOURS, Chart, Series, svg
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1240px;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px;display:block;overflow-x:auto;max-width:100%}td,th{border:1px solid #ccc;padding:3px 6px;
+table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px;display:block;overflow-x:auto;max-width:100%}td,th{border:1px solid #ccc;padding:3px 4px;
 text-align:left;vertical-align:top}th{background:#f3f3f3}td.n{text-align:right}.pass{background:#e9f7ec}
 .fail{background:#fde8e8}.skip{background:#f5f5f5;color:#666}.verdict{font-size:1.3em;padding:.4em .6em;
 border-radius:4px}figure{margin:.5em 0 1.2em}figcaption{font-size:12px;color:#555;max-width:720px}
 code{background:#f3f3f3;padding:0 3px}.note{color:#555;font-size:13px}.num{white-space:nowrap}
-td.wrap{overflow-wrap:anywhere}.judged{font-size:12px;color:#555;margin:.2em 0}"""
+td.wrap{overflow-wrap:anywhere;min-width:8em}.judged{font-size:12px;color:#555;margin:.2em 0}"""
 
 
 def page(title: object, body: list[Markup]) -> str:
