@@ -5,6 +5,11 @@ line naming the file (where known) and the library. Stdlib only."""
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+import warnings
+
 from mhaexport.core.errors import LibraryRefused, MhaExportError, clip, first_line
 from mhaexport.core.untrusted import shown
 
@@ -35,16 +40,44 @@ class library_call:  # noqa: N801 - used as a context manager: ``with library_ca
     ``library`` raises — its own exception types, a RuntimeError, a Rust panic (a BaseException) — is
     :class:`LibraryRefused` naming ``file`` and the library, its first line shown escaped (``error``: another
     MhaExportError class, e.g. RuntimeFailure where a runtime's failure is a check's finding). mhaexport's own errors,
-    a Ctrl-C and a MemoryError pass through unchanged."""
+    a Ctrl-C and a MemoryError pass through unchanged. What the library writes to the process's stderr meanwhile (a
+    Rust panic's message and backtrace, a C++ library's log line) is captured, never passed raw: dropped where the
+    call failed (its first line is the error's), else a warning, escaped."""
 
     def __init__(self, library: str, file: object, error: type[MhaExportError] = LibraryRefused) -> None:
         self.library, self.file, self.error = library, file, error
+        self._saved: int | None = None
+        self._captured = None
 
     def __enter__(self) -> library_call:
+        try:
+            sys.stderr.flush()
+            captured = tempfile.TemporaryFile()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 to take (an embedding host): the call as it is
+            return self
+        self._saved, self._captured = saved, captured
+        os.dup2(captured.fileno(), 2)
         return self
 
+    def _restore(self) -> str:
+        """fd 2 given back; what the library wrote there meanwhile."""
+        if self._saved is None:
+            return ""
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._saved = None
+        with self._captured as f:
+            f.seek(0)
+            return f.read(1 << 16).decode("utf-8", "replace")
+
     def __exit__(self, kind, e, tb) -> bool:
-        if e is None or isinstance(e, (MhaExportError, KeyboardInterrupt, SystemExit, MemoryError, GeneratorExit)):
+        text = self._restore()
+        if e is None:
+            if text.strip():
+                warnings.warn(f"{self.library} wrote on stderr: {shown(clip(text.strip(), 300))}", stacklevel=2)
+            return False
+        if isinstance(e, (MhaExportError, KeyboardInterrupt, SystemExit, MemoryError, GeneratorExit)):
             return False
         if not isinstance(e, Exception) and library_of(e) is None:
             return False

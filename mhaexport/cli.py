@@ -1318,7 +1318,7 @@ def report_group() -> None:
 @click.option("--name", "names", multiple=True, metavar="LABEL",
               help="A label per report (repeat, in order), e.g. cpu, gpu. Default: each report's host.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True,
-              help="Folder for the merged report.json and report.md.")
+              help="Folder for the merged report.json, report.md and report.html.")
 @click.option("--json", "as_json", is_flag=True, help="Print the merged report.json's content as one JSON object.")
 def report_merge_cmd(reports, names, output, as_json=False) -> None:
     """Merge report.json files (or folders holding one) from different machines into one table.
@@ -1327,14 +1327,14 @@ def report_merge_cmd(reports, names, output, as_json=False) -> None:
     from mhaexport.verify.render import markdown as render_markdown
 
     merged = api.merge_reports(reports, output, names=names)
-    js, md = Path(output) / "report.json", Path(output) / "report.md"
     if as_json:
         from mhaexport.core.numbers import dumps
 
         click.echo(dumps(merged.to_dict()))
     else:
         _show(render_markdown(merged))
-    click.echo(f"wrote {js} and {md}", err=True)
+    for line in _wrote([Path(output) / f"report.{ext}" for ext in ("json", "md", "html")]):
+        click.echo(line, err=True)
     v = merged.verdict  # the same rules as verify
     raise_for_verdict(v.code, f"merged reports: {v.message}")
 

@@ -43,7 +43,7 @@ from torch import nn
 
 from mhaexport.artifact.source import HfSource
 from mhaexport.core.untrusted import shown
-from mhaexport.core.errors import ArtifactError, ModelLoadError, first_line
+from mhaexport.core.errors import ArtifactError, MhaExportError, ModelLoadError, first_line
 from mhaexport.models.tracebacks import failing_module
 
 if TYPE_CHECKING:
@@ -419,8 +419,13 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
         if ready is not None:
             ready()
         if streamed:
-            model, weights, meta, cache, load_notes = _load_streamed(transformers, hf_config, files.dir, cache_cls,
-                                                                     keep_half)
+            try:
+                model, weights, meta, cache, load_notes = _load_streamed(transformers, hf_config, files.dir,
+                                                                         cache_cls, keep_half)
+            except MhaExportError as e:  # named by the user's folder, not the private copy read
+                if str(files.dir) not in str(e):
+                    raise
+                raise type(e)(str(e).replace(str(files.dir), str(path))) from None
         if model is None:
             try:
                 model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -511,6 +516,8 @@ def _load_streamed(transformers, hf_config, folder: Path, cache_cls: type, keep_
         except OSError as e:  # no room in TMPDIR: loading the model in memory instead would not fit either
             raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the export "
                                 "writes them there first; set TMPDIR to a folder with room for them") from None
+        except MhaExportError:  # a file the strict readers refuse (a header's key twice): refused, not loaded by
+            raise               # transformers' laxer parser instead
         except Exception as e:  # the in-memory load says what is wrong, if anything is
             why = f"staging its weights failed ({first_line(e)})"
     return None, None, None, None, [hf_stream.fallback_note(why)]

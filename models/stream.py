@@ -186,7 +186,8 @@ def read_header(path: str | Path, *, foreign: bool = False) -> tuple[int, dict]:
     is read by mhaexport's strict JSON reader (a key twice — which two parsers would read differently — or a NaN
     token refused). ``foreign``: a file from outside (an ``--hf`` folder's), which our mapped reader accepts only when
     the safetensors library accepts it too — the library validates it first (its header's offsets, dtypes and shapes
-    against the bytes: ``safe_open``). mhaexport's own staging files alias a tied head's bytes, which the library
+    against the bytes: ``safe_open``), and whose header our JSON reader refuses is UntrustedInput (a refusal: no
+    other parser reads it instead). mhaexport's own staging files alias a tied head's bytes, which the library
     does not take: they are ours, written here."""
     from mhaexport.core.errors import MhaExportError
     from mhaexport.core.untrusted import load_json
@@ -204,6 +205,8 @@ def read_header(path: str | Path, *, foreign: bool = False) -> tuple[int, dict]:
         try:
             meta = load_json(f.read(n), f"{path}: its header")
         except MhaExportError as e:
+            if foreign:  # a folder's file our strict reader refuses (a key twice): refused, never read by a laxer one
+                raise
             raise ValueError(str(e)) from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: its header is not a JSON object")

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mhaexport.core.errors import ArtifactError, LibraryRefused, MhaExportError, OverBudget, UnsafeFolder
+from mhaexport.core.errors import (ArtifactError, LibraryRefused, MhaExportError, OverBudget, UnsafeFolder,
+                                   UntrustedInput)
 
 ESC = "\x1b[2J\x1b[32mverify passed\x1b[0m"
 
@@ -80,12 +81,41 @@ def test_a_safetensors_header_the_library_refuses_is_refused_by_ours(tmp_path):
     ok = _safetensors(tmp_path / "ok.safetensors", b'{"a":' + entry + b"}", bytes(8))
     assert read_header(ok, foreign=True)[1]["a"]["shape"] == [2]
     twice = _safetensors(tmp_path / "twice.safetensors", b'{"a":' + entry + b',"a":' + entry + b"}", bytes(8))
-    with pytest.raises(ValueError, match="twice|refuses"):
+    with pytest.raises(UntrustedInput, match="twice"):  # a refusal, not a reason to load it another way
         read_header(twice, foreign=True)
     short = _safetensors(tmp_path / "short.safetensors", b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}}',
                          bytes(8))
     with pytest.raises(ValueError, match="safetensors library refuses"):
         read_header(short, foreign=True)
+
+
+def test_an_hf_folder_whose_safetensors_header_holds_a_key_twice_is_refused_not_loaded_another_way(hf_dir, tmp_path):
+    """The library reads one of the two entries (the file loads through transformers); our strict reader refuses the
+    header: the export is refused in one line (exit 2) — never the in-memory load through the laxer parser."""
+    import json
+    import shutil
+    import struct
+
+    from click.testing import CliRunner
+
+    from mhaexport.cli import main
+
+    folder = tmp_path / "hf"
+    shutil.copytree(hf_dir("llama-small"), folder)
+    raw = (folder / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    text = json.dumps(header)
+    text = text[:-1] + ", " + json.dumps(name) + ": " + json.dumps(header[name]) + "}"  # the first entry again
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text.encode() + raw[8 + n:])
+    res = CliRunner().invoke(main, ["onnx", "--hf", str(folder), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    *progress, line = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert [p.split()[0] for p in progress] == ["Loading"], res.output  # the folder checked, its weights refused:
+    assert line == (f"Error: {folder}/model.safetensors: its header: the key {name!r} appears twice in one object: "
+                    "refused"), res.output  # named by the user's folder, not the private copy read
+    assert not (tmp_path / "out" / "model.onnx").exists()
 
 
 # --- an output folder is an input too ---------------------------------------------------------------------------
@@ -163,6 +193,22 @@ def test_a_merged_reports_figure_of_any_size_renders():
     assert "+inf" in markdown(report) and "<svg" in html(report, cell)
 
 
+def test_a_report_that_says_passed_beside_a_non_finite_figure_is_read_as_failed(tmp_path):
+    """A crafted report.json whose check says passed while its figure is infinite: no check of mhaexport's passes so
+    (a non-finite value is a mismatch), so merge reads it as the failure its figures show (exit 1), and says why."""
+    from mhaexport import merge_reports
+
+    doc = _report().to_dict()
+    doc["runtimes"] = {"ort-cpu": {"name": "ort-cpu", "status": "ran"}}
+    doc["results"] = {"ort-cpu": {"parity": {"status": True, "figures": {"max_abs": "Infinity"}, "message": ""}}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "report.json").write_text(json.dumps(doc))
+    merged = merge_reports([tmp_path / "a"], tmp_path / "m")
+    r = merged.results[next(iter(merged.results))]["parity"]
+    assert r.status is False and "max_abs = inf is not finite" in r.message
+    assert merged.verdict.code == 1
+
+
 # --- work with no budget ----------------------------------------------------------------------------------------
 
 def _loop_model(trips: int):
@@ -220,6 +266,31 @@ def test_a_rust_panic_and_a_librarys_error_are_one_line_naming_the_file_and_the_
     with pytest.raises(KeyboardInterrupt):  # a Ctrl-C is never a library's refusal
         with library_call("onnx", "x"):
             raise KeyboardInterrupt
+
+
+def test_a_real_rust_panic_writes_nothing_raw_on_our_stderr(capfd, monkeypatch):
+    """tokenizers' panic hook writes its message (and, with RUST_BACKTRACE=1, a native backtrace) straight to fd 2
+    before the exception reaches Python: inside library_call that text is captured and dropped (the error's one line
+    says it); a library that writes on fd 2 and succeeds has it said as a warning, escaped."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from mhaexport.core.libraries import library_call
+    from mhaexport.runtime.tokenizer import TextTokenizer
+
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    crafted = Tokenizer.from_str(tok.to_str().replace('"truncation":null', '"truncation":{"direction":"Right",'
+                                                      '"max_length":1,"strategy":"LongestFirst","stride":5}'))
+    capfd.readouterr()
+    with pytest.raises(LibraryRefused, match=r"^DIR/tokenizer\.json: tokenizers refused it: PanicException: "):
+        TextTokenizer("tokenizer.json", crafted, source="DIR/tokenizer.json").encode("a b a b")
+    out, err = capfd.readouterr()
+    assert "panicked" not in out + err and err == "", err
+    with pytest.warns(UserWarning, match=r"onnx wrote on stderr: said \\x1b\[2J"):  # shown: ESC as text
+        with library_call("onnx", "x"):
+            os.write(2, b"said \x1b[2J")
+    assert "\x1b" not in capfd.readouterr().err
 
 
 def test_a_panic_that_reaches_the_cli_is_exit_2_not_a_traceback(monkeypatch, tmp_path):

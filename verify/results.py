@@ -43,6 +43,29 @@ HEADROOM = "headroom"
 ALL_CHECKS = CHECKS + (QUALITY, WEIGHTS, GENAI_CONFIG_CHECK, HEADROOM)
 
 
+def non_finite_figure(value: object, at: str = "") -> str | None:
+    """The first NaN or infinite number in a record (its fields, lists and dicts, depth first) as "name = value",
+    else None."""
+    import dataclasses
+    import math
+
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{at or 'value'} = {value}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif isinstance(value, dict):
+        items = ((str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for name, v in items:
+        found = non_finite_figure(v, f"{at}{name}" if name.startswith("[") or not at else f"{at}.{name}")
+        if found is not None:
+            return found
+    return None
+
+
 @dataclass
 class CheckResult(Record):
     """One check on one runtime. status: True passed, False failed, None not run (skipped, with the reason).
@@ -67,6 +90,11 @@ class CheckResult(Record):
         naming ``where``.key)."""
         self.check = self.check or check
         self.figures = figures_of(self.check, self.figures, where)
+        if self.status is True and (bad := non_finite_figure(self.figures)) is not None:
+            # no check of mhaexport's passes with a NaN or infinite figure (a non-finite value is a mismatch): a
+            # report that says so is read as what its figures show
+            self.status = False
+            self.message = f"read back as failed: it says passed, but its figure {bad} is not finite"
 
     def __bool__(self) -> bool:
         return self.status is True
