@@ -23,8 +23,9 @@ FOLDERS = {"core": "core", "artifact": "artifact", "models": "models", "exporter
 MODULES = {"evaluate/scoring.py": "scoring"}
 # the ground floor (core/, mhaexport.core) and the names mhaexport/ keeps for it (aliases of the same modules)
 CORE = {"core", "errors", "iospec", "dtypes", "env", "graph", "devices", "version", "progress", "untrusted"}
-# the top layer inside mhaexport/: the command line, the Python API beside it and the pytest plugin on the API
-TOP = {"cli", "__main__", "api", "pytest_plugin", "outputs"}
+# the top layer inside mhaexport/: the command line (cli.py, its verbs in commands/), the Python API beside it (api.py,
+# its verbs in verbs/) and the pytest plugin on the API
+TOP = {"cli", "commands", "__main__", "api", "verbs", "pytest_plugin", "outputs"}
 # the one downward edge allowed by name: the package's __init__ re-exports the Python API lazily (mhaexport.verify(...)
 # and friends), inside functions, so `import mhaexport` imports nothing of it
 FACADE = {("mhaexport/__init__.py", "mhaexport.api")}
@@ -76,9 +77,9 @@ def _sources():
     for folder, layer in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             yield path, MODULES.get(str(path.relative_to(ROOT)), layer)
-    for path in sorted((ROOT / "mhaexport").glob("*.py")):
-        stem = path.stem
-        yield path, "cli" if stem in TOP else "core"
+    for path in sorted((ROOT / "mhaexport").rglob("*.py")):
+        top = path.relative_to(ROOT / "mhaexport").parts[0].removesuffix(".py")  # commands/export.py -> commands
+        yield path, "cli" if top in TOP else "core"
 
 
 def _edges():
