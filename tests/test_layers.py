@@ -21,8 +21,6 @@ FOLDERS = {"core": "core", "artifact": "artifact", "models": "models", "exporter
 # modules that stand in another layer than their folder's: evaluate's scoring (perplexity, KL, logit error, top-1 and
 # greedy agreement) stands below verification, whose quality check uses it; the rest of evaluate stands on verify
 MODULES = {"evaluate/scoring.py": "scoring"}
-# the ground floor (core/, mhaexport.core) and the names mhaexport/ keeps for it (aliases of the same modules)
-CORE = {"core", "errors", "iospec", "dtypes", "env", "graph", "devices", "version", "progress", "untrusted"}
 # the top layer inside mhaexport/: the command line (cli.py, its verbs in commands/), the Python API beside it (api.py,
 # its verbs in verbs/) and the pytest plugin on the API
 TOP = {"cli", "commands", "__main__", "api", "verbs", "pytest_plugin", "outputs"}
@@ -64,12 +62,12 @@ def _layer_of_module(name: str) -> str | None:
         return "cli"
     if parts[1] in FOLDERS:
         return FOLDERS[parts[1]]
-    if parts[1] in CORE or parts[1] == "__init__":
+    if parts[1] == "__init__":
         return "core"
     if parts[1] in TOP:
         return "cli"
     if (ROOT / "mhaexport" / f"{parts[1]}.py").is_file():
-        return "core"  # a ground-floor module of mhaexport/ (untrusted, progress, terminal, ...)
+        return "core"  # a ground-floor module of mhaexport/ (terminal.py)
     return "cli"  # a name taken from the facade, mhaexport/__init__ (the API's re-exports, __version__)
 
 
