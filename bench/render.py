@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mhaexport.core.numbers import number
 from mhaexport.artifact import atomic_write_bytes, atomic_write_json
-from mhaexport.bench.html import write_html
+from mhaexport.bench.html import row_colours, write_html
 from mhaexport.bench.result import BenchResult
 from mhaexport.bench.targets import TARGETS, describe_conditions
 from mhaexport.core.untrusted import md, shown
@@ -214,10 +214,21 @@ def floor_text(res: BenchResult) -> str:
     probes = ", ".join(f"{md(k)} {_num(v, '.2f')} GB/s" + (" counting read + write" if k == "copy" else "")
                        for k, v in bw.probes.items())
     threads = f"{md(bw.threads)} thread{'s' if bw.threads != 1 else ''}"
+    caveat = floor_caveat(res)  # Markdown made of md()
     return (f"Memory read bandwidth: **{_num(res.bandwidth_gbps, '.2f')} GB/s**, the fastest of the probes ({probes}; "
             f"{md(bw.method)}, {threads}, {md(bw.mbytes)} MiB, medians). Weights read per token: "
             f"{_num(res.weight_bytes_per_token / 1e6, '.1f')} MB. Weight-bandwidth floor: **{_num(res.floor_ms, '.2f')} ms/token** "
-            f"(set by the {md(bw.probe)} probe on {threads}).")
+            f"(set by the {md(bw.probe)} probe on {threads}).{caveat}")
+
+
+def floor_caveat(res: BenchResult) -> str:
+    """Why a row beats the floor (its weights come from the CPU's cache, not memory), or "" when none does."""
+    below = res.below_floor
+    if not below:
+        return ""
+    rows = ", ".join(f"{md(r.label)} {_f(r.token_p50_ms)} ms" for r in below)
+    return (f" Token p50 below it ({rows}): the {_num(res.weight_bytes_per_token / 1e6, '.1f')} MB of weights fit "
+            "in the CPU's cache and are not read from memory every step, so for this model it is no floor.")
 
 
 def targets_table(res: BenchResult) -> str:
@@ -298,8 +309,7 @@ def plot(res: BenchResult, path: Path) -> str | None:
     except ImportError:
         return None
     ran = [r for r in res.runtimes if r.ran and r.token_p50_ms]
-    labels = list(dict.fromkeys([r.label for r in ran] + [lr.label for lr in res.long_runs]))
-    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
+    colours = row_colours(res)
     fig, (bars, lines) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.45 * max(len(ran), 4) + 1.2),
                                       gridspec_kw={"width_ratios": [1, 1.3]})
     for y, r in enumerate(ran):
@@ -324,8 +334,10 @@ def plot(res: BenchResult, path: Path) -> str | None:
     for lr in res.long_runs:
         lines.plot(lr.positions, _smooth(lr.positions, lr.ms), color=colours[lr.label], linewidth=1.2,
                    linestyle="--", label=f"{mpl_text(lr.label)}, long run")
+    floor = "weights at memory bandwidth (they fit in cache: no floor)" if res.below_floor else \
+        "weight-bandwidth floor"
     lines.axhline(res.floor_ms, color="grey", linestyle="--", linewidth=0.9,
-                  label=f"weight-bandwidth floor {number(res.floor_ms, '.2f')} ms ({mpl_text(res.floor_probe)}, {mpl_text(res.floor_threads)} "
+                  label=f"{floor} {number(res.floor_ms, '.2f')} ms ({mpl_text(res.floor_probe)}, {mpl_text(res.floor_threads)} "
                         f"thread{'s' if res.floor_threads != 1 else ''})")
     lines.set_xlabel("position of the token fed", fontsize=8)
     lines.set_ylabel("ms per token (median of repeats, +-8 positions)", fontsize=8)
@@ -376,12 +388,13 @@ def plot_scaling(res: BenchResult, path: Path) -> str | None:
         ("batches", "batch", "tokens_per_s", "tokens/s", batches),
         ("prompts", "prompt", "ttft_ms", "time to first token, ms (batch 1)", prompts)) if on]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    colours = row_colours(res)
     for ax, (key, x, y, ylabel) in zip(axes[0], panels):
         ticks = set()  # the points some row measured (a point skipped for every row widens nothing)
         for entry in res.scaling:
             pts = [(getattr(pt, x), getattr(pt, y)) for pt in getattr(entry, key) if getattr(pt, y) is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", linewidth=1, label=mpl_text(entry.label))
+                ax.plot(*zip(*pts), marker="o", linewidth=1, label=mpl_text(entry.label), color=colours[entry.label])
                 ticks.update(p for p, _ in pts)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])

@@ -338,6 +338,12 @@ class BenchResult(Record):
         return next((s for s in self.scaling if s.name == name), None)
 
     @property
+    def below_floor(self) -> list[RuntimeBench]:
+        """The rows whose token p50 beats the weight-bandwidth floor: their weights are not read from memory every
+        step (they fit in the CPU's cache), so for this model the floor bounds nothing."""
+        return [r for r in self.runtimes if r.ran and r.token_p50_ms is not None and r.token_p50_ms < self.floor_ms]
+
+    @property
     def floor_probe(self) -> str:
         """The bandwidth probe whose read set the floor ("copy", "sum", "gemv")."""
         return self.bandwidth.probe

@@ -374,7 +374,9 @@ def export_onnx(loaded: LoadedModel, out_dir: str | Path, *, opset: int | None =
         # every weight and cannot pass 2 GB
         if key is not None:
             trace_store.save(key, program.model, module, warns[before:])
-        return trace_store.optimize(program.model), whole
+        # optimized as a stored trace is (read back first): the file's bytes are the same whether the trace was
+        # reused or made now
+        return trace_store.optimize(trace_store.reloaded(program.model)), whole
 
     traced_now = False
 

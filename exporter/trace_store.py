@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from mhaexport.artifact.cache import cache_root, usable, cache_key
+from mhaexport.core.untrusted import load_json
 from mhaexport.core.version import __version__
 
 STORE = "traces"
@@ -144,7 +145,7 @@ def load(key: str, module: nn.Module) -> tuple[ir.Model, list[str]] | None:
     if not hmac.compare_digest(stamp.read_text().strip(), _stamp(key, graph, record, secret)):
         return None
     try:
-        meta = json.loads(record.read_text())
+        meta = load_json(record, "a stored trace's record")
         model = ir.load(graph)
     except Exception:  # noqa: BLE001 - unreadable: traced anew
         return None
@@ -190,16 +191,7 @@ def save(key: str, model: ir.Model, module: nn.Module, warnings: list[str]) -> N
             return
         sources[name] = src
     graph, record, stamp = _paths(root, key)
-    held = {}
-    try:
-        for name, value in model.graph.initializers.items():  # data left out: a reference to nothing, never read
-            held[name] = value.const_value
-            value.const_value = ir.ExternalTensor("absent", 0, value.const_value.nbytes, value.const_value.dtype,
-                                                  shape=value.const_value.shape, name=name)
-        _write(graph, ir.serde.serialize_model(model).SerializeToString())
-    finally:
-        for name, tensor in held.items():
-            model.graph.initializers[name].const_value = tensor
+    _write(graph, _structure(model)[0].SerializeToString())
     _write(record, json.dumps({"initializers": sources, "warnings": list(warnings)}).encode())
     _write(stamp, (_stamp(key, graph, record, secret) + "\n").encode())
 
@@ -220,6 +212,33 @@ def _write(path: Path, data: bytes) -> None:
         raise
 
 
+def _structure(model: ir.Model) -> tuple:
+    """(``model`` serialized with each initializer's data left out — a reference to nothing, never read —, the
+    initializer tensors by name); ``model`` is left as it was."""
+    held = {}
+    for name, value in model.graph.initializers.items():
+        held[name] = value.const_value
+        value.const_value = ir.ExternalTensor("absent", 0, value.const_value.nbytes, value.const_value.dtype,
+                                              shape=value.const_value.shape, name=name)
+    try:
+        return ir.serde.serialize_model(model), held
+    finally:
+        for name, tensor in held.items():
+            model.graph.initializers[name].const_value = tensor
+
+
+def reloaded(model: ir.Model) -> ir.Model:
+    """``model`` as :func:`load` gives a stored trace: its graph serialized without the initializers' data and read
+    back, the same initializer tensors put back (no copy). The optimizer names what it makes from the graph's own
+    state, so a fresh trace optimized after this and a stored one write the same bytes (a cache never changes a
+    file)."""
+    proto, held = _structure(model)
+    again = ir.serde.deserialize_model(proto)
+    for name, value in again.graph.initializers.items():
+        value.const_value = held[name]
+    return again
+
+
 def optimize(model: ir.Model) -> ir.Model:
     """The optimizer torch.onnx runs on a trace (constant folding, deduplication, common subexpressions), on
     ``model`` in place: what ``torch.onnx.export(..., optimize=True)`` gives."""
@@ -228,4 +247,4 @@ def optimize(model: ir.Model) -> ir.Model:
     return program.model
 
 
-__all__ = ["load", "optimize", "save", "trace_key"]
+__all__ = ["load", "optimize", "reloaded", "save", "trace_key"]

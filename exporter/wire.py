@@ -40,6 +40,25 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
             return n, i
 
 
+def _field(data, i: int) -> tuple[int, int, int, int]:
+    """The field that starts at byte ``i``: (its number, where its payload starts, where it ends, its wire type).
+    ValueError on a wire type protobuf does not write (groups)."""
+    key, i = _read_varint(data, i)
+    field, wire = key >> 3, key & 7
+    if wire == 0:
+        _, end = _read_varint(data, i)
+    elif wire == 1:
+        end = i + 8
+    elif wire == _LEN:
+        n, i = _read_varint(data, i)
+        end = i + n
+    elif wire == 5:
+        end = i + 4
+    else:
+        raise ValueError(f"wire type {wire}")
+    return field, i, end, wire
+
+
 def _split(data: bytes, number: int) -> tuple[bytes, bytes]:
     """A serialized message's fields numbered below ``number`` and above it (field ``number`` itself dropped):
     protobuf writes known fields in field-number order, so the message is ``before + field + after``. ValueError
@@ -47,19 +66,7 @@ def _split(data: bytes, number: int) -> tuple[bytes, bytes]:
     before, after, i = [], [], 0
     while i < len(data):
         start = i
-        key, i = _read_varint(data, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, i = _read_varint(data, i)
-        elif wire == 1:
-            i += 8
-        elif wire == _LEN:
-            n, i = _read_varint(data, i)
-            i += n
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"wire type {wire}")
+        field, _, i, _ = _field(data, i)
         if field < number:
             if after:
                 raise ValueError(f"field {field} after field {number}")
@@ -151,23 +158,13 @@ def _fields(buf, start: int, end: int, number: int) -> tuple[bytes, list[tuple[i
     rest, found, i = bytearray(), [], start
     while i < end:
         at = i
-        key, i = _read_varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, i = _read_varint(buf, i)
-        elif wire == 1:
-            i += 8
-        elif wire == _LEN:
-            n, i = _read_varint(buf, i)
-            if field == number:
-                found.append((i, i + n))
-                i += n
-                continue
-            i += n
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"wire type {wire} at byte {at}")
+        try:
+            field, payload, i, wire = _field(buf, i)
+        except ValueError as e:
+            raise ValueError(f"{e} at byte {at}") from None
+        if field == number and wire == _LEN:
+            found.append((payload, i))
+            continue
         rest += buf[at:i]
     if i != end:
         raise ValueError(f"a field runs past its message's end (byte {i} of {end})")

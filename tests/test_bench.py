@@ -1047,3 +1047,50 @@ def test_default_lengths_shrink_to_fit_the_model_and_say_so():
     assert said is None and (cfg.prompt_len, cfg.new_tokens) == (32, 128)
     cfg, said = _fit_lengths(BenchConfig(), {"prompt_len", "new_tokens"}, 4096)  # fits: unchanged, nothing said
     assert said is None and (cfg.prompt_len, cfg.new_tokens) == (32, 128)
+
+
+def test_a_row_that_beats_the_floor_is_explained_not_called_bounded_by_it(tmp_path):
+    """The weight-bandwidth floor reads every weight from memory each step; a row faster than that reads them from
+    the CPU's cache: bench.md and bench.html say so, and bench.html draws the line by the same name."""
+    from mhaexport.bench.html import html
+
+    res = fabricated(1.1, 1.1)  # floor 5 ms; ort-cpu 5 ms: not below it
+    assert "CPU's cache" not in floor_text(res) and "CPU&#39;s cache" not in html(res)
+    res.runtimes[2].token_p50_ms = 3.0
+    assert [r.name for r in res.below_floor] == ["ort-cpu"]
+    text = unescape_md(floor_text(res))
+    assert "Token p50 below it (ort-cpu 3.00 ms): the 50.0 MB of weights fit in the CPU's cache" in text
+    assert "so for this model it is no floor." in text
+    page = html(res)
+    assert "Token p50 below it (ort-cpu 3.00 ms): the weights fit in the CPU&#39;s cache" in page
+
+
+def test_bench_html_shows_the_notes_full_legend_labels_and_bench_pngs_colours(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from mhaexport.bench.html import html, row_colours
+    from mhaexport.bench.render import plot
+
+    res = fabricated(1.1, 1.1)
+    label = "ort-cpu [attention=decomposed float32]"
+    res.runtimes[2] = dataclasses.replace(res.runtimes[2], label=label, positions=[1, 2, 3],
+                                          per_position_ms=[5.0, 5.1, 5.2])
+    res.runtimes[0] = dataclasses.replace(res.runtimes[0], positions=[1, 2, 3], per_position_ms=[9.0, 9.5, 10.0])
+    res.notes = ["ort-bare <x>: runs on the ort-cpu row's InferenceSession"]
+    page = html(res)
+    assert "<li>ort-bare &lt;x&gt;: runs on the ort-cpu row&#39;s InferenceSession</li>" in page  # bench.md's note
+    assert f"<title>{label}</title>" in page and ">decomposed float32]<" in page  # wrapped, never cut
+    colours = row_colours(res)
+    drawn = re.findall(r'<polyline [^>]*stroke="(#[0-9A-Fa-f]{6})"', page)
+    assert set(drawn) == {colours["eager"], colours[label]}
+    seen = []
+    real = matplotlib.axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        seen.append(kwargs.get("color"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    plot(res, tmp_path / "bench.png")
+    assert {colours["eager"], colours[label]} <= set(seen)  # bench.png's rows in bench.html's colours

@@ -83,7 +83,7 @@ def test_the_cells_read_records_that_lack_figures_an_older_report_did_not_write(
         assert type(r.figures) is cls
         assert cell(r).startswith("✅"), check  # no figure: no crash
     kv = CheckResult("kv-consistency", True, KvFigures.of(decode_max_abs=1e-7, long_max_abs=3e-6, long_to=127))
-    assert cell(kv) == "✅ 3.0e-06 to 127"
+    assert cell(kv) == "✅ max 3.0e-06, out to pos 127"  # a max error and how far the decode reached
     q = CheckResult("quality", False, QualityFigures.of(scheme="int4", sweep=Scores(positions=3, logit_err=0.05)))
     assert cell(q) == "❌ logit err 0.05"
     assert figures_of("parity", ParityFigures.of(errors=2)).errors == 2

@@ -290,6 +290,7 @@ def test_ctrl_c_inside_torch_onnx_export_exits_130_not_export_failed(cwd, monkey
             raise RuntimeError("Failed to export the model with torch.export") from e
 
     monkeypatch.setattr(torch.onnx, "export", interrupted_export)
+    monkeypatch.setenv("MHAEXPORT_TRACE", "fresh")  # traced now: a trace this user's cache holds would not call it
     res = CliRunner().invoke(main, ["onnx", "--config", "tiny", "-o", "out"])
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.stderr and "export failed" not in res.output.lower()

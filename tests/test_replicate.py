@@ -65,6 +65,8 @@ def test_a_stored_trace_gives_the_file_a_fresh_trace_gives(tmp_path, monkeypatch
     export_onnx(five_layers(), tmp_path / "b")  # another process's model object: the same code, config and shapes
     assert "its trace reused from this user's cache" in exporter_of(tmp_path / "b")
     assert canonical(tmp_path / "a" / "model.onnx") == canonical(tmp_path / "b" / "model.onnx")
+    # and byte for byte: a cache never changes a file (the optimizer names what it makes the same way)
+    assert (tmp_path / "a" / "model.onnx").read_bytes() == (tmp_path / "b" / "model.onnx").read_bytes()
     # what the file runs is eager's model: ORT on the copied layers against eager
     from mhaexport.core.iospec import dummy_inputs
     from mhaexport.runtime.ort import OrtRunner

@@ -12,8 +12,9 @@ import re
 from mhaexport.diagnose import model_explorer
 from mhaexport.diagnose.bisect import BisectReport, TensorDiff
 from mhaexport.verify.html import html as page_of
-from mhaexport.verify.render import cell
-from mhaexport.verify.report import ReportModel, RuntimeInfo, SweepInfo, ToleranceInfo, VerifyReport
+from mhaexport.verify.render import cell, markdown
+from mhaexport.verify.report import (Allowance, Bounds, ReportModel, RuntimeInfo, RuntimeTolerance, SweepInfo,
+                                     ToleranceInfo, VerifyReport)
 from mhaexport.verify.results import CheckResult
 from mhaexport.verify.svg import Chart, Series, svg
 
@@ -71,6 +72,95 @@ def test_a_log_axis_draws_zero_at_its_floor_and_says_so():
     out = svg(Chart("t <b>", "x", "err", [Series("a&b", [(0, 0.0), (1, 1e-6), (2, None)])]))
     assert "0 drawn at 1e-7" in out and "t &lt;b&gt;" in out and "a&amp;b" in out
     assert out.count("<circle") == 2  # the point without a value is not drawn
+
+
+RULE = "lossy with int8 activations, compared with itself: 10% of eager's RMS per output"
+
+
+def lossy_report(recorded_as_text=False) -> VerifyReport:
+    """An int4 file's report: ort-cpu's kv-consistency judged by its allowance (0.306 on logits), far above the
+    float32 atol and passed; its parity n/a (lossy); eager's genai-config n/a; ort-cuda skipped for 3 checks."""
+    kv = {rt: CheckResult("kv-consistency", True, {"long_to": 127, "long_max_abs": y,
+                                                   "long_by_position": [[p, y] for p in range(128)]}, "agree")
+          for rt, y in (("eager", 1e-5), ("ort-cpu", 0.094))}
+    results = {"eager": {"parity": CheckResult("parity", None, {"reference": True}, "reference: compared"),
+                         "kv-consistency": kv["eager"],
+                         "genai-config": CheckResult("genai-config", None, {"not_applicable": True}, "n/a: files")},
+               "ort-cpu": {"parity": CheckResult("parity", None, {"lossy": True}, "n/a: lossy artifact"),
+                           "kv-consistency": kv["ort-cpu"],
+                           "genai-config": CheckResult("genai-config", True, {}, "ok")}}
+    own = "atol=0.0001 rtol=0.001, logits: atol=0.306 rtol=0.001, present: atol=0.0985 rtol=0.001"
+    allowance = None if recorded_as_text else Allowance(Bounds(0.306, 1e-3), Bounds(0.0985, 1e-3), RULE)
+    runtimes = {"eager": RuntimeInfo("eager", "ran"),
+                "ort-cpu": RuntimeInfo("ort-cpu", "ran", providers=["CPU"], self_tolerance=own, allowance=allowance),
+                "ort-cuda": RuntimeInfo("ort-cuda", "skipped", reason="no CUDA device")}
+    tol = ToleranceInfo(atol=1e-4, rtol=1e-3, dtype="float32",
+                        per_runtime={rt: RuntimeTolerance("float32", "atol=0.0001 rtol=0.001", Bounds(1e-4, 1e-3))
+                                     for rt in runtimes})
+    return VerifyReport(model=ReportModel(spec="preset:small", contract={"n_layers": 2}), folder="out/small-int4",
+                        sweep=SweepInfo(kind="quick", seed=0, cases=3), tolerance=tol, runtimes=runtimes,
+                        results=results, checks=["parity", "kv-consistency", "genai-config"])
+
+
+def _svg_of(page: str, title: str) -> str:
+    start = page.index(f'aria-label="{title}')
+    return page[start:page.index("</figure>", start)]
+
+
+def test_a_lossy_files_curve_is_drawn_against_the_allowance_that_judged_it_and_the_words_say_which_rule():
+    page = page_of(lossy_report(), cell)
+    chart = _svg_of(page, "Cached decode: error against position")
+    assert "allowed 0.306 (ort-cpu)" in chart  # the line the ort-cpu curve was judged by ...
+    assert "atol 0.0001 (eager)" in chart  # ... and eager's, each labelled with the runtimes it judged
+    assert re.search(r'<line [^>]*y1="([\d.]+)" y2="\1" stroke="#D55E00" stroke-dasharray="6 3"', chart)  # ort-cpu's colour
+    caption = chart[chart.index("<figcaption>"):]
+    assert "ort-cpu: |error| ≤ 0.306 + 0.001 × |value| (lossy with int8 activations, compared with itself" in caption
+    assert "eager: |error| ≤ 0.0001 + 0.001 × |value| (float32&#39;s tolerance)" in caption
+    # the cell's tooltip names the rule that judged it
+    assert re.search(r'title="judged by \|error\| ≤ 0.306 \+ 0.001 × \|value\| \(lossy with int8', page)
+    text = markdown(lossy_report())
+    assert "- ort-cpu: |error| ≤ 0.306 + 0.001 × |value| (lossy with int8 activations" in text
+    assert "- eager: |error| ≤ 0.0001 + 0.001 × |value| (float32's tolerance)" in text
+
+
+def test_a_report_written_before_the_allowance_was_recorded_is_judged_by_its_self_tolerance():
+    r = lossy_report(recorded_as_text=True)
+    assert r.judged_by("ort-cpu") == (Bounds(0.306, 1e-3), "lossy, compared with itself")
+    assert r.judged_by("eager") == (Bounds(1e-4, 1e-3), "float32's tolerance")
+    assert "allowed 0.306 (ort-cpu)" in page_of(r, cell)
+
+
+def test_cells_say_what_their_figure_is_and_n_a_cells_carry_the_mark():
+    r = lossy_report()
+    row = next(line for line in markdown(r).splitlines() if line.startswith("| ort-cpu |"))
+    assert "| ⏭ n/a (lossy) |" in row  # like every other n/a cell
+    assert "| ✅ max 9.4e-02, out to pos 127 |" in row  # a max error and the position reached, not a range
+    eager = next(line for line in markdown(r).splitlines() if line.startswith("| eager |"))
+    assert eager.endswith("| ⏭ n/a |")  # genai-config is no check of eager
+    page = page_of(r, cell)
+    assert '<span class="num">9.4e-02</span>' in page  # a number never breaks at its minus
+
+
+def test_a_skipped_runtime_is_one_row_and_one_reason_not_one_per_check():
+    page = page_of(lossy_report(), cell)
+    assert page.count("no CUDA device") == 2  # its row in the table (one cell across the checks), one note
+    assert re.search(r'<td colspan="\d+">skipped: no CUDA device</td>', page)
+    assert '<td title="parity, kv-consistency, genai-config">3 checks</td><td>ort-cuda skipped: no CUDA device' in page
+
+
+def test_eager_is_drawn_last_and_dashed_so_a_runtime_that_matches_it_exactly_hides_neither():
+    chart = _svg_of(page_of(report(), cell), "Cached decode: error against position")
+    lines = re.findall(r'<polyline [^>]*stroke="(#[0-9A-Fa-f]{6})" stroke-width="1.5" stroke-dasharray="([^"]+)"',
+                       chart)
+    assert lines == [("#D55E00", "none"), ("#0072B2", "5 3")]  # ort-cpu, then eager dashed over it
+
+
+def test_a_long_legend_label_wraps_whole_and_keeps_it_all_in_its_tooltip():
+    label = "ort-cpu [attention=decomposed], long run"
+    out = svg(Chart("t", "x", "y", [Series(label, [(0, 1.0), (1, 2.0)])]))
+    shown = re.findall(r"<text [^>]*>([^<]*)<title>", out)
+    assert " ".join(shown).replace("= ", "=") == label.replace("[", "[")  # every character shown, over lines
+    assert f"<title>{label}</title>" in out
 
 
 def bisect_report() -> BisectReport:

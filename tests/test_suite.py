@@ -92,6 +92,16 @@ def test_the_rows_rules_hold_for_every_subject_alike():
     assert config.figures == {"not_applicable": True} and "describes the ONNX file" in config.message
 
 
+@pytest.mark.parametrize("check", ["genai-config", "weights"])
+def test_a_check_of_the_files_is_n_a_for_eager_not_its_reference(check):
+    """eager is the reference of parity and quality; the folder's config and a lossy file's weights are no checks of
+    eager at all: n/a (report.md's "⏭ n/a"), never "ref"."""
+    eager = _Raises("eager", np.zeros(4))
+    r = run_check(check, eager, _ctx(eager, lossy=Quantization(weights="int4")))
+    assert (r.status, r.figures, r.counted) == (None, {"not_applicable": True}, False)
+    assert r.message.startswith("n/a: ")
+
+
 @pytest.mark.parametrize("flip", [2e-6, 1e-3, 0.5])
 def test_every_generation_check_decides_a_tie_by_the_one_rule(flip):
     """Eager prefers token 1 by 1e-6 over token 2; the runtime prefers token 2 by ``flip``: the contract runtime

@@ -158,6 +158,22 @@ def self_tolerance(ctx: Context, quant: Quantization, base):
     return Tolerance(base.atol, base.rtol, tuple(per))
 
 
+def allowance(tol: Tolerance, base: Tolerance):
+    """The report's record of what a lossy artifact's comparisons with itself allowed (``tol``, from
+    :func:`self_tolerance` over ``base``, its dtype's): the logits' and present outputs' bounds and the rule in
+    words (report.md and report.html say it and draw the logits' bound)."""
+    from mhaexport.verify.report import Allowance, Bounds
+
+    lg, pr = tol.for_output("logits"), tol.for_output("present")
+    if tol == base:
+        rule = "lossy, compared with itself at its dtype's tolerance (its activations stay float)"
+    else:
+        rule = (f"lossy with int8 activations, compared with itself: {REQUANT_FRACTION:.0%} of eager's RMS per "
+                "output (a requantization step moves outputs by a few percent; a cache, mask or position bug by "
+                "far more)")
+    return Allowance(Bounds(lg.atol, lg.rtol), Bounds(pr.atol, pr.rtol), rule)
+
+
 # ---- the quality check ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

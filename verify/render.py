@@ -19,7 +19,7 @@ from mhaexport.verify.results import HEADROOM, QUALITY, SERVING_CHECKS, CheckRes
 
 ICONS = {True: "✅", False: "❌", None: "⏭"}
 # the cell of a result that is no check (CheckResult.counted) or was skipped for a static export
-_NOT_RUN = {"reference": "ref", "lossy": "n/a (lossy)", "exact": "n/a (exact)", "not_applicable": "⏭ n/a",
+_NOT_RUN = {"reference": "ref", "lossy": "⏭ n/a (lossy)", "exact": "⏭ n/a (exact)", "not_applicable": "⏭ n/a",
             "static": "⏭ static"}
 
 
@@ -36,6 +36,7 @@ def markdown(report: VerifyReport) -> str:
     lines = _header(report) + _table(report.runtimes, report.results, cols) + _parity_lines(report)
     lines += (_module_lines(report) if report.module else
               _quality_lines(report) + _headroom_lines(report) + _decoder_legend(cols))
+    lines += _judged_lines(report)
     lines += _details(report, cols)
     lines += _serving_lines(report)
     lines += _other_protocol_lines(report, cols)
@@ -154,12 +155,24 @@ def _module_lines(report: VerifyReport) -> list[str]:
     return lines
 
 
+def _judged_lines(report: VerifyReport) -> list[str]:
+    """What judged each runtime's element-wise comparisons (parity, causality, kv-consistency, padding,
+    dynamic-shapes, a generation step's near-tie): the runtimes held to the same bounds by the same rule on one
+    line."""
+    groups = report.judged_groups()
+    if not groups:
+        return []
+    return ["Judged by (an element fails past atol + rtol × its value):", ""] + [
+        f"- {', '.join(md(rt) for rt in rts)}: |error| ≤ {_x(b.atol, 'g')} + {_x(b.rtol, 'g')} × |value| "
+        f"({md(whose)})" for rts, b, whose in groups] + [""]
+
+
 def _decoder_legend(cols: tuple[str, ...]) -> list[str]:
     return ["", "✅ passed · ❌ failed · ⏭ skipped / not applicable (never counted as passed). Figures: "
                 "worst max abs difference (parity: vs eager; causality: earlier outputs after changing "
-                "later tokens; kv-consistency: decode/chunked/recompute vs prefill, and cached decode out to "
-                "the position shown; padding: padded vs unpadded); generation: matched greedy tokens after "
-                "a short prompt and after a long one (its length shown)"
+                "later tokens; kv-consistency: the largest of decode/chunked/recompute vs prefill and of cached "
+                "decode out to the position shown; padding: padded vs unpadded); generation: matched greedy "
+                "tokens after a short prompt and after a long one (its length shown)"
             + ("; quality: top-1 agreement and perplexity ratio on text (or the sweep's relative logit "
                "error); a lossy artifact's parity is n/a and its generation compares cached decode with its "
                "own recompute" if QUALITY in cols else "") + ".", ""]
@@ -315,7 +328,7 @@ def _headroom_lines(report: VerifyReport) -> list[str]:
 
 
 def cell(r: CheckResult | None) -> str:
-    """One check's table cell: its icon and the figure that says most (``ref``, ``n/a (lossy)`` where not run)."""
+    """One check's table cell: its icon and the figure that says most (``ref``, ``⏭ n/a (lossy)`` where not run)."""
     if r is None:
         return "—"
     icon = ICONS[r.status]
@@ -336,7 +349,7 @@ def cell(r: CheckResult | None) -> str:
         figure = (f"w[1,3]={_x(f.weight_1_3_max or 0, 'g')}" if f.mask == "causal"
                   else f"w[1,3]≥{_x(f.weight_1_3_min or 0, '.2g')}")
     elif r.check == "kv-consistency":
-        figure = _x(f.worst, ".1e") + (f" to {_x(f.long_to, 'd')}" if f.long_to is not None else "")
+        figure = f"max {_x(f.worst, '.1e')}" + (f", out to pos {_x(f.long_to, 'd')}" if f.long_to is not None else "")
     elif r.check == "padding":
         figure = _x(f.worst, ".1e")
     elif r.check == "dynamic-shapes" and f.baked_axes is not None:

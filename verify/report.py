@@ -8,6 +8,7 @@ across machines. report.md's text is rendered from it by :mod:`mhaexport.verify.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -63,8 +64,26 @@ class RuntimeInfo(Record):
     seconds: float = 0.0
     host: str = ""
     self_tolerance: str | None = None  # a lossy artifact's tolerance for comparing it with itself (verify/quality)
+    allowance: Allowance | None = None  # the same as bounds, with the rule that set them (report.html draws them)
 
     WRITE_NONE = ("artifact", "self_tolerance")
+
+
+@dataclass
+class Bounds(Record):
+    atol: float
+    rtol: float
+
+
+@dataclass
+class Allowance(Record):
+    """What a lossy artifact's comparisons with itself allowed (:func:`mhaexport.verify.quality.self_tolerance`):
+    the logits' and the present outputs' bounds (an element fails past atol + rtol x |value|) and the rule that set
+    them, in words."""
+
+    logits: Bounds
+    present: Bounds | None = None
+    rule: str = ""
 
 
 @dataclass
@@ -113,15 +132,13 @@ class SweepInfo(Record):
 
 
 @dataclass
-class Bounds(Record):
-    atol: float
-    rtol: float
-
-
-@dataclass
 class RuntimeTolerance(Record):
+    """A runtime's tolerance: its artifact's dtype, the tolerance in words and the logits' bounds (what its parity
+    was judged by: report.html draws it)."""
+
     dtype: str | None = None
     describe: str | None = None
+    logits: Bounds | None = None
 
 
 @dataclass
@@ -298,6 +315,37 @@ class VerifyReport(Record):
         """``runtime``'s result in ``check``, None when it has none (not run, not one of its checks)."""
         return self.results[runtime][check] if check in self.results.get(runtime, {}) else None
 
+    def judged_by(self, runtime: str) -> tuple[Bounds, str]:
+        """The logits' bounds ``runtime``'s comparisons were held to (an element fails past atol + rtol x |value|:
+        parity, causality, kv-consistency, padding, a generation step's tie) and whose rule they are: a lossy
+        artifact's allowance (its rule), else its dtype's tolerance, else the run's."""
+        info = self.runtimes.get(runtime)
+        if info is not None and info.allowance is not None:
+            return info.allowance.logits, info.allowance.rule
+        if info is not None and info.self_tolerance:  # a report written before the allowance was recorded
+            own = re.search(r"logits: atol=(\d[0-9.e+-]*) rtol=(\d[0-9.e+-]*)", info.self_tolerance)
+            try:
+                return Bounds(float(own[1]), float(own[2])), "lossy, compared with itself"
+            except (TypeError, ValueError):  # no such figures in it: the dtype's below
+                pass
+        tol = self.tolerance
+        own = (tol.per_runtime or {}).get(runtime)
+        overridden = " as given" if tol.overridden else ""
+        if own is not None and own.logits is not None:
+            return own.logits, f"{own.dtype or 'its dtype'}'s tolerance{overridden}"
+        per = (tol.per_output or {}).get("logits")
+        return per or Bounds(tol.atol, tol.rtol), f"{tol.dtype or 'the run'}'s tolerance{overridden}"
+
+    def judged_groups(self) -> list[tuple[list[str], Bounds, str]]:
+        """:meth:`judged_by` of every runtime that ran a check, those held to the same bounds by the same rule as one
+        group: (runtimes, bounds, rule) in the runtimes' order."""
+        groups: dict[tuple, tuple[list[str], Bounds, str]] = {}
+        for rt, info in self.runtimes.items():
+            if info.status == "ran" and self.results.get(rt):
+                b, whose = self.judged_by(rt)
+                groups.setdefault((b.atol, b.rtol, whose), ([], b, whose))[0].append(rt)
+        return list(groups.values())
+
     def failures(self) -> list[tuple[str, CheckResult]]:
         """The failed outcomes: (row, check) pairs (a runtime that could not load its artifact: its "load")."""
         return [(row, r) for row, r in self.outcomes() if r.status is False]
@@ -402,13 +450,18 @@ def build_report(ef: ExportFolder, *, sweep: str, seed: int, cases: list, tol: T
         tolerance=ToleranceInfo(tol.atol, tol.rtol, dtype=dtype,
                                 per_output={k: Bounds(a, r) for k, a, r in tol.per_output},
                                 overridden=atol is not None or rtol is not None,
-                                per_runtime={r.name: RuntimeTolerance(r.dtype, Tolerance.for_dtype(
-                                    r.dtype, atol, rtol).describe()) for r in runners}),
+                                per_runtime={r.name: _runtime_tolerance(Tolerance.for_dtype(r.dtype, atol, rtol),
+                                                                        r.dtype) for r in runners}),
         runtimes=infos, results=results, versions=tool_versions(),
         artifacts={k: ArtifactInfo.of(v) for k, v in ef.artifacts.items()},
         requested=list(requested) if requested else None, checks=list(checks), lint=lint, cross=list(cross),
         other_protocol=other, environment=here(torch_threads=threads), memory=memory,
         seconds=round(time.perf_counter() - started, 2))
+
+
+def _runtime_tolerance(tol, dtype: str) -> RuntimeTolerance:
+    logits = tol.for_output("logits")
+    return RuntimeTolerance(dtype, tol.describe(), Bounds(logits.atol, logits.rtol))
 
 
 # the largest report.json read back (a full sweep's report of a large model is ~1 MB)

@@ -17,7 +17,7 @@ from mhaexport.runners.names import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT
 from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
-from mhaexport.verify.quality import self_tolerance
+from mhaexport.verify.quality import allowance, self_tolerance
 from mhaexport.verify.report import RuntimeInfo
 from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.suite import run_check, subject
@@ -89,8 +89,8 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         quant = (lossy or {}).get(_artifact_of(runner) or "")
         tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
         if quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
-            tol = self_tolerance(ctx, quant, tol)
-            info.self_tolerance = tol.describe()
+            base, tol = tol, self_tolerance(ctx, quant, tol)
+            info.self_tolerance, info.allowance = tol.describe(), allowance(tol, base)
         contexts[runner.name] = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # (module: not)
     # the sweep of every runtime driven by contract calls runs case by case, all of them together, when a check
     # first reads it: eager's reference of a case computed once, every output reduced and dropped before the next

@@ -13,9 +13,9 @@ A runtime is checked as one of three *subjects*, by how it is driven (its runner
 
 A row names the function each subject runs, or why the check does not apply to it (a string: the result is "n/a",
 counted nowhere), or None (not a check of that subject: verify refuses to be asked for it). Before any function,
-the row's rules about the runtime and the artifact: eager is the *reference* of parity, quality, weights and
-genai-config (not a check of eager); parity is not applicable to a lossy artifact, quality and weights only to one;
-genai-config only to a runtime that runs the ONNX file. Every generation check decides a near-tie by the one rule
+the row's rules about the runtime and the artifact: eager is the *reference* of parity, quality and headroom;
+weights and genai-config are no checks of eager (n/a); parity is not applicable to a lossy artifact, quality and
+weights only to one; genai-config only to a runtime that runs the ONNX file. Every generation check decides a near-tie by the one rule
 :func:`mhaexport.verify.compare.near_tie`.
 """
 
@@ -63,9 +63,9 @@ class Check:
     eager's result is "reference: ..." (eager is what this check holds the others to); ``artifact``: ``"exact"``
     (not applicable to a lossy artifact: judged by quality) or ``"lossy"`` (only for a lossy one: an exact artifact
     is judged by parity); ``onnx_only``: not applicable to a runtime that does not run the ONNX file (TorchScript and
-    the eager models); ``recorded``: how the check is judged when eager's references come from a record
-    (``verify --record``, verify/reference.py; ``{logits}``/``{present}``: what the record keeps), or why it cannot
-    be ("n/a: ..."; None: "n/a", the check not judged from a record). Calling it runs the check on one runner: the
+    the eager models); ``eager``: why it is not a check of eager (n/a); ``recorded``: how the check is judged when
+    eager's references come from a record (``verify --record``, verify/reference.py; ``{logits}``/``{present}``:
+    what the record keeps), or why it cannot be ("n/a: ..."; None: "n/a", the check not judged from a record). Calling it runs the check on one runner: the
     row's rules, then the subject's function."""
 
     name: str
@@ -76,6 +76,7 @@ class Check:
     artifact: str | None = None
     onnx_only: str | None = None
     recorded: str | None = None
+    eager: str | None = None
 
     def entry(self, runner: Runner) -> Entry:
         return getattr(self, subject(runner))
@@ -89,6 +90,8 @@ class Check:
             return CheckResult(self.name, None, {"not_applicable": True}, entry)
         if self.reference and runner.name == EAGER:
             return CheckResult(self.name, None, {"reference": True}, f"reference: {self.reference}")
+        if self.eager and runner.name == EAGER:
+            return CheckResult(self.name, None, {"not_applicable": True}, f"n/a: {self.eager}")
         lossy = getattr(ctx, "lossy", None)
         if self.artifact == "exact" and lossy:
             return CheckResult(self.name, None, {"lossy": True},
@@ -147,9 +150,10 @@ CHECK_FUNCS = _suite(
     Check(QUALITY, check_quality, loop.check_quality, reference="lossy artifacts are judged against eager",
           artifact="lossy", recorded="n/a: a lossy file is judged against eager's logits over text, which a record "
                                      "does not keep"),
-    Check(WEIGHTS, checks.check_weights, checks.check_weights, reference="the weights of the files are checked",
+    Check(WEIGHTS, checks.check_weights, checks.check_weights,
+          eager="not a check of eager: the lossy file's quantized weights are checked on the runtimes that run it",
           artifact="lossy", recorded="n/a: a record keeps no weights"),
-    Check(GENAI_CONFIG_CHECK, check_genai_config, check_genai_config, reference="the folder's config is checked",
+    Check(GENAI_CONFIG_CHECK, check_genai_config, check_genai_config,
           onnx_only=f"{GENAI_CONFIG} describes the ONNX file",
           recorded="the config against the graph and the manifest (not against the eager model's own config)"),
     Check(HEADROOM, check_headroom, check_headroom,

@@ -35,7 +35,8 @@ class Series:
 
 @dataclass
 class Chart:
-    """A chart's content: title, axis labels, the series, and markers ``vlines`` / ``hlines`` as (value, label)."""
+    """A chart's content: title, axis labels, the series, and markers ``vlines`` as (value, label) and ``hlines`` (a
+    threshold) as (value, label) or (value, label, colour: None for the default red)."""
 
     title: str
     xlabel: str
@@ -43,7 +44,7 @@ class Chart:
     series: list[Series]
     logy: bool = True
     vlines: list[tuple[float, str]] = field(default_factory=list)
-    hlines: list[tuple[float, str]] = field(default_factory=list)
+    hlines: list[tuple] = field(default_factory=list)
 
 
 def _fmt(v: float) -> str:
@@ -77,7 +78,7 @@ def svg(chart: Chart) -> Markup:
     value is NaN or infinite is a cross at the top edge (the bottom edge for -inf on a linear axis) and the axis says
     so; magnitudes past 1e300 are clipped there; a point whose x is not finite is left out."""
     ys = [y for s in chart.series for x, y in s.points if y is not None and finite(x) is not None]
-    ys += [y for y, _ in chart.hlines]
+    ys += [y for y, *_ in chart.hlines]
     off_scale = any(finite(y) is None for y in ys)
     ys = [_clip(v) for v in (finite(y) for y in ys) if v is not None]
     xs = [_clip(v) for v in (finite(x) for s in chart.series for x, _ in s.points) if v is not None]
@@ -130,12 +131,14 @@ def svg(chart: Chart) -> Markup:
     for x, label in chart.vlines:
         out.append(h('<line x1="{x}" x2="{x}" y1="{}" y2="{}" stroke="#999" stroke-dasharray="4 3"/><text x="{}" '
                      'y="{}" fill="#555">{}</text>', TOP, TOP + ph, _c(px(x) + 3), TOP + 12, label, x=_c(px(x))))
-    for y, label in chart.hlines:
+    for y, label, *colour in chart.hlines:
         if finite(y) is None:
             continue
-        out.append(h('<line x1="{}" x2="{}" y1="{y}" y2="{y}" stroke="#c00" stroke-dasharray="6 3"/><text x="{}" '
-                     'y="{}" text-anchor="end" fill="#c00">{}</text>', LEFT, LEFT + pw, LEFT + pw - 3, _c(py(y) - 3),
-                     label, y=_c(py(y))))
+        stroke = _colour(colour[0]) if colour and colour[0] else "#cc0000"
+        out.append(h('<line x1="{}" x2="{}" y1="{y}" y2="{y}" stroke="{c}" stroke-dasharray="6 3"/><text x="{}" '
+                     'y="{}" text-anchor="end" fill="{c}">{}</text>', LEFT, LEFT + pw, LEFT + pw - 3,
+                     _c(max(TOP + 11, py(y) - 3)), label, y=_c(py(y)), c=stroke))
+    legend_y = TOP + 14
     for i, s in enumerate(chart.series):
         colour = _colour(s.colour or COLOURS[i % len(COLOURS)])
         pts = [(x, y) for x, y in s.points if y is not None and finite(x) is not None]
@@ -155,11 +158,37 @@ def svg(chart: Chart) -> Markup:
             for x, y in pts:
                 out.append(h('<circle cx="{}" cy="{}" r="3" fill="{}"><title>{}: {}, {}</title></circle>',
                              _c(px(x)), _c(py(y)), colour, s.label, _fmt(x), number(y)))
-        ly = TOP + 14 + 16 * i
-        out.append(h('<line x1="{}" x2="{}" y1="{y}" y2="{y}" stroke="{}" stroke-width="3"/><text x="{}" y="{}">{}'
-                     "</text>", W - RIGHT + 10, W - RIGHT + 30, colour, W - RIGHT + 34, ly, s.label[:26], y=ly - 4))
+        label_lines = _wrapped(s.label)
+        dash = "4 2" if s.dashed else "none"
+        out.append(h('<line x1="{}" x2="{}" y1="{y}" y2="{y}" stroke="{}" stroke-width="3" stroke-dasharray="{}"/>'
+                     "<title>{}</title>", W - RIGHT + 10, W - RIGHT + 30, colour, dash, s.label, y=legend_y - 4))
+        for k, line in enumerate(label_lines):
+            out.append(h('<text x="{}" y="{}">{}<title>{}</title></text>', W - RIGHT + 34, legend_y + 13 * k, line,
+                         s.label))
+        legend_y += 13 * len(label_lines) + 4
     out.append(Markup("</svg>"))
     return Markup("\n").join(out)
+
+
+LEGEND_CHARS = 22  # the legend's width in characters (the right margin at font-size 11)
+
+
+def _wrapped(label: str, lines: int = 4) -> list[str]:
+    """A legend label in lines of at most :data:`LEGEND_CHARS`, broken after a space, "=", "," or "/" or before "["
+    where it can (else mid-word): whole up to ``lines`` lines, past them the last line ends in "…" (the tooltip holds it all)."""
+    out, rest = [], label
+    while rest and len(out) < lines:
+        if len(rest) <= LEGEND_CHARS:
+            out.append(rest)
+            rest = ""
+            break
+        cut = max([rest.rfind(c, 0, LEGEND_CHARS) + 1 for c in " =,/"] + [rest.rfind("[", 0, LEGEND_CHARS)])
+        cut = cut if cut > 0 else LEGEND_CHARS
+        out.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    if rest:
+        out[-1] = out[-1][:LEGEND_CHARS - 1] + "…"
+    return out
 
 
 def _c(v: float, spec: str = ".1f") -> str:

@@ -20,10 +20,11 @@ from html.parser import HTMLParser
 # the elements and attributes report.html / bench.html and their SVG charts are made of (verify/html.py, svg.py)
 HTML_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "b", "code", "table", "tr", "th", "td",
              "span", "figure", "figcaption", "details", "summary", "svg", "rect", "text", "line", "polyline", "circle",
-             "path", "br"}
+             "path", "br", "ul", "li"}
 HTML_ATTRS = {"lang", "charset", "name", "content", "class", "xmlns", "viewbox", "width", "height", "role",
               "aria-label", "font-family", "font-size", "font-weight", "x", "y", "x1", "x2", "y1", "y2", "fill",
-              "stroke", "stroke-width", "stroke-dasharray", "text-anchor", "transform", "points", "cx", "cy", "r", "d"}
+              "stroke", "stroke-width", "stroke-dasharray", "text-anchor", "transform", "points", "cx", "cy", "r", "d",
+              "title", "colspan"}  # a cell's tooltip (the rule that judged it, its message) and a row's one reason
 # the only URL a page holds: the SVG namespace
 HTML_URLS = {"http://www.w3.org/2000/svg"}
 
