@@ -45,8 +45,8 @@ def families(work: Path) -> list[str]:
                 rows.append(f"| {name} | fused | {cache} | exit {res.returncode}: {line} | — | — | — |")
                 continue
             diff = beyond_window(out, hf)
-            ver = cli("verify", str(out), "-o", str(out / "verify"))
-            rep = json.loads((out / "verify" / "report.json").read_text())
+            ver = cli("verify", str(out), "--runtime", "ort-cpu", "-o", str(out / "verify"))
+            rep = json.loads(next((out / "verify").glob("report*.json")).read_text())
             parity = rep["results"].get("ort-cpu", {}).get("parity", {}).get("figures", {}).get("max_abs")
             rows.append(f"| {name} | fused | {cache} | exported ({took:.0f} s) | {diff:.1e} | exit {ver.returncode} | "
                         f"{parity} |")

@@ -1032,7 +1032,7 @@ def test_plot_one_colour_per_row_medians_with_spread_and_a_legend_over_no_data(r
 def test_default_lengths_shrink_to_fit_the_model_and_say_so():
     """`mhaexport bench out/tiny` (max_positions 128) exited 2 on its own defaults (32 + 128): a default length
     shrinks to fit, a given one stays and is refused when nothing can fit it."""
-    from mhaexport.api import _fit_lengths
+    from mhaexport.verbs.bench import _fit_lengths
 
     cfg, said = _fit_lengths(BenchConfig(), {"prompt_len", "new_tokens"}, 128)
     assert (cfg.prompt_len, cfg.new_tokens) == (32, 96)

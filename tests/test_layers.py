@@ -21,10 +21,9 @@ FOLDERS = {"core": "core", "artifact": "artifact", "models": "models", "exporter
 # modules that stand in another layer than their folder's: evaluate's scoring (perplexity, KL, logit error, top-1 and
 # greedy agreement) stands below verification, whose quality check uses it; the rest of evaluate stands on verify
 MODULES = {"evaluate/scoring.py": "scoring"}
-# the ground floor (core/, mhaexport.core) and the names mhaexport/ keeps for it (aliases of the same modules)
-CORE = {"core", "errors", "iospec", "dtypes", "env", "graph", "devices", "version", "progress", "untrusted"}
-# the top layer inside mhaexport/: the command line, the Python API beside it and the pytest plugin on the API
-TOP = {"cli", "__main__", "api", "pytest_plugin", "outputs"}
+# the top layer inside mhaexport/: the command line (cli.py, its verbs in commands/), the Python API beside it (api.py,
+# its verbs in verbs/) and the pytest plugin on the API
+TOP = {"cli", "commands", "__main__", "api", "verbs", "pytest_plugin", "outputs"}
 # the one downward edge allowed by name: the package's __init__ re-exports the Python API lazily (mhaexport.verify(...)
 # and friends), inside functions, so `import mhaexport` imports nothing of it
 FACADE = {("mhaexport/__init__.py", "mhaexport.api")}
@@ -63,12 +62,12 @@ def _layer_of_module(name: str) -> str | None:
         return "cli"
     if parts[1] in FOLDERS:
         return FOLDERS[parts[1]]
-    if parts[1] in CORE or parts[1] == "__init__":
+    if parts[1] == "__init__":
         return "core"
     if parts[1] in TOP:
         return "cli"
     if (ROOT / "mhaexport" / f"{parts[1]}.py").is_file():
-        return "core"  # a ground-floor module of mhaexport/ (untrusted, progress, terminal, ...)
+        return "core"  # a ground-floor module of mhaexport/ (terminal.py)
     return "cli"  # a name taken from the facade, mhaexport/__init__ (the API's re-exports, __version__)
 
 
@@ -76,9 +75,9 @@ def _sources():
     for folder, layer in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             yield path, MODULES.get(str(path.relative_to(ROOT)), layer)
-    for path in sorted((ROOT / "mhaexport").glob("*.py")):
-        stem = path.stem
-        yield path, "cli" if stem in TOP else "core"
+    for path in sorted((ROOT / "mhaexport").rglob("*.py")):
+        top = path.relative_to(ROOT / "mhaexport").parts[0].removesuffix(".py")  # commands/export.py -> commands
+        yield path, "cli" if top in TOP else "core"
 
 
 def _edges():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from mhaexport.cli import Reporter, main
+from mhaexport.cli import main
+from mhaexport.commands.output import Reporter
 from mhaexport.core.progress import Estimate, Step, counted
 
 

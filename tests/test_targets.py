@@ -40,7 +40,7 @@ def test_a_contradicting_option_is_refused_before_any_work(tmp_path, args, says)
 
 
 def test_an_option_the_target_agrees_with_is_accepted(tmp_path, monkeypatch):
-    from mhaexport import api
+    from mhaexport.verbs import export  # where export_onnx_target finds export_onnx
 
     seen = {}
 
@@ -48,7 +48,7 @@ def test_an_option_the_target_agrees_with_is_accepted(tmp_path, monkeypatch):
         seen.update(kw)
         raise ConfigError("stop here")
 
-    monkeypatch.setattr(api, "export_onnx", fake_export)
+    monkeypatch.setattr(export, "export_onnx", fake_export)
     r = CliRunner().invoke(main, ["onnx", "--target", "ort-cuda", "--dtype", "float16", "--config", "tiny", "-o",
                                   str(tmp_path / "out")])
     assert r.exit_code == 2 and "stop here" in r.output, r.output

@@ -9,8 +9,8 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from mhaexport import cli
 from mhaexport.cli import main
+from mhaexport.commands import output  # where the CLI asks whether stdout is a terminal
 from mhaexport.terminal import CELL, to_terminal, wants_style, width
 
 MD = """## mhaexport verify: ✅ PASSED
@@ -66,7 +66,7 @@ def test_a_terminal_gets_text_a_pipe_the_markdown_and_scripts_json(report_json, 
     piped = CliRunner().invoke(main, ["report", "merge", str(report_json), "-o", str(tmp_path / "a")])
     assert piped.exit_code == 0 and "| runtime |" in piped.stdout  # not a terminal: report.md's Markdown
     assert piped.stdout.strip() == (tmp_path / "a" / "report.md").read_text().strip()
-    monkeypatch.setattr(cli, "_stdout_is_tty", lambda: True)
+    monkeypatch.setattr(output, "_stdout_is_tty", lambda: True)
     monkeypatch.setenv("NO_COLOR", "1")
     tty = CliRunner().invoke(main, ["report", "merge", str(report_json), "-o", str(tmp_path / "b")], color=True)
     assert tty.exit_code == 0 and "ort-cpu" in tty.stdout

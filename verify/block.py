@@ -1,5 +1,5 @@
 """The attention block on its own (``mhaexport onnx|torchscript --module attention``): its context and its checks,
-the suite's ``module`` subject (verify/suite.py: the one table of checks; verify/verify.py: ``verify_module``).
+the suite's ``module`` subject (verify/suite.py: the one table of checks; verify/module.py: ``verify_module``).
 
 Same report, verdicts and exit codes as the decoder (:class:`~mhaexport.verify.report.VerifyReport`); runtimes
 ``eager``, ``torch-mha`` (torch's own attention with the same weights: the second reference), ``torchscript``,

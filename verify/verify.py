@@ -8,6 +8,7 @@ a :class:`VerifyReport` whose :attr:`~VerifyReport.verdict` follows docs/DESIGN.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,22 +16,20 @@ from mhaexport.core import iospec
 from mhaexport.artifact import ExportFolder
 from mhaexport.artifact.details import OnnxDetails, Quantization
 from mhaexport.core.errors import ArtifactError, ConfigError
-from mhaexport.core.iospec import ModuleContract
-from mhaexport.runners.block import ModuleRunner
 from mhaexport.runners.genai import genai_unavailable
-from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, MODULE_RUNTIMES, ONNX_REFERENCE,
+from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, ONNX_REFERENCE,
                                      ORT_CPU, ORT_CUDA, ORT_GENAI, VERIFY, refuse_unknown, session_config)
-from mhaexport.runners.pt2 import CODE_RUNTIMES, present_code_runtimes, refuse_untrusted
+from mhaexport.runners.pt2 import present_code_runtimes, refuse_untrusted
 from mhaexport.runners.registry import ARTIFACT, PLAIN, deploy_of, runner_for, without_cache
 from mhaexport.runners.threads import ONE_THREAD_MAX_PARAMS, torch_threads
 from mhaexport.runtime.choose import feed_of
 from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.runner import Runner
-from mhaexport.verify.block import ModuleContext, module_sweep
 from mhaexport.verify.external_data import check_external_data
 from mhaexport.verify.checks import cross_provider
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.genai_check import genai_result, ships_genai
+from mhaexport.verify.module import verify_module
 from mhaexport.verify.memory import (MAPPED, MemoryInfo, activation_bytes, cap_from, folder_weights, peak_rss,
                                      plan_memory)
 from mhaexport.verify.headroom import HALF, headroom_result
@@ -165,12 +164,7 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     folder; check failures are in the report."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
-    wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
-    refuse_unknown(wanted, VERIFY, MODULE)  # a decoder's or an attention block's: which, once the folder is open
-    unknown = [c for c in checks or () if c not in ALL_CHECKS + MODULE_CHECKS]
-    if unknown:
-        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
-                          f"block: {', '.join(MODULE_CHECKS)})")
+    wanted = _requested(runtimes, checks)
     if not isinstance(folder, ExportFolder):  # opened here once, its snapshot removed when done (on errors too)
         with ExportFolder.open(folder) as ef:
             return verify_folder(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
@@ -178,6 +172,42 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
                                  reproduce=reproduce, trust_code=trust_code, progress=progress,
                                  reference=reference, record=record, memory=memory, mapped=mapped)
     ef = folder
+    wanted = _checked_folder(ef, wanted, runtimes, trust_code, reference, record)
+    if ef.module is not None:
+        if reference == RECORDED:
+            raise ConfigError("--reference recorded: an attention block on its own has no recorded reference")
+        return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
+                             checks=checks, threads=threads, progress=progress, trust_code=trust_code)
+    wanted, checks, lossy = _plan(ef, wanted, runtimes, checks, trust_code)
+    if _use_record(ef, reference, record, loaded):
+        return _verify_recorded(ef, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes, wanted=wanted,
+                                checks=checks, gen_tokens=gen_tokens, say=say, started=started)
+    run = _load(ef, loaded, wanted, checks, lossy, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                gen_tokens=gen_tokens, threads=threads, quality=quality, reproduce=reproduce, trust_code=trust_code,
+                memory=memory, mapped=mapped, say=say)
+    with torch_threads(run.threads):
+        infos, results, other = _run(ef, run, wanted, checks, lossy, trust_code, say)
+        made = _recording(ef, run, sweep, seed, say) if record else None
+    return _report(ef, run, infos, results, other, made, checks, lossy, sweep=sweep, seed=seed, atol=atol, rtol=rtol,
+                   runtimes=runtimes, started=started)
+
+
+def _requested(runtimes: tuple[str, ...] | None, checks: tuple[str, ...] | None) -> tuple[str, ...]:
+    """verify's first phase, before the folder opens: the runtimes asked for (the defaults when None) and the checks
+    known to a decoder's or an attention block's suite (which, once the folder is open). ConfigError otherwise."""
+    wanted = tuple(runtimes) if runtimes else DEFAULT_RUNTIMES
+    refuse_unknown(wanted, VERIFY, MODULE)  # a decoder's or an attention block's: which, once the folder is open
+    unknown = [c for c in checks or () if c not in ALL_CHECKS + MODULE_CHECKS]
+    if unknown:
+        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)} (an attention "
+                          f"block: {', '.join(MODULE_CHECKS)})")
+    return wanted
+
+
+def _checked_folder(ef: ExportFolder, wanted: tuple[str, ...], runtimes, trust_code: bool, reference: str,
+                    record: bool) -> tuple[str, ...]:
+    """The folder's own checks (its external data, an artifact, code only on trust, ``reference`` / ``record``
+    against what it holds): the runtimes it runs (the defaults: those of its artifacts and its code)."""
     check_external_data(ef)
     if not ef.artifacts:
         raise ArtifactError(f"{ef.path} holds no export (its manifest lists no artifact)")
@@ -198,11 +228,13 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
         from mhaexport.artifact.files import ensure_writable_dir
 
         ensure_writable_dir(ef.path)
-    if ef.module is not None:
-        if reference == RECORDED:
-            raise ConfigError("--reference recorded: an attention block on its own has no recorded reference")
-        return verify_module(ef, loaded=loaded, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes,
-                             checks=checks, threads=threads, progress=progress, trust_code=trust_code)
+    return wanted
+
+
+def _plan(ef: ExportFolder, wanted: tuple[str, ...], runtimes, checks, trust_code: bool
+          ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, Quantization]]:
+    """A decoder's plan: (the runtimes, onnxruntime-genai's loop where it runs; the checks, with quality, genai-config
+    and headroom where they apply; the lossy artifacts). ConfigError for what only an attention block runs."""
     if not runtimes and ships_genai(ef) and genai_unavailable() is None:
         wanted += (ORT_GENAI,)  # a default where onnxruntime-genai is installed and the folder ships its config
     if ORT_GENAI in wanted and ships_genai(ef):  # its options load no code, write no file: refused before any work
@@ -220,9 +252,32 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     if off := [r for r in wanted if r not in ALL_RUNTIMES] + [c for c in checks if c not in ALL_CHECKS]:
         raise ConfigError(f"{', '.join(off)}: only for an attention-block export (--module attention); "
                           f"{ef.path} holds a decoder")
-    if _use_record(ef, reference, record, loaded):
-        return _verify_recorded(ef, sweep=sweep, seed=seed, atol=atol, rtol=rtol, runtimes=runtimes, wanted=wanted,
-                                checks=checks, gen_tokens=gen_tokens, say=say, started=started)
+    return wanted, checks, lossy
+
+
+@dataclass
+class _Loaded:
+    """What verify's load phase made for its run: the memory plan, the eager model, the checks' context, the runners
+    (eager first; the plain protocol's apart), the spill of the mapped mode, lint's findings, torch's threads."""
+
+    plan: MemoryInfo
+    loaded: Any
+    ctx: Context
+    cases: list
+    tol: Tolerance
+    dtype: str
+    runners: list[Runner]
+    plain: list[Runner]
+    spill: Any
+    lint: Any
+    threads: int | None
+
+
+def _load(ef: ExportFolder, loaded, wanted: tuple[str, ...], checks: tuple[str, ...], lossy, *, sweep, seed, atol,
+          rtol, gen_tokens, threads, quality, reproduce, trust_code, memory, mapped, say) -> _Loaded:
+    """verify's load phase: what quality reads refused before any work, the memory plan (before any weight is read;
+    a run that cannot fit is refused here, exit 2), the eager model (rebuilt, or the one given checked), the
+    runners and the checks' context, lint."""
     tokenizer = None
     if lossy and ef.has("onnx"):  # quality reads text with the folder's tokenizer.json, when it carries one
         from mhaexport.runtime.tokenizer import for_folder
@@ -270,48 +325,67 @@ def verify_folder(folder: str | Path | ExportFolder, *, loaded=None, sweep: str 
     lint = _lint(ef, say)
     if threads is None and small:
         threads = 1
+    return _Loaded(plan, loaded, ctx, cases, tol, dtype, runners, plain, spill, lint, threads)
+
+
+def _run(ef: ExportFolder, run: _Loaded, wanted: tuple[str, ...], checks: tuple[str, ...], lossy, trust_code: bool,
+         say) -> tuple[dict, dict, OtherProtocol | None]:
+    """verify's run phase: every check on every runner, then the plain protocol's runners (findings) and
+    onnxruntime-genai's loop, one tally counting every pass from the first step. (infos, results, other)."""
+    runners, plain, ctx, c = run.runners, run.plain, run.ctx, run.ctx.contract
     # the passes to come counted from the first step: the plain protocol's runners, onnxruntime-genai's loop
     tally = Tally(later=(len(plain) + (ORT_GENAI in wanted)) * len(checks))
-    with torch_threads(threads):
-        infos, results = run_all(runners, ctx, checks, say, lossy=lossy, tally=tally)
-        other = None
-        if plain:
-            say(f"the file's producer drives it as {feed_of(ef, c).protocol}; now also as "
-                f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
-            p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy,
-                                         tally=tally)
-            other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
-        if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder: the suite's loop subject
-            ours = runner_for(ef, ORT_CPU, c, config=_ort_config(ORT_CPU, plan)) if ef.has("onnx") else None
-            genai = runner_for(ef, ORT_GENAI, c, ours=ours, infos=infos, trust_code=trust_code)
-            if ORT_GENAI in plan.skipped and genai.available:
-                genai.skip_reason = plan.skipped[ORT_GENAI]
-            g_infos, g_results = run_all([runners[0], genai], ctx, checks, say, skip_first=True, lossy=lossy,
-                                         tally=tally)
-            infos.update(g_infos)
-            results.update(g_results)
-        made = None
-        if record:
-            from mhaexport.verify import reference as rec
-            from mhaexport.verify.checks import generation_prompts
+    infos, results = run_all(runners, ctx, checks, say, lossy=lossy, tally=tally)
+    other = None
+    if plain:
+        say(f"the file's producer drives it as {feed_of(ef, c).protocol}; now also as "
+            f"{PLAIN_PROTOCOL} (findings, not in the verdict)")
+        p_infos, p_results = run_all([runners[0]] + plain, ctx, checks, say, skip_first=True, lossy=lossy,
+                                     tally=tally)
+        other = OtherProtocol(PLAIN_PROTOCOL, feed_of(ef, c).protocol, p_infos, p_results)
+    if ORT_GENAI in wanted:  # onnxruntime-genai's own loop over the folder: the suite's loop subject
+        ours = runner_for(ef, ORT_CPU, c, config=_ort_config(ORT_CPU, run.plan)) if ef.has("onnx") else None
+        genai = runner_for(ef, ORT_GENAI, c, ours=ours, infos=infos, trust_code=trust_code)
+        if ORT_GENAI in run.plan.skipped and genai.available:
+            genai.skip_reason = run.plan.skipped[ORT_GENAI]
+        g_infos, g_results = run_all([runners[0], genai], ctx, checks, say, skip_first=True, lossy=lossy,
+                                     tally=tally)
+        infos.update(g_infos)
+        results.update(g_results)
+    return infos, results, other
 
-            say("recording eager's outputs into the folder ...")
-            made = rec.recording(ef, ctx, rec.cases_of(ctx, runners), generation_prompts(ctx), sweep=sweep, seed=seed)
+
+def _recording(ef: ExportFolder, run: _Loaded, sweep: str, seed: int, say) -> Any:
+    """``--record``: eager's outputs over this sweep, made for the folder's record (written with the report)."""
+    from mhaexport.verify import reference as rec
+    from mhaexport.verify.checks import generation_prompts
+
+    say("recording eager's outputs into the folder ...")
+    return rec.recording(ef, run.ctx, rec.cases_of(run.ctx, run.runners), generation_prompts(run.ctx), sweep=sweep,
+                         seed=seed)
+
+
+def _report(ef: ExportFolder, run: _Loaded, infos, results, other, made, checks, lossy, *, sweep, seed, atol, rtol,
+            runtimes, started) -> VerifyReport:
+    """verify's record phase: the providers compared, the memory measured, the spill closed, the report built (and
+    the folder's record written, with ``--record``)."""
+    runners, plan, spill = run.runners, run.plan, run.spill
     # providers of a lossy graph legitimately differ (ORT CPU's int8 activations at accuracy level 4): each is
     # judged by quality against eager instead
-    cross = cross_provider(runners, infos, ctx) if "parity" in checks and "onnx" not in lossy else []
+    cross = cross_provider(runners, infos, run.ctx) if "parity" in checks and "onnx" not in lossy else []
     plan.peak_rss = peak_rss()
     if spill is not None:
         plan.spilled = spill.spilled_bytes
         spill.close()
-    report = build_report(ef, sweep=sweep, seed=seed, cases=cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
-                          infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
-                          started=started, export_sizes=ctx.export_sizes, dtype=dtype,
-                          generation_tokens=ctx.gen_tokens, lint=lint, cross=cross, other=other, memory=plan)
+    report = build_report(ef, sweep=sweep, seed=seed, cases=run.cases, tol=run.tol, atol=atol, rtol=rtol,
+                          runners=runners, infos=infos, results=results, checks=checks, requested=runtimes,
+                          threads=run.threads, started=started, export_sizes=run.ctx.export_sizes, dtype=run.dtype,
+                          generation_tokens=run.ctx.gen_tokens, lint=run.lint, cross=cross, other=other, memory=plan)
     if made is not None:
+        from mhaexport.verify import reference as rec
+
         report.reference = {"kind": "eager", "recorded": rec.write(ef, made)}
     return report
-
 
 
 def _tolerance(ef: ExportFolder, atol, rtol) -> tuple[str, Tolerance]:
@@ -406,60 +480,6 @@ def _verify_recorded(ef: ExportFolder, *, sweep, seed, atol, rtol, runtimes, wan
                         "keeps": "; ".join(f"{k}: {v}" for k, v in record.keeps().items()),
                         "checks": {ch: record.how(ch) for ch in checks}}
     return report
-
-
-def build_module_runners(ef: ExportFolder, loaded, runtimes: tuple[str, ...], threads: int | None = None,
-                         trust_code: bool = False) -> list[ModuleRunner]:
-    """Eager first, then one runner per requested runtime (the registry's, runners/registry.py); an artifact that is
-    absent makes its runtime skipped."""
-    c = loaded.contract
-    return [runner_for(ef, rt, c, eager=loaded.module, threads=threads, trust_code=trust_code)
-            for rt in (EAGER,) + tuple(r for r in runtimes if r != EAGER)]
-
-
-def verify_module(ef: ExportFolder, *, loaded=None, sweep: str = "quick", seed: int = 0,
-                  atol: float | dict | None = None, rtol: float | dict | None = None,
-                  runtimes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
-                  threads: int | None = None, progress: Progress | None = None, trust_code: bool = False
-                  ) -> VerifyReport:
-    """Verify every artifact of an attention-block export folder (``ef``, hashes checked) against eager: the
-    suite's ``module`` subject (its context and checks: verify/block.py).
-
-    ``loaded``: the block (or the built-in decoder to take it from: re-pointing with --config/--checkpoint); rebuilt
-    from the manifest when None, and in every case checked against the recorded fingerprint. ``runtimes``: None =
-    all of MODULE_RUNTIMES; given = requested (one skipped entirely: not verified)."""
-    from mhaexport.models.block import load_recorded_block
-    from mhaexport.models.loading import check_same_model
-
-    started = time.perf_counter()
-    say = progress or (lambda _m: None)
-    wanted = tuple(runtimes) if runtimes else MODULE_RUNTIMES + present_code_runtimes(ef)
-    if off := [r for r in wanted if r not in MODULE_RUNTIMES + CODE_RUNTIMES]:
-        raise ConfigError(f"runtime(s) {', '.join(off)} do not run an attention-block export; its runtimes: "
-                          f"{', '.join(MODULE_RUNTIMES)}")
-    checks = tuple(checks) if checks else MODULE_CHECKS
-    if off := [ch for ch in checks if ch not in MODULE_CHECKS]:
-        raise ConfigError(f"check(s) {', '.join(off)} do not apply to an attention-block export; its checks: "
-                          f"{', '.join(MODULE_CHECKS)}")
-    if loaded is None or not isinstance(loaded.contract, ModuleContract):
-        say(f"rebuilding the eager block from {ef.model.spec}")
-        loaded = load_recorded_block(ef, decoder=loaded)
-    else:
-        check_same_model(loaded, ef.model)
-    c: ModuleContract = loaded.contract
-    tol = Tolerance.for_dtype("float32", atol, rtol)
-    if threads is None and loaded.n_params <= ONE_THREAD_MAX_PARAMS:
-        threads = 1
-    runners = build_module_runners(ef, loaded, wanted, threads, trust_code)
-    ctx = ModuleContext(contract=c, cases=module_sweep(c, sweep, seed), tol=tol, eager=runners[0], seed=seed,
-                        tol_override=(atol, rtol))
-    with torch_threads(threads):
-        infos, results = run_all(runners, ctx, checks, say)
-    cross = cross_provider(runners, infos, ctx) if "parity" in checks else []
-    return build_report(ef, sweep=sweep, seed=seed, cases=ctx.cases, tol=tol, atol=atol, rtol=rtol, runners=runners,
-                        infos=infos, results=results, checks=checks, requested=runtimes, threads=threads,
-                        started=started, export_sizes=(iospec.EXAMPLE_SEQ, iospec.EXAMPLE_PAST), module=c.kind,
-                        cross=cross)
 
 
 def _linear_weights(module) -> dict[str, object]:
