@@ -27,6 +27,9 @@ HTML_ATTRS = {"lang", "charset", "name", "content", "class", "xmlns", "viewbox",
               "title", "colspan"}  # a cell's tooltip (the rule that judged it, its message) and a row's one reason
 # the only URL a page holds: the SVG namespace
 HTML_URLS = {"http://www.w3.org/2000/svg"}
+# attributes whose value a browser shows as text and never loads or follows (a tooltip): data there is text, as in a
+# cell, so a URL in it is a string (still escaped: no element or attribute can come out of it)
+TEXT_ATTRS = {"title"}
 
 
 class _Collect(HTMLParser):
@@ -57,7 +60,8 @@ def html_findings(page: str) -> list[str]:
     out = [f"element <{t}>" for t in sorted(set(p.tags) - HTML_TAGS)]
     out += [f"attribute {t}.{k}" for t, k, _ in p.attrs if k not in HTML_ATTRS]
     out += [f"URL {v!r} in {t}.{k}" for t, k, v in p.attrs
-            if v and re.search(r"(?i)\b(?:https?|javascript|data|file):|^//", v) and v not in HTML_URLS]
+            if v and k not in TEXT_ATTRS and re.search(r"(?i)\b(?:https?|javascript|data|file):|^//", v)
+            and v not in HTML_URLS]
     out += [f"comment or declaration {c[:40]!r}" for c in p.comments]
     if "\x1b" in page:
         out.append("ESC")
