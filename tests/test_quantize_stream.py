@@ -134,13 +134,16 @@ def test_read_stripped_leaves_large_raw_data_in_the_file(tiny_export):
 
 
 def _peak_rss_of(args: list[str]) -> int:
-    """Run ``mhaexport ARGS`` in a fresh Python and return its peak resident set (bytes, ``ru_maxrss``)."""
+    """Run ``mhaexport ARGS`` in a fresh Python and return its peak resident set (bytes): its own memory's high-water
+    mark (``VmHWM``, of the address space exec made). Not ``ru_maxrss``: Linux carries the parent's resident set
+    into a forked child's, so a child of a large test process reads the parent's size."""
     import subprocess
     import sys
 
-    code = ("import resource, sys\nfrom mhaexport.cli import main\ntry:\n    main(sys.argv[1:])\n"
+    code = ("import sys\nfrom mhaexport.cli import main\ntry:\n    main(sys.argv[1:])\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+            "hwm = next(ln for ln in open('/proc/self/status') if ln.startswith('VmHWM'))\n"
+            "print('RSS', int(hwm.split()[1]) * 1024)")
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900,
                          env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr[-2000:]
