@@ -134,14 +134,24 @@ BIG = {"vocab_size": 140000, "d_model": 2048, "n_heads": 16, "n_layers": 1, "d_f
        "tie_embeddings": False}
 
 
-def _run_measured(cmd: list[str], **kwargs) -> tuple[int, int, str]:
-    """Run ``cmd``; returns its exit status, its own peak resident set size in bytes (Linux: ru_maxrss in kB) and
-    its output."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs) as proc:
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss * 1024, out
+# runs ``python -m mhaexport ARGS`` and, however it exits, writes its own memory's high-water mark (VmHWM: of the
+# address space exec made) to the file named by the first argument
+_MEASURED = ("import runpy, sys\nhwm_file = sys.argv.pop(1)\nsys.argv[0] = 'mhaexport'\ntry:\n"
+             "    runpy.run_module('mhaexport', run_name='__main__', alter_sys=True)\nfinally:\n"
+             "    line = next(ln for ln in open('/proc/self/status') if ln.startswith('VmHWM'))\n"
+             "    open(hwm_file, 'w').write(str(int(line.split()[1]) * 1024))\n")
+
+
+def _run_measured(args: list[str], **kwargs) -> tuple[int, int, str]:
+    """Run ``mhaexport ARGS`` in a fresh Python; returns its exit status, its own peak resident set in bytes (VmHWM:
+    not ``ru_maxrss``, which Linux carries over from a forked child's parent, this test process) and its output."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        hwm = Path(d) / "hwm"
+        proc = subprocess.run([sys.executable, "-c", _MEASURED, str(hwm), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, **kwargs)
+        return proc.returncode, int(hwm.read_text()), proc.stdout
 
 
 @pytest.mark.slow
@@ -167,8 +177,8 @@ def _export_and_run_every_verb(config: Path, out: Path, tmp_path: Path) -> None:
     from mhaexport.diagnose.bisect import bisect
 
     env = {k: v for k, v in os.environ.items() if k != EXTERNAL_DATA_ENV}
-    rc, peak, log = _run_measured([sys.executable, "-m", "mhaexport", "onnx", "--config", str(config),
-                                   "--attention", "ort", "-o", str(out)], cwd=ROOT, env=env)
+    rc, peak, log = _run_measured(["onnx", "--config", str(config), "--attention", "ort", "-o", str(out)],
+                                  cwd=ROOT, env=env)
     assert rc == 0, log
     entry = ExportFolder.open(out, "onnx").entry("onnx")
     weights = entry.details.weight_bytes
