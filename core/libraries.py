@@ -5,9 +5,11 @@ line naming the file (where known) and the library. Stdlib only."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
+import threading
 import warnings
 
 from mhaexport.core.errors import LibraryRefused, MhaExportError, clip, first_line
@@ -35,6 +37,12 @@ def library_of(e: BaseException) -> str | None:
     return None
 
 
+# fd 2's capture while a library runs (library_call): one file for the process, taken by the outermost call
+_capture = None
+_depth = 0
+_lock = threading.Lock()
+
+
 class library_call:  # noqa: N801 - used as a context manager: ``with library_call("tokenizers", file):``
     """The one place a third-party library's failure on a folder's input becomes mhaexport's: inside it, whatever
     ``library`` raises — its own exception types, a RuntimeError, a Rust panic (a BaseException) — is
@@ -47,29 +55,39 @@ class library_call:  # noqa: N801 - used as a context manager: ``with library_ca
     def __init__(self, library: str, file: object, error: type[MhaExportError] = LibraryRefused) -> None:
         self.library, self.file, self.error = library, file, error
         self._saved: int | None = None
-        self._captured = None
 
     def __enter__(self) -> library_call:
-        try:
-            sys.stderr.flush()
-            captured = tempfile.TemporaryFile()
-            saved = os.dup(2)
-        except (OSError, ValueError, AttributeError):  # no fd 2 to take (an embedding host): the call as it is
-            return self
-        self._saved, self._captured = saved, captured
-        os.dup2(captured.fileno(), 2)
+        global _capture, _depth
+        with _lock:
+            _depth += 1
+            if _depth > 1:  # an outer call captures fd 2 already: what this one writes lands there
+                return self
+            try:
+                sys.stderr.flush()
+                if _capture is None:  # one file per process, emptied per use: a tokenizer's decode runs per token
+                    _capture = tempfile.TemporaryFile()
+                    atexit.register(_capture.close)
+                _capture.seek(0)
+                _capture.truncate()
+                saved = os.dup(2)
+            except (OSError, ValueError, AttributeError):  # no fd 2 to take (an embedding host): the call as it is
+                return self
+            os.dup2(_capture.fileno(), 2)
+            self._saved = saved
         return self
 
     def _restore(self) -> str:
         """fd 2 given back; what the library wrote there meanwhile."""
-        if self._saved is None:
-            return ""
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        self._saved = None
-        with self._captured as f:
-            f.seek(0)
-            return f.read(1 << 16).decode("utf-8", "replace")
+        global _depth
+        with _lock:
+            _depth -= 1
+            if self._saved is None:
+                return ""
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._saved = None
+            _capture.seek(0)
+            return _capture.read(1 << 16).decode("utf-8", "replace")
 
     def __exit__(self, kind, e, tb) -> bool:
         text = self._restore()
