@@ -87,3 +87,15 @@ def test_the_cells_read_records_that_lack_figures_an_older_report_did_not_write(
     q = CheckResult("quality", False, QualityFigures.of(scheme="int4", sweep=Scores(positions=3, logit_err=0.05)))
     assert cell(q) == "❌ logit err 0.05"
     assert figures_of("parity", ParityFigures.of(errors=2)).errors == 2
+
+
+def test_a_cell_never_shows_a_figure_nothing_measured_nor_hides_a_nan_behind_a_zero():
+    """A check that compared nothing shows "—" (not 0.0e+00, a perfect score); a worst-of figure whose later part is
+    NaN is NaN (``max(0, nan)`` is 0)."""
+    for check in ("parity", "causality", "kv-consistency", "padding"):
+        assert cell(CheckResult(check, True, {}, "")) == "✅ —", check
+    nan = float("nan")
+    kv = CheckResult("kv-consistency", False, KvFigures.of(decode_max_abs=0.0, chunked_max_abs=nan))
+    assert cell(kv) == "❌ max NaN"
+    pad = CheckResult("padding", False, PaddingFigures.of(left_prefill_max_abs=0.0, deploy_ragged_max_abs=nan))
+    assert cell(pad) == "❌ NaN"

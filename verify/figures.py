@@ -41,6 +41,16 @@ def built(cls: type[R], figures: dict[str, Any], strict: bool = True) -> R:
                extra={k: figures[k] for k in unknown}, read_keys=tuple(figures))
 
 
+def largest(*values: float | None) -> float | None:
+    """The largest of the figures measured (None: not measured), NaN where any is NaN — ``max`` keeps whichever of a
+    NaN and a number comes first, so a NaN after a 0 would read as 0 — and None where none was measured (a cell
+    shows "—", never a 0 nothing measured)."""
+    vals = [v for v in values if v is not None]
+    if any(v != v for v in vals):
+        return float("nan")
+    return max(vals) if vals else None
+
+
 @dataclass(eq=False)
 class Figures(Record, Mapping):
     """What every check's figures may hold: why a result is no check at all (:data:`NOT_A_CHECK`), a static
@@ -195,10 +205,10 @@ class KvFigures(DiffFigures):
     STRICT = True
 
     @property
-    def worst(self) -> float:
-        """The largest difference of decode, chunked prefill, recompute and the long context (report.md's cell)."""
-        return max(self.decode_max_abs or 0, self.chunked_max_abs or 0, self.recompute_max_abs or 0,
-                   self.long_max_abs or 0)
+    def worst(self) -> float | None:
+        """The largest difference of decode, chunked prefill, recompute and the long context (report.md's cell):
+        NaN where any is NaN (``max`` keeps whichever NaN or number came first), None where none was measured."""
+        return largest(self.decode_max_abs, self.chunked_max_abs, self.recompute_max_abs, self.long_max_abs)
 
 
 @dataclass(eq=False)
@@ -218,10 +228,10 @@ class PaddingFigures(DiffFigures):
     STRICT = True
 
     @property
-    def worst(self) -> float:
-        """The largest of the sides' and the deploy loop's differences (report.md's cell)."""
-        return max((v for v in (self.left_prefill_max_abs, self.left_decode_max_abs, self.right_prefill_max_abs,
-                                self.right_decode_max_abs, self.deploy_ragged_max_abs) if v is not None), default=0)
+    def worst(self) -> float | None:
+        """The largest of the sides' and the deploy loop's differences (report.md's cell; see :func:`largest`)."""
+        return largest(self.left_prefill_max_abs, self.left_decode_max_abs, self.right_prefill_max_abs,
+                       self.right_decode_max_abs, self.deploy_ragged_max_abs)
 
 
 @dataclass(eq=False)

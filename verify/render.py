@@ -338,18 +338,18 @@ def cell(r: CheckResult | None) -> str:
         return _NOT_RUN.get(flag, f"{icon} skipped")
     figure = ""
     if r.check == "parity":
-        figure = f"{_x(f.errors, 'd')} errors" if f.errors else _x(f.max_abs or 0, ".1e")
+        figure = f"{_x(f.errors, 'd')} errors" if f.errors else _x(f.max_abs, ".1e")
     elif r.check == "finite":
         figure = f"{_x(f.cases, 'd') if f.cases is not None else ''} shapes"
     elif r.check == "causality":
-        figure = _x(f.max_abs_earlier or 0, ".1e")
+        figure = _x(f.max_abs_earlier, ".1e")
     elif r.check == "cache-consistency":
         figure = _x(_worst(f.decode_max_abs, f.chunked_max_abs), ".1e")
     elif r.check == "demonstration":
         figure = (f"w[1,3]={_x(f.weight_1_3_max or 0, 'g')}" if f.mask == "causal"
                   else f"w[1,3]≥{_x(f.weight_1_3_min or 0, '.2g')}")
     elif r.check == "kv-consistency":
-        figure = f"max {_x(f.worst, '.1e')}" + (f", out to pos {_x(f.long_to, 'd')}" if f.long_to is not None else "")
+        figure = (f"max {_x(f.worst, '.1e')}" if f.worst is not None else "—") + (f", out to pos {_x(f.long_to, 'd')}" if f.long_to is not None else "")
     elif r.check == "padding":
         figure = _x(f.worst, ".1e")
     elif r.check == "dynamic-shapes" and f.baked_axes is not None:
