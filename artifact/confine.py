@@ -147,6 +147,40 @@ def copy_hashed(fd: int, dst: str | Path) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
+def only_yours(fd: int) -> str | None:
+    """Why the open file ``fd``'s bytes could change by a hand other than this user's (another owner, a group or
+    others allowed to write it), or None: only this user (and root) can write the inode."""
+    st = os.fstat(fd)
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by you"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"its mode {stat.filemode(st.st_mode)} lets others write it"
+    return None
+
+
+def link_hashed(fd: int, dst: str | Path) -> tuple[str, int]:
+    """A hard link ``dst`` to the open file ``fd`` (closed afterwards) — the very inode that was opened (through
+    ``/proc/self/fd``: a rename or swap of the folder's entry afterwards changes nothing here) — and the sha256 and
+    size of its bytes, read through ``fd``. Unlike :func:`copy_hashed` the bytes are shared with the source: a
+    writer of that inode in place would be seen (the caller links only what :func:`only_yours` passes). OSError when
+    the link cannot be made (another file system: EXDEV; no /proc)."""
+    try:
+        proc = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:  # linkat(AT_SYMLINK_FOLLOW): the inode the descriptor names (link(2) would link the proc entry)
+            os.link(str(fd), dst, src_dir_fd=proc, follow_symlinks=True)
+        finally:
+            os.close(proc)
+        h = hashlib.sha256()
+        n = 0
+        os.lseek(fd, 0, os.SEEK_SET)
+        while block := os.read(fd, _CHUNK):
+            h.update(block)
+            n += len(block)
+    finally:
+        os.close(fd)
+    return h.hexdigest(), n
+
+
 def read_inside(root: str | Path, name: str, where: str, max_bytes: int = 64 << 20) -> bytes:
     """The bytes of a small file ``root/name`` read through :func:`open_inside` (at most ``max_bytes``)."""
     fd = open_inside(root, name, where)

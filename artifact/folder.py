@@ -26,7 +26,9 @@ hashing the bytes as it copies them. Every name is confined to the folder (:mod:
 ``..``, no absolute path, no symlink, regular files only; an ONNX file's external data and genai_config.json's decoder
 file must be among the hashed files). Every reader (verify, generate, bench, eval, lint, bisect, the runtime,
 onnxruntime-genai) loads the files from the snapshot (:meth:`ExportFolder.file`, :attr:`ExportFolder.root`): they
-are the bytes that were hashed, whatever another process writes into the folder afterwards, in place or not. The
+are the bytes that were hashed, whatever another process writes into the folder afterwards, in place or not — but
+for a file too large for the snapshot's free space, which is hard-linked (the opened inode) when only this user can
+write it, said in a note: there a process of the user's own rewriting it in place would be seen. The
 snapshot is removed by :meth:`ExportFolder.close`, at process exit, or, after a kill, by the next reader. A reader
 never rolls back a dead writer's publish (that would be writing): it refuses the folder until the next writer
 does.
@@ -46,8 +48,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhaexport.artifact.confine import (GENAI_CONFIG, MissingFile, check_name, copy_hashed, open_inside,
-                                       read_inside)
+from mhaexport.artifact.confine import (GENAI_CONFIG, MissingFile, check_name, copy_hashed, link_hashed,
+                                       only_yours, open_inside, read_inside)
 from mhaexport.artifact.details import OnnxDetails
 from mhaexport.artifact.files import (atomic_write_json, check_files, ensure_free_space, ensure_writable_dir,
                                       file_entries)
@@ -512,13 +514,34 @@ def _refuse_unfinished_publish(folder: Path) -> None:
                                 "the folder rolls it back — run the export again")
 
 
+# a file at least this large may be linked instead of copied when the copy would not fit (see _snapshot)
+LINK_MIN_BYTES = 64 << 20
+# files of this process's snapshots that are hard links to the folder's inode, not copies: {snapshot: [notes]}
+_linked: dict[Path, list[str]] = {}
+
+
+def linked_notes() -> list[str]:
+    """What this process read in place (linked, not copied), one note per file, each said once: the CLI says them
+    when the command ends."""
+    out = [n for notes in _linked.values() for n in notes]
+    _linked.clear()
+    return out
+
+
 def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path, dict[str, tuple[str, int]]]:
     """A private copy of ``folder``'s ``files`` in a new ``mhaexport.snapshot-<pid>-*`` folder of
     :func:`snapshot_dir` (mode 0700), each read through :func:`~mhaexport.artifact.confine.open_inside` (no symlink,
     regular files only) and hashed while it is copied: (the snapshot, {name: (sha256, bytes)}). The copy is the
     reader's own, so what it loads is what it hashed whatever another process writes into the folder. A listed file
-    that is missing is left out: the hash check names it. ArtifactError (before copying) when the snapshot's file
-    system lacks room for the copy."""
+    that is missing is left out: the hash check names it.
+
+    Where the copy would not fit the snapshot's file system (an 8 B model's 32 GB weights), the largest files (from
+    :data:`LINK_MIN_BYTES`) are hard-linked instead until the rest fits — the opened inode itself
+    (:func:`~mhaexport.artifact.confine.link_hashed`: a rename or swap of the folder's entries changes nothing) —
+    and only files no one but this user can write (:func:`~mhaexport.artifact.confine.only_yours`), each said in a
+    note (:func:`linked_notes`): the one thing a link does not stop is a process of yours rewriting that file in
+    place meanwhile (mhaexport's writers never do: they write new files and rename). ArtifactError (before anything
+    is copied) when even that does not fit, or a file that would have to be linked is writable by someone else."""
     where = f"{folder / FILENAME}: files"
     sizes = {name: int(meta["bytes"]) for entry in manifest.artifacts.values() for name, meta in entry.files.items()}
     need = sum(sizes.get(name, 0) for name in files)
@@ -527,13 +550,21 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
         free = shutil.disk_usage(base).free
     except OSError:
         free = None
+    to_link: list[str] = []
     if free is not None and free < need + (64 << 20):
-        raise ArtifactError(f"a reader copies the files it checks into a private snapshot: {folder}'s files need "
-                            f"about {need / 1e9:.1f} GB in {base}, {free / 1e9:.1f} GB free (set TMPDIR to a folder "
-                            "with room)")
+        for name in sorted(files, key=lambda n: -sizes.get(n, 0)):
+            if free >= need + (64 << 20) or sizes.get(name, 0) < LINK_MIN_BYTES:
+                break
+            to_link.append(name)
+            need -= sizes.get(name, 0)
+        if free < need + (64 << 20):
+            raise ArtifactError(f"a reader copies the files it checks into a private snapshot: {folder}'s files need "
+                                f"about {sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, "
+                                f"{free / 1e9:.1f} GB free (set TMPDIR to a folder with room)")
     snap = Path(tempfile.mkdtemp(dir=base, prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))
     _live_snapshots[snap] = folder
     copied: dict[str, tuple[str, int]] = {}
+    notes: list[str] = []
     try:
         for name in files:
             try:
@@ -542,11 +573,32 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
                 continue
             dst = snap / name
             dst.parent.mkdir(parents=True, exist_ok=True)
-            copied[name] = copy_hashed(fd, dst)
+            if name not in to_link:
+                copied[name] = copy_hashed(fd, dst)
+                continue
+            why = only_yours(fd)
+            if why is None:
+                try:
+                    copied[name] = link_hashed(fd, dst)
+                except OSError as e:
+                    why = f"it cannot be linked there ({e.strerror or e})"
+            else:
+                os.close(fd)
+            if why is not None:
+                raise ArtifactError(f"a reader copies the files it checks into a private snapshot: {folder}'s files "
+                                    f"need about {sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, "
+                                    f"{free / 1e9:.1f} GB free, and {name} cannot be read in place instead: {why} "
+                                    "(set TMPDIR to a folder with room)")
+            notes.append(f"{folder / name} ({copied[name][1] / 1e9:.1f} GB) was read in place, not copied: "
+                         f"{free / 1e9:.1f} GB free in {base}. Only you can write it, and its hash was checked; a "
+                         "process of yours rewriting it during this command would not be seen (TMPDIR with room: "
+                         "a private copy)")
     except BaseException:
         shutil.rmtree(snap, ignore_errors=True)
         _live_snapshots.pop(snap, None)
         raise
+    if notes:
+        _linked[snap] = notes
     return snap, copied
 
 

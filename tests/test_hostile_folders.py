@@ -247,6 +247,62 @@ def test_what_is_loaded_is_what_was_hashed_whatever_is_written_in_place_afterwar
     _refused(_verify(folder), "sha256", "does not match")
 
 
+def _no_room_for_a_copy(monkeypatch, folder: Path) -> str:
+    """The snapshot's file system with room for every file of ``folder``'s export but its largest (as
+    shutil.disk_usage reports it), every file large enough to be linked: returns the largest file's name."""
+    from mhaexport.artifact import folder as F
+
+    sizes = {}
+    for entry in json.loads((folder / "manifest.json").read_text())["artifacts"].values():
+        sizes.update({name: meta["bytes"] for name, meta in entry["files"].items()})
+    largest = max(sizes, key=sizes.get)
+    free = sum(sizes.values()) - sizes[largest] + (64 << 20) + 1
+    real = shutil.disk_usage
+    monkeypatch.setattr(F, "LINK_MIN_BYTES", 1)
+    monkeypatch.setattr(F.shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+    return largest
+
+
+def test_a_file_too_large_to_copy_is_read_in_place_linked_only_when_only_you_can_write_it(world, monkeypatch):
+    """Where the snapshot's copy would not fit, the largest files are hard links to the inode opened (a swap of the
+    folder's entry afterwards changes nothing loaded), hash-checked, each said in a note; a file others may write
+    is refused instead, naming why; the others still copied."""
+    from mhaexport.artifact import folder as F
+
+    folder, _ = world
+    name = _no_room_for_a_copy(monkeypatch, folder)
+    data = folder / name
+    F.linked_notes()
+    ef = ExportFolder.open(folder)
+    try:
+        good = sha256_file(data)
+        linked = ef.root / name
+        assert os.stat(linked).st_ino == os.stat(data).st_ino  # the folder's inode, not a copy
+        others = [p for p in ef.root.iterdir() if p.name != name]
+        assert others and all(os.stat(p).st_ino != os.stat(folder / p.name).st_ino for p in others)  # copies
+        swapped = folder / "swap.tmp"
+        swapped.write_bytes(b"x" * data.stat().st_size)
+        os.replace(swapped, data)  # the folder's entry now names another file: the link still holds the old one
+        assert sha256_file(linked) == good != sha256_file(data)
+        notes = F.linked_notes()
+        assert len(notes) == 1 and name in notes[0] and "read in place" in notes[0], notes
+    finally:
+        ef.close()
+    assert data.exists()  # closing the snapshot removes the link, never the folder's file
+
+    os.chmod(data, 0o666)
+    with pytest.raises(ArtifactError, match=f"{name} cannot be read in place instead: its mode"):
+        ExportFolder.open(folder)
+
+
+def test_verify_says_which_files_it_read_in_place(world, monkeypatch):
+    folder, _ = world
+    name = _no_room_for_a_copy(monkeypatch, folder)
+    res = _cli("verify", folder, "--runtime", "ort-cpu", "-o", folder.parent / "reports")
+    assert res.exit_code == 0, res.output
+    assert "note: " in res.output and name in res.output and "read in place" in res.output, res.output
+
+
 def test_a_reader_writes_nothing_into_the_folder(world):
     folder, _ = world
     (folder / ".mhaexport.lock").unlink(missing_ok=True)

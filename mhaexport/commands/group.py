@@ -154,8 +154,11 @@ class Group(click.Group):
         if (clash := onnxruntime_clash()) is not None:  # a verb is about to run (--help/--version exited already)
             click.secho(f"warning: {clash}", fg="yellow", err=True)
         try:
-            return super().invoke(ctx)
+            out = super().invoke(ctx)
+            _say_linked()
+            return out
         except VerificationFailed as e:
+            _say_linked()
             label = "NOT VERIFIED" if isinstance(e, NotVerified) else "FAILED"
             click.echo(shown(f"{label}: {e}"), err=True)
             ctx.exit(e.exit_code)
@@ -211,3 +214,11 @@ def _library_refused(e: BaseException) -> BadInput | None:
     if lib is None:
         return None
     return BadInput(f"{lib} refused this command's input: {first_line(e)}: refused")
+
+
+def _say_linked() -> None:
+    """The files this command read in place instead of copying (artifact/folder.py's snapshot, when a copy would not
+    fit), one note each, said even with --quiet."""
+    folder = sys.modules.get("mhaexport.artifact.folder")
+    for note in (folder.linked_notes() if folder is not None else []):
+        click.secho(shown(f"note: {note}"), fg="yellow", err=True)
