@@ -31,8 +31,8 @@ from mhaexport.runners.names import (EAGER, EAGER_CUDA, EAGER_NOCACHE, ONNX_REFE
                                      ORT_GENAI, TORCH_MHA, TORCHSCRIPT, session_config)
 from mhaexport.runners.pt2 import CODE_RUNTIMES, code_runner
 
-__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "deploy_of", "graph_runner", "runner_for",
-           "without_cache"]
+__all__ = ["DEPLOY", "PLAIN", "PROTOCOLS", "REFERENCE_MAX_PARAMS", "TWIN_FILE", "deploy_of", "float_activation_twin",
+           "graph_runner", "runner_for", "without_cache"]
 
 PLAIN = "plain"  # runner_for(..., protocol=PLAIN): the contract's own protocol (concat cache, left padding)
 DEPLOY = "deploy"  # runner_for(..., protocol=DEPLOY) (ort-cpu, ort-cuda): the file's own protocol, as generate drives it
@@ -152,6 +152,43 @@ def deploy_of(runner: Runner) -> Runner | None:
         return None
     twin = ort_runner_over(runner, SharedBuffer(runner.feed), f"{runner.name} (deploy loop)")
     return twin.activate() if runner.is_active else twin
+
+
+# the float-activation twin of an int8-activation file, written beside it in the reader's private snapshot
+TWIN_FILE = "model.float-activations.onnx"
+INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level that quantizes activations to int8 at run time
+
+
+def float_activation_twin(runner: Runner) -> Runner | None:
+    """The twin of ``runner`` (an ONNX Runtime runner of a quantized folder file) whose MatMulNBits nodes compute
+    with float activations (``accuracy_level`` 0) — the same graph, the same quantized weights (its external data
+    the file's own, by reference), driven the same way — or None where ``runner`` is no ONNX Runtime runner of a
+    snapshot's file or no node quantizes its activations (accuracy level 4).
+
+    Why: at level 4 MatMulNBits rounds each activation block to int8 at run time, so the file is only piecewise
+    continuous; a cached decode step sums attention in another order than a prefill (float32 rounding), and where
+    that moves an activation across an int8 step the step grows through the layers — by 18 % of the logits' RMS on
+    a random 1.1 B Llama (22 layers), against 2.6 % on the trained default model. The twin computes what the file
+    computes but for that rounding, so its comparisons with itself (causality, kv-consistency, padding, cached
+    generation, the serving checks) hold to float32 rounding and a cache, mask or position bug shows at any size;
+    the int8 activations' own effect is the quality check's, on the file itself against eager."""
+    import onnx
+
+    if not isinstance(runner, OrtRunner) or isinstance(runner.path, bytes) or runner.session_of is not None:
+        return None
+    path = Path(runner.path)
+    model = onnx.load(str(path), load_external_data=False)
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+    acc = [next((a for a in n.attribute if a.name == "accuracy_level"), None) for n in nodes]
+    if not any(a is not None and a.i == INT8_ACTIVATIONS for a in acc):
+        return None
+    for a in acc:
+        if a is not None:
+            a.i = 0
+    twin = path.with_name(TWIN_FILE)  # inline weights (a file under 2 GB) copied with it; external ones referenced
+    onnx.save(model, str(twin))
+    return type(runner)(f"{runner.name} (float activations)", runner.contract, twin, feed=runner.feed,
+                        config=runner.config, io_binding=runner.io_binding, protocol=runner.protocol)
 
 
 def graph_runner(name: str, contract: ModelContract, graph: str | Path | bytes, feed: Feed, *,

@@ -89,8 +89,46 @@ def test_verify_passes_int4_with_quality_figures_and_exact_invariants(tiny_int4)
     assert fig["text"]["bytes"] == 1377 and fig["text"]["flat"] is True  # random weights: flat logits
     assert fig["sweep"]["logit_err"] < 0.2 and fig["text"]["ppl_ratio"] < 1.01
     assert any("top-1" in w for w in fig["not_judged"])  # top-1 means nothing on flat logits: reported, not judged
-    assert report["runtimes"]["ort-cpu"]["self_tolerance"]  # int8 activations: the self-comparisons' tolerance
+    assert report["runtimes"]["ort-cpu"]["self_tolerance"] == "atol=0.0001 rtol=0.001"  # the dtype's, on the twin
+    assert "float activations" in report["runtimes"]["ort-cpu"]["allowance"]["rule"]
     assert report["artifacts"]["onnx"]["quantization"]["weights"] == "int4"
+
+
+def test_an_int8_activation_file_is_held_to_itself_through_its_float_activation_twin(tiny_int4, tiny_export):
+    """The twin is the file's graph and weights with every MatMulNBits at accuracy level 0, written in the reader's
+    snapshot: its decode and prefill agree to float32 rounding (the file's own int8 activations can step apart), and
+    it computes what the file computes but for that rounding; a float file has none."""
+    import numpy as np
+    import onnx
+
+    from mhaexport.runners.registry import TWIN_FILE, float_activation_twin, runner_for
+
+    with ExportFolder.open(tiny_int4) as ef:
+        runner = runner_for(ef, "ort-cpu", ef.contract).activate()
+        twin = float_activation_twin(runner).activate()
+        try:
+            assert twin.path == ef.root / TWIN_FILE and ef.root != Path(tiny_int4)  # in the private snapshot
+            levels = {a.i for n in onnx.load(str(twin.path)).graph.node if n.op_type == "MatMulNBits"
+                      for a in n.attribute if a.name == "accuracy_level"}
+            assert levels == {0}
+            ids = np.random.default_rng(0).integers(0, ef.contract.vocab_size, (1, 24), dtype=np.int64)
+            mask = np.ones_like(ids)
+
+            def decode_gap(r):
+                full, _ = r.run(ids, mask)
+                _, past = r.run(ids[:, :-1], mask[:, :-1])
+                step, _ = r.run(ids[:, -1:], mask, past)
+                return float(np.abs(step[:, -1] - full[:, -1]).max()), full
+            twin_gap, twin_full = decode_gap(twin)
+            _, file_full = decode_gap(runner)
+            assert twin_gap < 1e-5  # float32 rounding (the file's int8 activations may step apart: 18 % at 1.1 B)
+            scale = float(np.abs(file_full).max())
+            assert float(np.abs(twin_full - file_full).max()) < 0.2 * scale  # the same weights, float activations
+        finally:
+            twin.deactivate()
+            runner.deactivate()
+    with ExportFolder.open(tiny_export) as ef:
+        assert float_activation_twin(runner_for(ef, "ort-cpu", ef.contract)) is None  # float weights: no twin
 
 
 def test_a_quantization_planted_too_coarse_fails_verify_naming_the_figure(tiny_export, tmp_path, monkeypatch):
@@ -204,8 +242,8 @@ def test_small_planted_too_coarse_fails_on_top1_and_kl(small_export, tmp_path, m
 
 @pytest.mark.slow
 def test_the_invariants_still_catch_a_cache_bug_in_a_quantized_export(tmp_path):
-    """The requantization tolerance (10 % of eager's RMS) leaves the self-comparisons their power: a model whose
-    cache mask ignores the past offset (tests/planted/bugs.py), exported and quantized, fails on ort-cpu itself."""
+    """The float-activation twin keeps the self-comparisons their power: a model whose cache mask ignores the past
+    offset (tests/planted/bugs.py), exported and quantized, fails on ort-cpu itself."""
     bugs = Path(__file__).parent / "planted" / "bugs.py"
     src, out = tmp_path / "bug", tmp_path / "bug-int4"
     assert CliRunner().invoke(main, ["onnx", "--model", f"{bugs}:no_past_offset", "-o", str(src)]).exit_code == 0

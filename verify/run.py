@@ -1,5 +1,7 @@
 """Run every check on every runner of a verify run: activate each, skip what cannot run, hold each runtime to its
-own dtype's tolerance (a lossy one to its requantization step), collect the results. The decoder's verify, its
+own dtype's tolerance, collect the results. A lossy file whose activations are int8 runs its comparisons with itself
+on its float-activation twin (:func:`mhaexport.runners.registry.float_activation_twin`: the same graph and weights);
+a runtime that has none (onnxruntime-genai's loop) allows a requantization step instead. The decoder's verify, its
 onnxruntime-genai loop and the attention block's all drive :func:`run_all`; one check is run by the one suite's
 :func:`mhaexport.verify.suite.run_check`, whatever the runner's subject.
 """
@@ -17,7 +19,7 @@ from mhaexport.runners.names import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT
 from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
-from mhaexport.verify.quality import allowance, self_tolerance
+from mhaexport.verify.quality import allowance, self_tolerance, twin_allowance
 from mhaexport.verify.report import RuntimeInfo
 from mhaexport.verify.results import CheckResult, SweepContext
 from mhaexport.verify.suite import run_check, subject
@@ -80,6 +82,7 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
     else:  # a later pass: its planned steps were counted; those of runners that do not run come out
         tally.total -= len(todo) * len(checks) - steps
     contexts = {}
+    twins: dict[str, Runner] = {}
     for runner in todo:
         info = infos[runner.name]
         if info.status != "ran":
@@ -88,7 +91,12 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         # must not loosen TorchScript's tolerance; eager's references and the sweep's runs stay shared (shallow copy)
         quant = (lossy or {}).get(_artifact_of(runner) or "")
         tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
-        if quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
+        twin = _twin(runner, info, say) if quant else None
+        if twin is not None:  # int8 activations: its self-comparisons on the float-activation twin, at the dtype's
+            twins[runner.name] = twin  # tolerance (the int8 activations' own effect: quality, on the file itself)
+            info.self_tolerance, info.allowance = tol.describe(), twin_allowance(tol, twin.name)
+            contexts[twin.name] = dataclasses.replace(ctx, tol=tol, lossy=quant)
+        elif quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
             base, tol = tol, self_tolerance(ctx, quant, tol)
             info.self_tolerance, info.allowance = tol.describe(), allowance(tol, base)
         contexts[runner.name] = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # (module: not)
@@ -101,11 +109,16 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
             continue
         t0 = time.perf_counter()
         runner_ctx = contexts[runner.name]
+        twin = twins.get(runner.name)
         for ch in checks:
             say(Step(f"{runner.name}: {ch} ...", tally.done, tally.total))
-            results[runner.name][ch] = run_check(ch, runner, runner_ctx)
+            if twin is not None and ch in SELF_COMPARISONS:
+                results[runner.name][ch] = run_check(ch, twin, contexts[twin.name])
+            else:
+                results[runner.name][ch] = run_check(ch, runner, runner_ctx)
             tally.done += 1
-        info.calls, info.seconds = len(runner.times), round(sum(runner.times), 4)
+        times = runner.times + (twin.times if twin is not None else [])
+        info.calls, info.seconds = len(times), round(sum(times), 4)
         st = [r.status for r in results[runner.name].values() if r.counted]  # the report's counting
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]
         which = f" ({', '.join(failed)})" if failed else ""
@@ -113,4 +126,25 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
             f"in {time.perf_counter() - t0:.1f} s ({info.calls} runs)")
     for runner in runners[1:]:  # eager stays: the checks' memoized references came from it
         runner.deactivate()
+    for twin in twins.values():
+        twin.deactivate()
     return infos, results
+
+
+# the checks that compare a runtime with itself (a lossy file's invariants): on an int8-activation file's twin
+SELF_COMPARISONS = ("causality", "kv-consistency", "padding", "generation", "continuous-batching", "speculative",
+                    "prefix-reuse")
+
+
+def _twin(runner: Runner, info: RuntimeInfo, say: Progress) -> Runner | None:
+    """``runner``'s float-activation twin, activated (None: it has none, or it cannot load: said, and the
+    requantization allowance is used instead)."""
+    from mhaexport.runners.registry import float_activation_twin
+
+    try:
+        twin = float_activation_twin(runner)
+        return twin.activate() if twin is not None else None
+    except (MhaExportError, OSError) as e:
+        say(f"{runner.name}: no float-activation twin ({(str(e).strip().splitlines() or [type(e).__name__])[0]}): "
+            "its comparisons with itself allow a requantization step")
+        return None

@@ -483,7 +483,8 @@ def _verify_recorded(ef: ExportFolder, *, sweep, seed, atol, rtol, runtimes, wan
 
 
 def _linear_weights(module) -> dict[str, object]:
-    """The eager model's 2-D weights as float numpy arrays (N, K): what a quantized MatMul's weight is checked
-    against when its recipe cannot be re-run (embeddings included: a tied head quantizes the embedding table)."""
-    return {name: p.detach().float().cpu().numpy() for name, p in module.named_parameters() if p.dim() == 2}
+    """The eager model's 2-D weights (N, K), as they are (a mapped model's stay in their file: rows are read when
+    compared): what a quantized MatMul's weight is checked against when its recipe cannot be re-run (embeddings
+    included: a tied head quantizes the embedding table)."""
+    return {name: p for name, p in module.named_parameters() if p.dim() == 2}
 

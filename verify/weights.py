@@ -110,43 +110,94 @@ def first_difference(shipped: Any, rebuilt: Any) -> tuple[str | None, WeightsFig
     return first, fig
 
 
+class Packed:
+    """A MatMulNBits node's quantized weight, read in: the packed values, scales and zero points as the file holds
+    them (a few bytes per weight), dequantized a block of rows at a time (:meth:`rows`)."""
+
+    def __init__(self, node: Any, inits: dict[str, Any]) -> None:
+        attrs = {a.name: a.i for a in node.attribute}
+        self.K, self.N, self.bits, self.bs = attrs.get("K"), attrs.get("N"), attrs.get("bits", 4), attrs.get("block_size")
+        names = list(node.input) + [""] * 4
+        self.ok = bool(self.K and self.N and self.bs) and names[1] in inits and names[2] in inits
+        if not self.ok:
+            return
+        self.n_blocks = -(-self.K // self.bs)
+        self.packed = numpy_helper.to_array(inits[names[1]]).astype(np.uint8).reshape(self.N, -1)
+        self.scales = numpy_helper.to_array(inits[names[2]]).reshape(self.N, self.n_blocks)
+        self.zp = (numpy_helper.to_array(inits[names[3]]).astype(np.uint8).reshape(self.N, -1)
+                   if names[3] and names[3] in inits else None)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.N, self.K)
+
+    def rows(self, idx: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``idx`` (a slice or an index array) as floats, (n, K), and the scale of each value's block, (n, K):
+        (q - zero point) x scale per block of ``block_size`` along K, 4-bit values two to a byte (low nibble
+        first)."""
+        packed, bits, bs, nb = self.packed[idx], self.bits, self.bs, self.n_blocks
+        n = packed.shape[0]
+        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, -1) if bits == 4 else packed
+        q = q[:, :nb * bs].astype(np.float64).reshape(n, nb, bs)
+        scales = self.scales[idx].astype(np.float64).reshape(n, nb, 1)
+        if self.zp is not None:
+            zp = self.zp[idx]
+            if bits == 4:
+                zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(n, -1)
+            zp = zp[:, :nb].astype(np.float64).reshape(n, nb, 1)
+        else:
+            zp = np.full((n, nb, 1), 2.0 ** (bits - 1))
+        w = ((q - zp) * scales).reshape(n, -1)[:, :self.K]
+        return w, np.broadcast_to(np.abs(scales), (n, nb, bs)).reshape(n, -1)[:, :self.K]
+
+
 def dequantize(node: Any, inits: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
-    """A MatMulNBits node's weight as floats, (N, K), and the scale of the block of each value, (N, K): (q - zero
-    point) x scale per block of ``block_size`` along K, 4-bit values two to a byte (low nibble first); None when an
-    input is not a constant."""
-    attrs = {a.name: a.i for a in node.attribute}
-    K, N, bits, bs = attrs.get("K"), attrs.get("N"), attrs.get("bits", 4), attrs.get("block_size")
-    names = list(node.input) + [""] * 4
-    if not (K and N and bs) or names[1] not in inits or names[2] not in inits:
-        return None
-    packed = numpy_helper.to_array(inits[names[1]]).astype(np.uint8).reshape(N, -1)  # (N, n_blocks * blob)
-    n_blocks = -(-K // bs)
-    if bits == 4:
-        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(N, -1)  # (N, n_blocks * bs)
-    else:
-        q = packed
-    q = q[:, :n_blocks * bs].astype(np.float64).reshape(N, n_blocks, bs)
-    scales = numpy_helper.to_array(inits[names[2]]).astype(np.float64).reshape(N, n_blocks, 1)
-    if names[3] and names[3] in inits:
-        zp = numpy_helper.to_array(inits[names[3]]).astype(np.uint8).reshape(N, -1)
-        if bits == 4:
-            zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(N, -1)
-        zp = zp[:, :n_blocks].astype(np.float64).reshape(N, n_blocks, 1)
-    else:
-        zp = np.full((N, n_blocks, 1), 2.0 ** (bits - 1))
-    w = ((q - zp) * scales).reshape(N, -1)[:, :K]
-    return w, np.broadcast_to(np.abs(scales), (N, n_blocks, bs)).reshape(N, -1)[:, :K]
+    """A MatMulNBits node's whole weight as floats, (N, K), and the scale of the block of each value, (N, K)
+    (:class:`Packed`); None when an input is not a constant."""
+    p = Packed(node, inits)
+    return p.rows(slice(None)) if p.ok else None
 
 
 # how far (in steps of its block's scale) a quantized value may lie from the weight it quantizes: half a step by
 # rounding, one at the clamped edge of the range; and float slack
 STEP_SLACK = 1.0 + 1e-3
+ROWS = 1024  # rows of a weight compared at a time: what the check holds is a block of rows, never a model
+SAMPLE = 64  # rows a candidate is scored on when several reference weights have the weight's shape
 
 
-def _with_packed(reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+class Reference:
+    """A reference weight (N, K) — one of the model's, or sibling weights stacked along N as producers pack them
+    (q, k, v; gate, up) — whose rows are read when asked (:meth:`rows`), as float64, from tensors that stay where
+    they are (a memory-mapped model's pages)."""
+
+    def __init__(self, name: str, parts: list[Any]) -> None:
+        self.name, self.parts = name, parts
+        self.starts = np.cumsum([0] + [int(p.shape[0]) for p in parts])
+        self.shape = (int(self.starts[-1]), int(parts[0].shape[1]))
+
+    def rows(self, idx: Any) -> np.ndarray:
+        idx = np.arange(self.shape[0])[idx]
+        out = np.empty((len(idx), self.shape[1]), dtype=np.float64)
+        for i, part in enumerate(self.parts):
+            sel = (idx >= self.starts[i]) & (idx < self.starts[i + 1])
+            if sel.any():
+                out[sel] = _as_array(part, idx[sel] - self.starts[i])
+        return out
+
+
+def _as_array(t: Any, rows: np.ndarray) -> np.ndarray:
+    """Rows of a numpy array or a torch tensor (any float dtype) as float64."""
+    if hasattr(t, "detach"):
+        import torch
+
+        return t.detach()[torch.from_numpy(rows)].to(torch.float64).cpu().numpy()
+    return np.asarray(t[rows], dtype=np.float64)
+
+
+def _with_packed(reference: dict[str, Any]) -> list[Reference]:
     """The reference weights, and packed ones as producers write them: runs of 2 or 3 sibling weights (one parent
-    module, one input size K, in the model's order: q, k, v; gate, up) stacked along the output axis."""
-    out = dict(reference)
+    module, one input size K, in the model's order: q, k, v; gate, up) stacked along the output axis — none copied."""
+    out = [Reference(name, [w]) for name, w in reference.items()]
     siblings: dict[str, list[str]] = {}
     for name in reference:
         siblings.setdefault(name.rsplit(".", 2)[0] if name.count(".") >= 2 else "", []).append(name)
@@ -154,44 +205,59 @@ def _with_packed(reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for n in (2, 3):
             for i in range(len(names) - n + 1):
                 run = names[i:i + n]
-                if len({reference[x].shape[1] for x in run}) == 1:
-                    out[" + ".join(run)] = np.concatenate([reference[x] for x in run], axis=0)
+                if len({int(reference[x].shape[1]) for x in run}) == 1:
+                    out.append(Reference(" + ".join(run), [reference[x] for x in run]))
     return out
 
 
-def against_reference(shipped: Any, reference: dict[str, np.ndarray]) -> tuple[str | None, WeightsFigures]:
+def _steps(got: Packed, ref: Reference, idx: Any) -> np.ndarray:
+    """|quantized - reference| in steps of each value's block scale, over rows ``idx``."""
+    w, scale = got.rows(idx)
+    return np.abs(w - ref.rows(idx)) / np.maximum(scale, 1e-30)
+
+
+def against_reference(shipped: Any, reference: dict[str, Any]) -> tuple[str | None, WeightsFigures]:
     """Each MatMulNBits weight of ``shipped`` against the reference model's weights (``reference``: name -> (N, K)
-    array, e.g. its Linear weights): the candidate of its shape that it is closest to, and per block an error
-    beyond what the block's own scale explains names the tensor and block: round to nearest is off by at most half
-    a step, and a value at the clamped edge of the range (symmetric int4 maps the block's largest magnitude to -8,
-    so a positive one clamps to 7) by at most one: |error| <= STEP_SLACK x scale. Packed weights (QKV, gate + up)
-    are matched against sibling weights stacked; a weight no candidate matches in shape is counted, not judged."""
+    array or tensor, e.g. its Linear weights, read a block of rows at a time): the candidate of its shape that it is
+    closest to (scored on :data:`SAMPLE` rows where several share the shape), and per block an error beyond what the
+    block's own scale explains names the tensor and block: round to nearest is off by at most half a step, and a
+    value at the clamped edge of the range (symmetric int4 maps the block's largest magnitude to -8, so a positive
+    one clamps to 7) by at most one: |error| <= STEP_SLACK x scale. Packed weights (QKV, gate + up) are matched
+    against sibling weights stacked; a weight no candidate matches in shape is counted, not judged. Memory: one
+    weight's quantized bytes and :data:`ROWS` rows of floats at a time, whatever the model's size."""
     inits = _Initializers(shipped)  # each tensor read when a node asks for it
-    by_shape: dict[tuple, list[tuple[str, np.ndarray]]] = {}
-    for name, w in _with_packed(reference).items():
-        by_shape.setdefault(tuple(w.shape), []).append((name, np.asarray(w, dtype=np.float64)))
+    by_shape: dict[tuple, list[Reference]] = {}
+    for ref in _with_packed(reference):
+        by_shape.setdefault(ref.shape, []).append(ref)
     checked, unmatched, first = 0, 0, None
     for node in shipped.graph.node:
         if node.op_type != "MatMulNBits":
             continue
-        got = dequantize(node, inits)
-        if got is None:
+        got = Packed(node, inits)
+        if not got.ok:
             continue
-        w, scale = got
-        cands = by_shape.get(tuple(w.shape), [])
+        cands = by_shape.get(got.shape, [])
         if not cands:
             unmatched += 1
             continue
         checked += 1
-        ratio = {n: np.abs(w - ref) / np.maximum(scale, 1e-30) for n, ref in cands}  # errors in steps
-        best = min(ratio, key=lambda n: float(np.median(ratio[n])))
-        bad = np.argwhere(ratio[best] > STEP_SLACK)
-        if len(bad) and first is None:
-            attrs = {a.name: a.i for a in node.attribute}
-            n, k = (int(i) for i in bad[0])
-            first = (f"{node.input[1]} (MatMulNBits {node.name}, against the reference's {best}) at row {n}, block "
-                     f"{k // attrs.get('block_size', 1)}: off by {ratio[best][n, k]:.2f} of its block's step "
-                     f"(round to nearest, the range's edge clamped: at most 1), {len(bad)} value(s) so")
+        best = cands[0]
+        if len(cands) > 1:
+            sample = np.unique(np.linspace(0, got.N - 1, min(SAMPLE, got.N)).astype(np.int64))
+            best = min(cands, key=lambda r: float(np.median(_steps(got, r, sample))))
+        bad, where = 0, None
+        for start in range(0, got.N, ROWS):
+            ratio = _steps(got, best, slice(start, start + ROWS))
+            hits = np.argwhere(ratio > STEP_SLACK)
+            if len(hits) and where is None:
+                n, k = (int(i) for i in hits[0])
+                where = (start + n, k, float(ratio[n, k]))
+            bad += len(hits)
+        if bad and first is None:
+            n, k, r = where
+            first = (f"{node.input[1]} (MatMulNBits {node.name}, against the reference's {best.name}) at row {n}, "
+                     f"block {k // got.bs}: off by {r:.2f} of its block's step (round to nearest, the range's edge "
+                     f"clamped: at most 1), {bad} value(s) so")
     return first, WeightsFigures.of(checked_against_reference=checked, not_matched=unmatched)
 
 
