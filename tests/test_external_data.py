@@ -25,6 +25,8 @@ from mhaexport.exporter.onnx import (DATA_FILE, EXTERNAL_DATA_BYTES, EXTERNAL_DA
                                      external_data_threshold)
 from mhaexport.runtime import GenerationConfig, Generator
 
+from children import run_measured
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -134,24 +136,10 @@ BIG = {"vocab_size": 140000, "d_model": 2048, "n_heads": 16, "n_layers": 1, "d_f
        "tie_embeddings": False}
 
 
-# runs ``python -m mhaexport ARGS`` and, however it exits, writes its own memory's high-water mark (VmHWM: of the
-# address space exec made) to the file named by the first argument
-_MEASURED = ("import runpy, sys\nhwm_file = sys.argv.pop(1)\nsys.argv[0] = 'mhaexport'\ntry:\n"
-             "    runpy.run_module('mhaexport', run_name='__main__', alter_sys=True)\nfinally:\n"
-             "    line = next(ln for ln in open('/proc/self/status') if ln.startswith('VmHWM'))\n"
-             "    open(hwm_file, 'w').write(str(int(line.split()[1]) * 1024))\n")
-
-
 def _run_measured(args: list[str], **kwargs) -> tuple[int, int, str]:
-    """Run ``mhaexport ARGS`` in a fresh Python; returns its exit status, its own peak resident set in bytes (VmHWM:
-    not ``ru_maxrss``, which Linux carries over from a forked child's parent, this test process) and its output."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        hwm = Path(d) / "hwm"
-        proc = subprocess.run([sys.executable, "-c", _MEASURED, str(hwm), *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, **kwargs)
-        return proc.returncode, int(hwm.read_text()), proc.stdout
+    """``mhaexport ARGS`` in a fresh Python: its exit status, its own peak resident set (tests/children.py) and output."""
+    got = run_measured(args, **kwargs)
+    return got.returncode, got.peak, got.output
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from mhaexport.exporter import quantize as q
 from mhaexport.exporter import quantize_stream as qs
 from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
 from mhaexport.exporter.wire import read_stripped
+from children import run_measured
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,23 +134,6 @@ def test_read_stripped_leaves_large_raw_data_in_the_file(tiny_export):
     assert stripped.SerializeToString() == whole.SerializeToString()
 
 
-def _peak_rss_of(args: list[str]) -> int:
-    """Run ``mhaexport ARGS`` in a fresh Python and return its peak resident set (bytes): its own memory's high-water
-    mark (``VmHWM``, of the address space exec made). Not ``ru_maxrss``: Linux carries the parent's resident set
-    into a forked child's, so a child of a large test process reads the parent's size."""
-    import subprocess
-    import sys
-
-    code = ("import sys\nfrom mhaexport.cli import main\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "hwm = next(ln for ln in open('/proc/self/status') if ln.startswith('VmHWM'))\n"
-            "print('RSS', int(hwm.split()[1]) * 1024)")
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    return int(next(ln for ln in out.stdout.splitlines() if ln.startswith("RSS")).split()[1])
-
-
 @pytest.mark.slow
 def test_the_m_model_quantizes_one_weight_at_a_time_in_bounded_memory(tmp_path):
     """examples/big.json (2.47 GB of float32 weights, external data): int4 quantized with a peak resident set under
@@ -160,7 +144,9 @@ def test_the_m_model_quantizes_one_weight_at_a_time_in_bounded_memory(tmp_path):
     big = P(__file__).resolve().parents[1] / "examples" / "big.json"
     export_onnx(load_model_streamed(big), tmp_path / "float")
     assert (tmp_path / "float" / DATA_FILE).stat().st_size > 2.4e9
-    peak = _peak_rss_of(["-q", "quantize", str(tmp_path / "float"), "-o", str(tmp_path / "int4")])
+    got = run_measured(["-q", "quantize", str(tmp_path / "float"), "-o", str(tmp_path / "int4")], timeout=900)
+    assert got.returncode == 0, got.output[-2000:]
+    peak = got.peak
     assert peak < 1.0e9, peak
     entry = ExportFolder.open(tmp_path / "int4", "onnx")
     with entry:
