@@ -134,16 +134,21 @@ def copy_hashed(fd: int, dst: str | Path) -> tuple[str, int]:
                     while view:
                         view = view[os.write(out, view):]
             os.fchmod(out, 0o400)
-            h = hashlib.sha256()
-            n = 0
-            os.lseek(out, 0, os.SEEK_SET)
-            while block := os.read(out, _CHUNK):
-                h.update(block)
-                n += len(block)
+            return _hashed(out)
         finally:
             os.close(out)
     finally:
         os.close(fd)
+
+
+def _hashed(fd: int) -> tuple[str, int]:
+    """The sha256 and size of the open file ``fd``'s bytes, read from its start."""
+    h = hashlib.sha256()
+    n = 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while block := os.read(fd, _CHUNK):
+        h.update(block)
+        n += len(block)
     return h.hexdigest(), n
 
 
@@ -170,15 +175,9 @@ def link_hashed(fd: int, dst: str | Path) -> tuple[str, int]:
             os.link(str(fd), dst, src_dir_fd=proc, follow_symlinks=True)
         finally:
             os.close(proc)
-        h = hashlib.sha256()
-        n = 0
-        os.lseek(fd, 0, os.SEEK_SET)
-        while block := os.read(fd, _CHUNK):
-            h.update(block)
-            n += len(block)
+        return _hashed(fd)
     finally:
         os.close(fd)
-    return h.hexdigest(), n
 
 
 def read_inside(root: str | Path, name: str, where: str, max_bytes: int = 64 << 20) -> bytes:

@@ -514,8 +514,9 @@ def _load_streamed(transformers, hf_config, folder: Path, cache_cls: type, keep_
             model, weights, notes = hf_stream.load_streamed(transformers, hf_config, files, keep_half=keep_half)
             return model, weights, meta, cache, notes
         except OSError as e:  # no room in TMPDIR: loading the model in memory instead would not fit either
-            raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the export "
-                                "writes them there first; set TMPDIR to a folder with room for them") from None
+            raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the folder's "
+                                "weights are written there before they are read, streamed; set TMPDIR to a folder "
+                                "with room for them") from None
         except MhaExportError:  # a file the strict readers refuse (a header's key twice): refused, not loaded by
             raise               # transformers' laxer parser instead
         except Exception as e:  # the in-memory load says what is wrong, if anything is

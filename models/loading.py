@@ -450,7 +450,8 @@ def load_model(config: str | DecoderConfig | None = None, model: str | None = No
                 weights = staged_weights(cfg) if given is None else streamed_checkpoint(cfg, given)
             except OSError as e:
                 raise ArtifactError(f"cannot stage the weights in {tempfile.gettempdir()} ({first_line(e)}): the "
-                                    "export writes them there first; set TMPDIR to a folder with room for them") \
+                                    "weights are written there before they are read, streamed; set TMPDIR to a folder "
+                                    "with room for them") \
                     from None
             module = weights.model(cfg)
         else:
