@@ -105,6 +105,38 @@ def test_spilling_everything_changes_no_figure_of_a_mapped_verify(tiny_export, t
     assert spilled.to_dict()["results"] == kept.to_dict()["results"]
 
 
+def test_the_mapped_sweep_runs_eager_over_every_case_before_the_files_calls(tiny_export, tmp_path, monkeypatch,
+                                                                           one_thread):
+    """Weights that do not stay in memory: eager's references of the whole sweep come first, kept on file-backed
+    pages, then the file's calls — case by case the two models' pages would evict each other on every call — with
+    the verdict of the order that is not mapped."""
+    from mhaexport import api
+    from mhaexport.runtime import runner as R
+    from mhaexport.runtime import spill as sp
+
+    monkeypatch.setenv("MHAEXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sp, "SPILL_MIN_BYTES", 1)  # every array spilled: the kept references cost no memory
+    calls: list[str] = []
+    real = R.Runner._timed
+
+    def timed(self, impl, *args, inputs):
+        calls.append(self.name)
+        return real(self, impl, *args, inputs=inputs)
+
+    monkeypatch.setattr(R.Runner, "_timed", timed)
+    mapped = api.verify(tiny_export, runtimes=["eager", "ort-cpu"], mapped=True)
+    first_ort = calls.index("ort-cpu")
+    n_cases = len(mapped.sweep["cases"]) if isinstance(mapped.sweep, dict) else 9
+    assert calls[:first_ort].count("eager") >= n_cases and set(calls[:first_ort]) == {"eager"}
+    calls.clear()
+    whole = api.verify(tiny_export, runtimes=["eager", "ort-cpu"])
+    assert mapped and whole, mapped.verdict.message
+    assert calls.index("ort-cpu") < 9  # not mapped: case by case, the file's first call after eager's first case
+    status = {rt: {ch: r["status"] for ch, r in checks.items()} for rt, checks in mapped.to_dict()["results"].items()}
+    assert status == {rt: {ch: r["status"] for ch, r in checks.items()}
+                      for rt, checks in whole.to_dict()["results"].items()}  # (mapped sessions round differently)
+
+
 def test_the_mapped_plan_holds_one_calls_working_memory_not_the_long_outputs():
     """The issue's M model (d 1536, 20 layers, 32,000 tokens, 2,048 positions): in memory its quick sweep holds
     gigabytes of logits and caches; spilled, one 2,048-token call's attention (measured: ~0.84 GB on ONNX Runtime)
