@@ -48,14 +48,16 @@ class Measured:
     anon: int
 
 
-def run_measured(args: list[str], *, timeout: float | None = None, env: dict | None = None) -> Measured:
-    """``python -m mhaexport ARGS`` in a fresh Python, OMP threads 2 unless ``env`` says; its :class:`Measured`."""
+def run_measured(args: list[str], *, timeout: float | None = None, env: dict | None = None,
+                 cwd: str | Path | None = None) -> Measured:
+    """``python -m mhaexport ARGS`` in a fresh Python (in ``cwd``; ``env``: its whole environment, default this
+    process's), OMP threads 2 unless the environment says; its :class:`Measured`."""
     import json
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "measured.json"
         proc = subprocess.run([sys.executable, "-c", _MEASURED, str(out), *map(str, args)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                              env={"OMP_NUM_THREADS": "2", **os.environ, **(env or {})})
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=cwd,
+                              env={"OMP_NUM_THREADS": "2", **(os.environ if env is None else env)})
         got = json.loads(out.read_text()) if out.is_file() else {"VmHWM": 0, "RssAnon": 0}
         return Measured(proc.returncode, proc.stdout, got["VmHWM"], got["RssAnon"])
