@@ -117,6 +117,29 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
                       allow_download=allow_download, streamed=streamed, keep_half=keep_half, ready=ready)
 
 
+def keep_half_for(hf: str | Path | None, mapped: bool, memory: str | None) -> bool:
+    """Whether verify stages an ``--hf`` folder's half-precision weights as they are (eager's float32 reference
+    computed one module at a time, ~1.6 x slower) rather than converted to float32: where memory is what is short —
+    ``--mapped``, ``--memory``, or a local folder whose weights in float32 (twice its safetensors' bytes) would not
+    fit the machine's memory (then verify maps them anyway, and a float32 staging file only doubles the disk and the
+    pages to read: an 8 B bfloat16 folder's 32 GB instead of 16)."""
+    if hf is None:
+        return False
+    if mapped or memory is not None:
+        return True
+    folder = Path(hf)
+    if not folder.is_dir():
+        return False  # a Hub id: its size is not read here
+    from mhaexport.verify.memory import machine_memory
+
+    have, _ = machine_memory()
+    try:
+        weights = sum(p.stat().st_size for p in folder.glob("*.safetensors") if p.is_file())
+    except OSError:
+        return False
+    return have is not None and 2 * weights > have
+
+
 def _model(model, config, hf, checkpoint, revision, allow_download, progress: Progress | None = None, *,
            streamed: bool = False, keep_half: bool = False, loading: str | None = None) -> LoadedModel:
     """:func:`load`; a model loaded here says its notes through ``progress`` (as :class:`mhaexport.core.progress.Note`),
