@@ -4,7 +4,7 @@ default checks on ort-cpu (eager's too, as the reference), every command a child
 read (tests/children.py). ~10 minutes on 2 cores.
 
 Real sizes, small positions: 1.10 B parameters (2.2 GB bfloat16, a 4.4 GB float32 file); ``max_position_embeddings``
-64 (it changes no weight) keeps verify's longest prompt and its decode sweep short. The 8 B model's runs are
+32 (it changes no weight) keeps verify's longest prompt and its decode sweep short. The 8 B model's runs are
 measured in docs/measurements/ (python -m tests.big_models llama-3-8b FOLDER makes one).
 """
 
@@ -39,7 +39,7 @@ def _ran(report: dict) -> dict[str, dict[str, bool | None]]:
 
 
 def test_a_1b_llama_exports_quantizes_and_verifies_in_bounded_memory(tmp_path):
-    src = write_random_llama(tmp_path / "tinyllama", "tinyllama-1b", positions=64)
+    src = write_random_llama(tmp_path / "tinyllama", "tinyllama-1b", positions=32)
     assert 1.0e9 < parameters(json.loads((src / "config.json").read_text())) < 1.2e9
 
     f32, int4 = tmp_path / "f32", tmp_path / "int4"
