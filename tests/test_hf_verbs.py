@@ -166,15 +166,15 @@ def test_verify_keeps_a_half_precision_folder_half_where_float32_would_not_fit(t
     """A bfloat16 folder whose float32 weights (twice its bytes) exceed the machine's memory is staged as it is —
     verify maps it anyway, and float32 would only double the staging file (an 8 B folder's 32 GB instead of 16) —
     as --mapped and --memory ask; one that fits is converted (eager's checks run faster), a Hub id is not sized."""
-    from mhaexport.verbs.common import keep_half_for
+    from mhaexport.verbs.common import _keep_half_for
     from mhaexport.verify import memory
 
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"\0" * 1000)
     monkeypatch.setattr(memory, "machine_memory", lambda: (1999, "MemAvailable"))
-    assert keep_half_for(folder, False, None) is True
+    assert _keep_half_for(folder, False, None) is True
     monkeypatch.setattr(memory, "machine_memory", lambda: (2001, "MemAvailable"))
-    assert keep_half_for(folder, False, None) is False
-    assert keep_half_for(folder, True, None) is True and keep_half_for(folder, False, "1G") is True
-    assert keep_half_for("org/name", False, None) is False and keep_half_for(None, True, None) is False
+    assert _keep_half_for(folder, False, None) is False
+    assert _keep_half_for(folder, True, None) is True and _keep_half_for(folder, False, "1G") is True
+    assert _keep_half_for("org/name", False, None) is False and _keep_half_for(None, True, None) is False

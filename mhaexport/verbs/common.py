@@ -117,7 +117,7 @@ def load(*, model: str | LoadedModel | None = None, config: str | None = None, h
                       allow_download=allow_download, streamed=streamed, keep_half=keep_half, ready=ready)
 
 
-def keep_half_for(hf: str | Path | None, mapped: bool, memory: str | None) -> bool:
+def _keep_half_for(hf: str | Path | None, mapped: bool, memory: str | None) -> bool:
     """Whether verify stages an ``--hf`` folder's half-precision weights as they are (eager's float32 reference
     computed one module at a time, ~1.6 x slower) rather than converted to float32: where memory is what is short —
     ``--mapped``, ``--memory``, or a local folder whose weights in float32 (twice its safetensors' bytes) would not

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mhaexport.core.errors import MhaExportError
 from mhaexport.verbs.common import (Progress, _budgeted, _count, _model, _names, _renamed, _tolerance,
-                                    keep_half_for)
+                                    _keep_half_for)
 from mhaexport.verbs.reports import write_reports
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,7 +75,7 @@ def verify(folder: str | Path, *, model: str | LoadedModel | None = None, config
         # an --hf folder streamed: eager over its weights mapped; a half-precision one kept so where memory is what
         # is short (--mapped, --memory, or float32 would not fit: its float32 reference computed one module at a time)
         loaded = _model(model, config, hf, checkpoint, revision, allow_download, streamed=hf is not None,
-                        keep_half=keep_half_for(hf, mapped, memory))
+                        keep_half=_keep_half_for(hf, mapped, memory))
     from mhaexport.exporter.quantize import reproduce
 
     try:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from mhaexport.core.errors import ConfigError, MhaExportError
 from mhaexport.verbs.adopt import _adoption_folder, adopt
 from mhaexport.verbs.bisect import _bisect_run
-from mhaexport.verbs.common import Progress, _model, _say, keep_half_for, writable_output
+from mhaexport.verbs.common import Progress, _model, _say, _keep_half_for, writable_output
 from mhaexport.verbs.export import export_onnx, export_torchscript
 from mhaexport.verbs.inputs import check_junit
 from mhaexport.verbs.reports import write_reports
@@ -66,7 +66,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
         out = _adoption_folder(where, output, named, junit)  # a file: adopted, then verified where it was adopted
         # an --hf folder streamed: eager over its weights mapped (a half-precision one kept so, computed in float32)
         loaded = _model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
-                        keep_half=not bisect and keep_half_for(hf, mapped, memory))
+                        keep_half=not bisect and _keep_half_for(hf, mapped, memory))
         rec = adopt(where, out, model=loaded, junit=junit)
         if bisect:
             return _bisect_run(rec.folder, loaded, output, seed, case, trust_code, (), progress, adopted=rec)
@@ -92,7 +92,7 @@ def verify_run(path: str | Path | None = None, output: str | Path | None = None,
                       reading=[where])
         writable_output(out, "" if output is not None else " (give -o DIR to write the report elsewhere)")
         loaded = (_model(model, config, hf, checkpoint, revision, allow_download, progress, streamed=hf is not None,
-                         keep_half=keep_half_for(hf, mapped, memory)) if named else None)
+                         keep_half=_keep_half_for(hf, mapped, memory)) if named else None)
         say(f"Verifying {where} ...")
         return _verify_into(where, loaded, out, "report" if output is not None else None, junit, markdown, progress,
                             runtimes=runtimes, sweep=sweep, seed=seed, atol=atol, rtol=rtol, tokens=tokens,
