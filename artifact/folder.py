@@ -369,6 +369,13 @@ def same_model_folders(folder: str | Path, ef: ExportFolder, others: tuple[str, 
     return out
 
 
+def in_snapshot(path: str | Path) -> bool:
+    """Whether ``path`` lies in a live private snapshot of this process (a reader's own folder: a file written
+    there, as verify's float-activation twin, changes nothing of the user's)."""
+    path = Path(path)
+    return any(snap in path.parents for snap in _live_snapshots)
+
+
 def shown_path(path: str | Path) -> Path:
     """A file as the user knows it: a path inside a reader's snapshot named by its export folder's path."""
     path = Path(path)

@@ -163,7 +163,8 @@ def float_activation_twin(runner: Runner) -> Runner | None:
     """The twin of ``runner`` (an ONNX Runtime runner of a quantized folder file) whose MatMulNBits nodes compute
     with float activations (``accuracy_level`` 0) — the same graph, the same quantized weights (its external data
     the file's own, by reference), driven the same way — or None where ``runner`` is no ONNX Runtime runner of a
-    snapshot's file or no node quantizes its activations (accuracy level 4).
+    file in a reader's private snapshot (the twin is written beside it there, never in a folder of the user's) or
+    no node quantizes its activations (accuracy level 4).
 
     Why: at level 4 MatMulNBits rounds each activation block to int8 at run time, so the file is only piecewise
     continuous; a cached decode step sums attention in another order than a prefill (float32 rounding), and where
@@ -174,9 +175,13 @@ def float_activation_twin(runner: Runner) -> Runner | None:
     the int8 activations' own effect is the quality check's, on the file itself against eager."""
     import onnx
 
+    from mhaexport.artifact.folder import in_snapshot
+
     if not isinstance(runner, OrtRunner) or isinstance(runner.path, bytes) or runner.session_of is not None:
         return None
     path = Path(runner.path)
+    if not in_snapshot(path):  # never written into a folder of the user's
+        return None
     model = onnx.load(str(path), load_external_data=False)
     nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
     acc = [next((a for a in n.attribute if a.name == "accuracy_level"), None) for n in nodes]

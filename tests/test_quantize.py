@@ -129,6 +129,11 @@ def test_an_int8_activation_file_is_held_to_itself_through_its_float_activation_
             runner.deactivate()
     with ExportFolder.open(tiny_export) as ef:
         assert float_activation_twin(runner_for(ef, "ort-cpu", ef.contract)) is None  # float weights: no twin
+    with ExportFolder.open(tiny_int4) as opened:
+        manifest = opened.manifest
+    unread = ExportFolder(Path(tiny_int4), manifest)  # the folder's own files, not a snapshot's
+    assert float_activation_twin(runner_for(unread, "ort-cpu", unread.contract)) is None
+    assert not (Path(tiny_int4) / TWIN_FILE).exists()  # never written into the user's folder
 
 
 def test_a_quantization_planted_too_coarse_fails_verify_naming_the_figure(tiny_export, tmp_path, monkeypatch):
