@@ -136,6 +136,31 @@ def test_an_int8_activation_file_is_held_to_itself_through_its_float_activation_
     assert not (Path(tiny_int4) / TWIN_FILE).exists()  # never written into the user's folder
 
 
+def test_the_twin_of_a_file_with_external_data_references_its_weights(tiny_export, tmp_path, monkeypatch):
+    """A quantized file whose weights are external data (every file past 2 GB): the twin is its graph alone, the
+    weights referenced by the same locations in the snapshot — nothing copied — and it runs."""
+    import numpy as np
+
+    from mhaexport.artifact.files import DATA_FILE, EXTERNAL_DATA_ENV
+    from mhaexport.runners.registry import float_activation_twin, runner_for
+
+    monkeypatch.setenv(EXTERNAL_DATA_ENV, "0")
+    out = tmp_path / "q"
+    assert CliRunner().invoke(main, ["quantize", str(tiny_export), "-o", str(out)]).exit_code == 0
+    assert (out / DATA_FILE).is_file()
+    with ExportFolder.open(out) as ef:
+        runner = runner_for(ef, "ort-cpu", ef.contract).activate()
+        twin = float_activation_twin(runner).activate()
+        try:
+            assert twin.path.stat().st_size <= (ef.root / "model.onnx").stat().st_size + 1024  # the graph alone
+            ids = np.arange(6, dtype=np.int64)[None] % ef.contract.vocab_size
+            logits, _ = twin.run(ids, np.ones_like(ids))
+            assert np.isfinite(logits).all()
+        finally:
+            twin.deactivate()
+            runner.deactivate()
+
+
 def test_a_quantization_planted_too_coarse_fails_verify_naming_the_figure(tiny_export, tmp_path, monkeypatch):
     from mhaexport.exporter import quantize
 
