@@ -136,6 +136,10 @@ class QuantSource(Record):
     weights_read: WeightsRead | None = None
 
 
+# MatMulNBits' accuracy_level that quantizes activations to int8 at run time (the file is then piecewise continuous)
+INT8_ACTIVATIONS = 4
+
+
 @dataclass
 class Quantization(Record):
     """A lossy artifact's weight quantization (``quantization``): mhaexport's recipe (``mhaexport quantize``), or

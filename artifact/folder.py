@@ -557,6 +557,11 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
         free = shutil.disk_usage(base).free
     except OSError:
         free = None
+    def no_room(why: str = "") -> str:
+        return (f"a reader copies the files it checks into a private snapshot: {folder}'s files need about "
+                f"{sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, {free / 1e9:.1f} GB free{why} (set "
+                "TMPDIR to a folder with room)")
+
     to_link: list[str] = []
     if free is not None and free < need + (64 << 20):
         for name in sorted(files, key=lambda n: -sizes.get(n, 0)):
@@ -565,9 +570,7 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
             to_link.append(name)
             need -= sizes.get(name, 0)
         if free < need + (64 << 20):
-            raise ArtifactError(f"a reader copies the files it checks into a private snapshot: {folder}'s files need "
-                                f"about {sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, "
-                                f"{free / 1e9:.1f} GB free (set TMPDIR to a folder with room)")
+            raise ArtifactError(no_room())
     snap = Path(tempfile.mkdtemp(dir=base, prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))
     _live_snapshots[snap] = folder
     copied: dict[str, tuple[str, int]] = {}
@@ -592,10 +595,7 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
             else:
                 os.close(fd)
             if why is not None:
-                raise ArtifactError(f"a reader copies the files it checks into a private snapshot: {folder}'s files "
-                                    f"need about {sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, "
-                                    f"{free / 1e9:.1f} GB free, and {name} cannot be read in place instead: {why} "
-                                    "(set TMPDIR to a folder with room)")
+                raise ArtifactError(no_room(f", and {name} cannot be read in place instead: {why}"))
             notes.append(f"{folder / name} ({copied[name][1] / 1e9:.1f} GB) was read in place, not copied: "
                          f"{free / 1e9:.1f} GB free in {base}. Only you can write it, and its hash was checked; a "
                          "process of yours rewriting it during this command would not be seen (TMPDIR with room: "

@@ -156,7 +156,6 @@ def deploy_of(runner: Runner) -> Runner | None:
 
 # the float-activation twin of an int8-activation file, written beside it in the reader's private snapshot
 TWIN_FILE = "model.float-activations.onnx"
-INT8_ACTIVATIONS = 4  # MatMulNBits' accuracy_level that quantizes activations to int8 at run time
 
 
 def float_activation_twin(runner: Runner) -> Runner | None:
@@ -175,6 +174,7 @@ def float_activation_twin(runner: Runner) -> Runner | None:
     the int8 activations' own effect is the quality check's, on the file itself against eager."""
     import onnx
 
+    from mhaexport.artifact.details import INT8_ACTIVATIONS
     from mhaexport.artifact.folder import in_snapshot
 
     if not isinstance(runner, OrtRunner) or isinstance(runner.path, bytes) or runner.session_of is not None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mhaexport.artifact.details import INT8_ACTIVATIONS
 from mhaexport.core.errors import ConfigError
 from mhaexport.evaluate.scoring import (Agreement, agreement_length, greedy_tokens, rounded4, score_text, text_prompts,
                                         text_tokens)
@@ -130,7 +131,6 @@ def judge(name: str, value: float | None, limit: float | None) -> str | None:
 # scale, a cache, mask or position bug by a large part of it (tests/test_quantize.py: a decode window planted in the
 # model, quantized, still fails).
 REQUANT_FRACTION = 0.10
-INT8_ACTIVATIONS = 4  # the accuracy level that quantizes activations
 
 
 def self_tolerance(ctx: Context, quant: Quantization, base):

@@ -289,7 +289,9 @@ def sweep_pass(group: list[tuple[Runner, SweepContext]], ctx: SweepContext) -> d
             try:
                 ctx.reference(case)
             except MhaExportError:
-                pass  # the case's own run below says it
+                continue  # the case's own run below says it
+            if case not in ctx._refs:
+                break  # not kept (memory): the rest case by case, each reference computed once
     names = {r.name for r, _ in group}
     pairs = [(a, b) for a, b in CROSS_PAIRS if a in names and b in names]
     paired = {n for p in pairs for n in p}

@@ -151,13 +151,6 @@ class Packed:
         return w, np.broadcast_to(np.abs(scales), (n, nb, bs)).reshape(n, -1)[:, :self.K]
 
 
-def dequantize(node: Any, inits: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
-    """A MatMulNBits node's whole weight as floats, (N, K), and the scale of the block of each value, (N, K)
-    (:class:`Packed`); None when an input is not a constant."""
-    p = Packed(node, inits)
-    return p.rows(slice(None)) if p.ok else None
-
-
 # how far (in steps of its block's scale) a quantized value may lie from the weight it quantizes: half a step by
 # rounding, one at the clamped edge of the range; and float slack
 STEP_SLACK = 1.0 + 1e-3
