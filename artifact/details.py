@@ -283,3 +283,15 @@ DETAILS: dict[str, type[Details]] = {"onnx": OnnxDetails, "torchscript": TorchSc
 def details_from_dict(fmt: str, data: dict, where: str = "details") -> Details:
     """The details record of a ``fmt`` entry (:class:`Details` for a format this code does not know)."""
     return DETAILS.get(fmt, Details).from_dict(data, where)
+
+
+def onnx_weights(ef) -> tuple[int, bool]:
+    """(bytes, mappable) of the ONNX file's weights in export folder ``ef``: its recorded weight bytes (else the
+    bytes of every file of the entry) and whether they are external data ONNX Runtime can memory-map. What verify's
+    memory plan and a generator's choice to map the weights both read."""
+    if not ef.has("onnx"):
+        return 0, False
+    entry = ef.entry("onnx")
+    d = entry.details if isinstance(entry.details, OnnxDetails) else None
+    n = d.weight_bytes if d and d.weight_bytes else sum(int(f.get("bytes") or 0) for f in entry.files.values())
+    return int(n), bool(d and d.external_data)

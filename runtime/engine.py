@@ -59,6 +59,26 @@ def genai_refusal(ef: ExportFolder, providers: Sequence[str], session: dict) -> 
     return None
 
 
+# what ONNX Runtime holds beside a file's weights to run it: the imports, its thread pools and one call's buffers
+# (verify's baseline for Python + torch + onnxruntime, measured: verify/memory.py BASELINE_BYTES)
+RUN_BYTES = 400 * 2**20
+
+
+def weights_too_large(ef: ExportFolder) -> str | None:
+    """One line when the ONNX file's weights, loaded whole beside :data:`RUN_BYTES`, would not fit the memory this
+    process may use (the cgroup's limit or MemAvailable, the smaller) and ONNX Runtime can memory-map them (external
+    data); else None. A generator then maps them: the kernel reads the pages a step needs and may drop them again,
+    where a whole load would be killed by the kernel's out-of-memory killer midway."""
+    from mhaexport.artifact.details import onnx_weights
+    from mhaexport.core.machine import machine_memory
+
+    weights, mappable = onnx_weights(ef)
+    have, where = machine_memory()
+    if not mappable or have is None or weights + RUN_BYTES <= have:
+        return None
+    return f"its weights ({weights / 1e9:.1f} GB) do not fit in {have / 1e9:.1f} GB ({where})"
+
+
 def open_generator(folder: str | Path | ExportFolder, providers: Sequence[str] | str = ("cpu",), *,
                    threads: int | None = None, engine: str = AUTO, trust_code: bool = False,
                    **session: Any) -> Generator | GenAIGenerator:
@@ -74,10 +94,14 @@ def open_generator(folder: str | Path | ExportFolder, providers: Sequence[str] |
         raise RuntimeOptionError(f"engine={engine!r}: one of {', '.join(ENGINES)}")
     providers = (providers,) if isinstance(providers, str) else tuple(providers)
     ef = open_folder(folder)
+    too_large = weights_too_large(ef)
 
     def ours(reason: str) -> Generator:
-        gen = Generator(ef, providers, threads=threads, **session)
+        gen = Generator(ef, providers, threads=threads, mmap_weights=too_large is not None, **session)
         gen.engine_reason = reason
+        if too_large is not None:
+            gen.warnings.append(f"{too_large}: memory-mapped, each step reads from disk the pages the page cache "
+                                "does not hold (slow where they do not all stay there)")
         return gen
 
     if engine == MHAEXPORT:
@@ -86,6 +110,13 @@ def open_generator(folder: str | Path | ExportFolder, providers: Sequence[str] |
         from mhaexport.runtime.genai import check_options
 
         check_options(ef.root, ef.path, trust_code=trust_code)
+    if too_large is not None:  # onnxruntime-genai's loop loads the weights whole: killed midway, not refused
+        if engine == ONNXRUNTIME_GENAI:
+            raise RuntimeOptionError(f"engine='onnxruntime-genai': {too_large}, and onnxruntime-genai loads them "
+                                     "whole; engine='mhaexport' maps them",
+                                     cli=f"--engine onnxruntime-genai: {too_large}, and onnxruntime-genai loads "
+                                         "them whole; --engine mhaexport maps them")
+        return ours(f"auto: {too_large}; onnxruntime-genai's loop loads them whole")
     why = genai_refusal(ef, providers, session)
     if engine == ONNXRUNTIME_GENAI:
         if why is None:

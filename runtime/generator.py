@@ -30,7 +30,9 @@ class Generator:
     ``providers``: ``("cpu",)``, ``("cuda",)`` or full provider names. With ``strict_providers`` a requested
     provider the session does not really use raises ProviderUnavailable; otherwise it is listed in ``warnings``.
     ``io_binding``: carry the cache as bound OrtValues; None (the default) binds on CUDA only, where it keeps the
-    cache on the device (on CPU plain ``session.run`` was the faster; see ``OrtRunner.binds``).
+    cache on the device (on CPU plain ``session.run`` was the faster; see ``OrtRunner.binds``). ``mmap_weights``:
+    the file's external data memory-mapped, not loaded (what :func:`~mhaexport.runtime.engine.open_generator` asks
+    for weights larger than this process's memory; ``SessionConfig.mmap_weights``).
     """
 
     engine = "mhaexport"
@@ -39,12 +41,12 @@ class Generator:
     def __init__(self, folder: str | Path | ExportFolder, providers: Sequence[str] | str = ("cpu",), *,
                  threads: int | None = None, opt_level: str = DEFAULT_OPT_LEVEL, strict_providers: bool = True,
                  io_binding: bool | None = None, cache_optimized: bool = False,
-                 profile_prefix: str | None = None) -> None:
+                 profile_prefix: str | None = None, mmap_weights: bool = False) -> None:
         if isinstance(providers, str):
             providers = (providers,)
         cfg = SessionConfig(providers=tuple(providers), threads=threads, opt_level=opt_level,
                             cache_optimized=cache_optimized, strict_providers=strict_providers,
-                            profile_prefix=profile_prefix)
+                            profile_prefix=profile_prefix, mmap_weights=mmap_weights)
         self.export = open_folder(folder)  # the ExportFolder: manifest as typed objects, files snapshot-checked
         self.entry = self.export.entry("onnx")
         self.folder = self.export.path

@@ -25,11 +25,11 @@ import re
 import resource
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable
 
 from mhaexport.artifact.record import Record
 from mhaexport.core.errors import ConfigError
+from mhaexport.core.machine import _cgroup_limit, _mem_available, machine_memory  # noqa: F401 - verify's names
 from mhaexport.core.iospec import ModelContract
 
 WHOLE, MAPPED = "whole", "mapped"
@@ -58,60 +58,6 @@ def parse_size(text: str | int) -> int:
 def gib(n: int | float) -> str:
     """``1.50 GB`` (GiB, two decimals): how the plan shows a size."""
     return f"{n / 2**30:.2f} GB"
-
-
-def _cgroup_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
-    """This process's cgroup memory limit (v2: the smallest ``memory.max`` from its group up; v1: the memory
-    controller's ``hierarchical_memory_limit``), or None where there is none or it cannot be read."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
-    limits: list[int] = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        path = path.lstrip("/")
-        if controllers == "" and Path(root, "cgroup.controllers").exists():  # v2, unified
-            here = Path(root, path)
-            while True:
-                try:
-                    value = (here / "memory.max").read_text().strip()
-                    if value != "max":
-                        limits.append(int(value))
-                except (OSError, ValueError):
-                    pass
-                if here == Path(root):
-                    break
-                here = here.parent
-        elif "memory" in controllers.split(","):  # v1
-            for base in (Path(root, "memory", path), Path(root, "memory")):
-                try:
-                    stat = (base / "memory.stat").read_text()
-                except OSError:
-                    continue
-                if m := re.search(r"^hierarchical_memory_limit (\d+)$", stat, re.MULTILINE):
-                    limits.append(int(m.group(1)))
-                break
-    limits = [n for n in limits if n < 2**60]  # v1 says "no limit" with a huge number
-    return min(limits) if limits else None
-
-
-def _mem_available(meminfo: str = "/proc/meminfo") -> int | None:
-    try:
-        m = re.search(r"^MemAvailable:\s+(\d+) kB", Path(meminfo).read_text(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(m.group(1)) * 1024 if m else None
-
-
-def machine_memory() -> tuple[int | None, str]:
-    """(bytes, where from) of the memory this process may use: the cgroup's limit or MemAvailable, the smaller;
-    (None, why) where neither can be read (not Linux)."""
-    found = [(n, what) for n, what in ((_cgroup_limit(), "the cgroup's memory limit"),
-                                       (_mem_available(), "MemAvailable")) if n is not None]
-    if not found:
-        return None, f"no cgroup limit nor MemAvailable readable on {sys.platform}"
-    return min(found)
 
 
 def activation_bytes(contract: ModelContract, cases: Iterable) -> tuple[int, int, str]:
@@ -226,20 +172,18 @@ def folder_weights(ef, runtimes: Iterable[str], loaded_given: bool = False) -> W
     :class:`~mhaexport.artifact.ExportFolder`), read from its manifest: eager float32 (from the built-in config's
     parameters, else the ONNX file's weights at 4 bytes each, else the TorchScript file); ``loaded_given``: the
     eager model was handed in already loaded (it cannot be mapped any more)."""
-    from mhaexport.artifact.details import OnnxDetails
+    from mhaexport.artifact.details import onnx_weights as onnx_weights_of
 
     def file_bytes(art: str) -> int:
         return sum(int(f.get("bytes") or 0) for f in ef.entry(art).files.values()) if ef.has(art) else 0
 
     rts = set(runtimes)
-    ort, ort_mappable, onnx_weights, onnx_eager = 0, False, 0, 0
-    if ef.has("onnx"):
-        entry = ef.entry("onnx")
-        d = entry.details if isinstance(entry.details, OnnxDetails) else None
-        onnx_weights = d.weight_bytes if d and d.weight_bytes else file_bytes("onnx")
-        onnx_eager = onnx_weights * 4 // _ITEMSIZE.get(entry.dtype, 4)
+    ort, ort_mappable, onnx_eager = 0, False, 0
+    onnx_weights, external = onnx_weights_of(ef)
+    if onnx_weights:
+        onnx_eager = onnx_weights * 4 // _ITEMSIZE.get(ef.entry("onnx").dtype, 4)
         if rts & {"ort-cpu", "ort-cuda"}:
-            ort, ort_mappable = onnx_weights, bool(d and d.external_data)
+            ort, ort_mappable = onnx_weights, external
     whole_only = {}
     if "torchscript" in rts and ef.has("torchscript"):
         whole_only["torchscript"] = file_bytes("torchscript")
