@@ -134,6 +134,7 @@ class QuantSource(Record):
     onnx_sha256: str | None = None
     fingerprint: str | None = None
     weights_read: WeightsRead | None = None
+    weight_bytes: Count | None = None  # the float file's weight bytes (the quantized entry's own are its file's)
 
 
 # MatMulNBits' accuracy_level that quantizes activations to int8 at run time (the file is then piecewise continuous)
@@ -286,12 +287,30 @@ def details_from_dict(fmt: str, data: dict, where: str = "details") -> Details:
 
 
 def onnx_weights(ef) -> tuple[int, bool]:
-    """(bytes, mappable) of the ONNX file's weights in export folder ``ef``: its recorded weight bytes (else the
-    bytes of every file of the entry) and whether they are external data ONNX Runtime can memory-map. What verify's
-    memory plan and a generator's choice to map the weights both read."""
+    """(bytes, mappable) of the ONNX file's weights in export folder ``ef``: its recorded weight bytes (else, and for
+    a quantized entry written before it recorded its own — it carried its float source's —, the bytes of every file
+    of the entry) and whether they are external data ONNX Runtime can memory-map. What verify's memory plan and a
+    generator's choice to map the weights both read."""
     if not ef.has("onnx"):
         return 0, False
     entry = ef.entry("onnx")
     d = entry.details if isinstance(entry.details, OnnxDetails) else None
-    n = d.weight_bytes if d and d.weight_bytes else sum(int(f.get("bytes") or 0) for f in entry.files.values())
-    return int(n), bool(d and d.external_data)
+    files = sum(int(f.get("bytes") or 0) for f in entry.files.values())
+    own = d is not None and d.weight_bytes and not (d.quantization and not _source_weight_bytes(d))
+    return int(d.weight_bytes if own else files), bool(d and d.external_data)
+
+
+def float_weight_bytes(ef) -> int:
+    """The weight bytes of the float model behind ``ef``'s ONNX file: a quantized file's float source's (recorded
+    by ``mhaexport quantize``; an older record's entry carried them as its own), else the file's own."""
+    if not ef.has("onnx"):
+        return 0
+    d = ef.entry("onnx").details
+    if isinstance(d, OnnxDetails) and d.quantization:
+        return int(_source_weight_bytes(d) or d.weight_bytes or onnx_weights(ef)[0])
+    return onnx_weights(ef)[0]
+
+
+def _source_weight_bytes(d: "OnnxDetails") -> int | None:
+    src = d.quantization.source if d.quantization else None
+    return src.weight_bytes if isinstance(src, QuantSource) and src.weight_bytes else None

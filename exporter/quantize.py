@@ -518,7 +518,7 @@ def quantize_folder(folder: str | Path | ExportFolder, out_dir: str | Path, cfg:
         done.update(weights_read=weights_read(model),
                     source={"folder": os.path.relpath(src.path.resolve(), out.resolve()),
                             "onnx_sha256": entry.files[entry.file]["sha256"], "fingerprint": src.model.fingerprint,
-                            "weights_read": source_read},
+                            "weights_read": source_read, "weight_bytes": entry.details.weight_bytes},
                     onnxruntime=tool_versions().get("onnxruntime"))
         size = store.inline_bytes(model)  # what the message would hold with every weight inside it
         with stage_artifact(out, "onnx", purpose="quantize onnx", expected_bytes=size) as staged:
@@ -541,7 +541,7 @@ def quantize_folder(folder: str | Path | ExportFolder, out_dir: str | Path, cfg:
                     files.append(name)
             made_by = f"mhaexport quantize from {entry.details.exporter or 'an ONNX export'}"
             details = dataclasses.replace(entry.details, opset=opset, quantization=Quantization.from_dict(done),
-                                          external_data=DATA_FILE in files, exporter=made_by)
+                                          external_data=DATA_FILE in files, weight_bytes=size, exporter=made_by)
             new = ArtifactEntry(format="onnx", file=ONNX_FILE, dtype=entry.dtype, io=entry.io,
                                 seq_dynamic=entry.seq_dynamic, static_sizes=entry.static_sizes,
                                 versions=tool_versions(), export_seconds=round(time.perf_counter() - started, 3),

@@ -73,11 +73,12 @@ __all__ = ["ALL_RUNTIMES", "BENCH", "DEFAULT_RUNTIMES", "EAGER", "EAGER_CUDA", "
 
 
 def session_config(name: str, *, threads: int | None = None, provider: str | None = None, log_severity: int = 4,
-                   mmap_weights: bool = False) -> SessionConfig:
+                   mmap_weights: bool = False, packed_weights: bool = False) -> SessionConfig:
     """The ONNX Runtime session of runtime ``name`` (verify's and eval's, the decoder's and the attention block's):
     one provider (default from the name: ort-cuda on CUDA, else CPU), strict (a session that falls back to CPU makes
-    ort-cuda skipped, never passed); ``mmap_weights``: external data memory-mapped (verify's mapped mode)."""
+    ort-cuda skipped, never passed); ``mmap_weights``: external data memory-mapped (verify's mapped mode), with
+    ``packed_weights`` a quantized file's weights still packed (``SessionConfig.packed_weights``)."""
     provider = provider or (CUDA if name == ORT_CUDA else "cpu")
     return SessionConfig(providers=(provider,), threads=threads, strict_providers=True, log_severity=log_severity,
-                         mmap_weights=mmap_weights)
+                         mmap_weights=mmap_weights, packed_weights=packed_weights)
 

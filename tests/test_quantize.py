@@ -71,6 +71,10 @@ def test_manifest_records_scheme_source_and_hash(tiny_int4, tiny_export):
     assert read.fixed_bytes < 0.3 * before.fixed_bytes
     assert set(entry.files) == {"model.onnx", "genai_config.json"}  # onnxruntime-genai runs the folder as is
     assert entry.io == src.entry("onnx").io  # the contract's I/O, unchanged
+    # its own weight bytes (what ONNX Runtime holds: verify's memory plan reads them), its source's beside them
+    file_bytes = entry.files["model.onnx"]["bytes"]
+    assert 0.5 * file_bytes <= entry.details.weight_bytes <= file_bytes  # the rest: the graph (a tiny model)
+    assert q.source.weight_bytes == src.entry("onnx").details.weight_bytes > 2 * entry.details.weight_bytes
 
 
 def test_verify_passes_int4_with_quality_figures_and_exact_invariants(tiny_int4):
@@ -141,6 +145,7 @@ def test_the_twin_of_a_file_with_external_data_references_its_weights(tiny_expor
     weights referenced by the same locations in the snapshot — nothing copied — and it runs."""
     import numpy as np
 
+    from mhaexport.artifact.details import onnx_weights
     from mhaexport.artifact.files import DATA_FILE, EXTERNAL_DATA_ENV
     from mhaexport.runners.registry import float_activation_twin, runner_for
 
@@ -152,6 +157,8 @@ def test_the_twin_of_a_file_with_external_data_references_its_weights(tiny_expor
         runner = runner_for(ef, "ort-cpu", ef.contract).activate()
         twin = float_activation_twin(runner).activate()
         try:
+            assert ef.entry("onnx").details.external_data
+            assert onnx_weights(ef) == (ef.entry("onnx").details.weight_bytes, True)
             assert twin.path.stat().st_size <= (ef.root / "model.onnx").stat().st_size + 1024  # the graph alone
             ids = np.arange(6, dtype=np.int64)[None] % ef.contract.vocab_size
             logits, _ = twin.run(ids, np.ones_like(ids))

@@ -91,6 +91,8 @@ class MemoryInfo(Record):
     parts: dict[str, int] = field(default_factory=dict)
     largest_case: str | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # runtimes left out to fit: {name: why}
+    # mapped: ONNX Runtime keeps a quantized file's weights packed (SessionConfig.packed_weights), where they fit
+    ort_packed: bool = False
     peak_rss: int | None = None  # ru_maxrss after the run (anonymous and file-backed pages alike)
     spilled: int | None = None  # bytes of inputs and outputs the mapped mode wrote to file-backed pages
 
@@ -114,13 +116,17 @@ class Weights:
     """Each runtime's weight bytes, from the manifest: ``eager`` (float32 in memory; ``eager_mappable``: it can be
     rebuilt over a map), ``ort`` (the ONNX file's weights; ``ort_mappable``: they are external data ONNX Runtime can
     map), ``whole_only``: {runtime: bytes} of runtimes that always load their weights whole (TorchScript:
-    torch.jit.load maps nothing; onnxruntime-genai: its own session, which mhaexport does not configure)."""
+    torch.jit.load maps nothing; onnxruntime-genai: its own session, which mhaexport does not configure).
+    ``ort_packed``: the anonymous bytes ONNX Runtime's sessions of a quantized file (MatMulNBits) take to keep its
+    weights packed in the mapped mode (each session's copy: a float-activation twin is a second session), 0 for a
+    float file (whose prepacking the mapped mode always turns off)."""
 
     eager: int = 0
     ort: int = 0
     ort_mappable: bool = False
     eager_mappable: bool = True
     whole_only: dict[str, int] = field(default_factory=dict)
+    ort_packed: int = 0
 
 
 def plan_memory(weights: Weights, activations: int, cap: int | None, cap_source: str, *, forced: bool = False,
@@ -159,6 +165,15 @@ def plan_memory(weights: Weights, activations: int, cap: int | None, cap_source:
         info.mode = MAPPED
         info.reason = (f"needs about {gib(whole)} with every weight loaded, over the cap; about {gib(mapped)} with "
                        "the weights memory-mapped")
+    if info.mode == MAPPED and w.ort_packed:  # unpacked, MatMulNBits dequantizes every weight on every call
+        if cap is None or mapped + w.ort_packed <= cap:
+            info.ort_packed = True
+            info.parts["ort_packed"] = w.ort_packed
+            info.reason += f"; the quantized weights packed in memory ({gib(w.ort_packed)}) for ONNX Runtime's speed"
+        else:
+            info.reason += (f"; the quantized weights left unpacked ({gib(w.ort_packed)} packed would not fit): "
+                            "every call dequantizes every weight, tens of times slower (a 1.1 B int4 file's decode step: 5.0 s "
+                            "against 0.06 s)")
     if info.mode == MAPPED and cap is not None:
         for rt, n in w.whole_only.items():  # each in its own phase of the run: held beside the mapped rest
             if mapped + n > cap:
@@ -172,18 +187,25 @@ def folder_weights(ef, runtimes: Iterable[str], loaded_given: bool = False) -> W
     :class:`~mhaexport.artifact.ExportFolder`), read from its manifest: eager float32 (from the built-in config's
     parameters, else the ONNX file's weights at 4 bytes each, else the TorchScript file); ``loaded_given``: the
     eager model was handed in already loaded (it cannot be mapped any more)."""
+    from mhaexport.artifact.details import INT8_ACTIVATIONS, OnnxDetails, float_weight_bytes
     from mhaexport.artifact.details import onnx_weights as onnx_weights_of
 
     def file_bytes(art: str) -> int:
         return sum(int(f.get("bytes") or 0) for f in ef.entry(art).files.values()) if ef.has(art) else 0
 
     rts = set(runtimes)
-    ort, ort_mappable, onnx_eager = 0, False, 0
+    ort, ort_mappable, onnx_eager, ort_packed = 0, False, 0, 0
     onnx_weights, external = onnx_weights_of(ef)
     if onnx_weights:
-        onnx_eager = onnx_weights * 4 // _ITEMSIZE.get(ef.entry("onnx").dtype, 4)
-        if rts & {"ort-cpu", "ort-cuda"}:
+        onnx_eager = float_weight_bytes(ef) * 4 // _ITEMSIZE.get(ef.entry("onnx").dtype, 4)
+        ort_rts = rts & {"ort-cpu", "ort-cuda"}
+        if ort_rts:
             ort, ort_mappable = onnx_weights, external
+            d = ef.entry("onnx").details
+            q = d.quantization if isinstance(d, OnnxDetails) else None
+            nbits = q is not None and (q.bits or any("MatMulNBits" in k for k in (q.ops or q.nodes or {})))
+            if nbits:  # MatMulNBits: its packed weights, per session (a float-activation twin: a second one)
+                ort_packed = onnx_weights * len(ort_rts) * (2 if q.accuracy_level == INT8_ACTIVATIONS else 1)
     whole_only = {}
     if "torchscript" in rts and ef.has("torchscript"):
         whole_only["torchscript"] = file_bytes("torchscript")
@@ -195,7 +217,8 @@ def folder_weights(ef, runtimes: Iterable[str], loaded_given: bool = False) -> W
     # the built-in decoder is rebuilt over a map, an --hf folder's weights staged and mapped (models/hf_stream.py)
     mappable = not loaded_given and not ef.model.legacy and (ef.model.config is not None
                                                              or isinstance(ef.model.source, HfSource))
-    return Weights(eager=eager, ort=ort, ort_mappable=ort_mappable, eager_mappable=mappable, whole_only=whole_only)
+    return Weights(eager=eager, ort=ort, ort_mappable=ort_mappable, eager_mappable=mappable, whole_only=whole_only,
+                   ort_packed=ort_packed)
 
 
 def _builtin_bytes(config: dict | None) -> int:

@@ -79,7 +79,7 @@ def _ort_config(runtime: str, plan: MemoryInfo | None):
     """verify's ONNX Runtime session of ``runtime`` under the memory plan (None: the registry's default)."""
     if runtime not in (ORT_CPU, ORT_CUDA) or plan is None or plan.mode != MAPPED:
         return None
-    return session_config(runtime, mmap_weights=True)
+    return session_config(runtime, mmap_weights=True, packed_weights=plan.ort_packed)
 
 
 def _spill_for(runners: list[Runner], plan: MemoryInfo):
