@@ -172,8 +172,8 @@ def plan_memory(weights: Weights, activations: int, cap: int | None, cap_source:
             info.reason += f"; the quantized weights packed in memory ({gib(w.ort_packed)}) for ONNX Runtime's speed"
         else:
             info.reason += (f"; the quantized weights left unpacked ({gib(w.ort_packed)} packed would not fit): "
-                            "every call dequantizes every weight, tens of times slower (a 1.1 B int4 file's decode step: 5.0 s "
-                            "against 0.06 s)")
+                            "every call dequantizes every weight, tens of times slower (a 1.1 B int4 file's decode "
+                            "step: 5.0 s against 0.06 s)")
     if info.mode == MAPPED and cap is not None:
         for rt, n in w.whole_only.items():  # each in its own phase of the run: held beside the mapped rest
             if mapped + n > cap:
