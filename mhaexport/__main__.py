@@ -1,3 +1,3 @@
-from mhaexport.cli import main
+from mhaexport.cli import run
 
-main()
+run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -138,3 +139,24 @@ def test_verify_names_the_html_report_and_a_subset_run_says_what_it_left(tiny_ex
     res = CliRunner().invoke(main, ["generate", str(folder), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
     assert res.exit_code == 0 and "preset:tiny has random weights (its seeded init: no checkpoint): what it " \
                                   "generates is noise" in res.output, res.output
+
+
+def test_the_console_script_ends_without_the_teardown_yet_runs_exit_handlers_and_flushes(tmp_path):
+    """``run`` (the console script) ends with os._exit once the command's exit handlers ran and its output is
+    flushed: the exit code, piped output, atexit and weakref.finalize handlers all as before."""
+    code = textwrap.dedent(f"""
+        import atexit, gc, sys, tempfile, weakref
+        from mhaexport.cli import run
+        kept = tempfile.TemporaryDirectory(dir={str(tmp_path)!r})  # removed by its weakref.finalize at exit
+        atexit.register(lambda: print("atexit ran, gc threshold", gc.get_threshold()[0]))
+        sys.argv = ["mhaexport"] + sys.argv[1:]
+        run()
+        print("never reached")
+    """)
+    ok = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "mhaexport, version" in ok.stdout
+    assert "atexit ran, gc threshold 10000" in ok.stdout and "never reached" not in ok.stdout
+    assert list(tmp_path.iterdir()) == []  # the temporary folder went
+    bad = subprocess.run([sys.executable, "-c", code, "verify", str(tmp_path / "absent")], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "no such folder" in bad.stderr and "atexit ran" in bad.stdout
