@@ -64,7 +64,8 @@ def run() -> None:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None: the descriptor was closed (`>&-`)
+                stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: the exit code stands
             pass
     os._exit(code)
