@@ -40,14 +40,14 @@ for _command in (onnx_cmd, torchscript_cmd, pt2_cmd, quantize_cmd, eval_cmd, gen
 def run() -> None:
     """The console script (``mhaexport``, ``python -m mhaexport``): :func:`main`, then the process ends as soon as
     its exit handlers ran and its output is flushed — without the interpreter's teardown of torch's, transformers'
-    and ONNX Runtime's modules, which took 1.1 s of every command here (``python -c "import torch, transformers,
-    onnx"``: 4.86 s, 3.72 s ending so). Everything a command writes is closed by then (``with``); what runs at exit
+    and onnx's modules, which took 1.1 s of every command here (``python -c "import mhaexport.cli, torch,
+    transformers, onnx, onnxscript; from transformers import LlamaForCausalLM"``: 4.86 s, 3.72 s ending so). Everything a command writes is closed by then (``with``); what runs at exit
     (``atexit``: snapshot folders removed, ``weakref.finalize``: temporary folders, ``logging``) still runs.
     ``main`` itself (CliRunner, the tests) returns as any click group does.
 
     The cyclic garbage collector's first generation runs every 10,000 allocations instead of Python's 700: importing
     torch, transformers and onnx allocates millions of objects that stay, and collecting them again and again took
-    0.5 s of each command here (3.85 s against 3.35 s for those imports, medians of 3); what is freed by reference
+    0.5 s of each command here (3.82 s against 3.35 s for those imports, medians of 3); what is freed by reference
     counting — every tensor not in a cycle — is freed as before."""
     import atexit
     import gc
