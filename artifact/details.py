@@ -296,8 +296,9 @@ def onnx_weights(ef) -> tuple[int, bool]:
     entry = ef.entry("onnx")
     d = entry.details if isinstance(entry.details, OnnxDetails) else None
     files = sum(int(f.get("bytes") or 0) for f in entry.files.values())
-    own = d is not None and d.weight_bytes and not (d.quantization and not _source_weight_bytes(d))
-    return int(d.weight_bytes if own else files), bool(d and d.external_data)
+    if d is None or not d.weight_bytes or (d.quantization and not _source_weight_bytes(d)):  # none, or its source's
+        return files, bool(d and d.external_data)
+    return int(d.weight_bytes), bool(d.external_data)
 
 
 def float_weight_bytes(ef) -> int:

@@ -7,6 +7,12 @@ import re
 import sys
 from pathlib import Path
 
+# Python + torch + onnxruntime + mhaexport's verify imported and running a tiny model: RSS 0.26 GB after the imports
+# (RssAnon 0.17 GB) on this project's CPU machine, ~0.35 GB once both runtimes ran (allocator arenas, ORT's thread
+# pools, lint's graph): docs/measurements/verify-memory-2026-12-04.md. What a process holds beside the weights it runs
+# (verify's memory plan, a generator's choice to map a file's weights).
+BASELINE_BYTES = 400 * 2**20
+
 
 def _cgroup_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
     """This process's cgroup memory limit (v2: the smallest ``memory.max`` from its group up; v1: the memory

@@ -59,22 +59,18 @@ def genai_refusal(ef: ExportFolder, providers: Sequence[str], session: dict) -> 
     return None
 
 
-# what ONNX Runtime holds beside a file's weights to run it: the imports, its thread pools and one call's buffers
-# (verify's baseline for Python + torch + onnxruntime, measured: verify/memory.py BASELINE_BYTES)
-RUN_BYTES = 400 * 2**20
-
-
 def weights_too_large(ef: ExportFolder) -> str | None:
-    """One line when the ONNX file's weights, loaded whole beside :data:`RUN_BYTES`, would not fit the memory this
-    process may use (the cgroup's limit or MemAvailable, the smaller) and ONNX Runtime can memory-map them (external
-    data); else None. A generator then maps them: the kernel reads the pages a step needs and may drop them again,
-    where a whole load would be killed by the kernel's out-of-memory killer midway."""
+    """One line when the ONNX file's weights, loaded whole beside the process's baseline
+    (:data:`mhaexport.core.machine.BASELINE_BYTES`), would not fit the memory this process may use (the cgroup's
+    limit or MemAvailable, the smaller) and ONNX Runtime can memory-map them (external data); else None. A generator
+    then maps them: the kernel reads the pages a step needs and may drop them again, where a whole load would be
+    killed by the kernel's out-of-memory killer midway."""
     from mhaexport.artifact.details import onnx_weights
-    from mhaexport.core.machine import machine_memory
+    from mhaexport.core.machine import BASELINE_BYTES, machine_memory
 
     weights, mappable = onnx_weights(ef)
     have, where = machine_memory()
-    if not mappable or have is None or weights + RUN_BYTES <= have:
+    if not mappable or have is None or weights + BASELINE_BYTES <= have:
         return None
     return f"its weights ({weights / 1e9:.1f} GB) do not fit in {have / 1e9:.1f} GB ({where})"
 

@@ -13,7 +13,8 @@ from mhaexport.cli import main
 from mhaexport.core import machine
 from mhaexport.core.errors import RuntimeOptionError
 from mhaexport.runtime import GenerationConfig
-from mhaexport.runtime.engine import RUN_BYTES, open_generator
+from mhaexport.core.machine import BASELINE_BYTES
+from mhaexport.runtime.engine import open_generator
 
 
 @pytest.fixture
@@ -36,12 +37,12 @@ def _tokens(gen):
 
 def test_weights_that_do_not_fit_are_mapped_and_generate_the_same_tokens(external, monkeypatch):
     folder, weights = external
-    _memory(monkeypatch, weights + RUN_BYTES)  # just fits: loaded whole
+    _memory(monkeypatch, weights + BASELINE_BYTES)  # just fits: loaded whole
     whole = open_generator(folder, engine="mhaexport")
     assert whole.runner.config.mmap_weights is False and not any("memory-mapped" in w for w in whole.warnings)
     want = _tokens(whole)
 
-    _memory(monkeypatch, weights + RUN_BYTES - 1)
+    _memory(monkeypatch, weights + BASELINE_BYTES - 1)
     for engine in ("auto", "mhaexport"):
         gen = open_generator(folder, engine=engine)
         assert gen.engine == "mhaexport" and gen.runner.config.mmap_weights is True

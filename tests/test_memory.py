@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mhaexport.core import machine
 from mhaexport.core.errors import ConfigError
 from mhaexport.verify import memory
 from mhaexport.verify.memory import (BASELINE_BYTES, MAPPED, WHOLE, Weights, activation_bytes, parse_size,
@@ -106,16 +107,16 @@ def test_the_cap_is_read_from_cgroup_v1_and_v2(tmp_path):
     (v1 / "memory" / "job").mkdir(parents=True)
     (v1 / "memory" / "job" / "memory.stat").write_text("cache 0\nhierarchical_memory_limit 1610612736\n")
     (tmp_path / "cg1").write_text("12:memory:/job\n3:cpu,cpuacct:/job\n")
-    assert memory._cgroup_limit(str(tmp_path / "cg1"), str(v1)) == 1610612736
+    assert machine._cgroup_limit(str(tmp_path / "cg1"), str(v1)) == 1610612736
     (v1 / "memory" / "job" / "memory.stat").write_text(f"hierarchical_memory_limit {2**63 - 4096}\n")
-    assert memory._cgroup_limit(str(tmp_path / "cg1"), str(v1)) is None  # v1's "no limit"
+    assert machine._cgroup_limit(str(tmp_path / "cg1"), str(v1)) is None  # v1's "no limit"
     v2 = tmp_path / "v2"
     (v2 / "a" / "b").mkdir(parents=True)
     (v2 / "cgroup.controllers").write_text("memory\n")
     (v2 / "a" / "memory.max").write_text("800000000\n")
     (v2 / "a" / "b" / "memory.max").write_text("max\n")
     (tmp_path / "cg2").write_text("0::/a/b\n")
-    assert memory._cgroup_limit(str(tmp_path / "cg2"), str(v2)) == 800000000  # the parent's limit holds
+    assert machine._cgroup_limit(str(tmp_path / "cg2"), str(v2)) == 800000000  # the parent's limit holds
 
 
 def test_an_onnx_session_with_mapped_weights_turns_prepacking_off():

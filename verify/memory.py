@@ -29,14 +29,10 @@ from typing import Iterable
 
 from mhaexport.artifact.record import Record
 from mhaexport.core.errors import ConfigError
-from mhaexport.core.machine import _cgroup_limit, _mem_available, machine_memory  # noqa: F401 - verify's names
+from mhaexport.core.machine import BASELINE_BYTES, machine_memory
 from mhaexport.core.iospec import ModelContract
 
 WHOLE, MAPPED = "whole", "mapped"
-# Python + torch + onnxruntime + mhaexport's verify imported and running a tiny model: RSS 0.26 GB after the imports
-# (RssAnon 0.17 GB) on this project's CPU machine, ~0.35 GB once both runtimes ran (allocator arenas, ORT's thread
-# pools, lint's graph): docs/measurements/verify-memory-2026-12-04.md
-BASELINE_BYTES = 400 * 2**20
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
