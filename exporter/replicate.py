@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from mhaexport.core import iospec
+from mhaexport.models.stack import LayerStack, find_layers
 
 # layers traced: layer 2 is the template, checked against layer 1 (layer 0 may hold what later layers share)
 TRACED_LAYERS = 3
@@ -57,16 +58,6 @@ class NotReplicated(Exception):
     """Why a trace's layers cannot be copied: the caller traces the whole model (the message is its note)."""
 
 
-@dataclass
-class LayerStack:
-    """The model's layers: the ``nn.ModuleList`` at ``path`` (its parent's attribute ``attr``)."""
-
-    path: str
-    parent: nn.Module
-    attr: str
-    layers: nn.ModuleList
-
-
 def layer_stack(module: nn.Module, contract: iospec.ModelContract) -> tuple[LayerStack | None, str]:
     """The model's stack of alike layers, or (None, why not): one ``nn.ModuleList`` of ``n_layers`` modules, each of
     one class and printout, the same parameter names, shapes and dtypes, no parameter shared between two layers, one
@@ -74,14 +65,10 @@ def layer_stack(module: nn.Module, contract: iospec.ModelContract) -> tuple[Laye
     n = contract.n_layers
     if n <= TRACED_LAYERS + 1:
         return None, f"{n} layers: traced whole"
-    found = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n]
-    if len(found) != 1:
-        return None, f"{len(found)} lists of {n} modules in the model (one stack of layers expected)"
-    path, layers = found[0]
-    if not path:
-        return None, "the model is its own list of layers"
-    parent_path, _, attr = path.rpartition(".")
-    parent = module.get_submodule(parent_path) if parent_path else module
+    stack, why = find_layers(module, n)
+    if stack is None:
+        return None, why
+    layers = stack.layers
     first = layers[0]
     shape = [(k, tuple(t.shape), t.dtype) for k, t in first.state_dict(keep_vars=True).items()]
     text = repr(first)
@@ -105,7 +92,7 @@ def layer_stack(module: nn.Module, contract: iospec.ModelContract) -> tuple[Laye
     differ = _state_differs(layers)
     if differ:
         return None, differ
-    return LayerStack(path, parent, attr, layers), ""
+    return stack, ""
 
 
 # a module attribute of these types is a setting its forward may branch on (a tensor or module is checked above)

@@ -8,6 +8,7 @@ from torch import nn
 
 from mhaexport.models.attention import KV, MultiHeadAttention, build_causal_mask, rope_tables
 from mhaexport.models.config import DecoderConfig
+from mhaexport.models.stack import BlockHandoff
 
 
 def make_norm(config: DecoderConfig) -> nn.Module:
@@ -72,6 +73,8 @@ class DecoderLM(nn.Module):
 
     forward(input_ids, attention_mask, past_key_values) -> (logits, present_key_values), as in docs/DESIGN.md.
     """
+
+    block_handoff = BlockHandoff  # where a block takes its past and gives its present (verify's block order)
 
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()

@@ -44,6 +44,7 @@ from torch import nn
 from mhaexport.artifact.source import HfSource
 from mhaexport.core.untrusted import shown
 from mhaexport.core.errors import ArtifactError, MhaExportError, ModelLoadError, first_line
+from mhaexport.models.stack import CacheHandoff
 from mhaexport.models.tracebacks import failing_module
 
 if TYPE_CHECKING:
@@ -114,6 +115,8 @@ def window_masks(attention_mask: torch.Tensor, last: torch.Tensor, plan: WindowP
 
 class HFCausalLM(nn.Module):
     """A transformers causal LM under the decoder contract (see the module docstring)."""
+
+    block_handoff = CacheHandoff  # where a layer takes its past and gives its present (verify's block order)
 
     def __init__(self, model: nn.Module, config: HFContractConfig, cache_kw: str, cache_cls: type,
                  window_plan: WindowPlan | None = None) -> None:

@@ -98,6 +98,57 @@ def test_verify_passes_int4_with_quality_figures_and_exact_invariants(tiny_int4)
     assert report["artifacts"]["onnx"]["quantization"]["weights"] == "int4"
 
 
+def test_the_file_and_its_twin_never_hold_a_session_at_once(tiny_int4, tmp_path, monkeypatch):
+    """The twin holds the file's weights (packed: as many anonymous bytes again): verify closes the file's session
+    before opening the twin's, the file's own checks first, and the report keeps the table's order."""
+    from mhaexport.runtime.ort import OrtRunner
+
+    open_now, most = set(), []
+    real_on, real_off = OrtRunner.activate_impl, OrtRunner.deactivate_impl
+
+    def on(self):
+        real_on(self)
+        open_now.add(self.name)
+        most.append(set(open_now))
+
+    def off(self):
+        open_now.discard(self.name)
+        real_off(self)
+
+    monkeypatch.setattr(OrtRunner, "activate_impl", on)
+    monkeypatch.setattr(OrtRunner, "deactivate_impl", off)
+    res = CliRunner().invoke(main, ["verify", str(tiny_int4), "--runtime", "ort-cpu", "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert {"ort-cpu (float activations)"} in most and {"ort-cpu"} in most  # both ran
+    assert all(len(s) == 1 for s in most), most  # never two at once
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    got = list(report["results"]["ort-cpu"])  # the table's order (the twin's ran last): its checks among the others
+    assert got.index("causality") < got.index("quality") and got.index("prefix-reuse") < got.index("weights"), got
+
+
+def test_a_twin_that_cannot_load_leaves_the_file_held_to_itself_with_a_requantization_step(tiny_int4, tmp_path,
+                                                                                            monkeypatch):
+    from mhaexport.core.errors import RuntimeFailure
+    from mhaexport.runtime.ort import OrtRunner
+
+    real_on = OrtRunner.activate_impl
+
+    def on(self):
+        if "float activations" in self.name:
+            raise RuntimeFailure("planted: the twin cannot load")
+        real_on(self)
+
+    monkeypatch.setattr(OrtRunner, "activate_impl", on)
+    res = CliRunner().invoke(main, ["verify", str(tiny_int4), "--runtime", "ort-cpu", "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert "no float-activation twin (planted: the twin cannot load)" in res.output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    info = report["runtimes"]["ort-cpu"]
+    assert "requantization" in info["allowance"]["rule"] and info["self_tolerance"] != "atol=0.0001 rtol=0.001"
+    for check in ("causality", "kv-consistency", "padding", "generation", "quality"):
+        assert report["results"]["ort-cpu"][check]["status"] is True, check
+
+
 def test_an_int8_activation_file_is_held_to_itself_through_its_float_activation_twin(tiny_int4, tiny_export):
     """The twin is the file's graph and weights with every MatMulNBits at accuracy level 0, written in the reader's
     snapshot: its decode and prefill agree to float32 rounding (the file's own int8 activations can step apart), and

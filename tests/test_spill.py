@@ -124,10 +124,20 @@ def test_the_mapped_sweep_runs_eager_over_every_case_before_the_files_calls(tiny
         return real(self, impl, *args, inputs=inputs)
 
     monkeypatch.setattr(R.Runner, "_timed", timed)
+    from mhaexport.runners import plan as P
+
+    real_blocks = P.run_eager
+
+    def blocks(runner, plan_calls, spill=None):  # the mapped mode runs eager's plans block by block: one entry each
+        calls.extend([runner.name] * len(plan_calls))
+        return real_blocks(runner, plan_calls, spill=spill)
+
+    monkeypatch.setattr(P, "run_eager", blocks)
     mapped = api.verify(tiny_export, runtimes=["eager", "ort-cpu"], mapped=True)
     first_ort = calls.index("ort-cpu")
     n_cases = len(mapped.sweep["cases"]) if isinstance(mapped.sweep, dict) else 9
     assert calls[:first_ort].count("eager") >= n_cases and set(calls[:first_ort]) == {"eager"}
+    assert mapped.runtimes["eager"].order.get(P.BLOCK, 0) >= n_cases
     calls.clear()
     whole = api.verify(tiny_export, runtimes=["eager", "ort-cpu"])
     assert mapped and whole, mapped.verdict.message

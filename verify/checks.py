@@ -18,6 +18,7 @@ from mhaexport.core import iospec
 from mhaexport.core.errors import MhaExportError, first_line
 from mhaexport.runners.decoder import RecomputeRunner
 from mhaexport.runners.names import EAGER
+from mhaexport.runners.plan import Plan, decoded
 from mhaexport.runtime.decode import DecodeLoop, GenerationConfig
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Diff, Tolerance, compare, compare_outputs, merged, near_tie, rounded
@@ -203,10 +204,15 @@ def check_causality(runner: Runner, ctx: Context) -> CheckResult:
     if not shapes:
         return CheckResult("causality", None, {}, f"max_positions={c.max_positions} leaves no sequence to perturb")
 
-    def probe(seq: int, past: int, k: int) -> tuple[Diff, float]:
+    plan, calls = Plan(), {}  # every shape's two calls written down first, run as one plan
+    for seq, past in shapes:
         ids, mask, kv = ctx.inputs(Case(2, seq, past, (), seed=ctx.seed + 11))
-        base = runner.run(ids, mask, kv)
-        pert = runner.run(_perturbed(ids, k, c.vocab_size, ctx.seed), mask, kv)
+        calls[seq, past] = (plan.add(ids, mask, kv, keep=True),
+                            plan.add(_perturbed(ids, seq // 2, c.vocab_size, ctx.seed), mask, kv, keep=True))
+    ran = plan.run(runner)
+
+    def probe(seq: int, past: int, k: int) -> tuple[Diff, float]:
+        base, pert = (ran[i].outputs() for i in calls[seq, past])
         rows = np.zeros((2, seq), dtype=bool)
         rows[:, :k] = True  # earlier query positions
         keys = np.zeros((2, past + seq), dtype=bool)
@@ -239,15 +245,11 @@ def causality_by_perturbation(shapes: list[tuple[int, int]], probe: Callable[[in
 
 def _decode(runner: Runner, ids: np.ndarray, mask: np.ndarray, chunks: list[int]):
     """Feed ids in chunks through the decode loop (the cache growing in the runner's own form), each chunk with its
-    mask columns; returns logits for every position (B, N, V) and the final cache as numpy pairs."""
-    loop = DecodeLoop(runner)
-    state = loop.empty(ids.shape[0])
-    outs, pos = [], 0
-    for n in chunks:
-        logits, state = loop.feed(ids[:, pos:pos + n], state, mask[:, pos:pos + n])
-        outs.append(logits)
-        pos += n
-    return (outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1)), runner.cache_numpy(state.cache)
+    mask columns; returns logits for every position (B, N, V) and the final cache as numpy pairs. (A check whose
+    decodes are all known first writes them into one :class:`Plan` instead: runners/plan.py.)"""
+    plan = Plan()
+    chain = plan.chain(ids, mask, chunks, keep=True)
+    return decoded(plan.run(runner), chain)
 
 
 # What a check ran, in the report's figures: every decode check names its protocol
@@ -330,21 +332,27 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
     case = Case(2, N, 0, (0, 3), seed=ctx.seed + 23)
     ids, mask, _ = ctx.inputs(case)
     rows, keys = case.real_rows(), case.real_keys()
-    full, full_kv = _decode(runner, ids, mask, [N])
-    parts: dict[str, Diff] = {}
-    step, step_kv = _decode(runner, ids, mask, [1] * N)
-    parts["token-by-token decode"] = compare_outputs((step, step_kv), (full, full_kv), ctx.tol, rows, keys)
     chunks = [x for x in (N // 3, 1, N // 4) if x] + [N - N // 3 - 1 - N // 4]
     chunks = [x for x in chunks if x > 0]
-    chunked, chunked_kv = _decode(runner, ids, mask, chunks)
+    recomputed = sorted({0, 1, N // 2, N - 1})
+    plan = Plan()  # every decode of the check written down first (the tokens are given), run as one plan
+    full_c, step_c, chunked_c = (plan.chain(ids, mask, ch, keep=True) for ch in ([N], [1] * N, chunks))
+    scratch_c = {t: plan.chain(ids[:, :t + 1], mask[:, :t + 1], [t + 1], rows={0: [t]}) for t in recomputed}
+    long_done = _long_context(plan, ctx)
+    ran = plan.run(runner)
+    full, full_kv = decoded(ran, full_c)
+    parts: dict[str, Diff] = {}
+    step, step_kv = decoded(ran, step_c)
+    parts["token-by-token decode"] = compare_outputs((step, step_kv), (full, full_kv), ctx.tol, rows, keys)
+    chunked, chunked_kv = decoded(ran, chunked_c)
     parts["chunked prefill " + "+".join(map(str, chunks))] = compare_outputs(
         (chunked, chunked_kv), (full, full_kv), ctx.tol, rows, keys)
     rec = Diff()
-    for t in sorted({0, 1, N // 2, N - 1}):
-        scratch, _ = _decode(runner, ids[:, :t + 1], mask[:, :t + 1], [t + 1])
-        rec = rec.merge(compare(step[:, t], scratch[:, t], ctx.ltol, rows[:, t, None]))
+    for t in recomputed:
+        scratch, _ = decoded(ran, scratch_c[t])  # (B, 1, V): position t's row
+        rec = rec.merge(compare(step[:, t], scratch[:, 0], ctx.ltol, rows[:, t, None]))
     parts["cached decode vs from-scratch recompute"] = rec
-    long_label, long_diff, first_bad, long_fig = _long_context(runner, ctx)
+    long_label, long_diff, first_bad, long_fig = long_done(ran)
     parts[long_label] = long_diff
     fig = KvFigures.of(decode_max_abs=rounded(parts["token-by-token decode"].max_abs),
                        chunked_max_abs=rounded(next(d for n, d in parts.items() if n.startswith("chunked")).max_abs),
@@ -376,40 +384,50 @@ def check_kv_consistency(runner: Runner, ctx: Context) -> CheckResult:
                                 f"{deploy} (max abs {worst:.3g})"), c, longest)
 
 
-def _long_context(runner: Runner, ctx: Context) -> tuple[str, Diff, int | None, dict]:
-    """Cached decode at the far end of the model: one prefill of a max_positions-long sequence is the reference;
-    small models decode the whole of it token by token (``ctx.long_full``), larger ones prefill to positions spread
-    up to max_positions - 2 and decode two tokens after each. Returns a label, the Diff on logits, the first
-    position that differs (None) and the figures."""
+def _long_context(plan: Plan, ctx: Context) -> Callable[[list], tuple[str, Diff, int | None, dict]]:
+    """Cached decode at the far end of the model, its calls written into ``plan``: one prefill of a
+    max_positions-long sequence is the reference; small models decode the whole of it token by token
+    (``ctx.long_full``), larger ones prefill to positions spread up to max_positions - 2 and decode two tokens after
+    each. Returns what judges the plan's results: a label, the Diff on logits, the first position that differs (None)
+    and the figures."""
     c = ctx.contract
     L = c.max_positions
     ids = np.random.default_rng(ctx.seed + 29).integers(0, c.vocab_size, (1, L), dtype=np.int64)  # (1, L)
     mask = np.ones((1, L), dtype=np.int64)
     tol = ctx.ltol
     if ctx.long_full or L <= 3:
-        full, _ = _decode(runner, ids, mask, [L])  # (1, L, V): a small model's whole context
-        step, _ = _decode(runner, ids, mask, [1] * L)  # (1, L, V)
-        positions, got, want = list(range(L)), step[0], full[0]
+        full_c = plan.chain(ids, mask, [L])  # (1, L, V): a small model's whole context
+        step_c = plan.chain(ids, mask, [1] * L)  # (1, L, V)
+        positions = list(range(L))
         label = f"token-by-token decode to position {L - 1}"
+
+        def got_want(ran: list) -> tuple[np.ndarray, np.ndarray]:
+            return decoded(ran, step_c)[0][0], decoded(ran, full_c)[0][0]
     else:
         starts = sorted({p for p in (L // 4, L // 2, 3 * L // 4, L - 2) if 1 <= p <= L - 2})
         positions = [q for P in starts for q in (P, P + 1)]
-        want = _decode(runner, ids, mask, [L])[0][0, positions]  # the prefill's rows at those positions, kept
-        got_rows = []
-        for P in starts:  # a prefill to P, then two decode steps: only the two steps' rows kept
-            got_rows.append(_decode(runner, ids[:, :P + 2], mask[:, :P + 2], [P, 1, 1])[0][0, P:P + 2].copy())
-        got = np.concatenate(got_rows)
+        full_c = plan.chain(ids, mask, [L], rows={0: positions})  # the prefill's rows at those positions, kept
+        # a prefill to P, then two decode steps: only the two steps' rows kept
+        step_cs = [plan.chain(ids[:, :P + 2], mask[:, :P + 2], [P, 1, 1], rows={0: []}) for P in starts]
         label = f"decode after a prefill to positions {', '.join(map(str, starts))}"
-    d = compare(got, want, tol)
-    first = None
-    if not d.ok:
-        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
-        bad = (err > tol.atol + tol.rtol * np.abs(want)).any(axis=-1)
-        first = positions[int(np.argmax(bad))]
-    err = np.abs(got.astype(np.float64) - want.astype(np.float64)).max(axis=-1)  # (len(positions),)
-    return label, d, first, {"long_to": positions[-1], "long_positions": len(positions),
-                             "long_max_abs": rounded(d.max_abs), "long_first_bad": first,
-                             "long_by_position": by_position(positions, err)}
+
+        def got_want(ran: list) -> tuple[np.ndarray, np.ndarray]:
+            got = np.concatenate([decoded(ran, ch)[0][0] for ch in step_cs])
+            return got, decoded(ran, full_c)[0][0]
+
+    def judged(ran: list) -> tuple[str, Diff, int | None, dict]:
+        got, want = got_want(ran)
+        d = compare(got, want, tol)
+        first = None
+        if not d.ok:
+            err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+            bad = (err > tol.atol + tol.rtol * np.abs(want)).any(axis=-1)
+            first = positions[int(np.argmax(bad))]
+        err = np.abs(got.astype(np.float64) - want.astype(np.float64)).max(axis=-1)  # (len(positions),)
+        return label, d, first, {"long_to": positions[-1], "long_positions": len(positions),
+                                 "long_max_abs": rounded(d.max_abs), "long_first_bad": first,
+                                 "long_by_position": by_position(positions, err)}
+    return judged
 
 
 # at most this many [position, error] points per curve in a report (a long model's curve keeps each bin's worst)
@@ -444,6 +462,7 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
     nxt = rng.integers(0, c.vocab_size, (2, steps), dtype=np.int64)
     fig = PaddingFigures.of(pad=p)
     worst = 0.0
+    plan, chains = Plan(), {}  # both sides' decodes written down first, run as one plan
     for side in ("left", "right"):
         real = slice(p, T) if side == "left" else slice(0, T - p)  # the padded row's real tokens
         side_ids, side_mask = ids.copy(), mask.copy()
@@ -451,9 +470,14 @@ def check_padding(runner: Runner, ctx: Context) -> CheckResult:
         side_ids[1, pads], side_mask[1, pads] = 0, 0  # pad token 0, masked out
         all_ids = np.concatenate([side_ids, nxt], axis=1)  # (2, T + steps)
         all_mask = np.concatenate([side_mask, np.ones((2, steps), np.int64)], axis=1)
-        padded, _ = _decode(runner, all_ids, all_mask, [T] + [1] * steps)  # (2, T + steps, V)
         solo_ids = np.concatenate([side_ids[1:, real], nxt[1:]], axis=1)  # unpadded: real tokens, then the steps
-        solo, _ = _decode(runner, solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps)
+        chains[side] = (real, plan.chain(all_ids, all_mask, [T] + [1] * steps),  # (2, T + steps, V)
+                        plan.chain(solo_ids, np.ones_like(solo_ids), [T - p] + [1] * steps))
+    ran = plan.run(runner)
+    for side in ("left", "right"):
+        real, padded_chain, solo_chain = chains[side]
+        padded, _ = decoded(ran, padded_chain)
+        solo, _ = decoded(ran, solo_chain)
         d_prefill = compare(padded[1:, real], solo[:, :T - p], ctx.ltol)
         d_decode = compare(padded[1:, T:], solo[:, T - p:], ctx.ltol)
         fig.set(**{f"{side}_prefill_max_abs": rounded(d_prefill.max_abs),

@@ -19,7 +19,7 @@ from mhaexport.artifact import atomic_write_bytes
 from mhaexport.core.numbers import is_real, number
 from mhaexport.core.untrusted import shown, unescape_md
 from mhaexport.verify.figures import Limits, Scores
-from mhaexport.verify.report import VerifyReport
+from mhaexport.verify.report import VerifyReport, order_line
 from mhaexport.verify.results import QUALITY, SERVING_CHECKS, CheckResult
 from mhaexport.verify.markup import as_text, e, h, join
 from mhaexport.verify.svg import COLOURS, Chart, Series, svg
@@ -215,6 +215,8 @@ def _footer(report: VerifyReport) -> Markup:
     versions = ", ".join(f"{as_text(k)} {as_text(v)}" for k, v in report.versions.items())
     memory = (h('<p class="note">Memory: {}</p>', report.memory.summary().removeprefix("memory: "))
               if report.memory is not None and report.memory.mode else Markup(""))
+    if order := order_line(report.runtimes):
+        memory += h('<p class="note">Order: {}</p>', order)
     return memory + h('<p class="note">{} · {} · {} CPUs · {} · {} s · {}</p>', env.host or "?", env.platform or "?",
                       env.cpus or "?", versions, number(report.seconds, ".1f"), report.created)
 

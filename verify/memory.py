@@ -114,8 +114,8 @@ class Weights:
     map), ``whole_only``: {runtime: bytes} of runtimes that always load their weights whole (TorchScript:
     torch.jit.load maps nothing; onnxruntime-genai: its own session, which mhaexport does not configure).
     ``ort_packed``: the anonymous bytes ONNX Runtime's sessions of a quantized file (MatMulNBits) take to keep its
-    weights packed in the mapped mode (each session's copy: a float-activation twin is a second session), 0 for a
-    float file (whose prepacking the mapped mode always turns off)."""
+    weights packed in the mapped mode (each runtime's session its copy; a float-activation twin's session is opened
+    only after the file's is closed: verify/run.py), 0 for a float file (whose prepacking the mapped mode always turns off)."""
 
     eager: int = 0
     ort: int = 0
@@ -183,7 +183,7 @@ def folder_weights(ef, runtimes: Iterable[str], loaded_given: bool = False) -> W
     :class:`~mhaexport.artifact.ExportFolder`), read from its manifest: eager float32 (from the built-in config's
     parameters, else the ONNX file's weights at 4 bytes each, else the TorchScript file); ``loaded_given``: the
     eager model was handed in already loaded (it cannot be mapped any more)."""
-    from mhaexport.artifact.details import INT8_ACTIVATIONS, OnnxDetails, float_weight_bytes
+    from mhaexport.artifact.details import OnnxDetails, float_weight_bytes
     from mhaexport.artifact.details import onnx_weights as onnx_weights_of
 
     def file_bytes(art: str) -> int:
@@ -200,8 +200,8 @@ def folder_weights(ef, runtimes: Iterable[str], loaded_given: bool = False) -> W
             d = ef.entry("onnx").details
             q = d.quantization if isinstance(d, OnnxDetails) else None
             nbits = q is not None and (q.bits or any("MatMulNBits" in k for k in (q.ops or q.nodes or {})))
-            if nbits:  # MatMulNBits: its packed weights, per session (a float-activation twin: a second one)
-                ort_packed = onnx_weights * len(ort_rts) * (2 if q.accuracy_level == INT8_ACTIVATIONS else 1)
+            if nbits:  # MatMulNBits: its packed weights, per runtime's session (a float-activation twin's replaces
+                ort_packed = onnx_weights * len(ort_rts)  # the file's: never both at once, verify/run.py)
     whole_only = {}
     if "torchscript" in rts and ef.has("torchscript"):
         whole_only["torchscript"] = file_bytes("torchscript")

@@ -13,7 +13,7 @@ from mhaexport.artifact.source import HfSource
 from mhaexport.core.numbers import finite, number
 from mhaexport.core.untrusted import md, shown
 from mhaexport.verify.html import write_html
-from mhaexport.verify.report import RuntimeInfo, VerifyReport
+from mhaexport.verify.report import RuntimeInfo, VerifyReport, order_line
 from mhaexport.verify.figures import Limits, Scores
 from mhaexport.verify.results import HEADROOM, QUALITY, SERVING_CHECKS, CheckResult
 
@@ -49,6 +49,8 @@ def markdown(report: VerifyReport) -> str:
         lines += [report.lint.to_markdown("###")]  # escaped line by line by lint
     if report.memory is not None and report.memory.mode:  # the memory plan: cap, mode and why, the peak measured
         lines += [f"**Memory:** {md(report.memory.summary().removeprefix('memory: '))}", ""]
+    if order := order_line(report.runtimes):
+        lines += [f"**Order:** {md(order)}", ""]
     vers = ", ".join(f"{md(k)} {md(v)}" for k, v in report.versions.items())
     lines.append(f"<sub>{md(env.host or '?')} · {md(env.platform or '?')} · {md(env.cpus or '?')} CPUs · "
                  f"{vers} · {_x(report.seconds, '.1f')} s · {md(report.created)}</sub>")

@@ -65,8 +65,26 @@ class RuntimeInfo(Record):
     host: str = ""
     self_tolerance: str | None = None  # a lossy artifact's tolerance for comparing it with itself (verify/quality)
     allowance: Allowance | None = None  # the same as bounds, with the rule that set them (report.html draws them)
+    # {order: calls} of the planned calls (runners/plan.py): "block by block" (each layer's weights read once per
+    # check) or "call by call"; empty: none planned
+    order: dict[str, int] = field(default_factory=dict)
 
     WRITE_NONE = ("artifact", "self_tolerance")
+
+    def order_text(self) -> str:
+        """``eager: 57 planned calls block by block`` (and how many call by call), or "" where none was planned."""
+        parts = [f"{n} {order}" for order, n in sorted(self.order.items()) if n]
+        return f"{self.name}: planned calls {' and '.join(parts)}" if parts else ""
+
+
+def order_line(runtimes: dict[str, RuntimeInfo]) -> str:
+    """The order the runtimes ran the checks' planned calls in, one line (report.md, report.html); "" where every
+    planned call ran call by call (nothing to say)."""
+    if not any(k != "call by call" and n for info in runtimes.values() for k, n in info.order.items()):
+        return ""
+    return ("; ".join(t for info in runtimes.values() if (t := info.order_text()))
+            + " (block by block: every call of a check through a layer before the next layer, each layer's weights "
+              "read once per check)")
 
 
 @dataclass

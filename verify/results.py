@@ -231,11 +231,37 @@ class SweepContext:
         if case in self._refs:
             return self._refs[case]
         out = self.eager.run(*self.inputs(case))
+        self._keep_reference(case, out)
+        return out
+
+    def references(self, cases: list[Case]) -> None:
+        """Eager's references of ``cases`` computed ahead, kept as :meth:`reference` keeps them (verify's mapped
+        mode, before the other runtimes' pass). Where eager runs plans block by block (runners/plan.py) every case is
+        one call of one plan — each layer's weights read once for the sweep — else case after case, stopping at the
+        first reference memory does not keep (the rest computed case by case, each once)."""
+        from mhaexport.runners.plan import BLOCK, Plan, order_of
+
+        if order_of(self.eager)[0] != BLOCK:
+            for case in cases:
+                try:
+                    self.reference(case)
+                except MhaExportError:
+                    continue  # the case's own run says it
+                if case not in self._refs:
+                    break
+            return
+        plan, todo = Plan(), [case for case in cases if case not in self._refs]
+        for case in todo:
+            plan.add(*self.inputs(case), keep=True)
+        for case, result in zip(todo, plan.run(self.eager)):
+            if result.error is None:  # (a case that failed: its own run says it)
+                self._keep_reference(case, result.outputs())
+
+    def _keep_reference(self, case: Case, out: Any) -> None:
         mapped = self.spill is not None
         size = outputs_bytes(out, mapped)
         if size + sum(outputs_bytes(o, mapped) for o in self._refs.values()) <= REFERENCE_CACHE_BYTES:
             self._refs[case] = out
-        return out
 
     def cases_for(self, runner: Runner) -> list[Case]:
         """The sweep cases the runner accepts."""
@@ -285,13 +311,7 @@ def sweep_pass(group: list[tuple[Runner, SweepContext]], ctx: SweepContext) -> d
         # the mapped mode (weights that do not stay in memory): eager's pass over every case first, its references
         # kept on file-backed pages, then the others' — case by case, eager's pages and a file's would evict each
         # other on every call (an 8 B model's 16 GB reference beside its 6.3 GB int4 file: 301 GB read in 7 min)
-        for case in order:
-            try:
-                ctx.reference(case)
-            except MhaExportError:
-                continue  # the case's own run below says it
-            if case not in ctx._refs:
-                break  # not kept (memory): the rest case by case, each reference computed once
+        ctx.references(order)
     names = {r.name for r, _ in group}
     pairs = [(a, b) for a, b in CROSS_PAIRS if a in names and b in names]
     paired = {n for p in pairs for n in p}

@@ -91,14 +91,13 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         # must not loosen TorchScript's tolerance; eager's references and the sweep's runs stay shared (shallow copy)
         quant = (lossy or {}).get(_artifact_of(runner) or "")
         tol = Tolerance.for_dtype(runner.dtype, ctx.tol_override[0], ctx.tol_override[1])
-        twin = _twin(runner, info, say) if quant else None
+        twin = _twin(runner, say) if quant else None
         if twin is not None:  # int8 activations: its self-comparisons on the float-activation twin, at the dtype's
             twins[runner.name] = twin  # tolerance (the int8 activations' own effect: quality, on the file itself)
             info.self_tolerance, info.allowance = tol.describe(), twin_allowance(tol, twin.name)
             contexts[twin.name] = dataclasses.replace(ctx, tol=tol, lossy=quant)
         elif quant:  # int8 activations are only piecewise continuous: its self-comparisons allow a requantization step
-            base, tol = tol, self_tolerance(ctx, quant, tol)
-            info.self_tolerance, info.allowance = tol.describe(), allowance(tol, base)
+            tol = _requantization_tolerance(ctx, quant, tol, info)
         contexts[runner.name] = dataclasses.replace(ctx, tol=tol, **({"lossy": quant} if quant else {}))  # (module: not)
     # the sweep of every runtime driven by contract calls runs case by case, all of them together, when a check
     # first reads it: eager's reference of a case computed once, every output reduced and dropped before the next
@@ -110,15 +109,26 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         t0 = time.perf_counter()
         runner_ctx = contexts[runner.name]
         twin = twins.get(runner.name)
-        for ch in checks:
+        on_twin = [ch for ch in checks if twin is not None and ch in SELF_COMPARISONS]
+        for ch in [ch for ch in checks if ch not in on_twin] + on_twin:  # the file's own checks, then its twin's
+            if ch == (on_twin or [None])[0]:  # one session of the file at a time: the twin holds the same weights
+                runner.deactivate()  # (packed: as many anonymous bytes again), so the file's session goes first
+                twin, runner_ctx = _twin_turn(runner, twin, contexts, info, say)
             say(Step(f"{runner.name}: {ch} ...", tally.done, tally.total))
-            if twin is not None and ch in SELF_COMPARISONS:
+            if twin is not None and ch in on_twin:
                 results[runner.name][ch] = run_check(ch, twin, contexts[twin.name])
             else:
                 results[runner.name][ch] = run_check(ch, runner, runner_ctx)
             tally.done += 1
+        results[runner.name] = {ch: results[runner.name][ch] for ch in checks}  # the table's order
+        twin = twins.get(runner.name)
+        if twin is not None:
+            twin.deactivate()
         times = runner.times + (twin.times if twin is not None else [])
         info.calls, info.seconds = len(times), round(sum(times), 4)
+        info.order = dict(getattr(runner, "plan_calls", {}))
+        for order, n in (getattr(twin, "plan_calls", {}) if twin is not None else {}).items():
+            info.order[order] = info.order.get(order, 0) + n
         st = [r.status for r in results[runner.name].values() if r.counted]  # the report's counting
         failed = [ch for ch, r in results[runner.name].items() if r.status is False]
         which = f" ({', '.join(failed)})" if failed else ""
@@ -126,8 +136,6 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
             f"in {time.perf_counter() - t0:.1f} s ({info.calls} runs)")
     for runner in runners[1:]:  # eager stays: the checks' memoized references came from it
         runner.deactivate()
-    for twin in twins.values():
-        twin.deactivate()
     return infos, results
 
 
@@ -136,15 +144,45 @@ SELF_COMPARISONS = ("causality", "kv-consistency", "padding", "generation", "con
                     "prefix-reuse")
 
 
-def _twin(runner: Runner, info: RuntimeInfo, say: Progress) -> Runner | None:
-    """``runner``'s float-activation twin, activated (None: it has none, or it cannot load: said, and the
-    requantization allowance is used instead)."""
+def _twin(runner: Runner, say: Progress) -> Runner | None:
+    """``runner``'s float-activation twin, not yet activated (its session is opened at its turn, after the file's
+    is closed: :func:`_twin_turn`), or None: it has none, or it cannot be written (said, and the requantization
+    allowance is used instead)."""
     from mhaexport.runners.registry import float_activation_twin
 
     try:
-        twin = float_activation_twin(runner)
-        return twin.activate() if twin is not None else None
+        return float_activation_twin(runner)
     except (MhaExportError, OSError) as e:
-        say(f"{runner.name}: no float-activation twin ({(str(e).strip().splitlines() or [type(e).__name__])[0]}): "
-            "its comparisons with itself allow a requantization step")
+        _no_twin(runner, e, say)
         return None
+
+
+def _no_twin(runner: Runner, e: BaseException, say: Progress) -> None:
+    say(f"{runner.name}: no float-activation twin ({(str(e).strip().splitlines() or [type(e).__name__])[0]}): "
+        "its comparisons with itself allow a requantization step")
+
+
+def _requantization_tolerance(ctx: SweepContext, quant: Quantization, tol: Tolerance, info: RuntimeInfo) -> Tolerance:
+    """A file with int8 activations compared with itself without a twin: its tolerance allows a requantization step
+    (said in ``info``)."""
+    base, tol = tol, self_tolerance(ctx, quant, tol)
+    info.self_tolerance, info.allowance = tol.describe(), allowance(tol, base)
+    return tol
+
+
+def _twin_turn(runner: Runner, twin: Runner, contexts: dict, info: RuntimeInfo, say: Progress
+               ) -> tuple[Runner | None, SweepContext]:
+    """The twin's turn (the file's session closed): the twin activated, or — it cannot load — the file again, its
+    comparisons with itself allowing a requantization step. (the twin or None, the file's context)."""
+    try:
+        twin.activate()
+        if twin.skip_reason is not None:
+            raise ProviderUnavailable(twin.skip_reason)
+        return twin, contexts[runner.name]
+    except (MhaExportError, OSError) as e:
+        _no_twin(runner, e, say)
+        runner.activate()
+        own = contexts[runner.name]
+        tol = _requantization_tolerance(own, own.lossy, own.tol, info)
+        contexts[runner.name] = dataclasses.replace(own, tol=tol)
+        return None, contexts[runner.name]

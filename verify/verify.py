@@ -310,6 +310,8 @@ def _load(ef: ExportFolder, loaded, wanted: tuple[str, ...], checks: tuple[str, 
     dtype, tol = _tolerance(ef, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted, trust_code, plan)
+    if plan.mode == MAPPED:  # eager's weights mapped, not resident: a check's planned calls run block by block
+        runners[0].block_order = True  # (runners/plan.py), each layer's weights read once per check
     plain = other_protocol_runners(ef, c, wanted)
     spill = _spill_for(runners + plain, plan)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
