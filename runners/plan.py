@@ -23,6 +23,7 @@ runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ import numpy as np
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, RuntimeInputError, first_line
 from mhaexport.runners.blocks import eager_unsupported, run_eager
 from mhaexport.runners.calls import Call, Past, Result, check_plan, consumers, past_length, selected
+from mhaexport.runners.pieces import pieces_unsupported, run_pieces
 from mhaexport.runtime.runner import KVPairs, Runner
 
 IN_TURN = "call by call"
@@ -73,10 +75,12 @@ def decoded(results: list[Result], chain: list[int]) -> tuple[np.ndarray, KVPair
 
 def order_of(runner: Runner) -> tuple[str, str]:
     """(the order ``runner`` runs a plan in, why): block by block where verify asked for it (``runner.block_order``)
-    and the runner can (runners/blocks.py's :func:`~mhaexport.runners.blocks.eager_unsupported`), else in turn."""
+    and the runner can — eager PyTorch over its model's layers (runners/blocks.py's
+    :func:`~mhaexport.runners.blocks.eager_unsupported`), ONNX Runtime over per-layer pieces of its file
+    (runners/pieces.py's :func:`~mhaexport.runners.pieces.pieces_unsupported`) — else in turn."""
     if not getattr(runner, "block_order", False):
         return IN_TURN, ""
-    why = eager_unsupported(runner)
+    why = pieces_unsupported(runner) if hasattr(runner, "feed") else eager_unsupported(runner)
     return (IN_TURN, why) if why else (BLOCK, "")
 
 
@@ -85,7 +89,10 @@ def run_plan(runner: Runner, calls: list[Call]) -> list[Result]:
     gives alone, or the error it raised (a call extending a failed one fails too)."""
     check_plan(calls)
     order, _ = order_of(runner)
-    if order == BLOCK:
+    if order == BLOCK and hasattr(runner, "feed"):
+        runner._require_active()
+        results = run_pieces(runner, runner.pieces, calls, Path(runner.path).parent, spill=runner.spill)
+    elif order == BLOCK:
         results = run_eager(runner, calls, spill=getattr(runner, "spill", None))
     else:
         results = run_in_turn(runner, calls)

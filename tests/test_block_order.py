@@ -152,9 +152,9 @@ def test_verify_mapped_runs_eagers_checks_block_by_block_with_the_same_results(t
     assert mapped["runtimes"]["ort-cpu"]["order"] == {IN_TURN: whole["runtimes"]["ort-cpu"]["order"][IN_TURN]}
     assert BLOCK not in whole["runtimes"]["eager"]["order"]
     md = (tmp_path / "mapped" / "report.md").read_text()
-    assert "**Order:** eager: planned calls" in md and "block by block" in md
+    assert "**Order:** eager ran " in md and "planned calls block by block" in md
     assert "**Order:**" not in (tmp_path / "whole" / "report.md").read_text()
-    assert "Order: eager: planned calls" in (tmp_path / "mapped" / "report.html").read_text()
+    assert "Order: eager ran " in (tmp_path / "mapped" / "report.html").read_text()
 
 
 @pytest.mark.parametrize("bug", ["mask_zero", "no_past_offset", "left_padding_only"])
@@ -167,3 +167,109 @@ def test_a_planted_bug_is_caught_alike_in_block_order(tmp_path, bug):
     assert mapped["runtimes"]["eager"]["order"].get(BLOCK), mapped["runtimes"]["eager"]
     assert _eager_figures(mapped) == _eager_figures(whole)
     assert any(status is False for status, _ in _eager_figures(mapped).values()), bug
+
+
+# ---- ONNX Runtime over per-layer pieces of the file --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def external_tiny(tiny, tmp_path_factory):
+    """The tiny preset exported with every weight in external data (what a file larger than memory is)."""
+    from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
+
+    folder = tmp_path_factory.mktemp("external_tiny")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(EXTERNAL_DATA_ENV, "0")
+        export_onnx(tiny, folder)
+    return folder
+
+
+def test_the_file_splits_into_one_piece_per_layer_holding_every_node_once_its_weights_by_reference(external_tiny,
+                                                                                                    tiny):
+    import onnx
+
+    from mhaexport.runners.pieces import split
+
+    whole = onnx.load(str(external_tiny / "model.onnx"), load_external_data=False)
+    n = tiny.contract.n_layers
+    data_bytes = (external_tiny / "model.onnx.data").stat().st_size
+    pieces = split(external_tiny / "model.onnx", n)
+    assert len(pieces.pieces) == n and pieces.prefix == "blocks"
+    names = [node.name for p in pieces.pieces for node in onnx.load_from_string(p.model).graph.node]
+    assert sorted(names) == sorted(node.name for node in whole.graph.node)  # every node, exactly once
+    for p in pieces.pieces:
+        proto = onnx.load_from_string(p.model)
+        inline = [t for t in proto.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+        assert all(len(t.raw_data) <= 1024 for t in inline)  # the weights by reference (small constants inline)
+        assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+        assert len(p.model) < data_bytes / 4  # the graph, not the weights
+    assert "input_ids" in pieces.pieces[0].inputs and "logits" in pieces.pieces[-1].outputs
+
+
+def test_onnx_runtime_in_pieces_computes_what_the_whole_file_does(external_tiny):
+    """The same nodes on the same weights: equal to the whole session's outputs up to float32 rounding (each piece
+    is optimized alone: a fusion across a layer boundary is not made)."""
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.runners.registry import runner_for
+
+    with ExportFolder.open(external_tiny) as ef:
+        r = runner_for(ef, "ort-cpu", ef.contract).activate()
+        p, chains = _plan(ef.contract)
+        whole = run_in_turn(r, p.calls)
+        r.block_order = True
+        assert order_of(r) == (BLOCK, "")
+        p2, _ = _plan(ef.contract)
+        pieces = run_plan(r, p2.calls)
+        r.deactivate()
+    for name, chain in chains.items():
+        la, pa = decoded(whole, chain)
+        lb, pb = decoded(pieces, chain)
+        assert la.shape == lb.shape and np.allclose(la, lb, atol=1e-5, rtol=1e-5), name
+        for (ka, va), (kb, vb) in zip(pa or (), pb or ()):
+            assert np.allclose(ka, kb, atol=1e-6) and np.allclose(va, vb, atol=1e-6), name
+
+
+def test_a_file_that_cannot_be_split_runs_in_turn_and_says_why(tiny_lowered, tiny):
+    """A fused file whose rewrites left values between layers untyped (ONNX Runtime's fusions): no piece can be
+    cut; the plan runs in turn, the reason kept."""
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.runners.registry import runner_for
+
+    with ExportFolder.open(tiny_lowered["ort"]) as ef:
+        r = runner_for(ef, "ort-cpu", ef.contract).activate()
+        r.block_order = True
+        order, why = order_of(r)
+        assert order == IN_TURN and "records no type" in why, why
+        p, _ = _plan(tiny.contract)
+        ran = run_plan(r, p.calls)
+        r.deactivate()
+    assert r.plan_calls == {IN_TURN: len(p.calls)} and all(x.error is None for x in ran)
+
+
+def test_verify_mapped_runs_the_files_checks_in_pieces_and_a_planted_file_bug_fails_alike(external_tiny, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from planted import attention_graph
+    from planted.edit import rehashed_copy
+
+    whole = _verify(external_tiny, tmp_path / "whole")
+    mapped = _verify(external_tiny, tmp_path / "mapped", "--mapped")
+    assert mapped["runtimes"]["ort-cpu"]["order"][BLOCK] > 100
+    assert {ch: r["status"] for ch, r in mapped["results"]["ort-cpu"].items()} == \
+        {ch: r["status"] for ch, r in whole["results"]["ort-cpu"].items()}
+    bad = rehashed_copy(external_tiny, tmp_path / "bad",
+                        lambda proto: attention_graph.mask_after_softmax(proto, "blocks.1.attn"))
+    whole = _verify(bad, tmp_path / "bad-whole")
+    mapped = _verify(bad, tmp_path / "bad-mapped", "--mapped")
+    assert mapped["runtimes"]["ort-cpu"]["order"].get(BLOCK)
+    failed = {ch for ch, r in whole["results"]["ort-cpu"].items() if r["status"] is False}
+    assert "causality" in failed
+    assert failed == {ch for ch, r in mapped["results"]["ort-cpu"].items() if r["status"] is False}
+
+
+def test_the_report_says_why_a_file_asked_to_run_block_by_block_ran_call_by_call(tiny_lowered, tmp_path):
+    report = _verify(tiny_lowered["ort"], tmp_path / "r", "--mapped")
+    info = report["runtimes"]["ort-cpu"]
+    assert BLOCK not in info["order"] and "records no type" in info["order_note"], info
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "planned calls call by call (not block by block: the file records no type of" in md

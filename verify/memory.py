@@ -115,7 +115,8 @@ class Weights:
     torch.jit.load maps nothing; onnxruntime-genai: its own session, which mhaexport does not configure).
     ``ort_packed``: the anonymous bytes ONNX Runtime's sessions of a quantized file (MatMulNBits) take to keep its
     weights packed in the mapped mode (each runtime's session its copy; a float-activation twin's session is opened
-    only after the file's is closed: verify/run.py), 0 for a float file (whose prepacking the mapped mode always turns off)."""
+    only after the file's is closed: verify/run.py), 0 for a float file (whose prepacking the mapped mode always
+    turns off)."""
 
     eager: int = 0
     ort: int = 0

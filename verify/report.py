@@ -68,19 +68,23 @@ class RuntimeInfo(Record):
     # {order: calls} of the planned calls (runners/plan.py): "block by block" (each layer's weights read once per
     # check) or "call by call"; empty: none planned
     order: dict[str, int] = field(default_factory=dict)
+    order_note: str = ""  # why a runtime asked to run block by block ran call by call
 
     WRITE_NONE = ("artifact", "self_tolerance")
 
     def order_text(self) -> str:
-        """``eager: 57 planned calls block by block`` (and how many call by call), or "" where none was planned."""
-        parts = [f"{n} {order}" for order, n in sorted(self.order.items()) if n]
-        return f"{self.name}: planned calls {' and '.join(parts)}" if parts else ""
+        """``eager ran 59 planned calls block by block`` (and how many call by call, and why not block by block),
+        or "" where none was planned."""
+        parts = [f"{n} planned calls {order}" for order, n in sorted(self.order.items()) if n]
+        why = f" (not block by block: {self.order_note})" if self.order_note else ""
+        return f"{self.name} ran {' and '.join(parts)}{why}" if parts else ""
 
 
 def order_line(runtimes: dict[str, RuntimeInfo]) -> str:
     """The order the runtimes ran the checks' planned calls in, one line (report.md, report.html); "" where every
-    planned call ran call by call (nothing to say)."""
-    if not any(k != "call by call" and n for info in runtimes.values() for k, n in info.order.items()):
+    planned call ran call by call as asked (nothing to say)."""
+    if not any((k != "call by call" and n) or info.order_note for info in runtimes.values()
+               for k, n in info.order.items()):
         return ""
     return ("; ".join(t for info in runtimes.values() if (t := info.order_text()))
             + " (block by block: every call of a check through a layer before the next layer, each layer's weights "

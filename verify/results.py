@@ -19,6 +19,7 @@ from mhaexport.core import iospec
 from mhaexport.core.iospec import ModelContract
 from mhaexport.runtime.runner import Outputs, Runner
 from mhaexport.runners.names import EAGER, ORT_CPU, ORT_CUDA
+from mhaexport.runners.plan import BLOCK, Plan, order_of
 from mhaexport.verify.compare import OUTPUT_KINDS, Diff, Tolerance, compare, compare_by_output, merged
 from mhaexport.verify.figures import NOT_A_CHECK, DiffFigures, Figures, figures_of  # noqa: F401 (NOT_A_CHECK)
 from mhaexport.verify.sweep import REFERENCE_CACHE_BYTES, Case
@@ -239,8 +240,6 @@ class SweepContext:
         mode, before the other runtimes' pass). Where eager runs plans block by block (runners/plan.py) every case is
         one call of one plan — each layer's weights read once for the sweep — else case after case, stopping at the
         first reference memory does not keep (the rest computed case by case, each once)."""
-        from mhaexport.runners.plan import BLOCK, Plan, order_of
-
         if order_of(self.eager)[0] != BLOCK:
             for case in cases:
                 try:
@@ -312,6 +311,7 @@ def sweep_pass(group: list[tuple[Runner, SweepContext]], ctx: SweepContext) -> d
         # kept on file-backed pages, then the others' — case by case, eager's pages and a file's would evict each
         # other on every call (an 8 B model's 16 GB reference beside its 6.3 GB int4 file: 301 GB read in 7 min)
         ctx.references(order)
+    ahead = _runs_ahead(group, lists, ctx)
     names = {r.name for r, _ in group}
     pairs = [(a, b) for a, b in CROSS_PAIRS if a in names and b in names]
     paired = {n for p in pairs for n in p}
@@ -323,6 +323,8 @@ def sweep_pass(group: list[tuple[Runner, SweepContext]], ctx: SweepContext) -> d
             try:
                 if r is ctx.eager:
                     out = ref = ctx.reference(case) if ref is None else ref
+                elif r.name in ahead:
+                    out = ahead[r.name].pop(case).outputs()
                 else:
                     out = r.run(*c.inputs(case))
             except MhaExportError as e:
@@ -350,6 +352,24 @@ def sweep_pass(group: list[tuple[Runner, SweepContext]], ctx: SweepContext) -> d
         ordered.agreement = sr.agreement
         runs[r.name] = ordered
     return runs
+
+
+def _runs_ahead(group: list[tuple[Runner, SweepContext]], lists: dict[str, list[Case]], ctx: SweepContext
+                ) -> dict[str, dict]:
+    """{runner name: {case: runners.plan.Result}} of the runners (not eager) that run plans block by block (verify's
+    mapped mode, a file whose weights stay mapped: runners/plan.py): each one's sweep run ahead as one plan, its
+    outputs on file-backed pages until the case's turn, so its file's layers are read once for the sweep."""
+    out: dict[str, dict] = {}
+    if ctx.spill is None:
+        return out
+    for r, c in group:
+        if r is ctx.eager or order_of(r)[0] != BLOCK:
+            continue
+        plan = Plan()
+        for case in lists[r.name]:
+            plan.add(*c.inputs(case), keep=True)
+        out[r.name] = dict(zip(lists[r.name], plan.run(r)))
+    return out
 
 
 @dataclass(kw_only=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 from mhaexport.core.errors import MhaExportError, ProviderUnavailable
 from mhaexport.core.progress import Step
 from mhaexport.runners.names import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT
+from mhaexport.runners.plan import order_of
 from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
@@ -127,6 +128,8 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         times = runner.times + (twin.times if twin is not None else [])
         info.calls, info.seconds = len(times), round(sum(times), 4)
         info.order = dict(getattr(runner, "plan_calls", {}))
+        if getattr(runner, "block_order", False):  # asked to run block by block: why it could not, if it could not
+            info.order_note = order_of(runner)[1]
         for order, n in (getattr(twin, "plan_calls", {}) if twin is not None else {}).items():
             info.order[order] = info.order.get(order, 0) + n
         st = [r.status for r in results[runner.name].values() if r.counted]  # the report's counting

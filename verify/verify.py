@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from mhaexport.core import iospec
 from mhaexport.artifact import ExportFolder
-from mhaexport.artifact.details import OnnxDetails, Quantization
+from mhaexport.artifact.details import OnnxDetails, Quantization, onnx_weights
 from mhaexport.core.errors import ArtifactError, ConfigError
 from mhaexport.runners.genai import genai_unavailable
 from mhaexport.runners.names import (ALL_RUNTIMES, DEFAULT_RUNTIMES, EAGER, MODULE, ONNX_REFERENCE,
@@ -310,8 +310,12 @@ def _load(ef: ExportFolder, loaded, wanted: tuple[str, ...], checks: tuple[str, 
     dtype, tol = _tolerance(ef, atol, rtol)
     cases = build_sweep(c, sweep, seed)
     runners = build_runners(ef, loaded, wanted, trust_code, plan)
-    if plan.mode == MAPPED:  # eager's weights mapped, not resident: a check's planned calls run block by block
-        runners[0].block_order = True  # (runners/plan.py), each layer's weights read once per check
+    if plan.mode == MAPPED:  # weights mapped, not resident: a check's planned calls run block by block
+        mapped_file = onnx_weights(ef)[1]  # (runners/plan.py), each layer's weights read once per check: eager's,
+        for r in runners:  # and a file's whose weights stay mapped (external data, not a quantized file's: packed)
+            cfg = getattr(r, "config", None)
+            if r is runners[0] or (mapped_file and cfg is not None and cfg.mmap_weights and not cfg.packed_weights):
+                r.block_order = True
     plain = other_protocol_runners(ef, c, wanted)
     spill = _spill_for(runners + plain, plan)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
