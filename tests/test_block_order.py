@@ -273,3 +273,26 @@ def test_the_report_says_why_a_file_asked_to_run_block_by_block_ran_call_by_call
     assert BLOCK not in info["order"] and "records no type" in info["order_note"], info
     md = (tmp_path / "r" / "report.md").read_text()
     assert "planned calls call by call (not block by block: the file records no type of" in md
+
+
+def test_generation_fed_the_references_tokens_is_the_free_running_decode_up_to_its_first_divergence(tiny_export):
+    """The generation check feeds a runtime the reference's greedy tokens as one plan (runners/plan.py); up to and
+    including the first step where they differ from the runtime's own choice its inputs are the free-running
+    decode's: the same logits there, bit for bit."""
+    from mhaexport.artifact import ExportFolder
+    from mhaexport.runners.registry import runner_for
+    from mhaexport.verify.checks import forced_greedy, greedy
+
+    with ExportFolder.open(tiny_export) as ef:
+        r = runner_for(ef, "ort-cpu", ef.contract).activate()
+        prompt = np.random.default_rng(3).integers(0, ef.contract.vocab_size, (1, 7), dtype=np.int64)
+        free = greedy(r, prompt, 6)
+        same = forced_greedy(r, prompt, free.tokens)
+        other = list(free.tokens)
+        other[2] = (other[2] + 1) % ef.contract.vocab_size  # a reference that chose otherwise at step 2
+        forced = forced_greedy(r, prompt, other)
+        r.deactivate()
+    assert same.tokens == free.tokens and all(np.array_equal(a, b) for a, b in zip(same.logits, free.logits))
+    assert forced.tokens[:3] == free.tokens[:3]  # its own choice at step 2: the first divergence is seen there
+    assert all(np.array_equal(forced.logits[i], free.logits[i]) for i in range(3))
+    assert not np.array_equal(forced.logits[3], free.logits[3])  # after it: fed the reference's token, as told

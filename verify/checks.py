@@ -645,6 +645,21 @@ def greedy(runner: Runner, prompt: np.ndarray, n: int) -> Greedy:
     return Greedy(r.tokens[0], [lg[0] for lg in r.step_logits])
 
 
+def forced_greedy(runner: Runner, prompt: np.ndarray, tokens: list[int]) -> Greedy:
+    """What greedy decoding on ``runner`` gives after ``prompt`` (1, P) wherever it chose ``tokens`` (the reference's)
+    so far: the decode loop's calls — a prefill, then one step per token with the runner's own cache — fed those
+    tokens, written down as one plan (runners/plan.py: block by block where the runner runs so). Up to and including
+    the first step where the runner's choice differs from ``tokens`` the inputs are the free-running decode's, so its
+    tokens and logits there are the free-running decode's; the generation check reads no further."""
+    P, n = prompt.shape[1], len(tokens)
+    seq = np.concatenate([prompt, np.array([tokens[:-1]], dtype=np.int64)], axis=1)  # (1, P + n - 1)
+    plan = Plan()
+    chain = plan.chain(seq, np.ones_like(seq), [P] + [1] * (n - 1), rows={0: [P - 1]})  # the prefill's last row
+    logits, _ = decoded(plan.run(runner), chain)  # (1, n, V): step i's logits
+    rows = [logits[0, i] for i in range(n)]
+    return Greedy([int(np.argmax(r)) for r in rows], rows)
+
+
 def reference_greedy(ctx: Context, key: str, prompt: np.ndarray, n: int) -> Greedy:
     """Eager's greedy decoding of ``n`` tokens after ``prompt``, memoized under ``key`` (a record's context serves it
     from the record: verify/reference.py)."""
@@ -768,9 +783,10 @@ def _generation_from(runner: Runner, ctx: Context, prompt: np.ndarray, n: int, k
         ref = (greedy(recompute(runner), prompt, n) if prompt.shape[1] <= STEPWISE_RECOMPUTE_MAX_PROMPT else
                recomputed(recompute(runner), prompt, got.tokens))
         against = "recompute"
-    else:
+    else:  # fed the reference's tokens: the free-running decode's inputs up to its first divergence (one plan)
         ref = reference_greedy(ctx, key, prompt, n)
-        got, against = greedy(runner, prompt, n), "eager" if ctx.recorded is None else "the recorded eager"
+        got, against = forced_greedy(runner, prompt, ref.tokens), "eager" if ctx.recorded is None else \
+            "the recorded eager"
     tol = ctx.ltol
     div = next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
     upto = n if div is None else div + 1
