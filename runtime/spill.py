@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ class Spill:
         self.root = Path(root)
         self.min_bytes = int(min_bytes)
         self.spilled_bytes = 0  # what went to files over the run (a figure for the report)
+        self._live: list[tuple[int, int, weakref.ref]] = []  # (address, bytes, the array) of each file-backed array
 
     def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """An uninitialized array of ``shape``: file-backed at ``min_bytes`` and above, else an ordinary one."""
@@ -49,7 +51,60 @@ class Spill:
             f.truncate(n)
             arr = np.memmap(f, dtype=dtype, mode="r+", shape=tuple(shape))
         self.spilled_bytes += n
+        self._live.append((arr.ctypes.data, n, weakref.ref(arr)))
         return arr
+
+    def pack(self, outputs):
+        """``outputs`` (nested tuples and lists of arrays) with every array not yet file-backed copied into *one*
+        file-backed buffer, flushed, when together they reach ``min_bytes`` (a kept reference's many small caches,
+        each under it: one file, not thousands); the structure as given."""
+        flat: list[np.ndarray] = []
+
+        def collect(o):
+            if isinstance(o, np.ndarray):
+                if not self.holds(o) and o.nbytes:
+                    flat.append(o)
+            elif isinstance(o, (tuple, list)):
+                for x in o:
+                    collect(x)
+        collect(outputs)
+        if sum(a.nbytes for a in flat) < self.min_bytes:
+            return outputs
+        offsets, total = [], 0
+        for a in flat:
+            total = -(-total // 64) * 64  # each array 64-byte aligned
+            offsets.append(total)
+            total += a.nbytes
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.TemporaryFile(dir=self.root) as f:
+            f.truncate(total)
+            buf = np.memmap(f, dtype=np.uint8, mode="r+", shape=(total,))
+        self.spilled_bytes += total
+        self._live.append((buf.ctypes.data, total, weakref.ref(buf)))
+        moved = {}
+        for a, at in zip(flat, offsets):
+            view = buf[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
+            np.copyto(view, a)
+            moved[id(a)] = view
+        buf.flush()
+
+        def rebuild(o):
+            if isinstance(o, np.ndarray):
+                return moved.get(id(o), o)
+            if isinstance(o, (tuple, list)):
+                return type(o)(rebuild(x) for x in o)
+            return o
+        return rebuild(outputs)
+
+    def holds(self, arr: np.ndarray) -> bool:
+        """Whether ``arr``'s memory is one of this spill's file-backed arrays (the array, a view of it, or an array
+        another library made over the same memory — a torch tensor's ``numpy()`` —, which is no ``np.memmap``):
+        its address inside one that is still alive."""
+        if isinstance(arr, np.memmap):
+            return True
+        self._live = [e for e in self._live if e[2]() is not None]
+        at = arr.__array_interface__["data"][0]
+        return any(start <= at < start + n for start, n, _ in self._live)
 
     def keep(self, arr: np.ndarray) -> np.ndarray:
         """``arr`` as a file-backed copy, flushed (its pages clean), when it is large; itself otherwise."""

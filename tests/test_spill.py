@@ -188,3 +188,31 @@ def test_freed_large_blocks_go_back_to_the_system_in_the_mapped_mode():
 
     assert kept("off") >= 16  # glibc's default: freed 8 MiB blocks stay in the process's heap
     assert kept("on") <= 4  # return_freed_memory: each had its own mapping, unmapped when freed
+
+
+def test_a_kept_reference_is_one_file_and_counts_no_memory_however_it_came_back(tmp_path):
+    """The mapped mode keeps eager's references on file-backed pages: a reference's many small caches (each under
+    the spill's threshold: an 8 B model's 64 per case) packed into one file, and an array torch handed back over a
+    spilled one (no ``np.memmap``) known as file-backed — else the 16 MB budget of kept references is spent at
+    once and every reference is computed again when asked (the 8 B verify's sweep, call by call)."""
+    import torch
+
+    from mhaexport.verify.results import outputs_bytes
+    from mhaexport.verify.sweep import REFERENCE_CACHE_BYTES
+
+    spill = Spill(tmp_path, min_bytes=4 << 20)
+    big = spill.keep(np.ones((2, 1 << 20), np.float32))  # 8 MB: spilled
+    via_torch = torch.from_numpy(big).numpy()[:, 3:]  # what eager's cache is when it comes back
+    assert type(via_torch) is np.ndarray and spill.holds(via_torch)
+    assert not spill.holds(np.ones(8, np.float32))
+    small = tuple((np.full((1, 8, 64, 128), i, np.float32), np.full((1, 8, 64, 128), -i, np.float32))
+                  for i in range(64))  # 64 layers of 256 kB: 32 MB in memory
+    out = (via_torch, small)
+    assert outputs_bytes(out, spill) > REFERENCE_CACHE_BYTES
+    files = len(spill._live)
+    packed = spill.pack(out)
+    assert outputs_bytes(packed, spill) == 0 and outputs_bytes(packed) == outputs_bytes(out)
+    assert len(spill._live) == files + 1  # one file for the 128 small arrays
+    assert packed[0] is via_torch  # already file-backed: not copied again
+    assert all(np.array_equal(a, b) for pa, pb in zip(packed[1], small) for a, b in zip(pa, pb))
+    assert spill.pack((np.ones(8, np.float32),))[0].__class__ is np.ndarray  # under min_bytes together: in memory

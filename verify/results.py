@@ -132,13 +132,14 @@ class CrossResult(Record):
         return CheckResult("cross-provider", self.status, self.figures, self.message)
 
 
-def outputs_bytes(outputs: Any, resident: bool = False) -> int:
-    """Bytes of the arrays of one run's outputs (nested tuples of arrays); ``resident``: only those in memory (not
-    the mapped mode's file-backed pages, runtime/spill.py)."""
+def outputs_bytes(outputs: Any, spill: Any = None) -> int:
+    """Bytes of the arrays of one run's outputs (nested tuples of arrays); with the mapped mode's ``spill``
+    (runtime/spill.py), only those in memory: not its file-backed arrays, however they were handed on
+    (:meth:`~mhaexport.runtime.spill.Spill.holds`: eager's cache comes back through torch, no ``np.memmap``)."""
     if isinstance(outputs, np.ndarray):
-        return 0 if resident and isinstance(outputs, np.memmap) else int(outputs.nbytes)
+        return 0 if spill is not None and spill.holds(outputs) else int(outputs.nbytes)
     if isinstance(outputs, (tuple, list)):
-        return sum(outputs_bytes(o, resident) for o in outputs)
+        return sum(outputs_bytes(o, spill) for o in outputs)
     return 0
 
 
@@ -228,7 +229,8 @@ class SweepContext:
 
     def reference(self, case: Case) -> Any:
         """Eager's outputs of ``case``: kept while the kept ones stay under REFERENCE_CACHE_BYTES of memory (in the
-        mapped mode the outputs spilled to file-backed pages do not count), else computed again when asked again."""
+        mapped mode each is kept on file-backed pages, ``Spill.pack``, and none counts), else computed again when
+        asked again."""
         if case in self._refs:
             return self._refs[case]
         out = self.eager.run(*self.inputs(case))
@@ -257,9 +259,10 @@ class SweepContext:
                 self._keep_reference(case, result.outputs())
 
     def _keep_reference(self, case: Case, out: Any) -> None:
-        mapped = self.spill is not None
-        size = outputs_bytes(out, mapped)
-        if size + sum(outputs_bytes(o, mapped) for o in self._refs.values()) <= REFERENCE_CACHE_BYTES:
+        if self.spill is not None:  # the mapped mode: a reference kept is kept on file-backed pages, all of it
+            out = self.spill.pack(out)
+        size = outputs_bytes(out, self.spill)
+        if size + sum(outputs_bytes(o, self.spill) for o in self._refs.values()) <= REFERENCE_CACHE_BYTES:
             self._refs[case] = out
 
     def cases_for(self, runner: Runner) -> list[Case]:
