@@ -32,10 +32,12 @@ from mhaexport.core.errors import MhaExportError, RuntimeFailure, RuntimeInputEr
 from mhaexport.runners.blocks import eager_unsupported, run_eager
 from mhaexport.runners.calls import Call, Past, Result, check_plan, consumers, past_length, selected
 from mhaexport.runners.pieces import pieces_unsupported, run_pieces
+from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import KVPairs, Runner
 
 IN_TURN = "call by call"
 BLOCK = "block by block"
+
 
 @dataclass
 class Plan:
@@ -80,7 +82,7 @@ def order_of(runner: Runner) -> tuple[str, str]:
     (runners/pieces.py's :func:`~mhaexport.runners.pieces.pieces_unsupported`) — else in turn."""
     if not getattr(runner, "block_order", False):
         return IN_TURN, ""
-    why = pieces_unsupported(runner) if hasattr(runner, "feed") else eager_unsupported(runner)
+    why = pieces_unsupported(runner) if isinstance(runner, OrtRunner) else eager_unsupported(runner)
     return (IN_TURN, why) if why else (BLOCK, "")
 
 
@@ -89,7 +91,7 @@ def run_plan(runner: Runner, calls: list[Call]) -> list[Result]:
     gives alone, or the error it raised (a call extending a failed one fails too)."""
     check_plan(calls)
     order, _ = order_of(runner)
-    if order == BLOCK and hasattr(runner, "feed"):
+    if order == BLOCK and isinstance(runner, OrtRunner):
         runner._require_active()
         results = run_pieces(runner, runner.pieces, calls, Path(runner.path).parent, spill=runner.spill)
     elif order == BLOCK:
