@@ -35,6 +35,7 @@ import numpy as np
 from mhaexport.core import iospec
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, first_line
 from mhaexport.core.graph import name_scopes
+from mhaexport.core.untrusted import shown
 from mhaexport.runners.calls import Call, Result, check_plan, consumers, past_length, selected
 
 
@@ -68,6 +69,13 @@ class Pieces:
                 f"{sum(p.nodes for p in self.pieces)} nodes, its initializers by reference)")
 
 
+def _named(name: str, most: int = 80) -> str:
+    """A name from the file as a message shows it: escaped (core/untrusted.py's ``shown``) and at most ``most``
+    characters (a hostile file's names can be any length)."""
+    text = shown(name)
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def _layer_prefix(nodes: list, n_layers: int) -> str:
     """The scope prefix whose ``<prefix>.<i>`` names layers 0..n_layers-1 (``blocks``, ``hf.model.layers``)."""
     seen: dict[str, set[int]] = defaultdict(set)
@@ -78,7 +86,8 @@ def _layer_prefix(nodes: list, n_layers: int) -> str:
                 seen[m.group(1)].add(int(m.group(2)))
     found = [p for p, idx in seen.items() if idx == set(range(n_layers))]
     if len(found) != 1:
-        raise Unsplittable(f"no module scope names its {n_layers} layers (found {sorted(seen)[:4]})")
+        raise Unsplittable(f"no module scope names its {n_layers} layers (found "
+                           f"{', '.join(_named(p) for p in sorted(seen)[:4])})")
     return found[0]
 
 
@@ -113,7 +122,7 @@ def split(path: str | Path, n_layers: int) -> Pieces:
         else:
             scoped_outside.append(False)
         if layer is not None and ins and max(ins) > layer:
-            raise Unsplittable(f"node {n.name} of layer {layer} reads a value of layer {max(ins)}")
+            raise Unsplittable(f"node {_named(n.name)} of layer {layer} reads a value of layer {max(ins)}")
         where.append(layer)
         for o in n.output:
             producer[o] = i
@@ -123,7 +132,7 @@ def split(path: str | Path, n_layers: int) -> Pieces:
     for i, n in enumerate(nodes):
         src = [piece_of[producer[x]] for x in n.input if x in producer]
         if src and max(src) > piece_of[i]:
-            raise Unsplittable(f"node {n.name} would read a value made in a later piece")
+            raise Unsplittable(f"node {_named(n.name)} would read a value made in a later piece")
     types = {v.name: v.type for v in list(g.value_info) + list(g.input) + list(g.output)}
     inits = {t.name: t for t in g.initializer}
     graph_in = {v.name for v in g.input}
@@ -146,10 +155,10 @@ def split(path: str | Path, n_layers: int) -> Pieces:
                      if o in later or o in graph_out]
         missing = [x for x in p_inputs + p_outputs if x not in types]
         if missing:
-            raise Unsplittable(f"the file records no type of {missing[0]} (a value between pieces)")
+            raise Unsplittable(f"the file records no type of {_named(missing[0])} (a value between pieces)")
         for x in p_inputs:
             if x not in graph_in and x not in producer:
-                raise Unsplittable(f"piece {k} reads {x}, which nothing makes")
+                raise Unsplittable(f"piece {k} reads {_named(x)}, which nothing makes")
         graph = onnx.helper.make_graph(
             mine, f"{g.name}-piece{k}",
             [onnx.helper.make_value_info(x, types[x]) for x in p_inputs],

@@ -296,3 +296,11 @@ def test_generation_fed_the_references_tokens_is_the_free_running_decode_up_to_i
     assert forced.tokens[:3] == free.tokens[:3]  # its own choice at step 2: the first divergence is seen there
     assert all(np.array_equal(forced.logits[i], free.logits[i]) for i in range(3))
     assert not np.array_equal(forced.logits[3], free.logits[3])  # after it: fed the reference's token, as told
+
+
+def test_a_files_names_in_a_split_refusal_are_escaped_and_bounded():
+    from mhaexport.runners.pieces import _named
+
+    hostile = "\x1b[2J" + "x" * 10_000
+    out = _named(hostile)
+    assert "\x1b" not in out and out.startswith("\\x1b[2J") and len(out) <= 83
