@@ -57,6 +57,19 @@ def tiny_lowered(tiny, tiny_export, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def external_export(tiny, tmp_path_factory):
+    """The tiny preset exported (decomposed attention) with the external-data threshold at 0 bytes: every weight in
+    model.onnx.data, as a file larger than memory has them. Treat as read-only."""
+    from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
+
+    out = tmp_path_factory.mktemp("external")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(EXTERNAL_DATA_ENV, "0")
+        export_onnx(tiny, out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning threads cost 10x."""

@@ -171,28 +171,16 @@ def test_a_planted_bug_is_caught_alike_in_block_order(tmp_path, bug):
 
 # ---- ONNX Runtime over per-layer pieces of the file --------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def external_tiny(tiny, tmp_path_factory):
-    """The tiny preset exported with every weight in external data (what a file larger than memory is)."""
-    from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
-
-    folder = tmp_path_factory.mktemp("external_tiny")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(EXTERNAL_DATA_ENV, "0")
-        export_onnx(tiny, folder)
-    return folder
-
-
-def test_the_file_splits_into_one_piece_per_layer_holding_every_node_once_its_weights_by_reference(external_tiny,
+def test_the_file_splits_into_one_piece_per_layer_holding_every_node_once_its_weights_by_reference(external_export,
                                                                                                     tiny):
     import onnx
 
     from mhaexport.runners.pieces import split
 
-    whole = onnx.load(str(external_tiny / "model.onnx"), load_external_data=False)
+    whole = onnx.load(str(external_export / "model.onnx"), load_external_data=False)
     n = tiny.contract.n_layers
-    data_bytes = (external_tiny / "model.onnx.data").stat().st_size
-    pieces = split(external_tiny / "model.onnx", n)
+    data_bytes = (external_export / "model.onnx.data").stat().st_size
+    pieces = split(external_export / "model.onnx", n)
     assert len(pieces.pieces) == n and pieces.prefix == "blocks"
     names = [node.name for p in pieces.pieces for node in onnx.load_from_string(p.model).graph.node]
     assert sorted(names) == sorted(node.name for node in whole.graph.node)  # every node, exactly once
@@ -205,13 +193,13 @@ def test_the_file_splits_into_one_piece_per_layer_holding_every_node_once_its_we
     assert "input_ids" in pieces.pieces[0].inputs and "logits" in pieces.pieces[-1].outputs
 
 
-def test_onnx_runtime_in_pieces_computes_what_the_whole_file_does(external_tiny):
+def test_onnx_runtime_in_pieces_computes_what_the_whole_file_does(external_export):
     """The same nodes on the same weights: equal to the whole session's outputs up to float32 rounding (each piece
     is optimized alone: a fusion across a layer boundary is not made)."""
     from mhaexport.artifact import ExportFolder
     from mhaexport.runners.registry import runner_for
 
-    with ExportFolder.open(external_tiny) as ef:
+    with ExportFolder.open(external_export) as ef:
         r = runner_for(ef, "ort-cpu", ef.contract).activate()
         p, chains = _plan(ef.contract)
         whole = run_in_turn(r, p.calls)
@@ -245,19 +233,19 @@ def test_a_file_that_cannot_be_split_runs_in_turn_and_says_why(tiny_lowered, tin
     assert r.plan_calls == {IN_TURN: len(p.calls)} and all(x.error is None for x in ran)
 
 
-def test_verify_mapped_runs_the_files_checks_in_pieces_and_a_planted_file_bug_fails_alike(external_tiny, tmp_path):
+def test_verify_mapped_runs_the_files_checks_in_pieces_and_a_planted_file_bug_fails_alike(external_export, tmp_path):
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
     from planted import attention_graph
     from planted.edit import rehashed_copy
 
-    whole = _verify(external_tiny, tmp_path / "whole")
-    mapped = _verify(external_tiny, tmp_path / "mapped", "--mapped")
+    whole = _verify(external_export, tmp_path / "whole")
+    mapped = _verify(external_export, tmp_path / "mapped", "--mapped")
     assert mapped["runtimes"]["ort-cpu"]["order"][BLOCK] > 100
     assert {ch: r["status"] for ch, r in mapped["results"]["ort-cpu"].items()} == \
         {ch: r["status"] for ch, r in whole["results"]["ort-cpu"].items()}
-    bad = rehashed_copy(external_tiny, tmp_path / "bad",
+    bad = rehashed_copy(external_export, tmp_path / "bad",
                         lambda proto: attention_graph.mask_after_softmax(proto, "blocks.1.attn"))
     whole = _verify(bad, tmp_path / "bad-whole")
     mapped = _verify(bad, tmp_path / "bad-mapped", "--mapped")

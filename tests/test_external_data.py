@@ -30,18 +30,6 @@ from children import run_measured
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def external_export(tiny, tmp_path_factory):
-    """The tiny preset exported (decomposed attention) with the external-data threshold at 0 bytes."""
-    from mhaexport.exporter.onnx import export_onnx
-
-    out = tmp_path_factory.mktemp("external")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(EXTERNAL_DATA_ENV, "0")
-        export_onnx(tiny, out)
-    return out
-
-
 def _generate(folder: Path, n: int = 6) -> list[int]:
     return Generator(folder, threads=1).generate([[5, 17, 42]], GenerationConfig(max_new_tokens=n)).tokens[0]
 
