@@ -29,6 +29,7 @@ import numpy as np
 
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, first_line
 from mhaexport.runners.calls import Call, Result, check_plan, consumers, past_length, selected
+from mhaexport.runners.decoder import _host, _spilled_tensor
 from mhaexport.runtime.runner import Runner
 
 # ---- eager PyTorch ----------------------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ def run_eager(runner: Runner, calls: list[Call], spill: Any = None) -> list[Resu
     def keep(i: int, j: int, k, v) -> tuple:
         """Call i's present at layer j, as made: kept for its consumers and its result (spilled where large)."""
         if spill is not None and calls[i].keep:
-            k, v = _spilled(spill, k), _spilled(spill, v)
+            k, v = _spilled_tensor(spill, k), _spilled_tensor(spill, v)
         if waiting.get(i):
             made[(i, j)] = (k, v)
         if calls[i].keep:
@@ -253,21 +254,6 @@ def run_eager(runner: Runner, calls: list[Call], spill: Any = None) -> list[Resu
                     w.turn()
             for h in hooks:
                 h.remove()
-
-
-def _spilled(spill: Any, t: Any) -> Any:
-    import torch
-
-    if t.numel() * t.element_size() < spill.min_bytes:
-        return t
-    return torch.from_numpy(spill.keep(t.detach().contiguous().numpy()))
-
-
-def _host(t: Any) -> np.ndarray:
-    t = t.detach()
-    if str(t.dtype) == "torch.bfloat16":
-        t = t.float()
-    return t.cpu().numpy()
 
 
 __all__ = ["eager_unsupported", "run_eager"]

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from mhaexport.core import iospec
+from mhaexport.core.dtypes import numpy_dtype
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, first_line
 from mhaexport.core.graph import name_scopes
 from mhaexport.core.untrusted import shown
@@ -205,7 +206,7 @@ def run_pieces(runner: Any, pieces: Pieces, calls: list[Call], folder: str | Pat
     check_plan(calls)
     c = runner.contract
     n = c.n_layers
-    np_dtype = np.float16 if runner.dtype == "float16" else np.float32
+    np_dtype = numpy_dtype(runner.dtype)
     waiting = consumers(calls)
     live: list[dict[str, np.ndarray]] = [{} for _ in calls]
     errors: dict[int, MhaExportError] = {}
@@ -226,7 +227,7 @@ def run_pieces(runner: Any, pieces: Pieces, calls: list[Call], folder: str | Pat
         live[i] = {iospec.INPUT_IDS: ids, iospec.ATTENTION_MASK: mask}
         if past is None:  # an extended call: each layer's past handed in at its piece; a shape until then
             shape = (ids.shape[0], c.n_kv_heads, past_length(calls, i), c.head_dim)
-            past = [(np.broadcast_to(np_dtype(0), shape),) * 2] * n
+            past = [(np.broadcast_to(np.zeros((), np_dtype), shape),) * 2] * n
         for j, (k, v) in enumerate(past):
             live[i][f"past_key_values.{j}.key"], live[i][f"past_key_values.{j}.value"] = k, v
     config = dataclasses.replace(runner.config, external_data_dir=str(folder), cache_optimized=False,
