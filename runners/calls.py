@@ -1,19 +1,85 @@
 """A plan's calls and what they give (runners/plan.py runs them; runners/blocks.py block by block): :class:`Call`,
-:class:`Result`, and what a scheduler needs to know of a plan — which calls extend which (:func:`consumers`,
-:func:`check_plan`), each call's past length."""
+:class:`Result`, a past :class:`Derived` from earlier calls' presents by the decode loop's cache moves, and what a
+scheduler needs to know of a plan — which calls extend which (:func:`consumers`, :func:`check_plan`), each call's
+past length."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mhaexport.core.errors import MhaExportError
-from mhaexport.runtime.runner import KVPairs
+from mhaexport.runtime.runner import KVPairs, pairs_columns, pairs_put_row, pairs_row
 
-# a call's past: the contract's numpy pairs, the index of an earlier call whose present it extends, or None (empty)
+# a call's past: the contract's numpy pairs, the index of an earlier call whose present it extends, a Derived one,
+# or None (empty)
 Past = Any
+
+EMPTY, PRESENT, COLUMNS, ROW, PUT_ROW = "empty", "present", "columns", "row", "put_row"
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A past made from earlier calls' presents by the moves the decode loop makes on a contract cache (a
+    continuous batch's rows, a rewind, a prefix put into a row): ``op`` over ``args`` — ``empty`` (batch,), ``present``
+    (call,), ``columns`` (src, start, stop), ``row`` (src, row, start, stop), ``put_row`` (src, row, values) — with
+    its ``batch`` and ``length`` (positions). Layer by layer the same: :meth:`evaluate` applies the moves to any
+    number of layers' pairs with the runners' own numpy moves (runtime/runner.py's ``pairs_*``), so a runner that
+    runs a plan one layer at a time (runners/pieces.py) builds each layer's past as the decode loop built the whole.
+    Frozen and compared by value: two recordings of a loop agree exactly when their moves do."""
+
+    op: str
+    args: tuple
+    batch: int
+    length: int
+
+    @staticmethod
+    def empty(batch: int) -> Derived:
+        return Derived(EMPTY, (), batch, 0)
+
+    @staticmethod
+    def present(call: int, batch: int, length: int) -> Derived:
+        return Derived(PRESENT, (call,), batch, length)
+
+    def columns(self, start: int, stop: int) -> Derived:
+        return Derived(COLUMNS, (self, start, stop), self.batch, len(range(self.length)[start:stop]))
+
+    def row(self, row: int, start: int, stop: int) -> Derived:
+        if not 0 <= row < self.batch:
+            raise ValueError(f"row {row} of a batch of {self.batch}")
+        return Derived(ROW, (self, row, start, stop), 1, len(range(self.length)[start:stop]))
+
+    def put_row(self, row: int, values: Derived) -> Derived:
+        if not 0 <= row < self.batch or values.batch != 1:
+            raise ValueError(f"a batch of {values.batch} into row {row} of a batch of {self.batch}")
+        return Derived(PUT_ROW, (self, row, values), self.batch, max(self.length, values.length))
+
+    def sources(self) -> list[int]:
+        """The calls whose presents it reads (in order, each once)."""
+        if self.op == PRESENT:
+            return [self.args[0]]
+        out: list[int] = []
+        for a in self.args:
+            if isinstance(a, Derived):
+                out += [s for s in a.sources() if s not in out]
+        return out
+
+    def evaluate(self, present: Callable[[int], KVPairs], empty: Callable[[int], KVPairs]) -> KVPairs:
+        """The pairs it stands for: ``present(call)`` gives a source's pairs (one layer or all), ``empty(batch)``
+        an empty cache's."""
+        if self.op == EMPTY:
+            return empty(self.batch)
+        if self.op == PRESENT:
+            return present(self.args[0])
+        src = self.args[0].evaluate(present, empty)
+        if self.op == COLUMNS:
+            return pairs_columns(src, *self.args[1:])
+        if self.op == ROW:
+            return pairs_row(src, *self.args[1:])
+        return pairs_put_row(src, self.args[1], self.args[2].evaluate(present, empty))
 
 
 @dataclass
@@ -60,19 +126,37 @@ def past_length(calls: list[Call], i: int) -> int:
     return c.mask.shape[1] - c.ids.shape[1]
 
 
+def sources(call: Call) -> list[int]:
+    """The earlier calls whose presents ``call``'s past reads."""
+    if isinstance(call.past, Derived):
+        return call.past.sources()
+    return [call.past] if isinstance(call.past, int) else []
+
+
 def consumers(calls: list[Call]) -> dict[int, int]:
-    """{call index: how many later calls extend its present}."""
+    """{call index: how many later calls read its present}."""
     out: dict[int, int] = {}
     for c in calls:
-        if isinstance(c.past, int):
-            out[c.past] = out.get(c.past, 0) + 1
+        for s in sources(c):
+            out[s] = out.get(s, 0) + 1
     return out
 
 
 def check_plan(calls: list[Call]) -> None:
-    """ValueError unless every extended call names an earlier call whose mask its own mask extends."""
+    """ValueError unless every extended call names an earlier call whose mask its own mask extends, and every
+    derived past reads earlier calls, is as long as the call's past and holds its batch."""
     for i, c in enumerate(calls):
-        if isinstance(c.past, int):
+        if isinstance(c.past, Derived):
+            bad = [s for s in c.past.sources() if not 0 <= s < i]
+            if bad:
+                raise ValueError(f"call {i}'s past reads call {bad[0]}, which is not an earlier call")
+            if (c.past.length, c.past.batch) != (past_length(calls, i), c.ids.shape[0]):
+                raise ValueError(f"call {i}'s past ({c.past.batch} rows, {c.past.length} positions) is not its "
+                                 f"batch's ({c.ids.shape[0]} rows, {past_length(calls, i)} positions)")
+            if not _lengths_ok(c.past, calls):
+                raise ValueError(f"call {i}'s past reads an earlier call's present at a length or batch it does "
+                                 f"not have")
+        elif isinstance(c.past, int):
             if not 0 <= c.past < i:
                 raise ValueError(f"call {i} extends call {c.past}, which is not an earlier call")
             if past_length(calls, i) != calls[c.past].mask.shape[1]:
@@ -80,4 +164,12 @@ def check_plan(calls: list[Call]) -> None:
                                  f"({calls[c.past].mask.shape[1]})")
 
 
-__all__ = ["Call", "Past", "Result", "check_plan", "consumers", "past_length", "selected"]
+def _lengths_ok(d: Derived, calls: list[Call]) -> bool:
+    """Every ``present`` leaf of ``d`` has its call's present length and batch."""
+    if d.op == PRESENT:
+        c = calls[d.args[0]]
+        return (d.length, d.batch) == (c.mask.shape[1], c.ids.shape[0])
+    return all(_lengths_ok(a, calls) for a in d.args if isinstance(a, Derived))
+
+
+__all__ = ["Call", "Derived", "Past", "Result", "check_plan", "consumers", "past_length", "selected", "sources"]

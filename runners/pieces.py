@@ -37,7 +37,7 @@ from mhaexport.core.dtypes import numpy_dtype
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, first_line
 from mhaexport.core.graph import name_scopes
 from mhaexport.core.untrusted import shown
-from mhaexport.runners.calls import Call, Result, check_plan, consumers, past_length, selected
+from mhaexport.runners.calls import Call, Derived, Result, check_plan, consumers, past_length, selected, sources
 
 
 class Unsplittable(Exception):
@@ -216,7 +216,7 @@ def run_pieces(runner: Any, pieces: Pieces, calls: list[Call], folder: str | Pat
     seconds = [0.0] * len(calls)
     for i, call in enumerate(calls):
         try:
-            if isinstance(call.past, int):
+            if isinstance(call.past, (int, Derived)):
                 ids, mask = runner.check_ids_mask(call.ids, call.mask, past_length(calls, i))
                 past = None
             else:
@@ -239,16 +239,23 @@ def run_pieces(runner: Any, pieces: Pieces, calls: list[Call], folder: str | Pat
         for i, call in enumerate(calls):
             if i in errors:
                 continue
-            src = call.past
-            if isinstance(src, int):
-                if src in errors:
-                    errors[i] = RuntimeFailure(f"{runner.name}: the call it extends failed: {first_line(errors[src])}")
+            if sources(call):
+                failed = [s for s in sources(call) if s in errors]
+                if failed:
+                    errors[i] = RuntimeFailure(f"{runner.name}: the call it extends failed: "
+                                               f"{first_line(errors[failed[0]])}")
                     live[i] = {}
                     continue
-                k, v = made[(src, j)]
-                left[(src, j)] -= 1
-                if left[(src, j)] == 0 and not calls[src].keep:
-                    del made[(src, j)]
+                if isinstance(call.past, Derived):  # this layer's past moved as the decode loop moved the cache
+                    ((k, v),) = call.past.evaluate(
+                        lambda s: (made[(s, j)],),
+                        lambda b: ((np.zeros((b, c.n_kv_heads, 0, c.head_dim), np_dtype),) * 2,))
+                else:
+                    k, v = made[(call.past, j)]
+                for s in sources(call):
+                    left[(s, j)] -= 1
+                    if left[(s, j)] == 0 and not calls[s].keep:
+                        del made[(s, j)]
                 live[i][f"past_key_values.{j}.key"], live[i][f"past_key_values.{j}.value"] = k, v
             feed = {x: live[i][x] for x in piece.inputs}
             t0 = time.perf_counter()

@@ -30,7 +30,8 @@ import numpy as np
 
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, RuntimeInputError, first_line
 from mhaexport.runners.blocks import eager_unsupported, run_eager
-from mhaexport.runners.calls import Call, Past, Result, check_plan, consumers, past_length, selected
+from mhaexport.core.dtypes import numpy_dtype
+from mhaexport.runners.calls import Call, Derived, Past, Result, check_plan, consumers, past_length, selected, sources
 from mhaexport.runners.pieces import pieces_unsupported, run_pieces
 from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import KVPairs, Runner
@@ -91,6 +92,8 @@ def run_plan(runner: Runner, calls: list[Call]) -> list[Result]:
     gives alone, or the error it raised (a call extending a failed one fails too)."""
     check_plan(calls)
     order, _ = order_of(runner)
+    if order == BLOCK and not isinstance(runner, OrtRunner) and any(isinstance(c.past, Derived) for c in calls):
+        order = IN_TURN  # eager's layers take a chain's past, not a derived one (runners/blocks.py)
     if order == BLOCK and isinstance(runner, OrtRunner):
         runner._require_active()
         results = run_pieces(runner, runner.pieces, calls, Path(runner.path).parent, spill=runner.spill)
@@ -112,7 +115,18 @@ def run_in_turn(runner: Runner, calls: list[Call]) -> list[Result]:
     results: list[Result] = []
     for i, call in enumerate(calls):
         try:
-            if isinstance(call.past, int):
+            if isinstance(call.past, Derived):
+                failed = [s for s in sources(call) if results[s].error is not None]
+                if failed:
+                    raise RuntimeFailure(f"the call it extends failed: {first_line(results[failed[0]].error)}")
+                pairs = call.past.evaluate(lambda s: runner.cache_numpy(caches[s]), lambda b: _empty(runner, b))
+                for s in sources(call):
+                    left[s] -= 1
+                    if not left[s]:
+                        caches.pop(s)
+                cache = runner.cache_from_numpy(pairs)
+                ids, mask = runner.check_ids_mask(call.ids, call.mask, past_length(calls, i))
+            elif isinstance(call.past, int):
                 src = results[call.past]
                 if src.error is not None:
                     raise RuntimeFailure(f"the call it extends failed: {first_line(src.error)}")
@@ -142,6 +156,13 @@ def run_in_turn(runner: Runner, calls: list[Call]) -> list[Result]:
         except MhaExportError as e:
             results.append(Result(error=e))
     return results
+
+
+def _empty(runner: Runner, batch: int) -> KVPairs:
+    """An empty contract cache of ``batch`` rows in the runner's dtype (a derived past's start)."""
+    c = runner.contract
+    z = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), numpy_dtype(runner.dtype))
+    return ((z, z),) * c.n_layers
 
 
 __all__ = ["BLOCK", "IN_TURN", "Call", "Plan", "Result", "decoded", "order_of", "run_in_turn", "run_plan"]

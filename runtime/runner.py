@@ -26,6 +26,38 @@ from mhaexport.core.errors import MhaExportError, ProviderUnavailable, RuntimeFa
 from mhaexport.core.iospec import Contract
 
 KVPairs = tuple[tuple[np.ndarray, np.ndarray], ...]
+
+
+# ---- the contract's cache moved by numpy (one implementation: the runners' cache_* methods and a plan's derived
+# pasts, runners/calls.py, both call these) --------------------------------------------------------------------
+def pairs_columns(pairs: KVPairs, start: int, stop: int) -> KVPairs:
+    """Positions [start, stop) of every row of every layer's (B, H, S, D) pair."""
+    return tuple((np.ascontiguousarray(k[:, :, start:stop]), np.ascontiguousarray(v[:, :, start:stop]))
+                 for k, v in pairs)
+
+
+def pairs_row(pairs: KVPairs, row: int, start: int, stop: int) -> KVPairs:
+    """Row ``row``'s positions [start, stop) as a batch of one."""
+    return tuple((np.ascontiguousarray(k[row:row + 1, :, start:stop]),
+                  np.ascontiguousarray(v[row:row + 1, :, start:stop])) for k, v in pairs)
+
+
+def pairs_put_row(pairs: KVPairs, row: int, values: KVPairs) -> KVPairs:
+    """``pairs`` with row ``row`` replaced by ``values`` (a batch of one), right-aligned as left padding keeps rows:
+    the batch widened to the longer of the two, the other rows' new first columns zeros (masked)."""
+    out = []
+    for (k, v), (rk, rv) in zip(pairs, values):
+        pair = []
+        for t, r in ((k, rk), (v, rv)):
+            B, H, S, D = t.shape
+            W = max(S, r.shape[2])
+            grown = np.zeros((B, H, W, D), dtype=t.dtype)  # (B, H, W, D)
+            grown[:, :, W - S:] = t
+            grown[row] = 0
+            grown[row, :, W - r.shape[2]:] = r[0]
+            pair.append(grown)
+        out.append(tuple(pair))
+    return tuple(out)
 Outputs = tuple[np.ndarray, KVPairs]  # (logits (B, T, V), present: n_layers x (key, value) (B, H, S, D))
 Cache = Any  # a runner's own form of the KV cache between decode steps
 
@@ -231,34 +263,18 @@ class Runner:
     def cache_columns(self, cache: Cache, start: int, stop: int) -> Cache:
         """The cache's positions [start, stop) of every row (a rewind keeps [0, keep); a batch whose longest row got
         shorter drops its first columns)."""
-        return self.cache_from_numpy(tuple((np.ascontiguousarray(k[:, :, start:stop]),
-                                            np.ascontiguousarray(v[:, :, start:stop]))
-                                           for k, v in self.cache_numpy(cache)))
+        return self.cache_from_numpy(pairs_columns(self.cache_numpy(cache), start, stop))
 
     def cache_row(self, cache: Cache, row: int, start: int, stop: int) -> Cache:
         """Row ``row``'s positions [start, stop) as a batch of one, fed as that row's past (a request joining a
         running batch, fed after what its row holds)."""
-        return self.cache_from_numpy(tuple((np.ascontiguousarray(k[row:row + 1, :, start:stop]),
-                                            np.ascontiguousarray(v[row:row + 1, :, start:stop]))
-                                           for k, v in self.cache_numpy(cache)))
+        return self.cache_from_numpy(pairs_row(self.cache_numpy(cache), row, start, stop))
 
     def cache_put_row(self, cache: Cache, row: int, values: Cache) -> Cache:
         """The cache with row ``row`` replaced by ``values`` (a batch of one, as :meth:`cache_row` gave and a call
         grew), right-aligned as left padding keeps rows: the batch widened to the longer of the two, the other rows'
         new first columns zeros (masked)."""
-        out = []
-        for (k, v), (rk, rv) in zip(self.cache_numpy(cache), self.cache_numpy(values)):
-            pair = []
-            for t, r in ((k, rk), (v, rv)):
-                B, H, S, D = t.shape
-                W = max(S, r.shape[2])
-                grown = np.zeros((B, H, W, D), dtype=t.dtype)  # (B, H, W, D)
-                grown[:, :, W - S:] = t
-                grown[row] = 0
-                grown[row, :, W - r.shape[2]:] = r[0]
-                pair.append(grown)
-            out.append(tuple(pair))
-        return self.cache_from_numpy(tuple(out))
+        return self.cache_from_numpy(pairs_put_row(self.cache_numpy(cache), row, self.cache_numpy(values)))
 
     def cache_fork(self, cache: Cache) -> Cache:
         """A cache that can grow apart from ``cache`` (a prefix's cache reused by several requests): the same arrays

@@ -245,6 +245,11 @@ def test_verify_mapped_runs_the_files_checks_in_pieces_and_a_planted_file_bug_fa
     assert mapped["runtimes"]["ort-cpu"]["order"][BLOCK] > 100
     assert {ch: r["status"] for ch, r in mapped["results"]["ort-cpu"].items()} == \
         {ch: r["status"] for ch, r in whole["results"]["ort-cpu"].items()}
+    for ch in ("continuous-batching", "speculative", "prefix-reuse"):  # taped from eager's calls: runners/tape.py
+        got, want = mapped["results"]["ort-cpu"][ch]["figures"], whole["results"]["ort-cpu"][ch]["figures"]
+        assert got["order"] == BLOCK and want.get("order") is None, (ch, got.get("order"))
+        assert [(r["tokens"], r["first_divergence"]) for r in got["runs"]] == \
+            [(r["tokens"], r["first_divergence"]) for r in want["runs"]]
     bad = rehashed_copy(external_export, tmp_path / "bad",
                         lambda proto: attention_graph.mask_after_softmax(proto, "blocks.1.attn"))
     whole = _verify(bad, tmp_path / "bad-whole")

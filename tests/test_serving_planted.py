@@ -135,6 +135,35 @@ def test_each_planted_serving_bug_fails_its_check(bug, cache, exports, tmp_path,
     assert f"ort-cpu / {check}" in (tmp_path / "report" / "report.md").read_text()
 
 
+@pytest.fixture(scope="module")
+def external_llama(tmp_path_factory):
+    """tiny-llama with every weight in external data: verify's mapped mode runs its file in pieces, block by block."""
+    from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV
+
+    folder = tmp_path_factory.mktemp("tiny-llama-external")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(EXTERNAL_DATA_ENV, "0")
+        res = CliRunner().invoke(main, ["onnx", "--config", "tiny-llama", "-o", str(folder)])
+    assert res.exit_code == 0, res.output
+    return folder
+
+
+@pytest.mark.parametrize("bug", sorted(b for b in BUGS if "concat" in BUGS[b][2]))
+def test_each_planted_serving_bug_fails_its_check_taped_block_by_block(bug, external_llama, tmp_path, monkeypatch):
+    """The mapped mode runs the serving checks' calls as one plan in pieces of the file (runners/tape.py): the same
+    loops run over the tape, so a bug in them is in the plan, and the check fails as it does call by call."""
+    plant, check, _ = BUGS[bug]
+    plant(monkeypatch)
+    res = CliRunner().invoke(main, ["verify", str(external_llama), "--runtime", "ort-cpu", "--mapped", "-o",
+                                    str(tmp_path / "report")])
+    assert res.exit_code == 1, res.output
+    assert f"ort-cpu/{check}" in _failed(res.output), (bug, _failed(res.output))
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["runtimes"]["ort-cpu"]["order"].get("block by block")
+    fig = report["results"]["ort-cpu"][check]["figures"]
+    assert fig["order"] == "block by block", fig["order"]  # the buggy loop ran over the tape: its calls planned
+
+
 def test_the_healthy_runtime_passes_the_same_cases(exports, tmp_path):
     """The folders the bugs are planted in pass untouched (the serving checks and everything else)."""
     for cache in ("concat", "shared", "window"):

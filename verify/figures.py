@@ -442,6 +442,7 @@ class ServingFigures(Figures):
     allowed: float | None = None
     ties: int | None = None
     protocol: str | None = None
+    order: str | None = None
     engine: str | None = None
 
     STRICT = True

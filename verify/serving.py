@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhaexport.core.iospec import WINDOW_SLACK, ModelContract
+from mhaexport.core.errors import MhaExportError
 from mhaexport.runners.names import EAGER
+from mhaexport.runners.plan import BLOCK, order_of, run_plan
+from mhaexport.runners.tape import Recorder, Tape, Untaped, tape_unsupported
 from mhaexport.runtime.decode import STOP_MAX_POS, DecodeLoop, GenerationConfig, GenerationResult
 from mhaexport.runtime.runner import Runner
 from mhaexport.runtime.serve import Request, Scheduler, alone
@@ -256,6 +259,43 @@ AGAINST = {CONTINUOUS_BATCHING: "its run alone", SPECULATIVE: "plain greedy deco
            PREFIX_REUSE: "the whole request alone"}
 
 
+def taped(check: str, runner: Runner, ctx: Context) -> tuple[list[Run] | None, str]:
+    """``check``'s runs on ``runner`` with every call run as one plan, block by block (runners/tape.py: eager's calls
+    the guess, the runtime's own outputs confirmed call by call), or (None, why not): the runner runs them itself.
+    The same runs either way — a loop that asks for a call not planned is run on the runner (a wrong guess costs
+    time, never a result)."""
+    order, why = order_of(runner)
+    if order != BLOCK:
+        return None, why or "the runtime runs call by call"
+    why = tape_unsupported(runner) or ("it runs in its file's own protocol" if ctx.deploy is not None
+                                       and ctx.deploy(runner) is not None else None)
+    if why:
+        return None, why
+    if runner.name == EAGER or ctx.recorded is not None or ctx.eager is None:
+        return None, "no eager calls to plan from"
+    floor(check, ctx)  # eager's runs (memoized), its logits kept
+    guesses = ctx._ref.get(("serving-guesses", check))
+    if not guesses:
+        return None, "eager's logits were not kept (over the guesses' budget)"
+    tape = Tape(runner, guesses)
+    try:
+        RUNS[check](tape, ctx)
+    except (Untaped, MhaExportError, ValueError) as e:
+        return None, f"eager's calls could not be planned ({e})"
+    results = run_plan(runner, tape.calls)
+    failed = next((r.error for r in results if r.error is not None), None)
+    if failed is not None:
+        return None, "a planned call failed (run call by call to report it)"
+    confirm = Tape(runner, [r.logits for r in results], tape.calls)
+    try:
+        runs = RUNS[check](confirm, ctx)
+    except (Untaped, MhaExportError, ValueError) as e:
+        return None, f"the runtime left eager's calls ({e})"
+    if len(confirm.calls) != len(tape.calls):
+        return None, f"the runtime made {len(confirm.calls)} of the {len(tape.calls)} calls planned"
+    return runs, ""
+
+
 # ---- the judgement ----------------------------------------------------------------------------------------------
 
 def floor(check: str, ctx: Context) -> float | None:
@@ -265,7 +305,11 @@ def floor(check: str, ctx: Context) -> float | None:
         return None
     key = ("serving-floor", check)
     if key not in ctx._ref:
-        runs = RUNS[check](ctx.eager, ctx)
+        # in the mapped mode its logits call by call: a runtime's tape guesses them (taped above)
+        eager = Recorder(ctx.eager) if getattr(ctx.eager, "block_order", False) else ctx.eager
+        runs = RUNS[check](eager, ctx)
+        if isinstance(eager, Recorder) and not eager.full:
+            ctx._ref[("serving-guesses", check)] = eager.logits
         scale = max((r.scale() for r in runs), default=0.0)
         d = max((r.max_abs() for r in runs), default=0.0)
         clean = all(r.divergence is None for r in runs)
@@ -277,7 +321,7 @@ _EPS = {"float32": float(np.finfo(np.float32).eps), "float16": float(np.finfo(np
         "bfloat16": 2.0 ** -7}
 
 
-def judge_runs(check: str, runner: Runner, ctx: Context, runs: list[Run]) -> CheckResult:
+def judge_runs(check: str, runner: Runner, ctx: Context, runs: list[Run], order: str | None = None) -> CheckResult:
     """``runs`` judged as the module says: tokens equal (near-ties within the allowance pass), logits within the
     allowance; the figures: each run's first divergence and max abs, the runtime's worst, eager's floor, the
     allowance."""
@@ -315,7 +359,7 @@ def judge_runs(check: str, runner: Runner, ctx: Context, runs: list[Run]) -> Che
         rows.append(row)
     fig = ServingFigures.of(runs=rows, max_abs=rounded(worst), floor=None if base is None else rounded(base),
                             rounding=rounded(rounding), allowed=rounded(allowed), ties=ties or None,
-                            protocol=_loop_of(runner, ctx).protocol.name)
+                            protocol=_loop_of(runner, ctx).protocol.name, order=order)
     floor_text = ("eager's own difference" if runner.name == EAGER else
                   f"eager's floor {base:.3g}" if base is not None else "no eager floor here")
     if requant and allowed == requant:
@@ -339,7 +383,9 @@ def _check(check: str):
         if runner.name == EAGER and ctx.recorded is None:
             floor(check, ctx)
             return judge_runs(check, runner, ctx, ctx._ref[("serving-floor", check)][1])
-        return judge_runs(check, runner, ctx, RUNS[check](runner, ctx))
+        runs, why = taped(check, runner, ctx) if getattr(runner, "block_order", False) else (None, "")
+        order = BLOCK if runs is not None else (f"call by call ({why})" if why else None)
+        return judge_runs(check, runner, ctx, runs if runs is not None else RUNS[check](runner, ctx), order)
 
     run.__name__ = f"check_{check.replace('-', '_')}"
     run.__doc__ = f"The {check} check of a contract runtime (see the module)."
