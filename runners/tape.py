@@ -134,8 +134,9 @@ def same_call(a: Call, b: Call) -> bool:
 
 
 class Recorder:
-    """``runner`` as the decode loop sees it, each step's logits kept (a later tape's guesses, in call order) while
-    they fit :data:`GUESS_BUDGET` (``full`` once they do not). Everything else is the runner's own; its decode loop
+    """``runner`` as the decode loop sees it, each step's logits kept (a later tape's guesses, in call order; on the
+    runner's spilled pages where it has them, runtime/spill.py) while they fit :data:`GUESS_BUDGET` (``full`` once
+    they do not). Everything else is the runner's own; its decode loop
     steps call by call (no stepper: the same calls, the same results)."""
 
     def __init__(self, runner: Runner, budget: int = GUESS_BUDGET) -> None:
@@ -150,12 +151,13 @@ class Recorder:
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, cache: Any) -> tuple[np.ndarray, Any]:
         logits, cache = self._runner.step(input_ids, attention_mask, cache)
         if not self.full:
-            kept = np.array(logits, copy=True)
-            self.budget -= kept.nbytes
+            self.budget -= logits.nbytes
             if self.budget < 0:
                 self.full, self.logits = True, []
-            else:
-                self.logits.append(kept)
+            else:  # a copy (a runner may reuse its buffer), on the runner's spilled pages where it has them
+                spill = getattr(self._runner, "spill", None)
+                kept = np.array(logits, copy=True)
+                self.logits.append(spill.keep(kept) if spill is not None else kept)
         return logits, cache
 
     def stepper(self, cache: Any, attention_mask: np.ndarray, steps: int, capacity: int | None = None) -> None:
