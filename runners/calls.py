@@ -24,8 +24,9 @@ EMPTY, PRESENT, COLUMNS, ROW, PUT_ROW = "empty", "present", "columns", "row", "p
 @dataclass(frozen=True)
 class Derived:
     """A past made from earlier calls' presents by the moves the decode loop makes on a contract cache (a
-    continuous batch's rows, a rewind, a prefix put into a row): ``op`` over ``args`` — ``empty`` (batch,), ``present``
-    (call,), ``columns`` (src, start, stop), ``row`` (src, row, start, stop), ``put_row`` (src, row, values) — with
+    continuous batch's rows, a rewind, a prefix put into a row): ``op`` over ``args`` — ``empty`` (batch,),
+    ``present`` (call,), ``columns`` (src, start, stop), ``row`` (src, row, start, stop), ``put_row`` (src, row,
+    values) — with
     its ``batch`` and ``length`` (positions). Layer by layer the same: :meth:`evaluate` applies the moves to any
     number of layers' pairs with the runners' own numpy moves (runtime/runner.py's ``pairs_*``), so a runner that
     runs a plan one layer at a time (runners/pieces.py) builds each layer's past as the decode loop built the whole.

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from mhaexport.core.dtypes import numpy_dtype
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, RuntimeInputError, first_line
 from mhaexport.runners.blocks import eager_unsupported, run_eager
-from mhaexport.core.dtypes import numpy_dtype
 from mhaexport.runners.calls import Call, Derived, Past, Result, check_plan, consumers, past_length, selected, sources
 from mhaexport.runners.pieces import pieces_unsupported, run_pieces
 from mhaexport.runtime.ort import OrtRunner

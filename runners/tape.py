@@ -23,7 +23,8 @@ time, never a result. Only a runner whose cache moves are the contract's numpy m
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mhaexport.core.iospec import WINDOW_SLACK, ModelContract
 from mhaexport.core.errors import MhaExportError
+from mhaexport.core.iospec import WINDOW_SLACK, ModelContract
 from mhaexport.runners.names import EAGER
 from mhaexport.runners.plan import BLOCK, order_of, run_plan
 from mhaexport.runners.tape import Recorder, Tape, Untaped, tape_unsupported
