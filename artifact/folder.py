@@ -527,6 +527,27 @@ LINK_MIN_BYTES = 64 << 20
 _linked: dict[Path, list[str]] = {}
 
 
+def links_for_room(sizes: dict[str, int], free: int | None, need: int) -> list[str] | None:
+    """Which files a private copy of ``sizes`` ({name: bytes}) hard-links instead of copying so that ``need`` bytes
+    (the copies, and whatever the reader writes next beside them) fit ``free`` with 64 MB to spare: none where they
+    fit, else the largest (from :data:`LINK_MIN_BYTES`) until the rest does; None where even that does not fit."""
+    to_link: list[str] = []
+    if free is None or free >= need + (64 << 20):
+        return to_link
+    for name in sorted(sizes, key=lambda n: -sizes[n]):
+        if free >= need + (64 << 20) or sizes[name] < LINK_MIN_BYTES:
+            break
+        to_link.append(name)
+        need -= sizes[name]
+    return to_link if free >= need + (64 << 20) else None
+
+
+def remember_linked(where: Path, notes: list[str]) -> None:
+    """Notes of files a private copy at ``where`` read in place (said by :func:`linked_notes`)."""
+    if notes:
+        _linked[where] = notes
+
+
 def linked_notes() -> list[str]:
     """What this process read in place (linked, not copied), one note per file, each said once: the CLI says them
     when the command ends."""
@@ -562,15 +583,9 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
                 f"{sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, {free / 1e9:.1f} GB free{why} (set "
                 "TMPDIR to a folder with room)")
 
-    to_link: list[str] = []
-    if free is not None and free < need + (64 << 20):
-        for name in sorted(files, key=lambda n: -sizes.get(n, 0)):
-            if free >= need + (64 << 20) or sizes.get(name, 0) < LINK_MIN_BYTES:
-                break
-            to_link.append(name)
-            need -= sizes.get(name, 0)
-        if free < need + (64 << 20):
-            raise ArtifactError(no_room())
+    to_link = links_for_room({n: sizes.get(n, 0) for n in files}, free, need)
+    if to_link is None:
+        raise ArtifactError(no_room())
     snap = Path(tempfile.mkdtemp(dir=base, prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))
     _live_snapshots[snap] = folder
     copied: dict[str, tuple[str, int]] = {}

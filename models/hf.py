@@ -375,6 +375,14 @@ class HfModel(NamedTuple):
     meta: HFCausalLM | None = None
 
 
+def _weights_bytes(folder: Path) -> int:
+    """The bytes of a folder's safetensors/bin weights (0 where they cannot be listed)."""
+    try:
+        return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    except OSError:
+        return 0
+
+
 def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = True,
                streamed: bool = False, keep_half: bool = False,
                ready: Callable[[], None] | None = None) -> HfModel:
@@ -403,7 +411,10 @@ def hf_adapter(path: str | Path, shown: str | None = None, *, confine: bool = Tr
         raise ModelLoadError(f"--hf needs a transformers whose KV cache is a DynamicCache: {INSTALL_LINE}")
     model = weights = meta = cache = None
     load_notes: list[str] = []
-    with hf_files(folder, str(path), confine=confine) as files, _quiet(transformers):
+    # a streamed load stages the weights beside the private copy: float32 (a half-precision folder's twice its
+    # bytes) unless kept in their own dtype
+    reserve = (1 if keep_half else 2) * _weights_bytes(folder) if streamed else 0
+    with hf_files(folder, str(path), confine=confine, reserve=reserve) as files, _quiet(transformers):
         for name in HF_JSON_FILES:  # bounded (size, depth) by mhaexport's reader before transformers parses them
             if (files.dir / name).is_file():
                 load_json(files.dir / name, f"--hf {path}: {name}")

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mhaexport.artifact.confine import check_name, copy_hashed, open_inside
+from mhaexport.artifact.confine import check_name, copy_hashed, link_hashed, only_yours, open_inside
+from mhaexport.artifact.folder import links_for_room, remember_linked
 from mhaexport.core.errors import ModelLoadError, UnsafeFolder
 
 # what transformers reads of a causal LM folder (the Hub download's allow-list, models/hub.py)
@@ -49,36 +50,60 @@ def _tokenizer_bytes(folder: Path) -> dict[str, bytes]:
     return {n: (folder / n).read_bytes() for n in TOKENIZER_FILES if (folder / n).is_file()}
 
 
-def _copy_in(root: Path, private: Path, shown: str) -> HFFiles:
+def _copy_in(root: Path, private: Path, shown: str, reserve: int = 0) -> HFFiles:
     files = HFFiles(private)
     with os.scandir(root) as entries:
         names = sorted(e.name for e in entries)
+    wanted: dict[str, int] = {}
     for name in names:
         if not _wanted(name):
             continue
         check_name(name, f"--hf {shown}")
-        mode = os.lstat(root / name).st_mode
-        if stat.S_ISLNK(mode):
+        st = os.lstat(root / name)
+        if stat.S_ISLNK(st.st_mode):
             raise UnsafeFolder(f"--hf {shown}: {name} is a symlink; mhaexport reads a --hf folder's files only "
                                "inside it, never through a link: refused (copy the file in)")
-        if stat.S_ISDIR(mode):
-            continue
+        if not stat.S_ISDIR(st.st_mode):
+            wanted[name] = st.st_size
+    # where the copies and what the loader writes next (``reserve``: the staged weights) would not fit, the largest
+    # files are read in place (a hard link to the inode opened, only a file no one else can write) as an export
+    # folder's reader does (artifact/folder.py); a file that cannot be is copied, as before
+    try:
+        free = shutil.disk_usage(private).free
+    except OSError:
+        free = None
+    to_link = links_for_room(wanted, free, sum(wanted.values()) + reserve) or []
+    notes = []
+    for name in wanted:
         fd = open_inside(root, name, f"--hf {shown}")  # no link, a regular file (no FIFO to hang on)
+        if name in to_link and only_yours(fd) is None:
+            try:
+                files.sha256[name], size = link_hashed(fd, private / name)
+                notes.append(f"{root / name} ({size / 1e9:.1f} GB) was read in place, not copied: "
+                             f"{(free or 0) / 1e9:.1f} GB free in {private.parent}. Only you can write it, and its "
+                             "hash was checked; a process of yours rewriting it during this command would not be "
+                             "seen (TMPDIR with room: a private copy)")
+                continue
+            except OSError:  # cannot be linked here: copied
+                (private / name).unlink(missing_ok=True)
+                fd = open_inside(root, name, f"--hf {shown}")
         files.sha256[name], _ = copy_hashed(fd, private / name)
+    remember_linked(private, notes)
     if TOKENIZER_FILES[0] in files.sha256:
         files.tokenizer = _tokenizer_bytes(private)
     return files
 
 
 @contextlib.contextmanager
-def confined_copy(folder: str | Path, shown: str) -> Iterator[HFFiles]:
-    """The files of ``folder`` transformers reads, copied (hashed) into a private folder removed on exit.
+def confined_copy(folder: str | Path, shown: str, reserve: int = 0) -> Iterator[HFFiles]:
+    """The files of ``folder`` transformers reads, copied (hashed) into a private folder removed on exit (the
+    largest read in place where the copies and ``reserve`` bytes the caller writes next would not fit).
     UnsafeFolder (one line, naming the entry) for such a file that is a symlink or not a regular file; a
     subfolder and other files are not read."""
     private = Path(tempfile.mkdtemp(prefix="mhaexport-hf-"))  # mode 0700: this user's
     try:
         try:
-            files = _copy_in(Path(folder), private, shown)
+            files = _copy_in(Path(folder), private, shown, reserve)
         except OSError as e:
             raise ModelLoadError(f"--hf {shown}: cannot be read: {e.strerror or e}") from None
         yield files
@@ -87,11 +112,12 @@ def confined_copy(folder: str | Path, shown: str) -> Iterator[HFFiles]:
 
 
 @contextlib.contextmanager
-def hf_files(folder: str | Path, shown: str, *, confine: bool = True) -> Iterator[HFFiles]:
-    """What transformers loads of ``folder``: its confined copy (:func:`confined_copy`), or with ``confine=False``
-    (a Hub snapshot, already held to the cache's rules) the folder itself."""
+def hf_files(folder: str | Path, shown: str, *, confine: bool = True, reserve: int = 0) -> Iterator[HFFiles]:
+    """What transformers loads of ``folder``: its confined copy (:func:`confined_copy`; ``reserve``: the bytes the
+    caller writes beside it next, the staged weights), or with ``confine=False`` (a Hub snapshot, already held to
+    the cache's rules) the folder itself."""
     if not confine:
         yield HFFiles(Path(folder), tokenizer=_tokenizer_bytes(Path(folder)))
         return
-    with confined_copy(folder, shown) as files:
+    with confined_copy(folder, shown, reserve) as files:
         yield files

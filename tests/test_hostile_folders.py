@@ -400,3 +400,35 @@ def test_a_hub_cache_whose_ref_leads_outside_its_repo_is_refused(tmp_path, monke
         hub.confine_snapshot(cache, "org/name", snap)
     with pytest.raises(ModelLoadError, match="not a branch, tag or commit"):
         hub.resolve("org/name", revision="../../x")
+
+
+def test_an_hf_folder_without_room_for_its_copy_and_staging_reads_its_weights_in_place(hf_dir, monkeypatch):
+    """A --hf folder's private copy plus the staged weights written next would not fit TMPDIR: its weights are hard
+    links to the inodes opened (hash-checked, each said in a note), the small files copied; a weights file others
+    may write is copied as before (a link would let them change what was hashed)."""
+    from mhaexport.artifact import folder as F
+    from mhaexport.models import hf_files as H
+
+    src = hf_dir("llama", tokenizer=False)
+    weights = sorted(p.name for p in src.iterdir() if p.suffix == ".safetensors")
+    size = sum((src / n).stat().st_size for n in weights)
+    real = shutil.disk_usage
+    monkeypatch.setattr(F, "LINK_MIN_BYTES", 1)
+    monkeypatch.setattr(H.shutil, "disk_usage", lambda p: real(p)._replace(free=size + (64 << 20) + size // 2))
+    F.linked_notes()
+    with H.hf_files(src, "tiny", reserve=size) as files:  # the copy (~size) and the staging (size): no room
+        for n in weights:
+            assert os.stat(files.dir / n).st_ino == os.stat(src / n).st_ino
+            assert files.sha256[n] == sha256_file(src / n)
+        assert os.stat(files.dir / "config.json").st_ino != os.stat(src / "config.json").st_ino  # a copy
+    notes = F.linked_notes()
+    assert len(notes) == len(weights) and all("read in place" in n for n in notes), notes
+    with H.hf_files(src, "tiny") as files:  # room enough without a reserve: every file copied
+        assert all(os.stat(files.dir / n).st_ino != os.stat(src / n).st_ino for n in weights)
+
+    os.chmod(src / weights[0], 0o666)
+    try:
+        with H.hf_files(src, "tiny", reserve=size) as files:
+            assert os.stat(files.dir / weights[0]).st_ino != os.stat(src / weights[0]).st_ino
+    finally:
+        os.chmod(src / weights[0], 0o644)
