@@ -305,8 +305,8 @@ def floor(check: str, ctx: Context) -> float | None:
         return None
     key = ("serving-floor", check)
     if key not in ctx._ref:
-        # in the mapped mode its logits call by call: a runtime's tape guesses them (taped above)
-        eager = Recorder(ctx.eager) if getattr(ctx.eager, "block_order", False) else ctx.eager
+        # its logits call by call where a file runs block by block: that runtime's tape guesses them (taped above)
+        eager = Recorder(ctx.eager) if getattr(ctx.eager, "keep_guesses", False) else ctx.eager
         runs = RUNS[check](eager, ctx)
         if isinstance(eager, Recorder) and not eager.full:
             ctx._ref[("serving-guesses", check)] = eager.logits

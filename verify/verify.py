@@ -316,6 +316,9 @@ def _load(ef: ExportFolder, loaded, wanted: tuple[str, ...], checks: tuple[str, 
             cfg = getattr(r, "config", None)
             if r is runners[0] or (mapped_file and cfg is not None and cfg.mmap_weights and not cfg.packed_weights):
                 r.block_order = True
+        # eager's serving runs kept as the guesses of a file's taped serving checks (verify/serving.py): only where
+        # a file runs block by block
+        runners[0].keep_guesses = any(getattr(r, "block_order", False) for r in runners[1:])
     plain = other_protocol_runners(ef, c, wanted)
     spill = _spill_for(runners + plain, plan)
     small = loaded.n_params <= ONE_THREAD_MAX_PARAMS  # one torch thread (and the long run token by token)
