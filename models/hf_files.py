@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mhaexport.artifact.confine import check_name, copy_hashed, link_hashed, only_yours, open_inside
-from mhaexport.artifact.folder import links_for_room, remember_linked
+from mhaexport.artifact import folder as _folder
 from mhaexport.core.errors import ModelLoadError, UnsafeFolder
 
 # what transformers reads of a causal LM folder (the Hub download's allow-list, models/hub.py)
@@ -72,7 +72,9 @@ def _copy_in(root: Path, private: Path, shown: str, reserve: int = 0) -> HFFiles
         free = shutil.disk_usage(private).free
     except OSError:
         free = None
-    to_link = links_for_room(wanted, free, sum(wanted.values()) + reserve) or []
+    to_link = _folder.links_for_room(wanted, free, sum(wanted.values()) + reserve)
+    if to_link is None:  # no room even so: every large file read in place all the same (the least room taken)
+        to_link = [n for n, size in wanted.items() if size >= _folder.LINK_MIN_BYTES]
     notes = []
     for name in wanted:
         fd = open_inside(root, name, f"--hf {shown}")  # no link, a regular file (no FIFO to hang on)
@@ -88,7 +90,7 @@ def _copy_in(root: Path, private: Path, shown: str, reserve: int = 0) -> HFFiles
                 (private / name).unlink(missing_ok=True)
                 fd = open_inside(root, name, f"--hf {shown}")
         files.sha256[name], _ = copy_hashed(fd, private / name)
-    remember_linked(private, notes)
+    _folder.remember_linked(private, notes)
     if TOKENIZER_FILES[0] in files.sha256:
         files.tokenizer = _tokenizer_bytes(private)
     return files

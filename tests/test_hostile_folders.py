@@ -425,6 +425,10 @@ def test_an_hf_folder_without_room_for_its_copy_and_staging_reads_its_weights_in
     assert len(notes) == len(weights) and all("read in place" in n for n in notes), notes
     with H.hf_files(src, "tiny") as files:  # room enough without a reserve: every file copied
         assert all(os.stat(files.dir / n).st_ino != os.stat(src / n).st_ino for n in weights)
+    monkeypatch.setattr(H.shutil, "disk_usage", lambda p: real(p)._replace(free=0))
+    with H.hf_files(src, "tiny", reserve=size) as files:  # no room even so: the least room taken all the same
+        assert all(os.stat(files.dir / n).st_ino == os.stat(src / n).st_ino for n in weights)
+    F.linked_notes()
 
     os.chmod(src / weights[0], 0o666)
     try:
