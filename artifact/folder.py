@@ -542,6 +542,13 @@ def links_for_room(sizes: dict[str, int], free: int | None, need: int) -> list[s
     return to_link if free >= need + (64 << 20) else None
 
 
+def read_in_place_note(path: Path, size: int, free: int | None, base: Path) -> str:
+    """The note a private copy leaves for a file it read in place (a hard link) instead of copying."""
+    return (f"{path} ({size / 1e9:.1f} GB) was read in place, not copied: {(free or 0) / 1e9:.1f} GB free in {base}. "
+            "Only you can write it, and its hash was checked; a process of yours rewriting it during this command "
+            "would not be seen (TMPDIR with room: a private copy)")
+
+
 def remember_linked(where: Path, notes: list[str]) -> None:
     """Notes of files a private copy at ``where`` read in place (said by :func:`linked_notes`)."""
     if notes:
@@ -611,10 +618,7 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
                 os.close(fd)
             if why is not None:
                 raise ArtifactError(no_room(f", and {name} cannot be read in place instead: {why}"))
-            notes.append(f"{folder / name} ({copied[name][1] / 1e9:.1f} GB) was read in place, not copied: "
-                         f"{free / 1e9:.1f} GB free in {base}. Only you can write it, and its hash was checked; a "
-                         "process of yours rewriting it during this command would not be seen (TMPDIR with room: "
-                         "a private copy)")
+            notes.append(read_in_place_note(folder / name, copied[name][1], free, base))
     except BaseException:
         shutil.rmtree(snap, ignore_errors=True)
         _live_snapshots.pop(snap, None)

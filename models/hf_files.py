@@ -81,10 +81,7 @@ def _copy_in(root: Path, private: Path, shown: str, reserve: int = 0) -> HFFiles
         if name in to_link and only_yours(fd) is None:
             try:
                 files.sha256[name], size = link_hashed(fd, private / name)
-                notes.append(f"{root / name} ({size / 1e9:.1f} GB) was read in place, not copied: "
-                             f"{(free or 0) / 1e9:.1f} GB free in {private.parent}. Only you can write it, and its "
-                             "hash was checked; a process of yours rewriting it during this command would not be "
-                             "seen (TMPDIR with room: a private copy)")
+                notes.append(_folder.read_in_place_note(root / name, size, free, private.parent))
                 continue
             except OSError:  # cannot be linked here: copied
                 (private / name).unlink(missing_ok=True)

@@ -127,6 +127,12 @@ def past_length(calls: list[Call], i: int) -> int:
     return c.mask.shape[1] - c.ids.shape[1]
 
 
+def empty_pairs(contract: Any, dtype: Any, batch: int, layers: int) -> KVPairs:
+    """An empty contract cache (past length 0) of ``batch`` rows over ``layers`` layers: a derived past's start."""
+    z = np.zeros((batch, contract.n_kv_heads, 0, contract.head_dim), dtype)
+    return ((z, z),) * layers
+
+
 def sources(call: Call) -> list[int]:
     """The earlier calls whose presents ``call``'s past reads."""
     if isinstance(call.past, Derived):
@@ -173,4 +179,5 @@ def _lengths_ok(d: Derived, calls: list[Call]) -> bool:
     return all(_lengths_ok(a, calls) for a in d.args if isinstance(a, Derived))
 
 
-__all__ = ["Call", "Derived", "Past", "Result", "check_plan", "consumers", "past_length", "selected", "sources"]
+__all__ = ["Call", "Derived", "Past", "Result", "check_plan", "consumers", "empty_pairs", "past_length", "selected",
+           "sources"]

@@ -37,7 +37,8 @@ from mhaexport.core.dtypes import numpy_dtype
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, first_line
 from mhaexport.core.graph import name_scopes
 from mhaexport.core.untrusted import shown
-from mhaexport.runners.calls import Call, Derived, Result, check_plan, consumers, past_length, selected, sources
+from mhaexport.runners.calls import (Call, Derived, Result, check_plan, consumers, empty_pairs, past_length, selected,
+                                    sources)
 
 
 class Unsplittable(Exception):
@@ -247,9 +248,8 @@ def run_pieces(runner: Any, pieces: Pieces, calls: list[Call], folder: str | Pat
                     live[i] = {}
                     continue
                 if isinstance(call.past, Derived):  # this layer's past moved as the decode loop moved the cache
-                    ((k, v),) = call.past.evaluate(
-                        lambda s: (made[(s, j)],),
-                        lambda b: ((np.zeros((b, c.n_kv_heads, 0, c.head_dim), np_dtype),) * 2,))
+                    ((k, v),) = call.past.evaluate(lambda s: (made[(s, j)],),
+                                                   lambda b: empty_pairs(c, np_dtype, b, 1))
                 else:
                     k, v = made[(call.past, j)]
                 for s in sources(call):

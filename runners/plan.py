@@ -31,7 +31,8 @@ import numpy as np
 from mhaexport.core.dtypes import numpy_dtype
 from mhaexport.core.errors import MhaExportError, RuntimeFailure, RuntimeInputError, first_line
 from mhaexport.runners.blocks import eager_unsupported, run_eager
-from mhaexport.runners.calls import Call, Derived, Past, Result, check_plan, consumers, past_length, selected, sources
+from mhaexport.runners.calls import (Call, Derived, Past, Result, check_plan, consumers, empty_pairs, past_length,
+                                    selected, sources)
 from mhaexport.runners.pieces import pieces_unsupported, run_pieces
 from mhaexport.runtime.ort import OrtRunner
 from mhaexport.runtime.runner import KVPairs, Runner
@@ -119,7 +120,9 @@ def run_in_turn(runner: Runner, calls: list[Call]) -> list[Result]:
                 failed = [s for s in sources(call) if results[s].error is not None]
                 if failed:
                     raise RuntimeFailure(f"the call it extends failed: {first_line(results[failed[0]].error)}")
-                pairs = call.past.evaluate(lambda s: runner.cache_numpy(caches[s]), lambda b: _empty(runner, b))
+                pairs = call.past.evaluate(lambda s: runner.cache_numpy(caches[s]),
+                                           lambda b: empty_pairs(runner.contract, numpy_dtype(runner.dtype), b,
+                                                                 runner.contract.n_layers))
                 for s in sources(call):
                     left[s] -= 1
                     if not left[s]:
@@ -156,13 +159,6 @@ def run_in_turn(runner: Runner, calls: list[Call]) -> list[Result]:
         except MhaExportError as e:
             results.append(Result(error=e))
     return results
-
-
-def _empty(runner: Runner, batch: int) -> KVPairs:
-    """An empty contract cache of ``batch`` rows in the runner's dtype (a derived past's start)."""
-    c = runner.contract
-    z = np.zeros((batch, c.n_kv_heads, 0, c.head_dim), numpy_dtype(runner.dtype))
-    return ((z, z),) * c.n_layers
 
 
 __all__ = ["BLOCK", "IN_TURN", "Call", "Plan", "Result", "decoded", "order_of", "run_in_turn", "run_plan"]
