@@ -49,7 +49,7 @@ def linear_in_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     b = None if bias is None else bias.to(torch.float32)
     if rows * in_f * 4 > SLICE_BYTES:  # one row is larger than a slice: upcast as it is
         return F.linear(x, weight.to(torch.float32), b)
-    with _SLICE_LOCK:
+    with _SLICE_LOCK, torch.no_grad():
         buf = _slice_buffer()
         if rows >= out_f:
             return F.linear(x, buf[:out_f * in_f].view(out_f, in_f).copy_(weight), b)
@@ -67,9 +67,12 @@ _SLICE: list[torch.Tensor] = []
 
 def _slice_buffer() -> torch.Tensor:
     """The process's float32 buffer of :data:`SLICE_BYTES` for a slice's upcast (made on first use; its values are
-    written before every read, so a slice's product is the same as over a fresh copy, bit for bit)."""
+    written before every read, so a slice's product is the same as over a fresh copy, bit for bit). It is made a
+    normal tensor even when first used under ``torch.inference_mode`` (an inference tensor cannot be written outside
+    that mode, and the buffer outlives it); writes to it are kept out of autograd (the caller's ``no_grad``)."""
     if not _SLICE:
-        _SLICE.append(torch.empty(SLICE_BYTES // 4, dtype=torch.float32))
+        with torch.inference_mode(False):
+            _SLICE.append(torch.empty(SLICE_BYTES // 4, dtype=torch.float32))
     return _SLICE[0]
 
 

@@ -95,3 +95,22 @@ def test_a_forward_that_raises_leaves_the_model_as_it_was():
             half(torch.tensor([[99]]))  # out of the table
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
     assert all("forward" not in m.__dict__ for m in half.modules())
+
+
+@pytest.mark.parametrize("first", ["inference_mode", "grad"])
+def test_the_kept_slice_buffer_serves_every_autograd_mode(monkeypatch, first):
+    """The buffer the process keeps for a slice's upcast is made on first use — possibly under
+    ``torch.inference_mode`` (verify's checks) and then written outside it (an export's headroom pass), or first with
+    autograd on: every order computes the same product (an inference tensor written outside its mode raised, CI
+    2026-12-06)."""
+    monkeypatch.setattr(upcast, "_SLICE", [])
+    w = torch.randn(40, 64).to(torch.bfloat16)
+    x = torch.randn(3, 64)
+    want = F.linear(x, w.float())
+    modes = [torch.inference_mode, torch.no_grad, torch.enable_grad]
+    if first == "grad":
+        modes = modes[::-1]
+    for mode in modes + modes:
+        with mode():
+            rounding_of(linear_in_float32(x, w, None), want)
+    assert not upcast._SLICE[0].is_inference() and upcast._SLICE[0].grad_fn is None
