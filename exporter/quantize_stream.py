@@ -24,7 +24,7 @@ import mmap
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +153,20 @@ class WeightStore:
             parts.append(chunk)
             done += len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def pieces(self, name: str, size: int = _CHUNK) -> Iterator[bytes]:
+        """``name``'s bytes in pieces of ``size`` (the last shorter), read by offset: what a comparison holds is one
+        piece, never the tensor."""
+        ref = self.refs[name]
+        for at in range(0, ref.nbytes, size):
+            n = min(size, ref.nbytes - at)
+            chunk = os.pread(ref.fd, n, ref.offset + at)
+            while len(chunk) < n:  # a short read continued
+                more = os.pread(ref.fd, n - len(chunk), ref.offset + at + len(chunk))
+                if not more:
+                    raise ArtifactError(f"tensor {name}: its data ends after {at + len(chunk)} of {ref.nbytes} bytes")
+                chunk += more
+            yield chunk
 
     def copy_to(self, name: str, f) -> None:
         """Write ``name``'s bytes to the open file ``f`` at its position, 64 MB at a time."""
@@ -405,6 +419,10 @@ class StoredModel:
     @property
     def graph(self) -> onnx.GraphProto:
         return self.proto.graph
+
+    def pieces(self, t: onnx.TensorProto, size: int) -> Iterator[bytes] | None:
+        """``t``'s raw bytes in pieces of ``size`` when they are in the store (None when the message holds them)."""
+        return self.store.pieces(t.name, size) if self.store.held(t) else None
 
     def tensor(self, t: onnx.TensorProto) -> onnx.TensorProto:
         """``t`` as the in-memory path holds it: a copy with its bytes when they are in the store, else ``t``."""
