@@ -146,6 +146,22 @@ def return_freed_memory(threshold: int = 1 << 20) -> bool:
     return bool(mallopt(-3, int(threshold)))  # M_MMAP_THRESHOLD: fixed, so glibc stops raising it
 
 
+def trim_freed_memory() -> bool:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim(0)``), after a large owner of small
+    allocations is gone — an ONNX Runtime session closed. Allocations under :func:`return_freed_memory`'s threshold
+    come from the heap, and freeing them leaves the pages resident: measured on the bench-size int4 file's mapped
+    verify, closing its session gave back 73 MB and a trim 47 MB more (tests/test_spill.py). False where the C
+    library has no ``malloc_trim`` (not glibc)."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
+
+
 def spill_dir() -> Path:
     """Where verify spills: ``spill/<pid>`` in the user's cache (:func:`mhaexport.artifact.cache.cache_root`), on
     the same disk as the mapped weights; the files in it are unlinked, so the folder stays empty."""
@@ -154,4 +170,4 @@ def spill_dir() -> Path:
     return cache_root() / "spill" / str(os.getpid())
 
 
-__all__ = ["SPILL_MIN_BYTES", "Spill", "return_freed_memory", "spill_dir"]
+__all__ = ["SPILL_MIN_BYTES", "Spill", "return_freed_memory", "spill_dir", "trim_freed_memory"]

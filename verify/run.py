@@ -19,6 +19,7 @@ from mhaexport.runners.names import EAGER_CUDA, REFERENCE_RUNTIMES, TORCHSCRIPT
 from mhaexport.runners.plan import order_of
 from mhaexport.runners.subjects import CONTRACT, MODULE
 from mhaexport.runtime.runner import Runner
+from mhaexport.runtime.spill import trim_freed_memory
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.quality import allowance, self_tolerance, twin_allowance
 from mhaexport.verify.report import RuntimeInfo
@@ -114,17 +115,20 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
         for ch in [ch for ch in checks if ch not in on_twin] + on_twin:  # the file's own checks, then its twin's
             if ch == (on_twin or [None])[0]:  # one session of the file at a time: the twin holds the same weights
                 runner.deactivate()  # (packed: as many anonymous bytes again), so the file's session goes first
+                trim_freed_memory()  # and the heap pages it freed go back before the twin's are taken
                 twin, runner_ctx = _twin_turn(runner, twin, contexts, info, say)
             say(Step(f"{runner.name}: {ch} ...", tally.done, tally.total))
             if twin is not None and ch in on_twin:
                 results[runner.name][ch] = run_check(ch, twin, contexts[twin.name])
             else:
                 results[runner.name][ch] = run_check(ch, runner, runner_ctx)
+            trim_freed_memory()  # what the check freed goes back to the system, not to the next one's peak
             tally.done += 1
         results[runner.name] = {ch: results[runner.name][ch] for ch in checks}  # the table's order
         twin = twins.get(runner.name)
         if twin is not None:
             twin.deactivate()
+            trim_freed_memory()
         times = runner.times + (twin.times if twin is not None else [])
         info.calls, info.seconds = len(times), round(sum(times), 4)
         info.order = dict(getattr(runner, "plan_calls", {}))
@@ -139,6 +143,7 @@ def run_all(runners: list[Runner], ctx: SweepContext, checks: tuple[str, ...], s
             f"in {time.perf_counter() - t0:.1f} s ({info.calls} runs)")
     for runner in runners[1:]:  # eager stays: the checks' memoized references came from it
         runner.deactivate()
+    trim_freed_memory()
     return infos, results
 
 
