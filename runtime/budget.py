@@ -144,13 +144,16 @@ def watch(session: Any, what: str = "an ONNX Runtime call") -> Any:
     w = _Watch(lambda: setattr(options, "terminate", True))
     _watches.add(w)
     cls = type(session)
+    # the wrappers live in the session's own __dict__: they reach it through a weak reference, never a strong one, so
+    # no cycle keeps a closed session (gigabytes of weights) alive until the cyclic collector happens to run
+    own = weakref.ref(session)
 
     def call(method: Callable, *args: Any, run_options: Any = None) -> Any:
         if w.over is not None:  # stopped once: every later call of this session is refused at once, not waited on
             raise w.over
         w.begin()
         try:
-            return method(session, *args, run_options if run_options is not None else options)
+            return method(own(), *args, run_options if run_options is not None else options)
         except Exception as e:
             if w.tripped:
                 w.over = _over(what, w)

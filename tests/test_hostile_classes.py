@@ -250,6 +250,28 @@ def test_an_onnx_loop_of_2_to_the_62_trips_is_stopped_at_its_budget():
         assert quick.run(None, {"x": np.zeros(1, np.float32)})[0].tolist() == [3.0]  # a bounded loop runs
 
 
+def test_a_watched_session_is_freed_by_its_last_reference_not_by_the_cyclic_collector():
+    """watch() puts its wrappers in the session's own __dict__: they must not reach the session strongly, or the
+    session (its weights) lives on in a cycle until the collector runs, which a long verify rarely does."""
+    import gc
+    import weakref
+
+    from mhaexport.runtime import budget
+    from mhaexport.runtime.session import SessionConfig, open_session
+
+    gc.disable()
+    try:
+        session = open_session(_loop_model(3), SessionConfig())[0]
+        with budget.limit(5):
+            assert session.run(None, {"x": np.zeros(1, np.float32)})[0].tolist() == [3.0]  # still watched, still runs
+        assert hasattr(session, "_mhaexport_watch")
+        gone = weakref.ref(session)
+        del session
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 # --- third-party failures escape ---------------------------------------------------------------------------------
 
 def test_a_rust_panic_and_a_librarys_error_are_one_line_naming_the_file_and_the_library():
