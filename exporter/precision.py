@@ -73,11 +73,11 @@ def weightless(model: str | Path | onnx.ModelProto) -> bytes:
     """``model`` serialized with its floating weights turned into graph inputs of the same type and shape: what ONNX
     Runtime's kernel choice and its Casts depend on (op types and dtypes), without the weights — a session over it
     reads none, so the precision report of a model of any size costs its graph, not its weights. The weights are
-    never read either: a one-file model is walked field by field (:func:`mhaexport.exporter.wire.read_stripped`),
+    never read either: a one-file model is walked field by field (:func:`mhaexport.runners.wire.read_stripped`),
     an external-data one read without its data."""
     from onnx.external_data_helper import uses_external_data
 
-    from mhaexport.exporter.wire import read_stripped
+    from mhaexport.runners.wire import read_stripped
 
     where: dict[str, tuple[int, int]] = {}
     if isinstance(model, onnx.ModelProto):

@@ -35,7 +35,7 @@ from onnx.external_data_helper import (ExternalDataInfo, _get_all_tensors, _get_
 
 from mhaexport.artifact import shown_path
 from mhaexport.core.errors import ArtifactError
-from mhaexport.exporter.wire import read_stripped, write_proto
+from mhaexport.runners.wire import read_stripped, write_proto
 
 # onnx.save_model's rule (convert_model_to_external_data, size_threshold=1024): a tensor goes to external data when
 # sys.getsizeof(raw_data) >= 1024, i.e. from this many bytes on

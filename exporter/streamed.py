@@ -17,7 +17,7 @@ import onnx_ir as ir
 import torch
 
 from mhaexport.core.errors import ExportError
-from mhaexport.exporter.wire import write_proto
+from mhaexport.runners.wire import write_proto
 from mhaexport.models.stream import WeightsFile
 
 

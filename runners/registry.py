@@ -156,6 +156,8 @@ def deploy_of(runner: Runner) -> Runner | None:
 
 # the float-activation twin of an int8-activation file, written beside it in the reader's private snapshot
 TWIN_FILE = "model.float-activations.onnx"
+# a one-file model's initializers of this many bytes and more are the twin's by reference into the file, not copied
+TWIN_INLINE_BYTES = 4096
 
 
 def float_activation_twin(runner: Runner) -> Runner | None:
@@ -163,7 +165,8 @@ def float_activation_twin(runner: Runner) -> Runner | None:
     with float activations (``accuracy_level`` 0) — the same graph, the same quantized weights (its external data
     the file's own, by reference), driven the same way — or None where ``runner`` is no ONNX Runtime runner of a
     file in a reader's private snapshot (the twin is written beside it there, never in a folder of the user's) or
-    no node quantizes its activations (accuracy level 4).
+    no node quantizes its activations (accuracy level 4). The twin is a graph file whose weights are the file's
+    bytes where they lie (its external data, or the file itself at each tensor's offset): writing it reads no weight.
 
     Why: at level 4 MatMulNBits rounds each activation block to int8 at run time, so the file is only piecewise
     continuous; a cached decode step sums attention in another order than a prefill (float32 rounding), and where
@@ -176,13 +179,17 @@ def float_activation_twin(runner: Runner) -> Runner | None:
 
     from mhaexport.artifact.details import INT8_ACTIVATIONS
     from mhaexport.artifact.folder import in_snapshot
+    from mhaexport.runners.wire import read_stripped
 
     if not isinstance(runner, OrtRunner) or isinstance(runner.path, bytes) or runner.session_of is not None:
         return None
     path = Path(runner.path)
     if not in_snapshot(path):  # never written into a folder of the user's
         return None
-    model = onnx.load(str(path), load_external_data=False)
+    # the graph without its weights' bytes: a one-file model's are walked past in the mapped file and referenced by
+    # offset into it (loading and saving one would hold its weights in memory twice and more: +2.1 GB for a 0.86 GB
+    # file), an external-data model's are referenced as the file references them
+    model, where = read_stripped(path, TWIN_INLINE_BYTES)
     nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
     acc = [next((a for a in n.attribute if a.name == "accuracy_level"), None) for n in nodes]
     if not any(a is not None and a.i == INT8_ACTIVATIONS for a in acc):
@@ -190,7 +197,15 @@ def float_activation_twin(runner: Runner) -> Runner | None:
     for a in acc:
         if a is not None:
             a.i = 0
-    twin = path.with_name(TWIN_FILE)  # inline weights (a file under 2 GB) copied with it; external ones referenced
+    for t in model.graph.initializer:
+        if t.name in where:
+            offset, length = where[t.name]
+            t.ClearField("raw_data")
+            del t.external_data[:]
+            for key, value in (("location", path.name), ("offset", str(offset)), ("length", str(length))):
+                t.external_data.add(key=key, value=value)
+            t.data_location = onnx.TensorProto.EXTERNAL
+    twin = path.with_name(TWIN_FILE)
     onnx.save(model, str(twin))
     return type(runner)(f"{runner.name} (float activations)", runner.contract, twin, feed=runner.feed,
                         config=runner.config, io_binding=runner.io_binding, protocol=runner.protocol)

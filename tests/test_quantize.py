@@ -191,6 +191,52 @@ def test_an_int8_activation_file_is_held_to_itself_through_its_float_activation_
     assert not (Path(tiny_int4) / TWIN_FILE).exists()  # never written into the user's folder
 
 
+def test_the_twin_of_a_one_file_model_references_the_files_own_bytes_and_computes_the_same(tiny_int4):
+    """A quantized file under 2 GB holds its weights inline: the twin references them where they lie in the file (by
+    offset, the file walked field by field, never loaded), so making it costs the graph, not the weights — loading
+    and saving it held them twice and more (+2.1 GB for a 1.1 B int4 file, over verify's plan) — and it computes
+    bit for bit what the twin made by loading and editing the whole file computes."""
+    import numpy as np
+    import onnx
+
+    from mhaexport.runners.registry import float_activation_twin, runner_for
+
+    with ExportFolder.open(tiny_int4) as ef:
+        file = ef.root / "model.onnx"
+        assert not any(t.data_location == onnx.TensorProto.EXTERNAL
+                       for t in onnx.load(str(file)).graph.initializer)  # one file: the weights inline
+        runner = runner_for(ef, "ort-cpu", ef.contract)
+        twin = float_activation_twin(runner)
+        proto = onnx.load(str(twin.path), load_external_data=False)
+        referenced = {t.name: {e.key: e.value for e in t.external_data} for t in proto.graph.initializer
+                      if t.data_location == onnx.TensorProto.EXTERNAL}
+        assert referenced and {r["location"] for r in referenced.values()} == {"model.onnx"}
+        in_file = sum(int(r["length"]) for r in referenced.values())
+        assert in_file > 0.5 * file.stat().st_size  # the tiny preset's: the tensors of 4 kB and more
+        # the graph and the small tensors: no referenced byte copied (a reference costs < 100 bytes of the twin's)
+        assert twin.path.stat().st_size < file.stat().st_size - in_file + 100 * len(referenced)
+
+        whole = onnx.load(str(file))  # the twin made the old way: the whole file loaded, edited and kept in memory
+        for n in whole.graph.node:
+            for a in n.attribute:
+                if a.name == "accuracy_level":
+                    a.i = 0
+        ids = np.random.default_rng(1).integers(0, ef.contract.vocab_size, (2, 9), dtype=np.int64)
+        twin.activate()
+        try:
+            got, _ = twin.run(ids, np.ones_like(ids))
+        finally:
+            twin.deactivate()
+        expected_runner = type(twin)("edited", ef.contract, whole.SerializeToString(), feed=twin.feed,
+                                     config=twin.config, io_binding=twin.io_binding, protocol=twin.protocol)
+        expected_runner.activate()
+        try:
+            expected, _ = expected_runner.run(ids, np.ones_like(ids))
+        finally:
+            expected_runner.deactivate()
+        assert np.array_equal(got, expected)
+
+
 def test_the_twin_of_a_file_with_external_data_references_its_weights(tiny_export, tmp_path, monkeypatch):
     """A quantized file whose weights are external data (every file past 2 GB): the twin is its graph alone, the
     weights referenced by the same locations in the snapshot — nothing copied — and it runs."""

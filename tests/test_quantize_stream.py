@@ -21,7 +21,7 @@ from mhaexport.artifact.files import DATA_FILE, ONNX_FILE, external_data_thresho
 from mhaexport.exporter import quantize as q
 from mhaexport.exporter import quantize_stream as qs
 from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
-from mhaexport.exporter.wire import read_stripped
+from mhaexport.runners.wire import read_stripped
 from children import run_measured
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,7 +11,8 @@ import torch
 import mhaexport
 from mhaexport.core.errors import ModelLoadError
 from mhaexport.exporter import onnx as onnx_exporter
-from mhaexport.exporter import streamed, wire
+from mhaexport.exporter import streamed
+from mhaexport.runners import wire
 from mhaexport.exporter.onnx import EXTERNAL_DATA_ENV, export_onnx
 from mhaexport.models import stream
 from mhaexport.models.loading import load_model

@@ -2,7 +2,9 @@
 in one message: :func:`write_proto` writes a message whose chosen initializers' bytes come from writers, one tensor at
 a time (the bytes ``SerializeToString`` would give), and :func:`read_stripped` reads a one-file model back without its
 large initializers' bytes, returning where each lies in the file. Torch-free: the streamed export
-(:mod:`mhaexport.exporter.streamed`) and quantization (:mod:`mhaexport.exporter.quantize_stream`) both use it.
+(:mod:`mhaexport.exporter.streamed`) and quantization (:mod:`mhaexport.exporter.quantize_stream`) both use it, and
+verify's float-activation twin of a quantized file (:func:`mhaexport.runners.registry.float_activation_twin`), whose
+weights are the file's own bytes where they lie. In the runners room, below both the exporter and verify.
 """
 
 from __future__ import annotations
