@@ -102,10 +102,11 @@ _HALF_BYTE = {21, 22, 23}  # UINT4, INT4, FLOAT4E2M1
 _TYPED = {1: "float_data", 6: "int32_data", 7: "int64_data", 11: "double_data", 13: "uint64_data", 12: "uint64_data"}
 
 
-def tensor_size_error(t: Any) -> str | None:
+def tensor_size_error(t: Any, stored: int | None = None) -> str | None:
     """Why the in-file tensor ``t`` (a TensorProto; external data is checked against its file elsewhere) cannot be
     read as its dims say — a negative dim, or data of another size than the dims declare — or None. Checked before
-    anything reads the values: numpy would raise deep inside a rule, or allocate what the dims claim."""
+    anything reads the values: numpy would raise deep inside a rule, or allocate what the dims claim. ``stored``:
+    the byte count of its raw data where a reader left them in the file (``runners.wire.read_graph``)."""
     if t.data_location == 1:  # EXTERNAL
         return None
     dims = list(t.dims)
@@ -114,19 +115,20 @@ def tensor_size_error(t: Any) -> str | None:
     n = 1
     for d in dims:
         n *= d
-    if t.raw_data:
+    raw = stored is not None or bool(t.raw_data)
+    if raw:
         if t.data_type in _HALF_BYTE:
             want = (n + 1) // 2
         elif t.data_type in _ITEM_BYTES:
             want = n * _ITEM_BYTES[t.data_type]
         else:
             return None
-        have = len(t.raw_data)
+        have = stored if stored is not None else len(t.raw_data)
     elif t.data_type in _TYPED:
         want, have = n, len(getattr(t, _TYPED[t.data_type]))
     else:
         return None
     if have != want:
-        unit = "bytes" if t.raw_data else "values"
+        unit = "bytes" if raw else "values"
         return f"dims {dims} declare {want} {unit} of data, the tensor holds {have}"
     return None

@@ -35,6 +35,7 @@ from mhaexport.artifact.details import OnnxDetails
 from mhaexport.runtime.feed import Feed
 from mhaexport.runtime.session import DEFAULT_OPT_LEVEL, OPT_LEVELS, SessionConfig, open_session
 from mhaexport.verify.sweep import Case, build_sweep
+from mhaexport.runners.wire import read_graph, refer_in_place
 from mhaexport.diagnose.attention_steps import (FUSED_OPS, StepDiff, compare_steps, first_tensor, onnx_ops,
                                               relative_error, trace_module)
 
@@ -370,7 +371,9 @@ def bisect_onnx(onnx_model: str | Path | Any, loaded, *, batch: int = 2, seq: in
         label = str(onnx_model)
         data_dir = str(Path(onnx_model).resolve().parent)  # where ONNX Runtime finds the file's external data
         with library_call("onnx", shown_path(onnx_model)):
-            proto = onnx.load(str(onnx_model), load_external_data=False)  # the graph; external weights stay on disk
+            # the graph; a one-file model's weights referenced in the file, external ones where they are: none read
+            proto, where = read_graph(onnx_model)
+            refer_in_place(proto, where, Path(onnx_model).name)
     else:
         label, proto, data_dir = "<in-memory ONNX model>", onnx_model, None
     index = GraphIndex(proto.graph)
@@ -806,7 +809,7 @@ def _quantized_scope_hints(ef, entry, proto_nodes) -> tuple[dict[str, list[str]]
         s_entry = source.entry("onnx")
         if s_entry.files[s_entry.file]["sha256"] != src.onnx_sha256:
             return {}, f"its float source {source.path} holds another file than it was quantized from (sha256)"
-        graph = onnx.load(str(source.file("onnx")), load_external_data=False).graph
+        graph = read_graph(source.file("onnx"))[0].graph
     by_name = {n.name: sc for n in graph.node if (sc := name_scopes(n))}
     hints = {}
     for n in proto_nodes:
@@ -879,7 +882,7 @@ def _bisect_folder(ef, loaded, case_from: str, kwargs: dict, trust_code: bool = 
         kwargs.setdefault("tol", tol)
         notes.append(said)
         if feed.scoped:
-            nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
+            nodes = read_graph(ef.file("onnx"))[0].graph.node
             hints, why = _quantized_scope_hints(ef, entry, nodes)
             if why:  # a module's last value in its scope would not be its output: outputs only
                 kwargs["outputs_only"] = f"its quantized nodes carry no module scopes and {why}"

@@ -162,18 +162,17 @@ def followed_failure(folder) -> tuple[str, str, object] | None:
 
 def follow_weights(folder, runtime: str, result) -> FollowReport:
     """The weights check's first difference — tensor, role, block — and the module holding that tensor."""
-    import onnx
-
     from mhaexport.artifact import opened
     from mhaexport.diagnose.bisect import _module_paths, _quantized_scope_hints, BLOCK_RE
     from mhaexport.core.graph import name_scopes
+    from mhaexport.runners.wire import read_graph
 
     first = str(getattr(result.figures, "first_difference", None) or result.message)
     tensor = first.split(" ", 1)[0]
     module = None
     with opened(folder, "onnx") as ef:
         entry = ef.entry("onnx")
-        nodes = onnx.load(str(ef.file("onnx")), load_external_data=False).graph.node
+        nodes = read_graph(ef.file("onnx"))[0].graph.node
         hints, _ = _quantized_scope_hints(ef, entry, nodes)
         for n in nodes:
             if tensor in n.input:

@@ -29,6 +29,7 @@ from mhaexport.core.graph import weights_read
 from mhaexport.models.loading import LoadedModel
 from mhaexport.runtime.foreign import GENAI_CONFIG, Layout, detect_layout
 from mhaexport.runtime.tokenizer import tokenizer_files
+from mhaexport.runners.wire import read_graph
 
 ADOPTED_DIR = "mhaexport"  # default folder of an adoption: beside the file, FILE's folder / ADOPTED_DIR
 # com.microsoft / ONNX ops whose presence makes a graph's weights quantized (lossy): name -> what they hold
@@ -45,7 +46,7 @@ def default_folder(path: str | Path) -> Path:
 def _external_files(path: Path) -> list[str]:
     """The external-data files the graph references (relative to its folder), in first-reference order."""
     with library_call("onnx", path):  # another tool's file: its parse failure is the file's
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_graph(path)[0]
     found: list[str] = []
 
     def tensors():
@@ -73,7 +74,7 @@ def quantization_of(path: Path) -> Quantization | None:
     label, the op counts and the weight bytes a decode step reads (``weights_read``, as quantize records its own).
     verify then judges the file by quality against eager fp32, not exact parity."""
     with library_call("onnx", path):  # another tool's file: its parse failure is the file's
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_graph(path)[0]
     counts: dict[str, int] = {}
     op, attrs = None, {}  # the first quantized MatMul and its attributes
     for node in model.graph.node:
@@ -175,7 +176,7 @@ def adopt_onnx(loaded: LoadedModel, path: str | Path, out_dir: str | Path | None
         # a shared buffer's slots: the producer's context length, at most the model's (_check_sizes)
         cache=CacheLayout(cache.kind, layout.max_positions if cache.shared else None, cache.padding),
         attention="as exported", quantization=quant,
-        opset=next((o.version for o in onnx.load(str(path), load_external_data=False).opset_import
+        opset=next((o.version for o in read_graph(path)[0].opset_import
                     if o.domain in ("", "ai.onnx")), None),
         dynamic_axes=[iospec.BATCH, iospec.SEQ, iospec.PAST, iospec.TOTAL],
         exporter=f"{layout.producer} (adopted by mhaexport: not exported here)",

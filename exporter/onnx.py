@@ -39,6 +39,7 @@ from mhaexport.models.loading import LoadedModel
 from mhaexport.models.stream import restaged
 from mhaexport.runtime.protocol import padding_of
 from mhaexport.runtime.tokenizer import TOKENIZER_FILES
+from mhaexport.runners.wire import read_graph, refer_in_place
 
 MIN_OPSET, MAX_OPSET = 18, 23
 DEFAULT_OPSET = 18
@@ -205,7 +206,7 @@ def check_onnx(path: Path) -> None:
     (its external data not loaded, so the copy is the graph alone and names the same data files), which the checker
     leaves to ONNX Runtime as every com.microsoft op; shape inference there is not strict. The self-check and verify
     run those nodes."""
-    graph = onnx.load(str(path), load_external_data=False)
+    graph, where = read_graph(path)  # a one-file model's weights stay in the file
     contrib = [n for n in graph.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ORT_ONNX_DOMAIN_CONTRIB]
     if not contrib:
         del graph
@@ -213,6 +214,7 @@ def check_onnx(path: Path) -> None:
         return
     for n in contrib:
         n.domain = "com.microsoft"
+    refer_in_place(graph, where, path.name)  # the copy beside the file reads the file's own bytes
     if not any(o.domain == "com.microsoft" for o in graph.opset_import):
         graph.opset_import.add(domain="com.microsoft", version=1)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".check.onnx", dir=path.parent)

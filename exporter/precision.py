@@ -15,6 +15,7 @@ import onnx
 
 from mhaexport.core.errors import first_line
 from mhaexport.runtime.session import cpu_session
+from mhaexport.runners.wire import read_graph
 
 
 @dataclass
@@ -43,7 +44,7 @@ def precision_report(model: str | Path | onnx.ModelProto, dtype: str, *, casts_i
     graph ORT would save in one protobuf); ``cast_by_ort`` is then None, "not checked". float32 needs no session.
     """
     if casts_in_graph is None:
-        graph = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+        graph = model if isinstance(model, onnx.ModelProto) else read_graph(model)[0]
         casts_in_graph = sum(n.op_type == "Cast" for n in graph.graph.node)
     report = PrecisionReport(dtype, casts_in_graph=casts_in_graph)
     if dtype == "float32":
@@ -73,21 +74,14 @@ def weightless(model: str | Path | onnx.ModelProto) -> bytes:
     """``model`` serialized with its floating weights turned into graph inputs of the same type and shape: what ONNX
     Runtime's kernel choice and its Casts depend on (op types and dtypes), without the weights — a session over it
     reads none, so the precision report of a model of any size costs its graph, not its weights. The weights are
-    never read either: a one-file model is walked field by field (:func:`mhaexport.runners.wire.read_stripped`),
+    never read either: a one-file model is walked field by field (:func:`mhaexport.runners.wire.read_graph`),
     an external-data one read without its data."""
-    from onnx.external_data_helper import uses_external_data
-
-    from mhaexport.runners.wire import read_stripped
-
     where: dict[str, tuple[int, int]] = {}
     if isinstance(model, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
     else:
-        proto = onnx.load(str(model), load_external_data=False)
-        if not any(uses_external_data(t) for t in proto.graph.initializer):
-            del proto
-            proto, where = read_stripped(Path(model), WEIGHT_BYTES)
+        proto, where = read_graph(model, WEIGHT_BYTES)
     g = proto.graph
     kept = []
     for t in g.initializer:

@@ -4,7 +4,7 @@
 reference the message carries (``data_location: EXTERNAL``) and the store resolves by the tensor's name:
 
 - the source's weights, read by offset from the float export (its ``model.onnx.data``, or the raw bytes inside a
-  one-file ``model.onnx``, found by walking the protobuf: :func:`mhaexport.exporter.streamed.read_stripped`);
+  one-file ``model.onnx``, found by walking the protobuf: :func:`mhaexport.runners.wire.read_graph`);
 - each tensor ONNX Runtime's quantizer makes (packed blocks, scales, zero points) and the untied LM head, written to
   an unlinked staging file as soon as it is made (:meth:`WeightStore.spill`).
 
@@ -35,7 +35,7 @@ from onnx.external_data_helper import (ExternalDataInfo, _get_all_tensors, _get_
 
 from mhaexport.artifact import shown_path
 from mhaexport.core.errors import ArtifactError
-from mhaexport.runners.wire import read_stripped, write_proto
+from mhaexport.runners.wire import read_graph, write_proto
 
 # onnx.save_model's rule (convert_model_to_external_data, size_threshold=1024): a tensor goes to external data when
 # sys.getsizeof(raw_data) >= 1024, i.e. from this many bytes on
@@ -91,20 +91,19 @@ class WeightStore:
         its external data's tensors, and in a one-file model each initializer from :data:`EXTERNAL_MIN_BYTES` on.
         ArtifactError for a file that is no ONNX model or names external data outside its folder."""
         path = Path(path)
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, onnx's own, OSError
+        try:  # the graph: a one-file model's large raw_data stays in the file, walked past, never loaded
+            model, where = read_graph(path, EXTERNAL_MIN_BYTES)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, a malformed field, OSError
             raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: {type(e).__name__}: {e}") from None
         if not model.graph.node:
             raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: it holds no graph")
-        external = [t for t in _get_all_tensors(model) if uses_external_data(t)]
-        if not external:  # one protobuf: read again without its large raw_data, which stays in the file
-            del model
-            model, where = read_stripped(path, EXTERNAL_MIN_BYTES)
+        external = [t for t in _get_all_tensors(model) if uses_external_data(t)]  # before the refs below
+        if where:
             fd = self._open(path)
             for t in model.graph.initializer:
                 if t.name in where:
                     self._make_ref(t, Ref(fd, *where[t.name], explicit_default=False))
+        if not external:
             return model
         files: dict[str, int] = {}
         for t in external:

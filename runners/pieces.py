@@ -11,7 +11,8 @@ reads (types from the file's value_info), its outputs what later pieces or the g
 initializers the file's TensorProtos as they are: an external one names the same data file, offset and length — the
 same bytes, which the manifest hashes, never copied — and ONNX Runtime reads them from that file
 (``session.model_external_initializers_file_folder_path``); an inline one (a file under the external-data threshold)
-is copied with its bytes. Every node of the file is in exactly one piece (:func:`split` checks it), and each piece
+is referenced the same way, as external data naming the file itself at its bytes' offset (``runners/wire``), the
+smallest (under 64 kB) copied. Every node of the file is in exactly one piece (:func:`split` checks it), and each piece
 reads only values made before it.
 
 What running pieces proves about the shipped file, and what it does not: the same nodes compute on the same weights
@@ -99,7 +100,10 @@ def split(path: str | Path, n_layers: int) -> Pieces:
     piece would read a later one's value."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    from mhaexport.runners.wire import read_graph, refer_in_place
+
+    model, where = read_graph(path)  # a one-file model's weights referenced where they lie, never loaded
+    refer_in_place(model, where, Path(path).name)
     g = model.graph
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
         raise Unsplittable("the graph holds subgraphs")

@@ -179,7 +179,7 @@ def float_activation_twin(runner: Runner) -> Runner | None:
 
     from mhaexport.artifact.details import INT8_ACTIVATIONS
     from mhaexport.artifact.folder import in_snapshot
-    from mhaexport.runners.wire import read_stripped
+    from mhaexport.runners.wire import read_graph, refer_in_place
 
     if not isinstance(runner, OrtRunner) or isinstance(runner.path, bytes) or runner.session_of is not None:
         return None
@@ -189,7 +189,7 @@ def float_activation_twin(runner: Runner) -> Runner | None:
     # the graph without its weights' bytes: a one-file model's are walked past in the mapped file and referenced by
     # offset into it (loading and saving one would hold its weights in memory twice and more: +2.1 GB for a 0.86 GB
     # file), an external-data model's are referenced as the file references them
-    model, where = read_stripped(path, TWIN_INLINE_BYTES)
+    model, where = read_graph(path, TWIN_INLINE_BYTES)
     nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
     acc = [next((a for a in n.attribute if a.name == "accuracy_level"), None) for n in nodes]
     if not any(a is not None and a.i == INT8_ACTIVATIONS for a in acc):
@@ -197,14 +197,7 @@ def float_activation_twin(runner: Runner) -> Runner | None:
     for a in acc:
         if a is not None:
             a.i = 0
-    for t in model.graph.initializer:
-        if t.name in where:
-            offset, length = where[t.name]
-            t.ClearField("raw_data")
-            del t.external_data[:]
-            for key, value in (("location", path.name), ("offset", str(offset)), ("length", str(length))):
-                t.external_data.add(key=key, value=value)
-            t.data_location = onnx.TensorProto.EXTERNAL
+    refer_in_place(model, where, path.name)
     twin = path.with_name(TWIN_FILE)
     onnx.save(model, str(twin))
     return type(runner)(f"{runner.name} (float activations)", runner.contract, twin, feed=runner.feed,

@@ -126,6 +126,49 @@ def write_proto(proto: onnx.ModelProto, path: Path, streamed: Mapping[str, tuple
         f.write(m_tail)
 
 
+# what a reader that needs no weights keeps of a one-file model's tensor: its bytes below this, a place in the file above
+GRAPH_BYTES = 1 << 16
+
+
+def read_graph(path: str | Path, min_bytes: int = GRAPH_BYTES) -> tuple[onnx.ModelProto, dict[str, tuple[int, int]]]:
+    """The ONNX file at ``path`` as every reader that needs its graph, not its weights, reads it — lint, the
+    external-data and tensor checks, the genai-config check, the twin, diagnosis: :func:`read_stripped` (a one-file
+    model's main-graph tensors of ``min_bytes`` and more left in the file, their (offset, byte count) returned; an
+    external-data model's data never read), and an empty file an empty model, as protobuf parses 0 bytes. Reading a
+    one-file model with ``onnx.load`` held its weights twice over (the file's bytes and the parsed message: 1.7 GB of
+    anonymous memory for a 0.86 GB file, four times in one verify). ValueError or IndexError on a malformed file."""
+    path = Path(path)
+    if path.stat().st_size == 0:
+        return onnx.ModelProto(), {}
+    return read_stripped(path, min_bytes)
+
+
+def refer_in_place(model: onnx.ModelProto, where: dict[str, tuple[int, int]], location: str) -> onnx.ModelProto:
+    """``model`` (from :func:`read_graph`) with each initializer whose bytes were left in the file made external data
+    naming that file (``location``, beside the graph that is written from ``model``) at their offset: a graph file
+    that runs on the file's own bytes, none copied (ONNX Runtime maps them). Returns ``model``, changed in place."""
+    for t in model.graph.initializer:
+        if t.name in where and not t.raw_data:
+            offset, length = where[t.name]
+            t.ClearField("raw_data")
+            del t.external_data[:]
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+                t.external_data.add(key=key, value=value)
+            t.data_location = onnx.TensorProto.EXTERNAL
+    return model
+
+
+def stored_bytes(path: str | Path, where: dict[str, tuple[int, int]], name: str) -> bytes | None:
+    """The bytes :func:`read_graph` left in the file for the tensor ``name`` (read now, only these), or None where it
+    left none."""
+    if name not in where:
+        return None
+    offset, length = where[name]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
 def read_stripped(path: Path, min_bytes: int) -> tuple[onnx.ModelProto, dict[str, tuple[int, int]]]:
     """The model in ``path`` (one protobuf, weights inside) without its large weights' bytes: each main-graph
     initializer whose ``raw_data`` holds ``min_bytes`` or more comes back without it, and its (offset in the file,

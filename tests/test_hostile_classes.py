@@ -359,3 +359,37 @@ def test_every_class_refusal_is_an_mhaexport_error():
     """The refusals above are all MhaExportError: exit 2 in one line (OverBudget, a runtime's failure, is a check's
     failure inside verify)."""
     assert all(issubclass(e, MhaExportError) for e in (LibraryRefused, UnsafeFolder, OverBudget, ArtifactError))
+
+
+# --- one reader of an ONNX file's graph ----------------------------------------------------------------------------
+
+# the loads that want what they load: a file's weights into memory on purpose, or a graph mhaexport itself wrote
+# without weights (a trace it stored, ORT's optimized copy of a weightless graph)
+WHOLE_LOADS = {
+    "exporter/quantize.py": "load_with_data: the in-memory quantizer's input, weights and all, by request",
+    "exporter/precision.py": "ORT's level-0 copy of a weightless graph, written by this process",
+    "exporter/trace_store.py": "a stored trace: a graph the exporter wrote, its weights never stored",
+}
+
+
+def test_every_graph_of_a_shipped_file_is_read_by_the_one_graph_reader():
+    """An ONNX file's graph is read through ``runners.wire.read_graph`` (a one-file model's weights walked past in
+    the mapped file, never parsed into memory) everywhere but the loads above: ``onnx.load`` of a 0.86 GB one-file
+    model held 1.7 GB, and verify did it four times (lint, the external-data check twice, the genai check), the
+    twin a fifth — over verify's memory plan. A new ``onnx.load`` must be a reader of the graph or say why not."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    load = re.compile(r"\bonnx\.load(?:_model)?\(|\bir\.load\(|load_model_from_string\(")
+    found = {}
+    for folder in ("core", "artifact", "models", "exporter", "runtime", "runners", "verify", "bench", "diagnose",
+                   "evaluate", "mhaexport"):
+        for path in (root / folder).rglob("*.py"):
+            text = "\n".join(line for line in path.read_text().splitlines()
+                             if not line.lstrip().startswith("#"))
+            text = re.sub(r'"""[\s\S]*?"""', "", text)  # docstrings may name onnx.load
+            if load.search(text):
+                found[str(path.relative_to(root))] = len(load.findall(text))
+    assert set(found) == set(WHOLE_LOADS), found
+    assert found["exporter/precision.py"] == 1 and found["exporter/quantize.py"] == 1

@@ -152,3 +152,32 @@ def test_lint_names_the_planted_zero_fill_in_a_real_export(tmp_path):
     assert res.exit_code == 0, res.output
     report = lint_path(tmp_path)
     assert len(report.errors) == 2 and {f.rule for f in report.errors} == {"mask-order"}  # one per layer
+
+
+def test_a_one_file_models_large_constants_stay_in_the_file_until_a_rule_asks_for_one(tmp_path):
+    """lint reads a one-file model as its graph (``runners.wire.read_graph``): tensors of 64 kB and more are left in
+    the file, so a 2 GB file is never held in memory twice over; a rule that needs such a constant (a baked float16
+    fill beside Softmax) reads that one alone and still finds it, and a large tensor whose dims disagree with its
+    stored bytes is still refused before any rule runs."""
+    from mhaexport.core.errors import UntrustedInput
+    from mhaexport.runners.wire import GRAPH_BYTES, read_graph
+
+    add = helper.make_node("Add", ["scaled", "bias"], ["masked"])
+    bias = helper.make_node("Where", ["cond", "fmin", "fzero"], ["bias"])
+    fill = np.full((256, 256), -65504, np.float16)  # 128 kB: past what the reader keeps in memory
+    assert fill.nbytes >= GRAPH_BYTES
+    nodes, inits = _attention([bias, add], inits=[_const("fmin", fill), _const("fzero", np.float16(0)),
+                                                  _const("cond", np.ones((1, 1), bool))])
+    path = tmp_path / "model.onnx"
+    onnx.save(_decoder(nodes, inits, elem=F16), str(path))
+    model, left = read_graph(path)
+    assert "fmin" in left and not next(t for t in model.graph.initializer if t.name == "fmin").raw_data
+    r = lint_path(path)
+    assert any(f.rule == "fp16-min-fill" and "-65504" in f.message for f in r.errors), r.findings
+
+    lying = _decoder(nodes, inits, elem=F16)
+    next(t for t in lying.graph.initializer if t.name == "fmin").dims[:] = [256, 512]  # claims twice its bytes
+    onnx.save(lying, str(path))
+    with pytest.raises(UntrustedInput, match=r"tensor 'fmin': dims \[256, 512\] declare 262144 bytes of data, the "
+                                             r"tensor holds 131072"):
+        lint_path(path)

@@ -597,8 +597,10 @@ def _size_constant(runner: Runner, sizes: dict[str, int]) -> str | None:
 
     from mhaexport.core.graph import GraphIndex
 
+    from mhaexport.runners.wire import read_graph
+
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_graph(path)[0]  # the constants sought hold at most 8 values: none is left in the file
     except Exception:  # noqa: BLE001 - unreadable here: no evidence either way
         return None
     index = GraphIndex(model.graph)

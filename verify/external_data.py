@@ -22,7 +22,9 @@ def external_data_names(onnx_path: str | Path, tensors: list | None = None) -> l
     """The external-data locations an ONNX file names (initializers and tensor attributes, subgraphs included), in
     first-reference order; the file is parsed without its data (``tensors``: its tensors, already read)."""
     if tensors is None:
-        tensors = list(_get_all_tensors(onnx.load(str(onnx_path), load_external_data=False)))
+        from mhaexport.runners.wire import read_graph
+
+        tensors = list(_get_all_tensors(read_graph(onnx_path)[0]))
     found: list[str] = []
     for t in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL:
@@ -32,20 +34,27 @@ def external_data_names(onnx_path: str | Path, tensors: list | None = None) -> l
     return found
 
 
-def check_tensors(tensors, where: str | Path) -> None:
+def check_tensors(tensors, where: str | Path, stored: dict[str, tuple[int, int]] | None = None) -> None:
     """UntrustedInput naming ``where`` and the tensor when an in-file tensor's dims disagree with its data (or are
     negative): refused before lint's rules or a runtime read it (numpy would raise, or allocate what the dims
-    claim). ``tensors``: a ModelProto's tensors (``_get_all_tensors``), or the ModelProto itself."""
+    claim). ``tensors``: a ModelProto's tensors (``_get_all_tensors``: its main graph's initializers first), or the
+    ModelProto itself; ``stored``: the main-graph initializers whose bytes ``runners.wire.read_graph`` left in the
+    file, with (offset, byte count) — their count is checked instead."""
+    main = 0
     if isinstance(tensors, onnx.ModelProto):
+        main = len(tensors.graph.initializer) if stored else 0
         tensors = _get_all_tensors(tensors)
-    for t in tensors:
-        if (why := tensor_size_error(t)) is not None:
+    for i, t in enumerate(tensors):
+        left = stored.get(t.name) if i < main and not t.raw_data else None
+        if (why := tensor_size_error(t, None if left is None else left[1])) is not None:
             raise UntrustedInput(f"{where}: tensor {shown(t.name)!r}: {why}: refused")
 
 
 def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
     """UnsafeFolder unless every external-data location of each ONNX file of ``ef``'s ``artifact`` is one of the
     artifact's hashed files. A file onnx cannot parse is left to the runtimes, which report it."""
+    from mhaexport.runners.wire import read_graph
+
     if not ef.has(artifact):
         return
     entry = ef.entry(artifact)
@@ -54,10 +63,11 @@ def check_external_data(ef: ExportFolder, artifact: str = "onnx") -> None:
         if not fname.endswith(".onnx") or not ef.file(artifact, fname).is_file():
             continue
         try:
-            tensors = list(_get_all_tensors(onnx.load(str(ef.file(artifact, fname)), load_external_data=False)))
+            model, stored = read_graph(ef.file(artifact, fname))
+            tensors = list(_get_all_tensors(model))
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends: an unreadable file, reported later
             continue
-        check_tensors(tensors, ef.path / fname)
+        check_tensors(model, ef.path / fname, stored)
         locations = external_data_names(ef.file(artifact, fname), tensors)
         for loc in locations:
             check_name(loc, f"{ef.path / fname}: external data")

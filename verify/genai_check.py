@@ -30,10 +30,10 @@ from mhaexport.runtime.genai_config import (CACHE_OPS_IN_PLACE, DEFAULT_NAMES, G
 
 def read_graph_io(path: str | Path) -> GraphIO:
     """The :class:`GraphIO` of the ONNX file at ``path`` (its external data not loaded)."""
-    import onnx
+    from mhaexport.runners.wire import read_graph
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_graph(path)[0]
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise ArtifactError(f"{path} is not a readable ONNX model: {type(e).__name__}: {e}") from None
     return graph_io_of(model)

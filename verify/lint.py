@@ -1,6 +1,7 @@
 """`mhaexport lint`: static findings on a decoder's ONNX graph — ours or another tool's — before anything runs.
 
-Each rule reads the graph only (``onnx.load(..., load_external_data=False)``: works on files beyond 2 GB) and says
+Each rule reads the graph only (``runners.wire.read_graph``: a one-file model's weights left in the file, an
+external-data model's not loaded; a rule that asks for one constant reads it alone) and says
 what it found, where (the node), how bad (error / warning / info) and a one-line fix. The rules cover the classes of
 bug users of torch.onnx, Optimum and ONNX Runtime meet again and again:
 
@@ -23,6 +24,7 @@ bug users of torch.onnx, Optimum and ONNX Runtime meet again and again:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -99,20 +101,27 @@ class LintReport(Record):
 class _Graph(GraphIndex):
     """Producers, consumers and constants of one graph (the main graph; subgraphs are not linted)."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, stored: Callable[[str], bytes | None] | None = None) -> None:
         super().__init__(model.graph)
         self.model = model
+        self.stored = stored
         g = model.graph
         self.inputs = {i.name: i for i in g.input if i.name not in self.initializers}
         self.outputs = {o.name: o for o in g.output}
 
     def const(self, name: str) -> np.ndarray | None:
         """A constant's value (initializer, Constant node, through Cast/Identity); None otherwise. Tensors kept in
-        external data are not read (their shape is known from the initializer)."""
+        external data are not read (their shape is known from the initializer); one whose bytes the reader left in
+        a one-file model is read now, alone (``stored``)."""
         t = self.initializers.get(name)
         if t is not None:
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 return None
+            if not t.raw_data and self.stored is not None and (data := self.stored(name)) is not None:
+                whole = onnx.TensorProto()
+                whole.CopyFrom(t)
+                whole.raw_data = data
+                return numpy_helper.to_array(whole)
             return numpy_helper.to_array(t)
         n = self.producer.get(name)
         if n is None:
@@ -458,13 +467,15 @@ RULES = {
 
 
 def lint_model(model: onnx.ModelProto, label: str = "<model>", *, max_positions: int | None = None,
-               static: bool = False, feed=None, contract=None) -> LintReport:
+               static: bool = False, feed=None, contract=None,
+               stored: Callable[[str], bytes | None] | None = None) -> LintReport:
     """Run every rule on ``model`` (graph only; weights in external data are not read). ``max_positions``: the
     contract's, when known (constants of that size are the model's own tables, not an example length);
     ``static``: the file is a static export by request (fixed sequence axes are then expected); ``feed``: an
     adopted file's :class:`~mhaexport.runtime.feed.Feed` (its names for the contract's I/O); ``contract``: the
-    model's, when known (its per-layer sliding windows)."""
-    g = _Graph(model)
+    model's, when known (its per-layer sliding windows); ``stored``: the bytes of an initializer the reader left in
+    the file, by name (``runners.wire.read_graph``), read only when a rule asks for that constant."""
+    g = _Graph(model, stored)
     ctx = LintContext(max_positions=max_positions, static=static, feed=feed, contract=contract)
     report = LintReport(label, rules=list(RULES))
     for rule in RULES.values():
@@ -497,8 +508,10 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"{path} is neither an ONNX file nor an export folder")
+    from mhaexport.runners.wire import read_graph, stored_bytes
+
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model, left = read_graph(path)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise ArtifactError(f"{shown_path(path)} is not a readable ONNX model: {type(e).__name__}: {e}") from None
     if not model.graph.node and not model.graph.input and not model.graph.output:  # protobuf reads 0 bytes as empty
@@ -507,9 +520,9 @@ def lint_path(path: str | Path | ExportFolder, *, genai: bool = True) -> LintRep
     if ef is None:  # a file on its own (a folder's are checked with its external data)
         from mhaexport.verify.external_data import check_tensors
 
-        check_tensors(model, shown_path(path))
+        check_tensors(model, shown_path(path), left)
     report = lint_model(model, str(shown_path(path)), max_positions=max_positions, static=static, feed=feed,
-                        contract=contract)
+                        contract=contract, stored=lambda name: stored_bytes(path, left, name))
     if genai:  # the genai_config.json beside the file, on its own (verify checks it against the model too)
         from mhaexport.verify.genai_check import GENAI_CHECK, lint_findings
 
