@@ -138,12 +138,15 @@ class ExportFolder:
             self.root = self.path
 
     @classmethod
-    def open(cls, folder: str | Path, artifact: str | None = None, *, check: bool = True) -> ExportFolder:
+    def open(cls, folder: str | Path, artifact: str | None = None, *, check: bool = True,
+             then_writes: float = 0.0) -> ExportFolder:
         """Read ``folder``'s manifest and copy the files of ``artifact`` (every artifact when None) into a private
         snapshot, hashing the bytes as they are copied, under the readers' shared lock; with ``check``, their sizes
         and sha256 must be the manifest's (ArtifactError naming the file in ``folder`` otherwise). Every name the
         folder supplies is confined to it (:mod:`mhaexport.artifact.confine`: UnsafeFolder naming the entry); a
-        reader writes nothing into the folder."""
+        reader writes nothing into the folder. ``then_writes``: what the reader writes next on the snapshot's file
+        system, as a fraction of the files' bytes (quantize: its output and its spill) — the room left for it decides
+        which files are read in place rather than copied (:func:`links_for_room`)."""
         folder = Path(folder)
         if not folder.is_dir():
             raise ArtifactError(f"export folder {folder} does not exist")
@@ -155,7 +158,7 @@ class ExportFolder:
             names = [artifact] if artifact else list(manifest.artifacts)
             files = sorted({f for n in names for f in ef.entry(n).files})
             if files:
-                ef.root, ef._copied = _snapshot(folder, files, manifest)
+                ef.root, ef._copied = _snapshot(folder, files, manifest, then_writes)
         try:
             ef._check_names(names)
             if check:
@@ -563,7 +566,8 @@ def linked_notes() -> list[str]:
     return out
 
 
-def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path, dict[str, tuple[str, int]]]:
+def _snapshot(folder: Path, files: list[str], manifest: Manifest, then_writes: float = 0.0
+              ) -> tuple[Path, dict[str, tuple[str, int]]]:
     """A private copy of ``folder``'s ``files`` in a new ``mhaexport.snapshot-<pid>-*`` folder of
     :func:`snapshot_dir` (mode 0700), each read through :func:`~mhaexport.artifact.confine.open_inside` (no symlink,
     regular files only) and hashed while it is copied: (the snapshot, {name: (sha256, bytes)}). The copy is the
@@ -580,6 +584,7 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
     where = f"{folder / FILENAME}: files"
     sizes = {name: int(meta["bytes"]) for entry in manifest.artifacts.values() for name, meta in entry.files.items()}
     need = sum(sizes.get(name, 0) for name in files)
+    need += int(then_writes * need)  # what the reader writes next beside the copies
     base = snapshot_dir()
     try:
         free = shutil.disk_usage(base).free
@@ -590,7 +595,12 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest) -> tuple[Path,
                 f"{sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, {free / 1e9:.1f} GB free{why} (set "
                 "TMPDIR to a folder with room)")
 
-    to_link = links_for_room({n: sizes.get(n, 0) for n in files}, free, need)
+    listed = {n: sizes.get(n, 0) for n in files}
+    to_link = links_for_room(listed, free, need)
+    if to_link is None and then_writes:  # no room for what follows even reading in place: as little copied as can be
+        to_link = links_for_room(listed, free, sum(listed.values()))
+        if to_link is not None:
+            to_link = [n for n in listed if listed[n] >= LINK_MIN_BYTES]
     if to_link is None:
         raise ArtifactError(no_room())
     snap = Path(tempfile.mkdtemp(dir=base, prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))

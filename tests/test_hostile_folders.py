@@ -295,6 +295,35 @@ def test_a_file_too_large_to_copy_is_read_in_place_linked_only_when_only_you_can
         ExportFolder.open(folder)
 
 
+def test_quantize_reads_in_place_where_the_copy_would_leave_no_room_for_its_output(world, monkeypatch, tmp_path):
+    """quantize writes its spilled weights and its file after the reader's snapshot: where the copy fits the snapshot's
+    file system but the copy and what follows do not (an 8 B float32 file, 32 GB, on 38 GB free: the copy left 6 GB
+    for 12 GB of output and quantize failed after two minutes), the reader reads the largest files in place instead,
+    and says so; a reader that writes nothing after copies as before."""
+    from mhaexport.artifact import folder as F
+
+    folder, _ = world
+    sizes = {}
+    for entry in json.loads((folder / "manifest.json").read_text())["artifacts"].values():
+        sizes.update({name: meta["bytes"] for name, meta in entry["files"].items() if name in
+                      ExportFolder(folder, F.read_manifest(folder)).entry("onnx").files})
+    free = sum(sizes.values()) + (64 << 20) + 1  # the copy fits, with nothing to spare
+    real, base = shutil.disk_usage, F.snapshot_dir()
+    monkeypatch.setattr(F, "LINK_MIN_BYTES", 1)
+    monkeypatch.setattr(F.shutil, "disk_usage", lambda p: real(p)._replace(free=free) if Path(p) == base else real(p))
+    F.linked_notes()
+    with ExportFolder.open(folder, "onnx") as ef:  # copies: it fits
+        assert all(os.stat(ef.root / n).st_ino != os.stat(folder / n).st_ino for n in sizes)
+    assert F.linked_notes() == []
+    with ExportFolder.open(folder, "onnx", then_writes=0.6) as ef:  # and the output after it would not
+        largest = max(sizes, key=sizes.get)
+        assert os.stat(ef.root / largest).st_ino == os.stat(folder / largest).st_ino
+    assert any(largest in n and "read in place" in n for n in F.linked_notes())
+    res = _cli("quantize", folder, "-o", tmp_path / "q", "--weights", "int4")
+    assert res.exit_code == 0, res.output
+    assert "note: " in res.output and largest in res.output and "read in place" in res.output, res.output
+
+
 def test_verify_says_which_files_it_read_in_place(world, monkeypatch):
     folder, _ = world
     name = _no_room_for_a_copy(monkeypatch, folder)
