@@ -597,10 +597,8 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest, then_writes: f
 
     listed = {n: sizes.get(n, 0) for n in files}
     to_link = links_for_room(listed, free, need)
-    if to_link is None and then_writes:  # no room for what follows even reading in place: as little copied as can be
-        to_link = links_for_room(listed, free, sum(listed.values()))
-        if to_link is not None:
-            to_link = [n for n in listed if listed[n] >= LINK_MIN_BYTES]
+    if to_link is None and then_writes and links_for_room(listed, free, sum(listed.values())) is not None:
+        to_link = [n for n in listed if listed[n] >= LINK_MIN_BYTES]  # no room for what follows: copy what must be
     if to_link is None:
         raise ArtifactError(no_room())
     snap = Path(tempfile.mkdtemp(dir=base, prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))
