@@ -41,9 +41,9 @@ def counted(monkeypatch, tmp_path):
 
     real_snapshot, real_sha = folder._snapshot, files.sha256_file
 
-    def snapshot(path, names, manifest):
+    def snapshot(path, names, manifest, *rest):
         hashed.update((Path(path).resolve(), n) for n in names)
-        return real_snapshot(path, names, manifest)
+        return real_snapshot(path, names, manifest, *rest)
 
     def sha(path, *args, **kw):
         hashed[(Path(path).parent.resolve(), Path(path).name)] += 1
