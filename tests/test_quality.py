@@ -118,3 +118,29 @@ def test_float_targets_read_a_float_row_when_the_folder_is_quantized():
     assert "float32]" in floor.detail
     assert by["ORT CPU int4 per-token p50 / float weight-bandwidth floor"].measured == pytest.approx(2.0 / 5.83,
                                                                                                      abs=1e-3)
+
+
+def test_greedy_prompts_of_one_length_run_as_one_batch_with_each_prompts_own_tokens():
+    """verify's quality check decodes its prompts together where they are of one length: one prefill and n - 1
+    steps for all of them (an 8 B model's eager reference reads its weights once per step, not once per prompt and
+    step), each row's tokens those the prompt gives alone; prompts of other lengths run one at a time."""
+    from mhaexport.evaluate.scoring import greedy_tokens, greedy_tokens_each, text_prompts, text_tokens
+    from mhaexport.models.loading import load_model
+    from mhaexport.models.text import heldout_text
+    from mhaexport.runners.decoder import EagerRunner
+
+    loaded = load_model("small")  # trained: peaked logits, no near-tie for a wider batch's rounding to flip
+    runner = EagerRunner("eager", loaded.contract, loaded.module).activate()
+    ids, _ = text_tokens(heldout_text(), loaded.contract, None)
+    prompts = text_prompts(ids, 4, 16)
+    alone = [greedy_tokens(runner, p, 8) for p in prompts]
+    calls = []
+    real_step = runner.step
+    runner.step = lambda ids, *a, **kw: calls.append(ids.shape) or real_step(ids, *a, **kw)
+    assert greedy_tokens_each(runner, prompts, 8) == alone
+    assert calls == [(4, 16)] + [(4, 1)] * 7  # one batch: a prefill of every prompt, then 7 steps
+    calls.clear()
+    ragged = [prompts[0], prompts[1][:12]]
+    assert greedy_tokens_each(runner, ragged, 8) == [alone[0], greedy_tokens(runner, ragged[1], 8)]
+    assert calls[:8] == [(1, 16)] + [(1, 1)] * 7  # one at a time
+    assert len(set(map(tuple, alone))) > 1  # the prompts' tokens differ: rows were not mixed up unseen

@@ -25,8 +25,8 @@ import numpy as np
 
 from mhaexport.artifact.details import INT8_ACTIVATIONS
 from mhaexport.core.errors import ConfigError
-from mhaexport.evaluate.scoring import (Agreement, agreement_length, greedy_tokens, rounded4, score_text, text_prompts,
-                                        text_tokens)
+from mhaexport.evaluate.scoring import (Agreement, agreement_length, greedy_tokens_each, rounded4, score_text,
+                                        text_prompts, text_tokens)
 from mhaexport.runtime.runner import Runner
 from mhaexport.verify.compare import Tolerance
 from mhaexport.verify.figures import GreedyAgreement, Limits, QualityFigures, Scores, built, figures_of
@@ -241,12 +241,14 @@ def check_quality(runner: Runner, ctx: Context) -> CheckResult:
     else:
         rng = np.random.default_rng(ctx.seed + 53)
         prompts = [rng.integers(0, c.vocab_size, settings.prompt_len) for _ in range(settings.prompts)]
-    lengths = []
-    for i, p in enumerate(prompts):
-        key = ("quality-greedy", i, n, hash(p.tobytes()))
-        if key not in ctx._ref:
-            ctx._ref[key] = greedy_tokens(ctx.eager, p, n)
-        lengths.append(agreement_length(greedy_tokens(runner, p, n), ctx._ref[key]))
+    # every prompt at once on each side (one batch where the prompts are of one length: each step reads the weights
+    # once for all of them), eager's memoized for the other runtimes
+    keys = [("quality-greedy", i, n, hash(p.tobytes())) for i, p in enumerate(prompts)]
+    missing = [i for i, key in enumerate(keys) if key not in ctx._ref]
+    if missing:
+        for i, tokens in zip(missing, greedy_tokens_each(ctx.eager, [prompts[i] for i in missing], n)):
+            ctx._ref[keys[i]] = tokens
+    lengths = [agreement_length(got, ctx._ref[key]) for got, key in zip(greedy_tokens_each(runner, prompts, n), keys)]
     fig.set(greedy=built(GreedyAgreement, {"prompts": len(prompts), "tokens": n, "lengths": lengths,
                                            "mean": rounded4(float(np.mean(lengths))), "min": int(min(lengths)),
                                            "fraction": rounded4(float(np.mean(lengths)) / n),
