@@ -530,19 +530,22 @@ LINK_MIN_BYTES = 64 << 20
 _linked: dict[Path, list[str]] = {}
 
 
-def links_for_room(sizes: dict[str, int], free: int | None, need: int) -> list[str] | None:
+def links_for_room(sizes: dict[str, int], free: int | None, need: int, then_writes: int = 0) -> list[str] | None:
     """Which files a private copy of ``sizes`` ({name: bytes}) hard-links instead of copying so that ``need`` bytes
-    (the copies, and whatever the reader writes next beside them) fit ``free`` with 64 MB to spare: none where they
-    fit, else the largest (from :data:`LINK_MIN_BYTES`) until the rest does; None where even that does not fit."""
+    (the copies, and whatever must be written beside them) fit ``free`` with 64 MB to spare, and with them, where
+    linking makes the room, the ``then_writes`` bytes the reader writes next (quantize's output): none where all fit,
+    else the largest (from :data:`LINK_MIN_BYTES`) until the rest does — every one of them where ``then_writes``
+    cannot fit at all; None where even that leaves no room for ``need``."""
+    spare = 64 << 20
     to_link: list[str] = []
-    if free is None or free >= need + (64 << 20):
+    if free is None or free >= need + then_writes + spare:
         return to_link
     for name in sorted(sizes, key=lambda n: -sizes[n]):
-        if free >= need + (64 << 20) or sizes[name] < LINK_MIN_BYTES:
+        if free >= need + then_writes + spare or sizes[name] < LINK_MIN_BYTES:
             break
         to_link.append(name)
         need -= sizes[name]
-    return to_link if free >= need + (64 << 20) else None
+    return to_link if free >= need + spare else None
 
 
 def read_in_place_note(path: Path, size: int, free: int | None, base: Path) -> str:
@@ -584,21 +587,18 @@ def _snapshot(folder: Path, files: list[str], manifest: Manifest, then_writes: f
     where = f"{folder / FILENAME}: files"
     sizes = {name: int(meta["bytes"]) for entry in manifest.artifacts.values() for name, meta in entry.files.items()}
     need = sum(sizes.get(name, 0) for name in files)
-    need += int(then_writes * need)  # what the reader writes next beside the copies
     base = snapshot_dir()
     try:
         free = shutil.disk_usage(base).free
     except OSError:
         free = None
+
     def no_room(why: str = "") -> str:
         return (f"a reader copies the files it checks into a private snapshot: {folder}'s files need about "
-                f"{sum(sizes.get(n, 0) for n in files) / 1e9:.1f} GB in {base}, {free / 1e9:.1f} GB free{why} (set "
+                f"{need / 1e9:.1f} GB in {base}, {free / 1e9:.1f} GB free{why} (set "
                 "TMPDIR to a folder with room)")
 
-    listed = {n: sizes.get(n, 0) for n in files}
-    to_link = links_for_room(listed, free, need)
-    if to_link is None and then_writes and links_for_room(listed, free, sum(listed.values())) is not None:
-        to_link = [n for n in listed if listed[n] >= LINK_MIN_BYTES]  # no room for what follows: copy what must be
+    to_link = links_for_room({n: sizes.get(n, 0) for n in files}, free, need, int(then_writes * need))
     if to_link is None:
         raise ArtifactError(no_room())
     snap = Path(tempfile.mkdtemp(dir=base, prefix=f"mhaexport{SNAPSHOT_PREFIX}{os.getpid()}-"))

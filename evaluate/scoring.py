@@ -223,7 +223,7 @@ def greedy_tokens_each(runner: Runner, prompts: list[np.ndarray], n: int) -> lis
     model's quality check: eager's 8 prompts x 32 tokens, ~3.5 s a token one prompt at a time) that is 8 times fewer
     passes over them. A row's tokens are its tokens alone up to the kernels' rounding of a wider batch."""
     rows = [np.asarray(p).reshape(-1) for p in prompts]
-    if len(rows) > 1 and len({len(r) for r in rows}) == 1:
+    if len({len(r) for r in rows}) == 1:
         r = DecodeLoop(runner).generate(np.stack(rows), GenerationConfig(max_new_tokens=n))
         return [list(t) for t in r.tokens]
     return [greedy_tokens(runner, r, n) for r in rows]
