@@ -6,7 +6,9 @@ scripts/measure_quantize.py: 8 layers, d 512, vocab 32000), alternating, in one 
 - ``ours warm``: the same with the cache an earlier export of this architecture and width filled — of another
   model: 5 layers, other weights (the trace reused: no torch.export);
 - ``ours whole``: ``MHAEXPORT_TRACE=fresh`` (every layer traced, the cache neither read nor written: the path before
-  layers were copied).
+  layers were copied);
+- ``builder imports``, ``ours imports``: each tool's imports alone (what its run pays before any work: the builder's
+  module; mhaexport's CLI, torch, transformers' Llama, onnx, onnxscript), so that a run less its imports is its work.
 
 Each row is a whole process (Python start and imports included), OMP/MKL threads 2. Prints each pair's seconds and
 the median ratio of each row to the builder's.
@@ -29,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+# each tool's imports alone (ours ends as its console script does, with os._exit: no interpreter teardown)
+IMPORTS = {"builder imports": "import onnxruntime_genai.models.builder",
+           "ours imports": "import os, mhaexport.cli, torch, transformers, onnx, onnxscript; "
+                           "from transformers import LlamaForCausalLM; os._exit(0)"}
 
 
 def timed(cmd: list[str], env: dict) -> float:
@@ -74,13 +80,17 @@ def main() -> None:
     # architecture's code, config and shapes, not by depth or weights
     timed([sys.executable, "-m", "mhaexport", "-q", "onnx", "--hf", str(other), "--replace", "-o",
            str(work / "warmup")], {**ENV, "MHAEXPORT_CACHE_DIR": str(warm_cache)})
-    rows: dict[str, list[float]] = {"builder": [], "ours cold": [], "ours warm": [], "ours whole": []}
+    rows: dict[str, list[float]] = {"builder": [], "ours cold": [], "ours warm": [], "ours whole": [],
+                                    "builder imports": [], "ours imports": []}
     for i in range(pairs):
         for name in rows:
             out, cache = work / f"out-{name.replace(' ', '-')}", work / f"cache-{i}-{name.replace(' ', '-')}"
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(cache, ignore_errors=True)
-            if name == "builder":
+            if name.endswith("imports"):
+                cmd = [sys.executable, "-c", IMPORTS[name]]
+                env = ENV
+            elif name == "builder":
                 cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", "bench-llama", "-i", str(hf),
                        "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(cache)]
                 env = ENV
@@ -90,7 +100,8 @@ def main() -> None:
                 if name == "ours whole":
                     env["MHAEXPORT_TRACE"] = "fresh"
             rows[name].append(timed(cmd, env))
-            if name.startswith("ours"):  # each row did what it says: the trace reused only where warm
+            # each export row did what it says: the trace reused only where warm
+            if name.startswith("ours") and not name.endswith("imports"):
                 how = json.loads((out / "manifest.json").read_text())["artifacts"]["onnx"]["exporter"]
                 if ("reused" in how) != (name == "ours warm"):
                     raise SystemExit(f"{name}: the manifest says {how!r}")
